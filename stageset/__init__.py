@@ -1,0 +1,1 @@
+"""stageset: staged GitOps for Kubernetes, applied as the tenant."""

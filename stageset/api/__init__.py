@@ -1,0 +1,66 @@
+"""Our two kinds, ``StageSet`` and ``GitRepository`` (``stages.metio.wtf/v1``), as pydantic models.
+
+This is the bottom layer of the reconciler: it knows nothing about clients or
+clusters.  Parse live objects with ``StageSet.model_validate(raw)`` and write them
+back with ``model_dump(by_alias=True, exclude_none=True)``.  The CRDs under
+``crds/`` are generated from these models by ``python -m stageset.api.crd`` (not
+imported here, so that ``-m`` runs it cleanly).
+"""
+
+from stageset.api.common import (
+    API_VERSION,
+    GROUP,
+    VERSION,
+    Condition,
+    LocalObjectRef,
+    SecretKeyRef,
+)
+from stageset.api.duration import parse_duration
+from stageset.api.gitrepository import (
+    Artifact,
+    GitRef,
+    GitRepository,
+    GitRepositorySpec,
+    GitRepositoryStatus,
+)
+from stageset.api.stageset import (
+    KubeConfigRef,
+    ObjectRef,
+    PostBuild,
+    ReadyChecks,
+    SourceRef,
+    Stage,
+    StageSet,
+    StageSetRef,
+    StageSetSpec,
+    StageSetStatus,
+    StageStatus,
+    SubstituteRef,
+)
+
+__all__ = [
+    "API_VERSION",
+    "GROUP",
+    "VERSION",
+    "Artifact",
+    "Condition",
+    "GitRef",
+    "GitRepository",
+    "GitRepositorySpec",
+    "GitRepositoryStatus",
+    "KubeConfigRef",
+    "LocalObjectRef",
+    "ObjectRef",
+    "PostBuild",
+    "ReadyChecks",
+    "SecretKeyRef",
+    "SourceRef",
+    "Stage",
+    "StageSet",
+    "StageSetRef",
+    "StageSetSpec",
+    "StageSetStatus",
+    "StageStatus",
+    "SubstituteRef",
+    "parse_duration",
+]

@@ -1,0 +1,118 @@
+"""Pieces shared by our two kinds: the model base, constrained strings, references, conditions.
+
+One set of pydantic models serves three readers: the controller parses live objects
+with them, :mod:`stageset.api.crd` turns their JSON schema into the CRDs the
+apiserver validates against, and users read the descriptions through
+``kubectl explain``.  So constraints are declared once, on the type, and bounds
+(``max_length`` on strings and lists) are set everywhere a CEL rule reads a
+value: the apiserver estimates the cost of every rule from those bounds and
+refuses a CRD whose rules could exceed its budget.
+
+Attribute docstrings become the schema descriptions (``use_attribute_docstrings``).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Final, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+from pydantic.alias_generators import to_camel
+
+from stageset.api.duration import DURATION_PATTERN
+
+GROUP: Final = "stages.metio.wtf"
+VERSION: Final = "v1"
+API_VERSION: Final = "stages.metio.wtf/v1"
+
+DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
+DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+
+DNSLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
+"""An RFC 1123 label: namespace names, stage names."""
+
+DNSSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
+"""An RFC 1123 subdomain: the names of most Kubernetes objects."""
+
+Duration = Annotated[str, Field(max_length=64, pattern=DURATION_PATTERN)]
+"""A Go duration string such as ``30s``, ``5m`` or ``1h30m``; see :func:`parse_duration`."""
+
+Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
+"""An RFC 3339 timestamp, as ``metav1.Time`` serializes."""
+
+
+class ApiModel(BaseModel):
+    """Base of every model in our API: snake_case in Python, camelCase on the wire.
+
+    Unknown fields are errors, so a typo in a spec is reported by the reconciler's
+    re-check rather than silently ignored (the apiserver prunes them before we see
+    them, and ``kubectl --validate=strict`` reports them to the user).
+    """
+
+    model_config = ConfigDict(
+        alias_generator=to_camel,
+        validate_by_name=True,
+        validate_by_alias=True,
+        serialize_by_alias=True,
+        extra="forbid",
+        use_attribute_docstrings=True,
+    )
+
+
+class StatusModel(ApiModel):
+    """Base of status models: tolerant of fields it does not know.
+
+    Status is written by controllers; during a rolling upgrade a newer controller
+    may already have written a field an older one has never heard of, and that
+    must not make the older one fail to parse the whole object.
+    """
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class LocalObjectRef(ApiModel):
+    """A reference to an object in the same namespace."""
+
+    name: DNSSubdomain
+    """Name of the referent."""
+
+
+class SecretKeyRef(ApiModel):
+    """A key of a Secret in the same namespace."""
+
+    name: DNSSubdomain
+    """Name of the Secret."""
+    key: Annotated[str, Field(min_length=1, max_length=253)] = "value"
+    """Key in the Secret's data; defaults to ``value``."""
+
+
+class Condition(StatusModel):
+    """One aspect of the object's state, in the shape of ``metav1.Condition``.
+
+    ``Ready``, ``Reconciling`` and ``Stalled`` follow kstatus, so ``kubectl wait``
+    and existing tooling understand our objects.
+    """
+
+    type: Annotated[
+        str,
+        Field(
+            max_length=316,
+            pattern=(
+                r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+            ),
+        ),
+    ]
+    """Type of condition in CamelCase, e.g. ``Ready``."""
+    status: Literal["True", "False", "Unknown"]
+    """Status of the condition."""
+    reason: Annotated[
+        str,
+        Field(min_length=1, max_length=1024, pattern=r"^[A-Za-z]([A-Za-z0-9_,:]*[A-Za-z0-9_])?$"),
+    ]
+    """Programmatic identifier of the reason for the last transition, e.g. ``Succeeded``."""
+    message: Annotated[str, Field(max_length=32768)]
+    """Human-readable details about the last transition; may be empty."""
+    last_transition_time: Time
+    """When the condition last changed status."""
+    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    """The ``metadata.generation`` the condition was computed from."""

@@ -1,0 +1,38 @@
+"""ClusterRoles that let tenants use our kinds, aggregated into the built-in roles.
+
+With these installed, a ServiceAccount bound to ``edit`` (or ``admin``) in its
+namespace may manage StageSets and GitRepositories there, and ``view`` may read
+them — the same way built-in kinds work.  The Helm chart ships the same objects
+(generated from here by ``python -m stageset.api.crd``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from stageset.api.common import GROUP
+
+_RESOURCES = ["stagesets", "gitrepositories"]
+
+
+def aggregated_cluster_roles() -> list[dict[str, Any]]:
+    def role(name: str, verbs: list[str], *aggregate_to: str) -> dict[str, Any]:
+        return {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": {
+                "name": name,
+                "labels": {f"rbac.authorization.k8s.io/aggregate-to-{to}": "true" for to in aggregate_to},
+            },
+            "rules": [
+                {"apiGroups": [GROUP], "resources": _RESOURCES, "verbs": verbs},
+                {"apiGroups": [GROUP], "resources": [f"{r}/status" for r in _RESOURCES],
+                 "verbs": ["get", "list", "watch"]},
+            ],
+        }
+
+    return [
+        role("stageset-edit", ["get", "list", "watch", "create", "update", "patch", "delete",
+                               "deletecollection"], "admin", "edit"),
+        role("stageset-view", ["get", "list", "watch"], "view"),
+    ]

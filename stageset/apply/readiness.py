@@ -1,0 +1,176 @@
+"""Is a live object ready?  A Python port of the core kstatus rules.
+
+Pure functions of the object's JSON.  ``Status.CURRENT`` means the object reached
+its desired state; ``IN_PROGRESS`` means wait; ``FAILED`` is terminal (waiting will
+not help).  Unknown kinds are current once their controller (if any) observed the
+latest generation and no Ready-style condition says otherwise.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from stageset.kube.types import KubeObject
+
+
+class Status(enum.Enum):
+    CURRENT = "Current"
+    IN_PROGRESS = "InProgress"
+    FAILED = "Failed"
+
+
+@dataclass(frozen=True)
+class Readiness:
+    status: Status
+    message: str = ""
+
+
+def _conditions(obj: KubeObject) -> dict[str, dict[str, Any]]:
+    return {c.get("type", ""): c for c in obj.get("status", {}).get("conditions", []) or []}
+
+
+def _generation_observed(obj: KubeObject) -> Readiness | None:
+    generation = obj.get("metadata", {}).get("generation")
+    observed = obj.get("status", {}).get("observedGeneration")
+    if generation is not None and observed is not None and observed < generation:
+        return Readiness(Status.IN_PROGRESS, f"generation {generation} not yet observed (at {observed})")
+    return None
+
+
+def _deployment(obj: KubeObject) -> Readiness:
+    spec, status = obj.get("spec", {}), obj.get("status", {})
+    conditions = _conditions(obj)
+    progressing = conditions.get("Progressing", {})
+    if progressing.get("reason") == "ProgressDeadlineExceeded":
+        return Readiness(Status.FAILED, f"rollout failed: {progressing.get('message', '')}")
+    wanted = spec.get("replicas", 1)
+    for field, label in (("updatedReplicas", "updated"), ("readyReplicas", "ready"),
+                         ("availableReplicas", "available")):
+        have = status.get(field, 0)
+        if have < wanted:
+            return Readiness(Status.IN_PROGRESS, f"{label} replicas: {have}/{wanted}")
+    if status.get("replicas", 0) > wanted:
+        return Readiness(Status.IN_PROGRESS, "old replicas are pending termination")
+    return Readiness(Status.CURRENT)
+
+
+def _statefulset(obj: KubeObject) -> Readiness:
+    spec, status = obj.get("spec", {}), obj.get("status", {})
+    wanted = spec.get("replicas", 1)
+    if status.get("readyReplicas", 0) < wanted:
+        return Readiness(Status.IN_PROGRESS, f"ready replicas: {status.get('readyReplicas', 0)}/{wanted}")
+    if spec.get("updateStrategy", {}).get("type", "RollingUpdate") == "RollingUpdate" and \
+            status.get("updateRevision") and status.get("currentRevision") != status.get("updateRevision"):
+        return Readiness(Status.IN_PROGRESS, "rolling update in progress")
+    return Readiness(Status.CURRENT)
+
+
+def _daemonset(obj: KubeObject) -> Readiness:
+    status = obj.get("status", {})
+    wanted = status.get("desiredNumberScheduled")
+    if wanted is None:
+        return Readiness(Status.IN_PROGRESS, "not yet scheduled")
+    for field in ("currentNumberScheduled", "updatedNumberScheduled", "numberAvailable", "numberReady"):
+        if status.get(field, 0) < wanted:
+            return Readiness(Status.IN_PROGRESS, f"{field}: {status.get(field, 0)}/{wanted}")
+    return Readiness(Status.CURRENT)
+
+
+def _replicaset(obj: KubeObject) -> Readiness:
+    wanted = obj.get("spec", {}).get("replicas", 1)
+    status = obj.get("status", {})
+    if status.get("availableReplicas", 0) < wanted or status.get("readyReplicas", 0) < wanted:
+        return Readiness(Status.IN_PROGRESS, f"ready replicas: {status.get('readyReplicas', 0)}/{wanted}")
+    return Readiness(Status.CURRENT)
+
+
+def _job(obj: KubeObject) -> Readiness:
+    conditions = _conditions(obj)
+    if conditions.get("Failed", {}).get("status") == "True":
+        return Readiness(Status.FAILED, f"job failed: {conditions['Failed'].get('message', '')}")
+    if conditions.get("Complete", {}).get("status") == "True":
+        return Readiness(Status.CURRENT)
+    return Readiness(Status.IN_PROGRESS, "job not complete")
+
+
+def _pod(obj: KubeObject) -> Readiness:
+    phase = obj.get("status", {}).get("phase")
+    if phase == "Succeeded":
+        return Readiness(Status.CURRENT)
+    if phase == "Failed":
+        return Readiness(Status.FAILED, "pod failed")
+    if _conditions(obj).get("Ready", {}).get("status") == "True":
+        return Readiness(Status.CURRENT)
+    return Readiness(Status.IN_PROGRESS, f"pod is {phase or 'Pending'}")
+
+
+def _pvc(obj: KubeObject) -> Readiness:
+    phase = obj.get("status", {}).get("phase")
+    if phase == "Bound":
+        return Readiness(Status.CURRENT)
+    return Readiness(Status.IN_PROGRESS, f"claim is {phase or 'Pending'}")
+
+
+def _service(obj: KubeObject) -> Readiness:
+    if obj.get("spec", {}).get("type") != "LoadBalancer":
+        return Readiness(Status.CURRENT)
+    if obj.get("status", {}).get("loadBalancer", {}).get("ingress"):
+        return Readiness(Status.CURRENT)
+    return Readiness(Status.IN_PROGRESS, "load balancer has no ingress yet")
+
+
+def _crd(obj: KubeObject) -> Readiness:
+    conditions = _conditions(obj)
+    if conditions.get("NamesAccepted", {}).get("status") == "False":
+        return Readiness(Status.FAILED, f"names not accepted: {conditions['NamesAccepted'].get('message', '')}")
+    if conditions.get("Established", {}).get("status") == "True":
+        return Readiness(Status.CURRENT)
+    return Readiness(Status.IN_PROGRESS, "not yet established")
+
+
+def _namespace(obj: KubeObject) -> Readiness:
+    if obj.get("status", {}).get("phase", "Active") == "Active":
+        return Readiness(Status.CURRENT)
+    return Readiness(Status.IN_PROGRESS, "namespace is terminating")
+
+
+def _generic(obj: KubeObject) -> Readiness:
+    conditions = _conditions(obj)
+    stalled = conditions.get("Stalled", {})
+    if stalled.get("status") == "True":
+        return Readiness(Status.FAILED, stalled.get("message", "stalled"))
+    ready = conditions.get("Ready")
+    if ready is not None and ready.get("status") != "True":
+        return Readiness(Status.IN_PROGRESS, ready.get("message", "not ready"))
+    if conditions.get("Reconciling", {}).get("status") == "True":
+        return Readiness(Status.IN_PROGRESS, conditions["Reconciling"].get("message", "reconciling"))
+    return Readiness(Status.CURRENT)
+
+
+_RULES: dict[tuple[str, str], Callable[[KubeObject], Readiness]] = {
+    ("apps", "Deployment"): _deployment,
+    ("apps", "StatefulSet"): _statefulset,
+    ("apps", "DaemonSet"): _daemonset,
+    ("apps", "ReplicaSet"): _replicaset,
+    ("batch", "Job"): _job,
+    ("", "Pod"): _pod,
+    ("", "PersistentVolumeClaim"): _pvc,
+    ("", "Service"): _service,
+    ("", "Namespace"): _namespace,
+    ("apiextensions.k8s.io", "CustomResourceDefinition"): _crd,
+}
+
+
+def readiness(obj: KubeObject) -> Readiness:
+    """Judge one live object."""
+    if obj.get("metadata", {}).get("deletionTimestamp"):
+        return Readiness(Status.IN_PROGRESS, "being deleted")
+    unobserved = _generation_observed(obj)
+    if unobserved is not None:
+        return unobserved
+    group = str(obj.get("apiVersion", "")).rpartition("/")[0]
+    rule = _RULES.get((group, str(obj.get("kind", ""))), _generic)
+    return rule(obj)

@@ -1,0 +1,108 @@
+"""click commands.  Each command builds its settings once and injects them."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+import tempfile
+import threading
+from pathlib import Path
+from types import FrameType
+
+import click
+
+from stageset.controller.manager import Manager
+from stageset.controller.settings import ControllerSettings
+from stageset.kube.client import ClientPool
+
+
+def _namespaces(value: str | None) -> tuple[str, ...] | None:
+    if not value:
+        return None
+    names = tuple(n.strip() for n in value.split(",") if n.strip())
+    return names or None
+
+
+def _setup_logging(level: str) -> None:
+    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # The kubernetes client logs request bodies at DEBUG, which may include Secrets.
+    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    logging.getLogger("kubernetes").setLevel(logging.WARNING)
+
+
+def run_controller(manager: Manager) -> None:
+    """Run ``manager`` in the foreground until SIGINT/SIGTERM."""
+
+    def stop(signum: int, frame: FrameType | None) -> None:
+        manager.stop.set()
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    manager.run()
+
+
+@click.group()
+def main() -> None:
+    """stageset: staged GitOps for Kubernetes, applied as the tenant."""
+
+
+@main.command()
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), envvar="KUBECONFIG",
+              help="Kubeconfig to use; in-cluster configuration when omitted.")
+@click.option("--watch-namespaces", envvar="STAGESET_WATCH_NAMESPACES", default="",
+              help="Comma-separated namespaces to watch (namespace-scoped watches); all when empty.")
+@click.option("--cluster-admin/--no-cluster-admin", default=False,
+              help="Single-tenant mode: StageSets without serviceAccountName apply as the controller.")
+@click.option("--no-cross-namespace-refs", is_flag=True, default=False,
+              help="Refuse sourceRef and dependsOn into other namespaces.")
+@click.option("--workers", default=4, show_default=True, help="Concurrent reconciles.")
+@click.option("--mirror-dir", type=click.Path(file_okay=False), default=None,
+              help="Where Git mirrors are kept (default: a temporary directory).")
+@click.option("--allow-insecure-sources", is_flag=True, default=False,
+              help="Development only: allow http:// and file:// Git URLs.")
+@click.option("--log-level", default="info", show_default=True)
+def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
+               no_cross_namespace_refs: bool, workers: int, mirror_dir: str | None,
+               allow_insecure_sources: bool, log_level: str) -> None:
+    """Run the controller against a cluster."""
+    _setup_logging(log_level)
+    settings = ControllerSettings(
+        watch_namespaces=_namespaces(watch_namespaces),
+        cluster_admin=cluster_admin,
+        no_cross_namespace_refs=no_cross_namespace_refs,
+        workers=workers,
+        mirror_dir=Path(mirror_dir) if mirror_dir else Path(tempfile.mkdtemp(prefix="stageset-mirrors-")),
+        allow_insecure_sources=allow_insecure_sources,
+    )
+    clients = ClientPool.from_kubeconfig(kubeconfig)
+    try:
+        run_controller(Manager(clients=clients, settings=settings))
+    finally:
+        clients.close()
+
+
+@main.command()
+@click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Run the controller against this cluster instead of a local control plane.")
+@click.option("--examples", type=click.Path(exists=True, file_okay=False), default=None,
+              help="Directory served as the demo Git repository (default: the repo's examples/).")
+@click.option("--once", is_flag=True, default=False,
+              help="Exit once the example StageSet is Ready (for scripted runs).")
+def run(kubeconfig: str | None, examples: str | None, once: bool) -> None:
+    """The main job: reconcile the example on a local control plane (or run against --kubeconfig)."""
+    from stageset.cli.demo import run_demo
+
+    _setup_logging(os.environ.get("STAGESET_LOG_LEVEL", "warning"))
+    if kubeconfig:
+        clients = ClientPool.from_kubeconfig(kubeconfig)
+        try:
+            run_controller(Manager(clients=clients, settings=ControllerSettings(
+                mirror_dir=Path(tempfile.mkdtemp(prefix="stageset-mirrors-")))))
+        finally:
+            clients.close()
+        return
+    directory = Path(examples) if examples else Path(__file__).resolve().parents[2] / "examples"
+    sys.exit(run_demo(examples=directory, once=once, stop=threading.Event()))

@@ -1,0 +1,1 @@
+"""The controller: watches, a work queue, and the StageSet and GitRepository reconcilers."""

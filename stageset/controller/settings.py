@@ -1,0 +1,20 @@
+"""Controller settings, grouped and injected (never global)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    # None watches every namespace; otherwise one namespace-scoped watch per entry.
+    watch_namespaces: tuple[str, ...] | None = None
+    # Single-tenant mode: StageSets without serviceAccountName apply as the controller.
+    cluster_admin: bool = False
+    no_cross_namespace_refs: bool = False
+    workers: int = 4
+    mirror_dir: Path = field(default_factory=lambda: Path("/tmp/stageset-mirrors"))
+    # Development only: allow http:// and file:// Git URLs.
+    allow_insecure_sources: bool = False
+    poll_interval: float = 0.5

@@ -1,0 +1,76 @@
+"""Install our CRDs and tenant roles into a (local) cluster and wait until they serve.
+
+Identity: the admin client handed in (``system:masters`` on the local control
+plane).  Used by the demo and the test fixtures; production installs use Helm.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stageset.api.rbac import aggregated_cluster_roles
+from stageset.envtest.aggregation import aggregate_cluster_roles
+from stageset.kube.client import KubeClient
+
+CRD_DIR = Path(__file__).resolve().parents[2] / "crds"
+_CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+_ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
+
+
+def crd_manifests() -> list[dict[str, Any]]:
+    return [yaml.safe_load(p.read_text()) for p in sorted(CRD_DIR.glob("*.yaml"))]
+
+
+def install(admin: KubeClient, *, timeout: float = 60.0) -> None:
+    """Apply the CRDs and aggregated roles; return once the CRDs are Established."""
+    crds = crd_manifests()
+    for crd in crds:
+        admin.apply(f"{_CRDS}/{crd['metadata']['name']}", crd, field_manager="stageset-install")
+    for role in aggregated_cluster_roles():
+        admin.apply(f"{_ROLES}/{role['metadata']['name']}", role, field_manager="stageset-install")
+    aggregate_cluster_roles(admin)
+    deadline = time.monotonic() + timeout
+    for crd in crds:
+        while True:
+            live = admin.get(f"{_CRDS}/{crd['metadata']['name']}")
+            conditions = {c["type"]: c["status"] for c in live.get("status", {}).get("conditions", [])}
+            if conditions.get("Established") == "True":
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"CRD {crd['metadata']['name']} not established after {timeout}s")
+            time.sleep(0.1)
+    # Discovery catches up with a new CRD shortly after it is Established.
+    for crd in crds:
+        group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
+        version = crd["spec"]["versions"][0]["name"]
+        while True:
+            served = admin.get(f"/apis/{group}/{version}").get("resources", [])
+            if any(r.get("name") == plural for r in served):
+                break
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{plural}.{group} not in discovery after {timeout}s")
+            time.sleep(0.1)
+
+
+def create_tenant(admin: KubeClient, *, namespace: str, service_account: str,
+                  cluster_role: str = "edit") -> None:
+    """A namespace whose ServiceAccount holds ``cluster_role`` there (idempotent)."""
+    admin.apply(f"/api/v1/namespaces/{namespace}",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                field_manager="stageset-install")
+    admin.apply(f"/api/v1/namespaces/{namespace}/serviceaccounts/{service_account}",
+                {"apiVersion": "v1", "kind": "ServiceAccount",
+                 "metadata": {"name": service_account, "namespace": namespace}},
+                field_manager="stageset-install")
+    binding = f"{service_account}-{cluster_role}"
+    admin.apply(
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{binding}",
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+         "metadata": {"name": binding, "namespace": namespace},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
+         "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]},
+        field_manager="stageset-install")

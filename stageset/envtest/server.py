@@ -1,0 +1,192 @@
+"""Start etcd and kube-apiserver on loopback, wait until ready, and always tear them down.
+
+Each process runs in its own session and is asked to die with its parent
+(``PR_SET_PDEATHSIG``), so even a ``kill -9`` of the test runner leaves no
+apiserver behind.  Ports are picked free on 127.0.0.1.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import socket
+import ssl
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from stageset.envtest.build import Assets, ensure_assets
+from stageset.envtest.certs import Pki, write_pki
+
+_READY_TIMEOUT = 120.0
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def _die_with_parent() -> None:
+    # Linux only: SIGKILL this child when the process that started it exits.
+    with contextlib.suppress(OSError, AttributeError):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@dataclass
+class ControlPlane:
+    """A running etcd + kube-apiserver pair and the admin credentials to reach it."""
+
+    workdir: Path
+    url: str
+    pki: Pki
+    kubeconfig: Path
+    _processes: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
+    _owns_workdir: bool = True
+
+    def admin_ssl_context(self) -> ssl.SSLContext:
+        context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
+        context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
+        return context
+
+    def stop(self) -> None:
+        for process in reversed(self._processes):
+            if process.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGTERM)
+        for process in reversed(self._processes):
+            try:
+                process.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=15)
+        self._processes.clear()
+        if self._owns_workdir:
+            shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def __enter__(self) -> ControlPlane:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _spawn(args: list[str], *, log: Path) -> subprocess.Popen[bytes]:
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            args,
+            stdout=sink,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads are started before fork here
+        )
+
+
+def _wait_ready(plane: ControlPlane, *, logs: list[Path]) -> None:
+    context = plane.admin_ssl_context()
+    deadline = time.monotonic() + _READY_TIMEOUT
+    last_error = "no answer"
+    while time.monotonic() < deadline:
+        for process, log in zip(plane._processes, logs, strict=True):
+            if process.poll() is not None:
+                tail = log.read_text(errors="replace")[-3000:]
+                raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{tail}")
+        try:
+            with urllib.request.urlopen(f"{plane.url}/readyz", context=context, timeout=5) as reply:
+                if reply.status == 200:
+                    return
+        except (urllib.error.URLError, OSError) as error:
+            last_error = str(error)
+        time.sleep(0.25)
+    raise RuntimeError(f"kube-apiserver not ready after {_READY_TIMEOUT:.0f}s: {last_error}")
+
+
+def write_kubeconfig(*, path: Path, url: str, pki: Pki, context: str = "envtest") -> None:
+    config = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": context, "cluster": {"server": url, "certificate-authority": str(pki.ca_cert)}}],
+        "users": [{"name": "admin", "user": {
+            "client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}}],
+        "contexts": [{"name": context, "context": {"cluster": context, "user": "admin"}}],
+        "current-context": context,
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+
+
+def start(*, assets: Assets | None = None, workdir: Path | None = None) -> ControlPlane:
+    """Start a fresh control plane; the caller must ``stop()`` it (or use it as a context manager)."""
+    assets = assets or ensure_assets()
+    owns = workdir is None
+    root = Path(tempfile.mkdtemp(prefix="stageset-envtest-")) if workdir is None else workdir
+    root.mkdir(parents=True, exist_ok=True)
+    pki = write_pki(root / "pki")
+    etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
+    url = f"https://127.0.0.1:{api_port}"
+    plane = ControlPlane(workdir=root, url=url, pki=pki, kubeconfig=root / "kubeconfig",
+                         _owns_workdir=owns)
+    write_kubeconfig(path=plane.kubeconfig, url=url, pki=pki)
+    logs = [root / "etcd.log", root / "kube-apiserver.log"]
+    try:
+        plane._processes.append(_spawn([
+            str(assets.etcd),
+            "--name=default",
+            f"--data-dir={root / 'etcd'}",
+            f"--listen-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--advertise-client-urls=http://127.0.0.1:{etcd_port}",
+            f"--listen-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-advertise-peer-urls=http://127.0.0.1:{etcd_peer}",
+            f"--initial-cluster=default=http://127.0.0.1:{etcd_peer}",
+            "--unsafe-no-fsync",
+            "--log-level=warn",
+        ], log=logs[0]))
+        plane._processes.append(_spawn([
+            str(assets.kube_apiserver),
+            f"--etcd-servers=http://127.0.0.1:{etcd_port}",
+            "--bind-address=127.0.0.1",
+            "--advertise-address=127.0.0.1",
+            f"--secure-port={api_port}",
+            f"--cert-dir={root / 'certs'}",
+            f"--tls-cert-file={pki.serving_cert}",
+            f"--tls-private-key-file={pki.serving_key}",
+            f"--client-ca-file={pki.ca_cert}",
+            "--authorization-mode=RBAC",
+            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            f"--service-account-key-file={pki.sa_public}",
+            f"--service-account-signing-key-file={pki.sa_private}",
+            "--service-cluster-ip-range=10.0.0.0/24",
+            "--allow-privileged=true",
+            "--enable-priority-and-fairness=false",
+            "--disable-admission-plugins=ServiceAccount",
+            "--shutdown-delay-duration=0s",
+            "--v=1",
+        ], log=logs[1]))
+        _wait_ready(plane, logs=logs)
+    except BaseException:
+        plane.stop()
+        raise
+    return plane
+
+
+@contextlib.contextmanager
+def running() -> Iterator[ControlPlane]:
+    plane = start()
+    try:
+        yield plane
+    finally:
+        plane.stop()

@@ -1,0 +1,217 @@
+"""One request builder for every caller: JSON in, JSON out, one identity per client.
+
+We use the official client's configuration loading, TLS set-up and urllib3 pool,
+but build requests ourselves so that server-side apply, dry-run, watch streaming
+and impersonation all go through the same small function.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlencode
+
+import urllib3
+from kubernetes import client as k8s
+from kubernetes import config as k8s_config
+
+from stageset.kube.types import KubeObject
+
+QueryValue = str | int | bool
+
+
+@dataclass(frozen=True)
+class Identity:
+    """Who a request acts as: ``None`` is the controller's own credentials."""
+
+    user: str | None = None
+
+    @classmethod
+    def service_account(cls, *, namespace: str, name: str) -> Identity:
+        return cls(user=f"system:serviceaccount:{namespace}:{name}")
+
+    def describe(self) -> str:
+        return self.user or "the controller's own identity"
+
+
+class ApiError(Exception):
+    """A non-2xx answer from the apiserver, with the Status body's reason and message."""
+
+    def __init__(self, *, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None):
+        super().__init__(f"{status} {reason}: {message}")
+        self.status = status
+        self.reason = reason
+        self.message = message
+        self.body: Mapping[str, Any] = body or {}
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def forbidden(self) -> bool:
+        return self.status == 403
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+    @property
+    def gone(self) -> bool:
+        return self.status == 410
+
+    @property
+    def invalid(self) -> bool:
+        return self.status == 422
+
+
+class KubeClient:
+    """Requests to one cluster as one identity.  Thread-safe (urllib3 pools are)."""
+
+    def __init__(self, *, api_client: k8s.ApiClient, identity: Identity, timeout: float = 30.0):
+        self._api = api_client
+        self.identity = identity
+        self._timeout = timeout
+        self._headers: dict[str, str] = {}
+        if identity.user:
+            self._headers["Impersonate-User"] = identity.user
+
+    def _prepare(self, method: str, path: str, query: Mapping[str, QueryValue] | None,
+                 headers: dict[str, str]) -> tuple[str, dict[str, str]]:
+        all_headers = {"Accept": "application/json", **self._headers, **headers}
+        _, url, all_headers, _, _ = self._api.param_serialize(
+            method, path, header_params=all_headers, auth_settings=["BearerToken"]
+        )
+        if query:
+            encoded = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in query.items()}
+            url = f"{url}?{urlencode(encoded)}"
+        return url, all_headers
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, QueryValue] | None = None,
+        body: Any = None,
+        content_type: str = "application/json",
+        timeout: float | None = None,
+    ) -> KubeObject:
+        headers = {"Content-Type": content_type} if body is not None else {}
+        url, headers = self._prepare(method, path, query, headers)
+        payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        response = self._api.rest_client.pool_manager.request(
+            method, url, body=payload, headers=headers,
+            timeout=urllib3.Timeout(total=timeout or self._timeout), preload_content=True,
+        )
+        data = response.data
+        if response.status >= 300:
+            raise _api_error(response.status, data)
+        if not data:
+            return {}
+        parsed: KubeObject = json.loads(data)
+        return parsed
+
+    def stream(
+        self, path: str, *, query: Mapping[str, QueryValue], timeout: float
+    ) -> Iterator[KubeObject]:
+        """Yield each JSON line of a streaming GET (a watch)."""
+        url, headers = self._prepare("GET", path, query, {})
+        response = self._api.rest_client.pool_manager.request(
+            "GET", url, headers=headers, preload_content=False,
+            timeout=urllib3.Timeout(connect=10.0, read=timeout),
+        )
+        try:
+            if response.status >= 300:
+                raise _api_error(response.status, response.read())
+            buffer = b""
+            for chunk in response.stream(64 * 1024):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    if line.strip():
+                        yield json.loads(line)
+        finally:
+            response.release_conn()
+
+    # Convenience verbs --------------------------------------------------------
+
+    def get(self, path: str) -> KubeObject:
+        return self.request("GET", path)
+
+    def apply(self, path: str, obj: KubeObject, *, field_manager: str, force: bool = True,
+              dry_run: bool = False) -> KubeObject:
+        """Server-side apply ``obj`` at ``path`` (the object's own URL)."""
+        query: dict[str, QueryValue] = {"fieldManager": field_manager, "force": force}
+        if dry_run:
+            query["dryRun"] = "All"
+        return self.request("PATCH", path, query=query, body=obj,
+                            content_type="application/apply-patch+yaml")
+
+    def delete(self, path: str, *, propagation: str = "Background", dry_run: bool = False) -> KubeObject:
+        query: dict[str, QueryValue] = {"propagationPolicy": propagation}
+        if dry_run:
+            query["dryRun"] = "All"
+        return self.request("DELETE", path, query=query)
+
+
+def _api_error(status: int, data: bytes) -> ApiError:
+    try:
+        body = json.loads(data)
+    except ValueError:
+        body = {}
+    if not isinstance(body, dict):
+        body = {}
+    message = str(body.get("message") or data[:500].decode(errors="replace") or "no message")
+    return ApiError(status=status, reason=str(body.get("reason", "")), message=message, body=body)
+
+
+@dataclass(frozen=True)
+class ClusterKey:
+    """Names a cluster for client caching: ``local`` or a remote kubeconfig's identity."""
+
+    name: str
+
+
+LOCAL = ClusterKey("local")
+
+
+class ClientPool:
+    """One cached :class:`KubeClient` per (cluster, identity); never rebuilt per reconcile."""
+
+    def __init__(self, *, configuration: k8s.Configuration, timeout: float = 30.0):
+        self._configurations: dict[ClusterKey, k8s.Configuration] = {LOCAL: configuration}
+        self._timeout = timeout
+        self._clients: dict[tuple[ClusterKey, Identity], KubeClient] = {}
+        self._lock = threading.Lock()
+
+    @classmethod
+    def from_kubeconfig(cls, path: str | None, *, context: str | None = None) -> ClientPool:
+        configuration = k8s.Configuration()
+        if path:
+            k8s_config.load_kube_config(config_file=path, context=context,
+                                        client_configuration=configuration)
+        else:
+            k8s_config.load_incluster_config(client_configuration=configuration)
+        # One pool per client; enough connections for our worker threads.
+        configuration.connection_pool_maxsize = 32
+        return cls(configuration=configuration)
+
+    def client(self, identity: Identity = Identity(), cluster: ClusterKey = LOCAL) -> KubeClient:
+        key = (cluster, identity)
+        with self._lock:
+            found = self._clients.get(key)
+            if found is None:
+                api = k8s.ApiClient(configuration=self._configurations[cluster])
+                found = KubeClient(api_client=api, identity=identity, timeout=self._timeout)
+                self._clients[key] = found
+            return found
+
+    def close(self) -> None:
+        with self._lock:
+            for client in self._clients.values():
+                client._api.close()
+            self._clients.clear()
