@@ -1,1 +1,52 @@
-"""Git sources: resolve refs, fetch into shared mirrors, read trees. Knows nothing of Kubernetes."""
+"""Git sources: resolve refs, fetch into shared mirrors, read trees.  Knows nothing of Kubernetes.
+
+The controller uses it like this::
+
+    store = MirrorStore(root=Path("/var/cache/stageset/git"), policy=UrlPolicy(), limits=Limits())
+    snapshot = store.fetch(url, ref=RefSelector(branch="main"), credentials=creds, timeout=60)
+    snapshot.revision                     # "main@sha1:<40 hex>", Flux's format
+    files = store.read_tree(url, commit=snapshot.commit, path="./deploy", ignore=None)
+    tree_id = store.tree_hash(url, commit=snapshot.commit, path="./deploy")
+
+Every failure is a :class:`SourceError`; see :mod:`sources.errors` for the kinds.  This
+package must never import ``stageset`` or ``kubernetes`` (an import-linter contract): it is
+reusable, and testable against a plain Git server.
+"""
+
+from sources.credentials import Credentials
+from sources.errors import (
+    AuthenticationError,
+    GitOperationError,
+    InvalidRefError,
+    LimitExceededError,
+    PathNotFoundError,
+    RefNotFoundError,
+    SourceError,
+    UnsafePathError,
+    UrlPolicyError,
+)
+from sources.mirror import MirrorStore, Snapshot
+from sources.refs import RefSelector
+from sources.revision import format_revision, parse_revision
+from sources.tree import Limits
+from sources.urls import UrlPolicy
+
+__all__ = [
+    "AuthenticationError",
+    "Credentials",
+    "GitOperationError",
+    "InvalidRefError",
+    "LimitExceededError",
+    "Limits",
+    "MirrorStore",
+    "PathNotFoundError",
+    "RefNotFoundError",
+    "RefSelector",
+    "Snapshot",
+    "SourceError",
+    "UnsafePathError",
+    "UrlPolicy",
+    "UrlPolicyError",
+    "format_revision",
+    "parse_revision",
+]

@@ -21,11 +21,18 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from dulwich.refs import Ref, check_ref_format
+
 from sources.errors import InvalidRefError, RefNotFoundError
 from sources.semver import Constraint, highest_match
 
 PEELED_SUFFIX = "^{}"
 _COMMIT = re.compile(r"[0-9a-f]{40}|[0-9a-f]{64}")
+
+
+def valid_ref_name(name: str) -> bool:
+    """Whether ``name`` is a well-formed full ref name (``git check-ref-format``)."""
+    return check_ref_format(Ref(name.encode()))
 
 
 @dataclass(frozen=True)
@@ -49,13 +56,18 @@ class RefSelector:
                 Constraint.parse(self.semver)
             except ValueError as error:
                 raise InvalidRefError(f"ref.semver: {error}") from None
-        if self.name is not None and not self.name.startswith("refs/") and self.name != "HEAD":
+        if self.name is not None and self.name != "HEAD" and not (
+            self.name.startswith("refs/") and valid_ref_name(self.name)
+        ):
             raise InvalidRefError(f"ref.name must be a full ref name like refs/pull/7/head, "
                                   f"got {self.name!r}")
-        for field_name in ("branch", "tag"):
+        for field_name, namespace in (("branch", "refs/heads/"), ("tag", "refs/tags/")):
             value = getattr(self, field_name)
-            if value is not None and (not value or value.startswith("refs/")):
-                raise InvalidRefError(f"ref.{field_name} must be a short name, got {value!r}")
+            if value is not None and (
+                value.startswith("refs/") or not valid_ref_name(namespace + value)
+            ):
+                raise InvalidRefError(f"ref.{field_name} must be a valid short {field_name} "
+                                      f"name, got {value!r}")
 
     def ref_prefixes(self) -> list[str]:
         """Ref-name prefixes to ask the remote for (protocol v2 filters server-side)."""
@@ -127,11 +139,15 @@ def _resolve_ref(selector: RefSelector, refs: Mapping[str, str], symrefs: Mappin
     if selector.branch is not None:
         return _pick(refs, f"refs/heads/{selector.branch}", ref_name=selector.branch, url=url,
                      what="branch")
+    if "HEAD" not in refs:
+        raise RefNotFoundError(f"{url} has no HEAD (is the repository empty?); set ref.branch")
+    head = _pick(refs, "HEAD", ref_name="HEAD", url=url, what="HEAD")
     target = symrefs.get("HEAD")
-    if target is not None and target.startswith("refs/heads/"):
-        return _pick(refs, target, ref_name=target.removeprefix("refs/heads/"), url=url,
-                     what="default branch")
-    return _pick(refs, "HEAD", ref_name="HEAD", url=url, what="HEAD")
+    if target is not None and target.startswith("refs/heads/") and valid_ref_name(target):
+        # HEAD was listed with its symref target; the target itself may not be listed.
+        return Resolution(ref_name=target.removeprefix("refs/heads/"), ref=target,
+                          want=head.want, commit=head.commit)
+    return head
 
 
 def _pick(refs: Mapping[str, str], ref: str, *, ref_name: str, url: str,

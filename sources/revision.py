@@ -51,9 +51,9 @@ def parse_revision(revision: str) -> tuple[str | None, str]:
         ref_part, sep, commit = revision.rpartition("/")
         if not sep or not ref_part:
             raise ValueError(f"not a revision: {revision!r}")
-        ref_name = ref_part
-        _algorithm(commit)
-        return ref_name, commit
+        if not _HEX.fullmatch(commit) or len(commit) not in _ALGORITHMS:
+            raise ValueError(f"not a revision: {revision!r}")
+        return ref_part, commit
     if _ALGORITHMS.get(len(commit)) != algorithm or not _HEX.fullmatch(commit):
         raise ValueError(f"bad {algorithm} digest in revision {revision!r}")
     return ref_name, commit

@@ -125,7 +125,8 @@ class _Partial:
                 parts.append(int(value))
         pre = tuple(match["pre"].split(".")) if match["pre"] else ()
         if pre and wildcard:
-            raise ValueError(f"a prerelease needs a full version in {constraint!r}")
+            raise ValueError(f"a prerelease needs a full version in semver constraint "
+                             f"{constraint!r}")
         return cls(parts[0], parts[1], parts[2], pre)
 
     @property

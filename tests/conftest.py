@@ -19,7 +19,9 @@ import pytest
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from stageset.envtest import install
 from stageset.envtest import server as envtest
+from stageset.kube.client import ClientPool, KubeClient
 
 
 @pytest.fixture(scope="session")
@@ -127,3 +129,25 @@ def api_error_body(error: k8s.ApiException) -> dict[str, Any]:
 
     body: dict[str, Any] = json.loads(error.body or "{}")
     return body
+
+
+@pytest.fixture(scope="session")
+def kube_pool(kubeconfig: Path) -> Iterator[ClientPool]:
+    """Our own client layer, as the controller uses it (admin identity by default)."""
+    pool = ClientPool.from_kubeconfig(str(kubeconfig))
+    try:
+        yield pool
+    finally:
+        pool.close()
+
+
+@pytest.fixture(scope="session")
+def admin(kube_pool: ClientPool) -> KubeClient:
+    return kube_pool.client()
+
+
+@pytest.fixture(scope="session")
+def installed(admin: KubeClient) -> KubeClient:
+    """The control plane with our CRDs and tenant roles installed (once per worker)."""
+    install.install(admin)
+    return admin

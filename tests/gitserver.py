@@ -21,25 +21,29 @@ Usage::
         sha = server.commit("app", {"deploy/app.yaml": "changed"}, message="change")
         server.tag("app", "v1.0.0", annotated=True)
 
-Importable from any test package (``tests/`` is on ``sys.path`` under pytest because
-``tests/conftest.py`` lives there): ``from gitserver import GitServer, Symlink``.
+Import it from any test package as ``from tests.gitserver import GitServer, Symlink``
+(``tests`` is a namespace package: the checkout's root is on ``sys.path`` through the
+editable install, and pytest puts it there too).
 """
 
 from __future__ import annotations
 
 import base64
+import datetime
 import hmac
+import ipaddress
 import os
+import re
 import shutil
+import ssl
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from types import TracebackType
-from typing import Union
 
 GIT_IDENTITY = (
     "-c", "user.name=Test Author",
@@ -65,7 +69,7 @@ class Submodule:
     commit: str = "1" * 40
 
 
-FileValue = Union[str, bytes, Symlink, Submodule, None]
+FileValue = str | bytes | Symlink | Submodule | None
 """``None`` deletes the path in :meth:`GitServer.commit`."""
 
 
@@ -113,6 +117,7 @@ class _State:
     project_root: Path
     auth: _Auth
     log: list[RequestRecord] = field(default_factory=list)
+    tips_only: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
@@ -120,6 +125,7 @@ class _Handler(BaseHTTPRequestHandler):
     """Authenticates, then hands the request to ``git http-backend`` as CGI."""
 
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True  # headers and body are separate writes
     server: _Server
 
     def do_GET(self) -> None:
@@ -128,7 +134,7 @@ class _Handler(BaseHTTPRequestHandler):
     def do_POST(self) -> None:
         self._serve()
 
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002
+    def log_message(self, format: str, *args: object) -> None:
         """Quiet: tests read :attr:`GitServer.requests` instead."""
 
     def _read_body(self) -> bytes:
@@ -158,6 +164,18 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_response(401)
             self.send_header("WWW-Authenticate", state.auth.challenge())
             self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+
+        refused = _unadvertised_want(state, repo, body) if command == "fetch" else None
+        if refused is not None:
+            # Like a server that only sends advertised tips (uploadpack defaults over ssh).
+            self._record(state, self.command, repo, service, command, 200)
+            payload = _pkt_line(f"ERR upload-pack: not our ref {refused}\n") + b"0000"
+            self.send_response(200)
+            self.send_header("Content-Type", f"application/x-{service}-result")
             self.send_header("Content-Length", str(len(payload)))
             self.end_headers()
             self.wfile.write(payload)
@@ -217,6 +235,23 @@ class _Handler(BaseHTTPRequestHandler):
                                            command=command, status=status))
 
 
+def _pkt_line(text: str) -> bytes:
+    data = text.encode()
+    return f"{len(data) + 4:04x}".encode() + data
+
+
+def _unadvertised_want(state: _State, repo: str, body: bytes) -> str | None:
+    """The first wanted object that is no ref tip, if the repository refuses those."""
+    if repo not in state.tips_only:
+        return None
+    listing = subprocess.run(
+        ["git", "-C", str(state.project_root / f"{repo}.git"), "for-each-ref",
+         "--format=%(objectname)"], capture_output=True, check=True,
+    ).stdout.decode().split()
+    wants: list[bytes] = re.findall(rb"want ([0-9a-f]{40})", body)
+    return next((w.decode() for w in wants if w.decode() not in listing), None)
+
+
 def _classify(path: str, query: str, body: bytes, git_protocol: str | None) -> tuple[str, str, str]:
     """Which repository, service and protocol command a request is for."""
     service = ""
@@ -236,6 +271,49 @@ def _classify(path: str, query: str, body: bytes, git_protocol: str | None) -> t
         else:
             command = "fetch"
     return repo, service, command
+
+
+def _tls_context(directory: Path) -> tuple[bytes, ssl.SSLContext]:
+    """A throw-away CA and a certificate for 127.0.0.1 signed by it; returns (CA PEM, ctx)."""
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+
+    def build(subject: str, key: ec.EllipticCurvePrivateKey, issuer: str,
+              signer: ec.EllipticCurvePrivateKey, *, ca: bool) -> x509.Certificate:
+        builder = (
+            x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, subject)]))
+            .issuer_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, issuer)]))
+            .public_key(key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(minutes=5))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.BasicConstraints(ca=ca, path_length=None), critical=True)
+        )
+        if not ca:
+            builder = builder.add_extension(
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                critical=False,
+            )
+        return builder.sign(signer, hashes.SHA256())
+
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca_cert = build("gitserver test CA", ca_key, "gitserver test CA", ca_key, ca=True)
+    key = ec.generate_private_key(ec.SECP256R1())
+    cert = build("127.0.0.1", key, "gitserver test CA", ca_key, ca=False)
+    directory.mkdir(parents=True, exist_ok=True)
+    cert_path, key_path = directory / "server.crt", directory / "server.key"
+    cert_path.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+    key_path.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                           serialization.PrivateFormat.PKCS8,
+                                           serialization.NoEncryption()))
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    context.load_cert_chain(cert_path, key_path)
+    return ca_cert.public_bytes(serialization.Encoding.PEM), context
 
 
 class _Server(ThreadingHTTPServer):
@@ -261,6 +339,7 @@ class GitServer:
         username: str | None = None,
         password: str | None = None,
         bearer_token: str | None = None,
+        tls: bool = False,
     ) -> None:
         self._owned_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="gitserver-")) if root is None else root
@@ -270,12 +349,18 @@ class GitServer:
                                         bearer_token=bearer_token))
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
+        self.tls = tls
+        self.ca_pem: bytes | None = None
+        """With ``tls=True``: the PEM of the private CA that signed the server's certificate."""
 
     # -- lifecycle ---------------------------------------------------------------------
 
     def start(self) -> GitServer:
         self._httpd = _Server(self._state)
-        self._thread = threading.Thread(target=self._httpd.serve_forever,
+        if self.tls:
+            self.ca_pem, context = _tls_context(self.root / ".tls")
+            self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
+        self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,),
                                         name="gitserver", daemon=True)
         self._thread.start()
         return self
@@ -300,7 +385,7 @@ class GitServer:
         if self._httpd is None:
             raise RuntimeError("the Git server is not running")
         host, port = self._httpd.server_address[:2]
-        return f"http://{host!s}:{port}"
+        return f"{'https' if self.tls else 'http'}://{host!s}:{port}"
 
     def url(self, name: str) -> str:
         """The clone URL of repository ``name`` (no credentials in it)."""
@@ -327,7 +412,7 @@ class GitServer:
 
     # -- repository helpers ------------------------------------------------------------
 
-    def git(self, name: str, *args: str, input: bytes | None = None,  # noqa: A002
+    def git(self, name: str, *args: str, input: bytes | None = None,
             env: Mapping[str, str] | None = None) -> str:
         """Run ``git`` in the bare repository ``name``; returns stripped stdout."""
         full_env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1",
@@ -439,6 +524,15 @@ class GitServer:
         """Set a config key in the served repository (e.g. ``uploadpack.allowAnySHA1InWant``)."""
         self.git(name, "config", key, value)
 
+    def refuse_unadvertised_wants(self, name: str, refuse: bool = True) -> None:
+        """Make ``name`` send only ref tips, like servers that do not allow fetching any
+        reachable commit by id (git over HTTP itself always allows it)."""
+        with self._state.lock:
+            if refuse:
+                self._state.tips_only.add(name)
+            else:
+                self._state.tips_only.discard(name)
+
     def _resolve(self, name: str, rev: str) -> str | None:
         result = subprocess.run(
             ["git", "-C", str(self.repo_path(name)), "rev-parse", "--verify", "--quiet", rev],
@@ -463,4 +557,4 @@ def make_files(count: int, *, prefix: str = "deploy", size: int = 16) -> dict[st
     return {f"{prefix}/f{i:05d}.yaml": f"n: {i}\n".ljust(size, "#") for i in range(count)}
 
 
-__all__: Iterable[str] = ["GitServer", "RequestRecord", "Submodule", "Symlink", "make_files"]
+__all__ = ["GitServer", "RequestRecord", "Submodule", "Symlink", "make_files"]

@@ -39,6 +39,9 @@ Duration = Annotated[str, Field(max_length=64, pattern=DURATION_PATTERN)]
 Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 """An RFC 3339 timestamp, as ``metav1.Time`` serializes."""
 
+Count = Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})]
+"""A non-negative 64-bit integer, such as ``metadata.generation``."""
+
 
 class ApiModel(BaseModel):
     """Base of every model in our API: snake_case in Python, camelCase on the wire.
@@ -114,5 +117,5 @@ class Condition(StatusModel):
     """Human-readable details about the last transition; may be empty."""
     last_transition_time: Time
     """When the condition last changed status."""
-    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    observed_generation: Count | None = None
     """The ``metadata.generation`` the condition was computed from."""

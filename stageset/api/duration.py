@@ -50,7 +50,8 @@ def parse_duration(s: str) -> datetime.timedelta:
     while position < len(text):
         match = _TERM.match(text, position)
         if match is None:
-            raise ValueError(f"invalid duration {s!r}: expected <number><unit> at {text[position:]!r}")
+            rest = text[position:]
+            raise ValueError(f"invalid duration {s!r}: expected <number><unit> at {rest!r}")
         whole, fraction, unit = match.group(1), match.group(2) or "", match.group(3)
         if not whole and not fraction:
             raise ValueError(f"invalid duration {s!r}: a number is missing before {unit!r}")

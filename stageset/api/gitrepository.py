@@ -15,11 +15,13 @@ import re
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
+from pydantic.config import JsonDict
 
 from stageset.api.common import (
     API_VERSION,
     ApiModel,
     Condition,
+    Count,
     DNSSubdomain,
     Duration,
     LocalObjectRef,
@@ -31,16 +33,18 @@ from stageset.api.common import (
 # is a valid RE2 (CEL) and Python pattern, and holds no quote or backslash, so it
 # can sit inside a CEL string literal unchanged.
 URL_PATTERN = r"^((https?|ssh|file)://.+|[A-Za-z0-9._~-]+@[A-Za-z0-9.-]+:.+)$"
-URL_MESSAGE = "url must start with https://, http://, ssh:// or file://, or be scp-like user@host:path"
+URL_MESSAGE = (
+    "url must start with https://, http://, ssh:// or file://, or be scp-like user@host:path"
+)
 
 _REF_NAME = Annotated[str, Field(min_length=1, max_length=1024)]
 
-_ONE_SELECTOR = {
+_ONE_SELECTOR: JsonDict = {
     "rule": "[has(self.branch), has(self.tag), has(self.semver), has(self.name)]"
     ".filter(x, x).size() <= 1",
     "message": "at most one of branch, tag, semver and name may be set",
 }
-_COMMIT_ONLY_WITH_BRANCH = {
+_COMMIT_ONLY_WITH_BRANCH: JsonDict = {
     "rule": "!has(self.commit) || !(has(self.tag) || has(self.semver) || has(self.name))",
     "message": "commit may only be set alone or together with branch",
     "fieldPath": ".commit",
@@ -72,10 +76,13 @@ class GitRef(ApiModel):
     @model_validator(mode="after")
     def _one_selector(self) -> GitRef:
         selectors = [
-            field for field in ("branch", "tag", "semver", "name") if getattr(self, field) is not None
+            field
+            for field in ("branch", "tag", "semver", "name")
+            if getattr(self, field) is not None
         ]
         if len(selectors) > 1:
-            raise ValueError(f"at most one of branch, tag, semver and name may be set, got {selectors}")
+            given = ", ".join(selectors)
+            raise ValueError(f"at most one of branch, tag, semver and name may be set, got {given}")
         if self.commit is not None and set(selectors) - {"branch"}:
             raise ValueError("commit may only be set alone or together with branch")
         return self
@@ -96,7 +103,8 @@ class GitRepositorySpec(ApiModel):
             },
         ),
     ]
-    """Repository URL: ``https://``, ``http://``, ``ssh://``, ``file://`` or scp-like ``git@host:path``."""
+    """Repository URL: ``https://``, ``http://``, ``ssh://``, ``file://``, or scp-like
+    ``git@host:path``."""
     ref: GitRef | None = None
     """Which revision to check out; defaults to the remote's default branch."""
     secret_ref: LocalObjectRef | None = None
@@ -137,7 +145,7 @@ class Artifact(StatusModel):
 class GitRepositoryStatus(StatusModel):
     """The observed state of a GitRepository."""
 
-    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    observed_generation: Count | None = None
     """The ``metadata.generation`` last reconciled."""
     conditions: list[Condition] = Field(
         default_factory=list,

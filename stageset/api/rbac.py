@@ -3,7 +3,7 @@
 With these installed, a ServiceAccount bound to ``edit`` (or ``admin``) in its
 namespace may manage StageSets and GitRepositories there, and ``view`` may read
 them — the same way built-in kinds work.  The Helm chart ships the same objects
-(generated from here by ``python -m stageset.api.crd``).
+(``helm/stageset/templates/aggregate-roles.yaml``; a test keeps the two equal).
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ def aggregated_cluster_roles() -> list[dict[str, Any]]:
             "kind": "ClusterRole",
             "metadata": {
                 "name": name,
-                "labels": {f"rbac.authorization.k8s.io/aggregate-to-{to}": "true" for to in aggregate_to},
+                "labels": {f"rbac.authorization.k8s.io/aggregate-to-{to}": "true"
+                           for to in aggregate_to},
             },
             "rules": [
                 {"apiGroups": [GROUP], "resources": _RESOURCES, "verbs": verbs},

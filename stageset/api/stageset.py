@@ -16,11 +16,13 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, model_validator
+from pydantic.config import JsonDict
 
 from stageset.api.common import (
     API_VERSION,
     ApiModel,
     Condition,
+    Count,
     DNSLabel,
     DNSSubdomain,
     Duration,
@@ -157,30 +159,43 @@ class Stage(ApiModel):
     """What to wait for before the stage counts as ready."""
 
     @model_validator(mode="after")
-    def _not_self_dependent(self) -> Stage:
-        if self.depends_on is not None and self.name in self.depends_on:
-            raise ValueError(f"stage {self.name!r} may not depend on itself")
+    def _dependencies(self) -> Stage:
+        if self.depends_on is None:
+            return self
+        if self.name in self.depends_on:
+            raise ValueError(f'stage "{self.name}" may not depend on itself')
+        # The CRD's list-type "set" refuses repeated entries; so do we.
+        repeated = sorted({name for name in self.depends_on if self.depends_on.count(name) > 1})
+        if repeated:
+            names = ", ".join(repeated)
+            raise ValueError(f'stage "{self.name}" lists {names} more than once in dependsOn')
         return self
 
 
-_UNIQUE_NAMES = {
+# The rules below sit on the ``stages`` list: only there can a rule see every stage.
+# Their messages name the offending stage.  The CEL cost estimator loses the
+# length bound of elements that went through ``filter``/``max``/``join``, and then
+# prices any string built from them as unbounded, so the offending stage is found
+# by index (``map(...).indexOf(false)``), which keeps ``self[i].name`` at 63 bytes.
+# Naming the unknown entry as well would repeat that search and, at 64 stages of 64
+# entries, exceed the per-expression budget; the reconciler's message names it.
+_UNIQUE_NAMES: JsonDict = {
     "rule": "self.all(s, self.exists_one(t, t.name == s.name))",
     "message": "stage names must be unique",
     "messageExpression": (
-        "'stage name \"' + self.filter(s, !self.exists_one(t, t.name == s.name))[0].name"
+        "'stage name \"'"
+        " + self[self.map(s, self.exists_one(t, t.name == s.name)).indexOf(false)].name"
         " + '\" is used more than once; stage names must be unique'"
     ),
 }
-_KNOWN_DEPENDENCIES = {
-    "rule": (
-        "self.all(s, !has(s.dependsOn) || s.dependsOn.all(d, self.exists(t, t.name == d)))"
-    ),
-    "message": "every stages[].dependsOn entry must name a stage of this StageSet",
+_KNOWN_DEPENDENCIES: JsonDict = {
+    "rule": "self.all(s, !has(s.dependsOn) || s.dependsOn.all(d, self.exists(t, t.name == d)))",
+    "message": "dependsOn may only name stages of this StageSet",
     "messageExpression": (
-        "self.filter(s, has(s.dependsOn) && s.dependsOn.exists(d, !self.exists(t, t.name == d)))"
-        ".map(s, 'stage \"' + s.name + '\" depends on unknown stage(s) '"
-        " + s.dependsOn.filter(d, !self.exists(t, t.name == d)).join(', ')).join('; ')"
-        " + '; dependsOn must name stages of this StageSet'"
+        "'stage \"' + self[self.map(s, !has(s.dependsOn)"
+        " || s.dependsOn.all(d, self.exists(t, t.name == d))).indexOf(false)].name"
+        " + '\" depends on a stage that is not in this StageSet;"
+        " dependsOn may only name stages of this StageSet'"
     ),
 }
 
@@ -226,14 +241,16 @@ class StageSetSpec(ApiModel):
         seen: set[str] = set()
         for name in names:
             if name in seen:
-                raise ValueError(f"stage name {name!r} is used more than once; stage names must be unique")
+                raise ValueError(
+                    f'stage name "{name}" is used more than once; stage names must be unique'
+                )
             seen.add(name)
         for stage in self.stages:
             unknown = [name for name in stage.depends_on or [] if name not in seen]
             if unknown:
                 raise ValueError(
-                    f"stage {stage.name!r} depends on unknown stage(s) {', '.join(unknown)}; "
-                    "dependsOn must name stages of this StageSet"
+                    f'stage "{stage.name}" depends on unknown stage(s) {", ".join(unknown)}; '
+                    "dependsOn may only name stages of this StageSet"
                 )
         return self
 
@@ -251,14 +268,14 @@ class StageStatus(StatusModel):
     """Details, e.g. why the stage failed."""
     last_applied_time: Time | None = None
     """When the stage was last applied."""
-    objects: Annotated[int, Field(ge=0)] | None = None
+    objects: Count | None = None
     """How many objects the stage manages."""
 
 
 class StageSetStatus(StatusModel):
     """The observed state of a StageSet."""
 
-    observed_generation: Annotated[int, Field(ge=0)] | None = None
+    observed_generation: Count | None = None
     """The ``metadata.generation`` last reconciled."""
     conditions: list[Condition] = Field(
         default_factory=list,

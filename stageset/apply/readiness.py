@@ -125,7 +125,8 @@ def _service(obj: KubeObject) -> Readiness:
 def _crd(obj: KubeObject) -> Readiness:
     conditions = _conditions(obj)
     if conditions.get("NamesAccepted", {}).get("status") == "False":
-        return Readiness(Status.FAILED, f"names not accepted: {conditions['NamesAccepted'].get('message', '')}")
+        message = conditions["NamesAccepted"].get("message", "")
+        return Readiness(Status.FAILED, f"names not accepted: {message}")
     if conditions.get("Established", {}).get("status") == "True":
         return Readiness(Status.CURRENT)
     return Readiness(Status.IN_PROGRESS, "not yet established")

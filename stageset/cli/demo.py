@@ -87,7 +87,7 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event) -> int:
         manager = Manager(clients=clients, settings=ControllerSettings(
             allow_insecure_sources=True, mirror_dir=plane.workdir / "mirrors"))
 
-        def interrupt(signum: int, frame: FrameType | None) -> None:
+        def interrupt(_signum: int, _frame: FrameType | None) -> None:
             stop.set()
 
         signal.signal(signal.SIGINT, interrupt)

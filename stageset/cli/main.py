@@ -31,12 +31,13 @@ def _setup_logging(level: str) -> None:
     # The kubernetes client logs request bodies at DEBUG, which may include Secrets.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
+    logging.getLogger("dulwich").setLevel(logging.WARNING)
 
 
 def run_controller(manager: Manager) -> None:
     """Run ``manager`` in the foreground until SIGINT/SIGTERM."""
 
-    def stop(signum: int, frame: FrameType | None) -> None:
+    def stop(_signum: int, _frame: FrameType | None) -> None:
         manager.stop.set()
 
     signal.signal(signal.SIGINT, stop)

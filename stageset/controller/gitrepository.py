@@ -47,9 +47,14 @@ def _reason(error: SourceError) -> str:
     return "GitOperationFailed"
 
 
-def _decode(data: dict[str, str], key: str) -> str | None:
+def _raw(data: dict[str, str], key: str) -> bytes | None:
     value = data.get(key)
-    return base64.b64decode(value).decode() if value else None
+    return base64.b64decode(value) if value else None
+
+
+def _decode(data: dict[str, str], key: str) -> str | None:
+    value = _raw(data, key)
+    return value.decode() if value is not None else None
 
 
 class GitRepositoryReconciler:
@@ -72,9 +77,9 @@ class GitRepositoryReconciler:
             username=_decode(data, "username"),
             password=_decode(data, "password"),
             bearer_token=_decode(data, "bearerToken"),
-            ca_pem=_decode(data, "caFile") or _decode(data, "ca.crt"),
-            identity=_decode(data, "identity"),
-            known_hosts=_decode(data, "known_hosts"),
+            ca_pem=_raw(data, "caFile") or _raw(data, "ca.crt"),
+            identity=_raw(data, "identity"),
+            known_hosts=_raw(data, "known_hosts"),
         )
 
     def reconcile(self, raw: dict[str, Any]) -> float | None:

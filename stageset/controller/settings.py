@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -14,7 +15,7 @@ class ControllerSettings:
     cluster_admin: bool = False
     no_cross_namespace_refs: bool = False
     workers: int = 4
-    mirror_dir: Path = field(default_factory=lambda: Path("/tmp/stageset-mirrors"))
+    mirror_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "stageset-mirrors")
     # Development only: allow http:// and file:// Git URLs.
     allow_insecure_sources: bool = False
     poll_interval: float = 0.5

@@ -211,6 +211,7 @@ class StageSetReconciler:
                     outcomes[name].phase = "Applying"
                     futures[pool.submit(self._run_stage, stageset=stageset, stage=by_name[name],
                                         namespace=namespace)] = name
+                    publish(None, "Progressing", f"applying stage {name!r}")
                 if not futures:
                     break
                 finished, _ = wait(list(futures), return_when=FIRST_COMPLETED)

@@ -8,6 +8,7 @@ no-op reconcile makes no status write either.
 
 from __future__ import annotations
 
+import copy
 from typing import Any
 
 from stageset.kube.client import ApiError, KubeClient
@@ -33,5 +34,6 @@ def write_status(client: KubeClient, *, resource: Resource, obj: dict[str, Any],
         if error.not_found:
             return False
         raise
-    obj["status"] = status
+    # Remember what we wrote (a copy: callers keep mutating their dict).
+    obj["status"] = copy.deepcopy(status)
     return True

@@ -22,7 +22,15 @@ def _matches(labels: dict[str, str], selector: dict[str, Any]) -> bool:
 
 
 def aggregate_cluster_roles(admin: KubeClient) -> None:
+    """Fill every aggregated ClusterRole; repeats until stable, as aggregation nests (view -> edit)."""
+    for _ in range(5):
+        if not _aggregate_once(admin):
+            return
+
+
+def _aggregate_once(admin: KubeClient) -> bool:
     roles = admin.get(_ROLES)["items"]
+    changed = False
     for role in roles:
         rule = role.get("aggregationRule")
         if not rule:
@@ -38,3 +46,6 @@ def aggregate_cluster_roles(admin: KubeClient) -> None:
         if rules != (role.get("rules") or []):
             admin.request("PATCH", f"{_ROLES}/{role['metadata']['name']}",
                           body={"rules": rules}, content_type="application/merge-patch+json")
+            role["rules"] = rules
+            changed = True
+    return changed

@@ -45,7 +45,8 @@ def _name(common_name: str, organization: str | None = None) -> x509.Name:
     return x509.Name(attributes)
 
 
-def _builder(subject: x509.Name, issuer: x509.Name, public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
+def _builder(subject: x509.Name, issuer: x509.Name,
+             public_key: ec.EllipticCurvePublicKey) -> x509.CertificateBuilder:
     now = datetime.datetime.now(datetime.UTC)
     return (
         x509.CertificateBuilder()

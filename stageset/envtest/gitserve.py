@@ -15,18 +15,19 @@ from collections.abc import Iterator
 from pathlib import Path
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from dulwich.objects import Blob, Commit, Tree
+from dulwich.objects import Blob, Commit, ObjectID, Tree
+from dulwich.refs import Ref
 from dulwich.repo import Repo
-from dulwich.server import DictBackend
+from dulwich.server import BackendRepo, DictBackend
 from dulwich.web import make_wsgi_chain
 
 
 class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - stdlib signature
+    def log_message(self, *_args: object) -> None:
         return
 
 
-def _tree_for(repo: Repo, directory: Path) -> bytes:
+def _tree_for(repo: Repo, directory: Path) -> ObjectID:
     tree = Tree()
     for entry in sorted(directory.iterdir()):
         if entry.name.startswith("."):
@@ -44,7 +45,7 @@ def _tree_for(repo: Repo, directory: Path) -> bytes:
 def commit_directory(repo: Repo, directory: Path, *, branch: str = "main",
                      message: str = "snapshot") -> str:
     """Commit ``directory``'s files as the new tip of ``branch``; returns the commit id."""
-    ref = f"refs/heads/{branch}".encode()
+    ref = Ref(f"refs/heads/{branch}".encode())
     commit = Commit()
     commit.tree = _tree_for(repo, directory)
     commit.parents = [repo.refs[ref]] if ref in repo.refs else []
@@ -54,7 +55,7 @@ def commit_directory(repo: Repo, directory: Path, *, branch: str = "main",
     commit.message = message.encode()
     repo.object_store.add_object(commit)
     repo.refs[ref] = commit.id
-    repo.refs.set_symbolic_ref(b"HEAD", ref)
+    repo.refs.set_symbolic_ref(Ref(b"HEAD"), ref)
     return commit.id.decode()
 
 
@@ -64,7 +65,8 @@ def serve_directory(directory: Path, *, name: str = "examples") -> Iterator[str]
     with tempfile.TemporaryDirectory(prefix="stageset-git-") as tmp:
         repo = Repo.init_bare(tmp, mkdir=False)
         commit_directory(repo, directory)
-        app = make_wsgi_chain(DictBackend({f"/{name}.git": repo}))
+        repos: dict[str, BackendRepo] = {f"/{name}.git": repo}
+        app = make_wsgi_chain(DictBackend(repos))
         server: WSGIServer = make_server("127.0.0.1", 0, app, handler_class=_QuietHandler)
         thread = threading.Thread(target=server.serve_forever, name="git-http", daemon=True)
         thread.start()

@@ -92,7 +92,7 @@ def _spawn(args: list[str], *, log: Path) -> subprocess.Popen[bytes]:
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
             start_new_session=True,
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads are started before fork here
+            preexec_fn=_die_with_parent,  # no threads are started before fork here
         )
 
 
@@ -104,9 +104,10 @@ def _wait_ready(plane: ControlPlane, *, logs: list[Path]) -> None:
         for process, log in zip(plane._processes, logs, strict=True):
             if process.poll() is not None:
                 tail = log.read_text(errors="replace")[-3000:]
-                raise RuntimeError(f"{process.args[0]} exited with {process.returncode}:\n{tail}")
+                raise RuntimeError(f"{log.stem} exited with {process.returncode}:\n{tail}")
         try:
-            with urllib.request.urlopen(f"{plane.url}/readyz", context=context, timeout=5) as reply:
+            # The URL is our own https:// apiserver address.
+            with urllib.request.urlopen(f"{plane.url}/readyz", context=context, timeout=5) as reply:  # noqa: S310
                 if reply.status == 200:
                     return
         except (urllib.error.URLError, OSError) as error:
@@ -119,7 +120,8 @@ def write_kubeconfig(*, path: Path, url: str, pki: Pki, context: str = "envtest"
     config = {
         "apiVersion": "v1",
         "kind": "Config",
-        "clusters": [{"name": context, "cluster": {"server": url, "certificate-authority": str(pki.ca_cert)}}],
+        "clusters": [{"name": context,
+                      "cluster": {"server": url, "certificate-authority": str(pki.ca_cert)}}],
         "users": [{"name": "admin", "user": {
             "client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": "admin"}}],

@@ -137,6 +137,9 @@ class KubeClient:
         finally:
             response.release_conn()
 
+    def close(self) -> None:
+        self._api.close()  # type: ignore[no-untyped-call]
+
     # Convenience verbs --------------------------------------------------------
 
     def get(self, path: str) -> KubeObject:
@@ -192,10 +195,12 @@ class ClientPool:
     def from_kubeconfig(cls, path: str | None, *, context: str | None = None) -> ClientPool:
         configuration = k8s.Configuration()
         if path:
-            k8s_config.load_kube_config(config_file=path, context=context,
+            k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
+                config_file=path, context=context,
                                         client_configuration=configuration)
         else:
-            k8s_config.load_incluster_config(client_configuration=configuration)
+            k8s_config.load_incluster_config(  # type: ignore[no-untyped-call]
+                client_configuration=configuration)
         # One pool per client; enough connections for our worker threads.
         configuration.connection_pool_maxsize = 32
         return cls(configuration=configuration)
@@ -213,5 +218,5 @@ class ClientPool:
     def close(self) -> None:
         with self._lock:
             for client in self._clients.values():
-                client._api.close()
+                client.close()
             self._clients.clear()

@@ -91,4 +91,5 @@ class RestMapper:
         resource = self.for_object(obj)
         metadata = obj.get("metadata", {})
         namespace = metadata.get("namespace") or default_namespace
-        return resource.object_path(name=metadata["name"], namespace=namespace if resource.namespaced else None)
+        return resource.object_path(name=metadata["name"],
+                                    namespace=namespace if resource.namespaced else None)

@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# The whole test command: set-up, static checks, then every test (unit, real apiserver, e2e).
+# Exits non-zero on any failure.  pytest's "no tests collected" (exit 5) is a failure too:
+# a suite that ran nothing proves nothing.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+UV="$(./hack/bootstrap.sh)"
+run() { "$UV" run --frozen --no-sync "$@"; }
+
+start=$(date +%s)
+echo "== ruff"; run ruff check stageset sources tests
+echo "== mypy --strict"; run mypy
+echo "== import contracts"; run lint-imports
+echo "== CRDs are current"; run python -m stageset.api.crd --check
+[ "${1:-}" = "--lint-only" ] && exit 0
+
+echo "== control plane (built once, cached in ~/.cache/stageset)"
+run python -m stageset.envtest.build
+
+echo "== pytest"
+set +e
+run pytest -n "${PYTEST_WORKERS:-auto}" --dist loadfile -q "$@"
+status=$?
+set -e
+echo "== test command took $(( $(date +%s) - start ))s"
+if [ "$status" -eq 5 ]; then
+    echo "pytest collected no tests: failing on purpose" >&2
+    exit 1
+fi
+exit "$status"

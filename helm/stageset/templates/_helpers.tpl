@@ -1,0 +1,5 @@
+{{- define "stageset.name" -}}{{ .Release.Name }}-stageset{{- end -}}
+{{- define "stageset.labels" -}}
+app.kubernetes.io/name: stageset
+app.kubernetes.io/instance: {{ .Release.Name }}
+{{- end -}}

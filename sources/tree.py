@@ -1,0 +1,291 @@
+"""Reading the files under a path of a commit straight from a Git object store.
+
+Why no work tree: a checkout writes every file of every revision to disk and races with
+concurrent readers; reading blobs from the object store is cheaper, needs no cleanup and
+never touches the controller's filesystem, so a hostile repository cannot make us follow a
+symlink out of a checkout.
+
+What a tree may contain is checked here, with errors that name the offending path:
+
+* ``path`` itself must be relative and free of ``..`` (``./deploy``, ``deploy``, ``./`` and
+  ``""`` are fine; ``/etc`` and ``../x`` are :class:`UnsafePathError`).
+* Submodules (gitlinks) are refused: their content is in another repository we did not
+  fetch, and silently skipping them would deploy half an application.
+* Symlinks are **resolved** when their target stays inside ``path`` — files read as the
+  target's content, directories expand as copies — so repositories that share a base by
+  symlink keep working.  Targets that are absolute, leave ``path`` or loop are
+  :class:`UnsafePathError`; a dangling target is :class:`PathNotFoundError`.  Both name the
+  link.  Keeping targets inside ``path`` also means the Git tree id of
+  ``path`` (:func:`subtree_id`) changes whenever anything we would read changes, which is
+  what lets callers skip re-rendering an unchanged subtree.
+* :class:`Limits` bound the number of files and the bytes of each file and of the whole
+  tree (:class:`LimitExceededError`), after ``ignore`` patterns are applied.
+
+``ignore`` is .gitignore syntax matched against paths relative to the repository root, as
+in Flux's ``spec.ignore`` (``/deploy/secret.yaml`` is anchored at the root; ``*.md``
+matches anywhere).  Ignored entries are skipped before they are inspected, so an ignored
+symlink or submodule is no error.  Note that the tree id still covers ignored files.
+"""
+
+from __future__ import annotations
+
+import io
+import stat
+from dataclasses import dataclass, field
+
+from dulwich.ignore import IgnoreFilter, read_ignore_patterns
+from dulwich.object_store import BaseObjectStore
+from dulwich.objects import S_ISGITLINK, Blob, Commit, ObjectID, Tag, Tree
+
+from sources.errors import (
+    GitOperationError,
+    LimitExceededError,
+    PathNotFoundError,
+    RefNotFoundError,
+    UnsafePathError,
+)
+
+MiB = 1024 * 1024
+MAX_SYMLINK_HOPS = 40
+"""Like Linux's MAXSYMLINKS: a chain longer than this is treated as a loop."""
+
+Parts = tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """How much one read may return; exceeding any is a :class:`LimitExceededError`."""
+
+    max_files: int = 10_000
+    max_file_bytes: int = 10 * MiB
+    max_total_bytes: int = 100 * MiB
+
+
+def split_path(path: str) -> Parts:
+    """``"./deploy/app"`` -> ``("deploy", "app")``; refuse absolute and ``..`` paths."""
+    if path.startswith("/"):
+        raise UnsafePathError(f"path {path!r} is absolute; use a path relative to the "
+                              "repository root such as './deploy'")
+    parts = tuple(p for p in path.split("/") if p not in ("", "."))
+    if ".." in parts:
+        raise UnsafePathError(f"path {path!r} contains '..'")
+    return parts
+
+
+def _show(parts: Parts) -> str:
+    return "/".join(parts) or "."
+
+
+def _parse_ignore(ignore: str | None) -> IgnoreFilter | None:
+    if not ignore or not ignore.strip():
+        return None
+    return IgnoreFilter(read_ignore_patterns(io.BytesIO(ignore.encode())))
+
+
+@dataclass
+class _Budget:
+    limits: Limits
+    files: int = 0
+    total: int = 0
+
+    def charge(self, path: str, size: int) -> None:
+        if size > self.limits.max_file_bytes:
+            raise LimitExceededError(
+                f"file {path!r} is {size} bytes, more than the limit of "
+                f"{self.limits.max_file_bytes} bytes per file"
+            )
+        self.files += 1
+        if self.files > self.limits.max_files:
+            raise LimitExceededError(
+                f"more than {self.limits.max_files} files under the path (limit reached at "
+                f"{path!r})"
+            )
+        self.total += size
+        if self.total > self.limits.max_total_bytes:
+            raise LimitExceededError(
+                f"files under the path add up to more than {self.limits.max_total_bytes} "
+                f"bytes (limit reached at {path!r})"
+            )
+
+
+@dataclass
+class CommitTree:
+    """The tree of one commit in ``store``, for path lookups and reads."""
+
+    store: BaseObjectStore
+    commit: str
+    root: ObjectID = field(init=False)
+
+    def __post_init__(self) -> None:
+        oid = ObjectID(self.commit.encode("ascii"))
+        if oid not in self.store:
+            raise RefNotFoundError(f"commit {self.commit} is not in the mirror; fetch it first")
+        obj = self.store[oid]
+        while isinstance(obj, Tag):
+            obj = self.store[obj.object[1]]
+        if not isinstance(obj, Commit):
+            raise GitOperationError(f"object {self.commit} is a {obj.type_name.decode()}, "
+                                    "not a commit")
+        self.root = obj.tree
+
+    # -- lookups -----------------------------------------------------------------------
+
+    def _tree(self, sha: ObjectID) -> Tree:
+        obj = self.store[sha]
+        if not isinstance(obj, Tree):  # pragma: no cover - a corrupt repository
+            raise GitOperationError(f"object {sha.decode()} is not a tree")
+        return obj
+
+    def _link_target(self, sha: ObjectID) -> str:
+        blob = self.store[sha]
+        if not isinstance(blob, Blob):  # pragma: no cover - a corrupt repository
+            raise GitOperationError(f"object {sha.decode()} is not a blob")
+        return blob.data.decode("utf-8", "replace")
+
+    def lookup(self, parts: Parts, *, within: Parts, origin: str) -> tuple[int, ObjectID, Parts]:
+        """Find ``parts`` from the root, following symlinks that stay inside ``within``.
+
+        Returns ``(mode, object id, real path)``; raises :class:`PathNotFoundError` if a
+        component is missing and :class:`UnsafePathError` for a symlink that leaves
+        ``within`` or loops.  ``origin`` names what is being looked up, for messages.
+        """
+        pending = list(parts)
+        mode, sha = stat.S_IFDIR, self.root
+        real: Parts = ()
+        hops = 0
+        while pending:
+            name = pending.pop(0)
+            if not stat.S_ISDIR(mode):
+                raise PathNotFoundError(f"{origin}: {_show(real)!r} is not a directory")
+            tree = self._tree(sha)
+            key = name.encode()
+            if key not in tree:
+                raise PathNotFoundError(f"{origin}: {_show((*real, name))!r} does not exist")
+            mode, sha = tree[key]
+            if stat.S_ISLNK(mode):
+                hops += 1
+                link = (*real, name)
+                if hops > MAX_SYMLINK_HOPS:
+                    raise UnsafePathError(f"symlink {_show(link)!r}: too many levels of "
+                                          "symbolic links (a loop?)")
+                target_parts = self._join_target(link, self._link_target(sha), within=within)
+                pending = [*target_parts, *pending]
+                mode, sha, real = stat.S_IFDIR, self.root, ()
+                continue
+            if S_ISGITLINK(mode):
+                raise UnsafePathError(f"{_show((*real, name))!r} is a submodule, which is not "
+                                      "supported")
+            real = (*real, name)
+        return mode, sha, real
+
+    def _join_target(self, link: Parts, target: str, *, within: Parts) -> Parts:
+        """The repository path a symlink at ``link`` points to; refuse escapes."""
+        shown = f"symlink {_show(link)!r} -> {target!r}"
+        if target.startswith("/"):
+            raise UnsafePathError(f"{shown} is absolute")
+        resolved: list[str] = list(link[:-1])
+        for part in target.split("/"):
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if not resolved:
+                    raise UnsafePathError(f"{shown} leaves the repository")
+                resolved.pop()
+            else:
+                resolved.append(part)
+        result = tuple(resolved)
+        if result[: len(within)] != within:
+            raise UnsafePathError(f"{shown} points outside {_show(within)!r}")
+        return result
+
+    def subtree(self, path: str) -> tuple[ObjectID, Parts]:
+        """The tree id and real path of directory ``path``."""
+        parts = split_path(path)
+        mode, sha, real = self.lookup(parts, within=(), origin=f"path {path!r}")
+        if not stat.S_ISDIR(mode):
+            raise PathNotFoundError(f"path {path!r} is a file, not a directory")
+        return sha, real
+
+    # -- reading -----------------------------------------------------------------------
+
+    def read(self, path: str, *, ignore: str | None, limits: Limits) -> dict[str, bytes]:
+        """Every file under ``path``: relative POSIX path -> content."""
+        tree_id, real = self.subtree(path)
+        walk = _Walk(tree=self, within=real, ignore=_parse_ignore(ignore),
+                     budget=_Budget(limits))
+        walk.directory(tree_id, real=real, out=(), stack=(real,))
+        return walk.files
+
+
+@dataclass
+class _Walk:
+    """One recursive read of a subtree; collects files and enforces limits."""
+
+    tree: CommitTree
+    within: Parts
+    ignore: IgnoreFilter | None
+    budget: _Budget
+    files: dict[str, bytes] = field(default_factory=dict)
+
+    def _ignored(self, out: Parts, *, is_dir: bool) -> bool:
+        if self.ignore is None:
+            return False
+        repo_path = "/".join((*self.within, *out)) + ("/" if is_dir else "")
+        if not self.ignore.is_ignored(repo_path):
+            return False
+        return not is_dir or self.ignore.may_prune_directory(repo_path)
+
+    def directory(self, tree_id: ObjectID, *, real: Parts, out: Parts,
+                  stack: tuple[Parts, ...]) -> None:
+        for entry in self.tree._tree(tree_id).iteritems(name_order=True):
+            try:
+                name = entry.path.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UnsafePathError(
+                    f"a name under {_show((*self.within, *out))!r} is not valid UTF-8"
+                ) from None
+            if name in ("", ".", "..") or "/" in name or "\0" in name:
+                raise UnsafePathError(f"invalid name {name!r} under {_show(real)!r}")
+            self.entry(entry.mode, entry.sha, real=(*real, name), out=(*out, name),
+                       stack=stack)
+
+    def entry(self, mode: int, sha: ObjectID, *, real: Parts, out: Parts,
+              stack: tuple[Parts, ...]) -> None:
+        repo_path = _show((*self.within, *out))
+        if S_ISGITLINK(mode):
+            if self._ignored(out, is_dir=True) or self._ignored(out, is_dir=False):
+                return
+            raise UnsafePathError(f"{repo_path!r} is a submodule, which is not supported")
+        if stat.S_ISLNK(mode):
+            if self._ignored(out, is_dir=False):
+                return
+            mode, sha, real = self.tree.lookup(real, within=self.within,
+                                               origin=f"symlink {repo_path!r}")
+            if stat.S_ISDIR(mode) and any(real == s[: len(real)] for s in stack):
+                raise UnsafePathError(f"symlink {repo_path!r} points to its own parent "
+                                      f"directory {_show(real)!r} (a loop)")
+        if stat.S_ISDIR(mode):
+            if self._ignored(out, is_dir=True):
+                return
+            self.directory(sha, real=real, out=out, stack=(*stack, real))
+            return
+        if self._ignored(out, is_dir=False):
+            return
+        blob = self.tree.store[sha]
+        if not isinstance(blob, Blob):  # pragma: no cover - a corrupt repository
+            raise GitOperationError(f"{repo_path!r} is not a blob")
+        data = blob.data
+        self.budget.charge(repo_path, len(data))
+        self.files["/".join(out)] = data
+
+
+def read_tree(store: BaseObjectStore, *, commit: str, path: str, ignore: str | None,
+              limits: Limits) -> dict[str, bytes]:
+    """Files under ``path`` at ``commit``: relative POSIX path -> bytes."""
+    return CommitTree(store, commit).read(path, ignore=ignore, limits=limits)
+
+
+def subtree_id(store: BaseObjectStore, *, commit: str, path: str) -> str:
+    """The Git tree id (hex) of directory ``path`` at ``commit``."""
+    tree_id, _ = CommitTree(store, commit).subtree(path)
+    return tree_id.decode("ascii")

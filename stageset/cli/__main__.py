@@ -1,0 +1,3 @@
+from stageset.cli.main import main
+
+main()

@@ -1,0 +1,1 @@
+"""Tests of :mod:`sources` against a real Git server on loopback."""

@@ -1,0 +1,70 @@
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from stageset.apply.readiness import Status, readiness
+
+
+def deployment(status: dict[str, Any], *, generation: int = 1, replicas: int = 2) -> dict[str, Any]:
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "d", "generation": generation},
+            "spec": {"replicas": replicas}, "status": status}
+
+
+FULL = {"observedGeneration": 1, "replicas": 2, "updatedReplicas": 2, "readyReplicas": 2,
+        "availableReplicas": 2}
+
+
+@pytest.mark.parametrize(("obj", "expected"), [
+    (deployment(FULL), Status.CURRENT),
+    (deployment({**FULL, "readyReplicas": 1}), Status.IN_PROGRESS),
+    (deployment(FULL, generation=2), Status.IN_PROGRESS),
+    (deployment({}), Status.IN_PROGRESS),
+    (deployment({**FULL, "readyReplicas": 0, "conditions": [
+        {"type": "Progressing", "status": "False", "reason": "ProgressDeadlineExceeded"}]}), Status.FAILED),
+    (deployment({**FULL, "replicas": 3}), Status.IN_PROGRESS),
+])
+def test_deployment(obj: dict[str, Any], expected: Status) -> None:
+    assert readiness(obj).status is expected
+
+
+@pytest.mark.parametrize(("conditions", "expected"), [
+    ([{"type": "Complete", "status": "True"}], Status.CURRENT),
+    ([{"type": "Failed", "status": "True", "message": "BackoffLimitExceeded"}], Status.FAILED),
+    ([], Status.IN_PROGRESS),
+])
+def test_job(conditions: list[dict[str, str]], expected: Status) -> None:
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "j"},
+           "status": {"conditions": conditions}}
+    assert readiness(job).status is expected
+
+
+@pytest.mark.parametrize(("obj", "expected"), [
+    ({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c"}}, Status.CURRENT),
+    ({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"}, "spec": {"type": "ClusterIP"}},
+     Status.CURRENT),
+    ({"apiVersion": "v1", "kind": "Service", "metadata": {"name": "s"},
+      "spec": {"type": "LoadBalancer"}, "status": {}}, Status.IN_PROGRESS),
+    ({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": "p"},
+      "status": {"phase": "Bound"}}, Status.CURRENT),
+    ({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p"}, "status": {"phase": "Failed"}},
+     Status.FAILED),
+    ({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "n"},
+      "status": {"phase": "Terminating"}}, Status.IN_PROGRESS),
+    ({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+      "metadata": {"name": "x"}, "status": {"conditions": [{"type": "Established", "status": "True"}]}},
+     Status.CURRENT),
+    ({"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+      "metadata": {"name": "x"}, "status": {"conditions": []}}, Status.IN_PROGRESS),
+    ({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w", "generation": 3},
+      "status": {"observedGeneration": 3, "conditions": [{"type": "Ready", "status": "False"}]}},
+     Status.IN_PROGRESS),
+    ({"apiVersion": "example.com/v1", "kind": "Widget", "metadata": {"name": "w"},
+      "status": {"conditions": [{"type": "Stalled", "status": "True", "message": "bad"}]}}, Status.FAILED),
+    ({"apiVersion": "v1", "kind": "ConfigMap",
+      "metadata": {"name": "c", "deletionTimestamp": "2026-01-01T00:00:00Z"}}, Status.IN_PROGRESS),
+])
+def test_other_kinds(obj: dict[str, Any], expected: Status) -> None:
+    assert readiness(obj).status is expected
