@@ -70,8 +70,9 @@ class Reflector:
         return str(listing.get("metadata", {}).get("resourceVersion", ""))
 
     def _watch(self, resource_version: str) -> str:
-        query: dict[str, str | int | bool] = {"watch": True, "resourceVersion": resource_version, "allowWatchBookmarks": True,
-                 "timeoutSeconds": _WATCH_SECONDS}
+        query: dict[str, str | int | bool] = {
+            "watch": True, "resourceVersion": resource_version, "allowWatchBookmarks": True,
+            "timeoutSeconds": _WATCH_SECONDS}
         for event in self._client.stream(self._path(), query=query, timeout=_WATCH_SECONDS + 30):
             if self._stop.is_set():
                 break
