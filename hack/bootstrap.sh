@@ -2,6 +2,7 @@
 # Installs everything the project needs on a fresh machine, idempotently:
 #   - uv (pinned, from PyPI) into the user cache, outside the checkout;
 #   - the locked Python environment (.venv) from uv.lock;
+#   - OpenSSH's server and client (Debian packages) for the SSH Git tests, when sshd is missing;
 # The control-plane binaries are built on first use by stageset.envtest.build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -17,4 +18,40 @@ if [ ! -x "$UV" ]; then
 fi
 
 "$UV" sync --frozen --quiet
+
+# The SSH transport is tested against a real sshd that tests/sshserver.py starts on loopback.
+# Only stdout's last line is read by callers (the uv path), so everything here goes to stderr.
+install_openssh() {
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+            sudo="sudo -n"
+        else
+            echo "bootstrap: /usr/sbin/sshd is missing and we are not root: install" \
+                 "openssh-server and openssh-client (the SSH Git tests need them)" >&2
+            return 0
+        fi
+    fi
+    echo "bootstrap: installing openssh-server and openssh-client (for the SSH Git tests)" >&2
+    # Keep the package from starting a system sshd on port 22: the tests start their own.
+    local policy=/usr/sbin/policy-rc.d made_policy=""
+    if [ ! -e "$policy" ]; then
+        printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
+        $sudo chmod 755 "$policy"
+        made_policy=1
+    fi
+    local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends
+               openssh-server openssh-client)
+    local status=0
+    if ! $sudo "${apt[@]}" >/dev/null 2>&1; then
+        # The package lists are missing or stale: refresh them once, then try again.
+        $sudo apt-get update -qq >/dev/null 2>&1 || true
+        $sudo "${apt[@]}" >/dev/null || status=$?
+    fi
+    [ -n "$made_policy" ] && $sudo rm -f "$policy"
+    return "$status"
+}
+if [ ! -x /usr/sbin/sshd ] && command -v apt-get >/dev/null; then
+    install_openssh >&2
+fi
 echo "$UV"

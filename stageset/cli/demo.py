@@ -22,7 +22,9 @@ import yaml
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS, Manager
 from stageset.controller.settings import ControllerSettings
 from stageset.envtest import build, gitserve, install, server
-from stageset.kube.client import ApiError, ClientPool, KubeClient
+from stageset.kube.client import ClientPool, KubeClient
+from stageset.kube.types import KubeObject
+from stageset.kube.watch import Reflector
 
 TENANT, ACCOUNT = "shop", "shop-deployer"
 
@@ -44,30 +46,31 @@ def _apply_examples(admin: KubeClient, *, examples: Path, git_url: str) -> tuple
     return stageset
 
 
-def _watch_progress(admin: KubeClient, *, namespace: str, name: str, stop: threading.Event,
-                    once: bool) -> None:
-    shown: dict[str, str] = {}
-    path = STAGESETS.object_path(name=name, namespace=namespace)
-    while not stop.is_set():
-        try:
-            status = admin.get(path).get("status") or {}
-        except ApiError:
-            status = {}
+class _Progress:
+    """Prints each change of the StageSet's status, fed by a watch (so no change is missed)."""
+
+    def __init__(self, *, stop: threading.Event, once: bool):
+        self._stop = stop
+        self._once = once
+        self._shown: dict[str, str] = {}
+
+    def __call__(self, _event: str, obj: KubeObject) -> None:
+        status = obj.get("status") or {}
         for stage in status.get("stages", []):
             line = f"stage {stage['name']:<10} {stage['phase']:<12} {stage.get('message', '')}"
-            if shown.get(stage["name"]) != line:
-                shown[stage["name"]] = line
+            if self._shown.get(stage["name"]) != line:
+                self._shown[stage["name"]] = line
                 _say(line)
         ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), None)
         if ready:
-            line = f"StageSet {namespace}/{name}: Ready={ready['status']} ({ready['reason']}) " \
-                   f"{ready.get('message', '')}"
-            if shown.get("") != line:
-                shown[""] = line
+            meta = obj["metadata"]
+            line = (f"StageSet {meta['namespace']}/{meta['name']}: Ready={ready['status']} "
+                    f"({ready['reason']}) {ready.get('message', '')}")
+            if self._shown.get("") != line:
+                self._shown[""] = line
                 _say(line)
-            if once and ready["status"] == "True":
-                stop.set()
-        stop.wait(0.5)
+            if self._once and ready["status"] == "True":
+                self._stop.set()
 
 
 def run_demo(*, examples: Path, once: bool, stop: threading.Event) -> int:
@@ -94,8 +97,12 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event) -> int:
         signal.signal(signal.SIGTERM, interrupt)
         controller = threading.Thread(target=manager.run, name="controller", daemon=True)
         controller.start()
+        progress = Reflector(client=admin, resource=STAGESETS, namespace=namespace,
+                             handler=_Progress(stop=stop, once=once), stop=stop)
+        progress.start()
         try:
-            _watch_progress(admin, namespace=namespace, name=name, stop=stop, once=once)
+            while not stop.wait(0.5):
+                pass
         finally:
             manager.stop.set()
             controller.join(timeout=30)

@@ -103,6 +103,8 @@ class Reflector:
                 resource_version = self._watch(resource_version)
                 backoff = 0.5
             except ApiError as error:
+                if self._stop.is_set():
+                    return
                 if error.gone:
                     log.info("watch of %s expired (410); relisting", self._resource.plural)
                     resource_version = ""
@@ -112,6 +114,8 @@ class Reflector:
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
             except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:
+                if self._stop.is_set():
+                    return
                 log.warning("watch of %s interrupted: %s", self._resource.plural, error)
                 self._stop.wait(backoff)
                 backoff = min(backoff * 2, 30.0)
