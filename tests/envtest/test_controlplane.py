@@ -127,7 +127,8 @@ def test_killed_parent_takes_the_control_plane_with_it() -> None:
     starter = subprocess.Popen([sys.executable, "-c", STARTER], stdout=subprocess.PIPE, text=True)
     assert starter.stdout is not None
     pids = [int(pid) for pid in starter.stdout.readline().split()]
-    assert len(pids) == 2 and all(_alive(pid) for pid in pids)
+    assert len(pids) == 2
+    assert all(_alive(pid) for pid in pids)
     starter.send_signal(signal.SIGKILL)
     starter.wait()
     assert _wait_gone(pids) == []
