@@ -17,6 +17,7 @@ from sources.credentials import Credentials
 from sources.errors import (
     AuthenticationError,
     GitOperationError,
+    HostKeyError,
     InvalidRefError,
     LimitExceededError,
     PathNotFoundError,
@@ -35,6 +36,7 @@ __all__ = [
     "AuthenticationError",
     "Credentials",
     "GitOperationError",
+    "HostKeyError",
     "InvalidRefError",
     "LimitExceededError",
     "Limits",

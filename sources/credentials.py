@@ -5,10 +5,15 @@ Why a plain dataclass with ``repr=False`` secrets: credentials travel from the c
 put into a URL, so they cannot reach the mirror's config on disk, an exception message or
 a log line through one; and ``repr`` shows only which kinds are present.
 
-This round uses ``username``/``password`` (HTTP basic auth), ``bearer_token`` (HTTP
-``Authorization: Bearer``) and ``ca_pem`` (extra trusted CAs for HTTPS).  ``identity`` and
-``known_hosts`` are for SSH and are accepted now so callers can be written against the
-final shape; SSH transport is not implemented yet (:class:`~sources.GitOperationError`).
+The fields map one to one onto Flux's Secret keys:
+
+* HTTPS: ``username``/``password`` (basic auth), ``bearer_token`` (``bearerToken``:
+  ``Authorization: Bearer``), ``ca_pem`` (``caFile``: extra trusted CAs, added to the
+  system's).
+* SSH: ``identity`` (a private key, OpenSSH or PEM format), ``known_hosts`` (required: the
+  server's host keys, as ``ssh-keyscan`` prints them) and, for an encrypted key, its
+  passphrase in ``password``.  The SSH user comes from the URL (``git@host:x``), else
+  ``username``, else ``git``.
 """
 
 from __future__ import annotations

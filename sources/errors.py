@@ -21,6 +21,11 @@ class AuthenticationError(SourceError):
     """The remote refused the credentials (or required some and none were given)."""
 
 
+class HostKeyError(AuthenticationError):
+    """The SSH server's host key is not in ``known_hosts``, differs from it, or no
+    ``known_hosts`` was given.  Never retried with a laxer check: it may be an attack."""
+
+
 class RefNotFoundError(SourceError):
     """The branch, tag, ref, semver match or commit does not exist on the remote."""
 

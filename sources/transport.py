@@ -14,9 +14,9 @@ Why a thin layer of our own over dulwich's clients:
   URL (without credentials) and say what failed; any secret that still slipped into a
   library message is redacted.
 
-SSH is not implemented yet; the ``Credentials.identity``/``known_hosts`` fields and
-:class:`~sources.urls.RemoteUrl` already carry what it will need (a dulwich
-``SSHGitClient`` with a vendor that passes ``-i`` and ``UserKnownHostsFile``).
+* SSH goes through the system ``ssh`` client with the caller's key and ``known_hosts``
+  only, and strict host key checking (:mod:`sources.ssh`); the key files live for one
+  connection.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ import ssl
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, cast
 
 import urllib3
@@ -35,6 +36,7 @@ from dulwich.client import (
     HTTPProxyUnauthorized,
     HTTPUnauthorized,
     LocalGitClient,
+    SSHGitClient,
     Urllib3HttpGitClient,
     default_urllib3_manager,
 )
@@ -45,6 +47,7 @@ from dulwich.repo import Repo
 
 from sources.credentials import Credentials
 from sources.errors import AuthenticationError, GitOperationError, SourceError
+from sources.ssh import StrictSSHVendor, classify_ssh_failure, scrub, ssh_session
 from sources.urls import RemoteUrl, redact
 
 INFINITE_DEPTH = 0x7FFFFFFF
@@ -114,6 +117,35 @@ class Remote:
     url: RemoteUrl
     credentials: Credentials | None
     timeout: float
+    scratch_dir: Path | None = None
+    """Where SSH key files are written for the length of one connection."""
+
+    @contextmanager
+    def _session(self, action: str) -> Iterator[tuple[GitClient, str]]:
+        """A client for one operation; errors translated, everything cleaned up after."""
+        if self.url.kind != "ssh":
+            with self._errors(action):
+                client, path = self._client()
+                try:
+                    yield client, path
+                finally:
+                    client.close()
+            return
+        creds = self.credentials or Credentials()
+        with ssh_session(identity=creds.identity, known_hosts=creds.known_hosts,
+                         passphrase=creds.password, timeout=self.timeout,
+                         host=self._ssh_host(), scratch_dir=self.scratch_dir) as vendor:
+            with self._ssh_errors(action, vendor):
+                username = self.url.username or creds.username
+                client = SSHGitClient(self.url.host.strip("[]"), port=self.url.port,
+                                      username=username, vendor=vendor)
+                try:
+                    yield client, self.url.path
+                finally:
+                    client.close()
+
+    def _ssh_host(self) -> str:
+        return f"[{self.url.host}]:{self.url.port}" if self.url.port else self.url.host
 
     def _client(self) -> tuple[GitClient, str]:
         if self.url.kind in ("http", "https"):
@@ -137,9 +169,35 @@ class Remote:
             return client, ""
         if self.url.kind == "file":
             return LocalGitClient(), self.url.path
-        raise GitOperationError(
-            f"cannot fetch {self.url.display}: the SSH transport is not implemented yet"
-        )
+        raise GitOperationError(f"cannot fetch {self.url.display}: unsupported transport")
+
+    @contextmanager
+    def _ssh_errors(self, action: str, vendor: StrictSSHVendor) -> Iterator[None]:
+        """Like :meth:`_errors`, judging failures by what ``ssh`` wrote to stderr."""
+        secrets = self.credentials.secrets() if self.credentials else ()
+        where = self.url.display
+        try:
+            yield
+        except SourceError:
+            raise
+        except (GitProtocolError, OSError, ValueError, KeyError) as error:
+            if vendor.timed_out.is_set():
+                raise GitOperationError(
+                    f"{action} {where} failed: timed out after {self.timeout:g}s"
+                ) from None
+            text = scrub(redact(str(error), secrets), vendor)
+            classified = classify_ssh_failure(
+                text, where=where, host=self._ssh_host(),
+                has_identity=bool(self.credentials and self.credentials.identity))
+            if classified is not None:
+                raise classified from None
+            if "does not appear to be a git repository" in text or (
+                isinstance(error, NotGitRepository)
+            ):
+                raise GitOperationError(f"no Git repository at {where}") from None
+            lines = [line.strip() for line in text.splitlines() if line.strip()]
+            message = "; ".join(lines[-3:]) or type(error).__name__
+            raise GitOperationError(f"{action} {where} failed: {message}") from None
 
     @contextmanager
     def _errors(self, action: str) -> Iterator[None]:
@@ -169,13 +227,9 @@ class Remote:
 
     def list_refs(self, prefixes: Sequence[str] | None = None) -> Listing:
         """``git ls-remote``: the remote's refs (annotated tags also as ``<tag>^{}``)."""
-        with self._errors("listing refs of"):
-            client, path = self._client()
-            try:
-                prefix_bytes = [p.encode() for p in prefixes] if prefixes else None
-                result = client.get_refs(path.encode(), ref_prefix=prefix_bytes)
-            finally:
-                client.close()
+        with self._session("listing refs of") as (client, path):
+            prefix_bytes = [p.encode() for p in prefixes] if prefixes else None
+            result = client.get_refs(path.encode(), ref_prefix=prefix_bytes)
         refs = {name.decode("utf-8", "replace"): sha.decode("ascii")
                 for name, sha in result.refs.items() if sha is not None}
         symrefs = {name.decode("utf-8", "replace"): target.decode("utf-8", "replace")
@@ -195,9 +249,5 @@ class Remote:
             del refs, depth  # decided from our own listing already
             return want_ids
 
-        with self._errors("fetching from"):
-            client, path = self._client()
-            try:
-                client.fetch(path.encode(), repo, determine_wants=determine_wants, depth=depth)
-            finally:
-                client.close()
+        with self._session("fetching from") as (client, path):
+            client.fetch(path.encode(), repo, determine_wants=determine_wants, depth=depth)

@@ -37,3 +37,29 @@ def aggregated_cluster_roles() -> list[dict[str, Any]]:
                                "deletecollection"], "admin", "edit"),
         role("stageset-view", ["get", "list", "watch"], "view"),
     ]
+
+
+def controller_cluster_role(name: str = "stageset-controller") -> dict[str, Any]:
+    """The controller's own rights in multi-tenant mode (the Helm chart's ClusterRole).
+
+    Impersonate ServiceAccounts; read and watch our kinds; write their status and
+    finalizers; events and leases.  No write to any other kind, no Secret or
+    ConfigMap read: everything a tenant's StageSet does goes through impersonation.
+    """
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": name},
+        "rules": CONTROLLER_RULES,
+    }
+
+
+CONTROLLER_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": ["impersonate"]},
+    {"apiGroups": [GROUP], "resources": _RESOURCES, "verbs": ["get", "list", "watch", "patch", "update"]},
+    {"apiGroups": [GROUP],
+     "resources": ["stagesets/status", "gitrepositories/status", "stagesets/finalizers"],
+     "verbs": ["get", "patch", "update"]},
+    {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+]

@@ -32,6 +32,7 @@ log = logging.getLogger(__name__)
 RevisionListener = Callable[[str, str, str], None]
 
 _REASONS: list[tuple[type[Exception], str]] = [
+    (source_errors.InvalidRefError, "InvalidSpec"),
     (source_errors.AuthenticationError, "AuthenticationFailed"),
     (source_errors.RefNotFoundError, "RefNotFound"),
     (source_errors.LimitExceededError, "LimitExceeded"),
@@ -109,9 +110,9 @@ class GitRepositoryReconciler:
             write_status(admin, resource=self._resource, obj=raw, status=status)
             return None
         ref = repo.spec.ref
-        selector = RefSelector(branch=ref.branch, tag=ref.tag, semver=ref.semver, name=ref.name,
-                               commit=ref.commit) if ref else RefSelector()
         try:
+            selector = RefSelector(branch=ref.branch, tag=ref.tag, semver=ref.semver, name=ref.name,
+                                   commit=ref.commit) if ref else RefSelector()
             credentials = self._credentials(repo, namespace)
             snapshot = self._store.fetch(repo.spec.url, ref=selector, credentials=credentials,
                                          timeout=parse_duration(repo.spec.timeout).total_seconds())
@@ -126,20 +127,27 @@ class GitRepositoryReconciler:
             return interval
         except SourceError as error:
             # Keep status.artifact: dependents go on using the last good revision.
-            status["conditions"] = summarize(conditions, ready=False, reason=_reason(error),
-                                             message=str(error), generation=generation)
+            reason = _reason(error)
+            status["conditions"] = summarize(conditions, ready=False, reason=reason,
+                                             message=str(error), generation=generation,
+                                             stalled=reason == "InvalidSpec")
             status["observedGeneration"] = generation
             write_status(admin, resource=self._resource, obj=raw, status=status)
             return interval
         previous = (status.get("artifact") or {}).get("revision")
         if previous != snapshot.revision:
-            status["artifact"] = {"revision": snapshot.revision, "lastUpdateTime": now()}
+            # The root tree id is a content digest of the whole tree, for free.
+            tree = self._store.tree_hash(repo.spec.url, commit=snapshot.commit, path="./")
+            status["artifact"] = {"revision": snapshot.revision, "digest": f"sha1:{tree}",
+                                  "lastUpdateTime": now()}
         status["observedGeneration"] = generation
         status["conditions"] = summarize(conditions, ready=True, reason="Succeeded",
                                          message=f"stored artifact for revision '{snapshot.revision}'",
                                          generation=generation)
         write_status(admin, resource=self._resource, obj=raw, status=status)
-        if previous != snapshot.revision:
+        if previous != snapshot.revision or snapshot.fetched:
+            # Also after a fetch of a known revision: a restarted controller's fresh mirror
+            # now holds it, so StageSets waiting for the artifact can go on.
             self._on_revision(namespace, metadata["name"], snapshot.revision)
         return interval * random.uniform(0.9, 1.1)  # noqa: S311 - jitter, not crypto
 

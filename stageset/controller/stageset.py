@@ -19,7 +19,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from sources import MirrorStore, SourceError, parse_revision
+from sources import MirrorStore, RefNotFoundError, SourceError, parse_revision
 from stageset.api import API_VERSION, Stage, StageSet, parse_duration
 from stageset.apply.engine import StageApplier, StageError
 from stageset.apply.ownership import StageOwner
@@ -84,8 +84,8 @@ class StageSetReconciler:
 
     # -- one stage --------------------------------------------------------------
 
-    def _source(self, client: KubeClient, stage: Stage, namespace: str) -> tuple[str, str, str]:
-        """The source's URL, revision and commit, read as the stage's identity."""
+    def _source(self, client: KubeClient, stage: Stage, namespace: str) -> tuple[str, str, str, str | None]:
+        """The source's URL, revision, commit and ignore patterns, read as the stage's identity."""
         ref = stage.source_ref
         source_ns = ref.namespace or namespace
         if source_ns != namespace and self._settings.no_cross_namespace_refs:
@@ -110,17 +110,20 @@ class StageSetReconciler:
             raise StageError("SourceNotReady", f"stage {stage.name!r}: GitRepository "
                              f"{source_ns}/{ref.name} has no artifact yet")
         _, commit = parse_revision(revision)
-        return str(source["spec"]["url"]), revision, commit
+        return str(source["spec"]["url"]), revision, commit, source["spec"].get("ignore")
 
     def _run_stage(self, *, stageset: StageSet, stage: Stage, namespace: str) -> StageOutcome:
         name = stageset.metadata["name"]
         try:
             client = self._clients.client(self._identity(stageset, stage, namespace))
-            url, revision, commit = self._source(client, stage, namespace)
+            url, revision, commit, ignore = self._source(client, stage, namespace)
             try:
-                files = self._store.read_tree(url, commit=commit, path=stage.path)
-            except SourceError as error:
+                files = self._store.read_tree(url, commit=commit, path=stage.path, ignore=ignore)
+            except RefNotFoundError as error:
+                # Not in this controller's mirror (yet): the GitRepository will fetch it.
                 raise StageError("ArtifactNotFound", f"stage {stage.name!r}: {error}") from error
+            except SourceError as error:
+                raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
             substitutions = dict(stage.post_build.substitute) if stage.post_build else None
             objects = render_manifests(files, variables=substitutions, origin=stage.path)
             applied = self._applier.apply(client=client, owner=StageOwner(namespace, name, stage.name),
@@ -235,4 +238,7 @@ class StageSetReconciler:
                       if o.reason in _REASON_PRIORITY else len(_REASON_PRIORITY))
         worst = failures[0] if failures else StageOutcome("", PENDING, "StageFailed", "stages blocked")
         status["stages"] = [outcomes[s.name].as_status() for s in spec.stages]
+        if worst.reason in ("SourceNotReady", "ArtifactNotFound"):
+            # The source's revision notification usually wakes us first; this is the safety net.
+            retry = min(retry, 30.0)
         return finish(ready=False, reason=worst.reason, message=worst.message, again=retry)

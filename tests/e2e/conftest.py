@@ -12,7 +12,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
+from stageset.api.rbac import controller_cluster_role
+from stageset.envtest.server import ControlPlane
 from stageset.kube.client import ApiError, KubeClient
 from tests.gitserver import GitServer
 
@@ -52,30 +55,78 @@ class ControllerProcess:
         return self.log.read_text(errors="replace")
 
 
-@pytest.fixture(scope="module")
-def controller(installed: KubeClient, kubeconfig: Path, tmp_path_factory: pytest.TempPathFactory,
-               ) -> Iterator[ControllerProcess]:
-    """``stageset controller`` as a subprocess, cluster-wide, multi-tenant mode."""
-    workdir = tmp_path_factory.mktemp("controller")
+def controller_kubeconfig(admin: KubeClient, *, control_plane: ControlPlane, path: Path) -> Path:
+    """A kubeconfig for a ServiceAccount holding exactly the Helm chart's controller ClusterRole.
+
+    The e2e controller runs with the rights it has in a real multi-tenant install, so a
+    test passes only if every tenant read and write really goes through impersonation.
+    """
+    namespace, account = "stageset-system", "stageset-controller"
+    admin.apply(f"/api/v1/namespaces/{namespace}",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                field_manager="e2e")
+    admin.apply(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}",
+                {"apiVersion": "v1", "kind": "ServiceAccount",
+                 "metadata": {"name": account, "namespace": namespace}}, field_manager="e2e")
+    role = controller_cluster_role()
+    admin.apply(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role['metadata']['name']}", role,
+                field_manager="e2e")
+    admin.apply(
+        f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{account}",
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": account},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": role["metadata"]["name"]},
+         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
+        field_manager="e2e")
+    token = admin.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+                          body={"spec": {"expirationSeconds": 86400}})["status"]["token"]
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "controller",
+        "clusters": [{"name": "envtest", "cluster": {
+            "server": control_plane.url, "certificate-authority": str(control_plane.pki.ca_cert)}}],
+        "users": [{"name": "controller", "user": {"token": token}}],
+        "contexts": [{"name": "controller", "context": {"cluster": "envtest", "user": "controller"}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def start_controller(*, kubeconfig: Path, workdir: Path, extra: list[str] | None = None) -> ControllerProcess:
     log = workdir / "controller.log"
     with log.open("wb") as sink:
         process = subprocess.Popen(
             [sys.executable, "-m", "stageset.cli", "controller", "--kubeconfig", str(kubeconfig),
              "--allow-insecure-sources", "--mirror-dir", str(workdir / "mirrors"),
-             "--log-level", "debug"],
+             "--log-level", "debug", *(extra or [])],
             stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
         )
-    handle = ControllerProcess(process, log)
+    return ControllerProcess(process, log)
+
+
+def stop_controller(handle: ControllerProcess) -> None:
+    handle.process.send_signal(signal.SIGTERM)
+    try:
+        handle.process.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        handle.process.kill()
+        handle.process.wait()
+    sys.stderr.write(f"\n--- controller log (tail) ---\n{handle.output()[-6000:]}\n")
+
+
+@pytest.fixture(scope="module")
+def controller(installed: KubeClient, control_plane: ControlPlane,
+               tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProcess]:
+    """``stageset controller`` as a subprocess: cluster-wide, multi-tenant, with the chart's rights."""
+    workdir = tmp_path_factory.mktemp("controller")
+    kubeconfig = controller_kubeconfig(installed, control_plane=control_plane,
+                                       path=workdir / "kubeconfig")
+    handle = start_controller(kubeconfig=kubeconfig, workdir=workdir)
     try:
         yield handle
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait()
-        sys.stderr.write(f"\n--- controller log (tail) ---\n{handle.output()[-6000:]}\n")
+        stop_controller(handle)
 
 
 def apply(admin: KubeClient, obj: dict[str, Any]) -> dict[str, Any]:
