@@ -272,6 +272,28 @@ class StageStatus(StatusModel):
     """How many objects the stage manages."""
 
 
+class InventoryEntry(StatusModel):
+    """One object a stage applied."""
+
+    id: Annotated[str, Field(max_length=1024)]
+    """``<namespace>_<name>_<group>_<kind>`` (Flux's format; namespace empty when cluster-scoped)."""
+    v: Annotated[str, Field(max_length=256)]
+    """The API version it was applied with."""
+    h: Annotated[str, Field(max_length=64)] | None = None
+    """A digest of the manifest last applied, to tell drift from a new revision."""
+
+
+class StageInventory(StatusModel):
+    """The objects one stage owns: what prune and teardown may delete, and nothing else."""
+
+    name: DNSLabel
+    """Name of the stage (kept after the stage is removed from the spec, until torn down)."""
+    service_account_name: Annotated[str, Field(max_length=253)] | None = None
+    """The ServiceAccount the objects were applied as; prune and teardown use it too."""
+    entries: list[InventoryEntry] = Field(default_factory=list)
+    """The objects."""
+
+
 class StageSetStatus(StatusModel):
     """The observed state of a StageSet."""
 
@@ -289,6 +311,11 @@ class StageSetStatus(StatusModel):
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
     )
     """Per-stage progress."""
+    inventory: list[StageInventory] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["name"]},
+    )
+    """Per-stage inventory of applied objects; old and new entries are both kept until prune ran."""
     last_handled_reconcile_at: Annotated[str, Field(max_length=256)] | None = None
     """The last ``reconcile.fluxcd.io/requestedAt`` annotation value acted on."""
 

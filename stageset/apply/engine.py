@@ -1,25 +1,32 @@
-"""Apply one stage: dry-run everything as the tenant, apply phase by phase, then wait.
+"""Apply one stage: dry-run everything as the tenant, write only what differs, phase by phase.
 
 Identity: every request made here goes through the ``client`` handed in, which the
 controller binds to the stage's identity (the tenant's ServiceAccount, or the
 controller itself in single-tenant mode).  Discovery (``mapper``) is the only read
 made with the controller's identity.
 
-Invariant: a stage whose objects the tenant may not write changes nothing.  All
-objects whose kinds are already served are server-side dry-run first; any denial
-or validation error fails the stage before the first real write.
+Invariants:
+- A stage the tenant may not fully write changes nothing: all objects whose kinds
+  are served are server-side dry-run first; any denial or validation error fails
+  the stage before the first real write.
+- An object whose dry-run result equals the live object costs no write, so a warm
+  no-op reconcile writes nothing.
+- A changed object whose manifest is the one we applied last time was changed by
+  someone else: that is drift, corrected and reported.  A new manifest is not drift.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Any
 
+from stageset.apply.inventory import Entry, ObjectId, manifest_hash, object_id
 from stageset.apply.ownership import FIELD_MANAGER, StageOwner, label_object
-from stageset.apply.plan import describe, phases
+from stageset.apply.plan import describe, phase_of
 from stageset.apply.readiness import Readiness, Status, readiness
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError
@@ -40,7 +47,29 @@ class AppliedObject:
     resource: Resource
     path: str
     manifest: KubeObject
-    live: KubeObject = field(default_factory=dict)
+    id: ObjectId
+    digest: str
+    live: KubeObject | None = None
+    dry_run: KubeObject | None = None
+    recreate: bool = False
+    wrote: bool = False
+    drifted: bool = False
+
+    def entry(self) -> Entry:
+        return Entry(id=self.id, version=str(self.manifest.get("apiVersion")), digest=self.digest)
+
+
+@dataclass
+class StageResult:
+    objects: list[AppliedObject] = field(default_factory=list)
+
+    @property
+    def writes(self) -> int:
+        return sum(1 for o in self.objects if o.wrote)
+
+    @property
+    def drifted(self) -> list[AppliedObject]:
+        return [o for o in self.objects if o.drifted]
 
 
 @dataclass(frozen=True)
@@ -48,28 +77,30 @@ class ApplySettings:
     parallelism: int = 4
     poll_interval: float = 0.5
     crd_timeout: float = 60.0
+    delete_timeout: float = 60.0
 
 
-def _resolve(mapper: RestMapper, obj: KubeObject, default_namespace: str) -> AppliedObject | None:
-    """Bind an object to its REST path; ``None`` when its kind is not served yet."""
-    try:
-        resource = mapper.for_object(obj)
-    except UnknownKindError:
+def _comparable(obj: KubeObject | None) -> Any:
+    """The object minus what changes without meaning (managedFields timestamps)."""
+    if obj is None:
         return None
-    manifest = obj
-    if resource.namespaced and not obj["metadata"].get("namespace"):
-        manifest = {**obj, "metadata": {**obj["metadata"], "namespace": default_namespace}}
-    if not resource.namespaced and obj["metadata"].get("namespace"):
-        manifest = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "namespace"}}
-    path = resource.object_path(name=manifest["metadata"]["name"],
-                                namespace=manifest["metadata"].get("namespace"))
-    return AppliedObject(resource=resource, path=path, manifest=manifest)
+    metadata = dict(obj.get("metadata", {}))
+    metadata["managedFields"] = [{k: v for k, v in f.items() if k != "time"}
+                                 for f in metadata.get("managedFields", [])]
+    return {**obj, "metadata": metadata}
+
+
+def _is_immutable_error(error: ApiError) -> bool:
+    return error.invalid and ("immutable" in error.message or "may not change" in error.message)
 
 
 def _error_for(item: AppliedObject, error: ApiError, identity: str) -> StageError:
     what = describe(item.manifest)
     if error.forbidden:
         return StageError("RBACDenied", f"{identity} may not apply {what}: {error.message}")
+    if _is_immutable_error(error):
+        return StageError("StageFailed", f"{what} changed an immutable field ({error.message}); "
+                          "set force: true on the stage to recreate it")
     if error.invalid:
         return StageError("StageFailed", f"{what} is invalid: {error.message}")
     return StageError("StageFailed", f"applying {what} failed: {error.status} {error.message}")
@@ -82,6 +113,28 @@ class StageApplier:
         self._mapper = mapper
         self._settings = settings or ApplySettings()
 
+    def resolve(self, obj: KubeObject, default_namespace: str) -> tuple[KubeObject, Resource | None]:
+        """Default a namespaced object's namespace; the resource is ``None`` while its kind is unserved."""
+        try:
+            resource = self._mapper.for_object(obj)
+        except UnknownKindError:
+            return obj, None
+        manifest = obj
+        if resource.namespaced and not obj["metadata"].get("namespace"):
+            manifest = {**obj, "metadata": {**obj["metadata"], "namespace": default_namespace}}
+        if not resource.namespaced and obj["metadata"].get("namespace"):
+            manifest = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "namespace"}}
+        return manifest, resource
+
+    def _bind(self, obj: KubeObject, default_namespace: str) -> AppliedObject | None:
+        manifest, resource = self.resolve(obj, default_namespace)
+        if resource is None:
+            return None
+        path = resource.object_path(name=manifest["metadata"]["name"],
+                                    namespace=manifest["metadata"].get("namespace"))
+        return AppliedObject(resource=resource, path=path, manifest=manifest, id=object_id(manifest),
+                             digest=manifest_hash(manifest))
+
     def _each(self, items: list[AppliedObject], action: Callable[[AppliedObject], None]) -> None:
         if len(items) <= 1:
             for item in items:
@@ -91,32 +144,70 @@ class StageApplier:
             for future in [pool.submit(action, item) for item in items]:
                 future.result()
 
-    def _dry_run(self, client: KubeClient, items: list[AppliedObject]) -> None:
+    def _preview(self, client: KubeClient, items: list[AppliedObject], *, force: bool) -> None:
+        """Read each live object and dry-run its apply; raise on the first kind of failure."""
         failures: list[StageError] = []
         lock = threading.Lock()
 
-        def dry_run(item: AppliedObject) -> None:
+        def preview(item: AppliedObject) -> None:
             try:
-                client.apply(item.path, item.manifest, field_manager=FIELD_MANAGER, dry_run=True)
+                item.live = client.get(item.path)
             except ApiError as error:
+                if not error.not_found:
+                    with lock:
+                        failures.append(_error_for(item, error, client.identity.describe()))
+                    return
+                item.live = None
+            try:
+                item.dry_run = client.apply(item.path, item.manifest, field_manager=FIELD_MANAGER,
+                                            dry_run=True)
+            except ApiError as error:
+                if force and _is_immutable_error(error):
+                    item.recreate = True
+                    return
                 with lock:
                     failures.append(_error_for(item, error, client.identity.describe()))
 
-        self._each(items, dry_run)
+        self._each(items, preview)
         if failures:
             denied = [f for f in failures if f.reason == "RBACDenied"]
             first = (denied or failures)[0]
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise StageError(first.reason, first.message + more)
 
-    def _apply(self, client: KubeClient, items: list[AppliedObject]) -> None:
-        def apply(item: AppliedObject) -> None:
+    def _delete_and_wait(self, client: KubeClient, item: AppliedObject) -> None:
+        try:
+            client.delete(item.path, propagation="Foreground")
+        except ApiError as error:
+            if not error.not_found:
+                raise _error_for(item, error, client.identity.describe()) from error
+        deadline = time.monotonic() + self._settings.delete_timeout
+        while time.monotonic() < deadline:
             try:
-                item.live = client.apply(item.path, item.manifest, field_manager=FIELD_MANAGER)
+                client.get(item.path)
+            except ApiError as error:
+                if error.not_found:
+                    return
+                raise
+            time.sleep(self._settings.poll_interval)
+        raise StageError("StageFailed", f"{describe(item.manifest)} was not deleted for recreation in time")
+
+    def _write(self, client: KubeClient, items: list[AppliedObject],
+               previous: Mapping[ObjectId, Entry]) -> None:
+        def write(item: AppliedObject) -> None:
+            if item.dry_run is not None and _comparable(item.dry_run) == _comparable(item.live):
+                return  # already as wanted: no write
+            if item.recreate:
+                self._delete_and_wait(client, item)
+            try:
+                client.apply(item.path, item.manifest, field_manager=FIELD_MANAGER)
             except ApiError as error:
                 raise _error_for(item, error, client.identity.describe()) from error
+            item.wrote = True
+            before = previous.get(item.id)
+            item.drifted = before is not None and before.digest == item.digest and not item.recreate
 
-        self._each(items, apply)
+        self._each(items, write)
 
     def _wait_established(self, client: KubeClient, items: list[AppliedObject]) -> None:
         crds = [i for i in items if i.manifest.get("kind") == "CustomResourceDefinition"]
@@ -131,42 +222,56 @@ class StageApplier:
                 time.sleep(self._settings.poll_interval)
 
     def apply(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
-              default_namespace: str) -> list[AppliedObject]:
+              default_namespace: str, force: bool = False,
+              previous: Mapping[ObjectId, Entry] | None = None) -> StageResult:
         """Apply ``objects`` as ``client``'s identity; raise :class:`StageError` on failure."""
+        previous = previous or {}
         labelled = [label_object(obj, owner) for obj in objects]
-        planned = [_resolve(self._mapper, obj, default_namespace) for obj in labelled]
-        self._dry_run(client, [p for p in planned if p is not None])
-        applied: list[AppliedObject] = []
-        for phase in phases(labelled):
+        bound = [self._bind(obj, default_namespace) for obj in labelled]
+        self._preview(client, [b for b in bound if b is not None], force=force)
+        result = StageResult()
+        for phase in sorted({phase_of(obj) for obj in labelled}):
             items: list[AppliedObject] = []
-            for obj in phase:
-                item = _resolve(self._mapper, obj, default_namespace)
+            late: list[AppliedObject] = []
+            for obj, item in zip(labelled, bound, strict=True):
+                if phase_of(obj) != phase:
+                    continue
                 if item is None:
-                    raise StageError("StageFailed", f"{describe(obj)}: the cluster serves no kind "
-                                     f"{obj.get('kind')} in {obj.get('apiVersion')}")
+                    # Its kind appeared in an earlier phase of this stage (a CRD): preview it now.
+                    item = self._bind(obj, default_namespace)
+                    if item is None:
+                        raise StageError("StageFailed", f"{describe(obj)}: the cluster serves no kind "
+                                         f"{obj.get('kind')} in {obj.get('apiVersion')}")
+                    late.append(item)
                 items.append(item)
-            self._apply(client, items)
+            self._preview(client, late, force=force)
+            self._write(client, items, previous)
             self._wait_established(client, items)
-            applied.extend(items)
-        return applied
+            result.objects.extend(items)
+        return result
 
     def wait_ready(self, *, client: KubeClient, applied: list[AppliedObject], timeout: float,
                    stop: threading.Event) -> Readiness:
         """Poll until every object is Current, one Failed, or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
+        # An object we did not write is exactly as its preview showed: judge it from that.
+        known: dict[int, KubeObject | None] = {
+            id(item): (item.dry_run if not item.wrote else None) for item in applied}
         pending = list(applied)
         while True:
             still: list[AppliedObject] = []
             last = Readiness(Status.CURRENT)
             for item in pending:
-                try:
-                    live = client.get(item.path)
-                except ApiError as error:
-                    if error.not_found:
+                live = known.pop(id(item), None)
+                if live is None:
+                    try:
+                        live = client.get(item.path)
+                    except ApiError as error:
+                        if not error.not_found:
+                            raise
                         still.append(item)
                         last = Readiness(Status.IN_PROGRESS, f"{describe(item.manifest)} not found")
                         continue
-                    raise
                 verdict = readiness(live)
                 if verdict.status is Status.FAILED:
                     return Readiness(Status.FAILED, f"{describe(item.manifest)}: {verdict.message}")

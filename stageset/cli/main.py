@@ -13,6 +13,7 @@ from types import FrameType
 
 import click
 
+from stageset.api import parse_duration
 from stageset.controller.manager import Manager
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ClientPool
@@ -64,10 +65,12 @@ def main() -> None:
               help="Where Git mirrors are kept (default: a temporary directory).")
 @click.option("--allow-insecure-sources", is_flag=True, default=False,
               help="Development only: allow http:// and file:// Git URLs.")
+@click.option("--max-teardown-wait", default="5m", show_default=True,
+              help="Release a deleted StageSet whose objects cannot be removed after this long.")
 @click.option("--log-level", default="info", show_default=True)
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
                no_cross_namespace_refs: bool, workers: int, mirror_dir: str | None,
-               allow_insecure_sources: bool, log_level: str) -> None:
+               allow_insecure_sources: bool, max_teardown_wait: str, log_level: str) -> None:
     """Run the controller against a cluster."""
     _setup_logging(log_level)
     settings = ControllerSettings(
@@ -77,6 +80,7 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
         workers=workers,
         mirror_dir=Path(mirror_dir) if mirror_dir else Path(tempfile.mkdtemp(prefix="stageset-mirrors-")),
         allow_insecure_sources=allow_insecure_sources,
+        max_teardown_wait=parse_duration(max_teardown_wait).total_seconds(),
     )
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:

@@ -17,6 +17,8 @@ from typing import Any
 from sources import Limits, MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
 from stageset.apply.engine import StageApplier
+from stageset.controller.dependencies import DependencyIndex
+from stageset.controller.events import EventRecorder
 from stageset.controller.gitrepository import GitRepositoryReconciler
 from stageset.controller.queue import WorkQueue
 from stageset.controller.settings import ControllerSettings
@@ -43,6 +45,13 @@ def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
             bool(metadata.get("deletionTimestamp")))
 
 
+def _readiness(obj: KubeObject) -> tuple[Any, ...]:
+    """What dependents of a StageSet care about: Ready and the generation it speaks for."""
+    ready: dict[str, Any] = next(
+        (c for c in (obj.get("status") or {}).get("conditions", []) if c.get("type") == "Ready"), {})
+    return ready.get("status"), ready.get("observedGeneration"), obj.get("metadata", {}).get("generation")
+
+
 class Manager:
     def __init__(self, *, clients: ClientPool, settings: ControllerSettings):
         self._clients = clients
@@ -58,9 +67,12 @@ class Manager:
         self._store = MirrorStore(root=settings.mirror_dir, policy=policy, limits=Limits())
         self._git = GitRepositoryReconciler(clients=clients, store=self._store,
                                             resource=GITREPOSITORIES, on_revision=self._revision_changed)
+        self._index = DependencyIndex()
         self._stagesets = StageSetReconciler(
             clients=clients, store=self._store, applier=StageApplier(mapper=RestMapper(admin)),
-            resource=STAGESETS, source_resource=GITREPOSITORIES, settings=settings, stop=self.stop)
+            resource=STAGESETS, source_resource=GITREPOSITORIES, settings=settings,
+            events=EventRecorder(admin), index=self._index, stop=self.stop)
+        self._readiness: dict[Key, tuple[Any, ...]] = {}
         self._reflectors: list[Reflector] = []
         for namespace in settings.watch_namespaces or (None,):
             for resource in (STAGESETS, GITREPOSITORIES):
@@ -77,13 +89,29 @@ class Manager:
                 if event == "DELETED":
                     self._objects.pop(key, None)
                     self._triggers.pop(key, None)
-                    return
-                self._objects[key] = obj
-                trigger = _trigger(obj)
-                changed = self._triggers.get(key) != trigger
-                self._triggers[key] = trigger
+                    self._readiness.pop(key, None)
+                    changed, readiness_changed = False, kind == "StageSet"
+                else:
+                    self._objects[key] = obj
+                    trigger = _trigger(obj)
+                    changed = self._triggers.get(key) != trigger
+                    self._triggers[key] = trigger
+                    readiness = _readiness(obj)
+                    readiness_changed = kind == "StageSet" and self._readiness.get(key) != readiness
+                    self._readiness[key] = readiness
             if changed:
                 self._queue.add(key)
+            if kind == "StageSet":
+                deps = [(ref.get("namespace") or key[1], ref.get("name", ""))
+                        for ref in (obj.get("spec") or {}).get("dependsOn") or []]
+                if event == "DELETED":
+                    self._index.remove((key[1], key[2]))
+                else:
+                    self._index.update((key[1], key[2]), deps)
+                if readiness_changed:
+                    # Event-driven: a dependency's Ready change wakes its dependents at once.
+                    for namespace, name in self._index.dependents((key[1], key[2])):
+                        self._queue.add(("StageSet", namespace, name))
         return handle
 
     def _revision_changed(self, namespace: str, name: str, revision: str) -> None:

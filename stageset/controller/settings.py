@@ -19,3 +19,7 @@ class ControllerSettings:
     # Development only: allow http:// and file:// Git URLs.
     allow_insecure_sources: bool = False
     poll_interval: float = 0.5
+    # Independent stages of one StageSet applied at once.
+    stage_parallelism: int = 4
+    # After this long, a deleted StageSet whose objects cannot be removed is released anyway.
+    max_teardown_wait: float = 300.0

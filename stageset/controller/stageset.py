@@ -1,43 +1,58 @@
-"""The StageSet reconciler: render each stage from its source and apply it as the tenant, in order.
+"""The StageSet reconciler: render every stage, apply them in dependency order as the tenant, prune.
 
 Identity, per request:
-- reading the GitRepository a stage names: the stage's identity (tenant);
-- dry-run, apply and readiness reads of the stage's objects: the stage's identity;
-- discovery and status writes: the controller's own identity.
+- reading the GitRepository a stage names, and its objects' dry-run, apply,
+  readiness reads, prune and teardown: the stage's identity (tenant);
+- reading the StageSets named in ``spec.dependsOn``: the StageSet's identity;
+- discovery, status, finalizers and events: the controller's own identity.
 The stage's identity is ``stage.serviceAccountName``, else ``spec.serviceAccountName``,
 else — only in single-tenant (cluster-admin) mode — the controller itself.  In
 multi-tenant mode a StageSet with no ServiceAccount fails closed with RBACDenied.
+
+One pass: (1) render every stage; two stages rendering one object stops here;
+(2) apply stages as the graph allows, recording old+new inventory after each;
+(3) only when every stage is Ready, prune what no stage renders any more.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
 import threading
+from collections.abc import Callable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
+import networkx as nx
 from pydantic import ValidationError
 
 from sources import MirrorStore, RefNotFoundError, SourceError, parse_revision
 from stageset.api import API_VERSION, Stage, StageSet, parse_duration
-from stageset.apply.engine import StageApplier, StageError
-from stageset.apply.ownership import StageOwner
+from stageset.apply import inventory
+from stageset.apply.engine import StageApplier, StageError, StageResult
+from stageset.apply.inventory import ObjectId, StageInventory, object_id
+from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, StageOwner
 from stageset.apply.readiness import Status
 from stageset.build import BuildError, render_manifests
 from stageset.controller.conditions import now, summarize
+from stageset.controller.dependencies import DependencyIndex, describe
+from stageset.controller.events import WARNING, EventRecorder
 from stageset.controller.ordering import OrderingError, StageNode, ready_to_start, stage_graph
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.status import write_status
 from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
 from stageset.kube.mapping import Resource
+from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
 
-READY, FAILED, PROGRESSING, PENDING = "Ready", "Failed", "Progressing", "Pending"
+FINALIZER = "stages.metio.wtf/teardown"
+PRUNE_OPT_OUT = "stages.metio.wtf/prune"
+READY, FAILED, PROGRESSING, PENDING, APPLYING = "Ready", "Failed", "Progressing", "Pending", "Applying"
 # Which failure wins the StageSet's Ready reason when several stages fail.
-_REASON_PRIORITY = ["RBACDenied", "InvalidSpec", "StageFailed", "SourceNotReady", "ArtifactNotFound",
-                    "StageProgressing"]
+_REASON_PRIORITY = ["RBACDenied", "InvalidSpec", "StageFailed", "DependencyNotReady", "SourceNotReady",
+                    "ArtifactNotFound", "StageProgressing"]
 
 
 @dataclass
@@ -59,32 +74,60 @@ class StageOutcome:
         return status
 
 
+@dataclass
+class Rendered:
+    """One stage, rendered and ready to apply."""
+
+    stage: Stage
+    identity: Identity
+    revision: str
+    objects: list[KubeObject]
+    ids: set[ObjectId] = field(default_factory=set)
+
+
+def _owned_by(obj: KubeObject, *, namespace: str, name: str) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    return labels.get(LABEL_NAME) == name and labels.get(LABEL_NAMESPACE) == namespace
+
+
+def _prune_disabled(obj: KubeObject) -> bool:
+    metadata = obj.get("metadata", {})
+    return (metadata.get("annotations") or {}).get(PRUNE_OPT_OUT) == "disabled" or \
+        (metadata.get("labels") or {}).get(PRUNE_OPT_OUT) == "disabled"
+
+
 class StageSetReconciler:
     def __init__(self, *, clients: ClientPool, store: MirrorStore, applier: StageApplier,
                  resource: Resource, source_resource: Resource, settings: ControllerSettings,
-                 stop: threading.Event):
+                 events: EventRecorder, index: DependencyIndex, stop: threading.Event):
         self._clients = clients
         self._store = store
         self._applier = applier
         self._resource = resource
         self._sources = source_resource
         self._settings = settings
+        self._events = events
+        self._index = index
         self._stop = stop
 
     # -- identity -------------------------------------------------------------
 
-    def _identity(self, stageset: StageSet, stage: Stage, namespace: str) -> Identity:
-        account = stage.service_account_name or stageset.spec.service_account_name
+    def _account_identity(self, account: str | None, namespace: str, *, what: str) -> Identity:
         if account:
             return Identity.service_account(namespace=namespace, name=account)
         if self._settings.cluster_admin:
             return Identity()
-        raise StageError("RBACDenied", f"stage {stage.name!r}: spec.serviceAccountName is required: "
-                         "the controller runs in multi-tenant mode and never applies as itself")
+        raise StageError("RBACDenied", f"{what}: spec.serviceAccountName is required: the controller "
+                         "runs in multi-tenant mode and never acts as itself for a tenant")
 
-    # -- one stage --------------------------------------------------------------
+    def _stage_identity(self, stageset: StageSet, stage: Stage, namespace: str) -> Identity:
+        return self._account_identity(stage.service_account_name or stageset.spec.service_account_name,
+                                      namespace, what=f"stage {stage.name!r}")
 
-    def _source(self, client: KubeClient, stage: Stage, namespace: str) -> tuple[str, str, str, str | None]:
+    # -- rendering --------------------------------------------------------------
+
+    def _source(self, client: KubeClient, stage: Stage, namespace: str
+                ) -> tuple[str, str, str, str | None]:
         """The source's URL, revision, commit and ignore patterns, read as the stage's identity."""
         ref = stage.source_ref
         source_ns = ref.namespace or namespace
@@ -100,9 +143,8 @@ class StageSetReconciler:
                 raise StageError("RBACDenied", f"stage {stage.name!r}: {client.identity.describe()} "
                                  f"may not read GitRepository {source_ns}/{ref.name}") from error
             if error.not_found:
-                raise StageError("SourceNotReady",
-                                 f"stage {stage.name!r}: GitRepository {source_ns}/{ref.name} "
-                                 "not found") from error
+                raise StageError("SourceNotReady", f"stage {stage.name!r}: GitRepository "
+                                 f"{source_ns}/{ref.name} not found") from error
             raise
         artifact = (source.get("status") or {}).get("artifact") or {}
         revision = artifact.get("revision")
@@ -112,51 +154,220 @@ class StageSetReconciler:
         _, commit = parse_revision(revision)
         return str(source["spec"]["url"]), revision, commit, source["spec"].get("ignore")
 
-    def _run_stage(self, *, stageset: StageSet, stage: Stage, namespace: str) -> StageOutcome:
-        name = stageset.metadata["name"]
+    def _render(self, stageset: StageSet, stage: Stage, namespace: str) -> Rendered:
+        identity = self._stage_identity(stageset, stage, namespace)
+        client = self._clients.client(identity)
+        url, revision, commit, ignore = self._source(client, stage, namespace)
         try:
-            client = self._clients.client(self._identity(stageset, stage, namespace))
-            url, revision, commit, ignore = self._source(client, stage, namespace)
-            try:
-                files = self._store.read_tree(url, commit=commit, path=stage.path, ignore=ignore)
-            except RefNotFoundError as error:
-                # Not in this controller's mirror (yet): the GitRepository will fetch it.
-                raise StageError("ArtifactNotFound", f"stage {stage.name!r}: {error}") from error
-            except SourceError as error:
-                raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
-            substitutions = dict(stage.post_build.substitute) if stage.post_build else None
+            files = self._store.read_tree(url, commit=commit, path=stage.path, ignore=ignore)
+        except RefNotFoundError as error:
+            # Not in this controller's mirror (yet): the GitRepository will fetch it.
+            raise StageError("ArtifactNotFound", f"stage {stage.name!r}: {error}") from error
+        except SourceError as error:
+            raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
+        substitutions = dict(stage.post_build.substitute) if stage.post_build else None
+        try:
             objects = render_manifests(files, variables=substitutions, origin=stage.path)
-            applied = self._applier.apply(client=client, owner=StageOwner(namespace, name, stage.name),
-                                          objects=objects, default_namespace=namespace)
-            applied_at = now()
-            wants_wait = stage.ready_checks is None or stage.ready_checks.wait
-            timeout = parse_duration(stage.timeout or stageset.spec.timeout).total_seconds()
-            verdict = self._applier.wait_ready(client=client, applied=applied, timeout=timeout,
-                                               stop=self._stop) if wants_wait else None
         except BuildError as error:
-            return StageOutcome(stage.name, FAILED, "StageFailed", f"stage {stage.name!r}: {error}")
+            raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
+        ids = {self._identify(obj, namespace) for obj in objects}
+        return Rendered(stage=stage, identity=identity, revision=revision, objects=objects, ids=ids)
+
+    def _identify(self, obj: KubeObject, namespace: str) -> ObjectId:
+        """The object's identity after namespace defaulting (a kind not served yet — its CRD is
+        in the same stage — is taken as namespaced, the common case for custom resources)."""
+        manifest, resource = self._applier.resolve(obj, namespace)
+        if resource is None and not manifest["metadata"].get("namespace"):
+            manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
+        return object_id(manifest)
+
+    # -- applying one stage -------------------------------------------------------
+
+    def _apply_stage(self, *, stageset: StageSet, rendered: Rendered, namespace: str,
+                     previous: StageInventory | None) -> tuple[StageOutcome, StageResult | None]:
+        stage = rendered.stage
+        client = self._clients.client(rendered.identity)
+        try:
+            result = self._applier.apply(
+                client=client, owner=StageOwner(namespace, stageset.metadata["name"], stage.name),
+                objects=rendered.objects, default_namespace=namespace, force=stage.force,
+                previous=previous.entries if previous else None)
         except StageError as error:
-            phase = PENDING if error.reason in ("SourceNotReady", "ArtifactNotFound") else FAILED
-            return StageOutcome(stage.name, phase, error.reason, error.message)
+            return StageOutcome(stage.name, FAILED, error.reason, error.message), None
         except ApiError as error:
-            return StageOutcome(stage.name, FAILED, "StageFailed",
-                                f"stage {stage.name!r}: apiserver error {error.status}: {error.message}")
-        done = StageOutcome(stage.name, READY, "Succeeded", "", revision, len(applied), applied_at)
-        if verdict is None or verdict.status is Status.CURRENT:
-            return done
-        done.message = verdict.message
-        if verdict.status is Status.FAILED:
-            done.phase, done.reason = FAILED, "StageFailed"
-        else:
-            done.phase, done.reason = PROGRESSING, "StageProgressing"
-        return done
+            message = f"stage {stage.name!r}: apiserver error {error.status}: {error.message}"
+            return StageOutcome(stage.name, FAILED, "StageFailed", message), None
+        applied_at = now()
+        wants_wait = stage.ready_checks is None or stage.ready_checks.wait
+        timeout = parse_duration(stage.timeout or stageset.spec.timeout).total_seconds()
+        verdict = self._applier.wait_ready(client=client, applied=result.objects, timeout=timeout,
+                                           stop=self._stop) if wants_wait else None
+        outcome = StageOutcome(stage.name, READY, "Succeeded", "", rendered.revision, len(result.objects),
+                               applied_at)
+        if verdict is not None and verdict.status is Status.FAILED:
+            outcome.phase, outcome.reason, outcome.message = FAILED, "StageFailed", verdict.message
+        elif verdict is not None and verdict.status is Status.IN_PROGRESS:
+            outcome.phase, outcome.reason, outcome.message = PROGRESSING, "StageProgressing", verdict.message
+        return outcome, result
+
+    # -- prune and teardown -------------------------------------------------------
+
+    def _delete_owned(self, *, identity: Identity, entry: inventory.Entry, namespace: str, name: str
+                      ) -> bool:
+        """Delete one inventoried object if it is still ours; ``True`` once it is gone or not ours."""
+        client = self._clients.client(identity)
+        oid = entry.id
+        try:
+            resource = self._applier.resolve({"apiVersion": entry.version, "kind": oid.kind,
+                                              "metadata": {"name": oid.name, "namespace": oid.namespace}},
+                                             namespace)[1]
+        except ApiError:
+            return False
+        if resource is None:
+            return True  # the kind itself is gone, and with it the object
+        path = resource.object_path(name=oid.name, namespace=oid.namespace or None)
+        try:
+            live = client.get(path)
+        except ApiError as error:
+            if error.not_found:
+                return True
+            log.warning("cannot read %s for deletion as %s: %s", oid.describe(), identity.describe(), error)
+            return False
+        if not _owned_by(live, namespace=namespace, name=name) or _prune_disabled(live):
+            return True  # adopted by someone else, or opted out: never delete
+        if not live["metadata"].get("deletionTimestamp"):
+            try:
+                client.delete(path)
+            except ApiError as error:
+                if error.not_found:
+                    return True
+                log.warning("cannot delete %s as %s: %s", oid.describe(), identity.describe(), error)
+        return False
+
+    def _identity_for_inventory(self, inv: StageInventory, namespace: str) -> Identity | None:
+        if inv.service_account:
+            return Identity.service_account(namespace=namespace, name=inv.service_account)
+        return Identity() if self._settings.cluster_admin else None
+
+    def _prune(self, *, old: dict[str, StageInventory], new: dict[str, StageInventory],
+               disabled: list[str], namespace: str, name: str) -> None:
+        for item in inventory.stale(old=old, new=new, prune_disabled=disabled):
+            identity = self._identity_for_inventory(old[item.stage], namespace)
+            if identity is None:
+                log.warning("not pruning %s: it was applied as the controller, which is no longer allowed",
+                            item.entry.id.describe())
+                continue
+            self._delete_owned(identity=identity, entry=item.entry, namespace=namespace, name=name)
+
+    def _teardown(self, raw: dict[str, Any], stageset: StageSet | None, status: dict[str, Any]
+                  ) -> float | None:
+        """Delete every stage's objects, dependents first, each as its identity; then let go."""
+        metadata = raw["metadata"]
+        namespace, name = metadata["namespace"], metadata["name"]
+        admin = self._clients.client()
+        inventories = inventory.load(status)
+        order = self._teardown_order(stageset, inventories)
+        deleted_at = datetime.datetime.fromisoformat(metadata["deletionTimestamp"].replace("Z", "+00:00"))
+        waited = (datetime.datetime.now(datetime.UTC) - deleted_at).total_seconds()
+        for stage_name in order:
+            inv = inventories[stage_name]
+            identity = self._identity_for_inventory(inv, namespace)
+            remaining = {oid: entry for oid, entry in inv.entries.items()
+                         if identity is None or not self._delete_owned(
+                             identity=identity, entry=entry, namespace=namespace, name=name)}
+            if remaining:
+                inv.entries = remaining
+                status["inventory"] = inventory.dump(inventories)
+                write_status(admin, resource=self._resource, obj=raw, status=status)
+                if waited < self._settings.max_teardown_wait:
+                    return 1.0
+                self._events.emit(raw, type_=WARNING, reason="TeardownForced",
+                                  message=f"stage {stage_name!r} still has {len(remaining)} object(s) after "
+                                  f"{self._settings.max_teardown_wait:.0f}s; releasing the StageSet anyway")
+                break
+            del inventories[stage_name]
+            status["inventory"] = inventory.dump(inventories)
+            write_status(admin, resource=self._resource, obj=raw, status=status)
+        self._set_finalizer(raw, present=False)
+        return None
+
+    def _teardown_order(self, stageset: StageSet | None, inventories: dict[str, StageInventory]
+                        ) -> list[str]:
+        """Stages with objects, dependents before their dependencies; removed stages first."""
+        graph: nx.DiGraph = nx.DiGraph()
+        if stageset is not None:
+            try:
+                graph = stage_graph([StageNode(s.name, None if s.depends_on is None else tuple(s.depends_on))
+                                     for s in stageset.spec.stages])
+            except OrderingError:
+                graph = nx.DiGraph()
+        in_spec = [n for n in reversed(list(nx.lexicographical_topological_sort(graph)))
+                   if n in inventories]
+        removed = sorted(n for n in inventories if n not in in_spec)
+        return removed + in_spec
+
+    def _set_finalizer(self, raw: dict[str, Any], *, present: bool) -> None:
+        metadata = raw["metadata"]
+        finalizers = list(metadata.get("finalizers") or [])
+        if (FINALIZER in finalizers) == present:
+            return
+        finalizers = [*finalizers, FINALIZER] if present else [f for f in finalizers if f != FINALIZER]
+        path = self._resource.object_path(name=metadata["name"], namespace=metadata["namespace"])
+        try:
+            self._clients.client().request(
+                "PATCH", path, content_type="application/json-patch+json",
+                body=[{"op": "test", "path": "/metadata/resourceVersion",
+                       "value": metadata["resourceVersion"]},
+                      {"op": "add" if "finalizers" not in metadata else "replace",
+                       "path": "/metadata/finalizers", "value": finalizers}])
+        except ApiError as error:
+            if not (error.not_found or error.conflict or error.invalid):
+                raise
+            raise StageError("Progressing", "object changed while updating finalizers; retrying") from error
+        metadata["finalizers"] = finalizers
+
+    # -- StageSet dependencies ----------------------------------------------------------
+
+    def _check_dependencies(self, stageset: StageSet, namespace: str) -> None:
+        key = (namespace, stageset.metadata["name"])
+        refs = [(ref.namespace or namespace, ref.name) for ref in stageset.spec.depends_on]
+        self._index.update(key, refs)
+        cycle = self._index.cycle_through(key)
+        if cycle:
+            spelled = " -> ".join(describe(k) for k in [*cycle, cycle[0]])
+            raise OrderingError(f"StageSets form a cycle: {spelled}", cycle=[describe(k) for k in cycle])
+        if not refs:
+            return
+        identity = self._account_identity(stageset.spec.service_account_name, namespace,
+                                          what="reading spec.dependsOn")
+        client = self._clients.client(identity)
+        for ref_ns, ref_name in refs:
+            if ref_ns != namespace and self._settings.no_cross_namespace_refs:
+                raise StageError("InvalidSpec", "dependsOn into another namespace is not allowed on this "
+                                 "controller (--no-cross-namespace-refs)")
+            try:
+                other = client.get(self._resource.object_path(name=ref_name, namespace=ref_ns))
+            except ApiError as error:
+                if error.forbidden:
+                    raise StageError("RBACDenied", f"{identity.describe()} may not read StageSet "
+                                     f"{ref_ns}/{ref_name}") from error
+                if error.not_found:
+                    raise StageError("DependencyNotReady", f"StageSet {ref_ns}/{ref_name} not found") \
+                        from error
+                raise
+            ready = next((c for c in (other.get("status") or {}).get("conditions", [])
+                          if c.get("type") == "Ready"), None)
+            generation = other["metadata"].get("generation")
+            if not ready or ready.get("status") != "True" or ready.get("observedGeneration") != generation:
+                raise StageError("DependencyNotReady", f"StageSet {ref_ns}/{ref_name} is not Ready")
 
     # -- the whole StageSet ---------------------------------------------------------
 
     def reconcile(self, raw: dict[str, Any]) -> float | None:
         """Reconcile one StageSet; returns seconds until it should run again."""
         metadata = raw["metadata"]
-        namespace, generation = metadata["namespace"], int(metadata.get("generation", 0))
+        namespace, name = metadata["namespace"], metadata["name"]
+        generation = int(metadata.get("generation", 0))
         admin = self._clients.client()
         status: dict[str, Any] = dict(raw.get("status") or {})
         conditions = list(status.get("conditions") or [])
@@ -175,70 +386,135 @@ class StageSetReconciler:
         try:
             stageset = StageSet.model_validate(raw)
         except ValidationError as error:
+            if metadata.get("deletionTimestamp"):
+                return self._teardown(raw, None, status)
             first = error.errors()[0]
             where = ".".join(str(p) for p in first.get("loc", ()))
             return finish(ready=False, reason="InvalidSpec", message=f"{where}: {first.get('msg')}",
                           stalled=True)
+        if metadata.get("deletionTimestamp"):
+            self._index.remove((namespace, name))
+            return self._teardown(raw, stageset, status)
         spec = stageset.spec
         interval = parse_duration(spec.interval).total_seconds()
         retry = parse_duration(spec.retry_interval or spec.interval).total_seconds()
         if spec.suspend:
             return finish(ready=False, reason="Suspended", message="reconciliation is suspended")
         try:
+            self._set_finalizer(raw, present=True)
             graph = stage_graph([StageNode(s.name, None if s.depends_on is None else tuple(s.depends_on))
                                  for s in spec.stages])
+            self._check_dependencies(stageset, namespace)
         except OrderingError as error:
             return finish(ready=False, reason="InvalidSpec" if error.cycle is None else "Stalled",
                           message=str(error), stalled=True)
+        except StageError as error:
+            stalled = error.reason == "InvalidSpec"
+            again = None if stalled else (1.0 if error.reason == "Progressing" else retry)
+            return finish(ready=False, reason=error.reason, message=error.message, stalled=stalled,
+                          again=again)
+        return self._pass(raw, stageset, graph, status=status, finish=finish, interval=interval, retry=retry)
 
+    def _pass(self, raw: dict[str, Any], stageset: StageSet, graph: nx.DiGraph, *, status: dict[str, Any],
+              finish: Callable[..., float | None], interval: float, retry: float) -> float | None:
+        metadata = raw["metadata"]
+        namespace, name = metadata["namespace"], metadata["name"]
+        spec = stageset.spec
         by_name = {s.name: s for s in spec.stages}
-        outcomes: dict[str, StageOutcome] = {
-            s.name: StageOutcome(s.name, PENDING) for s in spec.stages}
+        old = inventory.load(status)
+        current = {k: StageInventory(v.name, v.service_account, dict(v.entries)) for k, v in old.items()}
+        outcomes: dict[str, StageOutcome] = {s.name: StageOutcome(s.name, PENDING) for s in spec.stages}
         previous = {s.get("name"): s for s in status.get("stages") or []}
-        for name, outcome in outcomes.items():
-            old = previous.get(name) or {}
-            outcome.revision, outcome.applied_at = old.get("revision"), old.get("lastAppliedTime")
+        for stage_name, outcome in outcomes.items():
+            before = previous.get(stage_name) or {}
+            outcome.revision, outcome.applied_at = before.get("revision"), before.get("lastAppliedTime")
+            outcome.objects = before.get("objects")
 
-        def publish(ready: bool | None, reason: str, message: str) -> None:
+        def publish(reason: str, message: str) -> None:
             status["stages"] = [outcomes[s.name].as_status() for s in spec.stages]
-            finish(ready=ready, reason=reason, message=message)
+            status["inventory"] = inventory.dump(current)
+            finish(ready=None, reason=reason, message=message)
 
-        publish(None, "Progressing", "applying stages")
+        # (1) render every stage
+        rendered: dict[str, Rendered] = {}
+        for stage in spec.stages:
+            try:
+                rendered[stage.name] = self._render(stageset, stage, namespace)
+            except StageError as error:
+                phase = PENDING if error.reason in ("SourceNotReady", "ArtifactNotFound") else FAILED
+                outcomes[stage.name] = StageOutcome(stage.name, phase, error.reason, error.message,
+                                                    outcomes[stage.name].revision)
+        clashes = inventory.duplicates({n: r.ids for n, r in rendered.items()})
+        if clashes:
+            oid, stages = sorted(clashes.items())[0]
+            message = (f"{oid.describe()} is rendered by more than one stage ({', '.join(stages)}); "
+                       "each object must belong to exactly one stage")
+            status["stages"] = [outcomes[s.name].as_status() for s in spec.stages]
+            return finish(ready=False, reason="InvalidSpec", message=message, stalled=True)
+
+        # (2) apply as the graph allows
+        publish("Progressing", "applying stages")
         done: set[str] = set()
-        started: set[str] = set()
-        futures: dict[Future[StageOutcome], str] = {}
-        with ThreadPoolExecutor(max_workers=4, thread_name_prefix=f"stages-{metadata['name']}") as pool:
+        blocked = {n for n in outcomes if n not in rendered}
+        started: set[str] = set(blocked)
+        results: dict[str, StageResult] = {}
+        futures: dict[Future[tuple[StageOutcome, StageResult | None]], str] = {}
+        with ThreadPoolExecutor(max_workers=self._settings.stage_parallelism,
+                                thread_name_prefix=f"stages-{name}") as pool:
             while True:
-                for name in ready_to_start(graph, done=done, started=started):
-                    started.add(name)
-                    outcomes[name].phase = "Applying"
-                    futures[pool.submit(self._run_stage, stageset=stageset, stage=by_name[name],
-                                        namespace=namespace)] = name
-                    publish(None, "Progressing", f"applying stage {name!r}")
+                for stage_name in ready_to_start(graph, done=done, started=started):
+                    started.add(stage_name)
+                    outcomes[stage_name].phase = APPLYING
+                    futures[pool.submit(self._apply_stage, stageset=stageset, rendered=rendered[stage_name],
+                                        namespace=namespace, previous=old.get(stage_name))] = stage_name
+                    publish("Progressing", f"applying stage {stage_name!r}")
                 if not futures:
                     break
                 finished, _ = wait(list(futures), return_when=FIRST_COMPLETED)
                 for future in finished:
-                    name = futures.pop(future)
-                    outcomes[name] = future.result()
-                    if outcomes[name].phase == READY:
-                        done.add(name)
-                if futures or ready_to_start(graph, done=done, started=started):
-                    publish(None, "Progressing", f"stages ready: {len(done)}/{len(outcomes)}")
+                    stage_name = futures.pop(future)
+                    outcome, result = future.result()
+                    outcomes[stage_name] = outcome
+                    if result is not None:
+                        results[stage_name] = result
+                        new_inv = StageInventory(
+                            stage_name, by_name[stage_name].service_account_name or spec.service_account_name,
+                            {o.id: o.entry() for o in result.objects})
+                        current[stage_name] = inventory.merged(old.get(stage_name), new_inv)
+                        self._report_drift(raw, stage_name, result)
+                    if outcome.phase == READY:
+                        done.add(stage_name)
+                publish("Progressing", f"stages ready: {len(done)}/{len(outcomes)}")
 
+        status["stages"] = [outcomes[s.name].as_status() for s in spec.stages]
         if len(done) == len(outcomes):
+            # (3) every stage is Ready: prune, then keep only the new inventory.
+            new = {n: StageInventory(n, current[n].service_account,
+                                     {o.id: o.entry() for o in results[n].objects}) for n in results}
+            self._prune(old=old, new=new, disabled=[s.name for s in spec.stages if not s.prune],
+                        namespace=namespace, name=name)
+            current.clear()
+            current.update(new)
+            status["inventory"] = inventory.dump(current)
             revisions = sorted({o.revision for o in outcomes.values() if o.revision})
             status["lastAppliedRevision"] = revisions[0] if len(revisions) == 1 else ", ".join(revisions)
-            status["stages"] = [outcomes[s.name].as_status() for s in spec.stages]
             return finish(ready=True, reason="Succeeded",
                           message=f"applied {len(outcomes)} stage(s) at {status['lastAppliedRevision']}",
                           again=interval)
+        status["inventory"] = inventory.dump(current)
         failures = [o for o in outcomes.values() if o.reason and o.phase != READY]
         failures.sort(key=lambda o: _REASON_PRIORITY.index(o.reason)
                       if o.reason in _REASON_PRIORITY else len(_REASON_PRIORITY))
         worst = failures[0] if failures else StageOutcome("", PENDING, "StageFailed", "stages blocked")
-        status["stages"] = [outcomes[s.name].as_status() for s in spec.stages]
-        if worst.reason in ("SourceNotReady", "ArtifactNotFound"):
-            # The source's revision notification usually wakes us first; this is the safety net.
+        if worst.reason in ("SourceNotReady", "ArtifactNotFound", "StageProgressing"):
             retry = min(retry, 30.0)
         return finish(ready=False, reason=worst.reason, message=worst.message, again=retry)
+
+    def _report_drift(self, raw: dict[str, Any], stage_name: str, result: StageResult) -> None:
+        drifted = result.drifted
+        if not drifted:
+            return
+        names = ", ".join(sorted(o.id.describe() for o in drifted)[:10])
+        more = f" and {len(drifted) - 10} more" if len(drifted) > 10 else ""
+        self._events.emit(raw, type_=WARNING, reason="DriftCorrected",
+                          message=f"stage {stage_name!r}: restored {names}{more}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import json
 import os
 import shutil
 import signal
@@ -22,6 +23,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -60,6 +62,17 @@ class ControlPlane:
         context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
         context.load_cert_chain(str(self.pki.admin_cert), str(self.pki.admin_key))
         return context
+
+    @property
+    def audit_log(self) -> Path:
+        return self.workdir / "audit.log"
+
+    def audit_events(self) -> list[dict[str, Any]]:
+        """Every request the apiserver has seen so far (metadata level), oldest first."""
+        if not self.audit_log.exists():
+            return []
+        with self.audit_log.open() as log:
+            return [json.loads(line) for line in log if line.strip()]
 
     def stop(self) -> None:
         for process in reversed(self._processes):
@@ -144,6 +157,10 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None) -> Contr
                          _owns_workdir=owns)
     write_kubeconfig(path=plane.kubeconfig, url=url, pki=pki)
     logs = [root / "etcd.log", root / "kube-apiserver.log"]
+    # Metadata-level audit of every request: tests and benchmarks count writes from it.
+    policy = root / "audit-policy.yaml"
+    policy.write_text("apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
+                      "rules:\n  - level: Metadata\n")
     try:
         plane._processes.append(_spawn([
             str(assets.etcd),
@@ -176,6 +193,10 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None) -> Contr
             "--enable-priority-and-fairness=false",
             "--disable-admission-plugins=ServiceAccount",
             "--shutdown-delay-duration=0s",
+            f"--audit-policy-file={policy}",
+            f"--audit-log-path={plane.audit_log}",
+            "--audit-log-format=json",
+            "--audit-log-maxbackup=0",
             "--v=1",
         ], log=logs[1]))
         _wait_ready(plane, logs=logs)

@@ -116,13 +116,19 @@ def stop_controller(handle: ControllerProcess) -> None:
 
 
 @pytest.fixture(scope="module")
-def controller(installed: KubeClient, control_plane: ControlPlane,
+def controller_args() -> list[str]:
+    """Extra controller flags; a test module overrides this fixture to change them."""
+    return []
+
+
+@pytest.fixture(scope="module")
+def controller(installed: KubeClient, control_plane: ControlPlane, controller_args: list[str],
                tmp_path_factory: pytest.TempPathFactory) -> Iterator[ControllerProcess]:
     """``stageset controller`` as a subprocess: cluster-wide, multi-tenant, with the chart's rights."""
     workdir = tmp_path_factory.mktemp("controller")
     kubeconfig = controller_kubeconfig(installed, control_plane=control_plane,
                                        path=workdir / "kubeconfig")
-    handle = start_controller(kubeconfig=kubeconfig, workdir=workdir)
+    handle = start_controller(kubeconfig=kubeconfig, workdir=workdir, extra=controller_args)
     try:
         yield handle
     finally:
@@ -147,3 +153,14 @@ def get_or_none(admin: KubeClient, path: str) -> dict[str, Any] | None:
 
 def stageset(admin: KubeClient, namespace: str, name: str) -> dict[str, Any]:
     return admin.get(f"{STAGESETS.format(ns=namespace)}/{name}")
+
+
+WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
+
+
+def writes_by(events: list[dict[str, Any]], user: str) -> list[dict[str, Any]]:
+    """Audit events of real (not dry-run) writes made as ``user`` (directly or impersonated)."""
+    def acting(event: dict[str, Any]) -> str:
+        return str((event.get("impersonatedUser") or event.get("user") or {}).get("username", ""))
+    return [e for e in events if e.get("verb") in WRITE_VERBS and acting(e) == user
+            and "dryRun=All" not in e.get("requestURI", "") and e.get("stage") == "ResponseComplete"]

@@ -1,0 +1,206 @@
+"""Apply, prune, drift and teardown through the controller process against the real apiserver."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from stageset.kube.client import KubeClient
+from tests.conftest import Tenant
+from stageset.envtest.server import ControlPlane
+from tests.e2e.conftest import ControllerProcess, get_or_none, wait_for, writes_by
+from tests.e2e.stagesets import cm, poke, scenario
+from tests.gitserver import GitServer
+
+pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
+
+TenantFactory = Callable[..., Tenant]
+
+CRD = """\
+apiVersion: apiextensions.k8s.io/v1
+kind: CustomResourceDefinition
+metadata: {name: widgets.example.com}
+spec:
+  group: example.com
+  names: {kind: Widget, plural: widgets, singular: widget}
+  scope: Namespaced
+  versions:
+    - name: v1
+      served: true
+      storage: true
+      schema:
+        openAPIV3Schema:
+          type: object
+          properties:
+            spec: {type: object, x-kubernetes-preserve-unknown-fields: true}
+"""
+
+
+def test_crd_namespace_and_custom_resource_in_one_stage_in_any_file_order(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    tenant = make_tenant("crd")
+    installed.request("POST", "/apis/rbac.authorization.k8s.io/v1/clusterrolebindings", body={
+        "metadata": {"name": f"{tenant.namespace}-admin"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "cluster-admin"},
+        "subjects": [{"kind": "ServiceAccount", "name": tenant.service_account,
+                      "namespace": tenant.namespace}]})
+    widget_ns = f"{tenant.namespace}-widgets"
+    s = scenario(installed, git_server, tenant, {
+        # File order puts the custom resource first and its CRD last.
+        "all/a-widget.yaml": f"apiVersion: example.com/v1\nkind: Widget\nmetadata:\n  name: w\n"
+                             f"  namespace: {widget_ns}\nspec: {{size: 3}}\n",
+        "all/b-namespace.yaml": f"apiVersion: v1\nkind: Namespace\nmetadata:\n  name: {widget_ns}\n",
+        "all/c-crd.yaml": CRD,
+    })
+    s.stageset("crd", [{"name": "all", "path": "./all"}])
+    ready = s.wait_ready("crd")
+    assert ready["status"]["stages"][0]["objects"] == 3
+    widget = installed.get(f"/apis/example.com/v1/namespaces/{widget_ns}/widgets/w")
+    assert widget["spec"] == {"size": 3}
+
+
+def test_prune_keeps_opt_outs_and_moved_objects(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(installed, git_server, make_tenant("prune"), {
+        "a/keep.yaml": cm("keep"),
+        "a/gone.yaml": cm("gone"),
+        "a/optout.yaml": cm("optout", annotations={"stages.metio.wtf/prune": "disabled"}),
+        "b/mover.yaml": cm("mover"),
+        "c/stay.yaml": cm("stay"),
+    })
+    s.stageset("prune", [{"name": "a", "path": "./a"}, {"name": "b", "path": "./b"},
+                         {"name": "c", "path": "./c", "prune": False}])
+    s.wait_ready("prune")
+    inventory = {i["name"]: len(i["entries"]) for i in s.get("prune")["status"]["inventory"]}
+    assert inventory == {"a": 3, "b": 1, "c": 1}
+
+    second = s.commit({"a/gone.yaml": None, "a/optout.yaml": None, "b/mover.yaml": None,
+                       "a/mover.yaml": cm("mover"), "b/other.yaml": cm("other"),
+                       "c/stay.yaml": None, "c/new.yaml": cm("new")})
+    s.wait_ready("prune", revision=second)
+    assert s.configmap("gone") is None
+    assert s.configmap("optout") is not None, "stages.metio.wtf/prune: disabled must keep the object"
+    assert s.configmap("stay") is not None, "prune: false must keep the object"
+    mover = s.configmap("mover")
+    assert mover is not None, "an object moved between stages must never be deleted"
+    assert mover["metadata"]["labels"]["stages.metio.wtf/stage"] == "a"
+    assert s.configmap("keep") is not None
+    inventory = {i["name"]: sorted(e["id"].split("_")[1] for e in i["entries"])
+                 for i in s.get("prune")["status"]["inventory"]}
+    assert inventory == {"a": ["keep", "mover"], "b": ["other"], "c": ["new"]}
+
+
+def test_an_empty_path_fails_the_stage_and_prunes_nothing(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(installed, git_server, make_tenant("empty"), {"app/cm.yaml": cm("precious")})
+    s.stageset("empty", [{"name": "app", "path": "./app"}])
+    s.wait_ready("empty")
+    s.commit({"app/cm.yaml": None, "app/README.md": "moved elsewhere"})
+    failed = s.wait_reason("empty", "StageFailed")
+    assert "holds no manifests" in failed["message"]
+    assert s.configmap("precious") is not None
+
+
+def test_two_stages_rendering_one_object_is_invalid_and_nothing_is_applied(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(installed, git_server, make_tenant("dup"), {
+        "a/cm.yaml": cm("twice", "a"), "a/only.yaml": cm("only-a"), "b/cm.yaml": cm("twice", "b")})
+    s.stageset("dup", [{"name": "a", "path": "./a"}, {"name": "b", "path": "./b"}])
+    invalid = s.wait_reason("dup", "InvalidSpec")
+    assert "ConfigMap" in invalid["message"]
+    assert "twice" in invalid["message"]
+    assert s.configmap("only-a") is None
+
+
+def test_a_removed_stage_is_torn_down(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(installed, git_server, make_tenant("rmstage"), {
+        "a/cm.yaml": cm("in-a"), "b/cm.yaml": cm("in-b")})
+    s.stageset("rm", [{"name": "a", "path": "./a"}, {"name": "b", "path": "./b"}])
+    s.wait_ready("rm")
+    s.stageset("rm", [{"name": "a", "path": "./a"}])
+    s.wait_ready("rm")
+    wait_for(lambda: s.configmap("in-b") is None, what="stage b's object deleted")
+    assert s.configmap("in-a") is not None
+    assert [i["name"] for i in s.get("rm")["status"]["inventory"]] == ["a"]
+
+
+def events_for(admin: KubeClient, namespace: str, name: str) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = admin.get(f"/api/v1/namespaces/{namespace}/events")["items"]
+    return [e for e in items if e["involvedObject"]["name"] == name]
+
+
+def test_drift_is_corrected_and_reported_but_a_new_revision_is_not_drift(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(installed, git_server, make_tenant("drift"), {
+        "app/edited.yaml": cm("edited", "git"), "app/deleted.yaml": cm("deleted")})
+    s.stageset("drift", [{"name": "app", "path": "./app"}])
+    s.wait_ready("drift")
+    base = f"/api/v1/namespaces/{s.ns}/configmaps"
+    installed.request("PATCH", f"{base}/edited", content_type="application/merge-patch+json",
+                      body={"data": {"k": "hand-edited"}})
+    installed.request("DELETE", f"{base}/deleted")
+    poke(installed, s.path("drift"))
+    wait_for(lambda: (s.configmap("edited") or {}).get("data") == {"k": "git"}, what="edit reverted")
+    wait_for(lambda: s.configmap("deleted") is not None, what="deleted object recreated")
+    drift = wait_for(lambda: [e for e in events_for(installed, s.ns, "drift")
+                              if e["reason"] == "DriftCorrected"], what="DriftCorrected event")
+    assert drift[0]["type"] == "Warning"
+    assert "edited" in drift[0]["message"]
+    assert "deleted" in drift[0]["message"]
+
+    second = s.commit({"app/edited.yaml": cm("edited", "new-revision")})
+    s.wait_ready("drift", revision=second)
+    assert (s.configmap("edited") or {}).get("data") == {"k": "new-revision"}
+    assert len([e for e in events_for(installed, s.ns, "drift") if e["reason"] == "DriftCorrected"]) == 1
+
+
+def test_a_warm_reconcile_of_an_unchanged_stageset_writes_nothing(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    control_plane: ControlPlane,
+) -> None:
+    tenant = make_tenant("noop")
+    s = scenario(installed, git_server, tenant, {"app/a.yaml": cm("a"), "app/b.yaml": cm("b")})
+    s.stageset("noop", [{"name": "app", "path": "./app"}])
+    s.wait_ready("noop")
+    assert len(writes_by(control_plane.audit_events(), tenant.username)) >= 2, "the audit log sees writes"
+    seen = len(control_plane.audit_events())
+    stamp = poke(installed, s.path("noop"))
+    wait_for(lambda: s.get("noop")["status"].get("lastHandledReconcileAt") == stamp,
+             what="the requested reconcile")
+    s.wait_ready("noop")
+    time.sleep(1)  # let the audit log catch up with the last requests
+    later = control_plane.audit_events()[seen:]
+    assert any(e.get("verb") == "patch" and "dryRun=All" in e.get("requestURI", "") for e in later), \
+        "the reconcile did run its dry-runs"
+    assert writes_by(later, tenant.username) == []
+
+
+def test_delete_tears_stages_down_in_reverse_order(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(installed, git_server, make_tenant("teardown"), {
+        "first/cm.yaml": cm("first"), "second/cm.yaml": cm("second", finalizers=["example.com/hold"])})
+    s.stageset("td", [{"name": "first", "path": "./first"}, {"name": "second", "path": "./second"}])
+    s.wait_ready("td")
+    assert "stages.metio.wtf/teardown" in s.get("td")["metadata"]["finalizers"]
+    installed.request("DELETE", s.path("td"))
+    wait_for(lambda: (s.configmap("second") or {}).get("metadata", {}).get("deletionTimestamp"),
+             what="the last stage deleted first")
+    time.sleep(2)
+    first = s.configmap("first")
+    assert first is not None
+    assert not first["metadata"].get("deletionTimestamp"), "first stage torn down before its dependent"
+    installed.request("PATCH", f"/api/v1/namespaces/{s.ns}/configmaps/second",
+                      content_type="application/merge-patch+json", body={"metadata": {"finalizers": None}})
+    wait_for(lambda: s.configmap("first") is None, what="the first stage torn down")
+    wait_for(lambda: get_or_none(installed, s.path("td")) is None, what="the StageSet released")
