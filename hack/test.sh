@@ -17,6 +17,8 @@ echo "== CRDs are current"; run python -m stageset.api.crd --check
 
 echo "== control plane (built once, cached in ~/.cache/stageset)"
 run python -m stageset.envtest.build
+echo "== kustomize (built once, cached in ~/.cache/stageset)"
+run python -m stageset.build
 
 echo "== pytest"
 set +e

@@ -177,7 +177,8 @@ class StageApplier:
 
     def _delete_and_wait(self, client: KubeClient, item: AppliedObject) -> None:
         try:
-            client.delete(item.path, propagation="Foreground")
+            # Background: the object goes at once; the garbage collector removes its dependents.
+            client.delete(item.path, propagation="Background")
         except ApiError as error:
             if not error.not_found:
                 raise _error_for(item, error, client.identity.describe()) from error

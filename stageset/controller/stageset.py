@@ -34,7 +34,13 @@ from stageset.apply.engine import StageApplier, StageError, StageResult
 from stageset.apply.inventory import ObjectId, StageInventory, object_id
 from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, StageOwner
 from stageset.apply.readiness import Status
-from stageset.build import BuildError, render_manifests
+from stageset.build import (
+    BuildError,
+    KustomizeNotFoundError,
+    VariableSource,
+    build_stage,
+    merge_variables,
+)
 from stageset.controller.conditions import now, summarize
 from stageset.controller.dependencies import DependencyIndex, describe
 from stageset.controller.events import WARNING, EventRecorder
@@ -165,13 +171,39 @@ class StageSetReconciler:
             raise StageError("ArtifactNotFound", f"stage {stage.name!r}: {error}") from error
         except SourceError as error:
             raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
-        substitutions = dict(stage.post_build.substitute) if stage.post_build else None
+        variables = self._variables(client, stage, namespace)
         try:
-            objects = render_manifests(files, variables=substitutions, origin=stage.path)
+            objects = build_stage(files, path=stage.path, variables=variables)
+        except KustomizeNotFoundError as error:
+            raise StageError("StageFailed", f"stage {stage.name!r}: this controller cannot build "
+                             f"kustomizations: {error}") from error
         except BuildError as error:
             raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
         ids = {self._identify(obj, namespace) for obj in objects}
         return Rendered(stage=stage, identity=identity, revision=revision, objects=objects, ids=ids)
+
+    def _variables(self, client: KubeClient, stage: Stage, namespace: str) -> dict[str, str] | None:
+        """``postBuild`` variables; ``substituteFrom`` ConfigMaps/Secrets are read as the stage's identity."""
+        if stage.post_build is None:
+            return None
+        sources: list[VariableSource] = []
+        for ref in stage.post_build.substitute_from:
+            plural = "configmaps" if ref.kind == "ConfigMap" else "secrets"
+            try:
+                obj = client.get(f"/api/v1/namespaces/{namespace}/{plural}/{ref.name}")
+                data: dict[str, str] | None = obj.get("data") or {}
+            except ApiError as error:
+                if error.forbidden:
+                    raise StageError("RBACDenied", f"stage {stage.name!r}: {client.identity.describe()} "
+                                     f"may not read {ref.kind} {namespace}/{ref.name}") from error
+                if not error.not_found:
+                    raise
+                data = None  # only "not found" is tolerated, and only when optional
+            sources.append(VariableSource(ref.kind, ref.name, data, ref.optional))
+        try:
+            return merge_variables(stage.post_build.substitute, sources)
+        except BuildError as error:
+            raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
 
     def _identify(self, obj: KubeObject, namespace: str) -> ObjectId:
         """The object's identity after namespace defaulting (a kind not served yet — its CRD is

@@ -8,9 +8,9 @@ from typing import Any
 
 import pytest
 
+from stageset.envtest.server import ControlPlane
 from stageset.kube.client import KubeClient
 from tests.conftest import Tenant
-from stageset.envtest.server import ControlPlane
 from tests.e2e.conftest import ControllerProcess, get_or_none, wait_for, writes_by
 from tests.e2e.stagesets import cm, poke, scenario
 from tests.gitserver import GitServer
@@ -204,3 +204,36 @@ def test_delete_tears_stages_down_in_reverse_order(
                       content_type="application/merge-patch+json", body={"metadata": {"finalizers": None}})
     wait_for(lambda: s.configmap("first") is None, what="the first stage torn down")
     wait_for(lambda: get_or_none(installed, s.path("td")) is None, what="the StageSet released")
+
+
+def test_substitution_from_configmaps_and_secrets_read_as_the_tenant_and_kustomize(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    tenant = make_tenant("subst")
+    s = scenario(installed, git_server, tenant, {
+        "plain/cm.yaml": 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: plain}\n'
+                         'data: {region: "${region}", tier: "${tier:=gold}", token: "${token}"}\n',
+        "overlay/kustomization.yaml": "resources: [cm.yaml]\nnamePrefix: prod-\n",
+        "overlay/cm.yaml": 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: kustomized}\n'
+                           'data: {region: "${region}"}\n',
+    })
+    base = f"/api/v1/namespaces/{s.ns}"
+    installed.request("POST", f"{base}/configmaps", body={
+        "metadata": {"name": "vars"}, "data": {"region": "eu-west"}})
+    installed.request("POST", f"{base}/secrets", body={
+        "metadata": {"name": "secret-vars"}, "stringData": {"token": "from-secret"}})
+    post_build = {"substituteFrom": [{"kind": "ConfigMap", "name": "vars"},
+                                     {"kind": "Secret", "name": "secret-vars"},
+                                     {"kind": "ConfigMap", "name": "absent", "optional": True}]}
+    s.stageset("subst", [{"name": "plain", "path": "./plain", "postBuild": post_build},
+                         {"name": "overlay", "path": "./overlay", "postBuild": post_build}])
+    s.wait_ready("subst")
+    assert (s.configmap("plain") or {})["data"] == {"region": "eu-west", "tier": "gold",
+                                                     "token": "from-secret"}
+    assert (s.configmap("prod-kustomized") or {})["data"] == {"region": "eu-west"}
+    assert "from-secret" not in controller.output()
+
+    s.stageset("subst", [{"name": "plain", "path": "./plain",
+                          "postBuild": {"substituteFrom": [{"kind": "ConfigMap", "name": "missing"}]}}])
+    failed = s.wait_reason("subst", "StageFailed")
+    assert "missing" in failed["message"]

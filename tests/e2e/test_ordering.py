@@ -1,0 +1,92 @@
+"""Stage graphs and StageSet dependencies, through the controller process."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from stageset.kube.client import KubeClient
+from tests.conftest import Tenant
+from tests.e2e.conftest import ControllerProcess, get_or_none, wait_for
+from tests.e2e.stagesets import Scenario, cm, deployment, scenario
+from tests.gitserver import GitServer
+
+pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
+
+TenantFactory = Callable[..., Tenant]
+
+
+def roll_out(s: Scenario, name: str) -> None:
+    """Report a Deployment rolled out, as the deployment controller and kubelet would."""
+    s.admin.request("PATCH", f"/apis/apps/v1/namespaces/{s.ns}/deployments/{name}/status",
+                    content_type="application/merge-patch+json",
+                    body={"status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
+                                     "readyReplicas": 1, "availableReplicas": 1}})
+
+
+def deployment_exists(s: Scenario, name: str) -> Any:
+    return get_or_none(s.admin, f"/apis/apps/v1/namespaces/{s.ns}/deployments/{name}")
+
+
+def test_a_diamond_runs_its_two_middle_stages_concurrently(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(installed, git_server, make_tenant("diamond"), {
+        "top/cm.yaml": cm("top"), "left/d.yaml": deployment("left"), "right/d.yaml": deployment("right"),
+        "bottom/cm.yaml": cm("bottom")})
+    s.stageset("diamond", [
+        {"name": "top", "path": "./top"},
+        {"name": "left", "path": "./left", "dependsOn": ["top"]},
+        {"name": "right", "path": "./right", "dependsOn": ["top"]},
+        {"name": "bottom", "path": "./bottom", "dependsOn": ["left", "right"]},
+    ])
+    # Neither middle stage can finish (nothing runs the Deployments), so both existing at once
+    # means both were started without waiting for the other.
+    wait_for(lambda: deployment_exists(s, "left") and deployment_exists(s, "right"),
+             what="both middle stages applied")
+    phases = {st["name"]: st["phase"] for st in s.get("diamond")["status"]["stages"]}
+    assert phases["left"] == phases["right"] == "Applying"
+    assert phases["bottom"] == "Pending"
+    assert s.configmap("bottom") is None
+    roll_out(s, "left")
+    roll_out(s, "right")
+    s.wait_ready("diamond")
+    assert s.configmap("bottom") is not None
+
+
+def test_a_stageset_waits_for_its_dependency_and_is_woken_by_it(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(installed, git_server, make_tenant("deps"), {
+        "db/d.yaml": deployment("db"), "app/cm.yaml": cm("app")})
+    # The dependent retries only every 10 minutes: reaching Ready in the test proves it was woken.
+    s.stageset("app", [{"name": "app", "path": "./app"}], dependsOn=[{"name": "db"}],
+               retryInterval="10m")
+    waiting = s.wait_reason("app", "DependencyNotReady")
+    assert "db" in waiting["message"]
+    s.stageset("db", [{"name": "db", "path": "./db"}])
+    wait_for(lambda: deployment_exists(s, "db"), what="db applied")
+    assert s.configmap("app") is None
+    roll_out(s, "db")
+    s.wait_ready("db")
+    s.wait_ready("app", timeout=30)
+    assert s.configmap("app") is not None
+
+
+def test_two_stagesets_in_a_cycle_are_stalled(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(installed, git_server, make_tenant("cycle"), {"a/cm.yaml": cm("a"), "b/cm.yaml": cm("b")})
+    s.stageset("ping", [{"name": "a", "path": "./a"}], dependsOn=[{"name": "pong"}])
+    s.stageset("pong", [{"name": "b", "path": "./b"}], dependsOn=[{"name": "ping"}])
+    for name in ("ping", "pong"):
+        stalled = s.wait_reason(name, "Stalled")
+        assert "cycle" in stalled["message"]
+        assert f"{s.ns}/ping" in stalled["message"]
+        assert f"{s.ns}/pong" in stalled["message"]
+        conditions = {c["type"]: c["status"] for c in s.get(name)["status"]["conditions"]}
+        assert conditions["Stalled"] == "True"
+    assert s.configmap("a") is None
+    assert s.configmap("b") is None
