@@ -93,22 +93,20 @@ def test_design_stagesets_are_accepted_verbatim(crds: list[dict[str, Any]],
                                                 index: int) -> None:
     original = design_stagesets()[index]
     namespace = ensure_namespace(original["metadata"]["namespace"])
-    stored = create(admin_api, original, namespace=namespace)
-    try:
-        spec = stored["spec"]
-        (app,) = spec["stages"]
-        assert app["name"] == "app"
-        assert app["path"] == "./"
-        assert app["prune"] is True
-        assert app["sourceRef"]["kind"] == "GitRepository"
-        assert "dependsOn" not in app
-        assert (spec["interval"], spec["timeout"], spec["suspend"]) == ("10m", "5m", False)
-        if "kubeConfig" in original["spec"]:
-            assert spec["kubeConfig"]["secretRef"] == {"name": "prod-eu-kubeconfig", "key": "value"}
-        # Server defaults and model defaults agree: the stored object parses to the same spec.
-        assert StageSet.model_validate(stored).spec == StageSet.model_validate(original).spec
-    finally:
-        delete(admin_api, stored)
+    # Dry-run: full admission and defaulting, nothing stored (the e2e tests own these names).
+    stored = create(admin_api, original, namespace=namespace, dry_run=True)
+    spec = stored["spec"]
+    (app,) = spec["stages"]
+    assert app["name"] == "app"
+    assert app["path"] == "./"
+    assert app["prune"] is True
+    assert app["sourceRef"]["kind"] == "GitRepository"
+    assert "dependsOn" not in app
+    assert (spec["interval"], spec["timeout"], spec["suspend"]) == ("10m", "5m", False)
+    if "kubeConfig" in original["spec"]:
+        assert spec["kubeConfig"]["secretRef"] == {"name": "prod-eu-kubeconfig", "key": "value"}
+    # Server defaults and model defaults agree: the stored object parses to the same spec.
+    assert StageSet.model_validate(stored).spec == StageSet.model_validate(original).spec
 
 
 def test_apiserver_applies_defaults_but_never_to_stage_depends_on(
