@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from sources import MirrorStore, RefNotFoundError, SourceError, parse_revision
 from stageset.api import API_VERSION, Stage, StageSet, parse_duration
 from stageset.apply import inventory
-from stageset.apply.engine import StageApplier, StageError, StageResult
+from stageset.apply.engine import AppliedObject, StageApplier, StageError, StageResult
 from stageset.apply.inventory import ObjectId, StageInventory, object_id
 from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, StageOwner
 from stageset.apply.readiness import Status
@@ -232,8 +232,12 @@ class StageSetReconciler:
         applied_at = now()
         wants_wait = stage.ready_checks is None or stage.ready_checks.wait
         timeout = parse_duration(stage.timeout or stageset.spec.timeout).total_seconds()
-        verdict = self._applier.wait_ready(client=client, applied=result.objects, timeout=timeout,
-                                           stop=self._stop) if wants_wait else None
+        try:
+            extra = self._extra_checks(stage, namespace)
+        except StageError as error:
+            return StageOutcome(stage.name, FAILED, error.reason, error.message), result
+        verdict = self._applier.wait_ready(client=client, applied=[*result.objects, *extra],
+                                           timeout=timeout, stop=self._stop) if wants_wait else None
         outcome = StageOutcome(stage.name, READY, "Succeeded", "", rendered.revision, len(result.objects),
                                applied_at)
         if verdict is not None and verdict.status is Status.FAILED:
@@ -241,6 +245,24 @@ class StageSetReconciler:
         elif verdict is not None and verdict.status is Status.IN_PROGRESS:
             outcome.phase, outcome.reason, outcome.message = PROGRESSING, "StageProgressing", verdict.message
         return outcome, result
+
+    def _extra_checks(self, stage: Stage, namespace: str) -> list[AppliedObject]:
+        """``readyChecks.objects``: more objects (not applied by the stage) to wait for."""
+        if stage.ready_checks is None:
+            return []
+        extra: list[AppliedObject] = []
+        for ref in stage.ready_checks.objects:
+            stub = {"apiVersion": ref.api_version, "kind": ref.kind,
+                    "metadata": {"name": ref.name, "namespace": ref.namespace or namespace}}
+            manifest, resource = self._applier.resolve(stub, namespace)
+            if resource is None:
+                raise StageError("StageFailed", f"stage {stage.name!r}: readyChecks names {ref.kind} "
+                                 f"{ref.name}, a kind the cluster does not serve")
+            path = resource.object_path(name=ref.name, namespace=manifest["metadata"].get("namespace")
+                                        if resource.namespaced else None)
+            extra.append(AppliedObject(resource=resource, path=path, manifest=manifest,
+                                       id=object_id(manifest), digest="", wrote=True))
+        return extra
 
     # -- prune and teardown -------------------------------------------------------
 
@@ -432,6 +454,11 @@ class StageSetReconciler:
         retry = parse_duration(spec.retry_interval or spec.interval).total_seconds()
         if spec.suspend:
             return finish(ready=False, reason="Suspended", message="reconciliation is suspended")
+        if spec.kube_config is not None:
+            # Never fall back to the local cluster for a StageSet meant for another one.
+            return finish(ready=False, reason="InvalidSpec", stalled=True,
+                          message="spec.kubeConfig (remote clusters) is not supported by this controller "
+                          "version yet; nothing was applied")
         try:
             self._set_finalizer(raw, present=True)
             graph = stage_graph([StageNode(s.name, None if s.depends_on is None else tuple(s.depends_on))

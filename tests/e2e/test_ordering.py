@@ -6,6 +6,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+import yaml
 
 from stageset.kube.client import KubeClient
 from tests.conftest import Tenant
@@ -90,3 +91,19 @@ def test_two_stagesets_in_a_cycle_are_stalled(
         assert conditions["Stalled"] == "True"
     assert s.configmap("a") is None
     assert s.configmap("b") is None
+
+
+def test_ready_checks_wait_for_objects_the_stage_does_not_apply(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(installed, git_server, make_tenant("checks"), {"app/cm.yaml": cm("app")})
+    # Something else (another team's release) runs this Deployment; the stage waits for it.
+    installed.request("POST", f"/apis/apps/v1/namespaces/{s.ns}/deployments",
+                      body=yaml.safe_load(deployment("external")))
+    s.stageset("checks", [{"name": "app", "path": "./app", "timeout": "2s", "readyChecks": {
+        "objects": [{"apiVersion": "apps/v1", "kind": "Deployment", "name": "external"}]}}],
+               retryInterval="2s")
+    held = s.wait_reason("checks", "StageProgressing")
+    assert "external" in held["message"]
+    roll_out(s, "external")
+    s.wait_ready("checks", timeout=60)
