@@ -30,6 +30,11 @@ class RefNotFoundError(SourceError):
     """The branch, tag, ref, semver match or commit does not exist on the remote."""
 
 
+class NotFetchedError(RefNotFoundError):
+    """A commit was asked of a mirror that does not hold it (never fetched, or evicted):
+    :meth:`~sources.MirrorStore.fetch` it again, then read."""
+
+
 class InvalidRefError(SourceError, ValueError):
     """A :class:`~sources.RefSelector` that cannot be used (bad commit id, bad constraint)."""
 

@@ -56,7 +56,7 @@ _SCRATCH_PREFIX = "stageset-ssh-"
 
 def default_scratch_dir() -> Path | None:
     """Where key files are written: ``/dev/shm`` (memory) when usable, else the temp dir."""
-    shm = Path("/dev/shm")
+    shm = Path("/dev/shm")  # noqa: S108 - only the parent of a private mkdtemp() directory
     if shm.is_dir() and os.access(shm, os.W_OK | os.X_OK):
         return shm
     return None
@@ -69,8 +69,10 @@ def _normalise_identity(identity: bytes, passphrase: str | None) -> bytes:
         return key
     from cryptography.exceptions import UnsupportedAlgorithm
     from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric.types import PrivateKeyTypes
 
     password = passphrase.encode()
+    private: PrivateKeyTypes
     try:
         if b"BEGIN OPENSSH PRIVATE KEY" in key:
             private = serialization.load_ssh_private_key(key, password=password)
@@ -90,10 +92,12 @@ def _normalise_identity(identity: bytes, passphrase: str | None) -> bytes:
         raise AuthenticationError(
             "the SSH identity is an encrypted OpenSSH key, which needs the 'bcrypt' package"
         ) from None
-    return bytes(private.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.OpenSSH,
-        serialization.NoEncryption(),
-    ))
+    try:
+        return private.private_bytes(serialization.Encoding.PEM,
+                                     serialization.PrivateFormat.OpenSSH,
+                                     serialization.NoEncryption())
+    except ValueError:
+        raise AuthenticationError("the SSH identity's key type cannot be used for SSH") from None
 
 
 def _write_private(path: Path, data: bytes) -> None:

@@ -132,17 +132,17 @@ class Remote:
                     client.close()
             return
         creds = self.credentials or Credentials()
-        with ssh_session(identity=creds.identity, known_hosts=creds.known_hosts,
-                         passphrase=creds.password, timeout=self.timeout,
-                         host=self._ssh_host(), scratch_dir=self.scratch_dir) as vendor:
-            with self._ssh_errors(action, vendor):
-                username = self.url.username or creds.username
-                client = SSHGitClient(self.url.host.strip("[]"), port=self.url.port,
-                                      username=username, vendor=vendor)
-                try:
-                    yield client, self.url.path
-                finally:
-                    client.close()
+        session = ssh_session(identity=creds.identity, known_hosts=creds.known_hosts,
+                              passphrase=creds.password, timeout=self.timeout,
+                              host=self._ssh_host(), scratch_dir=self.scratch_dir)
+        with session as vendor, self._ssh_errors(action, vendor):
+            username = self.url.username or creds.username
+            client = SSHGitClient(self.url.host.strip("[]"), port=self.url.port,
+                                  username=username, vendor=vendor)
+            try:
+                yield client, self.url.path
+            finally:
+                client.close()
 
     def _ssh_host(self) -> str:
         return f"[{self.url.host}]:{self.url.port}" if self.url.port else self.url.host
@@ -197,6 +197,8 @@ class Remote:
                 raise GitOperationError(f"no Git repository at {where}") from None
             lines = [line.strip() for line in text.splitlines() if line.strip()]
             message = "; ".join(lines[-3:]) or type(error).__name__
+            if "timed out" in message:
+                message = f"timed out after {self.timeout:g}s ({message})"
             raise GitOperationError(f"{action} {where} failed: {message}") from None
 
     @contextmanager
@@ -236,12 +238,17 @@ class Remote:
                    for name, target in result.symrefs.items()}
         return Listing(refs=refs, symrefs=symrefs)
 
-    def fetch(self, repo: Repo, *, wants: Sequence[str], depth: int | None) -> None:
+    def fetch(self, repo: Repo, *, wants: Sequence[str], depth: int | None,
+              blob_limit: int | None = None) -> None:
         """Fetch ``wants`` (object ids) and what they need into ``repo``.
 
         ``repo.get_graph_walker()`` supplies the commits we already have, to negotiate
-        from; ``depth=1`` makes a shallow fetch of just the wanted commits.
+        from; ``depth=1`` makes a shallow fetch of just the wanted commits.  With
+        ``blob_limit``, servers that support partial clone (protocol v2 ``filter``, e.g.
+        GitHub and GitLab) leave out blobs of that many bytes or more, so a hostile blob
+        never reaches our memory or disk; other servers send everything.
         """
+        filter_spec = f"blob:limit={blob_limit}".encode() if blob_limit is not None else None
         want_ids = [ObjectID(w.encode("ascii")) for w in wants]
 
         def determine_wants(refs: Mapping[Ref, ObjectID],
@@ -250,4 +257,5 @@ class Remote:
             return want_ids
 
         with self._session("fetching from") as (client, path):
-            client.fetch(path.encode(), repo, determine_wants=determine_wants, depth=depth)
+            client.fetch(path.encode(), repo, determine_wants=determine_wants, depth=depth,
+                         filter_spec=filter_spec)

@@ -19,7 +19,9 @@ What a tree may contain is checked here, with errors that name the offending pat
   ``path`` (:func:`subtree_id`) changes whenever anything we would read changes, which is
   what lets callers skip re-rendering an unchanged subtree.
 * :class:`Limits` bound the number of files and the bytes of each file and of the whole
-  tree (:class:`LimitExceededError`), after ``ignore`` patterns are applied.
+  tree (:class:`LimitExceededError`), after ``ignore`` patterns are applied.  A blob's size
+  is read from its pack (or loose object) header before the blob is loaded
+  (:func:`object_size`), so a 100 MB file is refused without 100 MB of memory.
 
 ``ignore`` is .gitignore syntax matched against paths relative to the repository root, as
 in Flux's ``spec.ignore`` (``/deploy/secret.yaml`` is anchored at the root; ``*.md``
@@ -30,8 +32,11 @@ symlink or submodule is no error.  Note that the tree id still covers ignored fi
 from __future__ import annotations
 
 import io
+import os
 import stat
+import zlib
 from dataclasses import dataclass, field
+from typing import BinaryIO
 
 from dulwich.ignore import IgnoreFilter, read_ignore_patterns
 from dulwich.object_store import BaseObjectStore
@@ -40,14 +45,17 @@ from dulwich.objects import S_ISGITLINK, Blob, Commit, ObjectID, Tag, Tree
 from sources.errors import (
     GitOperationError,
     LimitExceededError,
+    NotFetchedError,
     PathNotFoundError,
-    RefNotFoundError,
     UnsafePathError,
 )
 
 MiB = 1024 * 1024
 MAX_SYMLINK_HOPS = 40
 """Like Linux's MAXSYMLINKS: a chain longer than this is treated as a loop."""
+MAX_SYMLINK_TARGET = 4096
+"""Like Linux's PATH_MAX: a longer symlink target is refused before it is loaded."""
+_OFS_DELTA, _REF_DELTA = 6, 7
 
 Parts = tuple[str, ...]
 
@@ -70,6 +78,99 @@ def split_path(path: str) -> Parts:
     if ".." in parts:
         raise UnsafePathError(f"path {path!r} contains '..'")
     return parts
+
+
+def _varint(data: bytes, pos: int) -> tuple[int, int]:
+    """Git's little-endian base-128 integer at ``pos``: (value, next position)."""
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos
+
+
+def _inflate_head(handle: BinaryIO, want: int) -> bytes:
+    """The first ``want`` bytes of the zlib stream at the handle's position (or fewer)."""
+    inflater = zlib.decompressobj()
+    out = b""
+    while len(out) < want:
+        chunk = handle.read(256)
+        if not chunk:
+            break
+        out += inflater.decompress(chunk, want - len(out))
+        if inflater.eof:
+            break
+    return out
+
+
+def _packed_size(path: str, offset: int, hash_size: int) -> int | None:
+    """The inflated size of the object at ``offset`` of pack ``path``, from its header.
+
+    For a delta it is the result size recorded at the start of the delta data, so only a
+    few bytes are ever inflated.
+    """
+    with open(path, "rb") as handle:
+        handle.seek(offset)
+        head = handle.read(32)
+        if not head:
+            return None
+        kind = (head[0] >> 4) & 7
+        size, shift, pos = head[0] & 0x0F, 4, 1
+        byte = head[0]
+        while byte & 0x80:
+            byte = head[pos]
+            size |= (byte & 0x7F) << shift
+            shift += 7
+            pos += 1
+        if kind == _OFS_DELTA:
+            byte = head[pos]
+            pos += 1
+            while byte & 0x80:
+                byte = head[pos]
+                pos += 1
+        elif kind == _REF_DELTA:
+            pos += hash_size
+        else:
+            return size
+        handle.seek(offset + pos)
+        delta = _inflate_head(handle, 20)
+        try:
+            _, at = _varint(delta, 0)  # the base's size
+            result, _ = _varint(delta, at)
+        except IndexError:
+            return None
+        return result
+
+
+def object_size(store: BaseObjectStore, sha: ObjectID) -> int | None:
+    """The size of object ``sha`` without loading it, if the store can tell; else None.
+
+    Reads the pack entry's header (or a loose object's ``"<type> <size>\\0"`` prefix).  Any
+    surprise returns None and the caller loads the object as usual.
+    """
+    try:
+        for pack in getattr(store, "packs", ()):
+            try:
+                offset = pack.index.object_offset(sha)
+            except KeyError:
+                continue
+            return _packed_size(pack._data_path, offset, len(bytes.fromhex(sha.decode())))
+        loose_path = getattr(store, "_get_shafile_path", None)
+        if loose_path is None:
+            return None
+        path = loose_path(sha)
+        if not os.path.exists(path):
+            return None
+        with open(path, "rb") as handle:
+            header = _inflate_head(handle, 64)
+        _, _, rest = header.partition(b" ")
+        digits, nul, _ = rest.partition(b"\0")
+        return int(digits) if nul and digits.isdigit() else None
+    except (OSError, ValueError, AttributeError, IndexError, zlib.error):
+        return None
 
 
 def _show(parts: Parts) -> str:
@@ -119,7 +220,7 @@ class CommitTree:
     def __post_init__(self) -> None:
         oid = ObjectID(self.commit.encode("ascii"))
         if oid not in self.store:
-            raise RefNotFoundError(f"commit {self.commit} is not in the mirror; fetch it first")
+            raise NotFetchedError(f"commit {self.commit} is not in the mirror; fetch it first")
         obj = self.store[oid]
         while isinstance(obj, Tag):
             obj = self.store[obj.object[1]]
@@ -137,6 +238,11 @@ class CommitTree:
         return obj
 
     def _link_target(self, sha: ObjectID) -> str:
+        size = object_size(self.store, sha)
+        if sha not in self.store or (size is not None and size > MAX_SYMLINK_TARGET):
+            # (A missing blob was left out by the server for being over the size limit.)
+            raise UnsafePathError(f"a symlink target (object {sha.decode()}) is longer than "
+                                  f"{MAX_SYMLINK_TARGET} bytes")
         blob = self.store[sha]
         if not isinstance(blob, Blob):  # pragma: no cover - a corrupt repository
             raise GitOperationError(f"object {sha.decode()} is not a blob")
@@ -271,11 +377,26 @@ class _Walk:
             return
         if self._ignored(out, is_dir=False):
             return
+        size = object_size(self.tree.store, sha)
+        if size is not None:
+            # Refused before the blob is loaded: a huge file costs no memory.
+            self.budget.charge(repo_path, size)
+        elif sha not in self.tree.store:
+            # Mirrors are fetched with a partial-clone filter (blob:limit): the server left
+            # this blob out because it is over the per-file limit.
+            raise LimitExceededError(
+                f"file {repo_path!r} is larger than the limit of "
+                f"{self.budget.limits.max_file_bytes} bytes per file (the server did not send it)"
+            )
         blob = self.tree.store[sha]
         if not isinstance(blob, Blob):  # pragma: no cover - a corrupt repository
             raise GitOperationError(f"{repo_path!r} is not a blob")
         data = blob.data
-        self.budget.charge(repo_path, len(data))
+        if size is None:
+            self.budget.charge(repo_path, len(data))
+        elif size != len(data):  # pragma: no cover - a corrupt repository
+            raise GitOperationError(f"{repo_path!r}: object {sha.decode()} is {len(data)} bytes, "
+                                    f"its header said {size}")
         self.files["/".join(out)] = data
 
 

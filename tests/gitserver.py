@@ -39,7 +39,7 @@ import ssl
 import subprocess
 import tempfile
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -69,7 +69,15 @@ class Submodule:
     commit: str = "1" * 40
 
 
-FileValue = str | bytes | Symlink | Submodule | None
+@dataclass(frozen=True)
+class Zeros:
+    """A file value of ``size`` zero bytes, hashed by ``git`` from a sparse file (so a
+    100 MB blob costs the test neither memory nor much disk; it packs to ~100 KB)."""
+
+    size: int
+
+
+FileValue = str | bytes | Symlink | Submodule | Zeros | None
 """``None`` deletes the path in :meth:`GitServer.commit`."""
 
 
@@ -318,6 +326,7 @@ def _tls_context(directory: Path) -> tuple[bytes, ssl.SSLContext]:
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
+    request_queue_size = 512  # 200 concurrent clients must not overflow the listen backlog
 
     def __init__(self, state: _State) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)
@@ -439,6 +448,8 @@ class GitServer:
         subprocess.run(["git", *GIT_IDENTITY, "init", "--bare", "--quiet",
                         f"--initial-branch={branch}", str(path)], check=True)
         self.git(name, "config", "http.receivepack", "true")
+        # Like GitHub and GitLab: partial clone filters (blob:limit) are honoured.
+        self.git(name, "config", "uploadpack.allowFilter", "true")
         if files is not None:
             self.commit(name, files, message=message, branch=branch)
         return self.url(name)
@@ -485,6 +496,36 @@ class GitServer:
         sha = self.git(name, "commit-tree", tree, *parents, "-m", message)
         self.git(name, "update-ref", ref, sha)
         return sha
+
+    def import_files(self, name: str, files: Iterable[tuple[str, bytes]], *,
+                     branch: str = "main", message: str = "import") -> str:
+        """Commit many files at once with ``git fast-import`` (one process, streamed).
+
+        Builds on the tip of ``branch``; ``files`` may be a generator, so 100 000 files cost
+        neither 100 000 processes nor the whole set in memory.  Returns the new commit.
+        """
+        ref = f"refs/heads/{branch}"
+        parent = self._resolve(name, ref)
+        env = {**os.environ, "GIT_CONFIG_NOSYSTEM": "1"}
+        process = subprocess.Popen(
+            ["git", *GIT_IDENTITY, "-C", str(self.repo_path(name)), "fast-import", "--quiet",
+             "--done"],
+            stdin=subprocess.PIPE, stderr=subprocess.PIPE, env=env,
+        )
+        assert process.stdin is not None
+        write = process.stdin.write
+        data = message.encode()
+        write(f"commit {ref}\ncommitter Test Author <author@example.test> 1704067200 +0000\n"
+              f"data {len(data)}\n".encode() + data + b"\n")
+        if parent is not None:
+            write(f"from {parent}\n".encode())
+        for path, content in files:
+            write(f"M 100644 inline {path}\ndata {len(content)}\n".encode() + content + b"\n")
+        write(b"\ndone\n")
+        _, stderr = process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"git fast-import failed: {stderr.decode()}")
+        return self.head(name, branch)
 
     def force_push(self, name: str, files: Mapping[str, FileValue], *, branch: str = "main",
                    message: str = "rewritten") -> str:
@@ -540,9 +581,16 @@ class GitServer:
         )
         return result.stdout.decode().strip() or None
 
-    def _object_for(self, name: str, value: str | bytes | Symlink | Submodule) -> tuple[str, str]:
+    def _object_for(self, name: str,
+                    value: str | bytes | Symlink | Submodule | Zeros) -> tuple[str, str]:
         if isinstance(value, Submodule):
             return "160000", value.commit
+        if isinstance(value, Zeros):
+            with tempfile.TemporaryDirectory(prefix="gitserver-zeros-") as tmp:
+                path = Path(tmp) / "zeros"
+                with path.open("wb") as handle:
+                    handle.truncate(value.size)
+                return "100644", self.git(name, "hash-object", "-w", str(path))
         if isinstance(value, Symlink):
             return "120000", self._hash(name, value.target.encode())
         data = value.encode() if isinstance(value, str) else value
@@ -557,4 +605,4 @@ def make_files(count: int, *, prefix: str = "deploy", size: int = 16) -> dict[st
     return {f"{prefix}/f{i:05d}.yaml": f"n: {i}\n".ljust(size, "#") for i in range(count)}
 
 
-__all__ = ["GitServer", "RequestRecord", "Submodule", "Symlink", "make_files"]
+__all__ = ["GitServer", "RequestRecord", "Submodule", "Symlink", "Zeros", "make_files"]
