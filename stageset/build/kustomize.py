@@ -80,7 +80,7 @@ class KustomizeNotFoundError(BuildError):
 
 
 def cache_root() -> Path:
-    """``$STAGESET_CACHE_DIR``, else ``${XDG_CACHE_HOME:-~/.cache}/stageset`` (as stageset.envtest)."""
+    """``$STAGESET_CACHE_DIR``, else ``${XDG_CACHE_HOME:-~/.cache}/stageset``; shared with envtest."""
     configured = os.environ.get("STAGESET_CACHE_DIR")
     if configured:
         return Path(configured)

@@ -28,6 +28,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+# One cache for every tool the project builds (the controller's kustomize lives there too).
+from stageset.build.kustomize import cache_root
+
 KUBERNETES_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.16"
 BINARIES = ("etcd", "kube-apiserver")
@@ -50,14 +53,6 @@ class Assets:
     @property
     def kube_apiserver(self) -> Path:
         return self.directory / "kube-apiserver"
-
-
-def cache_root() -> Path:
-    configured = os.environ.get("STAGESET_CACHE_DIR")
-    if configured:
-        return Path(configured)
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "stageset"
 
 
 def assets_dir() -> Path:

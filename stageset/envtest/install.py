@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from stageset.api.rbac import aggregated_cluster_roles
+from stageset.api.rbac import aggregated_cluster_roles, controller_cluster_role
 from stageset.envtest.aggregation import aggregate_cluster_roles
 from stageset.kube.client import KubeClient
 
@@ -74,3 +74,40 @@ def create_tenant(admin: KubeClient, *, namespace: str, service_account: str,
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
          "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]},
         field_manager="stageset-install")
+
+
+def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
+                          namespace: str = "stageset-system",
+                          account: str = "stageset-controller") -> Path:
+    """A kubeconfig for a ServiceAccount bound to exactly the chart's controller ClusterRole.
+
+    Lets tests and benchmarks run the controller with the rights it has in a real
+    multi-tenant install rather than as ``system:masters``.
+    """
+    admin.apply(f"/api/v1/namespaces/{namespace}",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                field_manager="stageset-install")
+    admin.apply(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}",
+                {"apiVersion": "v1", "kind": "ServiceAccount",
+                 "metadata": {"name": account, "namespace": namespace}}, field_manager="stageset-install")
+    role = controller_cluster_role()
+    admin.apply(f"{_ROLES}/{role['metadata']['name']}", role, field_manager="stageset-install")
+    admin.apply(
+        f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{account}",
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+         "metadata": {"name": account},
+         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                     "name": role["metadata"]["name"]},
+         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
+        field_manager="stageset-install")
+    token = admin.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+                          body={"spec": {"expirationSeconds": 86400}})["status"]["token"]
+    config = {
+        "apiVersion": "v1", "kind": "Config", "current-context": "controller",
+        "clusters": [{"name": "local", "cluster": {"server": url, "certificate-authority": str(ca)}}],
+        "users": [{"name": "controller", "user": {"token": token}}],
+        "contexts": [{"name": "controller", "context": {"cluster": "local", "user": "controller"}}],
+    }
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path

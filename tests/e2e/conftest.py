@@ -12,9 +12,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
-from stageset.api.rbac import controller_cluster_role
+from stageset.envtest import install
 from stageset.envtest.server import ControlPlane
 from stageset.kube.client import ApiError, KubeClient
 from tests.gitserver import GitServer
@@ -56,41 +55,10 @@ class ControllerProcess:
 
 
 def controller_kubeconfig(admin: KubeClient, *, control_plane: ControlPlane, path: Path) -> Path:
-    """A kubeconfig for a ServiceAccount holding exactly the Helm chart's controller ClusterRole.
-
-    The e2e controller runs with the rights it has in a real multi-tenant install, so a
-    test passes only if every tenant read and write really goes through impersonation.
-    """
-    namespace, account = "stageset-system", "stageset-controller"
-    admin.apply(f"/api/v1/namespaces/{namespace}",
-                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-                field_manager="e2e")
-    admin.apply(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}",
-                {"apiVersion": "v1", "kind": "ServiceAccount",
-                 "metadata": {"name": account, "namespace": namespace}}, field_manager="e2e")
-    role = controller_cluster_role()
-    admin.apply(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role['metadata']['name']}", role,
-                field_manager="e2e")
-    admin.apply(
-        f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{account}",
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": account},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": role["metadata"]["name"]},
-         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
-        field_manager="e2e")
-    token = admin.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
-                          body={"spec": {"expirationSeconds": 86400}})["status"]["token"]
-    config = {
-        "apiVersion": "v1", "kind": "Config", "current-context": "controller",
-        "clusters": [{"name": "envtest", "cluster": {
-            "server": control_plane.url, "certificate-authority": str(control_plane.pki.ca_cert)}}],
-        "users": [{"name": "controller", "user": {"token": token}}],
-        "contexts": [{"name": "controller", "context": {"cluster": "envtest", "user": "controller"}}],
-    }
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    """The e2e controller runs with exactly the Helm chart's rights in a multi-tenant install,
+    so a test passes only if every tenant read and write really goes through impersonation."""
+    return install.controller_kubeconfig(admin, url=control_plane.url, ca=control_plane.pki.ca_cert,
+                                         path=path)
 
 
 def start_controller(*, kubeconfig: Path, workdir: Path, extra: list[str] | None = None) -> ControllerProcess:
