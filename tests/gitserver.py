@@ -37,6 +37,7 @@ import re
 import shutil
 import ssl
 import subprocess
+import sys
 import tempfile
 import threading
 from collections.abc import Iterable, Mapping
@@ -327,6 +328,13 @@ def _tls_context(directory: Path) -> tuple[bytes, ssl.SSLContext]:
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     request_queue_size = 512  # 200 concurrent clients must not overflow the listen backlog
+
+    def handle_error(self, request: object, client_address: object) -> None:
+        """Clients that hang up (e.g. after refusing our TLS certificate) are no error."""
+        error = sys.exc_info()[1]
+        if isinstance(error, (ConnectionError, ssl.SSLError, TimeoutError)):
+            return
+        super().handle_error(request, client_address)  # type: ignore[arg-type]
 
     def __init__(self, state: _State) -> None:
         super().__init__(("127.0.0.1", 0), _Handler)

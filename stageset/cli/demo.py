@@ -87,7 +87,12 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event) -> int:
         install.create_tenant(admin, namespace=TENANT, service_account=ACCOUNT)
         namespace, name = _apply_examples(admin, examples=examples, git_url=git_url)
         _say(f"applied StageSet {namespace}/{name}; running the controller (Ctrl-C stops)")
-        manager = Manager(clients=clients, settings=ControllerSettings(
+        # The controller runs as a multi-tenant install would: a ServiceAccount with the
+        # chart's ClusterRole, so every tenant write in the demo goes through impersonation.
+        controller_config = install.controller_kubeconfig(
+            admin, url=plane.url, ca=plane.pki.ca_cert, path=plane.workdir / "controller.kubeconfig")
+        controller_clients = ClientPool.from_kubeconfig(str(controller_config))
+        manager = Manager(clients=controller_clients, settings=ControllerSettings(
             allow_insecure_sources=True, mirror_dir=plane.workdir / "mirrors"))
 
         def interrupt(_signum: int, _frame: FrameType | None) -> None:
@@ -106,6 +111,7 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event) -> int:
         finally:
             manager.stop.set()
             controller.join(timeout=30)
+            controller_clients.close()
             clients.close()
             _say("stopped the controller and the control plane")
     return 0
