@@ -216,7 +216,8 @@ class StageSetReconciler:
     # -- applying one stage -------------------------------------------------------
 
     def _apply_stage(self, *, stageset: StageSet, rendered: Rendered, namespace: str,
-                     previous: StageInventory | None) -> tuple[StageOutcome, StageResult | None]:
+                     previous: StageInventory | None, last_applied: str | None
+                     ) -> tuple[StageOutcome, StageResult | None]:
         stage = rendered.stage
         client = self._clients.client(rendered.identity)
         try:
@@ -229,7 +230,8 @@ class StageSetReconciler:
         except ApiError as error:
             message = f"stage {stage.name!r}: apiserver error {error.status}: {error.message}"
             return StageOutcome(stage.name, FAILED, "StageFailed", message), None
-        applied_at = now()
+        # The time the stage last changed the cluster: a pass that wrote nothing keeps it.
+        applied_at = now() if result.writes or last_applied is None else last_applied
         wants_wait = stage.ready_checks is None or stage.ready_checks.wait
         timeout = parse_duration(stage.timeout or stageset.spec.timeout).total_seconds()
         try:
@@ -489,7 +491,18 @@ class StageSetReconciler:
             outcome.revision, outcome.applied_at = before.get("revision"), before.get("lastAppliedTime")
             outcome.objects = before.get("objects")
 
+        ready_before: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        was_ready = ready_before.get("status") == "True" and \
+            ready_before.get("observedGeneration") == metadata.get("generation")
+        quiet = False
+
         def publish(reason: str, message: str) -> None:
+            # A routine pass over a Ready StageSet at the same revisions shows no progress: Ready
+            # must not flap to Unknown every interval (kubectl wait, dependents), and an unchanged
+            # StageSet must cost no status writes.
+            if quiet:
+                return
             status["stages"] = [outcomes[s.name].as_status() for s in spec.stages]
             status["inventory"] = inventory.dump(current)
             finish(ready=None, reason=reason, message=message)
@@ -512,6 +525,8 @@ class StageSetReconciler:
             return finish(ready=False, reason="InvalidSpec", message=message, stalled=True)
 
         # (2) apply as the graph allows
+        quiet = was_ready and len(rendered) == len(spec.stages) and all(
+            r.revision == (previous.get(n) or {}).get("revision") for n, r in rendered.items())
         publish("Progressing", "applying stages")
         done: set[str] = set()
         blocked = {n for n in outcomes if n not in rendered}
@@ -525,7 +540,8 @@ class StageSetReconciler:
                     started.add(stage_name)
                     outcomes[stage_name].phase = APPLYING
                     futures[pool.submit(self._apply_stage, stageset=stageset, rendered=rendered[stage_name],
-                                        namespace=namespace, previous=old.get(stage_name))] = stage_name
+                                        namespace=namespace, previous=old.get(stage_name),
+                                        last_applied=outcomes[stage_name].applied_at)] = stage_name
                     publish("Progressing", f"applying stage {stage_name!r}")
                 if not futures:
                     break

@@ -183,6 +183,9 @@ def test_a_warm_reconcile_of_an_unchanged_stageset_writes_nothing(
     assert any(e.get("verb") == "patch" and "dryRun=All" in e.get("requestURI", "") for e in later), \
         "the reconcile did run its dry-runs"
     assert writes_by(later, tenant.username) == []
+    # The StageSet itself: one status write, for lastHandledReconcileAt; Ready never flapped.
+    controller_writes = writes_by(later, "system:serviceaccount:stageset-system:stageset-controller")
+    assert [w["objectRef"].get("subresource") for w in controller_writes] == ["status"]
 
 
 def test_delete_tears_stages_down_in_reverse_order(
