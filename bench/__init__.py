@@ -1,0 +1,1 @@
+"""Benchmarks, run as modules from the checkout's root: ``python -m bench.<name>``."""

@@ -1,0 +1,252 @@
+"""Benchmark of :mod:`sources` against a real Git smart-HTTP server on loopback.
+
+Run from the checkout's root::
+
+    .venv/bin/python -m bench.git_fetch            # full run (~1 minute)
+    .venv/bin/python -m bench.git_fetch --quick    # smaller repository, fewer rounds
+
+It reports, as a Markdown table:
+
+* **fetch + extract vs git CLI**: a cold ``MirrorStore.fetch`` of a repository plus
+  ``read_tree`` of its whole tree into memory, against ``git clone --depth 1`` (which
+  checks the same commit out to disk) from the same server; medians of several rounds,
+  and their ratio (below 1 is faster than git).  The transfer alone is compared too
+  (``git clone --no-checkout``), since git's checkout is mostly disk writes;
+* **no-op poll**: ``fetch`` when nothing changed — time, and HTTP requests the server saw
+  (over SSH too when ``sshd`` is installed: time and SSH sessions);
+* **fan-in**: 200 callers ("GitRepositories") on 200 threads pointing at 5 URLs, with
+  different spellings of the URL and of the ref, after one new commit per URL: how many
+  pack fetches reach the server (target: exactly 5) and how many ``ls-refs`` (one per
+  caller: each caller's credentials are checked by the remote);
+* **resources**: the mirrors' disk use and this process's RSS (now and peak).
+
+The Git server is ``tests/gitserver.py`` (``git http-backend`` behind ``http.server``), so
+absolute times include a CGI process per request on both sides of each comparison.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from sources import Credentials, Limits, MirrorStore, RefSelector, UrlPolicy
+from tests.gitserver import GitServer
+
+POLICY = UrlPolicy(allow_http=True)
+LIMITS = Limits(max_files=100_000, max_file_bytes=10 * 1024 * 1024,
+                max_total_bytes=1024 * 1024 * 1024)
+
+
+def _files(count: int, size: int) -> Iterator[tuple[str, bytes]]:
+    """``count`` distinct YAML-ish files of about ``size`` bytes in 100-file directories."""
+    for i in range(count):
+        body = (f"apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: cm-{i}\ndata:\n"
+                f"  value: \"{i}\"\n").encode()
+        pad = os.urandom(max(0, (size - len(body)) // 2)).hex().encode()
+        yield f"deploy/d{i // 100:03d}/cm-{i:05d}.yaml", body + b"  pad: " + pad + b"\n"
+
+
+def _median_seconds(action: Callable[[], object], rounds: int) -> float:
+    """Median wall time of ``action``; a callable it returns is run afterwards, untimed
+    (clean-up such as deleting a checkout is not part of what is measured)."""
+    times = []
+    for _ in range(rounds):
+        start = time.perf_counter()
+        after = action()
+        times.append(time.perf_counter() - start)
+        if callable(after):
+            after()
+    return statistics.median(times)
+
+
+def _rss_mib() -> tuple[float, float]:
+    """(current, peak) resident set size of this process, MiB."""
+    current = 0.0
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith("VmRSS:"):
+                current = int(line.split()[1]) / 1024
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    return current, peak
+
+
+def _disk_mib(path: Path) -> float:
+    total = 0
+    for directory, _, names in os.walk(path):
+        for name in names:
+            total += os.lstat(os.path.join(directory, name)).st_blocks * 512
+    return total / (1024 * 1024)
+
+
+def bench_fetch_vs_git(server: GitServer, work: Path, *, files: int, size: int,
+                       rounds: int) -> list[tuple[str, str]]:
+    url = server.create_repo("big", {"README.md": "bench\n"})
+    server.import_files("big", _files(files, size))
+    for i in range(3):  # a little history, which a shallow fetch must not pay for
+        server.commit("big", {f"deploy/d000/cm-{i:05d}.yaml": f"changed: {i}\n"})
+    repo_mib = _disk_mib(server.repo_path("big"))
+
+    def ours(extract: bool) -> Callable[[], None]:
+        root = Path(tempfile.mkdtemp(dir=work, prefix="ours-"))
+        store = MirrorStore(root=root, policy=POLICY, limits=LIMITS)
+        snap = store.fetch(url, ref=RefSelector(branch="main"))
+        if extract:
+            tree = store.read_tree(url, commit=snap.commit, path="./")
+            assert len(tree) == files + 1, len(tree)
+        return lambda: shutil.rmtree(root)
+
+    def git_cli(*extra: str) -> Callable[[], None]:
+        target = Path(tempfile.mkdtemp(dir=work, prefix="git-")) / "checkout"
+        subprocess.run(["git", "-c", "protocol.version=2", "clone", "--quiet", "--depth", "1",
+                        "--no-tags", "--single-branch", "--branch", "main", *extra, url,
+                        str(target)],
+                       check=True, env={**os.environ, "GIT_CONFIG_NOSYSTEM": "1"})
+        return lambda: shutil.rmtree(target.parent)
+
+    ours(True)()  # warm up both (imports, page cache)
+    git_cli()()
+    ours_s = _median_seconds(lambda: ours(True), rounds)
+    fetch_s = _median_seconds(lambda: ours(False), rounds)
+    git_s = _median_seconds(git_cli, rounds)
+    git_fetch_s = _median_seconds(lambda: git_cli("--no-checkout"), rounds)
+    extract_store = MirrorStore(root=work / "extract", policy=POLICY, limits=LIMITS)
+    commit = extract_store.fetch(url).commit
+    read_s = _median_seconds(lambda: extract_store.read_tree(url, commit=commit, path="./"),
+                             rounds)
+    shape = f"{files} files of ~{size} B, {repo_mib:.1f} MiB repo"
+    return [
+        (f"fetch + extract, cold ({shape})", f"{ours_s * 1000:.0f} ms"),
+        ("git clone --depth 1 + checkout, same repo", f"{git_s * 1000:.0f} ms"),
+        ("**ratio ours / git (fetch + extract vs clone + checkout)**", f"**{ours_s / git_s:.2f}**"),
+        ("  fetch only (into a new mirror)", f"{fetch_s * 1000:.0f} ms"),
+        ("  git clone --depth 1 --no-checkout", f"{git_fetch_s * 1000:.0f} ms"),
+        ("  ratio, transfer only", f"{fetch_s / git_fetch_s:.2f}"),
+        ("  extract only (read_tree of the whole tree, in memory)", f"{read_s * 1000:.0f} ms"),
+    ]
+
+
+def bench_noop_poll(server: GitServer, work: Path, *, rounds: int) -> list[tuple[str, str]]:
+    url = server.create_repo("poll", {"deploy/app.yaml": "a: 1\n"})
+    store = MirrorStore(root=work / "poll", policy=POLICY)
+    store.fetch(url, ref=RefSelector(branch="main"))
+    server.reset_log()
+    seconds = _median_seconds(lambda: store.fetch(url, ref=RefSelector(branch="main")), rounds)
+    requests = server.requests
+    per_poll = len(requests) / rounds
+    fetches = server.fetch_count("poll")
+    kinds = sorted({f"{r.method} {r.command or 'info/refs'}" for r in requests})
+    return [
+        ("no-op poll over HTTP (unchanged remote)", f"{seconds * 1000:.1f} ms"),
+        ("  HTTP requests per no-op poll", f"{per_poll:g} ({', '.join(kinds)}); pack fetches: "
+                                           f"{fetches}"),
+    ]
+
+
+def bench_noop_poll_ssh(server: GitServer, work: Path, *, rounds: int) -> list[tuple[str, str]]:
+    from tests.sshserver import SshServer, sshd_available
+
+    if not sshd_available():
+        return [("no-op poll over SSH", "skipped: sshd not installed (./hack/bootstrap.sh)")]
+    server.create_repo("poll-ssh", {"deploy/app.yaml": "a: 1\n"})
+    with SshServer(server.root) as ssh:
+        url = ssh.url("poll-ssh")
+        creds = Credentials(identity=ssh.identity, known_hosts=ssh.known_hosts)
+        store = MirrorStore(root=work / "poll-ssh", policy=POLICY)
+        store.fetch(url, credentials=creds)
+        before = len(ssh.sessions())
+        seconds = _median_seconds(lambda: store.fetch(url, credentials=creds), rounds)
+        sessions = (len(ssh.sessions()) - before) / rounds
+    return [("no-op poll over SSH (OpenSSH client and server)",
+             f"{seconds * 1000:.0f} ms, {sessions:g} SSH session(s)")]
+
+
+def bench_fan_in(server: GitServer, work: Path, *, callers: int, urls: int) -> list[tuple[str, str]]:
+    bases = [server.create_repo(f"fan{i}", {"deploy/app.yaml": f"n: {i}\n"}) for i in range(urls)]
+    store = MirrorStore(root=work / "fan", policy=POLICY)
+    spellings = [lambda u: u, lambda u: u.removesuffix(".git"), lambda u: u + "/",
+                 lambda u: u.removesuffix(".git") + "/"]
+    refs = [RefSelector(branch="main"), RefSelector(), RefSelector(name="refs/heads/main")]
+    callers_list = [(spellings[c % len(spellings)](bases[c % urls]), refs[c % len(refs)],
+                     c % urls) for c in range(callers)]
+    for base in bases:  # the steady state: every mirror exists
+        store.fetch(base)
+    expected = [server.commit(f"fan{i}", {"deploy/app.yaml": f"n: {i} v2\n"}) for i in range(urls)]
+    server.reset_log()
+    start = threading.Barrier(callers)
+
+    def caller(args: tuple[str, RefSelector, int]) -> bool:
+        url, ref, index = args
+        start.wait()
+        snap = store.fetch(url, ref=ref)
+        assert snap.commit == expected[index]
+        return snap.fetched
+
+    began = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=callers) as pool:
+        fetched = list(pool.map(caller, callers_list))
+    seconds = time.perf_counter() - began
+    fetches = server.fetch_count()
+    ls_refs = sum(1 for r in server.requests if r.command == "ls-refs")
+    verdict = "OK" if fetches == urls else "MISSED TARGET"
+    return [
+        (f"fan-in: {callers} callers -> {urls} URLs, 1 new commit each",
+         f"{fetches} pack fetches (target {urls}: {verdict}); callers that fetched: "
+         f"{sum(fetched)}"),
+        ("  ls-refs requests", f"{ls_refs} ({callers} change checks, one per caller; "
+                               f"+1 inside each pack fetch)"),
+        ("  wall time for all callers", f"{seconds * 1000:.0f} ms"),
+        ("  mirrors on disk", f"{len(list((work / 'fan').iterdir()))}"),
+    ]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench.git_fetch", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="smaller repository, fewer rounds")
+    parser.add_argument("--files", type=int, default=None, help="files in the big repository")
+    args = parser.parse_args(argv)
+    files = args.files or (500 if args.quick else 5000)
+    rounds = 3 if args.quick else 7
+
+    rows: list[tuple[str, str]] = []
+    with tempfile.TemporaryDirectory(prefix="bench-git-") as tmp, GitServer() as server:
+        work = Path(tmp)
+        rows += bench_fetch_vs_git(server, work, files=files, size=1024, rounds=rounds)
+        rows += bench_noop_poll(server, work, rounds=rounds * 3)
+        rows += bench_noop_poll_ssh(server, work, rounds=rounds)
+        rows += bench_fan_in(server, work, callers=200, urls=5)
+        disk = sum(_disk_mib(work / d) for d in ("extract", "poll", "poll-ssh", "fan")
+                   if (work / d).exists())
+        current, peak = _rss_mib()
+        rows += [
+            ("mirror disk use (big repo + 7 small mirrors)", f"{disk:.1f} MiB"),
+            ("process RSS now / peak (server threads included)",
+             f"{current:.0f} MiB / {peak:.0f} MiB"),
+        ]
+    print(f"git fetch benchmark (Python {sys.version.split()[0]}, "
+          f"{os.cpu_count()} CPUs, git {_git_version()})\n")
+    print("| measure | result |")
+    print("| --- | --- |")
+    for name, value in rows:
+        print(f"| {name.replace('|', '/')} | {value} |")
+    return 0
+
+
+def _git_version() -> str:
+    out = subprocess.run(["git", "--version"], capture_output=True, text=True, check=True).stdout
+    return out.split()[-1]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
