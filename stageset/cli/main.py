@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -17,6 +18,16 @@ from stageset.api import parse_duration
 from stageset.controller.manager import Manager
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ClientPool
+
+_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
+
+
+def parse_size(value: str) -> int:
+    """``2Gi``, ``500M``, ``1048576`` -> bytes (Kubernetes quantity suffixes)."""
+    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]i?)?\s*", value)
+    if not match:
+        raise click.BadParameter(f"not a size: {value!r} (use e.g. 2Gi, 500Mi, 1000000)")
+    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
 
 
 def _namespaces(value: str | None) -> tuple[str, ...] | None:
@@ -63,13 +74,15 @@ def main() -> None:
 @click.option("--workers", default=4, show_default=True, help="Concurrent reconciles.")
 @click.option("--mirror-dir", type=click.Path(file_okay=False), default=None,
               help="Where Git mirrors are kept (default: a temporary directory).")
+@click.option("--mirror-max-size", default="", help="Evict least recently used Git mirrors past "
+              "this size, e.g. 2Gi (default: unbounded).")
 @click.option("--allow-insecure-sources", is_flag=True, default=False,
               help="Development only: allow http:// and file:// Git URLs.")
 @click.option("--max-teardown-wait", default="5m", show_default=True,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
 @click.option("--log-level", default="info", show_default=True)
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
-               no_cross_namespace_refs: bool, workers: int, mirror_dir: str | None,
+               no_cross_namespace_refs: bool, workers: int, mirror_dir: str | None, mirror_max_size: str,
                allow_insecure_sources: bool, max_teardown_wait: str, log_level: str) -> None:
     """Run the controller against a cluster."""
     _setup_logging(log_level)
@@ -80,6 +93,7 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
         workers=workers,
         mirror_dir=Path(mirror_dir) if mirror_dir else Path(tempfile.mkdtemp(prefix="stageset-mirrors-")),
         allow_insecure_sources=allow_insecure_sources,
+        mirror_max_bytes=parse_size(mirror_max_size) if mirror_max_size else None,
         max_teardown_wait=parse_duration(max_teardown_wait).total_seconds(),
     )
     clients = ClientPool.from_kubeconfig(kubeconfig)

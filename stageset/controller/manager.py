@@ -64,7 +64,8 @@ class Manager:
         admin = clients.client()
         policy = UrlPolicy(allow_http=settings.allow_insecure_sources,
                            allow_file=settings.allow_insecure_sources)
-        self._store = MirrorStore(root=settings.mirror_dir, policy=policy, limits=Limits())
+        self._store = MirrorStore(root=settings.mirror_dir, policy=policy, limits=Limits(),
+                                  max_bytes=settings.mirror_max_bytes)
         self._git = GitRepositoryReconciler(clients=clients, store=self._store,
                                             resource=GITREPOSITORIES, on_revision=self._revision_changed)
         self._index = DependencyIndex()

@@ -16,6 +16,8 @@ class ControllerSettings:
     no_cross_namespace_refs: bool = False
     workers: int = 4
     mirror_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "stageset-mirrors")
+    # Bound on the Git mirrors' disk use; least recently used mirrors are evicted past it.
+    mirror_max_bytes: int | None = None
     # Development only: allow http:// and file:// Git URLs.
     allow_insecure_sources: bool = False
     poll_interval: float = 0.5

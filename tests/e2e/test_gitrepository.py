@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import base64
 import datetime
+import tempfile
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,6 +23,7 @@ from tests.e2e.conftest import (
     wait_for,
 )
 from tests.gitserver import GitServer
+from tests.sshserver import SshServer, keygen
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
 
@@ -178,3 +181,39 @@ def test_suspended_repository_is_not_fetched(
     wait_for(ready(installed, ns, "repo", "False", "Suspended"), what="Suspended")
     assert git_server.fetch_count(f"{ns}-s") == 0
     assert "artifact" not in repo_object(installed, ns, "repo")["status"]
+
+
+def ssh_secret(admin: KubeClient, namespace: str, *, identity: bytes, known_hosts: bytes) -> None:
+    admin.request("POST", f"/api/v1/namespaces/{namespace}/secrets", body={
+        "apiVersion": "v1", "kind": "Secret", "metadata": {"name": "git-auth"},
+        "data": {"identity": base64.b64encode(identity).decode(),
+                 "known_hosts": base64.b64encode(known_hosts).decode()}})
+
+
+def test_ssh_repository_with_strict_host_key_checking(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer,
+    make_namespace: Callable[..., str],
+) -> None:
+    ns = make_namespace("ssh")
+    git_server.create_repo(f"{ns}-ssh", {"cm.yaml": cm("x")})
+    with SshServer(git_server.root) as ssh:
+        ssh_secret(installed, ns, identity=ssh.identity, known_hosts=ssh.known_hosts)
+        allow_secret_read(installed, ns, "git-reader")
+        apply(installed, git_repository(ns, "good", ssh.url(f"{ns}-ssh"), secretRef={"name": "git-auth"},
+                                        serviceAccountName="git-reader"))
+        wait_for(ready(installed, ns, "good", "True"), what="SSH GitRepository Ready")
+        revision = repo_object(installed, ns, "good")["status"]["artifact"]["revision"]
+        assert revision == f"main@sha1:{git_server.head(f'{ns}-ssh')}"
+
+        # Another host's key in known_hosts: refused, never accepted.
+        other = make_namespace("ssh-bad")
+        _, stranger = keygen(Path(tempfile.mkdtemp()) / "k", comment="")
+        ssh_secret(installed, other, identity=ssh.identity,
+                   known_hosts=ssh.known_hosts.split(b" ", 1)[0] + b" " + stranger)
+        allow_secret_read(installed, other, "git-reader")
+        apply(installed, git_repository(other, "bad", ssh.url(f"{ns}-ssh"),
+                                        secretRef={"name": "git-auth"}, serviceAccountName="git-reader"))
+        refused = wait_for(ready(installed, other, "bad", "False", "AuthenticationFailed"),
+                           what="wrong host key refused")
+        assert "host key" in refused["message"].lower()
+    assert ssh.identity.decode() not in controller.output()

@@ -46,3 +46,4 @@ def test_controller_has_no_secret_read_or_general_write() -> None:
         assert "configmaps" not in rule["resources"]
         assert "*" not in rule["resources"]
         assert "*" not in rule["verbs"]
+
