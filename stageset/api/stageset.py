@@ -261,7 +261,7 @@ class StageStatus(StatusModel):
     name: DNSLabel
     """Name of the stage."""
     phase: Annotated[str, Field(max_length=64)]
-    """Pending, Applying, Ready or Failed."""
+    """Pending, Applying, Waiting, Ready, Progressing (held at its timeout) or Failed."""
     revision: Annotated[str, Field(max_length=1024)] | None = None
     """Source revision last applied by this stage."""
     message: Annotated[str, Field(max_length=32768)] | None = None
@@ -270,6 +270,8 @@ class StageStatus(StatusModel):
     """When the stage was last applied."""
     objects: Count | None = None
     """How many objects the stage manages."""
+    waiting_since: Time | None = None
+    """While the stage waits for its objects to become ready: since when (its timeout counts from here)."""
 
 
 class InventoryEntry(StatusModel):

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from typing import Any
 
 from sources import Limits, MirrorStore, UrlPolicy
@@ -138,7 +139,10 @@ class Manager:
                 if obj is None:
                     continue
                 reconciler = self._stagesets if key[0] == "StageSet" else self._git
+                started = time.monotonic()
                 again = reconciler.reconcile(obj)
+                log.debug("reconciled %s %s/%s in %.2fs; next in %s", *key, time.monotonic() - started,
+                          "-" if again is None else f"{again:.0f}s")
                 if again is not None and not self.stop.is_set():
                     self._queue.add_after(key, again)
             except Exception:

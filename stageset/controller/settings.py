@@ -23,5 +23,9 @@ class ControllerSettings:
     poll_interval: float = 0.5
     # Independent stages of one StageSet applied at once.
     stage_parallelism: int = 4
+    # A reconcile waits this long for readiness, then frees its worker and comes back after
+    # ``readiness_requeue``; the stage timeout spans reconciles.
+    readiness_slice: float = 3.0
+    readiness_requeue: float = 1.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway.
     max_teardown_wait: float = 300.0

@@ -45,6 +45,7 @@ from stageset.controller.conditions import now, summarize
 from stageset.controller.dependencies import DependencyIndex, describe
 from stageset.controller.events import WARNING, EventRecorder
 from stageset.controller.ordering import OrderingError, StageNode, ready_to_start, stage_graph
+from stageset.controller.rendercache import RenderCache, render_key
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.status import write_status
 from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
@@ -55,7 +56,8 @@ log = logging.getLogger(__name__)
 
 FINALIZER = "stages.metio.wtf/teardown"
 PRUNE_OPT_OUT = "stages.metio.wtf/prune"
-READY, FAILED, PROGRESSING, PENDING, APPLYING = "Ready", "Failed", "Progressing", "Pending", "Applying"
+READY, FAILED, PROGRESSING, PENDING, APPLYING, WAITING = (
+    "Ready", "Failed", "Progressing", "Pending", "Applying", "Waiting")
 # Which failure wins the StageSet's Ready reason when several stages fail.
 _REASON_PRIORITY = ["RBACDenied", "InvalidSpec", "StageFailed", "DependencyNotReady", "SourceNotReady",
                     "ArtifactNotFound", "StageProgressing"]
@@ -70,11 +72,13 @@ class StageOutcome:
     revision: str | None = None
     objects: int | None = None
     applied_at: str | None = None
+    waiting_since: str | None = None
 
     def as_status(self) -> dict[str, Any]:
         status: dict[str, Any] = {"name": self.name, "phase": self.phase}
         for key, value in (("revision", self.revision), ("message", self.message or None),
-                           ("objects", self.objects), ("lastAppliedTime", self.applied_at)):
+                           ("objects", self.objects), ("lastAppliedTime", self.applied_at),
+                           ("waitingSince", self.waiting_since)):
             if value is not None:
                 status[key] = value
         return status
@@ -89,6 +93,17 @@ class Rendered:
     revision: str
     objects: list[KubeObject]
     ids: set[ObjectId] = field(default_factory=set)
+
+
+def _parse_time(value: str) -> datetime.datetime | None:
+    try:
+        return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+
+
+def _format_time(value: datetime.datetime) -> str:
+    return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
 def _owned_by(obj: KubeObject, *, namespace: str, name: str) -> bool:
@@ -115,6 +130,7 @@ class StageSetReconciler:
         self._events = events
         self._index = index
         self._stop = stop
+        self._renders = RenderCache()
 
     # -- identity -------------------------------------------------------------
 
@@ -164,14 +180,20 @@ class StageSetReconciler:
         identity = self._stage_identity(stageset, stage, namespace)
         client = self._clients.client(identity)
         url, revision, commit, ignore = self._source(client, stage, namespace)
+        variables = self._variables(client, stage, namespace)
         try:
+            key = render_key(url=url, tree=self._store.tree_hash(url, commit=commit, path=stage.path),
+                             ignore=ignore, variables=variables)
+            cached = self._renders.get(key)
+            if cached is not None:
+                return Rendered(stage=stage, identity=identity, revision=revision, objects=cached,
+                                ids={self._identify(obj, namespace) for obj in cached})
             files = self._store.read_tree(url, commit=commit, path=stage.path, ignore=ignore)
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.
             raise StageError("ArtifactNotFound", f"stage {stage.name!r}: {error}") from error
         except SourceError as error:
             raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
-        variables = self._variables(client, stage, namespace)
         try:
             objects = build_stage(files, path=stage.path, variables=variables)
         except KustomizeNotFoundError as error:
@@ -179,6 +201,7 @@ class StageSetReconciler:
                              f"kustomizations: {error}") from error
         except BuildError as error:
             raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
+        self._renders.put(key, objects)
         ids = {self._identify(obj, namespace) for obj in objects}
         return Rendered(stage=stage, identity=identity, revision=revision, objects=objects, ids=ids)
 
@@ -216,8 +239,8 @@ class StageSetReconciler:
     # -- applying one stage -------------------------------------------------------
 
     def _apply_stage(self, *, stageset: StageSet, rendered: Rendered, namespace: str,
-                     previous: StageInventory | None, last_applied: str | None
-                     ) -> tuple[StageOutcome, StageResult | None]:
+                     previous: StageInventory | None, last_applied: str | None,
+                     waiting_since: str | None) -> tuple[StageOutcome, StageResult | None]:
         stage = rendered.stage
         client = self._clients.client(rendered.identity)
         try:
@@ -238,14 +261,26 @@ class StageSetReconciler:
             extra = self._extra_checks(stage, namespace)
         except StageError as error:
             return StageOutcome(stage.name, FAILED, error.reason, error.message), result
+        # Wait a short slice, then give the worker back and come again: the stage's timeout
+        # counts from ``waitingSince`` across reconciles, so no worker blocks for minutes.
+        started = _parse_time(waiting_since) if waiting_since and not result.writes else None
+        started = started or datetime.datetime.now(datetime.UTC)
+        waited = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
+        slice_ = max(0.0, min(timeout - waited, self._settings.readiness_slice))
         verdict = self._applier.wait_ready(client=client, applied=[*result.objects, *extra],
-                                           timeout=timeout, stop=self._stop) if wants_wait else None
+                                           timeout=slice_, stop=self._stop) if wants_wait else None
         outcome = StageOutcome(stage.name, READY, "Succeeded", "", rendered.revision, len(result.objects),
                                applied_at)
         if verdict is not None and verdict.status is Status.FAILED:
             outcome.phase, outcome.reason, outcome.message = FAILED, "StageFailed", verdict.message
         elif verdict is not None and verdict.status is Status.IN_PROGRESS:
-            outcome.phase, outcome.reason, outcome.message = PROGRESSING, "StageProgressing", verdict.message
+            outcome.waiting_since = _format_time(started)
+            waited = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
+            if waited < timeout:
+                outcome.phase, outcome.reason, outcome.message = WAITING, "Progressing", verdict.message
+            else:
+                outcome.phase, outcome.reason = PROGRESSING, "StageProgressing"
+                outcome.message = f"not ready after {timeout:.0f}s: {verdict.message}"
         return outcome, result
 
     def _extra_checks(self, stage: Stage, namespace: str) -> list[AppliedObject]:
@@ -344,7 +379,10 @@ class StageSetReconciler:
             del inventories[stage_name]
             status["inventory"] = inventory.dump(inventories)
             write_status(admin, resource=self._resource, obj=raw, status=status)
-        self._set_finalizer(raw, present=False)
+        try:
+            self._set_finalizer(raw, present=False)
+        except StageError:
+            return 1.0  # changed under us: read it again and retry
         return None
 
     def _teardown_order(self, stageset: StageSet | None, inventories: dict[str, StageInventory]
@@ -370,7 +408,7 @@ class StageSetReconciler:
         finalizers = [*finalizers, FINALIZER] if present else [f for f in finalizers if f != FINALIZER]
         path = self._resource.object_path(name=metadata["name"], namespace=metadata["namespace"])
         try:
-            self._clients.client().request(
+            written = self._clients.client().request(
                 "PATCH", path, content_type="application/json-patch+json",
                 body=[{"op": "test", "path": "/metadata/resourceVersion",
                        "value": metadata["resourceVersion"]},
@@ -381,6 +419,8 @@ class StageSetReconciler:
                 raise
             raise StageError("Progressing", "object changed while updating finalizers; retrying") from error
         metadata["finalizers"] = finalizers
+        metadata["resourceVersion"] = written.get("metadata", {}).get("resourceVersion",
+                                                                   metadata["resourceVersion"])
 
     # -- StageSet dependencies ----------------------------------------------------------
 
@@ -490,6 +530,7 @@ class StageSetReconciler:
             before = previous.get(stage_name) or {}
             outcome.revision, outcome.applied_at = before.get("revision"), before.get("lastAppliedTime")
             outcome.objects = before.get("objects")
+            outcome.waiting_since = before.get("waitingSince")
 
         ready_before: dict[str, Any] = next(
             (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
@@ -541,7 +582,8 @@ class StageSetReconciler:
                     outcomes[stage_name].phase = APPLYING
                     futures[pool.submit(self._apply_stage, stageset=stageset, rendered=rendered[stage_name],
                                         namespace=namespace, previous=old.get(stage_name),
-                                        last_applied=outcomes[stage_name].applied_at)] = stage_name
+                                        last_applied=outcomes[stage_name].applied_at,
+                                        waiting_since=outcomes[stage_name].waiting_since)] = stage_name
                     publish("Progressing", f"applying stage {stage_name!r}")
                 if not futures:
                     break
@@ -577,7 +619,13 @@ class StageSetReconciler:
                           message=f"applied {len(outcomes)} stage(s) at {status['lastAppliedRevision']}",
                           again=interval)
         status["inventory"] = inventory.dump(current)
-        failures = [o for o in outcomes.values() if o.reason and o.phase != READY]
+        waiting = [o for o in outcomes.values() if o.phase == WAITING]
+        failures = [o for o in outcomes.values() if o.reason and o.phase not in (READY, WAITING)]
+        if waiting and not failures:
+            # Not a failure: stages are within their timeout.  Look again shortly.
+            message = "; ".join(f"stage {o.name!r}: {o.message}" for o in waiting)
+            return finish(ready=None, reason="Progressing", message=f"waiting for readiness: {message}",
+                          again=self._settings.readiness_requeue)
         failures.sort(key=lambda o: _REASON_PRIORITY.index(o.reason)
                       if o.reason in _REASON_PRIORITY else len(_REASON_PRIORITY))
         worst = failures[0] if failures else StageOutcome("", PENDING, "StageFailed", "stages blocked")

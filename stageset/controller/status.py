@@ -29,11 +29,14 @@ def write_status(client: KubeClient, *, resource: Resource, obj: dict[str, Any],
     # Merge patch: lists (conditions, stages) are replaced whole; removed keys are nulled.
     body = {"status": {**{k: None for k in (obj.get("status") or {}) if k not in status}, **status}}
     try:
-        client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
+        written = client.request("PATCH", path, body=body, content_type="application/merge-patch+json")
     except ApiError as error:
         if error.not_found:
             return False
         raise
+    # Later optimistic writes (finalizers) must test against the version we just made.
+    if version := written.get("metadata", {}).get("resourceVersion"):
+        metadata["resourceVersion"] = version
     # Remember what we wrote (a copy: callers keep mutating their dict).
     obj["status"] = copy.deepcopy(status)
     return True
