@@ -217,3 +217,34 @@ def test_ssh_repository_with_strict_host_key_checking(
                            what="wrong host key refused")
         assert "host key" in refused["message"].lower()
     assert ssh.identity.decode() not in controller.output()
+
+
+def test_a_git_server_that_goes_down_prunes_nothing(
+    controller: ControllerProcess, installed: KubeClient, make_tenant: Callable[..., Tenant],
+) -> None:
+    tenant = make_tenant("down")
+    tenant.bind_cluster_role("edit")
+    ns = tenant.namespace
+    server = GitServer().start()
+    try:
+        url = server.create_repo("app", {"deploy/cm.yaml": cm("survivor")})
+        apply(installed, git_repository(ns, "app", url))
+        apply(installed, {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+                          "metadata": {"name": "app", "namespace": ns},
+                          "spec": {"serviceAccountName": tenant.service_account,
+                                   "stages": [{"name": "deploy", "sourceRef": {"name": "app"},
+                                               "path": "./deploy"}]}})
+        wait_for(lambda: (c := condition(stageset(installed, ns, "app"))) and c["status"] == "True",
+                 what="StageSet Ready")
+    finally:
+        server.stop()
+    installed.request("PATCH", f"{GITREPOS.format(ns=ns)}/app", content_type="application/merge-patch+json",
+                      body={"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": "down-1"}}})
+    wait_for(ready(installed, ns, "app", "False", "GitOperationFailed"), what="GitOperationFailed")
+    installed.request("PATCH", f"/apis/stages.metio.wtf/v1/namespaces/{ns}/stagesets/app",
+                      content_type="application/merge-patch+json",
+                      body={"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": "down-2"}}})
+    wait_for(lambda: stageset(installed, ns, "app")["status"].get("lastHandledReconcileAt") == "down-2",
+             what="StageSet reconciled while the server is down")
+    assert condition(stageset(installed, ns, "app"))["status"] == "True"  # type: ignore[index]
+    assert get_or_none(installed, f"/api/v1/namespaces/{ns}/configmaps/survivor") is not None
