@@ -5,6 +5,8 @@ are defined by ``aggregationRule`` stay empty.  Tests bind tenants to ``edit``
 exactly as a platform team would, so we do the aggregation controller's one job:
 union the rules of every ClusterRole matching the selectors.  Call it again after
 installing ClusterRoles that carry ``aggregate-to-*`` labels.
+
+Identity: the admin client handed in (``system:masters`` on the local control plane).
 """
 
 from __future__ import annotations
