@@ -78,11 +78,13 @@ def create_tenant(admin: KubeClient, *, namespace: str, service_account: str,
 
 def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
                           namespace: str = "stageset-system",
-                          account: str = "stageset-controller") -> Path:
+                          account: str = "stageset-controller",
+                          watch_namespaces: list[str] | None = None) -> Path:
     """A kubeconfig for a ServiceAccount bound to exactly the chart's controller ClusterRole.
 
     Lets tests and benchmarks run the controller with the rights it has in a real
-    multi-tenant install rather than as ``system:masters``.
+    multi-tenant install rather than as ``system:masters``.  With ``watch_namespaces``
+    the role is bound by one RoleBinding per namespace, as the chart does for a shard.
     """
     admin.apply(f"/api/v1/namespaces/{namespace}",
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
@@ -92,14 +94,22 @@ def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
                  "metadata": {"name": account, "namespace": namespace}}, field_manager="stageset-install")
     role = controller_cluster_role()
     admin.apply(f"{_ROLES}/{role['metadata']['name']}", role, field_manager="stageset-install")
-    admin.apply(
-        f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{account}",
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-         "metadata": {"name": account},
-         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                     "name": role["metadata"]["name"]},
-         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
-        field_manager="stageset-install")
+    binding: dict[str, Any] = {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": role["metadata"]["name"]},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]}
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    if watch_namespaces:
+        for watched in watch_namespaces:
+            admin.apply(f"{rbac}/namespaces/{watched}/rolebindings/{account}",
+                        {**binding, "kind": "RoleBinding",
+                         "metadata": {"name": account, "namespace": watched}},
+                        field_manager="stageset-install")
+    else:
+        admin.apply(f"{rbac}/clusterrolebindings/{account}",
+                    {**binding, "kind": "ClusterRoleBinding", "metadata": {"name": account}},
+                    field_manager="stageset-install")
     token = admin.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
                           body={"spec": {"expirationSeconds": 86400}})["status"]["token"]
     config = {
