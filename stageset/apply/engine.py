@@ -222,6 +222,15 @@ class StageApplier:
                     raise StageError("StageFailed", f"{describe(crd.manifest)}: {verdict.message}")
                 time.sleep(self._settings.poll_interval)
 
+    def bind(self, *, owner: StageOwner, objects: list[KubeObject], default_namespace: str
+             ) -> StageResult | None:
+        """The stage's objects bound to their paths without touching them (for re-checking
+        readiness of a stage applied earlier); ``None`` if a kind is not served."""
+        bound = [self._bind(label_object(obj, owner), default_namespace) for obj in objects]
+        if any(item is None for item in bound):
+            return None
+        return StageResult(objects=[item for item in bound if item is not None])
+
     def apply(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
               default_namespace: str, force: bool = False,
               previous: Mapping[ObjectId, Entry] | None = None) -> StageResult:

@@ -240,14 +240,20 @@ class StageSetReconciler:
 
     def _apply_stage(self, *, stageset: StageSet, rendered: Rendered, namespace: str,
                      previous: StageInventory | None, last_applied: str | None,
-                     waiting_since: str | None) -> tuple[StageOutcome, StageResult | None]:
+                     waiting_since: str | None, recheck_only: bool = False
+                     ) -> tuple[StageOutcome, StageResult | None]:
         stage = rendered.stage
         client = self._clients.client(rendered.identity)
+        owner = StageOwner(namespace, stageset.metadata["name"], stage.name)
         try:
-            result = self._applier.apply(
-                client=client, owner=StageOwner(namespace, stageset.metadata["name"], stage.name),
-                objects=rendered.objects, default_namespace=namespace, force=stage.force,
-                previous=previous.entries if previous else None)
+            # A stage already applied at this revision and waiting for readiness is only
+            # re-checked: no dry-runs, no writes, one read per object.
+            result = self._applier.bind(owner=owner, objects=rendered.objects,
+                                        default_namespace=namespace) if recheck_only else None
+            if result is None:
+                result = self._applier.apply(
+                    client=client, owner=owner, objects=rendered.objects, default_namespace=namespace,
+                    force=stage.force, previous=previous.entries if previous else None)
         except StageError as error:
             return StageOutcome(stage.name, FAILED, error.reason, error.message), None
         except ApiError as error:
@@ -565,6 +571,11 @@ class StageSetReconciler:
             status["stages"] = [outcomes[s.name].as_status() for s in spec.stages]
             return finish(ready=False, reason="InvalidSpec", message=message, stalled=True)
 
+        rechecks = {n: (previous.get(n) or {}).get("phase") == WAITING
+                    and (previous.get(n) or {}).get("revision") == r.revision
+                    and status.get("observedGeneration") == metadata.get("generation")
+                    for n, r in rendered.items()}
+
         # (2) apply as the graph allows
         quiet = was_ready and len(rendered) == len(spec.stages) and all(
             r.revision == (previous.get(n) or {}).get("revision") for n, r in rendered.items())
@@ -583,7 +594,8 @@ class StageSetReconciler:
                     futures[pool.submit(self._apply_stage, stageset=stageset, rendered=rendered[stage_name],
                                         namespace=namespace, previous=old.get(stage_name),
                                         last_applied=outcomes[stage_name].applied_at,
-                                        waiting_since=outcomes[stage_name].waiting_since)] = stage_name
+                                        waiting_since=outcomes[stage_name].waiting_since,
+                                        recheck_only=rechecks.get(stage_name, False))] = stage_name
                     publish("Progressing", f"applying stage {stage_name!r}")
                 if not futures:
                     break
