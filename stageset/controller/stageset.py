@@ -58,6 +58,7 @@ FINALIZER = "stages.metio.wtf/teardown"
 PRUNE_OPT_OUT = "stages.metio.wtf/prune"
 READY, FAILED, PROGRESSING, PENDING, APPLYING, WAITING = (
     "Ready", "Failed", "Progressing", "Pending", "Applying", "Waiting")
+GONE, DELETING = "Gone", "Deleting"  # outcomes of deleting one object (with FAILED)
 # Which failure wins the StageSet's Ready reason when several stages fail.
 _REASON_PRIORITY = ["RBACDenied", "InvalidSpec", "StageFailed", "DependencyNotReady", "SourceNotReady",
                     "ArtifactNotFound", "StageProgressing"]
@@ -310,8 +311,8 @@ class StageSetReconciler:
     # -- prune and teardown -------------------------------------------------------
 
     def _delete_owned(self, *, identity: Identity, entry: inventory.Entry, namespace: str, name: str
-                      ) -> bool:
-        """Delete one inventoried object if it is still ours; ``True`` once it is gone or not ours."""
+                      ) -> str:
+        """Delete one inventoried object if it is still ours: GONE (or not ours), DELETING, FAILED."""
         client = self._clients.client(identity)
         oid = entry.id
         try:
@@ -319,27 +320,29 @@ class StageSetReconciler:
                                               "metadata": {"name": oid.name, "namespace": oid.namespace}},
                                              namespace)[1]
         except ApiError:
-            return False
+            return FAILED
         if resource is None:
-            return True  # the kind itself is gone, and with it the object
+            return GONE  # the kind itself is gone, and with it the object
         path = resource.object_path(name=oid.name, namespace=oid.namespace or None)
         try:
             live = client.get(path)
         except ApiError as error:
             if error.not_found:
-                return True
+                return GONE
             log.warning("cannot read %s for deletion as %s: %s", oid.describe(), identity.describe(), error)
-            return False
+            return FAILED
         if not _owned_by(live, namespace=namespace, name=name) or _prune_disabled(live):
-            return True  # adopted by someone else, or opted out: never delete
-        if not live["metadata"].get("deletionTimestamp"):
-            try:
-                client.delete(path)
-            except ApiError as error:
-                if error.not_found:
-                    return True
-                log.warning("cannot delete %s as %s: %s", oid.describe(), identity.describe(), error)
-        return False
+            return GONE  # adopted by someone else, or opted out: never delete, stop tracking
+        if live["metadata"].get("deletionTimestamp"):
+            return DELETING
+        try:
+            client.delete(path)
+        except ApiError as error:
+            if error.not_found:
+                return GONE
+            log.warning("cannot delete %s as %s: %s", oid.describe(), identity.describe(), error)
+            return FAILED
+        return DELETING
 
     def _identity_for_inventory(self, inv: StageInventory, namespace: str) -> Identity | None:
         if inv.service_account:
@@ -347,14 +350,20 @@ class StageSetReconciler:
         return Identity() if self._settings.cluster_admin else None
 
     def _prune(self, *, old: dict[str, StageInventory], new: dict[str, StageInventory],
-               disabled: list[str], namespace: str, name: str) -> None:
+               disabled: list[str], namespace: str, name: str) -> list[inventory.Stale]:
+        """Delete what no stage renders any more; returns what could not be deleted (kept tracked)."""
+        kept: list[inventory.Stale] = []
         for item in inventory.stale(old=old, new=new, prune_disabled=disabled):
             identity = self._identity_for_inventory(old[item.stage], namespace)
             if identity is None:
                 log.warning("not pruning %s: it was applied as the controller, which is no longer allowed",
                             item.entry.id.describe())
+                kept.append(item)
                 continue
-            self._delete_owned(identity=identity, entry=item.entry, namespace=namespace, name=name)
+            if self._delete_owned(identity=identity, entry=item.entry, namespace=namespace,
+                                  name=name) == FAILED:
+                kept.append(item)
+        return kept
 
     def _teardown(self, raw: dict[str, Any], stageset: StageSet | None, status: dict[str, Any]
                   ) -> float | None:
@@ -370,8 +379,8 @@ class StageSetReconciler:
             inv = inventories[stage_name]
             identity = self._identity_for_inventory(inv, namespace)
             remaining = {oid: entry for oid, entry in inv.entries.items()
-                         if identity is None or not self._delete_owned(
-                             identity=identity, entry=entry, namespace=namespace, name=name)}
+                         if identity is None or self._delete_owned(
+                             identity=identity, entry=entry, namespace=namespace, name=name) != GONE}
             if remaining:
                 inv.entries = remaining
                 status["inventory"] = inventory.dump(inventories)
@@ -620,10 +629,18 @@ class StageSetReconciler:
             # (3) every stage is Ready: prune, then keep only the new inventory.
             new = {n: StageInventory(n, current[n].service_account,
                                      {o.id: o.entry() for o in results[n].objects}) for n in results}
-            self._prune(old=old, new=new, disabled=[s.name for s in spec.stages if not s.prune],
-                        namespace=namespace, name=name)
+            kept = self._prune(old=old, new=new, disabled=[s.name for s in spec.stages if not s.prune],
+                               namespace=namespace, name=name)
             current.clear()
             current.update(new)
+            for item in kept:
+                # Still tracked, so a later pass tries again; never silently orphaned.
+                holder = current.setdefault(item.stage, StageInventory(item.stage, item.service_account))
+                holder.entries[item.entry.id] = item.entry
+            if kept:
+                names = ", ".join(sorted(i.entry.id.describe() for i in kept)[:10])
+                self._events.emit(raw, type_=WARNING, reason="PruneFailed",
+                                  message=f"could not delete {len(kept)} object(s) no longer in Git: {names}")
             status["inventory"] = inventory.dump(current)
             revisions = sorted({o.revision for o in outcomes.values() if o.revision})
             status["lastAppliedRevision"] = revisions[0] if len(revisions) == 1 else ", ".join(revisions)

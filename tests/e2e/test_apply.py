@@ -240,3 +240,37 @@ def test_substitution_from_configmaps_and_secrets_read_as_the_tenant_and_kustomi
                           "postBuild": {"substituteFrom": [{"kind": "ConfigMap", "name": "missing"}]}}])
     failed = s.wait_reason("subst", "StageFailed")
     assert "missing" in failed["message"]
+
+
+def test_an_object_the_tenant_may_not_delete_stays_tracked_until_prune_succeeds(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    tenant = make_tenant("noprune")
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{tenant.namespace}"
+    rule = {"apiGroups": [""], "resources": ["configmaps"],
+            "verbs": ["get", "list", "watch", "create", "update", "patch"]}
+    installed.request("POST", f"{rbac}/roles", body={"metadata": {"name": "no-delete"}, "rules": [rule]})
+    installed.request("POST", f"{rbac}/rolebindings", body={
+        "metadata": {"name": "no-delete"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-delete"},
+        "subjects": [{"kind": "ServiceAccount", "name": tenant.service_account,
+                      "namespace": tenant.namespace}]})
+    s = scenario(installed, git_server, tenant, {"app/keep.yaml": cm("keep"), "app/old.yaml": cm("old")},
+                 role="view")  # view: read GitRepositories; the Role above: write ConfigMaps
+    s.stageset("np", [{"name": "app", "path": "./app"}])
+    s.wait_ready("np")
+
+    second = s.commit({"app/old.yaml": None})
+    s.wait_ready("np", revision=second)
+    wait_for(lambda: [e for e in events_for(installed, s.ns, "np") if e["reason"] == "PruneFailed"],
+             what="PruneFailed event")
+    assert s.configmap("old") is not None
+    tracked = [e["id"] for i in s.get("np")["status"]["inventory"] for e in i["entries"]]
+    assert any("_old_" in t for t in tracked), "an object that could not be pruned must stay tracked"
+
+    installed.request("PATCH", f"{rbac}/roles/no-delete", content_type="application/merge-patch+json",
+                      body={"rules": [{**rule, "verbs": [*rule["verbs"], "delete"]}]})
+    poke(installed, s.path("np"))
+    wait_for(lambda: s.configmap("old") is None, what="pruned once allowed")
+    wait_for(lambda: not any("_old_" in e["id"] for i in s.get("np")["status"]["inventory"]
+                             for e in i["entries"]), what="inventory cleaned")
