@@ -201,7 +201,7 @@ class StageApplier:
             if item.recreate:
                 self._delete_and_wait(client, item)
             try:
-                client.apply(item.path, item.manifest, field_manager=FIELD_MANAGER)
+                item.live = client.apply(item.path, item.manifest, field_manager=FIELD_MANAGER)
             except ApiError as error:
                 raise _error_for(item, error, client.identity.describe()) from error
             item.wrote = True
@@ -264,9 +264,10 @@ class StageApplier:
                    stop: threading.Event) -> Readiness:
         """Poll until every object is Current, one Failed, or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
-        # An object we did not write is exactly as its preview showed: judge it from that.
+        # First round: judge each object from what we already hold — the apply response for an
+        # object we wrote, the preview for one we did not — and read it only if that says wait.
         known: dict[int, KubeObject | None] = {
-            id(item): (item.dry_run if not item.wrote else None) for item in applied}
+            id(item): (item.live if item.wrote else item.dry_run) for item in applied}
         pending = list(applied)
         while True:
             still: list[AppliedObject] = []

@@ -588,7 +588,12 @@ class StageSetReconciler:
         # (2) apply as the graph allows
         quiet = was_ready and len(rendered) == len(spec.stages) and all(
             r.revision == (previous.get(n) or {}).get("revision") for n, r in rendered.items())
-        publish("Progressing", "applying stages")
+        # Status writes are the costliest requests a pass makes: announce the pass only when
+        # it is not visibly in progress already (a re-check of a waiting stage says nothing new).
+        in_progress = ready_before.get("status") == "Unknown" and \
+            ready_before.get("observedGeneration") == metadata.get("generation")
+        if not in_progress:
+            publish("Progressing", "applying stages")
         done: set[str] = set()
         blocked = {n for n in outcomes if n not in rendered}
         started: set[str] = set(blocked)
@@ -605,7 +610,6 @@ class StageSetReconciler:
                                         last_applied=outcomes[stage_name].applied_at,
                                         waiting_since=outcomes[stage_name].waiting_since,
                                         recheck_only=rechecks.get(stage_name, False))] = stage_name
-                    publish("Progressing", f"applying stage {stage_name!r}")
                 if not futures:
                     break
                 finished, _ = wait(list(futures), return_when=FIRST_COMPLETED)
@@ -622,7 +626,9 @@ class StageSetReconciler:
                         self._report_drift(raw, stage_name, result)
                     if outcome.phase == READY:
                         done.add(stage_name)
-                publish("Progressing", f"stages ready: {len(done)}/{len(outcomes)}")
+                if futures or ready_to_start(graph, done=done, started=started):
+                    # More to do: show progress (and record the merged inventory) between stages.
+                    publish("Progressing", f"stages ready: {len(done)}/{len(outcomes)}")
 
         status["stages"] = [outcomes[s.name].as_status() for s in spec.stages]
         if len(done) == len(outcomes):

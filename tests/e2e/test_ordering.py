@@ -45,12 +45,15 @@ def test_a_diamond_runs_its_two_middle_stages_concurrently(
     ])
     # Neither middle stage can finish (nothing runs the Deployments), so both existing at once
     # means both were started without waiting for the other.
-    wait_for(lambda: deployment_exists(s, "left") and deployment_exists(s, "right"),
-             what="both middle stages applied")
-    phases = {st["name"]: st["phase"] for st in s.get("diamond")["status"]["stages"]}
-    assert phases["left"] in ("Applying", "Waiting")
-    assert phases["right"] in ("Applying", "Waiting")
-    assert phases["bottom"] == "Pending"
+    def phases() -> dict[str, str]:
+        stages = (s.get("diamond").get("status") or {}).get("stages", [])
+        return {st["name"]: st["phase"] for st in stages}
+
+    wait_for(lambda: [phases().get("left"), phases().get("right")] == ["Waiting", "Waiting"],
+             what="both middle stages waiting")
+    assert deployment_exists(s, "left")
+    assert deployment_exists(s, "right")
+    assert phases()["bottom"] == "Pending"
     assert s.configmap("bottom") is None
     roll_out(s, "left")
     roll_out(s, "right")
