@@ -15,3 +15,7 @@ lint:
 
 crds:
 	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m stageset.api.crd
+
+# Benchmarks (numbers go to docs/benchmarks.md and docs/sources.md)
+bench:
+	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m bench.apply && $$uv run --frozen python -m bench.git_fetch

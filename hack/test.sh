@@ -9,7 +9,7 @@ UV="$(./hack/bootstrap.sh)"
 run() { "$UV" run --frozen --no-sync "$@"; }
 
 start=$(date +%s)
-echo "== ruff"; run ruff check stageset sources tests
+echo "== ruff"; run ruff check stageset sources tests bench
 echo "== mypy --strict"; run mypy
 echo "== import contracts"; run lint-imports
 echo "== CRDs are current"; run python -m stageset.api.crd --check

@@ -68,3 +68,45 @@ def test_job(conditions: list[dict[str, str]], expected: Status) -> None:
 ])
 def test_other_kinds(obj: dict[str, Any], expected: Status) -> None:
     assert readiness(obj).status is expected
+
+
+@pytest.mark.parametrize(("status", "spec", "expected"), [
+    ({"observedGeneration": 1, "readyReplicas": 3, "currentRevision": "r1", "updateRevision": "r1"},
+     {"replicas": 3}, Status.CURRENT),
+    ({"observedGeneration": 1, "readyReplicas": 2, "currentRevision": "r1", "updateRevision": "r1"},
+     {"replicas": 3}, Status.IN_PROGRESS),
+    ({"observedGeneration": 1, "readyReplicas": 3, "currentRevision": "r1", "updateRevision": "r2"},
+     {"replicas": 3}, Status.IN_PROGRESS),
+    ({"observedGeneration": 1, "readyReplicas": 3, "currentRevision": "r1", "updateRevision": "r2"},
+     {"replicas": 3, "updateStrategy": {"type": "OnDelete"}}, Status.CURRENT),
+])
+def test_statefulset(status: dict[str, Any], spec: dict[str, Any], expected: Status) -> None:
+    obj = {"apiVersion": "apps/v1", "kind": "StatefulSet", "metadata": {"name": "s", "generation": 1},
+           "spec": spec, "status": status}
+    assert readiness(obj).status is expected
+
+
+FULL_DS = {"observedGeneration": 1, "desiredNumberScheduled": 2, "currentNumberScheduled": 2,
+           "updatedNumberScheduled": 2, "numberAvailable": 2, "numberReady": 2}
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    (FULL_DS, Status.CURRENT),
+    ({**FULL_DS, "numberAvailable": 1}, Status.IN_PROGRESS),
+    ({**FULL_DS, "updatedNumberScheduled": 1}, Status.IN_PROGRESS),
+    ({"observedGeneration": 1}, Status.IN_PROGRESS),
+])
+def test_daemonset(status: dict[str, Any], expected: Status) -> None:
+    obj = {"apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "d", "generation": 1},
+           "status": status}
+    assert readiness(obj).status is expected
+
+
+@pytest.mark.parametrize(("status", "expected"), [
+    ({"observedGeneration": 1, "readyReplicas": 2, "availableReplicas": 2}, Status.CURRENT),
+    ({"observedGeneration": 1, "readyReplicas": 2, "availableReplicas": 1}, Status.IN_PROGRESS),
+])
+def test_replicaset(status: dict[str, Any], expected: Status) -> None:
+    obj = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "r", "generation": 1},
+           "spec": {"replicas": 2}, "status": status}
+    assert readiness(obj).status is expected
