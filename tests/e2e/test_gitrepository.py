@@ -80,6 +80,17 @@ def ready(admin: KubeClient, namespace: str, name: str, status: str, reason: str
     return check
 
 
+def deploy_and_wait(admin: KubeClient, tenant: Tenant) -> None:
+    """A one-stage StageSet ``app`` applying ``./deploy`` of GitRepository ``app``, until Ready."""
+    ns = tenant.namespace
+    apply(admin, {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+                  "metadata": {"name": "app", "namespace": ns},
+                  "spec": {"serviceAccountName": tenant.service_account,
+                           "stages": [{"name": "deploy", "sourceRef": {"name": "app"}, "path": "./deploy"}]}})
+    wait_for(lambda: (c := condition(stageset(admin, ns, "app"))) and c["status"] == "True",
+             what="StageSet Ready")
+
+
 def test_private_repository_credentials_are_read_as_the_repositorys_service_account(
     controller: ControllerProcess, installed: KubeClient, private_server: GitServer,
     make_namespace: Callable[..., str],
@@ -135,13 +146,7 @@ def test_new_revision_is_applied_and_a_deleted_branch_keeps_the_last_artifact(
     url = git_server.create_repo(repo, {"deploy/cm.yaml": cm("app", "one")})
     git_server.branch(repo, "release")
     apply(installed, git_repository(ns, "app", url, ref={"branch": "release"}))
-    apply(installed, {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
-                      "metadata": {"name": "app", "namespace": ns},
-                      "spec": {"serviceAccountName": tenant.service_account,
-                               "stages": [{"name": "deploy", "sourceRef": {"name": "app"},
-                                           "path": "./deploy"}]}})
-    wait_for(lambda: (c := condition(stageset(installed, ns, "app"))) and c["status"] == "True",
-             what="StageSet Ready")
+    deploy_and_wait(installed, tenant)
     configmap = f"/api/v1/namespaces/{ns}/configmaps/app"
     assert installed.get(configmap)["data"] == {"k": "one"}
 
@@ -229,13 +234,7 @@ def test_a_git_server_that_goes_down_prunes_nothing(
     try:
         url = server.create_repo("app", {"deploy/cm.yaml": cm("survivor")})
         apply(installed, git_repository(ns, "app", url))
-        apply(installed, {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
-                          "metadata": {"name": "app", "namespace": ns},
-                          "spec": {"serviceAccountName": tenant.service_account,
-                                   "stages": [{"name": "deploy", "sourceRef": {"name": "app"},
-                                               "path": "./deploy"}]}})
-        wait_for(lambda: (c := condition(stageset(installed, ns, "app"))) and c["status"] == "True",
-                 what="StageSet Ready")
+        deploy_and_wait(installed, tenant)
     finally:
         server.stop()
     installed.request("PATCH", f"{GITREPOS.format(ns=ns)}/app", content_type="application/merge-patch+json",
