@@ -76,6 +76,35 @@ class _Manifest:
     """The YAML node the object was read from; ``None`` for JSON, whose strings stay strings."""
 
 
+# A document may not expand (through YAML aliases) to more nodes than this: aliases are
+# shared while parsing, but every later step (hashing, JSON for the apiserver) expands them,
+# so a "billion laughs" file would otherwise exhaust the controller's memory.
+MAX_EXPANDED_NODES = 200_000
+
+
+def _expanded_size(root: yaml.Node) -> int:
+    """How many nodes ``root`` stands for with every alias expanded (linear in distinct nodes)."""
+    sizes: dict[int, int] = {}
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, children_done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        else:
+            sizes[id(node)] = 1
+            continue
+        if children_done:
+            sizes[id(node)] = 1 + sum(sizes.get(id(child), 1) for child in children)
+            continue
+        stack.append((node, True))
+        stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
+
 def _compose(text: str, where: str) -> list[tuple[yaml.Node, Any]]:
     loader = _Loader(text)
     documents: list[tuple[yaml.Node, Any]] = []
@@ -84,6 +113,9 @@ def _compose(text: str, where: str) -> list[tuple[yaml.Node, Any]]:
             node = loader.get_node()
             if node is None:  # pragma: no cover - check_node said there is one
                 break
+            if _expanded_size(node) > MAX_EXPANDED_NODES:
+                raise BuildError(f"{where}: document {len(documents) + 1} expands to more than "
+                                 f"{MAX_EXPANDED_NODES} YAML nodes through aliases; refusing it")
             documents.append((node, loader.construct_document(node)))
     except yaml.YAMLError as error:
         raise BuildError(f"{where}: not valid YAML/JSON: {error}") from error

@@ -34,3 +34,18 @@ def test_substitution_with_defaults_and_errors() -> None:
     assert substitute("${a}-${b:=two}", {"a": "one"}, origin="f") == "one-two"
     with pytest.raises(BuildError, match=r"\$\{missing\} is not set"):
         substitute("${missing}", {}, origin="f")
+
+
+def test_a_billion_laughs_document_is_refused_before_it_expands() -> None:
+    lines = ["a0: &a0 [lol, lol, lol, lol, lol, lol, lol, lol, lol, lol]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
+    bomb = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: bomb}\n" + "\n".join(lines) + "\n"
+    with pytest.raises(BuildError, match="expands to more than"):
+        render_manifests({"bomb.yaml": bomb.encode()})
+
+
+def test_ordinary_anchors_still_work() -> None:
+    doc = (b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: x, labels: &l {app: x}}\n"
+           b"data: {copy: *l}\n")
+    objects = render_manifests({"a.yaml": doc})
+    assert objects[0]["data"]["copy"] == {"app": "x"}
