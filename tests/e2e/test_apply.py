@@ -274,3 +274,24 @@ def test_an_object_the_tenant_may_not_delete_stays_tracked_until_prune_succeeds(
     wait_for(lambda: s.configmap("old") is None, what="pruned once allowed")
     wait_for(lambda: not any("_old_" in e["id"] for i in s.get("np")["status"]["inventory"]
                              for e in i["entries"]), what="inventory cleaned")
+
+
+def test_a_source_in_another_namespace_needs_the_tenants_own_read_right(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    owner = scenario(installed, git_server, make_tenant("src-owner"), {"app/cm.yaml": cm("theirs")})
+    s = scenario(installed, git_server, make_tenant("src-user"), {"app/cm.yaml": cm("mine")})
+    s.stageset("borrow", [{"name": "app", "path": "./app",
+                           "sourceRef": {"name": "app", "namespace": owner.ns}}])
+    denied = s.wait_reason("borrow", "RBACDenied")
+    assert f"GitRepository {owner.ns}/app" in denied["message"]
+    assert s.configmap("theirs") is None
+
+    # The owner lets this tenant's ServiceAccount view its namespace: now it may use the source.
+    installed.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{owner.ns}/rolebindings", body={
+        "metadata": {"name": "share-source"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+        "subjects": [{"kind": "ServiceAccount", "name": s.tenant.service_account, "namespace": s.ns}]})
+    poke(installed, s.path("borrow"))
+    s.wait_ready("borrow")
+    assert s.configmap("theirs") is not None
