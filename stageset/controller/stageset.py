@@ -16,7 +16,9 @@ One pass: (1) render every stage; two stages rendering one object stops here;
 
 from __future__ import annotations
 
+import base64
 import datetime
+import hashlib
 import logging
 import threading
 from collections.abc import Callable
@@ -48,8 +50,9 @@ from stageset.controller.ordering import OrderingError, StageNode, ready_to_star
 from stageset.controller.rendercache import RenderCache, render_key
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.status import write_status
-from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
-from stageset.kube.mapping import Resource
+from stageset.kube.client import LOCAL, ApiError, ClientPool, ClusterKey, Identity, KubeClient
+from stageset.kube.mapping import Resource, RestMapper
+from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
 from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
@@ -85,6 +88,14 @@ class StageOutcome:
         return status
 
 
+@dataclass(frozen=True)
+class Target:
+    """The cluster a StageSet applies to, and the apply engine bound to its discovery."""
+
+    cluster: ClusterKey
+    applier: StageApplier
+
+
 @dataclass
 class Rendered:
     """One stage, rendered and ready to apply."""
@@ -93,6 +104,7 @@ class Rendered:
     identity: Identity
     revision: str
     objects: list[KubeObject]
+    target: Target
     ids: set[ObjectId] = field(default_factory=set)
 
 
@@ -124,7 +136,9 @@ class StageSetReconciler:
                  events: EventRecorder, index: DependencyIndex, stop: threading.Event):
         self._clients = clients
         self._store = store
-        self._applier = applier
+        self._local = Target(LOCAL, applier)
+        self._remotes: dict[ClusterKey, Target] = {}
+        self._remotes_lock = threading.Lock()
         self._resource = resource
         self._sources = source_resource
         self._settings = settings
@@ -177,7 +191,7 @@ class StageSetReconciler:
         _, commit = parse_revision(revision)
         return str(source["spec"]["url"]), revision, commit, source["spec"].get("ignore")
 
-    def _render(self, stageset: StageSet, stage: Stage, namespace: str) -> Rendered:
+    def _render(self, stageset: StageSet, stage: Stage, namespace: str, target: Target) -> Rendered:
         identity = self._stage_identity(stageset, stage, namespace)
         client = self._clients.client(identity)
         url, revision, commit, ignore = self._source(client, stage, namespace)
@@ -188,7 +202,7 @@ class StageSetReconciler:
             cached = self._renders.get(key)
             if cached is not None:
                 return Rendered(stage=stage, identity=identity, revision=revision, objects=cached,
-                                ids={self._identify(obj, namespace) for obj in cached})
+                                target=target, ids={self._identify(obj, namespace, target) for obj in cached})
             files = self._store.read_tree(url, commit=commit, path=stage.path, ignore=ignore)
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.
@@ -203,8 +217,9 @@ class StageSetReconciler:
         except BuildError as error:
             raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
         self._renders.put(key, objects)
-        ids = {self._identify(obj, namespace) for obj in objects}
-        return Rendered(stage=stage, identity=identity, revision=revision, objects=objects, ids=ids)
+        ids = {self._identify(obj, namespace, target) for obj in objects}
+        return Rendered(stage=stage, identity=identity, revision=revision, objects=objects, target=target,
+                        ids=ids)
 
     def _variables(self, client: KubeClient, stage: Stage, namespace: str) -> dict[str, str] | None:
         """``postBuild`` variables; ``substituteFrom`` ConfigMaps/Secrets are read as the stage's identity."""
@@ -229,10 +244,10 @@ class StageSetReconciler:
         except BuildError as error:
             raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
 
-    def _identify(self, obj: KubeObject, namespace: str) -> ObjectId:
+    def _identify(self, obj: KubeObject, namespace: str, target: Target) -> ObjectId:
         """The object's identity after namespace defaulting (a kind not served yet — its CRD is
         in the same stage — is taken as namespaced, the common case for custom resources)."""
-        manifest, resource = self._applier.resolve(obj, namespace)
+        manifest, resource = target.applier.resolve(obj, namespace)
         if resource is None and not manifest["metadata"].get("namespace"):
             manifest = {**manifest, "metadata": {**manifest["metadata"], "namespace": namespace}}
         return object_id(manifest)
@@ -244,15 +259,16 @@ class StageSetReconciler:
                      waiting_since: str | None, recheck_only: bool = False
                      ) -> tuple[StageOutcome, StageResult | None]:
         stage = rendered.stage
-        client = self._clients.client(rendered.identity)
+        client = self._clients.client(rendered.identity, rendered.target.cluster)
+        applier = rendered.target.applier
         owner = StageOwner(namespace, stageset.metadata["name"], stage.name)
         try:
             # A stage already applied at this revision and waiting for readiness is only
             # re-checked: no dry-runs, no writes, one read per object.
-            result = self._applier.bind(owner=owner, objects=rendered.objects,
+            result = applier.bind(owner=owner, objects=rendered.objects,
                                         default_namespace=namespace) if recheck_only else None
             if result is None:
-                result = self._applier.apply(
+                result = applier.apply(
                     client=client, owner=owner, objects=rendered.objects, default_namespace=namespace,
                     force=stage.force, previous=previous.entries if previous else None)
         except StageError as error:
@@ -265,7 +281,7 @@ class StageSetReconciler:
         wants_wait = stage.ready_checks is None or stage.ready_checks.wait
         timeout = parse_duration(stage.timeout or stageset.spec.timeout).total_seconds()
         try:
-            extra = self._extra_checks(stage, namespace)
+            extra = self._extra_checks(stage, namespace, applier)
         except StageError as error:
             return StageOutcome(stage.name, FAILED, error.reason, error.message), result
         # Wait a short slice, then give the worker back and come again: the stage's timeout
@@ -274,7 +290,7 @@ class StageSetReconciler:
         started = started or datetime.datetime.now(datetime.UTC)
         waited = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
         slice_ = max(0.0, min(timeout - waited, self._settings.readiness_slice))
-        verdict = self._applier.wait_ready(client=client, applied=[*result.objects, *extra],
+        verdict = applier.wait_ready(client=client, applied=[*result.objects, *extra],
                                            timeout=slice_, stop=self._stop) if wants_wait else None
         outcome = StageOutcome(stage.name, READY, "Succeeded", "", rendered.revision, len(result.objects),
                                applied_at)
@@ -290,7 +306,7 @@ class StageSetReconciler:
                 outcome.message = f"not ready after {timeout:.0f}s: {verdict.message}"
         return outcome, result
 
-    def _extra_checks(self, stage: Stage, namespace: str) -> list[AppliedObject]:
+    def _extra_checks(self, stage: Stage, namespace: str, applier: StageApplier) -> list[AppliedObject]:
         """``readyChecks.objects``: more objects (not applied by the stage) to wait for."""
         if stage.ready_checks is None:
             return []
@@ -298,7 +314,7 @@ class StageSetReconciler:
         for ref in stage.ready_checks.objects:
             stub = {"apiVersion": ref.api_version, "kind": ref.kind,
                     "metadata": {"name": ref.name, "namespace": ref.namespace or namespace}}
-            manifest, resource = self._applier.resolve(stub, namespace)
+            manifest, resource = applier.resolve(stub, namespace)
             if resource is None:
                 raise StageError("StageFailed", f"stage {stage.name!r}: readyChecks names {ref.kind} "
                                  f"{ref.name}, a kind the cluster does not serve")
@@ -310,13 +326,13 @@ class StageSetReconciler:
 
     # -- prune and teardown -------------------------------------------------------
 
-    def _delete_owned(self, *, identity: Identity, entry: inventory.Entry, namespace: str, name: str
-                      ) -> str:
+    def _delete_owned(self, *, identity: Identity, entry: inventory.Entry, namespace: str, name: str,
+                      target: Target) -> str:
         """Delete one inventoried object if it is still ours: GONE (or not ours), DELETING, FAILED."""
-        client = self._clients.client(identity)
+        client = self._clients.client(identity, target.cluster)
         oid = entry.id
         try:
-            resource = self._applier.resolve({"apiVersion": entry.version, "kind": oid.kind,
+            resource = target.applier.resolve({"apiVersion": entry.version, "kind": oid.kind,
                                               "metadata": {"name": oid.name, "namespace": oid.namespace}},
                                              namespace)[1]
         except ApiError:
@@ -350,7 +366,7 @@ class StageSetReconciler:
         return Identity() if self._settings.cluster_admin else None
 
     def _prune(self, *, old: dict[str, StageInventory], new: dict[str, StageInventory],
-               disabled: list[str], namespace: str, name: str) -> list[inventory.Stale]:
+               disabled: list[str], namespace: str, name: str, target: Target) -> list[inventory.Stale]:
         """Delete what no stage renders any more; returns what could not be deleted (kept tracked)."""
         kept: list[inventory.Stale] = []
         for item in inventory.stale(old=old, new=new, prune_disabled=disabled):
@@ -361,7 +377,7 @@ class StageSetReconciler:
                 kept.append(item)
                 continue
             if self._delete_owned(identity=identity, entry=item.entry, namespace=namespace,
-                                  name=name) == FAILED:
+                                  name=name, target=target) == FAILED:
                 kept.append(item)
         return kept
 
@@ -373,14 +389,21 @@ class StageSetReconciler:
         admin = self._clients.client()
         inventories = inventory.load(status)
         order = self._teardown_order(stageset, inventories)
+        try:
+            target: Target | None = self._target(stageset, namespace) if stageset else self._local
+        except StageError as error:
+            log.warning("cannot reach the cluster of StageSet %s/%s for teardown: %s", namespace, name,
+                        error.message)
+            target = None
         deleted_at = datetime.datetime.fromisoformat(metadata["deletionTimestamp"].replace("Z", "+00:00"))
         waited = (datetime.datetime.now(datetime.UTC) - deleted_at).total_seconds()
         for stage_name in order:
             inv = inventories[stage_name]
             identity = self._identity_for_inventory(inv, namespace)
             remaining = {oid: entry for oid, entry in inv.entries.items()
-                         if identity is None or self._delete_owned(
-                             identity=identity, entry=entry, namespace=namespace, name=name) != GONE}
+                         if identity is None or target is None or self._delete_owned(
+                             identity=identity, entry=entry, namespace=namespace, name=name,
+                             target=target) != GONE}
             if remaining:
                 inv.entries = remaining
                 status["inventory"] = inventory.dump(inventories)
@@ -399,6 +422,51 @@ class StageSetReconciler:
         except StageError:
             return 1.0  # changed under us: read it again and retry
         return None
+
+    def _target(self, stageset: StageSet, namespace: str) -> Target:
+        """Where the StageSet's stages apply: this cluster, or the one its kubeConfig names.
+
+        The kubeConfig Secret is read from this cluster as the StageSet's identity; requests to
+        the remote cluster use the kubeconfig's credentials, impersonating the stage's
+        ServiceAccount there exactly as here.
+        """
+        ref = stageset.spec.kube_config
+        if ref is None:
+            return self._local
+        secret_name, key = ref.secret_ref.name, ref.secret_ref.key
+        identity = self._account_identity(stageset.spec.service_account_name, namespace,
+                                          what="reading spec.kubeConfig")
+        client = self._clients.client(identity)
+        try:
+            secret = client.get(f"/api/v1/namespaces/{namespace}/secrets/{secret_name}")
+        except ApiError as error:
+            if error.forbidden:
+                raise StageError("RBACDenied", f"{identity.describe()} may not read Secret "
+                                 f"{namespace}/{secret_name} (spec.kubeConfig)") from error
+            if error.not_found:
+                raise StageError("StageFailed", f"spec.kubeConfig: Secret {namespace}/{secret_name} "
+                                 "not found") from error
+            raise
+        encoded = (secret.get("data") or {}).get(key)
+        if not encoded:
+            raise StageError("InvalidSpec", f"spec.kubeConfig: Secret {namespace}/{secret_name} has no "
+                             f"key {key!r}")
+        raw = base64.b64decode(encoded)
+        cluster = ClusterKey(f"{namespace}/{secret_name}#{hashlib.sha256(raw).hexdigest()[:16]}")
+        with self._remotes_lock:
+            found = self._remotes.get(cluster)
+            if found is not None:
+                return found
+            try:
+                remote = parse_remote_kubeconfig(raw)
+            except KubeconfigError as error:
+                raise StageError("InvalidSpec", f"spec.kubeConfig: {error}") from error
+            self._clients.register(cluster, remote.configuration)
+            # Discovery on the remote cluster with the kubeconfig's own identity.
+            discovery = self._clients.client(Identity(), cluster)
+            target = Target(cluster, StageApplier(mapper=RestMapper(discovery)))
+            self._remotes[cluster] = target
+            return target
 
     def _teardown_order(self, stageset: StageSet | None, inventories: dict[str, StageInventory]
                         ) -> list[str]:
@@ -511,16 +579,12 @@ class StageSetReconciler:
         retry = parse_duration(spec.retry_interval or spec.interval).total_seconds()
         if spec.suspend:
             return finish(ready=False, reason="Suspended", message="reconciliation is suspended")
-        if spec.kube_config is not None:
-            # Never fall back to the local cluster for a StageSet meant for another one.
-            return finish(ready=False, reason="InvalidSpec", stalled=True,
-                          message="spec.kubeConfig (remote clusters) is not supported by this controller "
-                          "version yet; nothing was applied")
         try:
             self._set_finalizer(raw, present=True)
             graph = stage_graph([StageNode(s.name, None if s.depends_on is None else tuple(s.depends_on))
                                  for s in spec.stages])
             self._check_dependencies(stageset, namespace)
+            target = self._target(stageset, namespace)
         except OrderingError as error:
             return finish(ready=False, reason="InvalidSpec" if error.cycle is None else "Stalled",
                           message=str(error), stalled=True)
@@ -529,9 +593,11 @@ class StageSetReconciler:
             again = None if stalled else (1.0 if error.reason == "Progressing" else retry)
             return finish(ready=False, reason=error.reason, message=error.message, stalled=stalled,
                           again=again)
-        return self._pass(raw, stageset, graph, status=status, finish=finish, interval=interval, retry=retry)
+        return self._pass(raw, stageset, graph, target, status=status, finish=finish, interval=interval,
+                          retry=retry)
 
-    def _pass(self, raw: dict[str, Any], stageset: StageSet, graph: nx.DiGraph, *, status: dict[str, Any],
+    def _pass(self, raw: dict[str, Any], stageset: StageSet, graph: nx.DiGraph, target: Target, *,
+              status: dict[str, Any],
               finish: Callable[..., float | None], interval: float, retry: float) -> float | None:
         metadata = raw["metadata"]
         namespace, name = metadata["namespace"], metadata["name"]
@@ -567,7 +633,7 @@ class StageSetReconciler:
         rendered: dict[str, Rendered] = {}
         for stage in spec.stages:
             try:
-                rendered[stage.name] = self._render(stageset, stage, namespace)
+                rendered[stage.name] = self._render(stageset, stage, namespace, target)
             except StageError as error:
                 phase = PENDING if error.reason in ("SourceNotReady", "ArtifactNotFound") else FAILED
                 outcomes[stage.name] = StageOutcome(stage.name, phase, error.reason, error.message,
@@ -636,7 +702,7 @@ class StageSetReconciler:
             new = {n: StageInventory(n, current[n].service_account,
                                      {o.id: o.entry() for o in results[n].objects}) for n in results}
             kept = self._prune(old=old, new=new, disabled=[s.name for s in spec.stages if not s.prune],
-                               namespace=namespace, name=name)
+                               namespace=namespace, name=name, target=target)
             current.clear()
             current.update(new)
             for item in kept:

@@ -205,6 +205,15 @@ class ClientPool:
         configuration.connection_pool_maxsize = 32
         return cls(configuration=configuration)
 
+    def register(self, cluster: ClusterKey, configuration: k8s.Configuration) -> None:
+        """Make a remote cluster known; a key names one kubeconfig's content, so it never changes."""
+        with self._lock:
+            self._configurations.setdefault(cluster, configuration)
+
+    def knows(self, cluster: ClusterKey) -> bool:
+        with self._lock:
+            return cluster in self._configurations
+
     def client(self, identity: Identity = Identity(), cluster: ClusterKey = LOCAL) -> KubeClient:
         key = (cluster, identity)
         with self._lock:

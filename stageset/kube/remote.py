@@ -1,0 +1,107 @@
+"""Kubeconfigs for remote clusters, taken from tenants' Secrets — and kept harmless.
+
+A tenant's kubeconfig is user data: it must not run commands on the controller
+(``exec`` credential plugins, legacy ``auth-provider``), read the controller's files
+(``certificate-authority``, ``client-certificate``, ``client-key``, ``tokenFile`` paths),
+or route through a proxy of its choosing.  Only inline data is accepted: ``server``,
+``certificate-authority-data``, ``client-certificate-data`` + ``client-key-data`` or
+``token``.  We build the client configuration ourselves instead of handing the file to
+the official loader, which would honour all of the above.
+
+Client certificates must be files for the transport; they are written into a private
+directory (0700, files 0600) owned by the :class:`RemoteConfig` and never logged.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from kubernetes import client as k8s
+
+_FORBIDDEN_USER_FIELDS = ("exec", "auth-provider", "client-certificate", "client-key", "tokenFile",
+                          "username", "password", "as", "as-groups", "as-user-extra")
+_FORBIDDEN_CLUSTER_FIELDS = ("certificate-authority", "proxy-url")
+
+
+class KubeconfigError(ValueError):
+    """The kubeconfig is unusable or asks for something we refuse; the message says which field."""
+
+
+@dataclass(frozen=True)
+class RemoteConfig:
+    fingerprint: str
+    configuration: k8s.Configuration
+    server: str
+
+
+def _named(entries: Any, name: str, what: str) -> dict[str, Any]:
+    for entry in entries or []:
+        if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get(what), dict):
+            found: dict[str, Any] = entry[what]
+            return found
+    raise KubeconfigError(f"kubeconfig has no {what} named {name!r}")
+
+
+def _decode(value: str, field: str) -> bytes:
+    try:
+        return base64.b64decode(value, validate=True)
+    except ValueError as error:
+        raise KubeconfigError(f"kubeconfig field {field} is not valid base64") from error
+
+
+def parse_remote_kubeconfig(raw: bytes, *, scratch: Path | None = None) -> RemoteConfig:
+    """A client configuration for the kubeconfig's current context, or :class:`KubeconfigError`."""
+    try:
+        document = yaml.safe_load(raw)
+    except yaml.YAMLError as error:
+        raise KubeconfigError("the kubeconfig is not valid YAML") from error
+    if not isinstance(document, dict):
+        raise KubeconfigError("the kubeconfig is not a mapping")
+    context_name = document.get("current-context")
+    if not context_name:
+        raise KubeconfigError("the kubeconfig has no current-context")
+    context = _named(document.get("contexts"), context_name, "context")
+    cluster = _named(document.get("clusters"), str(context.get("cluster")), "cluster")
+    user = _named(document.get("users"), str(context.get("user")), "user")
+    for field in _FORBIDDEN_CLUSTER_FIELDS:
+        if field in cluster:
+            raise KubeconfigError(f"kubeconfig cluster field {field!r} is not allowed (use inline data)")
+    for field in _FORBIDDEN_USER_FIELDS:
+        if field in user:
+            raise KubeconfigError(f"kubeconfig user field {field!r} is not allowed: no commands, "
+                                  "files or impersonation; use inline certificate data or a token")
+    server = cluster.get("server")
+    if not isinstance(server, str) or not server.startswith("https://"):
+        raise KubeconfigError("kubeconfig cluster.server must be an https:// URL")
+
+    configuration = k8s.Configuration()
+    configuration.host = server
+    configuration.connection_pool_maxsize = 32
+    if cluster.get("insecure-skip-tls-verify"):
+        configuration.verify_ssl = False
+    if "certificate-authority-data" in cluster:
+        configuration.ca_cert_data = _decode(cluster["certificate-authority-data"],
+                                             "certificate-authority-data").decode()
+    if "token" in user:
+        configuration.api_key = {"authorization": f"Bearer {user['token']}"}
+    elif "client-certificate-data" in user and "client-key-data" in user:
+        directory = Path(tempfile.mkdtemp(prefix="stageset-remote-", dir=scratch))
+        os.chmod(directory, 0o700)
+        for name, field in (("client.crt", "client-certificate-data"), ("client.key", "client-key-data")):
+            path = directory / name
+            path.write_bytes(_decode(user[field], field))
+            path.chmod(0o600)
+        configuration.cert_file = str(directory / "client.crt")
+        configuration.key_file = str(directory / "client.key")
+    else:
+        raise KubeconfigError("kubeconfig user needs a token or client-certificate-data and "
+                              "client-key-data")
+    return RemoteConfig(fingerprint=hashlib.sha256(raw).hexdigest()[:16], configuration=configuration,
+                        server=server)
