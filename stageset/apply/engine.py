@@ -52,6 +52,8 @@ class AppliedObject:
     live: KubeObject | None = None
     dry_run: KubeObject | None = None
     recreate: bool = False
+    # False when the live object was not read (new to the inventory): then it is written.
+    live_known: bool = True
     wrote: bool = False
     drifted: bool = False
 
@@ -144,14 +146,19 @@ class StageApplier:
             for future in [pool.submit(action, item) for item in items]:
                 future.result()
 
-    def _preview(self, client: KubeClient, items: list[AppliedObject], *, force: bool) -> None:
-        """Read each live object and dry-run its apply; raise on the first kind of failure."""
+    def _preview(self, client: KubeClient, items: list[AppliedObject], *, force: bool,
+                 previous: Mapping[ObjectId, Entry]) -> None:
+        """Dry-run each object's apply (and read the live one if we applied it before);
+        raise on the first kind of failure."""
         failures: list[StageError] = []
         lock = threading.Lock()
 
         def preview(item: AppliedObject) -> None:
+            # Only an object we applied before can be unchanged: reading the others would
+            # only tell us to write them anyway (saves a read per object on first apply).
+            item.live_known = item.id in previous
             try:
-                item.live = client.get(item.path)
+                item.live = client.get(item.path) if item.live_known else None
             except ApiError as error:
                 if not error.not_found:
                     with lock:
@@ -196,7 +203,8 @@ class StageApplier:
     def _write(self, client: KubeClient, items: list[AppliedObject],
                previous: Mapping[ObjectId, Entry]) -> None:
         def write(item: AppliedObject) -> None:
-            if item.dry_run is not None and _comparable(item.dry_run) == _comparable(item.live):
+            if item.live_known and item.dry_run is not None and \
+                    _comparable(item.dry_run) == _comparable(item.live):
                 return  # already as wanted: no write
             if item.recreate:
                 self._delete_and_wait(client, item)
@@ -238,7 +246,7 @@ class StageApplier:
         previous = previous or {}
         labelled = [label_object(obj, owner) for obj in objects]
         bound = [self._bind(obj, default_namespace) for obj in labelled]
-        self._preview(client, [b for b in bound if b is not None], force=force)
+        self._preview(client, [b for b in bound if b is not None], force=force, previous=previous)
         result = StageResult()
         for phase in sorted({phase_of(obj) for obj in labelled}):
             items: list[AppliedObject] = []
@@ -254,7 +262,7 @@ class StageApplier:
                                          f"{obj.get('kind')} in {obj.get('apiVersion')}")
                     late.append(item)
                 items.append(item)
-            self._preview(client, late, force=force)
+            self._preview(client, late, force=force, previous=previous)
             self._write(client, items, previous)
             self._wait_established(client, items)
             result.objects.extend(items)
