@@ -108,6 +108,31 @@ class Rendered:
     ids: set[ObjectId] = field(default_factory=set)
 
 
+def read_optional(client: KubeClient, path: str, *, what: str) -> KubeObject | None:
+    """Read an object a StageSet names, with ``client``'s (the tenant's) identity; ``None`` if absent.
+
+    403 is ``RBACDenied`` naming the identity and ``what`` — only names the user wrote
+    appear in messages, never anything read from another namespace.
+    """
+    try:
+        return client.get(path)
+    except ApiError as error:
+        if error.forbidden:
+            raise StageError("RBACDenied", f"{client.identity.describe()} may not read {what}") from error
+        if error.not_found:
+            return None
+        raise
+
+
+def read_named(client: KubeClient, path: str, *, what: str, missing_reason: str,
+               missing_message: str = "") -> KubeObject:
+    """As :func:`read_optional`, but a missing object is a :class:`StageError` with ``missing_reason``."""
+    found = read_optional(client, path, what=what)
+    if found is None:
+        raise StageError(missing_reason, missing_message or f"{what} not found")
+    return found
+
+
 def _parse_time(value: str) -> datetime.datetime | None:
     try:
         return datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
@@ -173,16 +198,11 @@ class StageSetReconciler:
                              "is not allowed on this controller (--no-cross-namespace-refs)")
         if ref.kind != "GitRepository" or (ref.api_version or API_VERSION) != API_VERSION:
             raise StageError("InvalidSpec", f"stage {stage.name!r}: unsupported source kind {ref.kind}")
-        try:
-            source = client.get(self._sources.object_path(name=ref.name, namespace=source_ns))
-        except ApiError as error:
-            if error.forbidden:
-                raise StageError("RBACDenied", f"stage {stage.name!r}: {client.identity.describe()} "
-                                 f"may not read GitRepository {source_ns}/{ref.name}") from error
-            if error.not_found:
-                raise StageError("SourceNotReady", f"stage {stage.name!r}: GitRepository "
-                                 f"{source_ns}/{ref.name} not found") from error
-            raise
+        source = read_named(client, self._sources.object_path(name=ref.name, namespace=source_ns),
+                            what=f"GitRepository {source_ns}/{ref.name} (stage {stage.name!r})",
+                            missing_reason="SourceNotReady",
+                            missing_message=f"stage {stage.name!r}: GitRepository {source_ns}/{ref.name} "
+                            "not found")
         artifact = (source.get("status") or {}).get("artifact") or {}
         revision = artifact.get("revision")
         if not revision:
@@ -228,16 +248,10 @@ class StageSetReconciler:
         sources: list[VariableSource] = []
         for ref in stage.post_build.substitute_from:
             plural = "configmaps" if ref.kind == "ConfigMap" else "secrets"
-            try:
-                obj = client.get(f"/api/v1/namespaces/{namespace}/{plural}/{ref.name}")
-                data: dict[str, str] | None = obj.get("data") or {}
-            except ApiError as error:
-                if error.forbidden:
-                    raise StageError("RBACDenied", f"stage {stage.name!r}: {client.identity.describe()} "
-                                     f"may not read {ref.kind} {namespace}/{ref.name}") from error
-                if not error.not_found:
-                    raise
-                data = None  # only "not found" is tolerated, and only when optional
+            # Only "not found" is tolerated (and only when optional): a denied read fails the stage.
+            obj = read_optional(client, f"/api/v1/namespaces/{namespace}/{plural}/{ref.name}",
+                                what=f"{ref.kind} {namespace}/{ref.name} (stage {stage.name!r})")
+            data: dict[str, str] | None = None if obj is None else (obj.get("data") or {})
             sources.append(VariableSource(ref.kind, ref.name, data, ref.optional))
         try:
             return merge_variables(stage.post_build.substitute, sources)
@@ -436,17 +450,11 @@ class StageSetReconciler:
         secret_name, key = ref.secret_ref.name, ref.secret_ref.key
         identity = self._account_identity(stageset.spec.service_account_name, namespace,
                                           what="reading spec.kubeConfig")
-        client = self._clients.client(identity)
-        try:
-            secret = client.get(f"/api/v1/namespaces/{namespace}/secrets/{secret_name}")
-        except ApiError as error:
-            if error.forbidden:
-                raise StageError("RBACDenied", f"{identity.describe()} may not read Secret "
-                                 f"{namespace}/{secret_name} (spec.kubeConfig)") from error
-            if error.not_found:
-                raise StageError("StageFailed", f"spec.kubeConfig: Secret {namespace}/{secret_name} "
-                                 "not found") from error
-            raise
+        secret = read_named(self._clients.client(identity),
+                            f"/api/v1/namespaces/{namespace}/secrets/{secret_name}",
+                            what=f"Secret {namespace}/{secret_name} (spec.kubeConfig)",
+                            missing_reason="StageFailed",
+                            missing_message=f"spec.kubeConfig: Secret {namespace}/{secret_name} not found")
         encoded = (secret.get("data") or {}).get(key)
         if not encoded:
             raise StageError("InvalidSpec", f"spec.kubeConfig: Secret {namespace}/{secret_name} has no "
@@ -524,16 +532,8 @@ class StageSetReconciler:
             if ref_ns != namespace and self._settings.no_cross_namespace_refs:
                 raise StageError("InvalidSpec", "dependsOn into another namespace is not allowed on this "
                                  "controller (--no-cross-namespace-refs)")
-            try:
-                other = client.get(self._resource.object_path(name=ref_name, namespace=ref_ns))
-            except ApiError as error:
-                if error.forbidden:
-                    raise StageError("RBACDenied", f"{identity.describe()} may not read StageSet "
-                                     f"{ref_ns}/{ref_name}") from error
-                if error.not_found:
-                    raise StageError("DependencyNotReady", f"StageSet {ref_ns}/{ref_name} not found") \
-                        from error
-                raise
+            other = read_named(client, self._resource.object_path(name=ref_name, namespace=ref_ns),
+                               what=f"StageSet {ref_ns}/{ref_name}", missing_reason="DependencyNotReady")
             ready = next((c for c in (other.get("status") or {}).get("conditions", [])
                           if c.get("type") == "Ready"), None)
             generation = other["metadata"].get("generation")
