@@ -64,7 +64,6 @@ from typing import Any
 from bench.common import (
     AuditCounts,
     AuditWindow,
-    Controller,
     CpuMeter,
     StageSetTracker,
     controller_kubeconfig,
@@ -84,6 +83,7 @@ from stageset.controller.manager import GITREPOSITORIES, STAGESETS
 from stageset.controller.settings import ControllerSettings
 from stageset.envtest import install
 from stageset.envtest import server as envtest
+from stageset.envtest.controller import ControllerProcess
 from stageset.envtest.gitserve import serve_directory
 from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
 from stageset.kube.types import KubeObject
@@ -250,10 +250,11 @@ class Harness:
         self.floor_pool = ClientPool.from_kubeconfig(str(controller_config))
 
     @contextlib.contextmanager
-    def controller(self, label: str) -> Iterator[Controller]:
+    def controller(self, label: str) -> Iterator[ControllerProcess]:
         """A fresh controller process, returned once it is synced and has reconciled the source."""
-        handle = Controller(kubeconfig=self.controller_config, workdir=self.workdir / label,
-                            mirror_dir=self.workdir / "mirrors", workers=self.options.workers)
+        handle = ControllerProcess(kubeconfig=self.controller_config, workdir=self.workdir / label,
+                                   mirror_dir=self.workdir / "mirrors", log_level="warning",
+                                   extra=["--workers", str(self.options.workers)])
         try:
             path = GITREPOSITORIES.object_path(namespace=SOURCE_NS, name=SOURCE)
             stamp = poke(self.admin, path)
@@ -270,7 +271,7 @@ class Harness:
         finally:
             handle.stop()
 
-    def processes(self, controller: Controller | None = None) -> dict[str, int]:
+    def processes(self, controller: ControllerProcess | None = None) -> dict[str, int]:
         etcd, apiserver = (p.pid for p in self.plane._processes)
         found = {"controller": controller.process.pid} if controller else {}
         return {**found, "kube-apiserver": apiserver, "etcd": etcd, "benchmark": os.getpid()}
@@ -308,7 +309,7 @@ class Harness:
                 plan.append((namespace, obj))
         return plan
 
-    def delete_all(self, keys: list[Key], controller: Controller) -> float:
+    def delete_all(self, keys: list[Key], controller: ControllerProcess) -> float:
         start = time.monotonic()
         parallel(8, lambda key: self.admin.request("DELETE", stageset_path(key)), keys)
         done = self.tracker.wait(keys, lambda obj: obj is None, timeout=900, what="teardown",

@@ -19,10 +19,8 @@ import json
 import os
 import platform
 import shutil
-import signal
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from collections import Counter
@@ -31,7 +29,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stageset.controller.manager import REQUESTED_AT, STAGESETS
+from stageset.controller.conditions import READY, find_condition, ready_at_generation
+from stageset.controller.manager import STAGESETS
+from stageset.controller.status import REQUESTED_AT
 from stageset.envtest import install
 from stageset.envtest.server import ControlPlane
 from stageset.kube.client import KubeClient
@@ -75,62 +75,15 @@ def poke(admin: KubeClient, path: str, stamp: str | None = None) -> str:
     return stamp
 
 
-# -- the controller process -----------------------------------------------------------------
-
-
-class Controller:
-    """``stageset controller`` as a subprocess (so its memory is its own)."""
-
-    def __init__(self, *, kubeconfig: Path, workdir: Path, mirror_dir: Path, workers: int,
-                 extra: Iterable[str] = ()):
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.log = workdir / "controller.log"
-        with self.log.open("wb") as sink:
-            self.process = subprocess.Popen(
-                [sys.executable, "-m", "stageset.cli", "controller", "--kubeconfig", str(kubeconfig),
-                 "--allow-insecure-sources", "--mirror-dir", str(mirror_dir), "--workers", str(workers),
-                 "--log-level", "warning", *extra],
-                stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, "PYTHONUNBUFFERED": "1"},
-            )
-
-    def memory_mib(self) -> dict[str, float]:
-        """``VmRSS`` (now) and ``VmHWM`` (peak) of the controller process, MiB."""
-        found: dict[str, float] = {}
-        with open(f"/proc/{self.process.pid}/status") as status:
-            for line in status:
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    found[key] = int(value.split()[0]) / 1024
-        return found
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            tail = self.log.read_text(errors="replace")[-4000:]
-            raise RuntimeError(f"controller exited with {self.process.returncode}:\n{tail}")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.send_signal(signal.SIGTERM)
-            try:
-                self.process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
-
-
 # -- watching StageSets ---------------------------------------------------------------------
 
 
 def ready_condition(obj: KubeObject) -> dict[str, Any]:
-    return next((c for c in (obj.get("status") or {}).get("conditions", []) if c.get("type") == "Ready"), {})
+    return find_condition((obj.get("status") or {}).get("conditions"), READY)
 
 
-def is_ready(obj: KubeObject) -> bool:
-    """Ready=True for the current generation (what ``kubectl wait`` and dependents look at)."""
-    ready = ready_condition(obj)
-    generation = obj.get("metadata", {}).get("generation")
-    return ready.get("status") == "True" and ready.get("observedGeneration") == generation
+# Ready=True for the current generation (what ``kubectl wait`` and dependents look at).
+is_ready = ready_at_generation
 
 
 @dataclass

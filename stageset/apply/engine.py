@@ -26,7 +26,7 @@ from typing import Any
 
 from stageset.apply.inventory import Entry, ObjectId, manifest_hash, object_id
 from stageset.apply.ownership import FIELD_MANAGER, StageOwner, label_object
-from stageset.apply.plan import describe, phase_of
+from stageset.apply.plan import describe, phases
 from stageset.apply.readiness import Readiness, Status, readiness
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError
@@ -219,16 +219,14 @@ class StageApplier:
         self._each(items, write)
 
     def _wait_established(self, client: KubeClient, items: list[AppliedObject]) -> None:
+        """CRDs of this phase must serve before the next phase creates their objects."""
         crds = [i for i in items if i.manifest.get("kind") == "CustomResourceDefinition"]
-        deadline = time.monotonic() + self._settings.crd_timeout
-        for crd in crds:
-            while True:
-                verdict = readiness(client.get(crd.path))
-                if verdict.status is Status.CURRENT:
-                    break
-                if verdict.status is Status.FAILED or time.monotonic() > deadline:
-                    raise StageError("StageFailed", f"{describe(crd.manifest)}: {verdict.message}")
-                time.sleep(self._settings.poll_interval)
+        if not crds:
+            return
+        verdict = self.wait_ready(client=client, applied=crds, timeout=self._settings.crd_timeout,
+                                  stop=threading.Event())
+        if verdict.status is not Status.CURRENT:
+            raise StageError("StageFailed", f"CustomResourceDefinitions not established: {verdict.message}")
 
     def bind(self, *, owner: StageOwner, objects: list[KubeObject], default_namespace: str
              ) -> StageResult | None:
@@ -248,12 +246,12 @@ class StageApplier:
         bound = [self._bind(obj, default_namespace) for obj in labelled]
         self._preview(client, [b for b in bound if b is not None], force=force, previous=previous)
         result = StageResult()
-        for phase in sorted({phase_of(obj) for obj in labelled}):
+        bound_by_object = {id(obj): item for obj, item in zip(labelled, bound, strict=True)}
+        for phase in phases(labelled):
             items: list[AppliedObject] = []
             late: list[AppliedObject] = []
-            for obj, item in zip(labelled, bound, strict=True):
-                if phase_of(obj) != phase:
-                    continue
+            for obj in phase:
+                item = bound_by_object[id(obj)]
                 if item is None:
                     # Its kind appeared in an earlier phase of this stage (a CRD): preview it now.
                     item = self._bind(obj, default_namespace)

@@ -19,6 +19,7 @@ from types import FrameType
 import click
 import yaml
 
+from stageset.controller.conditions import READY, find_condition
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS, Manager
 from stageset.controller.settings import ControllerSettings
 from stageset.envtest import build, gitserve, install, server
@@ -61,7 +62,7 @@ class _Progress:
             if self._shown.get(stage["name"]) != line:
                 self._shown[stage["name"]] = line
                 _say(line)
-        ready = next((c for c in status.get("conditions", []) if c["type"] == "Ready"), None)
+        ready = find_condition(status.get("conditions"), READY)
         if ready:
             meta = obj["metadata"]
             line = (f"StageSet {meta['namespace']}/{meta['name']}: Ready={ready['status']} "

@@ -33,6 +33,18 @@ def set_condition(conditions: list[Condition], *, type_: str, status: str, reaso
     return sorted([*rest, updated], key=lambda c: str(c.get("type")))
 
 
+def find_condition(conditions: list[Condition] | None, type_: str) -> Condition:
+    """The condition of ``type_`` (an empty dict when there is none)."""
+    return next((c for c in conditions or [] if c.get("type") == type_), {})
+
+
+def ready_at_generation(obj: dict[str, Any]) -> bool:
+    """kstatus: Ready=True, and said about the object's current generation."""
+    ready = find_condition((obj.get("status") or {}).get("conditions"), READY)
+    return ready.get("status") == "True" and \
+        ready.get("observedGeneration") == obj.get("metadata", {}).get("generation")
+
+
 def remove_condition(conditions: list[Condition], type_: str) -> list[Condition]:
     return [c for c in conditions if c.get("type") != type_]
 

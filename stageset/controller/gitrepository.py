@@ -21,8 +21,8 @@ from pydantic import ValidationError
 from sources import Credentials, MirrorStore, RefSelector, SourceError
 from sources import errors as source_errors
 from stageset.api import GitRepository, parse_duration
-from stageset.controller.conditions import now, summarize
-from stageset.controller.status import write_status
+from stageset.controller.conditions import now
+from stageset.controller.status import StatusReport, validation_message
 from stageset.kube.client import ApiError, ClientPool, Identity
 from stageset.kube.mapping import Resource
 
@@ -86,28 +86,17 @@ class GitRepositoryReconciler:
     def reconcile(self, raw: dict[str, Any]) -> float | None:
         """Returns seconds until the next poll."""
         metadata = raw["metadata"]
-        namespace, generation = metadata["namespace"], int(metadata.get("generation", 0))
-        status: dict[str, Any] = dict(raw.get("status") or {})
-        conditions = list(status.get("conditions") or [])
-        admin = self._clients.client()
-        requested = (metadata.get("annotations") or {}).get("reconcile.fluxcd.io/requestedAt")
+        namespace = metadata["namespace"]
+        report = StatusReport(client=self._clients.client(), resource=self._resource, obj=raw)
         try:
             repo = GitRepository.model_validate(raw)
         except ValidationError as error:
-            status["conditions"] = summarize(conditions, ready=False, reason="InvalidSpec",
-                                             message=_first_error(error), generation=generation,
-                                             stalled=True)
-            status["observedGeneration"] = generation
-            write_status(admin, resource=self._resource, obj=raw, status=status)
+            report.conclude(ready=False, reason="InvalidSpec", message=validation_message(error),
+                            stalled=True)
             return None
         interval = parse_duration(repo.spec.interval).total_seconds()
-        if requested:
-            status["lastHandledReconcileAt"] = requested
         if repo.spec.suspend:
-            status["conditions"] = summarize(conditions, ready=False, reason="Suspended",
-                                             message="reconciliation is suspended",
-                                             generation=generation)
-            write_status(admin, resource=self._resource, obj=raw, status=status)
+            report.conclude(ready=False, reason="Suspended", message="reconciliation is suspended")
             return None
         ref = repo.spec.ref
         try:
@@ -118,41 +107,25 @@ class GitRepositoryReconciler:
                                          timeout=parse_duration(repo.spec.timeout).total_seconds())
         except ApiError as error:
             reason = "RBACDenied" if error.forbidden else "SecretNotFound" if error.not_found else "Failed"
-            message = f"reading secretRef {repo.spec.secret_ref.name if repo.spec.secret_ref else ''}: " \
-                      f"{error.message}"
-            status["conditions"] = summarize(conditions, ready=False, reason=reason, message=message,
-                                             generation=generation)
-            status["observedGeneration"] = generation
-            write_status(admin, resource=self._resource, obj=raw, status=status)
+            secret = repo.spec.secret_ref.name if repo.spec.secret_ref else ""
+            report.conclude(ready=False, reason=reason,
+                            message=f"reading secretRef {secret}: {error.message}")
             return interval
         except SourceError as error:
             # Keep status.artifact: dependents go on using the last good revision.
             reason = _reason(error)
-            status["conditions"] = summarize(conditions, ready=False, reason=reason,
-                                             message=str(error), generation=generation,
-                                             stalled=reason == "InvalidSpec")
-            status["observedGeneration"] = generation
-            write_status(admin, resource=self._resource, obj=raw, status=status)
+            report.conclude(ready=False, reason=reason, message=str(error), stalled=reason == "InvalidSpec")
             return interval
-        previous = (status.get("artifact") or {}).get("revision")
+        previous = (report.status.get("artifact") or {}).get("revision")
         if previous != snapshot.revision:
             # The root tree id is a content digest of the whole tree, for free.
             tree = self._store.tree_hash(repo.spec.url, commit=snapshot.commit, path="./")
-            status["artifact"] = {"revision": snapshot.revision, "digest": f"sha1:{tree}",
-                                  "lastUpdateTime": now()}
-        status["observedGeneration"] = generation
-        status["conditions"] = summarize(conditions, ready=True, reason="Succeeded",
-                                         message=f"stored artifact for revision '{snapshot.revision}'",
-                                         generation=generation)
-        write_status(admin, resource=self._resource, obj=raw, status=status)
+            report.status["artifact"] = {"revision": snapshot.revision, "digest": f"sha1:{tree}",
+                                         "lastUpdateTime": now()}
+        report.conclude(ready=True, reason="Succeeded",
+                        message=f"stored artifact for revision '{snapshot.revision}'")
         if previous != snapshot.revision or snapshot.fetched:
             # Also after a fetch of a known revision: a restarted controller's fresh mirror
             # now holds it, so StageSets waiting for the artifact can go on.
             self._on_revision(namespace, metadata["name"], snapshot.revision)
         return interval * random.uniform(0.9, 1.1)  # noqa: S311 - jitter, not crypto
-
-
-def _first_error(error: ValidationError) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(p) for p in first.get("loc", ()))
-    return f"{where}: {first.get('msg')}"

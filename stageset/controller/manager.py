@@ -18,12 +18,14 @@ from typing import Any
 from sources import Limits, MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
 from stageset.apply.engine import StageApplier
+from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
 from stageset.controller.gitrepository import GitRepositoryReconciler
 from stageset.controller.queue import WorkQueue
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import StageSetReconciler
+from stageset.controller.status import requested_at
 from stageset.kube.client import ClientPool
 from stageset.kube.mapping import Resource, RestMapper
 from stageset.kube.types import KubeObject
@@ -34,23 +36,13 @@ log = logging.getLogger(__name__)
 STAGESETS = Resource(group=GROUP, version=VERSION, kind="StageSet", plural="stagesets", namespaced=True)
 GITREPOSITORIES = Resource(group=GROUP, version=VERSION, kind="GitRepository",
                            plural="gitrepositories", namespaced=True)
-REQUESTED_AT = "reconcile.fluxcd.io/requestedAt"
-
 Key = tuple[str, str, str]  # (kind, namespace, name)
 
 
 def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
     """What, when changed, calls for a reconcile (status writes alone do not)."""
     metadata = obj.get("metadata", {})
-    return (metadata.get("generation"), (metadata.get("annotations") or {}).get(REQUESTED_AT),
-            bool(metadata.get("deletionTimestamp")))
-
-
-def _readiness(obj: KubeObject) -> tuple[Any, ...]:
-    """What dependents of a StageSet care about: Ready and the generation it speaks for."""
-    ready: dict[str, Any] = next(
-        (c for c in (obj.get("status") or {}).get("conditions", []) if c.get("type") == "Ready"), {})
-    return ready.get("status"), ready.get("observedGeneration"), obj.get("metadata", {}).get("generation")
+    return metadata.get("generation"), requested_at(obj), bool(metadata.get("deletionTimestamp"))
 
 
 class Manager:
@@ -61,7 +53,8 @@ class Manager:
         self._queue: WorkQueue[Key] = WorkQueue()
         self._lock = threading.Lock()
         self._objects: dict[Key, KubeObject] = {}
-        self._triggers: dict[Key, tuple[Any, Any, bool]] = {}
+        # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.
+        self._seen: dict[Key, tuple[tuple[Any, Any, bool], bool]] = {}
         admin = clients.client()
         policy = UrlPolicy(allow_http=settings.allow_insecure_sources,
                            allow_file=settings.allow_insecure_sources)
@@ -74,7 +67,6 @@ class Manager:
             clients=clients, store=self._store, applier=StageApplier(mapper=RestMapper(admin)),
             resource=STAGESETS, source_resource=GITREPOSITORIES, settings=settings,
             events=EventRecorder(admin), index=self._index, stop=self.stop)
-        self._readiness: dict[Key, tuple[Any, ...]] = {}
         self._reflectors: list[Reflector] = []
         for namespace in settings.watch_namespaces or (None,):
             for resource in (STAGESETS, GITREPOSITORIES):
@@ -87,33 +79,30 @@ class Manager:
         def handle(event: str, obj: KubeObject) -> None:
             metadata = obj.get("metadata", {})
             key: Key = (kind, metadata.get("namespace", ""), metadata.get("name", ""))
+            if kind == "StageSet":
+                # Before the reconcile is queued, so it sees this object's edges (cycles).
+                ref = (key[1], key[2])
+                if event == "DELETED":
+                    self._index.remove(ref)
+                else:
+                    self._index.update(ref, [(dep.get("namespace") or key[1], dep.get("name", ""))
+                                             for dep in (obj.get("spec") or {}).get("dependsOn") or []])
             with self._lock:
+                before = self._seen.get(key)
                 if event == "DELETED":
                     self._objects.pop(key, None)
-                    self._triggers.pop(key, None)
-                    self._readiness.pop(key, None)
-                    changed, readiness_changed = False, kind == "StageSet"
+                    self._seen.pop(key, None)
+                    now: tuple[tuple[Any, Any, bool], bool] | None = None
                 else:
                     self._objects[key] = obj
-                    trigger = _trigger(obj)
-                    changed = self._triggers.get(key) != trigger
-                    self._triggers[key] = trigger
-                    readiness = _readiness(obj)
-                    readiness_changed = kind == "StageSet" and self._readiness.get(key) != readiness
-                    self._readiness[key] = readiness
-            if changed:
+                    now = (_trigger(obj), ready_at_generation(obj))
+                    self._seen[key] = now
+            if now is not None and (before is None or before[0] != now[0]):
                 self._queue.add(key)
-            if kind == "StageSet":
-                deps = [(ref.get("namespace") or key[1], ref.get("name", ""))
-                        for ref in (obj.get("spec") or {}).get("dependsOn") or []]
-                if event == "DELETED":
-                    self._index.remove((key[1], key[2]))
-                else:
-                    self._index.update((key[1], key[2]), deps)
-                if readiness_changed:
-                    # Event-driven: a dependency's Ready change wakes its dependents at once.
-                    for namespace, name in self._index.dependents((key[1], key[2])):
-                        self._queue.add(("StageSet", namespace, name))
+            if kind == "StageSet" and (before is None or now is None or before[1] != now[1]):
+                # Event-driven: a dependency turning (un)Ready wakes its dependents at once.
+                for namespace, name in self._index.dependents((key[1], key[2])):
+                    self._queue.add(("StageSet", namespace, name))
         return handle
 
     def _revision_changed(self, namespace: str, name: str, revision: str) -> None:

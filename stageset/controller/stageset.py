@@ -43,13 +43,14 @@ from stageset.build import (
     build_stage,
     merge_variables,
 )
-from stageset.controller.conditions import now, summarize
+from stageset.controller.conditions import READY as READY_CONDITION
+from stageset.controller.conditions import now, ready_at_generation
 from stageset.controller.dependencies import DependencyIndex, describe
 from stageset.controller.events import WARNING, EventRecorder
 from stageset.controller.ordering import OrderingError, StageNode, ready_to_start, stage_graph
 from stageset.controller.rendercache import RenderCache, render_key
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.status import write_status
+from stageset.controller.status import StatusReport, validation_message, write_status
 from stageset.kube.client import LOCAL, ApiError, ClientPool, ClusterKey, Identity, KubeClient
 from stageset.kube.mapping import Resource, RestMapper
 from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
@@ -147,6 +148,11 @@ def _format_time(value: datetime.datetime) -> str:
 def _owned_by(obj: KubeObject, *, namespace: str, name: str) -> bool:
     labels = obj.get("metadata", {}).get("labels") or {}
     return labels.get(LABEL_NAME) == name and labels.get(LABEL_NAMESPACE) == namespace
+
+
+def _stage_nodes(stageset: StageSet) -> list[StageNode]:
+    return [StageNode(s.name, None if s.depends_on is None else tuple(s.depends_on))
+            for s in stageset.spec.stages]
 
 
 def _prune_disabled(obj: KubeObject) -> bool:
@@ -280,7 +286,7 @@ class StageSetReconciler:
             # A stage already applied at this revision and waiting for readiness is only
             # re-checked: no dry-runs, no writes, one read per object.
             result = applier.bind(owner=owner, objects=rendered.objects,
-                                        default_namespace=namespace) if recheck_only else None
+                                  default_namespace=namespace) if recheck_only else None
             if result is None:
                 result = applier.apply(
                     client=client, owner=owner, objects=rendered.objects, default_namespace=namespace,
@@ -305,7 +311,7 @@ class StageSetReconciler:
         waited = (datetime.datetime.now(datetime.UTC) - started).total_seconds()
         slice_ = max(0.0, min(timeout - waited, self._settings.readiness_slice))
         verdict = applier.wait_ready(client=client, applied=[*result.objects, *extra],
-                                           timeout=slice_, stop=self._stop) if wants_wait else None
+                                     timeout=slice_, stop=self._stop) if wants_wait else None
         outcome = StageOutcome(stage.name, READY, "Succeeded", "", rendered.revision, len(result.objects),
                                applied_at)
         if verdict is not None and verdict.status is Status.FAILED:
@@ -482,8 +488,7 @@ class StageSetReconciler:
         graph: nx.DiGraph = nx.DiGraph()
         if stageset is not None:
             try:
-                graph = stage_graph([StageNode(s.name, None if s.depends_on is None else tuple(s.depends_on))
-                                     for s in stageset.spec.stages])
+                graph = stage_graph(_stage_nodes(stageset))
             except OrderingError:
                 graph = nx.DiGraph()
         in_spec = [n for n in reversed(list(nx.lexicographical_topological_sort(graph)))
@@ -518,7 +523,7 @@ class StageSetReconciler:
     def _check_dependencies(self, stageset: StageSet, namespace: str) -> None:
         key = (namespace, stageset.metadata["name"])
         refs = [(ref.namespace or namespace, ref.name) for ref in stageset.spec.depends_on]
-        self._index.update(key, refs)
+        # The index is kept by the watch handler, from the same cached object we reconcile.
         cycle = self._index.cycle_through(key)
         if cycle:
             spelled = " -> ".join(describe(k) for k in [*cycle, cycle[0]])
@@ -534,10 +539,7 @@ class StageSetReconciler:
                                  "controller (--no-cross-namespace-refs)")
             other = read_named(client, self._resource.object_path(name=ref_name, namespace=ref_ns),
                                what=f"StageSet {ref_ns}/{ref_name}", missing_reason="DependencyNotReady")
-            ready = next((c for c in (other.get("status") or {}).get("conditions", [])
-                          if c.get("type") == "Ready"), None)
-            generation = other["metadata"].get("generation")
-            if not ready or ready.get("status") != "True" or ready.get("observedGeneration") != generation:
+            if not ready_at_generation(other):
                 raise StageError("DependencyNotReady", f"StageSet {ref_ns}/{ref_name} is not Ready")
 
     # -- the whole StageSet ---------------------------------------------------------
@@ -545,35 +547,22 @@ class StageSetReconciler:
     def reconcile(self, raw: dict[str, Any]) -> float | None:
         """Reconcile one StageSet; returns seconds until it should run again."""
         metadata = raw["metadata"]
-        namespace, name = metadata["namespace"], metadata["name"]
-        generation = int(metadata.get("generation", 0))
-        admin = self._clients.client()
-        status: dict[str, Any] = dict(raw.get("status") or {})
-        conditions = list(status.get("conditions") or [])
-        requested = (metadata.get("annotations") or {}).get("reconcile.fluxcd.io/requestedAt")
-        if requested:
-            status["lastHandledReconcileAt"] = requested
+        namespace = metadata["namespace"]
+        report = StatusReport(client=self._clients.client(), resource=self._resource, obj=raw)
 
         def finish(*, ready: bool | None, reason: str, message: str, stalled: bool = False,
                    again: float | None = None) -> float | None:
-            status["observedGeneration"] = generation
-            status["conditions"] = summarize(conditions, ready=ready, reason=reason, message=message,
-                                             generation=generation, stalled=stalled)
-            write_status(admin, resource=self._resource, obj=raw, status=status)
+            report.conclude(ready=ready, reason=reason, message=message, stalled=stalled)
             return again
 
         try:
             stageset = StageSet.model_validate(raw)
         except ValidationError as error:
             if metadata.get("deletionTimestamp"):
-                return self._teardown(raw, None, status)
-            first = error.errors()[0]
-            where = ".".join(str(p) for p in first.get("loc", ()))
-            return finish(ready=False, reason="InvalidSpec", message=f"{where}: {first.get('msg')}",
-                          stalled=True)
+                return self._teardown(raw, None, report.status)
+            return finish(ready=False, reason="InvalidSpec", message=validation_message(error), stalled=True)
         if metadata.get("deletionTimestamp"):
-            self._index.remove((namespace, name))
-            return self._teardown(raw, stageset, status)
+            return self._teardown(raw, stageset, report.status)
         spec = stageset.spec
         interval = parse_duration(spec.interval).total_seconds()
         retry = parse_duration(spec.retry_interval or spec.interval).total_seconds()
@@ -581,8 +570,7 @@ class StageSetReconciler:
             return finish(ready=False, reason="Suspended", message="reconciliation is suspended")
         try:
             self._set_finalizer(raw, present=True)
-            graph = stage_graph([StageNode(s.name, None if s.depends_on is None else tuple(s.depends_on))
-                                 for s in spec.stages])
+            graph = stage_graph(_stage_nodes(stageset))
             self._check_dependencies(stageset, namespace)
             target = self._target(stageset, namespace)
         except OrderingError as error:
@@ -593,13 +581,14 @@ class StageSetReconciler:
             again = None if stalled else (1.0 if error.reason == "Progressing" else retry)
             return finish(ready=False, reason=error.reason, message=error.message, stalled=stalled,
                           again=again)
-        return self._pass(raw, stageset, graph, target, status=status, finish=finish, interval=interval,
+        return self._pass(raw, stageset, graph, target, report=report, finish=finish, interval=interval,
                           retry=retry)
 
     def _pass(self, raw: dict[str, Any], stageset: StageSet, graph: nx.DiGraph, target: Target, *,
-              status: dict[str, Any],
-              finish: Callable[..., float | None], interval: float, retry: float) -> float | None:
+              report: StatusReport, finish: Callable[..., float | None], interval: float, retry: float
+              ) -> float | None:
         metadata = raw["metadata"]
+        status = report.status
         namespace, name = metadata["namespace"], metadata["name"]
         spec = stageset.spec
         by_name = {s.name: s for s in spec.stages}
@@ -613,8 +602,7 @@ class StageSetReconciler:
             outcome.objects = before.get("objects")
             outcome.waiting_since = before.get("waitingSince")
 
-        ready_before: dict[str, Any] = next(
-            (c for c in status.get("conditions") or [] if c.get("type") == "Ready"), {})
+        ready_before = report.condition(READY_CONDITION)
         was_ready = ready_before.get("status") == "True" and \
             ready_before.get("observedGeneration") == metadata.get("generation")
         quiet = False
@@ -663,7 +651,7 @@ class StageSetReconciler:
         done: set[str] = set()
         blocked = {n for n in outcomes if n not in rendered}
         started: set[str] = set(blocked)
-        results: dict[str, StageResult] = {}
+        fresh: dict[str, StageInventory] = {}  # what each stage applied in this pass
         futures: dict[Future[tuple[StageOutcome, StageResult | None]], str] = {}
         with ThreadPoolExecutor(max_workers=self._settings.stage_parallelism,
                                 thread_name_prefix=f"stages-{name}") as pool:
@@ -684,11 +672,10 @@ class StageSetReconciler:
                     outcome, result = future.result()
                     outcomes[stage_name] = outcome
                     if result is not None:
-                        results[stage_name] = result
-                        new_inv = StageInventory(
+                        fresh[stage_name] = StageInventory(
                             stage_name, by_name[stage_name].service_account_name or spec.service_account_name,
                             {o.id: o.entry() for o in result.objects})
-                        current[stage_name] = inventory.merged(old.get(stage_name), new_inv)
+                        current[stage_name] = inventory.merged(old.get(stage_name), fresh[stage_name])
                         self._report_drift(raw, stage_name, result)
                     if outcome.phase == READY:
                         done.add(stage_name)
@@ -699,12 +686,10 @@ class StageSetReconciler:
         status["stages"] = [outcomes[s.name].as_status() for s in spec.stages]
         if len(done) == len(outcomes):
             # (3) every stage is Ready: prune, then keep only the new inventory.
-            new = {n: StageInventory(n, current[n].service_account,
-                                     {o.id: o.entry() for o in results[n].objects}) for n in results}
-            kept = self._prune(old=old, new=new, disabled=[s.name for s in spec.stages if not s.prune],
+            kept = self._prune(old=old, new=fresh, disabled=[s.name for s in spec.stages if not s.prune],
                                namespace=namespace, name=name, target=target)
             current.clear()
-            current.update(new)
+            current.update(fresh)
             for item in kept:
                 # Still tracked, so a later pass tries again; never silently orphaned.
                 holder = current.setdefault(item.stage, StageInventory(item.stage, item.service_account))

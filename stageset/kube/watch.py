@@ -42,7 +42,8 @@ class Reflector:
         self._namespace = namespace
         self._handler = handler
         self._stop = stop
-        self._known: dict[tuple[str, str], KubeObject] = {}
+        # Only the keys: the handler keeps the objects; a relist needs just what vanished.
+        self._known: set[tuple[str, str]] = set()
         self.synced = threading.Event()
 
     def _path(self) -> str:
@@ -56,14 +57,13 @@ class Reflector:
                 "GET", self._path(), query={"limit": 500, "continue": listing["metadata"]["continue"]}
             )
             items.extend(listing.get("items", []))
-        fresh: dict[tuple[str, str], KubeObject] = {}
         for item in items:
             item.setdefault("apiVersion", self._resource.api_version)
             item.setdefault("kind", self._resource.kind)
-            fresh[object_key(item)] = item
-        for key, gone in self._known.items():
-            if key not in fresh:
-                self._handler("DELETED", gone)
+        fresh = {object_key(item) for item in items}
+        for namespace, name in sorted(self._known - fresh):
+            self._handler("DELETED", {"apiVersion": self._resource.api_version, "kind": self._resource.kind,
+                                      "metadata": {"namespace": namespace, "name": name}})
         self._known = fresh
         for item in items:
             self._handler("ADDED", item)
@@ -86,9 +86,9 @@ class Reflector:
                 continue
             key = object_key(obj)
             if kind == "DELETED":
-                self._known.pop(key, None)
+                self._known.discard(key)
             else:
-                self._known[key] = obj
+                self._known.add(key)
             self._handler(kind, obj)
         return resource_version
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
@@ -14,6 +11,7 @@ from typing import Any
 import pytest
 
 from stageset.envtest import install
+from stageset.envtest.controller import ControllerProcess
 from stageset.envtest.server import ControlPlane
 from stageset.kube.client import ApiError, KubeClient
 from tests.gitserver import GitServer
@@ -45,15 +43,6 @@ def git_server() -> Iterator[GitServer]:
         yield server
 
 
-class ControllerProcess:
-    def __init__(self, process: subprocess.Popen[bytes], log: Path):
-        self.process = process
-        self.log = log
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
-
-
 def controller_kubeconfig(admin: KubeClient, *, control_plane: ControlPlane, path: Path) -> Path:
     """The e2e controller runs with exactly the Helm chart's rights in a multi-tenant install,
     so a test passes only if every tenant read and write really goes through impersonation."""
@@ -62,24 +51,11 @@ def controller_kubeconfig(admin: KubeClient, *, control_plane: ControlPlane, pat
 
 
 def start_controller(*, kubeconfig: Path, workdir: Path, extra: list[str] | None = None) -> ControllerProcess:
-    log = workdir / "controller.log"
-    with log.open("wb") as sink:
-        process = subprocess.Popen(
-            [sys.executable, "-m", "stageset.cli", "controller", "--kubeconfig", str(kubeconfig),
-             "--allow-insecure-sources", "--mirror-dir", str(workdir / "mirrors"),
-             "--log-level", "debug", *(extra or [])],
-            stdout=sink, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
-        )
-    return ControllerProcess(process, log)
+    return ControllerProcess(kubeconfig=kubeconfig, workdir=workdir, extra=extra or [])
 
 
 def stop_controller(handle: ControllerProcess) -> None:
-    handle.process.send_signal(signal.SIGTERM)
-    try:
-        handle.process.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        handle.process.kill()
-        handle.process.wait()
+    handle.stop(timeout=20)
     sys.stderr.write(f"\n--- controller log (tail) ---\n{handle.output()[-6000:]}\n")
 
 
