@@ -77,7 +77,7 @@ from bench.common import (
     revision,
     role_binding,
 )
-from stageset.apply.engine import ApplySettings
+from stageset.apply.settings import ApplySettings
 from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS
 from stageset.controller.settings import ControllerSettings

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -13,21 +12,34 @@ from pathlib import Path
 from types import FrameType
 
 import click
+from kubernetes.utils import parse_quantity
 
-from stageset.api import parse_duration
+from stageset.api import duration_seconds
 from stageset.controller.manager import Manager
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ClientPool
 
-_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
-
 
 def parse_size(value: str) -> int:
-    """``2Gi``, ``500M``, ``1048576`` -> bytes (Kubernetes quantity suffixes)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]i?)?\s*", value)
-    if not match:
-        raise click.BadParameter(f"not a size: {value!r} (use e.g. 2Gi, 500Mi, 1000000)")
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+    """A Kubernetes quantity as whole bytes: ``2Gi``, ``500M``, ``1048576``.
+
+    ``500m`` is 0.5 (milli), not 500 megabytes: a fraction of a byte is refused.
+    """
+    try:
+        quantity = parse_quantity(value.strip())  # type: ignore[no-untyped-call]
+    except ValueError as error:
+        raise click.BadParameter(f"not a size: {value!r} (use e.g. 2Gi, 500Mi, 1000000)") from error
+    if quantity < 0 or quantity != quantity.to_integral_value():
+        raise click.BadParameter(f"not a whole number of bytes: {value!r} (m means milli; use M or Mi)")
+    return int(quantity)
+
+
+def parse_duration_option(value: str) -> float:
+    """A duration flag (``30s``, ``5m``, ``1h30m``) in seconds."""
+    try:
+        return duration_seconds(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from error
 
 
 def _namespaces(value: str | None) -> tuple[str, ...] | None:
@@ -94,7 +106,7 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
         mirror_dir=Path(mirror_dir) if mirror_dir else Path(tempfile.mkdtemp(prefix="stageset-mirrors-")),
         allow_insecure_sources=allow_insecure_sources,
         mirror_max_bytes=parse_size(mirror_max_size) if mirror_max_size else None,
-        max_teardown_wait=parse_duration(max_teardown_wait).total_seconds(),
+        max_teardown_wait=parse_duration_option(max_teardown_wait),
     )
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:

@@ -13,18 +13,22 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from sources import Limits, MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
 from stageset.apply.engine import StageApplier
+from stageset.controller.clock import Clock, system_clock
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
-from stageset.controller.gitrepository import GitRepositoryReconciler
+from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
+from stageset.controller.identity import IdentityPolicy
 from stageset.controller.queue import WorkQueue
+from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import StageSetReconciler
+from stageset.controller.stageset.rendering import SourceTrees
 from stageset.controller.status import requested_at
 from stageset.kube.client import ClientPool
 from stageset.kube.mapping import Resource, RestMapper
@@ -39,6 +43,14 @@ GITREPOSITORIES = Resource(group=GROUP, version=VERSION, kind="GitRepository",
 Key = tuple[str, str, str]  # (kind, namespace, name)
 
 
+class Store(Fetcher, SourceTrees, Protocol):
+    """The Git mirror as the reconcilers use it (:class:`sources.MirrorStore`)."""
+
+
+class Reconciler(Protocol):
+    def reconcile(self, raw: KubeObject) -> Result: ...
+
+
 def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
     """What, when changed, calls for a reconcile (status writes alone do not)."""
     metadata = obj.get("metadata", {})
@@ -46,7 +58,8 @@ def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
 
 
 class Manager:
-    def __init__(self, *, clients: ClientPool, settings: ControllerSettings):
+    def __init__(self, *, clients: ClientPool, settings: ControllerSettings, store: Store | None = None,
+                 clock: Clock = system_clock):
         self._clients = clients
         self._settings = settings
         self.stop = threading.Event()
@@ -56,22 +69,29 @@ class Manager:
         # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.
         self._seen: dict[Key, tuple[tuple[Any, Any, bool], bool]] = {}
         admin = clients.client()
-        policy = UrlPolicy(allow_http=settings.allow_insecure_sources,
-                           allow_file=settings.allow_insecure_sources)
-        self._store = MirrorStore(root=settings.mirror_dir, policy=policy, limits=Limits(),
-                                  max_bytes=settings.mirror_max_bytes)
-        self._git = GitRepositoryReconciler(clients=clients, store=self._store,
-                                            resource=GITREPOSITORIES, on_revision=self._revision_changed)
+        self._store: Store = store or self._mirror_store(settings)
+        identities = IdentityPolicy(cluster_admin=settings.cluster_admin)
+        self._git = GitRepositoryReconciler(clients=clients, store=self._store, resource=GITREPOSITORIES,
+                                            on_revision=self._revision_changed, identities=identities,
+                                            clock=clock)
         self._index = DependencyIndex()
         self._stagesets = StageSetReconciler(
-            clients=clients, store=self._store, applier=StageApplier(mapper=RestMapper(admin)),
+            clients=clients, store=self._store,
+            applier=StageApplier(mapper=RestMapper(admin), settings=settings.apply),
             resource=STAGESETS, source_resource=GITREPOSITORIES, settings=settings,
-            events=EventRecorder(admin), index=self._index, stop=self.stop)
+            events=EventRecorder(admin, clock=clock), index=self._index, stop=self.stop, clock=clock)
         self._reflectors: list[Reflector] = []
         for namespace in settings.watch_namespaces or (None,):
             for resource in (STAGESETS, GITREPOSITORIES):
                 self._reflectors.append(Reflector(client=admin, resource=resource, namespace=namespace,
                                                   handler=self._handler(resource.kind), stop=self.stop))
+
+    @staticmethod
+    def _mirror_store(settings: ControllerSettings) -> MirrorStore:
+        policy = UrlPolicy(allow_http=settings.allow_insecure_sources,
+                           allow_file=settings.allow_insecure_sources)
+        return MirrorStore(root=settings.mirror_dir, policy=policy, limits=Limits(),
+                           max_bytes=settings.mirror_max_bytes)
 
     # -- events -------------------------------------------------------------------
 
@@ -85,8 +105,7 @@ class Manager:
                 if event == "DELETED":
                     self._index.remove(ref)
                 else:
-                    self._index.update(ref, [(dep.get("namespace") or key[1], dep.get("name", ""))
-                                             for dep in (obj.get("spec") or {}).get("dependsOn") or []])
+                    self._index.update(ref, self._dependencies(key[1], obj))
             with self._lock:
                 before = self._seen.get(key)
                 if event == "DELETED":
@@ -104,6 +123,14 @@ class Manager:
                 for namespace, name in self._index.dependents((key[1], key[2])):
                     self._queue.add(("StageSet", namespace, name))
         return handle
+
+    def _dependencies(self, namespace: str, obj: KubeObject) -> list[tuple[str, str]]:
+        found = [(dep.get("namespace") or namespace, dep.get("name", ""))
+                 for dep in (obj.get("spec") or {}).get("dependsOn") or []]
+        if self._settings.no_cross_namespace_refs:
+            # Refused references are no edges: cycles never span namespaces on such a controller.
+            found = [dep for dep in found if dep[0] == namespace]
+        return found
 
     def _revision_changed(self, namespace: str, name: str, revision: str) -> None:
         log.info("GitRepository %s/%s now at %s", namespace, name, revision)
@@ -125,21 +152,40 @@ class Manager:
             try:
                 with self._lock:
                     obj = self._objects.get(key)
-                if obj is None:
-                    continue
-                reconciler = self._stagesets if key[0] == "StageSet" else self._git
-                started = time.monotonic()
-                again = reconciler.reconcile(obj)
-                log.debug("reconciled %s %s/%s in %.2fs; next in %s", *key, time.monotonic() - started,
-                          "-" if again is None else f"{again:.0f}s")
-                if again is not None and not self.stop.is_set():
-                    self._queue.add_after(key, again)
-            except Exception:
-                # Never crash on user data: log, back off, retry.
-                log.exception("reconciling %s %s/%s failed", *key)
-                self._queue.add_after(key, 10.0)
+                if obj is not None:
+                    self._reconcile(key, obj)
             finally:
                 self._queue.done(key)
+
+    def _reconcile(self, key: Key, obj: KubeObject) -> None:
+        reconciler: Reconciler = self._stagesets if key[0] == "StageSet" else self._git
+        started = time.monotonic()
+        try:
+            result = reconciler.reconcile(obj)
+        except TerminalError as error:
+            log.warning("%s %s/%s: %s; not retried until it changes", *key, error)
+            self._queue.forget(key)
+            return
+        except Exception as error:
+            # Never crash on user data: log (the traceback once per failure streak), back off.
+            failures = self._queue.failures(key)
+            delay = self._queue.add_rate_limited(key)
+            if failures == 0:
+                log.exception("reconciling %s %s/%s failed; retrying in %.1fs", *key, delay)
+            else:
+                log.warning("reconciling %s %s/%s failed again (%d in a row): %s: %s; retrying in %.1fs",
+                            *key, failures + 1, type(error).__name__, error, delay)
+            return
+        elapsed = time.monotonic() - started
+        if result.backoff:
+            delay = self._queue.add_rate_limited(key)
+            log.debug("reconciled %s %s/%s in %.2fs; failed, backing off %.1fs", *key, elapsed, delay)
+            return
+        self._queue.forget(key)
+        log.debug("reconciled %s %s/%s in %.2fs; next in %s", *key, elapsed,
+                  "-" if result.requeue_after is None else f"{result.requeue_after:.0f}s")
+        if result.requeue_after is not None and not self.stop.is_set():
+            self._queue.add_after(key, result.requeue_after)
 
     def run(self) -> None:
         """Run until :attr:`stop` is set."""

@@ -1,24 +1,48 @@
-"""A de-duplicating work queue with delayed re-adds, like client-go's rate-limited queue.
+"""A de-duplicating work queue with delayed re-adds and per-key backoff, like client-go's.
 
 A key is never processed by two workers at once: adding a key that is being
 processed marks it dirty, and it is queued again once its worker is done.
+
+Failures back off per key (:meth:`WorkQueue.add_rate_limited`): ``base`` doubling up to
+``cap``, with jitter so keys that failed together do not retry together; :meth:`forget`
+(on success) starts the key over.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import threading
 import time
 from collections import deque
 from collections.abc import Hashable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """Per-key exponential backoff: ``base * 2**failures``, at most ``cap``, times a jitter in
+    ``[1 - jitter, 1 + jitter]``."""
+
+    base: float = 0.5
+    cap: float = 300.0
+    jitter: float = 0.1
+
+    def delay(self, failures: int, *, draw: float) -> float:
+        """The delay after ``failures`` earlier failures; ``draw`` is uniform in [0, 1)."""
+        exact = min(self.cap, self.base * 2.0 ** min(failures, 64))
+        return float(exact * (1 - self.jitter + 2 * self.jitter * draw))
+
+
 class WorkQueue(Generic[K]):
-    def __init__(self) -> None:
+    def __init__(self, *, backoff: Backoff | None = None, rng: random.Random | None = None) -> None:
+        self._backoff = backoff or Backoff()
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
+        self._failures: dict[K, int] = {}
         self._cond = threading.Condition()
         self._queue: deque[K] = deque()
         self._queued: set[K] = set()
@@ -45,6 +69,25 @@ class WorkQueue(Generic[K]):
         with self._cond:
             heapq.heappush(self._delayed, (time.monotonic() + delay, next(self._counter), key))
             self._cond.notify()
+
+    def add_rate_limited(self, key: K) -> float:
+        """Add ``key`` after its backoff (which then grows); returns the delay chosen."""
+        with self._cond:
+            failures = self._failures.get(key, 0)
+            self._failures[key] = failures + 1
+            delay = self._backoff.delay(failures, draw=self._rng.random())
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: K) -> None:
+        """The key succeeded: its next failure backs off from the start again."""
+        with self._cond:
+            self._failures.pop(key, None)
+
+    def failures(self, key: K) -> int:
+        """How many times in a row ``key`` failed (since the last :meth:`forget`)."""
+        with self._cond:
+            return self._failures.get(key, 0)
 
     def _promote_due(self) -> float | None:
         now = time.monotonic()

@@ -1,10 +1,16 @@
-"""Controller settings, grouped and injected (never global)."""
+"""Controller settings, grouped and injected (never global).
+
+The CLI builds one :class:`ControllerSettings` and hands it to the manager, which hands
+each part to what reads it (``apply`` to every apply engine, for example).
+"""
 
 from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from stageset.apply.settings import ApplySettings
 
 
 @dataclass(frozen=True)
@@ -14,13 +20,13 @@ class ControllerSettings:
     # Single-tenant mode: StageSets without serviceAccountName apply as the controller.
     cluster_admin: bool = False
     no_cross_namespace_refs: bool = False
+    # Concurrent StageSet reconciles.
     workers: int = 4
     mirror_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "stageset-mirrors")
     # Bound on the Git mirrors' disk use; least recently used mirrors are evicted past it.
     mirror_max_bytes: int | None = None
     # Development only: allow http:// and file:// Git URLs.
     allow_insecure_sources: bool = False
-    poll_interval: float = 0.5
     # Independent stages of one StageSet applied at once.
     stage_parallelism: int = 4
     # A reconcile waits this long for readiness, then frees its worker and comes back after
@@ -29,3 +35,5 @@ class ControllerSettings:
     readiness_requeue: float = 1.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway.
     max_teardown_wait: float = 300.0
+    # The apply engine's own settings (parallelism within a stage, polling, CRD and delete waits).
+    apply: ApplySettings = field(default_factory=ApplySettings)
