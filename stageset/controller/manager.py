@@ -24,7 +24,7 @@ from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
 from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
 from stageset.controller.identity import IdentityPolicy
-from stageset.controller.queue import WorkQueue
+from stageset.controller.queue import Backoff, WorkQueue
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import StageSetReconciler
@@ -63,7 +63,8 @@ class Manager:
         self._clients = clients
         self._settings = settings
         self.stop = threading.Event()
-        self._queue: WorkQueue[Key] = WorkQueue()
+        self._queue: WorkQueue[Key] = WorkQueue(backoff=Backoff(base=settings.backoff_base,
+                                                                cap=settings.backoff_cap))
         self._lock = threading.Lock()
         self._objects: dict[Key, KubeObject] = {}
         # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.

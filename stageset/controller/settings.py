@@ -35,5 +35,8 @@ class ControllerSettings:
     readiness_requeue: float = 1.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway.
     max_teardown_wait: float = 300.0
+    # A reconcile that fails is retried after backoff_base seconds, doubling up to backoff_cap.
+    backoff_base: float = 0.5
+    backoff_cap: float = 300.0
     # The apply engine's own settings (parallelism within a stage, polling, CRD and delete waits).
     apply: ApplySettings = field(default_factory=ApplySettings)

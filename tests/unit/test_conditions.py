@@ -16,7 +16,8 @@ def types(conditions: Sequence[Condition]) -> dict[str, str]:
 def test_ready_clears_reconciling_and_stalled() -> None:
     conditions = summarize([], ready=None, reason=Reason.PROGRESSING, message="m", generation=1, now=T0)
     assert types(conditions) == {"Ready": "Unknown", "Reconciling": "True"}
-    conditions = summarize(conditions, ready=True, reason=Reason.SUCCEEDED, message="ok", generation=1, now=T1)
+    conditions = summarize(conditions, ready=True, reason=Reason.SUCCEEDED, message="ok", generation=1,
+                           now=T1)
     assert types(conditions) == {"Ready": "True"}
     assert conditions[0].observed_generation == 1
     assert conditions[0].last_transition_time == T1

@@ -68,7 +68,8 @@ def test_merged_keeps_old_and_new_until_prune() -> None:
 
 
 def test_objects_that_could_not_be_pruned_stay_tracked() -> None:
-    kept = Stale(stage="gone-stage", service_account="old-sa", entry=entry(oid("stuck"), version="v1", digest=None))
+    kept = Stale(stage="gone-stage", service_account="old-sa",
+                 entry=entry(oid("stuck"), version="v1", digest=None))
     result = with_kept({"a": inv("a", "x")}, [kept])
     assert names(result["a"]) == ["x"]
     assert names(result["gone-stage"]) == ["stuck"]
