@@ -60,3 +60,8 @@ class ChangeSet:
 
     def count(self, action: Action) -> int:
         return sum(1 for c in self.changes if c.action is action)
+
+    def summary(self) -> str:
+        """``2 created, 1 configured, 5 unchanged`` (actions that occurred, in a fixed order)."""
+        counts = [(action, self.count(action)) for action in Action]
+        return ", ".join(f"{n} {action.value.lower()}" for action, n in counts if n) or "no objects"

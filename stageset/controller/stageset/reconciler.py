@@ -253,10 +253,10 @@ class StageSetReconciler:
         return result.kept
 
     def _report_drift(self, obj: KubeObject, stage: str, result: StageResult, redactor: Redactor) -> None:
-        drifted = result.drifted
+        drifted = result.changes.drifted
         if not drifted:
             return
-        names = ", ".join(sorted(o.id.describe() for o in drifted)[:10])
+        names = ", ".join(sorted(c.id.describe() for c in drifted)[:10])
         more = f" and {len(drifted) - 10} more" if len(drifted) > 10 else ""
         self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.DRIFT_CORRECTED,
                           message=f"stage {stage!r}: restored {names}{more}", redact=redactor)

@@ -7,6 +7,7 @@ single-tenant mode).  ``readyChecks.objects`` are read as the same identity.
 
 from __future__ import annotations
 
+import logging
 import threading
 from dataclasses import dataclass
 
@@ -20,6 +21,8 @@ from stageset.controller.clock import Clock
 from stageset.controller.stageset.plan import StageOutcome, judge_readiness, readiness_window
 from stageset.controller.stageset.rendering import Rendered
 from stageset.kube.client import ApiError, ClientPool
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -60,6 +63,8 @@ class StageApply:
         except ApiError as error:
             message = f"stage {stage.name!r}: apiserver error {error.status}: {error.message}"
             return StageOutcome(stage.name, StagePhase.FAILED, Reason.STAGE_FAILED, message), None
+        log.debug("stage %s/%s %s: %s", namespace, stage.name, "re-checked" if run.recheck else "applied",
+                  result.changes.summary())
         # The time the stage last changed the cluster: a pass that wrote nothing keeps it.
         now = self._clock()
         applied_at = format_time(now) if result.writes or run.before.applied_at is None \
