@@ -16,6 +16,7 @@ from kubernetes.utils import parse_quantity
 
 from stageset.api import duration_seconds
 from stageset.controller.manager import Manager
+from stageset.controller.redact import install_log_filter
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ClientPool
 
@@ -52,6 +53,8 @@ def _namespaces(value: str | None) -> tuple[str, ...] | None:
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Secret values (substituted into manifests, echoed by apiservers) never reach the log.
+    install_log_filter()
     # The kubernetes client logs request bodies at DEBUG, which may include Secrets.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)

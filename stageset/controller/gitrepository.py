@@ -26,6 +26,7 @@ from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.identity import IdentityPolicy
+from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.status import StatusReport, validation_message
 from stageset.kube.client import ApiError, ClientPool
@@ -83,13 +84,17 @@ class GitRepositoryReconciler:
         self._identities = identities
         self._clock = clock
 
-    def _credentials(self, repo: GitRepository) -> Credentials | None:
+    def _credentials(self, repo: GitRepository, redactor: Redactor) -> Credentials | None:
         if repo.spec.secret_ref is None:
             return None
         namespace = str(repo.metadata["namespace"])
         secret = self._clients.client(self._identities.for_gitrepository(repo)).get(
             f"/api/v1/namespaces/{namespace}/secrets/{repo.spec.secret_ref.name}")
         data: dict[str, str] = secret.get("data") or {}
+        # A server or a library may echo a credential in an error: it never reaches status or logs.
+        secrets = [_decode(data, key) for key in ("password", "bearerToken")]
+        redactor.add(v for v in secrets if v)
+        REGISTRY.set(("GitRepository", namespace, repo.metadata["name"]), redactor.values)
         return Credentials(
             username=_decode(data, "username"),
             password=_decode(data, "password"),
@@ -101,9 +106,11 @@ class GitRepositoryReconciler:
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Fetch the ref; returns when to poll again."""
+        meta = raw["metadata"]
+        redactor = Redactor(REGISTRY.of(("GitRepository", meta["namespace"], meta["name"])))
         try:
             report = StatusReport(client=self._clients.client(), resource=self._resource, obj=raw,
-                                  model=GitRepositoryStatus, clock=self._clock)
+                                  model=GitRepositoryStatus, clock=self._clock, redact=redactor)
         except ValidationError as error:
             raise TerminalError(f"cannot read the GitRepository's status ({validation_message(error)})") \
                 from error
@@ -117,7 +124,7 @@ class GitRepositoryReconciler:
             report.conclude(ready=False, reason=Reason.SUSPENDED, message="reconciliation is suspended")
             return Result()
         interval = duration_seconds(repo.spec.interval)
-        snapshot = self._fetch(repo, report)
+        snapshot = self._fetch(repo, report, redactor)
         if snapshot is None:
             return Result(requeue_after=interval)
         previous = report.status.artifact.revision if report.status.artifact else None
@@ -135,14 +142,15 @@ class GitRepositoryReconciler:
             self._on_revision(str(meta["namespace"]), str(meta["name"]), snapshot.revision)
         return Result(requeue_after=interval * random.uniform(0.9, 1.1))  # noqa: S311 - jitter, not crypto
 
-    def _fetch(self, repo: GitRepository, report: StatusReport[GitRepositoryStatus]) -> Snapshot | None:
+    def _fetch(self, repo: GitRepository, report: StatusReport[GitRepositoryStatus], redactor: Redactor
+               ) -> Snapshot | None:
         """The fetched snapshot, or ``None`` with the failure reported (the last artifact kept:
         dependents go on using the last good revision)."""
         ref = repo.spec.ref
         try:
             selector = RefSelector(branch=ref.branch, tag=ref.tag, semver=ref.semver, name=ref.name,
                                    commit=ref.commit) if ref else RefSelector()
-            credentials = self._credentials(repo)
+            credentials = self._credentials(repo, redactor)
             return self._store.fetch(repo.spec.url, ref=selector, credentials=credentials,
                                      timeout=duration_seconds(repo.spec.timeout))
         except StageError as error:

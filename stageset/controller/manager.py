@@ -25,6 +25,7 @@ from stageset.controller.events import EventRecorder
 from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.queue import Backoff, WorkQueue
+from stageset.controller.redact import REGISTRY
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import StageSetReconciler
@@ -105,6 +106,7 @@ class Manager:
                 ref = (key[1], key[2])
                 if event == "DELETED":
                     self._index.remove(ref)
+                    REGISTRY.drop(key)
                 else:
                     self._index.update(ref, self._dependencies(key[1], obj))
             with self._lock:

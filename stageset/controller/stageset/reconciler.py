@@ -33,7 +33,7 @@ from stageset.controller.events import EventRecorder
 from stageset.controller.finalizers import set_finalizer
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.ordering import OrderingError, stage_graph
-from stageset.controller.redact import Redactor
+from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import plan
@@ -97,7 +97,15 @@ class StageSetReconciler:
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Reconcile one StageSet (``raw``, from the watch cache)."""
-        redactor = Redactor()
+        key = ("StageSet", str(raw["metadata"]["namespace"]), str(raw["metadata"]["name"]))
+        # This StageSet's own Secret values (from earlier passes too); never another's.
+        redactor = Redactor(REGISTRY.of(key))
+        try:
+            return self._reconcile(raw, redactor)
+        finally:
+            REGISTRY.set(key, redactor.added or REGISTRY.of(key))
+
+    def _reconcile(self, raw: KubeObject, redactor: Redactor) -> Result:
         report = self._report(raw, redactor)
         try:
             # The status was read above; the spec is what is checked here.
