@@ -397,21 +397,41 @@ def test_remote_cluster_requests_go_to_the_remote_as_the_same_service_account(wo
     assert ("apply", f"{CM}/remote", False) in verbs(remote.by(TENANT))
 
 
-def test_secret_values_never_reach_status_events_or_logs(world: World, caplog: pytest.LogCaptureFixture) -> None:
+def test_secret_values_never_reach_status_events_or_logs(
+    world: World, caplog: pytest.LogCaptureFixture
+) -> None:
     import base64
 
     from stageset.controller.redact import LogRedactor, go_quote
     from stageset.kube.client import ApiError
 
     value = 'Not "a" label!'
-    world.cluster.put({"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "vars", "namespace": NS},
-                       "data": {"tier": base64.b64encode(value.encode()).decode()}})
-    world.commit({"app/cm.json": '{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c",'
-                                 ' "labels": {"tier": "${tier}"}}}'})
+    world.cluster.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "vars", "namespace": NS},
+            "data": {"tier": base64.b64encode(value.encode()).decode()},
+        }
+    )
+    world.commit(
+        {
+            "app/cm.json": '{"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "c",'
+            ' "labels": {"tier": "${tier}"}}}'
+        }
+    )
     echo = f'ConfigMap "c" is invalid: metadata.labels: Invalid value: "{go_quote(value)}": a valid label ...'
     world.cluster.failures[("apply", f"{CM}/c", True)] = ApiError(status=422, reason="Invalid", message=echo)
-    world.stageset("shop", [{"name": "app", "path": "./app",
-                             "postBuild": {"substituteFrom": [{"kind": "Secret", "name": "vars"}]}}])
+    world.stageset(
+        "shop",
+        [
+            {
+                "name": "app",
+                "path": "./app",
+                "postBuild": {"substituteFrom": [{"kind": "Secret", "name": "vars"}]},
+            }
+        ],
+    )
     caplog.handler.addFilter(LogRedactor())
     world.reconcile("shop")
     logging.getLogger("test").warning("apiserver said: %s", echo)
@@ -419,8 +439,12 @@ def test_secret_values_never_reach_status_events_or_logs(world: World, caplog: p
     ready = world.ready("shop")
     assert ready["reason"] == "StageFailed"
     assert 'Invalid value: "***"' in ready["message"]
-    everything = json.dumps([world.get("shop")["status"],
-                             [o for p, o in world.cluster.objects.items() if "/events/" in p]]) + caplog.text
+    everything = (
+        json.dumps(
+            [world.get("shop")["status"], [o for p, o in world.cluster.objects.items() if "/events/" in p]]
+        )
+        + caplog.text
+    )
     for form in (value, go_quote(value), json.dumps(value)[1:-1]):
         assert form not in everything
     assert "apiserver said: ConfigMap" in caplog.text

@@ -13,10 +13,17 @@ from stageset.controller.redact import MASK, LogRedactor, Redactor, Registry, fo
 VALUES = ["s3cr3t-Label_Value", 'quote"back\\slash', "naïve ünïcode", "tab\there\nnewline", "Bad Name!"]
 
 
-@pytest.mark.parametrize(("value", "quoted"), [
-    ("plain", "plain"), ('a"b', 'a\\"b'), ("a\\b", "a\\\\b"), ("a\nb\tc", "a\\nb\\tc"), ("\x00\x7f", "\\x00\\x7f"),
-    ("é", "é"),
-])
+@pytest.mark.parametrize(
+    ("value", "quoted"),
+    [
+        ("plain", "plain"),
+        ('a"b', 'a\\"b'),
+        ("a\\b", "a\\\\b"),
+        ("a\nb\tc", "a\\nb\\tc"),
+        ("\x00\x7f", "\\x00\\x7f"),
+        ("é", "é"),
+    ],
+)
 def test_go_quote_matches_strconv_quote(value: str, quoted: str) -> None:
     assert go_quote(value) == quoted
 
@@ -29,13 +36,13 @@ def test_go_quote_to_ascii() -> None:
 def test_every_echo_of_a_value_is_redacted(value: str) -> None:
     redact = Redactor([value])
     echoes = [
-        f"metadata.labels: Invalid value: \"{go_quote(value)}\": a valid label must be ...",
-        f"spec.rules[0].host: Invalid value: \"{go_quote(value, ascii_only=True)}\"",
+        f'metadata.labels: Invalid value: "{go_quote(value)}": a valid label must be ...',
+        f'spec.rules[0].host: Invalid value: "{go_quote(value, ascii_only=True)}"',
         f"body: {json.dumps({'name': value})}",
         f"body: {json.dumps({'name': value}, ensure_ascii=False)}",
         f"yaml: {yaml.safe_dump({'k': value})}",
         f"yaml: {yaml.safe_dump({'k': value}, default_style=chr(39))}",
-        f'yaml: {yaml.safe_dump({"k": value}, default_style=chr(34))}',
+        f"yaml: {yaml.safe_dump({'k': value}, default_style=chr(34))}",
         f"python: {value!r}",
         f"raw: {value}",
     ]
