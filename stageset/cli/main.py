@@ -86,7 +86,12 @@ def main() -> None:
               help="Single-tenant mode: StageSets without serviceAccountName apply as the controller.")
 @click.option("--no-cross-namespace-refs", is_flag=True, default=False,
               help="Refuse sourceRef and dependsOn into other namespaces.")
-@click.option("--workers", default=4, show_default=True, help="Concurrent reconciles.")
+@click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Concurrent StageSet reconciles.")
+@click.option("--source-workers", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Concurrent GitRepository fetches (a pool of their own).")
+@click.option("--max-workers-per-namespace", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Workers of each pool one namespace may hold at once; 0: half of each pool.")
 @click.option("--mirror-dir", type=click.Path(file_okay=False), default=None,
               help="Where Git mirrors are kept (default: a temporary directory).")
 @click.option("--mirror-max-size", default="", help="Evict least recently used Git mirrors past "
@@ -97,7 +102,8 @@ def main() -> None:
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
 @click.option("--log-level", default="info", show_default=True)
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
-               no_cross_namespace_refs: bool, workers: int, mirror_dir: str | None, mirror_max_size: str,
+               no_cross_namespace_refs: bool, workers: int, source_workers: int,
+               max_workers_per_namespace: int, mirror_dir: str | None, mirror_max_size: str,
                allow_insecure_sources: bool, max_teardown_wait: str, log_level: str) -> None:
     """Run the controller against a cluster."""
     _setup_logging(log_level)
@@ -106,6 +112,8 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
         cluster_admin=cluster_admin,
         no_cross_namespace_refs=no_cross_namespace_refs,
         workers=workers,
+        source_workers=source_workers,
+        max_workers_per_namespace=max_workers_per_namespace,
         mirror_dir=Path(mirror_dir) if mirror_dir else Path(tempfile.mkdtemp(prefix="stageset-mirrors-")),
         allow_insecure_sources=allow_insecure_sources,
         mirror_max_bytes=parse_size(mirror_max_size) if mirror_max_size else None,

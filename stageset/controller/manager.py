@@ -44,6 +44,10 @@ GITREPOSITORIES = Resource(group=GROUP, version=VERSION, kind="GitRepository",
 Key = tuple[str, str, str]  # (kind, namespace, name)
 
 
+def _namespace(key: Key) -> str:
+    return key[1]
+
+
 class Store(Fetcher, SourceTrees, Protocol):
     """The Git mirror as the reconcilers use it (:class:`sources.MirrorStore`)."""
 
@@ -64,8 +68,13 @@ class Manager:
         self._clients = clients
         self._settings = settings
         self.stop = threading.Event()
-        self._queue: WorkQueue[Key] = WorkQueue(backoff=Backoff(base=settings.backoff_base,
-                                                                cap=settings.backoff_cap))
+        # Separate pools for sources and StageSets, each capped per namespace: slow Git servers
+        # cannot hold up applying, and one tenant cannot hold every worker of a pool.
+        backoff = Backoff(base=settings.backoff_base, cap=settings.backoff_cap)
+        self._pools = {kind: (WorkQueue[Key](backoff=backoff, shard=_namespace,
+                                             max_per_shard=settings.namespace_cap(size)), size)
+                       for kind, size in (("StageSet", settings.workers),
+                                          ("GitRepository", settings.source_workers))}
         self._lock = threading.Lock()
         self._objects: dict[Key, KubeObject] = {}
         # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.
@@ -120,11 +129,11 @@ class Manager:
                     now = (_trigger(obj), ready_at_generation(obj))
                     self._seen[key] = now
             if now is not None and (before is None or before[0] != now[0]):
-                self._queue.add(key)
+                self._enqueue(key)
             if kind == "StageSet" and (before is None or now is None or before[1] != now[1]):
                 # Event-driven: a dependency turning (un)Ready wakes its dependents at once.
                 for namespace, name in self._index.dependents((key[1], key[2])):
-                    self._queue.add(("StageSet", namespace, name))
+                    self._enqueue(("StageSet", namespace, name))
         return handle
 
     def _dependencies(self, namespace: str, obj: KubeObject) -> list[tuple[str, str]]:
@@ -143,36 +152,42 @@ class Manager:
                                   and s.get("sourceRef", {}).get("namespace", key[1]) == namespace
                                   for s in obj.get("spec", {}).get("stages", []))]
         for key in dependents:
-            self._queue.add(key)
+            self._enqueue(key)
 
     # -- workers ------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _queue(self, key: Key) -> WorkQueue[Key]:
+        return self._pools[key[0]][0]
+
+    def _enqueue(self, key: Key) -> None:
+        self._queue(key).add(key)
+
+    def _work(self, queue: WorkQueue[Key]) -> None:
         while True:
-            key = self._queue.get()
+            key = queue.get()
             if key is None:
                 return
             try:
                 with self._lock:
                     obj = self._objects.get(key)
                 if obj is not None:
-                    self._reconcile(key, obj)
+                    self._reconcile(queue, key, obj)
             finally:
-                self._queue.done(key)
+                queue.done(key)
 
-    def _reconcile(self, key: Key, obj: KubeObject) -> None:
+    def _reconcile(self, queue: WorkQueue[Key], key: Key, obj: KubeObject) -> None:
         reconciler: Reconciler = self._stagesets if key[0] == "StageSet" else self._git
         started = time.monotonic()
         try:
             result = reconciler.reconcile(obj)
         except TerminalError as error:
             log.warning("%s %s/%s: %s; not retried until it changes", *key, error)
-            self._queue.forget(key)
+            queue.forget(key)
             return
         except Exception as error:
             # Never crash on user data: log (the traceback once per failure streak), back off.
-            failures = self._queue.failures(key)
-            delay = self._queue.add_rate_limited(key)
+            failures = queue.failures(key)
+            delay = queue.add_rate_limited(key)
             if failures == 0:
                 log.exception("reconciling %s %s/%s failed; retrying in %.1fs", *key, delay)
             else:
@@ -181,14 +196,14 @@ class Manager:
             return
         elapsed = time.monotonic() - started
         if result.backoff:
-            delay = self._queue.add_rate_limited(key)
+            delay = queue.add_rate_limited(key)
             log.debug("reconciled %s %s/%s in %.2fs; failed, backing off %.1fs", *key, elapsed, delay)
             return
-        self._queue.forget(key)
+        queue.forget(key)
         log.debug("reconciled %s %s/%s in %.2fs; next in %s", *key, elapsed,
                   "-" if result.requeue_after is None else f"{result.requeue_after:.0f}s")
         if result.requeue_after is not None and not self.stop.is_set():
-            self._queue.add_after(key, result.requeue_after)
+            queue.add_after(key, result.requeue_after)
 
     def run(self) -> None:
         """Run until :attr:`stop` is set."""
@@ -196,13 +211,18 @@ class Manager:
             reflector.start()
         if not wait_synced(self._reflectors, timeout=60):
             log.warning("caches not synced after 60s; starting workers anyway")
-        workers = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
-                   for i in range(self._settings.workers)]
+        workers = [threading.Thread(target=self._work, args=(queue,), name=f"{kind.lower()}-worker-{i}",
+                                    daemon=True)
+                   for kind, (queue, size) in self._pools.items() for i in range(size)]
         for worker in workers:
             worker.start()
-        log.info("controller started: %d workers, namespaces: %s", len(workers),
+        log.info("controller started: %d StageSet and %d source workers (at most %d and %d per namespace), "
+                 "namespaces: %s", self._settings.workers, self._settings.source_workers,
+                 self._settings.namespace_cap(self._settings.workers),
+                 self._settings.namespace_cap(self._settings.source_workers),
                  ", ".join(self._settings.watch_namespaces or ("all",)))
         self.stop.wait()
-        self._queue.shutdown()
+        for queue, _ in self._pools.values():
+            queue.shutdown()
         for worker in workers:
             worker.join(timeout=30)

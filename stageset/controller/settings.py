@@ -20,8 +20,12 @@ class ControllerSettings:
     # Single-tenant mode: StageSets without serviceAccountName apply as the controller.
     cluster_admin: bool = False
     no_cross_namespace_refs: bool = False
-    # Concurrent StageSet reconciles.
+    # Concurrent StageSet reconciles, and (a separate pool) concurrent GitRepository fetches.
     workers: int = 4
+    source_workers: int = 4
+    # At most this many workers of each pool serve one namespace at once, so one tenant's slow
+    # sources or stages cannot hold every worker; 0 means half of each pool (rounded up).
+    max_workers_per_namespace: int = 0
     mirror_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "stageset-mirrors")
     # Bound on the Git mirrors' disk use; least recently used mirrors are evicted past it.
     mirror_max_bytes: int | None = None
@@ -40,3 +44,9 @@ class ControllerSettings:
     backoff_cap: float = 300.0
     # The apply engine's own settings (parallelism within a stage, polling, CRD and delete waits).
     apply: ApplySettings = field(default_factory=ApplySettings)
+
+    def namespace_cap(self, pool: int) -> int:
+        """How many of a pool's ``pool`` workers one namespace may hold at once."""
+        if self.max_workers_per_namespace > 0:
+            return min(self.max_workers_per_namespace, pool)
+        return max(1, (pool + 1) // 2)

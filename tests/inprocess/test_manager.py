@@ -126,3 +126,49 @@ def test_a_failing_reconcile_backs_off_logs_one_traceback_and_recovers(
     assert "failed again" in failures[-1].getMessage()
     del world.cluster.failures[("get", source, None)]
     eventually(lambda: is_ready(world, "shop"), what="recovery after the failure cleared")
+
+
+def test_one_namespaces_blocked_sources_cannot_hold_every_worker(
+    world: World, running: Callable[..., Manager]
+) -> None:
+    released = threading.Event()
+    fetch = world.sources.fetch
+    blocked: list[str] = []
+
+    def tarpit(url: str, **kwargs: Any) -> Any:
+        if "tarpit" in url:
+            blocked.append(url)
+            released.wait(60)  # a Git server that accepts and never answers, until its deadline
+        return fetch(url, **kwargs)
+
+    world.sources.fetch = tarpit  # type: ignore[method-assign]
+    for i in range(4):
+        url = f"https://tarpit.example/{i}.git"
+        world.sources.commit(url, {"cm.json": configmap(f"t{i}")})
+        world.cluster.put(
+            {
+                "apiVersion": "stages.metio.wtf/v1",
+                "kind": "GitRepository",
+                "metadata": {"name": f"slow-{i}", "namespace": "tarpit"},
+                "spec": {"url": url},
+            }
+        )
+    try:
+        running(source_workers=4)
+        # The slow sources are queued first and take every worker they may have...
+        eventually(lambda: len(blocked) >= 2, what="tarpit fetches started")
+        # ...and then another tenant arrives.
+        world.sources.commit(URL, {"app/cm.json": configmap("fair")})
+        world.cluster.put(
+            {
+                "apiVersion": "stages.metio.wtf/v1",
+                "kind": "GitRepository",
+                "metadata": {"name": "app", "namespace": NS},
+                "spec": {"url": URL},
+            }
+        )
+        world.stageset("shop", [{"name": "app", "path": "./app"}])
+        eventually(lambda: is_ready(world, "shop"), timeout=10, what="the other namespace's StageSet Ready")
+        assert len(blocked) == 2, "the tarpit namespace holds half the source workers, no more"
+    finally:
+        released.set()

@@ -81,3 +81,36 @@ def test_a_rate_limited_key_arrives_after_its_delay() -> None:
     assert len(queue) == 0
     assert queue.get() == "a"
     assert time.monotonic() - started >= 0.04
+
+
+def test_shards_take_turns_and_a_shard_at_its_cap_waits() -> None:
+    queue: WorkQueue[tuple[str, int]] = WorkQueue(shard=lambda key: key[0], max_per_shard=2)
+    for key in [("a", 1), ("a", 2), ("a", 3), ("b", 1)]:
+        queue.add(key)
+    assert [queue.get(), queue.get(), queue.get()] == [("a", 1), ("b", 1), ("a", 2)]
+    assert queue.in_processing("a") == 2
+    got: list[tuple[str, int] | None] = []
+    waiter = threading.Thread(target=lambda: got.append(queue.get()))
+    waiter.start()
+    waiter.join(timeout=0.2)
+    assert waiter.is_alive(), "shard a is at its cap: a3 waits although a worker is free"
+    queue.add(("c", 1))
+    waiter.join(timeout=5)
+    assert got == [("c", 1)], "another shard's key goes first"
+    queue.done(("a", 1))
+    assert queue.get() == ("a", 3)
+
+
+def test_a_shard_under_its_cap_again_is_served() -> None:
+    queue: WorkQueue[tuple[str, int]] = WorkQueue(shard=lambda key: key[0], max_per_shard=1)
+    queue.add(("a", 1))
+    queue.add(("a", 2))
+    assert queue.get() == ("a", 1)
+    got: list[tuple[str, int] | None] = []
+    waiter = threading.Thread(target=lambda: got.append(queue.get()))
+    waiter.start()
+    waiter.join(timeout=0.2)
+    assert waiter.is_alive()
+    queue.done(("a", 1))
+    waiter.join(timeout=5)
+    assert got == [("a", 2)]
