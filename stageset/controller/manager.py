@@ -196,8 +196,11 @@ class Manager:
             return
         elapsed = time.monotonic() - started
         if result.backoff:
+            # The failure is in the object's status; one log line per failure streak.
+            failures = queue.failures(key)
             delay = queue.add_rate_limited(key)
-            log.debug("reconciled %s %s/%s in %.2fs; failed, backing off %.1fs", *key, elapsed, delay)
+            log.log(logging.WARNING if failures == 0 else logging.DEBUG,
+                    "reconciling %s %s/%s failed (see its status); retrying in %.1fs", *key, delay)
             return
         queue.forget(key)
         log.debug("reconciled %s %s/%s in %.2fs; next in %s", *key, elapsed,

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 from stageset.api import Condition, GitRepositoryStatus, StageSetStatus, format_time
 from stageset.api.vocabulary import ConditionType, Reason
 from stageset.controller.clock import Clock
-from stageset.controller.conditions import find, summarize
+from stageset.controller.conditions import MAX_MESSAGE, find, summarize
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject, metadata
@@ -108,17 +108,19 @@ class StatusReport(Generic[S]):
     def conclude(self, *, ready: bool | None, reason: Reason, message: str, stalled: bool = False) -> None:
         """Set the conditions for this outcome and write."""
         self.status.observed_generation = self.generation
-        self.status.conditions = summarize(self._conditions, ready=ready, reason=reason, message=message,
+        # Redacted before it is cut to length: a cut must never leave half a Secret value.
+        self.status.conditions = summarize(self._conditions, ready=ready, reason=reason,
+                                           message=self.redact(message),
                                            generation=self.generation, now=self.now(), stalled=stalled)
         self.write()
 
     def write(self) -> bool:
         """Write the status as it stands (messages redacted); ``False`` when nothing changed."""
         for condition in self.status.conditions:
-            condition.message = self.redact(condition.message)
+            condition.message = self.redact(condition.message)[:MAX_MESSAGE]
         if isinstance(self.status, StageSetStatus):
             for stage in self.status.stages:
                 if stage.message:
-                    stage.message = self.redact(stage.message)
+                    stage.message = self.redact(stage.message)[:MAX_MESSAGE]
         return write_status(self._client, resource=self._resource, obj=self.obj,
                             status=dump_status(self.status))

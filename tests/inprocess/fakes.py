@@ -126,6 +126,8 @@ class FakeCluster:
     # Injected failures: (verb, path, dry_run or None for both) -> error.
     failures: dict[tuple[str, str, bool | None], ApiError] = field(default_factory=dict)
     events: list[tuple[int, str, KubeObject]] = field(default_factory=list)
+    # Set to make every request fail as a cluster that does not answer would.
+    down: Exception | None = None
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -211,6 +213,8 @@ class FakeCluster:
         verb = self._verb(method, content_type, parsed)
         with self._lock:
             self.requests.append(Request(user=user, cluster=self.name, verb=verb, path=path, dry_run=dry_run))
+            if self.down is not None:
+                raise self.down
             for key in ((verb, path, dry_run), (verb, path, None)):
                 if key in self.failures:
                     raise self.failures[key]

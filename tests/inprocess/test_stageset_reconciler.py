@@ -363,7 +363,7 @@ def test_a_stage_failure_reason_wins_by_priority_and_requeues_at_retry_interval(
     assert world.configmap("fine") is not None, "an independent branch still ran"
 
 
-def test_remote_cluster_requests_go_to_the_remote_as_the_same_service_account(world: World) -> None:
+def remote_world(world: World) -> FakeCluster:
     import base64
 
     import yaml
@@ -389,12 +389,57 @@ def test_remote_cluster_requests_go_to_the_remote_as_the_same_service_account(wo
     )
     world.commit({"app/cm.json": configmap("remote")})
     world.stageset("shop", [{"name": "app", "path": "./app"}], kubeConfig={"secretRef": {"name": "prod"}})
+    return remote
+
+
+def test_remote_cluster_requests_go_to_the_remote_as_the_same_service_account(world: World) -> None:
+    remote = remote_world(world)
     world.reconcile("shop")
 
     assert world.ready("shop")["status"] == "True"
     assert ("get", f"/api/v1/namespaces/{NS}/secrets/prod", False) in verbs(world.cluster.by(TENANT))
     assert world.configmap("remote") is None
     assert ("apply", f"{CM}/remote", False) in verbs(remote.by(TENANT))
+
+
+@pytest.mark.parametrize(
+    ("failure", "how"),
+    [
+        ("unreachable", "connection refused"),
+        ("unauthorized", "answered HTTP 401 Unauthorized"),
+        ("not an apiserver", "answered HTTP 502"),
+    ],
+)
+def test_a_failing_remote_cluster_gets_a_short_condition_and_backs_off(
+    world: World, failure: str, how: str
+) -> None:
+    from stageset.kube.client import ApiError, UnreachableError, _api_error
+
+    remote = remote_world(world)
+    world.reconcile("shop")
+    inventory = world.get("shop")["status"]["inventory"]
+    world.commit({"app/cm.json": configmap("remote", "v2")})
+    errors: dict[str, Exception] = {
+        "unreachable": UnreachableError(server="https://prod.example:6443", why="connection refused"),
+        "unauthorized": _api_error(
+            401, b'{"kind": "Status", "reason": "Unauthorized", "message": "REMOTE-BODY"}'
+        ),
+        "not an apiserver": _api_error(502, b"<html>REMOTE-BODY from a proxy</html>"),
+    }
+    remote.down = errors[failure]
+    # A new process: discovery of the remote is not cached yet.
+    world.reconciler = world.make_reconciler()
+    result = world.reconcile("shop")
+
+    assert result.backoff
+    ready = world.ready("shop")
+    assert (ready["status"], ready["reason"]) == ("False", "ClusterUnreachable")
+    assert ready["message"] == (
+        f"spec.kubeConfig: the cluster at https://prod.example:6443 cannot be used: {how}; retrying with backoff"
+    )
+    assert "REMOTE-BODY" not in json.dumps(world.get("shop"))
+    assert world.get("shop")["status"]["inventory"] == inventory, "nothing forgotten"
+    assert isinstance(errors["unauthorized"], ApiError)
 
 
 def test_secret_values_never_reach_status_events_or_logs(

@@ -44,7 +44,7 @@ from stageset.controller.stageset.stage import StageApply, StageRun
 from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.status import StatusReport, validation_message
-from stageset.kube.client import ClientPool, KubeClient
+from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
@@ -72,6 +72,15 @@ class Pass:
     def record(self, report: Report) -> None:
         report.status.stages = [self.outcomes[s.name].status() for s in self.stageset.spec.stages]
         report.status.inventory = ordered(self.current)
+
+
+def unreachable(target: Target, error: UnreachableError | ApiError) -> str:
+    """What to say about a remote cluster that fails: where, and how — never what it sent."""
+    if isinstance(error, UnreachableError):
+        how = error.why
+    else:
+        how = f"answered HTTP {error.status}" + (f" {error.reason}" if error.reason else "")
+    return f"spec.kubeConfig: the cluster at {target.server} cannot be used: {how}; retrying with backoff"
 
 
 class StageSetReconciler:
@@ -172,6 +181,21 @@ class StageSetReconciler:
         state = Pass(stageset=stageset, previous=previous, current=dict(previous.inventories),
                      outcomes={s.name: plan.StageOutcome.carried(s.name, previous.stages.get(s.name))
                                for s in stageset.spec.stages})
+        try:
+            return self._run(report, state, graph, target, redactor=redactor, retry=retry)
+        except (UnreachableError, ApiError) as error:
+            if not target.remote:
+                raise
+            # A tenant's remote cluster that fails: a short condition (nothing the remote sent),
+            # the inventory kept, and the key's backoff — never a traceback per retry.
+            state.record(report)
+            report.conclude(ready=False, reason=Reason.CLUSTER_UNREACHABLE,
+                            message=unreachable(target, error))
+            return Result(backoff=True)
+
+    def _run(self, report: Report, state: Pass, graph: nx.DiGraph, target: Target, *, redactor: Redactor,
+             retry: float) -> Result:
+        stageset, previous = state.stageset, state.previous
         rendered = self._render_all(state, target, redactor)
         clash = plan.clash_message(duplicates({n: r.ids for n, r in rendered.items()}))
         if clash:

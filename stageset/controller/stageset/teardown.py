@@ -27,7 +27,7 @@ from stageset.controller.result import Result
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order
 from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.status import StatusReport
-from stageset.kube.client import ClientPool
+from stageset.kube.client import ClientPool, UnreachableError
 from stageset.kube.mapping import Resource
 
 log = logging.getLogger(__name__)
@@ -71,8 +71,13 @@ class Teardown:
             identity = self._identities.for_inventory_of(inv, namespace)
             client = None if identity is None or target is None else \
                 self._clients.client(identity, target.cluster)
-            remaining = teardown_stage(inventory=inv, client=client, owner=owner,
-                                       applier=target.applier if target else None)
+            try:
+                remaining = teardown_stage(inventory=inv, client=client, owner=owner,
+                                           applier=target.applier if target else None)
+            except UnreachableError as error:
+                log.warning("teardown of StageSet %s/%s: the cluster at %s cannot be used: %s",
+                            namespace, name, error.server, error.why)
+                remaining = list(inv.entries)
             if remaining:
                 inventories[stage] = stage_inventory(inv.name, inv.service_account_name, remaining)
                 status.inventory = ordered(inventories)
