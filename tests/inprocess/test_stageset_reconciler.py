@@ -435,7 +435,8 @@ def test_a_failing_remote_cluster_gets_a_short_condition_and_backs_off(
     ready = world.ready("shop")
     assert (ready["status"], ready["reason"]) == ("False", "ClusterUnreachable")
     assert ready["message"] == (
-        f"spec.kubeConfig: the cluster at https://prod.example:6443 cannot be used: {how}; retrying with backoff"
+        "spec.kubeConfig: the cluster at https://prod.example:6443 cannot be used: "
+        f"{how}; retrying with backoff"
     )
     assert "REMOTE-BODY" not in json.dumps(world.get("shop"))
     assert world.get("shop")["status"]["inventory"] == inventory, "nothing forgotten"
