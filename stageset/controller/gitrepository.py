@@ -28,6 +28,7 @@ from stageset.controller.clock import Clock, system_clock
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
+from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
 from stageset.controller.status import StatusReport, validation_message
 from stageset.kube.client import ApiError, ClientPool
 from stageset.kube.mapping import Resource
@@ -76,8 +77,10 @@ def _decode(data: dict[str, str], key: str) -> str | None:
 
 class GitRepositoryReconciler:
     def __init__(self, *, clients: ClientPool, store: Fetcher, resource: Resource,
-                 on_revision: RevisionListener, identities: IdentityPolicy, clock: Clock = system_clock):
+                 on_revision: RevisionListener, identities: IdentityPolicy, clock: Clock = system_clock,
+                 runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL):
         self._clients = clients
+        self._runbooks = runbook_base_url
         self._store = store
         self._resource = resource
         self._on_revision = on_revision
@@ -110,7 +113,8 @@ class GitRepositoryReconciler:
         redactor = Redactor(REGISTRY.of(("GitRepository", meta["namespace"], meta["name"])))
         try:
             report = StatusReport(client=self._clients.client(), resource=self._resource, obj=raw,
-                                  model=GitRepositoryStatus, clock=self._clock, redact=redactor)
+                                  model=GitRepositoryStatus, clock=self._clock, redact=redactor,
+                                  runbook_base_url=self._runbooks)
         except ValidationError as error:
             raise TerminalError(f"cannot read the GitRepository's status ({validation_message(error)})") \
                 from error

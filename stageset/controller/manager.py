@@ -84,7 +84,7 @@ class Manager:
         identities = IdentityPolicy(cluster_admin=settings.cluster_admin)
         self._git = GitRepositoryReconciler(clients=clients, store=self._store, resource=GITREPOSITORIES,
                                             on_revision=self._revision_changed, identities=identities,
-                                            clock=clock)
+                                            clock=clock, runbook_base_url=settings.runbook_base_url)
         self._index = DependencyIndex()
         self._stagesets = StageSetReconciler(
             clients=clients, store=self._store,

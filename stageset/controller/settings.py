@@ -12,6 +12,11 @@ from pathlib import Path
 
 from stageset.apply.settings import ApplySettings
 
+# Where each condition reason's runbook lives: ``<base>/<reason in lower case>/`` (the docs site's
+# runbooks/ section, built by ``make docs``).  Operators who host the docs elsewhere set
+# ``--runbook-base-url``; an empty base leaves messages without links.
+DEFAULT_RUNBOOK_BASE_URL = "https://stages.metio.wtf/runbooks/"
+
 
 @dataclass(frozen=True)
 class ControllerSettings:
@@ -42,6 +47,8 @@ class ControllerSettings:
     # A reconcile that fails is retried after backoff_base seconds, doubling up to backoff_cap.
     backoff_base: float = 0.5
     backoff_cap: float = 300.0
+    # Every non-ready condition message ends with ``runbook: <base><reason>/``.
+    runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
     # The apply engine's own settings (parallelism within a stage, polling, CRD and delete waits).
     apply: ApplySettings = field(default_factory=ApplySettings)
 
