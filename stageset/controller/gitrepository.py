@@ -75,6 +75,23 @@ def _decode(data: dict[str, str], key: str) -> str | None:
     return value.decode() if value is not None else None
 
 
+def credentials_from(data: dict[str, str]) -> Credentials:
+    """Git credentials from a ``secretRef`` Secret's (base64) data, as Flux reads them."""
+    return Credentials(
+        username=_decode(data, "username"),
+        password=_decode(data, "password"),
+        bearer_token=_decode(data, "bearerToken"),
+        ca_pem=_raw(data, "caFile") or _raw(data, "ca.crt"),
+        identity=_raw(data, "identity"),
+        known_hosts=_raw(data, "known_hosts"),
+    )
+
+
+def secret_values(data: dict[str, str]) -> list[str]:
+    """The values of a ``secretRef`` Secret that must never appear in a message."""
+    return [v for v in (_decode(data, key) for key in ("password", "bearerToken")) if v]
+
+
 class GitRepositoryReconciler:
     def __init__(self, *, clients: ClientPool, store: Fetcher, resource: Resource,
                  on_revision: RevisionListener, identities: IdentityPolicy, clock: Clock = system_clock,
@@ -95,17 +112,9 @@ class GitRepositoryReconciler:
             f"/api/v1/namespaces/{namespace}/secrets/{repo.spec.secret_ref.name}")
         data: dict[str, str] = secret.get("data") or {}
         # A server or a library may echo a credential in an error: it never reaches status or logs.
-        secrets = [_decode(data, key) for key in ("password", "bearerToken")]
-        redactor.add(v for v in secrets if v)
+        redactor.add(secret_values(data))
         REGISTRY.set(("GitRepository", namespace, repo.metadata["name"]), redactor.values)
-        return Credentials(
-            username=_decode(data, "username"),
-            password=_decode(data, "password"),
-            bearer_token=_decode(data, "bearerToken"),
-            ca_pem=_raw(data, "caFile") or _raw(data, "ca.crt"),
-            identity=_raw(data, "identity"),
-            known_hosts=_raw(data, "known_hosts"),
-        )
+        return credentials_from(data)
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Fetch the ref; returns when to poll again."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 import pytest
 
-from stageset.cli.main import parse_duration_option, parse_size
+from stageset.cli.params import parse_duration_option, parse_size
 
 
 @pytest.mark.parametrize(("text", "size"), [
