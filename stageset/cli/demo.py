@@ -57,8 +57,10 @@ def _say(message: str) -> None:
 
 
 def run_dir() -> Path:
-    """Where ``make run`` keeps its kubeconfig while it runs (``~/.cache/stageset/run``)."""
-    return cache_root() / "run"
+    """Where ``make run`` keeps its kubeconfig while it runs (``~/.cache/stageset/run``;
+    ``$STAGESET_RUN_DIR`` moves it, e.g. for a second demo)."""
+    configured = os.environ.get("STAGESET_RUN_DIR")
+    return Path(configured) if configured else cache_root() / "run"
 
 
 def _apply_examples(admin: KubeClient, *, examples: Path, git_url: str) -> tuple[str, str]:
