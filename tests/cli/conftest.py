@@ -20,24 +20,46 @@ def run_cli(*args: str, kubeconfig: Path | None = None, env: dict[str, str] | No
     return CliRunner().invoke(main, list(args), env=environment, catch_exceptions=False)
 
 
-def user_kubeconfig(admin: KubeClient, plane: ControlPlane, *, namespace: str, account: str, path: Path,
-                    context_namespace: str | None = None) -> Path:
+def user_kubeconfig(
+    admin: KubeClient,
+    plane: ControlPlane,
+    *,
+    namespace: str,
+    account: str,
+    path: Path,
+    context_namespace: str | None = None,
+) -> Path:
     """A kubeconfig for ServiceAccount ``namespace/account`` (a token), as a user's would be."""
-    admin.apply(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}",
-                {"apiVersion": "v1", "kind": "ServiceAccount",
-                 "metadata": {"name": account, "namespace": namespace}}, field_manager="test")
-    token = admin.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
-                          body={"spec": {"expirationSeconds": 3600}})["status"]["token"]
+    admin.apply(
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}",
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace}},
+        field_manager="test",
+    )
+    token = admin.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
+        body={"spec": {"expirationSeconds": 3600}},
+    )["status"]["token"]
     context: dict[str, str] = {"cluster": "local", "user": account}
     if context_namespace:
         context["namespace"] = context_namespace
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "user",
-        "clusters": [{"name": "local", "cluster": {"server": plane.url,
-                                                   "certificate-authority": str(plane.pki.ca_cert)}}],
-        "users": [{"name": account, "user": {"token": token}}],
-        "contexts": [{"name": "user", "context": context}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "user",
+                "clusters": [
+                    {
+                        "name": "local",
+                        "cluster": {"server": plane.url, "certificate-authority": str(plane.pki.ca_cert)},
+                    }
+                ],
+                "users": [{"name": account, "user": {"token": token}}],
+                "contexts": [{"name": "user", "context": context}],
+            }
+        )
+    )
     path.chmod(0o600)
     return path
 

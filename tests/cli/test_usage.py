@@ -21,23 +21,33 @@ def stageset(*args: str, env: dict[str, str] | None = None) -> subprocess.Comple
     """The real process, as a user's shell runs it: exit code and stderr exactly as they see them."""
     import os
 
-    return subprocess.run([sys.executable, "-m", "stageset.cli", *args], capture_output=True, text=True,
-                          timeout=60, check=False, env={**os.environ, **(env or {})}, cwd=ROOT)
+    return subprocess.run(
+        [sys.executable, "-m", "stageset.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
 
 
-@pytest.mark.parametrize(("args", "flag"), [
-    (["controller", "--workers", "0"], "--workers"),
-    (["controller", "--mirror-max-size", "500m"], "--mirror-max-size"),
-    (["controller", "--mirror-max-size", "lots"], "--mirror-max-size"),
-    (["controller", "--max-teardown-wait", "5 minutes"], "--max-teardown-wait"),
-    (["controller", "--watch-namespaces", "shop,Not_A_Namespace"], "--watch-namespaces"),
-    (["controller", "--log-level", "loud"], "--log-level"),
-    (["controller", "--runbook-base-url", "ftp://docs"], "--runbook-base-url"),
-    (["get", "-n", "Bad_Namespace"], "--namespace"),
-    (["graph", "shop", "-o", "png"], "--output"),
-    (["reconcile", "shop", "--timeout", "soon"], "--timeout"),
-    (["run", "--workers", "0"], "--workers"),
-])
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["controller", "--workers", "0"], "--workers"),
+        (["controller", "--mirror-max-size", "500m"], "--mirror-max-size"),
+        (["controller", "--mirror-max-size", "lots"], "--mirror-max-size"),
+        (["controller", "--max-teardown-wait", "5 minutes"], "--max-teardown-wait"),
+        (["controller", "--watch-namespaces", "shop,Not_A_Namespace"], "--watch-namespaces"),
+        (["controller", "--log-level", "loud"], "--log-level"),
+        (["controller", "--runbook-base-url", "ftp://docs"], "--runbook-base-url"),
+        (["get", "-n", "Bad_Namespace"], "--namespace"),
+        (["graph", "shop", "-o", "png"], "--output"),
+        (["reconcile", "shop", "--timeout", "soon"], "--timeout"),
+        (["run", "--workers", "0"], "--workers"),
+    ],
+)
 def test_bad_values_are_usage_errors_naming_the_flag(args: list[str], flag: str) -> None:
     result = run_cli(*args)  # any exception but click's own would fail this test
     assert result.exit_code == 2, result.output
@@ -73,12 +83,23 @@ def test_no_kubeconfig_is_a_runtime_error_in_one_line(no_cluster: dict[str, str]
 
 def test_an_unreachable_cluster_is_a_runtime_error(tmp_path: Path) -> None:
     config = tmp_path / "kubeconfig"
-    config.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": "https://127.0.0.1:9",
-                                               "insecure-skip-tls-verify": True}}],
-        "users": [{"name": "u", "user": {"token": "t"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "shop"}}]}))
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {"server": "https://127.0.0.1:9", "insecure-skip-tls-verify": True},
+                    }
+                ],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "shop"}}],
+            }
+        )
+    )
     result = stageset("get", "--kubeconfig", str(config))
     assert result.returncode == 3, result.stderr
     assert "cannot reach the cluster at https://127.0.0.1:9" in result.stderr
@@ -161,8 +182,9 @@ def test_a_local_build_needs_no_cluster_and_masks_secrets(tmp_path: Path, no_clu
 
 def test_a_local_build_of_the_example(no_cluster: dict[str, str]) -> None:
     examples = ROOT / "examples"
-    result = stageset("build", "-f", str(examples / "stageset.yaml"), "--source-dir", str(examples),
-                      env=no_cluster)
+    result = stageset(
+        "build", "-f", str(examples / "stageset.yaml"), "--source-dir", str(examples), env=no_cluster
+    )
     assert result.returncode == 0, result.stderr
     names = [d["metadata"]["name"] for d in yaml.safe_load_all(result.stdout) if d]
     assert names == ["shop-settings", "shop-backend", "shop-backend-schema", "shop-frontend"]
@@ -171,8 +193,9 @@ def test_a_local_build_of_the_example(no_cluster: dict[str, str]) -> None:
 
 def test_a_build_that_fails_exits_3(tmp_path: Path, no_cluster: dict[str, str]) -> None:
     (tmp_path / "stageset.yaml").write_text(LOCAL_STAGESET)
-    result = stageset("build", "-f", str(tmp_path / "stageset.yaml"), "--source-dir", str(tmp_path),
-                      env=no_cluster)
+    result = stageset(
+        "build", "-f", str(tmp_path / "stageset.yaml"), "--source-dir", str(tmp_path), env=no_cluster
+    )
     assert result.returncode == 3
     assert "stage app" in result.stderr
     assert "Traceback" not in result.stderr

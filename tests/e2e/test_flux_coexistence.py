@@ -40,12 +40,24 @@ FLUX_CRD: dict[str, Any] = {
     "metadata": {"name": f"gitrepositories.{FLUX_GROUP}"},
     "spec": {
         "group": FLUX_GROUP,
-        "names": {"kind": "GitRepository", "listKind": "GitRepositoryList", "plural": "gitrepositories",
-                  "singular": "gitrepository", "shortNames": ["gitrepo"]},
+        "names": {
+            "kind": "GitRepository",
+            "listKind": "GitRepositoryList",
+            "plural": "gitrepositories",
+            "singular": "gitrepository",
+            "shortNames": ["gitrepo"],
+        },
         "scope": "Namespaced",
-        "versions": [{"name": "v1", "served": True, "storage": True,
-                      "schema": {"openAPIV3Schema": {"type": "object",
-                                                     "x-kubernetes-preserve-unknown-fields": True}}}],
+        "versions": [
+            {
+                "name": "v1",
+                "served": True,
+                "storage": True,
+                "schema": {
+                    "openAPIV3Schema": {"type": "object", "x-kubernetes-preserve-unknown-fields": True}
+                },
+            }
+        ],
     },
 }
 
@@ -79,10 +91,17 @@ def discovery(client: KubeClient) -> list[ApiResource]:
         for entry in client.get(path).get("resources", []):
             if "/" in entry["name"]:
                 continue
-            found.append(ApiResource(group=group, version=version, plural=entry["name"],
-                                     singular=entry.get("singularName") or entry["kind"].lower(),
-                                     kind=entry["kind"], short_names=tuple(entry.get("shortNames") or ()),
-                                     categories=tuple(entry.get("categories") or ())))
+            found.append(
+                ApiResource(
+                    group=group,
+                    version=version,
+                    plural=entry["name"],
+                    singular=entry.get("singularName") or entry["kind"].lower(),
+                    kind=entry["kind"],
+                    short_names=tuple(entry.get("shortNames") or ()),
+                    categories=tuple(entry.get("categories") or ()),
+                )
+            )
     return found
 
 
@@ -164,18 +183,25 @@ def test_next_to_flux_every_name_resolves_as_documented(flux_installed: KubeClie
     assert resolve(resources, "gitrepo") == {f"gitrepositories.{FLUX_GROUP}"}
     for r in ours:
         for short in r.short_names:
-            holders = {o.qualified for o in resources
-                       if short in o.short_names or short in (o.plural, o.singular)}
+            holders = {
+                o.qualified for o in resources if short in o.short_names or short in (o.plural, o.singular)
+            }
             assert holders == {r.qualified}, f"short name {short!r} is also {holders - {r.qualified}}"
 
 
 def test_printer_columns(installed: KubeClient, admin_api: k8s.ApiClient, make_namespace: Any) -> None:
     namespace = make_namespace("columns")
     base = f"/apis/stages.metio.wtf/v1/namespaces/{namespace}"
-    installed.apply(f"{base}/gitrepositories/app", {
-        "apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
-        "metadata": {"name": "app", "namespace": namespace},
-        "spec": {"url": "https://git.example.invalid/app.git", "suspend": True}}, field_manager="test")
+    installed.apply(
+        f"{base}/gitrepositories/app",
+        {
+            "apiVersion": "stages.metio.wtf/v1",
+            "kind": "GitRepository",
+            "metadata": {"name": "app", "namespace": namespace},
+            "spec": {"url": "https://git.example.invalid/app.git", "suspend": True},
+        },
+        field_manager="test",
+    )
     table = _table(admin_api, f"{base}/gitrepositories")
     names = [c["name"] for c in table["columnDefinitions"]]
     assert names == ["Name", "URL", "Ready", "Status", "Revision", "Suspended", "Age"]
@@ -183,15 +209,23 @@ def test_printer_columns(installed: KubeClient, admin_api: k8s.ApiClient, make_n
     assert row["URL"] == "https://git.example.invalid/app.git"
     assert row["Suspended"] is True
     table = _table(admin_api, f"{base}/stagesets")
-    assert [c["name"] for c in table["columnDefinitions"]] == \
-        ["Name", "Ready", "Status", "Revision", "Suspended", "Age"]
+    assert [c["name"] for c in table["columnDefinitions"]] == [
+        "Name",
+        "Ready",
+        "Status",
+        "Revision",
+        "Suspended",
+        "Age",
+    ]
 
 
 def _table(api: k8s.ApiClient, path: str) -> dict[str, Any]:
     """The server-side table kubectl prints (``Accept: ...;as=Table``), as the admin."""
     response = api.rest_client.pool_manager.request(
-        "GET", f"{api.configuration.host}{path}",
-        headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"})
+        "GET",
+        f"{api.configuration.host}{path}",
+        headers={"Accept": "application/json;as=Table;v=v1;g=meta.k8s.io"},
+    )
     assert response.status == 200, response.data[:500]
     table: dict[str, Any] = json.loads(response.data)
     return table
