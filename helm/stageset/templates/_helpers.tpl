@@ -61,3 +61,13 @@ app.kubernetes.io/part-of: stageset
 {{- else -}}multi-tenant (rbac.clusterAdmin=false: every StageSet applies as its own ServiceAccount)
 {{- end -}}
 {{- end -}}
+
+{{/* A Go duration ("1m30s", "500ms") in seconds, as a float; the schema has checked its form. */}}
+{{- define "stageset.seconds" -}}
+{{- $total := 0.0 -}}
+{{- range (regexFindAll "[0-9.]+(ms|s|m|h)" . -1) -}}
+{{- $factor := get (dict "ms" 0.001 "s" 1.0 "m" 60.0 "h" 3600.0) (regexReplaceAll "^[0-9.]+" . "") -}}
+{{- $total = addf $total (mulf (regexFind "^[0-9.]+" . | float64) $factor) -}}
+{{- end -}}
+{{- $total -}}
+{{- end -}}
