@@ -49,7 +49,8 @@ def find(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> list
 
 def one(docs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict[str, Any]:
     found = find(docs, kind, name)
-    assert len(found) == 1, f"expected one {kind} {name or ''}, found {[d['metadata']['name'] for d in found]}"
+    names = [d["metadata"]["name"] for d in found]
+    assert len(found) == 1, f"expected one {kind} {name or ''}, found {names}"
     return found[0]
 
 

@@ -37,7 +37,8 @@ def rbac_objects(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
             if d["kind"] in kinds}
 
 
-def binding(docs: list[dict[str, Any]], kind: str, name: str, namespace: str = "") -> tuple[str, str, list[Any]]:
+def binding(docs: list[dict[str, Any]], kind: str, name: str,
+            namespace: str = "") -> tuple[str, str, list[Any]]:
     found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name
              and d["metadata"].get("namespace", "") == namespace]
     assert len(found) == 1, f"{kind} {namespace}/{name}"
@@ -110,7 +111,8 @@ def test_sharded_rbac_binds_only_the_watched_namespaces(helm: Helm) -> None:
 def test_cluster_admin_mode_adds_exactly_a_cluster_admin_binding(helm: Helm) -> None:
     default = rbac_objects(helm.render())
     docs = helm.render("--set", "rbac.clusterAdmin=true")
-    assert rbac_objects(docs) - default == {("ClusterRoleBinding", "", "stageset-system-stageset-cluster-admin")}
+    added = rbac_objects(docs) - default
+    assert added == {("ClusterRoleBinding", "", "stageset-system-stageset-cluster-admin")}
     assert binding(docs, "ClusterRoleBinding", "stageset-system-stageset-cluster-admin") == (
         "ClusterRole", "cluster-admin", SA)
     assert "--cluster-admin" in controller_args(docs)
@@ -129,7 +131,8 @@ def test_names_derive_from_the_release_and_releases_never_collide(helm: Helm) ->
             "stageset-edit", "stageset-view"), doc["metadata"]["name"]
     # The same release name in another namespace: no cluster-scoped name is shared.
     other = helm.render(release="prod", namespace="ops-2")
-    assert cluster_scoped(prod) and not cluster_scoped(prod) & cluster_scoped(other)
+    assert cluster_scoped(prod)
+    assert not cluster_scoped(prod) & cluster_scoped(other)
     override = helm.render("--set", "fullnameOverride=gitops", release="x")
     assert one(override, "Deployment")["metadata"]["name"] == "gitops"
 
@@ -166,7 +169,8 @@ def test_restricted_pod_security_probes_and_ports(helm: Helm) -> None:
     assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
     assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
     args = controller_args(docs)
-    assert "--probe-address=:8081" in args and "--metrics-address=:8080" in args
+    assert "--probe-address=:8081" in args
+    assert "--metrics-address=:8080" in args
     service = one(docs, "Service")
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics",
                                          "protocol": "TCP"}]
@@ -181,7 +185,8 @@ def test_leader_election_strategy_pdb_and_service_monitor(helm: Helm) -> None:
     deployment = one(docs, "Deployment")
     assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
     assert "--leader-elect" in controller_args(docs)
-    assert not find(docs, "PodDisruptionBudget") and not find(docs, "ServiceMonitor")
+    assert not find(docs, "PodDisruptionBudget")
+    assert not find(docs, "ServiceMonitor")
 
     docs = helm.render("--set", "replicaCount=3", "--set", "metrics.serviceMonitor.enabled=true",
                        "--set", "metrics.serviceMonitor.labels.release=prom")
@@ -204,7 +209,8 @@ def test_leader_election_strategy_pdb_and_service_monitor(helm: Helm) -> None:
 def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> None:
     controller = cli.commands["controller"]  # type: ignore[attr-defined]
     for values in ([], ["--set", "rbac.clusterAdmin=true", "--set", "controller.watchNamespaces={a,b}",
-                        "--set", "controller.noCrossNamespaceRefs=true", "--set", "controller.logFormat=json"]):
+                        "--set", "controller.noCrossNamespaceRefs=true",
+                        "--set", "controller.logFormat=json"]):
         args = controller_args(helm.render(*values))
         context = controller.make_context("controller", list(args))
         assert context.params["workers"] == 4
@@ -240,7 +246,8 @@ INVALID = [
     ("--set", "controller.watchNamespaces={Team_A}", "/controller/watchNamespaces/0"),
     ("--set", "controller.watchNamespaces={a,a}", "/controller/watchNamespaces"),
     ("--set", "controller.leaderElection.enabled=maybe", "/controller/leaderElection/enabled"),
-    ("--set-string", "controller.leaderElection.leaseDuration=15", "/controller/leaderElection/leaseDuration"),
+    ("--set-string", "controller.leaderElection.leaseDuration=15",
+     "/controller/leaderElection/leaseDuration"),
     ("--set", "controller.probePort=70000", "/controller/probePort"),
     ("--set", "controller.resources.limits.memory=lots", "/controller/resources/limits/memory"),
     ("--set", "image.pullPolicy=Sometimes", "/image/pullPolicy"),
