@@ -41,7 +41,7 @@ def _type(node: dict[str, Any]) -> str:
     if "pattern" in node:
         details.append(f"matching `{node['pattern']}`")
     if "minimum" in node or "maximum" in node:
-        details.append(f"{node.get('minimum', '…')}–{node.get('maximum', '…')}")
+        details.append(f"{node.get('minimum', '…')} to {node.get('maximum', '…')}")
     return kind + (f" ({', '.join(details)})" if details else "")
 
 
