@@ -27,7 +27,7 @@ def _type(node: dict[str, Any]) -> str:
         return " \\| ".join(f"`{json.dumps(v)}`" for v in node["enum"])
     if "anyOf" in node:
         return " or ".join(_type(option) for option in node["anyOf"])
-    kind = node.get("type", "any")
+    kind = str(node.get("type", "any"))
     if kind == "array":
         items = node.get("items", {})
         text = f"list of {_type(items)}"
