@@ -228,3 +228,23 @@ def test_a_bad_leader_election_setting_is_a_usage_error(tmp_path: Path, control_
         capture_output=True, text=True, timeout=60, check=False)
     assert result.returncode == 2
     assert "retry period < renew deadline < lease duration" in result.stderr
+
+
+def test_a_leader_that_loses_its_lease_exits_at_once_with_1(
+    installed: KubeClient, control_plane: ControlPlane, tmp_path: Path, processes: list[ControllerProcess],
+) -> None:
+    kubeconfig = account_kubeconfig(installed, control_plane, "stageset-lost", tmp_path / "kubeconfig")
+    handle = start_controller(kubeconfig=kubeconfig, workdir=tmp_path / "c", extra=election_args("lost-test"))
+    processes.append(handle)
+    path = f"/apis/coordination.k8s.io/v1/namespaces/{NAMESPACE}/leases/lost-test"
+    wait_for(lambda: "acquired Lease" in handle.output(), what="the controller leading")
+    # Someone else takes the Lease (as a partitioned leader would see it after expiry).
+    lease = installed.get(path)
+    stamp = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    installed.request("PUT", path, body={**lease, "spec": {**lease["spec"], "holderIdentity": "intruder",
+                                                           "renewTime": stamp}})
+    stolen = time.monotonic()
+    assert handle.process.wait(timeout=RENEW_SECONDS + 10) == 1
+    assert time.monotonic() - stolen <= RENEW_SECONDS + 2 * RETRY_SECONDS
+    assert "leadership lost" in handle.output()
+    assert installed.get(path)["spec"]["holderIdentity"] == "intruder"  # it does not fight back

@@ -436,3 +436,28 @@ def test_the_cluster_admin_release_applies_as_itself_without_a_service_account(i
               and (e.get("objectRef") or {}).get("namespace") == "platform-apps"
               and e.get("verb") in ("create", "patch", "update")]
     assert writes, "the ConfigMap was not written by the controller's own identity"
+
+
+def test_the_pod_passes_the_restricted_pod_security_standard(installed: Cluster) -> None:
+    """The apiserver's own PodSecurity admission judges the installed Deployment's pod template."""
+    namespace = "pss-restricted"
+    installed.admin.apply(f"/api/v1/namespaces/{namespace}", {
+        "apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace, "labels": {
+            "pod-security.kubernetes.io/enforce": "restricted",
+            "pod-security.kubernetes.io/enforce-version": "latest"}}}, field_manager="test")
+    deployment = next(d for d in installed.manifests[DEFAULT.name] if d["kind"] == "Deployment")
+    template = deployment["spec"]["template"]
+
+    def create(spec: dict[str, Any]) -> None:
+        pod = {"apiVersion": "v1", "kind": "Pod",
+               "metadata": {"name": "controller", "labels": template["metadata"]["labels"]},
+               "spec": {**spec, "serviceAccountName": "default"}}
+        installed.admin.request("POST", f"/api/v1/namespaces/{namespace}/pods", query={"dryRun": "All"},
+                                body=pod)
+
+    create(template["spec"])
+    # The check can fail: the same pod allowed to escalate privileges is refused.
+    loose = yaml.safe_load(yaml.safe_dump(template["spec"]))
+    loose["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
+    with pytest.raises(ApiError, match="restricted"):
+        create(loose)
