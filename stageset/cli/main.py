@@ -15,6 +15,7 @@ from types import FrameType
 import click
 
 from stageset.api import parse_duration
+from stageset.cli import process
 from stageset.controller.manager import Manager
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ClientPool
@@ -46,18 +47,21 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("dulwich").setLevel(logging.WARNING)
 
 
-def run_controller(manager: Manager) -> None:
-    """Run ``manager`` in the foreground until SIGINT/SIGTERM."""
+def run_controller(manager: Manager, *, early_stop: threading.Event | None = None) -> None:
+    """Run ``manager`` in the foreground until SIGINT/SIGTERM (or one received earlier: ``early_stop``)."""
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
         manager.stop.set()
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    if early_stop is not None and early_stop.is_set():
+        manager.stop.set()
     manager.run()
 
 
 @click.group()
+@click.version_option(package_name="stageset", prog_name="stageset")
 def main() -> None:
     """stageset: staged GitOps for Kubernetes, applied as the tenant."""
 
@@ -80,12 +84,19 @@ def main() -> None:
               help="Development only: allow http:// and file:// Git URLs.")
 @click.option("--max-teardown-wait", default="5m", show_default=True,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
-@click.option("--log-level", default="info", show_default=True)
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]))
+@process.lifecycle_options
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
                no_cross_namespace_refs: bool, workers: int, mirror_dir: str | None, mirror_max_size: str,
-               allow_insecure_sources: bool, max_teardown_wait: str, log_level: str) -> None:
+               allow_insecure_sources: bool, max_teardown_wait: str, log_level: str, log_format: str,
+               lifecycle: process.LifecycleSettings) -> None:
     """Run the controller against a cluster."""
+    early_stop = process.stop_on_signals()
     _setup_logging(log_level)
+    if log_format == "json":
+        process.use_json_logs()
     settings = ControllerSettings(
         watch_namespaces=_namespaces(watch_namespaces),
         cluster_admin=cluster_admin,
@@ -98,7 +109,8 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
     )
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:
-        run_controller(Manager(clients=clients, settings=settings))
+        run_controller(Manager(clients=clients, settings=settings,
+                               lifecycle=process.make_lifecycle(lifecycle, clients)), early_stop=early_stop)
     finally:
         clients.close()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 from sources import Limits, MirrorStore, UrlPolicy
@@ -22,6 +23,7 @@ from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
 from stageset.controller.gitrepository import GitRepositoryReconciler
+from stageset.controller.health import Lifecycle
 from stageset.controller.queue import WorkQueue
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import StageSetReconciler
@@ -46,10 +48,13 @@ def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
 
 
 class Manager:
-    def __init__(self, *, clients: ClientPool, settings: ControllerSettings):
+    def __init__(self, *, clients: ClientPool, settings: ControllerSettings,
+                 lifecycle: Callable[[threading.Event], Lifecycle] | None = None):
         self._clients = clients
         self._settings = settings
         self.stop = threading.Event()
+        # Probes, start-up waits and leader election (controller/health.py); None: none of them.
+        self.lifecycle = lifecycle(self.stop) if lifecycle else None
         self._queue: WorkQueue[Key] = WorkQueue()
         self._lock = threading.Lock()
         self._objects: dict[Key, KubeObject] = {}
@@ -143,9 +148,17 @@ class Manager:
 
     def run(self) -> None:
         """Run until :attr:`stop` is set."""
+        if self.lifecycle:
+            self.lifecycle.start()
         for reflector in self._reflectors:
             reflector.start()
-        if not wait_synced(self._reflectors, timeout=60):
+        if self.lifecycle:
+            # Caches synced, then the Lease held; returns False at once when stopped meanwhile.
+            if not self.lifecycle.before_workers([r.synced for r in self._reflectors]):
+                self._queue.shutdown()
+                self.lifecycle.after_workers()
+                return
+        elif not wait_synced(self._reflectors, timeout=60):
             log.warning("caches not synced after 60s; starting workers anyway")
         workers = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
                    for i in range(self._settings.workers)]
@@ -155,5 +168,9 @@ class Manager:
                  ", ".join(self._settings.watch_namespaces or ("all",)))
         self.stop.wait()
         self._queue.shutdown()
+        # One deadline for all workers: in-flight passes finish or are abandoned within it.
+        deadline = time.monotonic() + self._settings.shutdown_timeout
         for worker in workers:
-            worker.join(timeout=30)
+            worker.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self.lifecycle:
+            self.lifecycle.after_workers()

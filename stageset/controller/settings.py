@@ -29,3 +29,5 @@ class ControllerSettings:
     readiness_requeue: float = 1.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway.
     max_teardown_wait: float = 300.0
+    # On stop, in-flight reconciles get this long (all workers together) to finish or give up.
+    shutdown_timeout: float = 10.0
