@@ -115,7 +115,6 @@ class Manager:
                 ref = (key[1], key[2])
                 if event == "DELETED":
                     self._index.remove(ref)
-                    REGISTRY.drop(key)
                 else:
                     self._index.update(ref, self._dependencies(key[1], obj))
             with self._lock:
@@ -123,6 +122,7 @@ class Manager:
                 if event == "DELETED":
                     self._objects.pop(key, None)
                     self._seen.pop(key, None)
+                    REGISTRY.drop(key)  # its Secret values leave the log filter with it
                     now: tuple[tuple[Any, Any, bool], bool] | None = None
                 else:
                     self._objects[key] = obj
