@@ -77,8 +77,8 @@ from bench.common import (
     revision,
     role_binding,
 )
-from stageset.apply.engine import ApplySettings
 from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE
+from stageset.apply.settings import ApplySettings
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS
 from stageset.controller.settings import ControllerSettings
 from stageset.envtest import install

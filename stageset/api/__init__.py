@@ -14,8 +14,10 @@ from stageset.api.common import (
     Condition,
     LocalObjectRef,
     SecretKeyRef,
+    duration_seconds,
+    format_time,
+    parse_time,
 )
-from stageset.api.duration import parse_duration
 from stageset.api.gitrepository import (
     Artifact,
     GitRef,
@@ -66,5 +68,7 @@ __all__ = [
     "StageSetStatus",
     "StageStatus",
     "SubstituteRef",
-    "parse_duration",
+    "duration_seconds",
+    "format_time",
+    "parse_time",
 ]

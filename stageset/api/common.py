@@ -13,12 +13,15 @@ Attribute docstrings become the schema descriptions (``use_attribute_docstrings`
 
 from __future__ import annotations
 
-from typing import Annotated, Final, Literal
+import datetime
+import re
+from typing import Annotated, Final
 
+import durationpy
 from pydantic import BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
-from stageset.api.duration import DURATION_PATTERN
+from stageset.api.vocabulary import ConditionStatus
 
 GROUP: Final = "stages.metio.wtf"
 VERSION: Final = "v1"
@@ -27,6 +30,10 @@ API_VERSION: Final = "stages.metio.wtf/v1"
 DNS_LABEL_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$"
 DNS_SUBDOMAIN_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
 
+# Unsigned Go durations as Flux's CRDs spell them (``5m``, ``1h30m``, ``1.5s``; Greek mu and the
+# micro sign both mean µ in Go), so every admitted value also parses in Go tooling.
+DURATION_PATTERN = r"^([0-9]+([.][0-9]+)?(ns|us|µs|μs|ms|s|m|h))+$"
+
 DNSLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_PATTERN)]
 """An RFC 1123 label: namespace names, stage names."""
 
@@ -34,13 +41,40 @@ DNSSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SU
 """An RFC 1123 subdomain: the names of most Kubernetes objects."""
 
 Duration = Annotated[str, Field(max_length=64, pattern=DURATION_PATTERN)]
-"""A Go duration string such as ``30s``, ``5m`` or ``1h30m``; see :func:`parse_duration`."""
+"""A Go duration string such as ``30s``, ``5m`` or ``1h30m``; see :func:`duration_seconds`."""
 
 Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
 """An RFC 3339 timestamp, as ``metav1.Time`` serializes."""
 
 Count = Annotated[int, Field(ge=0, json_schema_extra={"format": "int64"})]
 """A non-negative 64-bit integer, such as ``metadata.generation``."""
+
+
+def duration_seconds(value: str) -> float:
+    """A duration string (already admitted by :data:`DURATION_PATTERN`) in seconds.
+
+    Raises ``ValueError`` for text that is not a duration.
+    """
+    if re.fullmatch(DURATION_PATTERN, value) is None and value != "0":
+        raise ValueError(f"invalid duration {value!r}: use e.g. 30s, 5m, 1h30m")
+    seconds: float = durationpy.from_str(value).total_seconds()
+    return seconds
+
+
+def format_time(value: datetime.datetime) -> str:
+    """The one timestamp format of our status and events: RFC 3339, UTC, whole seconds."""
+    return value.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_time(value: str | None) -> datetime.datetime | None:
+    """A timestamp as :func:`format_time` (or the apiserver) writes it; ``None`` if unreadable."""
+    if not value:
+        return None
+    try:
+        parsed = datetime.datetime.fromisoformat(value.replace("Z", "+00:00"))
+    except ValueError:
+        return None
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=datetime.UTC)
 
 
 class ApiModel(BaseModel):
@@ -106,7 +140,7 @@ class Condition(StatusModel):
         ),
     ]
     """Type of condition in CamelCase, e.g. ``Ready``."""
-    status: Literal["True", "False", "Unknown"]
+    status: ConditionStatus
     """Status of the condition."""
     reason: Annotated[
         str,

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.config import JsonDict
 
 from stageset.api.common import (
@@ -30,6 +30,7 @@ from stageset.api.common import (
     StatusModel,
     Time,
 )
+from stageset.api.vocabulary import StagePhase
 
 MAX_STAGES = 64
 
@@ -260,7 +261,9 @@ class StageStatus(StatusModel):
 
     name: DNSLabel
     """Name of the stage."""
-    phase: Annotated[str, Field(max_length=64)]
+    # The schema stays a bounded string: an older controller must be able to read (and a newer
+    # one to write) a phase the other does not know.
+    phase: Annotated[StagePhase, WithJsonSchema({"type": "string", "maxLength": 64})]
     """Pending, Applying, Waiting, Ready, Progressing (held at its timeout) or Failed."""
     revision: Annotated[str, Field(max_length=1024)] | None = None
     """Source revision last applied by this stage."""
@@ -272,6 +275,12 @@ class StageStatus(StatusModel):
     """How many objects the stage manages."""
     waiting_since: Time | None = None
     """While the stage waits for its objects to become ready: since when (its timeout counts from here)."""
+
+    @field_validator("phase", mode="before")
+    @classmethod
+    def _unknown_phase_is_pending(cls, value: Any) -> Any:
+        # A phase only a newer controller knows reads as Pending: the stage is simply applied again.
+        return value if value in set(StagePhase) else StagePhase.PENDING
 
 
 class InventoryEntry(StatusModel):

@@ -3,7 +3,7 @@
 Identity: every request made here goes through the ``client`` handed in, which the
 controller binds to the stage's identity (the tenant's ServiceAccount, or the
 controller itself in single-tenant mode).  Discovery (``mapper``) is the only read
-made with the controller's identity.
+made with the controller's identity (or, on a remote cluster, the kubeconfig's).
 
 Invariants:
 - A stage the tenant may not fully write changes nothing: all objects whose kinds
@@ -13,6 +13,8 @@ Invariants:
   no-op reconcile writes nothing.
 - A changed object whose manifest is the one we applied last time was changed by
   someone else: that is drift, corrected and reported.  A new manifest is not drift.
+
+The result is a :class:`~stageset.apply.changeset.ChangeSet`: one action per object.
 """
 
 from __future__ import annotations
@@ -24,22 +26,18 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from stageset.apply.inventory import Entry, ObjectId, manifest_hash, object_id
+from stageset.api import InventoryEntry
+from stageset.api.vocabulary import Reason
+from stageset.apply.changeset import WRITES, Action, Change, ChangeSet
+from stageset.apply.errors import StageError
+from stageset.apply.inventory import ObjectId, describe, entry, manifest_hash, object_id
 from stageset.apply.ownership import FIELD_MANAGER, StageOwner, label_object
-from stageset.apply.plan import describe, phases
+from stageset.apply.plan import phases
 from stageset.apply.readiness import Readiness, Status, readiness
+from stageset.apply.settings import ApplySettings
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError
 from stageset.kube.types import KubeObject
-
-
-class StageError(Exception):
-    """The stage cannot be applied; ``reason`` is the Ready condition reason to report."""
-
-    def __init__(self, reason: str, message: str):
-        super().__init__(message)
-        self.reason = reason
-        self.message = message
 
 
 @dataclass
@@ -51,19 +49,29 @@ class AppliedObject:
     digest: str
     live: KubeObject | None = None
     dry_run: KubeObject | None = None
-    recreate: bool = False
-    # False when the live object was not read (new to the inventory): then it is written.
-    live_known: bool = True
-    wrote: bool = False
+    # Planned by the preview (RECREATED: an immutable change under ``force``), final after
+    # the write.  A reference (readyChecks) is never written: SKIPPED.
+    action: Action = Action.UNCHANGED
     drifted: bool = False
 
-    def entry(self) -> Entry:
-        return Entry(id=self.id, version=str(self.manifest.get("apiVersion")), digest=self.digest)
+    @property
+    def wrote(self) -> bool:
+        return self.action in WRITES
+
+    def entry(self) -> InventoryEntry:
+        return entry(self.id, version=str(self.manifest.get("apiVersion")), digest=self.digest)
+
+    def change(self) -> Change:
+        return Change(id=self.id, action=self.action, drift=self.drifted)
 
 
 @dataclass
 class StageResult:
     objects: list[AppliedObject] = field(default_factory=list)
+
+    @property
+    def changes(self) -> ChangeSet:
+        return ChangeSet([o.change() for o in self.objects])
 
     @property
     def writes(self) -> int:
@@ -72,14 +80,6 @@ class StageResult:
     @property
     def drifted(self) -> list[AppliedObject]:
         return [o for o in self.objects if o.drifted]
-
-
-@dataclass(frozen=True)
-class ApplySettings:
-    parallelism: int = 4
-    poll_interval: float = 0.5
-    crd_timeout: float = 60.0
-    delete_timeout: float = 60.0
 
 
 def _comparable(obj: KubeObject | None) -> Any:
@@ -99,13 +99,20 @@ def _is_immutable_error(error: ApiError) -> bool:
 def _error_for(item: AppliedObject, error: ApiError, identity: str) -> StageError:
     what = describe(item.manifest)
     if error.forbidden:
-        return StageError("RBACDenied", f"{identity} may not apply {what}: {error.message}")
+        return StageError(Reason.RBAC_DENIED, f"{identity} may not apply {what}: {error.message}")
     if _is_immutable_error(error):
-        return StageError("StageFailed", f"{what} changed an immutable field ({error.message}); "
+        return StageError(Reason.STAGE_FAILED, f"{what} changed an immutable field ({error.message}); "
                           "set force: true on the stage to recreate it")
     if error.invalid:
-        return StageError("StageFailed", f"{what} is invalid: {error.message}")
-    return StageError("StageFailed", f"applying {what} failed: {error.status} {error.message}")
+        return StageError(Reason.STAGE_FAILED, f"{what} is invalid: {error.message}")
+    return StageError(Reason.STAGE_FAILED, f"applying {what} failed: {error.status} {error.message}")
+
+
+def _read_error(item: AppliedObject, error: ApiError, identity: str) -> StageError:
+    what = describe(item.manifest)
+    if error.forbidden:
+        return StageError(Reason.RBAC_DENIED, f"{identity} may not read {what}")
+    return StageError(Reason.STAGE_FAILED, f"reading {what} failed: {error.status} {error.message}")
 
 
 class StageApplier:
@@ -128,6 +135,14 @@ class StageApplier:
             manifest = {**obj, "metadata": {k: v for k, v in obj["metadata"].items() if k != "namespace"}}
         return manifest, resource
 
+    def reference(self, obj: KubeObject, default_namespace: str) -> AppliedObject | None:
+        """An object the stage waits for but does not apply (``readyChecks.objects``);
+        ``None`` when the cluster serves no such kind."""
+        item = self._bind(obj, default_namespace)
+        if item is not None:
+            item.action = Action.SKIPPED
+        return item
+
     def _bind(self, obj: KubeObject, default_namespace: str) -> AppliedObject | None:
         manifest, resource = self.resolve(obj, default_namespace)
         if resource is None:
@@ -137,17 +152,17 @@ class StageApplier:
         return AppliedObject(resource=resource, path=path, manifest=manifest, id=object_id(manifest),
                              digest=manifest_hash(manifest))
 
-    def _each(self, items: list[AppliedObject], action: Callable[[AppliedObject], None]) -> None:
+    def _each(self, items: list[AppliedObject], step: Callable[[AppliedObject], None]) -> None:
         if len(items) <= 1:
             for item in items:
-                action(item)
+                step(item)
             return
         with ThreadPoolExecutor(max_workers=self._settings.parallelism) as pool:
-            for future in [pool.submit(action, item) for item in items]:
+            for future in [pool.submit(step, item) for item in items]:
                 future.result()
 
     def _preview(self, client: KubeClient, items: list[AppliedObject], *, force: bool,
-                 previous: Mapping[ObjectId, Entry]) -> None:
+                 previous: Mapping[ObjectId, InventoryEntry]) -> None:
         """Dry-run each object's apply (and read the live one if we applied it before);
         raise on the first kind of failure."""
         failures: list[StageError] = []
@@ -156,9 +171,8 @@ class StageApplier:
         def preview(item: AppliedObject) -> None:
             # Only an object we applied before can be unchanged: reading the others would
             # only tell us to write them anyway (saves a read per object on first apply).
-            item.live_known = item.id in previous
             try:
-                item.live = client.get(item.path) if item.live_known else None
+                item.live = client.get(item.path) if item.id in previous else None
             except ApiError as error:
                 if not error.not_found:
                     with lock:
@@ -170,14 +184,14 @@ class StageApplier:
                                             dry_run=True)
             except ApiError as error:
                 if force and _is_immutable_error(error):
-                    item.recreate = True
+                    item.action = Action.RECREATED
                     return
                 with lock:
                     failures.append(_error_for(item, error, client.identity.describe()))
 
         self._each(items, preview)
         if failures:
-            denied = [f for f in failures if f.reason == "RBACDenied"]
+            denied = [f for f in failures if f.reason is Reason.RBAC_DENIED]
             first = (denied or failures)[0]
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise StageError(first.reason, first.message + more)
@@ -198,23 +212,31 @@ class StageApplier:
                     return
                 raise
             time.sleep(self._settings.poll_interval)
-        raise StageError("StageFailed", f"{describe(item.manifest)} was not deleted for recreation in time")
+        raise StageError(Reason.STAGE_FAILED,
+                         f"{describe(item.manifest)} was not deleted for recreation in time")
 
     def _write(self, client: KubeClient, items: list[AppliedObject],
-               previous: Mapping[ObjectId, Entry]) -> None:
+               previous: Mapping[ObjectId, InventoryEntry]) -> None:
         def write(item: AppliedObject) -> None:
-            if item.live_known and item.dry_run is not None and \
+            recreate = item.action is Action.RECREATED
+            if not recreate and item.id in previous and item.dry_run is not None and \
                     _comparable(item.dry_run) == _comparable(item.live):
-                return  # already as wanted: no write
-            if item.recreate:
+                item.action = Action.UNCHANGED  # already as wanted: no write
+                return
+            if recreate:
                 self._delete_and_wait(client, item)
+            existed = item.live is not None
             try:
                 item.live = client.apply(item.path, item.manifest, field_manager=FIELD_MANAGER)
             except ApiError as error:
                 raise _error_for(item, error, client.identity.describe()) from error
-            item.wrote = True
+            if not recreate:
+                # Not read first (new to the inventory): a dry-run of an existing object carries
+                # its resourceVersion, one of a create does not.
+                existed = existed or bool(((item.dry_run or {}).get("metadata") or {}).get("resourceVersion"))
+                item.action = Action.CONFIGURED if existed else Action.CREATED
             before = previous.get(item.id)
-            item.drifted = before is not None and before.digest == item.digest and not item.recreate
+            item.drifted = before is not None and before.h == item.digest and not recreate
 
         self._each(items, write)
 
@@ -226,7 +248,8 @@ class StageApplier:
         verdict = self.wait_ready(client=client, applied=crds, timeout=self._settings.crd_timeout,
                                   stop=threading.Event())
         if verdict.status is not Status.CURRENT:
-            raise StageError("StageFailed", f"CustomResourceDefinitions not established: {verdict.message}")
+            raise StageError(Reason.STAGE_FAILED,
+                             f"CustomResourceDefinitions not established: {verdict.message}")
 
     def bind(self, *, owner: StageOwner, objects: list[KubeObject], default_namespace: str
              ) -> StageResult | None:
@@ -239,7 +262,7 @@ class StageApplier:
 
     def apply(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
               default_namespace: str, force: bool = False,
-              previous: Mapping[ObjectId, Entry] | None = None) -> StageResult:
+              previous: Mapping[ObjectId, InventoryEntry] | None = None) -> StageResult:
         """Apply ``objects`` as ``client``'s identity; raise :class:`StageError` on failure."""
         previous = previous or {}
         labelled = [label_object(obj, owner) for obj in objects]
@@ -256,8 +279,8 @@ class StageApplier:
                     # Its kind appeared in an earlier phase of this stage (a CRD): preview it now.
                     item = self._bind(obj, default_namespace)
                     if item is None:
-                        raise StageError("StageFailed", f"{describe(obj)}: the cluster serves no kind "
-                                         f"{obj.get('kind')} in {obj.get('apiVersion')}")
+                        raise StageError(Reason.STAGE_FAILED, f"{describe(obj)}: the cluster serves no "
+                                         f"kind {obj.get('kind')} in {obj.get('apiVersion')}")
                     late.append(item)
                 items.append(item)
             self._preview(client, late, force=force, previous=previous)
@@ -268,7 +291,9 @@ class StageApplier:
 
     def wait_ready(self, *, client: KubeClient, applied: list[AppliedObject], timeout: float,
                    stop: threading.Event) -> Readiness:
-        """Poll until every object is Current, one Failed, or ``timeout`` passes."""
+        """Poll until every object is Current, one Failed, or ``timeout`` passes.
+
+        An object that cannot be read (other than not found) is a :class:`StageError`."""
         deadline = time.monotonic() + timeout
         # First round: judge each object from what we already hold — the apply response for an
         # object we wrote, the preview for one we did not — and read it only if that says wait.
@@ -285,7 +310,7 @@ class StageApplier:
                         live = client.get(item.path)
                     except ApiError as error:
                         if not error.not_found:
-                            raise
+                            raise _read_error(item, error, client.identity.describe()) from error
                         still.append(item)
                         last = Readiness(Status.IN_PROGRESS, f"{describe(item.manifest)} not found")
                         continue

@@ -1,5 +1,8 @@
 """Inventories: which objects each stage owns, and what a finished pass may prune.  Pure.
 
+The inventory *is* the status model :class:`stageset.api.StageInventory` (one class for
+the wire and the logic); this module adds object identities and the rules over them.
+
 Safety rules, each a known failure of other tools that we must not repeat:
 
 - An object that moved from one stage to another of the same StageSet is never
@@ -15,9 +18,9 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
+from stageset.api import InventoryEntry, StageInventory
 from stageset.kube.types import KubeObject
 
 
@@ -37,16 +40,22 @@ class ObjectId:
         return cls(namespace=namespace, name=name, group=group, kind=kind)
 
     def describe(self) -> str:
+        """``Kind namespace/name`` (``Kind name`` when cluster-scoped): how messages name objects."""
         where = f"{self.namespace}/{self.name}" if self.namespace else self.name
         return f"{self.kind} {where}"
 
 
 def object_id(obj: KubeObject) -> ObjectId:
-    """The identity of a manifest (namespace already defaulted by the caller)."""
+    """The identity of a manifest (namespace as the manifest says; defaulting is the caller's)."""
     group = str(obj.get("apiVersion", "")).rpartition("/")[0]
-    metadata = obj.get("metadata", {})
+    metadata = obj.get("metadata") or {}
     return ObjectId(namespace=str(metadata.get("namespace") or ""), name=str(metadata.get("name")),
                     group=group, kind=str(obj.get("kind")))
+
+
+def describe(obj: KubeObject) -> str:
+    """A manifest or live object named as messages name it (see :meth:`ObjectId.describe`)."""
+    return object_id(obj).describe()
 
 
 def manifest_hash(obj: KubeObject) -> str:
@@ -55,50 +64,33 @@ def manifest_hash(obj: KubeObject) -> str:
     return hashlib.sha256(encoded).hexdigest()[:16]
 
 
-@dataclass
-class Entry:
-    id: ObjectId
-    version: str
-    digest: str | None = None
-
-    def as_status(self) -> dict[str, Any]:
-        entry: dict[str, Any] = {"id": self.id.encode(), "v": self.version}
-        if self.digest:
-            entry["h"] = self.digest
-        return entry
-
-    @classmethod
-    def from_status(cls, raw: Mapping[str, Any]) -> Entry:
-        return cls(id=ObjectId.decode(str(raw["id"])), version=str(raw["v"]), digest=raw.get("h"))
+def entry(oid: ObjectId, *, version: str, digest: str | None) -> InventoryEntry:
+    return InventoryEntry(id=oid.encode(), v=version, h=digest or None)
 
 
-@dataclass
-class StageInventory:
-    name: str
-    service_account: str | None
-    entries: dict[ObjectId, Entry] = field(default_factory=dict)
-
-    def as_status(self) -> dict[str, Any]:
-        status: dict[str, Any] = {"name": self.name,
-                                  "entries": [self.entries[k].as_status() for k in sorted(self.entries)]}
-        if self.service_account:
-            status["serviceAccountName"] = self.service_account
-        return status
-
-    @classmethod
-    def from_status(cls, raw: Mapping[str, Any]) -> StageInventory:
-        entries = [Entry.from_status(e) for e in raw.get("entries") or []]
-        return cls(name=str(raw["name"]), service_account=raw.get("serviceAccountName"),
-                   entries={e.id: e for e in entries})
+def entry_id(item: InventoryEntry) -> ObjectId:
+    return ObjectId.decode(item.id)
 
 
-def load(status: Mapping[str, Any] | None) -> dict[str, StageInventory]:
-    return {inv.name: inv for inv in
-            (StageInventory.from_status(raw) for raw in (status or {}).get("inventory") or [])}
+def by_id(inventory: StageInventory | None) -> dict[ObjectId, InventoryEntry]:
+    """The inventory's entries keyed by object identity."""
+    return {entry_id(e): e for e in inventory.entries} if inventory else {}
 
 
-def dump(inventories: Mapping[str, StageInventory]) -> list[dict[str, Any]]:
-    return [inventories[name].as_status() for name in sorted(inventories)]
+def stage_inventory(name: str, service_account: str | None,
+                    entries: Iterable[InventoryEntry]) -> StageInventory:
+    """A stage's inventory with its entries in a stable order (sorted by identity)."""
+    ordered = sorted({e.id: e for e in entries}.values(), key=lambda e: entry_id(e))
+    return StageInventory(name=name, service_account_name=service_account, entries=ordered)
+
+
+def by_stage(inventories: Iterable[StageInventory]) -> dict[str, StageInventory]:
+    return {inv.name: inv for inv in inventories}
+
+
+def ordered(inventories: Mapping[str, StageInventory]) -> list[StageInventory]:
+    """As status lists them: by stage name."""
+    return [inventories[name] for name in sorted(inventories)]
 
 
 def duplicates(rendered: Mapping[str, Iterable[ObjectId]]) -> dict[ObjectId, list[str]]:
@@ -112,16 +104,20 @@ def duplicates(rendered: Mapping[str, Iterable[ObjectId]]) -> dict[ObjectId, lis
 
 def merged(old: StageInventory | None, new: StageInventory) -> StageInventory:
     """Old and new entries together: written before prune so nothing is ever forgotten."""
-    entries = dict(old.entries) if old else {}
-    entries.update(new.entries)
-    return StageInventory(name=new.name, service_account=new.service_account, entries=entries)
+    entries = by_id(old)
+    entries.update(by_id(new))
+    return stage_inventory(new.name, new.service_account_name, entries.values())
 
 
 @dataclass(frozen=True)
 class Stale:
     stage: str
     service_account: str | None
-    entry: Entry
+    entry: InventoryEntry
+
+    @property
+    def id(self) -> ObjectId:
+        return entry_id(self.entry)
 
 
 def stale(*, old: Mapping[str, StageInventory], new: Mapping[str, StageInventory],
@@ -131,13 +127,25 @@ def stale(*, old: Mapping[str, StageInventory], new: Mapping[str, StageInventory
     Stages in ``prune_disabled`` keep their objects (they are dropped from the
     inventory but not deleted).  Removed stages (in ``old`` only) are included.
     """
-    kept = {oid for inv in new.values() for oid in inv.entries}
+    kept = {oid for inv in new.values() for oid in by_id(inv)}
     disabled = set(prune_disabled)
     result: list[Stale] = []
     for name, inv in old.items():
         if name in disabled:
             continue
-        for oid, entry in inv.entries.items():
+        for oid, item in by_id(inv).items():
             if oid not in kept:
-                result.append(Stale(stage=name, service_account=inv.service_account, entry=entry))
-    return sorted(result, key=lambda s: (s.stage, s.entry.id))
+                result.append(Stale(stage=name, service_account=inv.service_account_name, entry=item))
+    return sorted(result, key=lambda s: (s.stage, s.id))
+
+
+def with_kept(inventories: Mapping[str, StageInventory], kept: Iterable[Stale]) -> dict[str, StageInventory]:
+    """``inventories`` plus objects that could not be pruned: still tracked, so a later pass
+    tries again and nothing is ever silently orphaned."""
+    result = dict(inventories)
+    for item in kept:
+        holder = result.get(item.stage) or StageInventory(name=item.stage,
+                                                           service_account_name=item.service_account)
+        result[item.stage] = stage_inventory(holder.name, holder.service_account_name,
+                                             [*holder.entries, item.entry])
+    return result

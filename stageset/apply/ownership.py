@@ -1,7 +1,8 @@
-"""Owner labels that tie every applied object to its StageSet and stage.
+"""Owner labels that tie every applied object to its StageSet and stage; the opt-out; the finalizer.
 
 Prune and teardown only ever delete objects that still carry these labels, so an
-object a user adopted (by removing the labels) is never deleted by us.
+object a user adopted (by removing the labels) is never deleted by us, nor one that
+opts out with ``stages.metio.wtf/prune: disabled`` (annotation or label).  Pure.
 """
 
 from __future__ import annotations
@@ -14,6 +15,11 @@ FIELD_MANAGER = "stageset-controller"
 LABEL_NAME = "stages.metio.wtf/name"
 LABEL_NAMESPACE = "stages.metio.wtf/namespace"
 LABEL_STAGE = "stages.metio.wtf/stage"
+# On a live object (annotation or label): never delete it in prune or teardown.
+PRUNE_OPT_OUT = "stages.metio.wtf/prune"
+PRUNE_DISABLED = "disabled"
+# On every StageSet: its stages' objects are torn down before it goes.
+FINALIZER = "stages.metio.wtf/teardown"
 
 
 @dataclass(frozen=True)
@@ -26,6 +32,19 @@ class StageOwner:
 
     def labels(self) -> dict[str, str]:
         return {LABEL_NAME: self.name, LABEL_NAMESPACE: self.namespace, LABEL_STAGE: self.stage}
+
+
+def owned_by(obj: KubeObject, *, namespace: str, name: str) -> bool:
+    """Does the live object still carry the owner labels of StageSet ``namespace/name``?"""
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return bool(labels.get(LABEL_NAME) == name and labels.get(LABEL_NAMESPACE) == namespace)
+
+
+def prune_disabled(obj: KubeObject) -> bool:
+    """Has the live object opted out of deletion (annotation or label)?"""
+    metadata = obj.get("metadata") or {}
+    return PRUNE_DISABLED in ((metadata.get("annotations") or {}).get(PRUNE_OPT_OUT),
+                              (metadata.get("labels") or {}).get(PRUNE_OPT_OUT))
 
 
 def label_object(obj: KubeObject, owner: StageOwner) -> KubeObject:

@@ -33,9 +33,3 @@ def phases(objects: list[KubeObject]) -> list[list[KubeObject]]:
         grouped[phase_of(obj)].append(obj)
     return [group for group in grouped if group]
 
-
-def describe(obj: KubeObject) -> str:
-    metadata = obj.get("metadata", {})
-    namespace = metadata.get("namespace")
-    name = f"{namespace}/{metadata.get('name')}" if namespace else str(metadata.get("name"))
-    return f"{obj.get('kind')} {name}"

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
 import signal
 import sys
 import tempfile
@@ -13,22 +12,36 @@ from pathlib import Path
 from types import FrameType
 
 import click
+from kubernetes.utils import parse_quantity
 
-from stageset.api import parse_duration
+from stageset.api import duration_seconds
 from stageset.cli import process
 from stageset.controller.manager import Manager
+from stageset.controller.redact import install_log_filter
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ClientPool
 
-_SIZE_UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "ki": 2**10, "mi": 2**20, "gi": 2**30}
-
 
 def parse_size(value: str) -> int:
-    """``2Gi``, ``500M``, ``1048576`` -> bytes (Kubernetes quantity suffixes)."""
-    match = re.fullmatch(r"\s*(\d+)\s*([kKmMgG]i?)?\s*", value)
-    if not match:
-        raise click.BadParameter(f"not a size: {value!r} (use e.g. 2Gi, 500Mi, 1000000)")
-    return int(match.group(1)) * _SIZE_UNITS[(match.group(2) or "").lower()]
+    """A Kubernetes quantity as whole bytes: ``2Gi``, ``500M``, ``1048576``.
+
+    ``500m`` is 0.5 (milli), not 500 megabytes: a fraction of a byte is refused.
+    """
+    try:
+        quantity = parse_quantity(value.strip())  # type: ignore[no-untyped-call]
+    except ValueError as error:
+        raise click.BadParameter(f"not a size: {value!r} (use e.g. 2Gi, 500Mi, 1000000)") from error
+    if quantity < 0 or quantity != quantity.to_integral_value():
+        raise click.BadParameter(f"not a whole number of bytes: {value!r} (m means milli; use M or Mi)")
+    return int(quantity)
+
+
+def parse_duration_option(value: str) -> float:
+    """A duration flag (``30s``, ``5m``, ``1h30m``) in seconds."""
+    try:
+        return duration_seconds(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from error
 
 
 def _namespaces(value: str | None) -> tuple[str, ...] | None:
@@ -41,6 +54,8 @@ def _namespaces(value: str | None) -> tuple[str, ...] | None:
 def _setup_logging(level: str) -> None:
     logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # Secret values (substituted into manifests, echoed by apiservers) never reach the log.
+    install_log_filter()
     # The kubernetes client logs request bodies at DEBUG, which may include Secrets.
     logging.getLogger("urllib3").setLevel(logging.WARNING)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
@@ -75,7 +90,12 @@ def main() -> None:
               help="Single-tenant mode: StageSets without serviceAccountName apply as the controller.")
 @click.option("--no-cross-namespace-refs", is_flag=True, default=False,
               help="Refuse sourceRef and dependsOn into other namespaces.")
-@click.option("--workers", default=4, show_default=True, help="Concurrent reconciles.")
+@click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Concurrent StageSet reconciles.")
+@click.option("--source-workers", default=4, show_default=True, type=click.IntRange(min=1),
+              help="Concurrent GitRepository fetches (a pool of their own).")
+@click.option("--max-workers-per-namespace", default=0, show_default=True, type=click.IntRange(min=0),
+              help="Workers of each pool one namespace may hold at once; 0: half of each pool.")
 @click.option("--mirror-dir", type=click.Path(file_okay=False), default=None,
               help="Where Git mirrors are kept (default: a temporary directory).")
 @click.option("--mirror-max-size", default="", help="Evict least recently used Git mirrors past "
@@ -89,7 +109,8 @@ def main() -> None:
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]))
 @process.lifecycle_options
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
-               no_cross_namespace_refs: bool, workers: int, mirror_dir: str | None, mirror_max_size: str,
+               no_cross_namespace_refs: bool, workers: int, source_workers: int,
+               max_workers_per_namespace: int, mirror_dir: str | None, mirror_max_size: str,
                allow_insecure_sources: bool, max_teardown_wait: str, log_level: str, log_format: str,
                lifecycle: process.LifecycleSettings) -> None:
     """Run the controller against a cluster."""
@@ -102,10 +123,12 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
         cluster_admin=cluster_admin,
         no_cross_namespace_refs=no_cross_namespace_refs,
         workers=workers,
+        source_workers=source_workers,
+        max_workers_per_namespace=max_workers_per_namespace,
         mirror_dir=Path(mirror_dir) if mirror_dir else Path(tempfile.mkdtemp(prefix="stageset-mirrors-")),
         allow_insecure_sources=allow_insecure_sources,
         mirror_max_bytes=parse_size(mirror_max_size) if mirror_max_size else None,
-        max_teardown_wait=parse_duration(max_teardown_wait).total_seconds(),
+        max_teardown_wait=parse_duration_option(max_teardown_wait),
     )
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:

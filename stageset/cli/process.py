@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 import click
 
-from stageset.api import parse_duration
+from stageset.api import duration_seconds
 from stageset.controller.health import Lifecycle, LifecycleSettings, parse_address
 from stageset.controller.leader import LeaderElectionConfig, default_identity, default_namespace
 from stageset.kube.client import ClientPool
@@ -40,7 +40,7 @@ _OPTIONS = ("probe_address", "metrics_address", "leader_elect", "leader_election
 
 def _seconds(value: str, flag: str) -> float:
     try:
-        seconds = parse_duration(value).total_seconds()
+        seconds = duration_seconds(value)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint=flag) from None
     if seconds <= 0:

@@ -1,76 +1,83 @@
-"""kstatus-compatible conditions: Ready, Reconciling, Stalled with observedGeneration.
+"""kstatus-compatible conditions: Ready, Reconciling, Stalled with observedGeneration.  Pure.
 
 ``lastTransitionTime`` only moves when a condition's status changes, so status
-writes that only restate the same facts stay no-ops.
+writes that only restate the same facts stay no-ops.  Conditions are the
+:class:`stageset.api.Condition` model; raw objects (other StageSets, benchmarks) are
+read with :func:`find_condition` / :func:`ready_at_generation`.
 """
 
 from __future__ import annotations
 
-import datetime
-from typing import Any
+from collections.abc import Sequence
 
-READY = "Ready"
-RECONCILING = "Reconciling"
-STALLED = "Stalled"
+from stageset.api import Condition
+from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason
+from stageset.kube.types import ConditionDict, KubeObject, conditions, metadata
 
-Condition = dict[str, Any]
+READY = ConditionType.READY
+RECONCILING = ConditionType.RECONCILING
+STALLED = ConditionType.STALLED
+
+MAX_MESSAGE = 32768
 
 
-def now() -> str:
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def set_condition(conditions: list[Condition], *, type_: str, status: str, reason: str,
-                  message: str, generation: int) -> list[Condition]:
+def set_condition(existing: Sequence[Condition], *, type_: ConditionType, status: ConditionStatus,
+                  reason: Reason, message: str, generation: int, now: str) -> list[Condition]:
     """A new list with ``type_`` set; the transition time is kept unless the status changed."""
-    previous = next((c for c in conditions if c.get("type") == type_), None)
-    changed_at = previous["lastTransitionTime"] if previous and previous.get("status") == status \
-        and previous.get("lastTransitionTime") else now()
-    updated: Condition = {"type": type_, "status": status, "reason": reason,
-                          "message": message[:32768], "observedGeneration": generation,
-                          "lastTransitionTime": changed_at}
-    rest = [c for c in conditions if c.get("type") != type_]
-    return sorted([*rest, updated], key=lambda c: str(c.get("type")))
+    previous = next((c for c in existing if c.type == type_), None)
+    changed_at = previous.last_transition_time if previous is not None and previous.status == status \
+        and previous.last_transition_time else now
+    updated = Condition(type=type_, status=status, reason=reason, message=message[:MAX_MESSAGE],
+                        observed_generation=generation, last_transition_time=changed_at)
+    rest = [c for c in existing if c.type != type_]
+    return sorted([*rest, updated], key=lambda c: c.type)
 
 
-def find_condition(conditions: list[Condition] | None, type_: str) -> Condition:
-    """The condition of ``type_`` (an empty dict when there is none)."""
-    return next((c for c in conditions or [] if c.get("type") == type_), {})
+def remove_condition(existing: Sequence[Condition], type_: ConditionType) -> list[Condition]:
+    return [c for c in existing if c.type != type_]
 
 
-def ready_at_generation(obj: dict[str, Any]) -> bool:
-    """kstatus: Ready=True, and said about the object's current generation."""
-    ready = find_condition((obj.get("status") or {}).get("conditions"), READY)
-    return ready.get("status") == "True" and \
-        ready.get("observedGeneration") == obj.get("metadata", {}).get("generation")
-
-
-def remove_condition(conditions: list[Condition], type_: str) -> list[Condition]:
-    return [c for c in conditions if c.get("type") != type_]
-
-
-def summarize(conditions: list[Condition], *, ready: bool | None, reason: str, message: str,
-              generation: int, stalled: bool = False) -> list[Condition]:
+def summarize(existing: Sequence[Condition], *, ready: bool | None, reason: Reason, message: str,
+              generation: int, now: str, stalled: bool = False) -> list[Condition]:
     """Set the three kstatus conditions consistently for one outcome.
 
-    ``ready=None`` means still working (Ready=Unknown... reported as False with
-    Reconciling=True); ``stalled`` means retrying will not help until the spec changes.
+    ``ready=None`` means still working (Ready=Unknown with Reconciling=True); ``stalled``
+    means retrying will not help until the spec changes.
     """
+    def put(found: Sequence[Condition], type_: ConditionType, status: ConditionStatus) -> list[Condition]:
+        return set_condition(found, type_=type_, status=status, reason=reason, message=message,
+                             generation=generation, now=now)
+
     if ready is True:
-        conditions = set_condition(conditions, type_=READY, status="True", reason=reason,
-                                   message=message, generation=generation)
-        conditions = remove_condition(conditions, RECONCILING)
-        return remove_condition(conditions, STALLED)
+        return remove_condition(remove_condition(put(existing, READY, ConditionStatus.TRUE), RECONCILING),
+                                STALLED)
     if ready is None:
-        conditions = set_condition(conditions, type_=READY, status="Unknown", reason=reason,
-                                   message=message, generation=generation)
-        conditions = set_condition(conditions, type_=RECONCILING, status="True", reason=reason,
-                                   message=message, generation=generation)
-        return remove_condition(conditions, STALLED)
-    conditions = set_condition(conditions, type_=READY, status="False", reason=reason,
-                               message=message, generation=generation)
-    conditions = remove_condition(conditions, RECONCILING)
-    if stalled:
-        return set_condition(conditions, type_=STALLED, status="True", reason=reason,
-                             message=message, generation=generation)
-    return remove_condition(conditions, STALLED)
+        working = put(put(existing, READY, ConditionStatus.UNKNOWN), RECONCILING, ConditionStatus.TRUE)
+        return remove_condition(working, STALLED)
+    failed = remove_condition(put(existing, READY, ConditionStatus.FALSE), RECONCILING)
+    return put(failed, STALLED, ConditionStatus.TRUE) if stalled else remove_condition(failed, STALLED)
+
+
+def find(existing: Sequence[Condition], type_: ConditionType) -> Condition | None:
+    return next((c for c in existing if c.type == type_), None)
+
+
+def holds_at(condition: Condition | None, status: ConditionStatus, generation: int) -> bool:
+    """Does ``condition`` say ``status`` about ``generation``?"""
+    return condition is not None and condition.status == status and \
+        condition.observed_generation == generation
+
+
+# -- raw objects ---------------------------------------------------------------------------
+
+def find_condition(found: Sequence[ConditionDict] | None, type_: str) -> ConditionDict:
+    """The raw condition of ``type_`` (an empty dict when there is none)."""
+    empty: ConditionDict = {}
+    return next((c for c in found or [] if c.get("type") == type_), empty)
+
+
+def ready_at_generation(obj: KubeObject) -> bool:
+    """kstatus: Ready=True, and said about the object's current generation."""
+    ready = find_condition(conditions(obj), READY)
+    return ready.get("status") == ConditionStatus.TRUE and \
+        ready.get("observedGeneration") == metadata(obj).get("generation")

@@ -2,20 +2,30 @@
 
 Built from the controller's watch cache (controller identity), it only ever answers
 about StageSets the controller already watches; whether a tenant may *read* its
-dependency is still checked with the tenant's identity by the reconciler.
+dependency is still checked with the tenant's identity by the reconciler.  Messages
+built from it (:func:`spell_cycle`) name only StageSets in the asking StageSet's own
+namespace: the index sees every namespace, the tenant does not.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Sequence
 
 import networkx as nx
 
 Key = tuple[str, str]  # (namespace, name)
 
+ELSEWHERE = "(a StageSet in another namespace)"
+
 
 def describe(key: Key) -> str:
     return f"{key[0]}/{key[1]}"
+
+
+def spell_cycle(cycle: Sequence[Key], *, namespace: str) -> str:
+    """``ns/a -> ns/b -> ns/a``, with StageSets outside ``namespace`` not named."""
+    return " -> ".join(describe(k) if k[0] == namespace else ELSEWHERE for k in [*cycle, cycle[0]])
 
 
 class DependencyIndex:

@@ -1,8 +1,9 @@
 """The GitRepository reconciler: resolve the ref, fetch into the shared mirror, report the artifact.
 
-Identity: the GitRepository's ``secretRef`` is read as its ``serviceAccountName``
-(the controller's own identity when none is set — which, in multi-tenant mode,
-has no Secret read and so fails closed).  Status is written as the controller.
+Identity: the GitRepository's ``secretRef`` is read as its ``serviceAccountName`` (see
+:mod:`stageset.controller.identity`: without one, only single-tenant mode reads it as the
+controller; multi-tenant mode fails closed with ``RBACDenied``).  Status is written as the
+controller.
 
 When the remote is down or the ref vanishes, the last artifact stays in status and
 in the mirror: StageSets keep applying what they last had.
@@ -14,38 +15,53 @@ import base64
 import logging
 import random
 from collections.abc import Callable
-from typing import Any
+from typing import Protocol
 
 from pydantic import ValidationError
 
-from sources import Credentials, MirrorStore, RefSelector, SourceError
+from sources import Credentials, RefSelector, Snapshot, SourceError
 from sources import errors as source_errors
-from stageset.api import GitRepository, parse_duration
-from stageset.controller.conditions import now
+from stageset.api import Artifact, GitRepository, GitRepositoryStatus, duration_seconds
+from stageset.api.vocabulary import Reason
+from stageset.apply.errors import StageError
+from stageset.controller.clock import Clock, system_clock
+from stageset.controller.identity import IdentityPolicy
+from stageset.controller.redact import REGISTRY, Redactor
+from stageset.controller.result import Result, TerminalError
 from stageset.controller.status import StatusReport, validation_message
-from stageset.kube.client import ApiError, ClientPool, Identity
+from stageset.kube.client import ApiError, ClientPool
 from stageset.kube.mapping import Resource
+from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
 
 # Called with (namespace, name, revision) when a GitRepository's artifact changes.
 RevisionListener = Callable[[str, str, str], None]
 
-_REASONS: list[tuple[type[Exception], str]] = [
-    (source_errors.InvalidRefError, "InvalidSpec"),
-    (source_errors.AuthenticationError, "AuthenticationFailed"),
-    (source_errors.RefNotFoundError, "RefNotFound"),
-    (source_errors.LimitExceededError, "LimitExceeded"),
-    (source_errors.UrlPolicyError, "InvalidURL"),
-    (source_errors.UnsafePathError, "UnsafePath"),
+_REASONS: list[tuple[type[Exception], Reason]] = [
+    (source_errors.InvalidRefError, Reason.INVALID_SPEC),
+    (source_errors.AuthenticationError, Reason.AUTHENTICATION_FAILED),
+    (source_errors.RefNotFoundError, Reason.REF_NOT_FOUND),
+    (source_errors.LimitExceededError, Reason.LIMIT_EXCEEDED),
+    (source_errors.UrlPolicyError, Reason.INVALID_URL),
+    (source_errors.UnsafePathError, Reason.UNSAFE_PATH),
 ]
 
 
-def _reason(error: SourceError) -> str:
+class Fetcher(Protocol):
+    """What this reconciler needs of the Git mirror (:class:`sources.MirrorStore`)."""
+
+    def fetch(self, url: str, *, ref: RefSelector | None = None, credentials: Credentials | None = None,
+              timeout: float = 60.0) -> Snapshot: ...
+
+    def tree_hash(self, url: str, *, commit: str, path: str = "./") -> str: ...
+
+
+def source_reason(error: SourceError) -> Reason:
     for kind, reason in _REASONS:
         if isinstance(error, kind):
             return reason
-    return "GitOperationFailed"
+    return Reason.GIT_OPERATION_FAILED
 
 
 def _raw(data: dict[str, str], key: str) -> bytes | None:
@@ -59,21 +75,26 @@ def _decode(data: dict[str, str], key: str) -> str | None:
 
 
 class GitRepositoryReconciler:
-    def __init__(self, *, clients: ClientPool, store: MirrorStore, resource: Resource,
-                 on_revision: RevisionListener):
+    def __init__(self, *, clients: ClientPool, store: Fetcher, resource: Resource,
+                 on_revision: RevisionListener, identities: IdentityPolicy, clock: Clock = system_clock):
         self._clients = clients
         self._store = store
         self._resource = resource
         self._on_revision = on_revision
+        self._identities = identities
+        self._clock = clock
 
-    def _credentials(self, repo: GitRepository, namespace: str) -> Credentials | None:
+    def _credentials(self, repo: GitRepository, redactor: Redactor) -> Credentials | None:
         if repo.spec.secret_ref is None:
             return None
-        identity = (Identity.service_account(namespace=namespace, name=repo.spec.service_account_name)
-                    if repo.spec.service_account_name else Identity())
-        secret = self._clients.client(identity).get(
+        namespace = str(repo.metadata["namespace"])
+        secret = self._clients.client(self._identities.for_gitrepository(repo)).get(
             f"/api/v1/namespaces/{namespace}/secrets/{repo.spec.secret_ref.name}")
         data: dict[str, str] = secret.get("data") or {}
+        # A server or a library may echo a credential in an error: it never reaches status or logs.
+        secrets = [_decode(data, key) for key in ("password", "bearerToken")]
+        redactor.add(v for v in secrets if v)
+        REGISTRY.set(("GitRepository", namespace, repo.metadata["name"]), redactor.values)
         return Credentials(
             username=_decode(data, "username"),
             password=_decode(data, "password"),
@@ -83,49 +104,65 @@ class GitRepositoryReconciler:
             known_hosts=_raw(data, "known_hosts"),
         )
 
-    def reconcile(self, raw: dict[str, Any]) -> float | None:
-        """Returns seconds until the next poll."""
-        metadata = raw["metadata"]
-        namespace = metadata["namespace"]
-        report = StatusReport(client=self._clients.client(), resource=self._resource, obj=raw)
+    def reconcile(self, raw: KubeObject) -> Result:
+        """Fetch the ref; returns when to poll again."""
+        meta = raw["metadata"]
+        redactor = Redactor(REGISTRY.of(("GitRepository", meta["namespace"], meta["name"])))
         try:
-            repo = GitRepository.model_validate(raw)
+            report = StatusReport(client=self._clients.client(), resource=self._resource, obj=raw,
+                                  model=GitRepositoryStatus, clock=self._clock, redact=redactor)
         except ValidationError as error:
-            report.conclude(ready=False, reason="InvalidSpec", message=validation_message(error),
-                            stalled=True)
-            return None
-        interval = parse_duration(repo.spec.interval).total_seconds()
-        if repo.spec.suspend:
-            report.conclude(ready=False, reason="Suspended", message="reconciliation is suspended")
-            return None
-        ref = repo.spec.ref
+            raise TerminalError(f"cannot read the GitRepository's status ({validation_message(error)})") \
+                from error
         try:
-            selector = RefSelector(branch=ref.branch, tag=ref.tag, semver=ref.semver, name=ref.name,
-                                   commit=ref.commit) if ref else RefSelector()
-            credentials = self._credentials(repo, namespace)
-            snapshot = self._store.fetch(repo.spec.url, ref=selector, credentials=credentials,
-                                         timeout=parse_duration(repo.spec.timeout).total_seconds())
-        except ApiError as error:
-            reason = "RBACDenied" if error.forbidden else "SecretNotFound" if error.not_found else "Failed"
-            secret = repo.spec.secret_ref.name if repo.spec.secret_ref else ""
-            report.conclude(ready=False, reason=reason,
-                            message=f"reading secretRef {secret}: {error.message}")
-            return interval
-        except SourceError as error:
-            # Keep status.artifact: dependents go on using the last good revision.
-            reason = _reason(error)
-            report.conclude(ready=False, reason=reason, message=str(error), stalled=reason == "InvalidSpec")
-            return interval
-        previous = (report.status.get("artifact") or {}).get("revision")
+            repo = GitRepository.model_validate({**raw, "status": None})
+        except ValidationError as error:
+            report.conclude(ready=False, reason=Reason.INVALID_SPEC, message=validation_message(error),
+                            stalled=True)
+            return Result()
+        if repo.spec.suspend:
+            report.conclude(ready=False, reason=Reason.SUSPENDED, message="reconciliation is suspended")
+            return Result()
+        interval = duration_seconds(repo.spec.interval)
+        snapshot = self._fetch(repo, report, redactor)
+        if snapshot is None:
+            return Result(requeue_after=interval)
+        previous = report.status.artifact.revision if report.status.artifact else None
         if previous != snapshot.revision:
             # The root tree id is a content digest of the whole tree, for free.
             tree = self._store.tree_hash(repo.spec.url, commit=snapshot.commit, path="./")
-            report.status["artifact"] = {"revision": snapshot.revision, "digest": f"sha1:{tree}",
-                                         "lastUpdateTime": now()}
-        report.conclude(ready=True, reason="Succeeded",
+            report.status.artifact = Artifact(revision=snapshot.revision, digest=f"sha1:{tree}",
+                                              last_update_time=report.now())
+        report.conclude(ready=True, reason=Reason.SUCCEEDED,
                         message=f"stored artifact for revision '{snapshot.revision}'")
         if previous != snapshot.revision or snapshot.fetched:
             # Also after a fetch of a known revision: a restarted controller's fresh mirror
             # now holds it, so StageSets waiting for the artifact can go on.
-            self._on_revision(namespace, metadata["name"], snapshot.revision)
-        return interval * random.uniform(0.9, 1.1)  # noqa: S311 - jitter, not crypto
+            meta = raw["metadata"]
+            self._on_revision(str(meta["namespace"]), str(meta["name"]), snapshot.revision)
+        return Result(requeue_after=interval * random.uniform(0.9, 1.1))  # noqa: S311 - jitter, not crypto
+
+    def _fetch(self, repo: GitRepository, report: StatusReport[GitRepositoryStatus], redactor: Redactor
+               ) -> Snapshot | None:
+        """The fetched snapshot, or ``None`` with the failure reported (the last artifact kept:
+        dependents go on using the last good revision)."""
+        ref = repo.spec.ref
+        try:
+            selector = RefSelector(branch=ref.branch, tag=ref.tag, semver=ref.semver, name=ref.name,
+                                   commit=ref.commit) if ref else RefSelector()
+            credentials = self._credentials(repo, redactor)
+            return self._store.fetch(repo.spec.url, ref=selector, credentials=credentials,
+                                     timeout=duration_seconds(repo.spec.timeout))
+        except StageError as error:
+            report.conclude(ready=False, reason=error.reason, message=error.message)
+        except ApiError as error:
+            reason = Reason.RBAC_DENIED if error.forbidden else \
+                Reason.SECRET_NOT_FOUND if error.not_found else Reason.FAILED
+            secret = repo.spec.secret_ref.name if repo.spec.secret_ref else ""
+            report.conclude(ready=False, reason=reason,
+                            message=f"reading secretRef {secret}: {error.message}")
+        except SourceError as error:
+            reason = source_reason(error)
+            report.conclude(ready=False, reason=reason, message=str(error),
+                            stalled=reason is Reason.INVALID_SPEC)
+        return None

@@ -14,19 +14,24 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 from sources import Limits, MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
 from stageset.apply.engine import StageApplier
+from stageset.controller.clock import Clock, system_clock
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
-from stageset.controller.gitrepository import GitRepositoryReconciler
+from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
 from stageset.controller.health import Lifecycle
-from stageset.controller.queue import WorkQueue
+from stageset.controller.identity import IdentityPolicy
+from stageset.controller.queue import Backoff, WorkQueue
+from stageset.controller.redact import REGISTRY
+from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import StageSetReconciler
+from stageset.controller.stageset.rendering import SourceTrees
 from stageset.controller.status import requested_at
 from stageset.kube.client import ClientPool
 from stageset.kube.mapping import Resource, RestMapper
@@ -41,6 +46,18 @@ GITREPOSITORIES = Resource(group=GROUP, version=VERSION, kind="GitRepository",
 Key = tuple[str, str, str]  # (kind, namespace, name)
 
 
+def _namespace(key: Key) -> str:
+    return key[1]
+
+
+class Store(Fetcher, SourceTrees, Protocol):
+    """The Git mirror as the reconcilers use it (:class:`sources.MirrorStore`)."""
+
+
+class Reconciler(Protocol):
+    def reconcile(self, raw: KubeObject) -> Result: ...
+
+
 def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
     """What, when changed, calls for a reconcile (status writes alone do not)."""
     metadata = obj.get("metadata", {})
@@ -48,35 +65,49 @@ def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
 
 
 class Manager:
-    def __init__(self, *, clients: ClientPool, settings: ControllerSettings,
+    def __init__(self, *, clients: ClientPool, settings: ControllerSettings, store: Store | None = None,
+                 clock: Clock = system_clock,
                  lifecycle: Callable[[threading.Event], Lifecycle] | None = None):
         self._clients = clients
         self._settings = settings
         self.stop = threading.Event()
         # Probes, start-up waits and leader election (controller/health.py); None: none of them.
         self.lifecycle = lifecycle(self.stop) if lifecycle else None
-        self._queue: WorkQueue[Key] = WorkQueue()
+        # Separate pools for sources and StageSets, each capped per namespace: slow Git servers
+        # cannot hold up applying, and one tenant cannot hold every worker of a pool.
+        backoff = Backoff(base=settings.backoff_base, cap=settings.backoff_cap)
+        self._pools = {kind: (WorkQueue[Key](backoff=backoff, shard=_namespace,
+                                             max_per_shard=settings.namespace_cap(size)), size)
+                       for kind, size in (("StageSet", settings.workers),
+                                          ("GitRepository", settings.source_workers))}
         self._lock = threading.Lock()
         self._objects: dict[Key, KubeObject] = {}
         # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.
         self._seen: dict[Key, tuple[tuple[Any, Any, bool], bool]] = {}
         admin = clients.client()
-        policy = UrlPolicy(allow_http=settings.allow_insecure_sources,
-                           allow_file=settings.allow_insecure_sources)
-        self._store = MirrorStore(root=settings.mirror_dir, policy=policy, limits=Limits(),
-                                  max_bytes=settings.mirror_max_bytes)
-        self._git = GitRepositoryReconciler(clients=clients, store=self._store,
-                                            resource=GITREPOSITORIES, on_revision=self._revision_changed)
+        self._store: Store = store or self._mirror_store(settings)
+        identities = IdentityPolicy(cluster_admin=settings.cluster_admin)
+        self._git = GitRepositoryReconciler(clients=clients, store=self._store, resource=GITREPOSITORIES,
+                                            on_revision=self._revision_changed, identities=identities,
+                                            clock=clock)
         self._index = DependencyIndex()
         self._stagesets = StageSetReconciler(
-            clients=clients, store=self._store, applier=StageApplier(mapper=RestMapper(admin)),
+            clients=clients, store=self._store,
+            applier=StageApplier(mapper=RestMapper(admin), settings=settings.apply),
             resource=STAGESETS, source_resource=GITREPOSITORIES, settings=settings,
-            events=EventRecorder(admin), index=self._index, stop=self.stop)
+            events=EventRecorder(admin, clock=clock), index=self._index, stop=self.stop, clock=clock)
         self._reflectors: list[Reflector] = []
         for namespace in settings.watch_namespaces or (None,):
             for resource in (STAGESETS, GITREPOSITORIES):
                 self._reflectors.append(Reflector(client=admin, resource=resource, namespace=namespace,
                                                   handler=self._handler(resource.kind), stop=self.stop))
+
+    @staticmethod
+    def _mirror_store(settings: ControllerSettings) -> MirrorStore:
+        policy = UrlPolicy(allow_http=settings.allow_insecure_sources,
+                           allow_file=settings.allow_insecure_sources)
+        return MirrorStore(root=settings.mirror_dir, policy=policy, limits=Limits(),
+                           max_bytes=settings.mirror_max_bytes)
 
     # -- events -------------------------------------------------------------------
 
@@ -90,25 +121,33 @@ class Manager:
                 if event == "DELETED":
                     self._index.remove(ref)
                 else:
-                    self._index.update(ref, [(dep.get("namespace") or key[1], dep.get("name", ""))
-                                             for dep in (obj.get("spec") or {}).get("dependsOn") or []])
+                    self._index.update(ref, self._dependencies(key[1], obj))
             with self._lock:
                 before = self._seen.get(key)
                 if event == "DELETED":
                     self._objects.pop(key, None)
                     self._seen.pop(key, None)
+                    REGISTRY.drop(key)  # its Secret values leave the log filter with it
                     now: tuple[tuple[Any, Any, bool], bool] | None = None
                 else:
                     self._objects[key] = obj
                     now = (_trigger(obj), ready_at_generation(obj))
                     self._seen[key] = now
             if now is not None and (before is None or before[0] != now[0]):
-                self._queue.add(key)
+                self._enqueue(key)
             if kind == "StageSet" and (before is None or now is None or before[1] != now[1]):
                 # Event-driven: a dependency turning (un)Ready wakes its dependents at once.
                 for namespace, name in self._index.dependents((key[1], key[2])):
-                    self._queue.add(("StageSet", namespace, name))
+                    self._enqueue(("StageSet", namespace, name))
         return handle
+
+    def _dependencies(self, namespace: str, obj: KubeObject) -> list[tuple[str, str]]:
+        found = [(dep.get("namespace") or namespace, dep.get("name", ""))
+                 for dep in (obj.get("spec") or {}).get("dependsOn") or []]
+        if self._settings.no_cross_namespace_refs:
+            # Refused references are no edges: cycles never span namespaces on such a controller.
+            found = [dep for dep in found if dep[0] == namespace]
+        return found
 
     def _revision_changed(self, namespace: str, name: str, revision: str) -> None:
         log.info("GitRepository %s/%s now at %s", namespace, name, revision)
@@ -118,33 +157,61 @@ class Manager:
                                   and s.get("sourceRef", {}).get("namespace", key[1]) == namespace
                                   for s in obj.get("spec", {}).get("stages", []))]
         for key in dependents:
-            self._queue.add(key)
+            self._enqueue(key)
 
     # -- workers ------------------------------------------------------------------
 
-    def _work(self) -> None:
+    def _queue(self, key: Key) -> WorkQueue[Key]:
+        return self._pools[key[0]][0]
+
+    def _enqueue(self, key: Key) -> None:
+        self._queue(key).add(key)
+
+    def _work(self, queue: WorkQueue[Key]) -> None:
         while True:
-            key = self._queue.get()
+            key = queue.get()
             if key is None:
                 return
             try:
                 with self._lock:
                     obj = self._objects.get(key)
-                if obj is None:
-                    continue
-                reconciler = self._stagesets if key[0] == "StageSet" else self._git
-                started = time.monotonic()
-                again = reconciler.reconcile(obj)
-                log.debug("reconciled %s %s/%s in %.2fs; next in %s", *key, time.monotonic() - started,
-                          "-" if again is None else f"{again:.0f}s")
-                if again is not None and not self.stop.is_set():
-                    self._queue.add_after(key, again)
-            except Exception:
-                # Never crash on user data: log, back off, retry.
-                log.exception("reconciling %s %s/%s failed", *key)
-                self._queue.add_after(key, 10.0)
+                if obj is not None:
+                    self._reconcile(queue, key, obj)
             finally:
-                self._queue.done(key)
+                queue.done(key)
+
+    def _reconcile(self, queue: WorkQueue[Key], key: Key, obj: KubeObject) -> None:
+        reconciler: Reconciler = self._stagesets if key[0] == "StageSet" else self._git
+        started = time.monotonic()
+        try:
+            result = reconciler.reconcile(obj)
+        except TerminalError as error:
+            log.warning("%s %s/%s: %s; not retried until it changes", *key, error)
+            queue.forget(key)
+            return
+        except Exception as error:
+            # Never crash on user data: log (the traceback once per failure streak), back off.
+            failures = queue.failures(key)
+            delay = queue.add_rate_limited(key)
+            if failures == 0:
+                log.exception("reconciling %s %s/%s failed; retrying in %.1fs", *key, delay)
+            else:
+                log.warning("reconciling %s %s/%s failed again (%d in a row): %s: %s; retrying in %.1fs",
+                            *key, failures + 1, type(error).__name__, error, delay)
+            return
+        elapsed = time.monotonic() - started
+        if result.backoff:
+            # The failure is in the object's status; one log line per failure streak.
+            failures = queue.failures(key)
+            delay = queue.add_rate_limited(key)
+            log.log(logging.WARNING if failures == 0 else logging.DEBUG,
+                    "reconciling %s %s/%s failed (see its status); retrying in %.1fs", *key, delay)
+            return
+        queue.forget(key)
+        log.debug("reconciled %s %s/%s in %.2fs; next in %s", *key, elapsed,
+                  "-" if result.requeue_after is None else f"{result.requeue_after:.0f}s")
+        if result.requeue_after is not None and not self.stop.is_set():
+            queue.add_after(key, result.requeue_after)
 
     def run(self) -> None:
         """Run until :attr:`stop` is set."""
@@ -155,19 +222,25 @@ class Manager:
         if self.lifecycle:
             # Caches synced, then the Lease held; returns False at once when stopped meanwhile.
             if not self.lifecycle.before_workers([r.synced for r in self._reflectors]):
-                self._queue.shutdown()
+                for queue, _ in self._pools.values():
+                    queue.shutdown()
                 self.lifecycle.after_workers()
                 return
         elif not wait_synced(self._reflectors, timeout=60):
             log.warning("caches not synced after 60s; starting workers anyway")
-        workers = [threading.Thread(target=self._work, name=f"worker-{i}", daemon=True)
-                   for i in range(self._settings.workers)]
+        workers = [threading.Thread(target=self._work, args=(queue,), name=f"{kind.lower()}-worker-{i}",
+                                    daemon=True)
+                   for kind, (queue, size) in self._pools.items() for i in range(size)]
         for worker in workers:
             worker.start()
-        log.info("controller started: %d workers, namespaces: %s", len(workers),
+        log.info("controller started: %d StageSet and %d source workers (at most %d and %d per namespace), "
+                 "namespaces: %s", self._settings.workers, self._settings.source_workers,
+                 self._settings.namespace_cap(self._settings.workers),
+                 self._settings.namespace_cap(self._settings.source_workers),
                  ", ".join(self._settings.watch_namespaces or ("all",)))
         self.stop.wait()
-        self._queue.shutdown()
+        for queue, _ in self._pools.values():
+            queue.shutdown()
         # One deadline for all workers: in-flight passes finish or are abandoned within it.
         deadline = time.monotonic() + self._settings.shutdown_timeout
         for worker in workers:

@@ -1,26 +1,64 @@
-"""A de-duplicating work queue with delayed re-adds, like client-go's rate-limited queue.
+"""A de-duplicating work queue with delayed re-adds and per-key backoff, like client-go's.
 
 A key is never processed by two workers at once: adding a key that is being
 processed marks it dirty, and it is queued again once its worker is done.
+
+Failures back off per key (:meth:`WorkQueue.add_rate_limited`): ``base`` doubling up to
+``cap``, with jitter so keys that failed together do not retry together; :meth:`forget`
+(on success) starts the key over.
+
+Fairness: keys are grouped into shards (namespaces); shards take turns, and with
+``max_per_shard`` a shard never has more keys in processing than that, so one tenant's
+slow work cannot occupy every worker.
 """
 
 from __future__ import annotations
 
 import heapq
 import itertools
+import random
 import threading
 import time
 from collections import deque
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from typing import Generic, TypeVar
 
 K = TypeVar("K", bound=Hashable)
 
 
+@dataclass(frozen=True)
+class Backoff:
+    """Per-key exponential backoff: ``base * 2**failures``, at most ``cap``, times a jitter in
+    ``[1 - jitter, 1 + jitter]``."""
+
+    base: float = 0.5
+    cap: float = 300.0
+    jitter: float = 0.1
+
+    def delay(self, failures: int, *, draw: float) -> float:
+        """The delay after ``failures`` earlier failures; ``draw`` is uniform in [0, 1)."""
+        exact = min(self.cap, self.base * 2.0 ** min(failures, 64))
+        return float(exact * (1 - self.jitter + 2 * self.jitter * draw))
+
+
 class WorkQueue(Generic[K]):
-    def __init__(self) -> None:
+    """``shard`` groups keys (by namespace, in the manager); with ``max_per_shard`` no group has
+    more keys in processing at once, and groups take turns: one tenant's slow keys can hold
+    at most its share of the workers, however many it queues."""
+
+    def __init__(self, *, backoff: Backoff | None = None, rng: random.Random | None = None,
+                 shard: Callable[[K], Hashable] | None = None, max_per_shard: int | None = None) -> None:
+        self._backoff = backoff or Backoff()
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
+        self._shard = shard or (lambda _key: None)
+        self._max_per_shard = max_per_shard
+        self._failures: dict[K, int] = {}
         self._cond = threading.Condition()
-        self._queue: deque[K] = deque()
+        # Ready keys per shard; ``_turns`` is the order shards are served in (round robin).
+        self._ready: dict[Hashable, deque[K]] = {}
+        self._turns: deque[Hashable] = deque()
+        self._active: dict[Hashable, int] = {}
         self._queued: set[K] = set()
         self._processing: set[K] = set()
         self._dirty: set[K] = set()
@@ -28,15 +66,23 @@ class WorkQueue(Generic[K]):
         self._counter = itertools.count()
         self._shutdown = False
 
+    def _enqueue(self, key: K) -> None:
+        """Make ``key`` ready (the caller holds the lock and checked it is not queued)."""
+        self._queued.add(key)
+        shard = self._shard(key)
+        if shard not in self._ready:
+            self._ready[shard] = deque()
+            self._turns.append(shard)
+        self._ready[shard].append(key)
+        self._cond.notify()
+
     def add(self, key: K) -> None:
         with self._cond:
             if key in self._processing:
                 self._dirty.add(key)
                 return
             if key not in self._queued:
-                self._queued.add(key)
-                self._queue.append(key)
-                self._cond.notify()
+                self._enqueue(key)
 
     def add_after(self, key: K, delay: float) -> None:
         if delay <= 0:
@@ -46,6 +92,25 @@ class WorkQueue(Generic[K]):
             heapq.heappush(self._delayed, (time.monotonic() + delay, next(self._counter), key))
             self._cond.notify()
 
+    def add_rate_limited(self, key: K) -> float:
+        """Add ``key`` after its backoff (which then grows); returns the delay chosen."""
+        with self._cond:
+            failures = self._failures.get(key, 0)
+            self._failures[key] = failures + 1
+            delay = self._backoff.delay(failures, draw=self._rng.random())
+        self.add_after(key, delay)
+        return delay
+
+    def forget(self, key: K) -> None:
+        """The key succeeded: its next failure backs off from the start again."""
+        with self._cond:
+            self._failures.pop(key, None)
+
+    def failures(self, key: K) -> int:
+        """How many times in a row ``key`` failed (since the last :meth:`forget`)."""
+        with self._cond:
+            return self._failures.get(key, 0)
+
     def _promote_due(self) -> float | None:
         now = time.monotonic()
         while self._delayed and self._delayed[0][0] <= now:
@@ -53,9 +118,26 @@ class WorkQueue(Generic[K]):
             if key in self._processing:
                 self._dirty.add(key)
             elif key not in self._queued:
-                self._queued.add(key)
-                self._queue.append(key)
+                self._enqueue(key)
         return self._delayed[0][0] - now if self._delayed else None
+
+    def _take(self) -> K | None:
+        """The next key of the first shard (in turn) that is under its cap."""
+        for _ in range(len(self._turns)):
+            shard = self._turns[0]
+            self._turns.rotate(-1)
+            if self._max_per_shard is not None and self._active.get(shard, 0) >= self._max_per_shard:
+                continue
+            ready = self._ready[shard]
+            key = ready.popleft()
+            if not ready:
+                del self._ready[shard]
+                self._turns.remove(shard)
+            self._queued.discard(key)
+            self._processing.add(key)
+            self._active[shard] = self._active.get(shard, 0) + 1
+            return key
+        return None
 
     def get(self) -> K | None:
         """Block for the next key; ``None`` after shutdown."""
@@ -64,22 +146,26 @@ class WorkQueue(Generic[K]):
                 if self._shutdown:
                     return None
                 wait = self._promote_due()
-                if self._queue:
-                    key = self._queue.popleft()
-                    self._queued.discard(key)
-                    self._processing.add(key)
+                key = self._take()
+                if key is not None:
                     return key
                 self._cond.wait(timeout=wait)
 
     def done(self, key: K) -> None:
         with self._cond:
             self._processing.discard(key)
+            shard = self._shard(key)
+            remaining = self._active.get(shard, 1) - 1
+            if remaining > 0:
+                self._active[shard] = remaining
+            else:
+                self._active.pop(shard, None)
             if key in self._dirty:
                 self._dirty.discard(key)
                 if key not in self._queued:
-                    self._queued.add(key)
-                    self._queue.append(key)
-                    self._cond.notify()
+                    self._enqueue(key)
+            # A shard under its cap again may have keys waiting: wake every worker to look.
+            self._cond.notify_all()
 
     def shutdown(self) -> None:
         with self._cond:
@@ -87,5 +173,10 @@ class WorkQueue(Generic[K]):
             self._cond.notify_all()
 
     def __len__(self) -> int:
+        """Keys ready to be processed (whether or not their shard is at its cap)."""
         with self._cond:
-            return len(self._queue)
+            return sum(len(ready) for ready in self._ready.values())
+
+    def in_processing(self, shard: Hashable) -> int:
+        with self._cond:
+            return self._active.get(shard, 0)

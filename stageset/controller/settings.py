@@ -1,10 +1,16 @@
-"""Controller settings, grouped and injected (never global)."""
+"""Controller settings, grouped and injected (never global).
+
+The CLI builds one :class:`ControllerSettings` and hands it to the manager, which hands
+each part to what reads it (``apply`` to every apply engine, for example).
+"""
 
 from __future__ import annotations
 
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from stageset.apply.settings import ApplySettings
 
 
 @dataclass(frozen=True)
@@ -14,13 +20,17 @@ class ControllerSettings:
     # Single-tenant mode: StageSets without serviceAccountName apply as the controller.
     cluster_admin: bool = False
     no_cross_namespace_refs: bool = False
+    # Concurrent StageSet reconciles, and (a separate pool) concurrent GitRepository fetches.
     workers: int = 4
+    source_workers: int = 4
+    # At most this many workers of each pool serve one namespace at once, so one tenant's slow
+    # sources or stages cannot hold every worker; 0 means half of each pool (rounded up).
+    max_workers_per_namespace: int = 0
     mirror_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "stageset-mirrors")
     # Bound on the Git mirrors' disk use; least recently used mirrors are evicted past it.
     mirror_max_bytes: int | None = None
     # Development only: allow http:// and file:// Git URLs.
     allow_insecure_sources: bool = False
-    poll_interval: float = 0.5
     # Independent stages of one StageSet applied at once.
     stage_parallelism: int = 4
     # A reconcile waits this long for readiness, then frees its worker and comes back after
@@ -31,3 +41,14 @@ class ControllerSettings:
     max_teardown_wait: float = 300.0
     # On stop, in-flight reconciles get this long (all workers together) to finish or give up.
     shutdown_timeout: float = 10.0
+    # A reconcile that fails is retried after backoff_base seconds, doubling up to backoff_cap.
+    backoff_base: float = 0.5
+    backoff_cap: float = 300.0
+    # The apply engine's own settings (parallelism within a stage, polling, CRD and delete waits).
+    apply: ApplySettings = field(default_factory=ApplySettings)
+
+    def namespace_cap(self, pool: int) -> int:
+        """How many of a pool's ``pool`` workers one namespace may hold at once."""
+        if self.max_workers_per_namespace > 0:
+            return min(self.max_workers_per_namespace, pool)
+        return max(1, (pool + 1) // 2)

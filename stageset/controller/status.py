@@ -1,34 +1,50 @@
-"""Writing the status of our own kinds.
+"""Writing the status of our own kinds: built as the pydantic status models, written in one place.
 
 Identity: status is written with the controller's own identity — the status
-subresource of StageSets and GitRepositories is the one thing the controller's
-ClusterRole may write.  A write that would change nothing is skipped, so a warm
-no-op reconcile makes no status write either.
+subresource of StageSets and GitRepositories is the one thing (with finalizers) the
+controller's ClusterRole may write.  A write that would change nothing is skipped, so a
+warm no-op reconcile makes no status write either.
+
+Every message that leaves through status passes :meth:`StatusReport.write`, which runs
+it through the report's redactor (Secret values never reach status).
 """
 
 from __future__ import annotations
 
 import copy
-from typing import Any
+from collections.abc import Callable
+from typing import Any, Generic, TypeVar
 
 from pydantic import ValidationError
 
-from stageset.controller.conditions import find_condition, summarize
+from stageset.api import Condition, GitRepositoryStatus, StageSetStatus, format_time
+from stageset.api.vocabulary import ConditionType, Reason
+from stageset.controller.clock import Clock
+from stageset.controller.conditions import MAX_MESSAGE, find, summarize
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource
+from stageset.kube.types import KubeObject, metadata
+
+REQUESTED_AT = "reconcile.fluxcd.io/requestedAt"
+
+S = TypeVar("S", StageSetStatus, GitRepositoryStatus)
+
+
+def dump_status(status: StageSetStatus | GitRepositoryStatus) -> dict[str, Any]:
+    """The wire form of a status model (the one serializer)."""
+    return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
 def _comparable(status: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in status.items() if v not in (None, [], {})}
 
 
-def write_status(client: KubeClient, *, resource: Resource, obj: dict[str, Any],
-                 status: dict[str, Any]) -> bool:
+def write_status(client: KubeClient, *, resource: Resource, obj: KubeObject, status: dict[str, Any]) -> bool:
     """Replace ``status`` fields via a merge patch; ``False`` when nothing changed or it is gone."""
     if _comparable(obj.get("status") or {}) == _comparable(status):
         return False
-    metadata = obj["metadata"]
-    path = resource.object_path(name=metadata["name"], namespace=metadata.get("namespace")) + "/status"
+    meta = metadata(obj)
+    path = resource.object_path(name=meta["name"], namespace=meta.get("namespace")) + "/status"
     # Merge patch: lists (conditions, stages) are replaced whole; removed keys are nulled.
     body = {"status": {**{k: None for k in (obj.get("status") or {}) if k not in status}, **status}}
     try:
@@ -38,19 +54,16 @@ def write_status(client: KubeClient, *, resource: Resource, obj: dict[str, Any],
             return False
         raise
     # Later optimistic writes (finalizers) must test against the version we just made.
-    if version := written.get("metadata", {}).get("resourceVersion"):
-        metadata["resourceVersion"] = version
-    # Remember what we wrote (a copy: callers keep mutating their dict).
+    if version := metadata(written).get("resourceVersion"):
+        obj["metadata"]["resourceVersion"] = version
+    # Remember what we wrote (a copy: the caller may keep changing its model).
     obj["status"] = copy.deepcopy(status)
     return True
 
 
-REQUESTED_AT = "reconcile.fluxcd.io/requestedAt"
-
-
-def requested_at(obj: dict[str, Any]) -> str | None:
+def requested_at(obj: KubeObject) -> str | None:
     """The ``reconcile.fluxcd.io/requestedAt`` annotation (asks for a reconcile now), as in Flux."""
-    value = (obj.get("metadata", {}).get("annotations") or {}).get(REQUESTED_AT)
+    value = (metadata(obj).get("annotations") or {}).get(REQUESTED_AT)
     return str(value) if value else None
 
 
@@ -60,29 +73,54 @@ def validation_message(error: ValidationError) -> str:
     return f"{'.'.join(str(p) for p in first.get('loc', ()))}: {first.get('msg')}"
 
 
-class StatusReport:
-    """The status one reconcile builds for one object; :meth:`conclude` writes it.
+def _identity(text: str) -> str:
+    return text
+
+
+class StatusReport(Generic[S]):
+    """The status one reconcile builds for one object; :meth:`conclude` and :meth:`write` write it.
 
     Conditions are always summarized from those the object had when the reconcile
-    began, so a transition time moves only when the status really changed.
+    began, so a transition time moves only when the status really changed.  Raises
+    ``ValidationError`` when the stored status cannot be read (nothing is written then).
     """
 
-    def __init__(self, *, client: KubeClient, resource: Resource, obj: dict[str, Any]):
+    def __init__(self, *, client: KubeClient, resource: Resource, obj: KubeObject, model: type[S],
+                 clock: Clock, redact: Callable[[str], str] = _identity):
         self._client = client
         self._resource = resource
+        self._clock = clock
+        self.redact = redact
         self.obj = obj
-        self.status: dict[str, Any] = dict(obj.get("status") or {})
-        self._conditions = list(self.status.get("conditions") or [])
-        self.generation = int(obj["metadata"].get("generation", 0))
+        self.status: S = model.model_validate(obj.get("status") or {})
+        self._conditions = list(self.status.conditions)
+        self.generation = int(metadata(obj).get("generation", 0))
         if requested := requested_at(obj):
-            self.status["lastHandledReconcileAt"] = requested
+            self.status.last_handled_reconcile_at = requested
 
-    def condition(self, type_: str) -> dict[str, Any]:
-        """A condition as it was when the reconcile began (empty if absent)."""
-        return find_condition(self._conditions, type_)
+    def condition(self, type_: ConditionType) -> Condition | None:
+        """A condition as it was when the reconcile began."""
+        return find(self._conditions, type_)
 
-    def conclude(self, *, ready: bool | None, reason: str, message: str, stalled: bool = False) -> None:
-        self.status["observedGeneration"] = self.generation
-        self.status["conditions"] = summarize(self._conditions, ready=ready, reason=reason, message=message,
-                                              generation=self.generation, stalled=stalled)
-        write_status(self._client, resource=self._resource, obj=self.obj, status=self.status)
+    def now(self) -> str:
+        return format_time(self._clock())
+
+    def conclude(self, *, ready: bool | None, reason: Reason, message: str, stalled: bool = False) -> None:
+        """Set the conditions for this outcome and write."""
+        self.status.observed_generation = self.generation
+        # Redacted before it is cut to length: a cut must never leave half a Secret value.
+        self.status.conditions = summarize(self._conditions, ready=ready, reason=reason,
+                                           message=self.redact(message),
+                                           generation=self.generation, now=self.now(), stalled=stalled)
+        self.write()
+
+    def write(self) -> bool:
+        """Write the status as it stands (messages redacted); ``False`` when nothing changed."""
+        for condition in self.status.conditions:
+            condition.message = self.redact(condition.message)[:MAX_MESSAGE]
+        if isinstance(self.status, StageSetStatus):
+            for stage in self.status.stages:
+                if stage.message:
+                    stage.message = self.redact(stage.message)[:MAX_MESSAGE]
+        return write_status(self._client, resource=self._resource, obj=self.obj,
+                            status=dump_status(self.status))

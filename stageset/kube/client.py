@@ -68,6 +68,36 @@ class ApiError(Exception):
         return self.status == 422
 
 
+class UnreachableError(Exception):
+    """The cluster did not answer as an apiserver: refused, timed out, TLS failed, connection broke.
+
+    The message is short and says nothing the server sent: a tenant's remote cluster is
+    not trusted to write into our logs or status.
+    """
+
+    def __init__(self, *, server: str, why: str):
+        super().__init__(f"{server}: {why}")
+        self.server = server
+        self.why = why
+
+
+def _why(error: BaseException) -> str:
+    cause = error.reason if isinstance(error, urllib3.exceptions.MaxRetryError) else error
+    if isinstance(cause, urllib3.exceptions.NameResolutionError):
+        return "the host name does not resolve"
+    if isinstance(cause, urllib3.exceptions.NewConnectionError):
+        return "connection refused"
+    if isinstance(cause, urllib3.exceptions.ConnectTimeoutError):
+        return "connection timed out"
+    if isinstance(cause, urllib3.exceptions.ReadTimeoutError):
+        return "no answer in time"
+    if isinstance(cause, urllib3.exceptions.SSLError):
+        return "TLS failed (certificate or protocol)"
+    if isinstance(cause, urllib3.exceptions.ProtocolError):
+        return "the connection broke"
+    return "the connection failed"
+
+
 class KubeClient:
     """Requests to one cluster as one identity.  Thread-safe (urllib3 pools are)."""
 
@@ -103,10 +133,13 @@ class KubeClient:
         headers = {"Content-Type": content_type} if body is not None else {}
         url, headers = self._prepare(method, path, query, headers)
         payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-        response = self._api.rest_client.pool_manager.request(
-            method, url, body=payload, headers=headers,
-            timeout=urllib3.Timeout(total=timeout or self._timeout), preload_content=True,
-        )
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                method, url, body=payload, headers=headers,
+                timeout=urllib3.Timeout(total=timeout or self._timeout), preload_content=True,
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise UnreachableError(server=self.server, why=_why(error)) from None
         data = response.data
         if response.status >= 300:
             raise _api_error(response.status, data)
@@ -137,6 +170,10 @@ class KubeClient:
         finally:
             response.release_conn()
 
+    @property
+    def server(self) -> str:
+        return str(self._api.configuration.host)
+
     def close(self) -> None:
         self._api.close()  # type: ignore[no-untyped-call]
 
@@ -162,14 +199,18 @@ class KubeClient:
 
 
 def _api_error(status: int, data: bytes) -> ApiError:
+    """An error from the response; only a Kubernetes ``Status`` body is read (a proxy's HTML
+    page or a hostile server's text never reaches messages or logs)."""
     try:
         body = json.loads(data)
     except ValueError:
         body = {}
-    if not isinstance(body, dict):
-        body = {}
-    message = str(body.get("message") or data[:500].decode(errors="replace") or "no message")
-    return ApiError(status=status, reason=str(body.get("reason", "")), message=message, body=body)
+    if not isinstance(body, dict) or body.get("kind") != "Status":
+        return ApiError(status=status, reason="", message=f"HTTP {status} with an answer that is not a "
+                        f"Kubernetes Status ({len(data)} bytes, not shown)")
+    reason = str(body.get("reason", ""))
+    return ApiError(status=status, reason=reason if reason.isalnum() else "",
+                    message=str(body.get("message") or "no message"), body=body)
 
 
 @dataclass(frozen=True)

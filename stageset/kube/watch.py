@@ -19,7 +19,7 @@ import urllib3
 
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource
-from stageset.kube.types import KubeObject
+from stageset.kube.types import KubeObject, WatchEvent
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +73,11 @@ class Reflector:
         query: dict[str, str | int | bool] = {
             "watch": True, "resourceVersion": resource_version, "allowWatchBookmarks": True,
             "timeoutSeconds": _WATCH_SECONDS}
-        for event in self._client.stream(self._path(), query=query, timeout=_WATCH_SECONDS + 30):
+        for line in self._client.stream(self._path(), query=query, timeout=_WATCH_SECONDS + 30):
             if self._stop.is_set():
                 break
-            kind, obj = event.get("type", ""), event.get("object", {})
+            event: WatchEvent = {"type": str(line.get("type", "")), "object": line.get("object") or {}}
+            kind, obj = event["type"], event["object"]
             if kind == "ERROR":
                 code = int(obj.get("code", 0))
                 raise ApiError(status=code, reason=str(obj.get("reason", "")),

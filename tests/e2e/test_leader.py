@@ -132,7 +132,8 @@ def test_the_standby_takes_over_a_killed_leader_mid_pass_and_the_old_one_writes_
     sys.stderr.write(f"\nfailover: the standby held the Lease {took_over:.1f}s after SIGKILL "
                      f"(lease {LEASE_SECONDS}s, retry {RETRY_SECONDS}s)\n")
     assert took_over <= LEASE_SECONDS + 2 * RETRY_SECONDS
-    assert "acquired Lease" in standby.output()
+    # The Lease is written before the standby logs that it holds it.
+    wait_for(lambda: "acquired Lease" in standby.output(), timeout=10, what="the standby logging its Lease")
 
     roll_out(s, "web")
     s.wait_ready("failover")

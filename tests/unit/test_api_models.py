@@ -26,10 +26,10 @@ from stageset.api import (
     Stage,
     StageSet,
     StageSetStatus,
-    parse_duration,
+    duration_seconds,
 )
 from stageset.api import crd as crdgen
-from stageset.api.duration import DURATION_PATTERN
+from stageset.api.common import DURATION_PATTERN
 from tests.api.specs import INVALID, VALID, Invalid, design_stagesets, stage, stageset
 
 MODELS: dict[str, type[StageSet] | type[GitRepository]] = {
@@ -151,7 +151,7 @@ def test_model_messages_match_the_crd_wording() -> None:
             MODELS[case.kind].model_validate(case.fresh())
 
 
-# --- parse_duration -----------------------------------------------------------------------
+# --- durations (durationpy, behind the schema's pattern) ---------------------------------
 
 @pytest.mark.parametrize(("text", "expected"), [
     ("1m30s", datetime.timedelta(minutes=1, seconds=30)),
@@ -165,29 +165,24 @@ def test_model_messages_match_the_crd_wording() -> None:
     ("300us", datetime.timedelta(microseconds=300)),
     ("7µs", datetime.timedelta(microseconds=7)),
     ("7μs", datetime.timedelta(microseconds=7)),
-    ("1500ns", datetime.timedelta(microseconds=1)),
     ("0", datetime.timedelta(0)),
     ("0s", datetime.timedelta(0)),
-    ("-1m", datetime.timedelta(minutes=-1)),
-    ("+5s", datetime.timedelta(seconds=5)),
-    ("1.s", datetime.timedelta(seconds=1)),
-    (".5s", datetime.timedelta(milliseconds=500)),
 ])
-def test_parse_duration(text: str, expected: datetime.timedelta) -> None:
-    assert parse_duration(text) == expected
+def test_duration_seconds(text: str, expected: datetime.timedelta) -> None:
+    assert duration_seconds(text) == pytest.approx(expected.total_seconds())
 
 
-@pytest.mark.parametrize("text", ["", "1", "1d", "m", ".s", "1h 30m", " 1s", "--1s", "1S",
-                                  "-", "1e3s", "9" * 30 + "h"])
-def test_parse_duration_refuses_what_go_refuses(text: str) -> None:
+@pytest.mark.parametrize("text", ["", "1", "1d", "m", ".s", "1h 30m", " 1s", "--1s", "1S", "-1m",
+                                  "-", "1e3s", "1w"])
+def test_durations_the_schema_refuses_are_refused(text: str) -> None:
     with pytest.raises(ValueError, match="invalid duration"):
-        parse_duration(text)
+        duration_seconds(text)
 
 
 @pytest.mark.parametrize("text", ["10m", "1h30m", "2.5m", "500ms", "1µs", "1ns"])
 def test_schema_durations_all_parse(text: str) -> None:
     assert re.fullmatch(DURATION_PATTERN, text)
-    assert parse_duration(text) > datetime.timedelta(0) or text == "1ns"
+    assert duration_seconds(text) > 0 or text == "1ns"
 
 
 # --- CRD generation -----------------------------------------------------------------------

@@ -1,8 +1,12 @@
 from __future__ import annotations
 
+import random
 import threading
+import time
 
-from stageset.controller.queue import WorkQueue
+import pytest
+
+from stageset.controller.queue import Backoff, WorkQueue
 
 
 def test_duplicate_adds_collapse() -> None:
@@ -38,3 +42,75 @@ def test_shutdown_releases_waiters() -> None:
     queue.shutdown()
     waiter.join(timeout=5)
     assert got == [None]
+
+
+@pytest.mark.parametrize(("failures", "low", "high"), [
+    (0, 0.45, 0.55), (1, 0.9, 1.1), (2, 1.8, 2.2), (5, 14.4, 17.6), (9, 230.4, 281.6), (10, 270.0, 330.0),
+    (50, 270.0, 330.0),
+])
+def test_backoff_doubles_from_half_a_second_to_five_minutes_with_jitter(failures: int, low: float,
+                                                                         high: float) -> None:
+    backoff = Backoff()
+    assert backoff.delay(failures, draw=0.0) == pytest.approx(low)
+    assert backoff.delay(failures, draw=1.0) == pytest.approx(high)
+
+
+class Draws(random.Random):
+    def __init__(self, value: float) -> None:
+        super().__init__()
+        self.value = value
+
+    def random(self) -> float:
+        return self.value
+
+
+def test_failures_back_off_per_key_and_forget_starts_over() -> None:
+    queue: WorkQueue[str] = WorkQueue(rng=Draws(0.5))
+    assert [queue.add_rate_limited("a") for _ in range(4)] == [0.5, 1.0, 2.0, 4.0]
+    assert queue.add_rate_limited("b") == 0.5, "each key backs off on its own"
+    assert queue.failures("a") == 4
+    queue.forget("a")
+    assert queue.failures("a") == 0
+    assert queue.add_rate_limited("a") == 0.5
+
+
+def test_a_rate_limited_key_arrives_after_its_delay() -> None:
+    queue: WorkQueue[str] = WorkQueue(backoff=Backoff(base=0.05), rng=Draws(0.5))
+    started = time.monotonic()
+    queue.add_rate_limited("a")
+    assert len(queue) == 0
+    assert queue.get() == "a"
+    assert time.monotonic() - started >= 0.04
+
+
+def test_shards_take_turns_and_a_shard_at_its_cap_waits() -> None:
+    queue: WorkQueue[tuple[str, int]] = WorkQueue(shard=lambda key: key[0], max_per_shard=2)
+    for key in [("a", 1), ("a", 2), ("a", 3), ("b", 1)]:
+        queue.add(key)
+    assert [queue.get(), queue.get(), queue.get()] == [("a", 1), ("b", 1), ("a", 2)]
+    assert queue.in_processing("a") == 2
+    got: list[tuple[str, int] | None] = []
+    waiter = threading.Thread(target=lambda: got.append(queue.get()))
+    waiter.start()
+    waiter.join(timeout=0.2)
+    assert waiter.is_alive(), "shard a is at its cap: a3 waits although a worker is free"
+    queue.add(("c", 1))
+    waiter.join(timeout=5)
+    assert got == [("c", 1)], "another shard's key goes first"
+    queue.done(("a", 1))
+    assert queue.get() == ("a", 3)
+
+
+def test_a_shard_under_its_cap_again_is_served() -> None:
+    queue: WorkQueue[tuple[str, int]] = WorkQueue(shard=lambda key: key[0], max_per_shard=1)
+    queue.add(("a", 1))
+    queue.add(("a", 2))
+    assert queue.get() == ("a", 1)
+    got: list[tuple[str, int] | None] = []
+    waiter = threading.Thread(target=lambda: got.append(queue.get()))
+    waiter.start()
+    waiter.join(timeout=0.2)
+    assert waiter.is_alive()
+    queue.done(("a", 1))
+    waiter.join(timeout=5)
+    assert got == [("a", 2)]

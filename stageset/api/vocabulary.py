@@ -1,0 +1,81 @@
+"""The words our status speaks: condition types, Ready reasons, stage phases, event reasons.
+
+One ``StrEnum`` per concept, so a reason is a name the type checker knows rather than
+a string typed twice.  The values are the wire strings and never change: users match
+on them (``kubectl wait``, alerts), and Ready reasons reuse Flux's strings wherever
+the meaning is the same.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ConditionType(StrEnum):
+    """kstatus condition types."""
+
+    READY = "Ready"
+    RECONCILING = "Reconciling"
+    STALLED = "Stalled"
+
+
+class ConditionStatus(StrEnum):
+    TRUE = "True"
+    FALSE = "False"
+    UNKNOWN = "Unknown"
+
+
+class Reason(StrEnum):
+    """Reasons of the ``Ready`` condition (and of the ``Reconciling``/``Stalled`` beside it)."""
+
+    # Both kinds
+    SUCCEEDED = "Succeeded"
+    SUSPENDED = "Suspended"
+    INVALID_SPEC = "InvalidSpec"
+    RBAC_DENIED = "RBACDenied"
+    PROGRESSING = "Progressing"
+    # StageSet
+    SOURCE_NOT_READY = "SourceNotReady"
+    ARTIFACT_NOT_FOUND = "ArtifactNotFound"
+    DEPENDENCY_NOT_READY = "DependencyNotReady"
+    STALLED = "Stalled"
+    STAGE_FAILED = "StageFailed"
+    STAGE_PROGRESSING = "StageProgressing"
+    CLUSTER_UNREACHABLE = "ClusterUnreachable"
+    # GitRepository
+    AUTHENTICATION_FAILED = "AuthenticationFailed"
+    REF_NOT_FOUND = "RefNotFound"
+    LIMIT_EXCEEDED = "LimitExceeded"
+    INVALID_URL = "InvalidURL"
+    UNSAFE_PATH = "UnsafePath"
+    GIT_OPERATION_FAILED = "GitOperationFailed"
+    SECRET_NOT_FOUND = "SecretNotFound"  # noqa: S105 - a reason, not a password
+    FAILED = "Failed"
+
+
+class StagePhase(StrEnum):
+    """Where one stage stands (``status.stages[].phase``)."""
+
+    PENDING = "Pending"
+    """Not started: a dependency is not Ready yet, or its source has no artifact."""
+    APPLYING = "Applying"
+    """Being applied in this pass."""
+    WAITING = "Waiting"
+    """Applied; waiting for its objects to become ready, within its timeout."""
+    READY = "Ready"
+    PROGRESSING = "Progressing"
+    """Applied, still not ready when its timeout ran out: held, its dependents wait."""
+    FAILED = "Failed"
+
+
+class EventType(StrEnum):
+    NORMAL = "Normal"
+    WARNING = "Warning"
+
+
+class EventReason(StrEnum):
+    """Reasons of the Events the controller records."""
+
+    DRIFT_CORRECTED = "DriftCorrected"
+    PRUNE_FAILED = "PruneFailed"
+    TEARDOWN_FORCED = "TeardownForced"

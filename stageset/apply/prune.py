@@ -1,0 +1,131 @@
+"""Deleting what a StageSet applied: prune after a complete pass, teardown of a deleted StageSet.
+
+Identity: every read and delete goes through the client the caller hands in for the
+inventory being deleted — the identity that applied those objects (the stage's
+ServiceAccount, or the controller in single-tenant mode).  Discovery goes through the
+applier's mapper (controller identity, or the remote kubeconfig's).
+
+Rules (see :mod:`stageset.apply.ownership`): an object is deleted only while it still
+carries this StageSet's owner labels and has not opted out; an object that cannot be
+read or deleted is reported :attr:`Deletion.FAILED`, so the caller keeps it tracked and
+tries again — never silently orphaned.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from stageset.api import InventoryEntry, StageInventory
+from stageset.apply.changeset import Action, Change, ChangeSet
+from stageset.apply.engine import StageApplier
+from stageset.apply.inventory import Stale, by_id, entry_id
+from stageset.apply.ownership import owned_by, prune_disabled
+from stageset.kube.client import ApiError, KubeClient
+
+log = logging.getLogger(__name__)
+
+
+class Deletion(StrEnum):
+    """What became of one inventoried object."""
+
+    GONE = "Gone"
+    """Not there (or its kind is gone): stop tracking it."""
+    RELEASED = "Released"
+    """Adopted (owner labels removed) or opted out: never deleted; stop tracking it."""
+    DELETING = "Deleting"
+    """Deleted now, or already being deleted (finalizers pending)."""
+    FAILED = "Failed"
+    """Could not be read or deleted: keep tracking it and try again."""
+
+
+@dataclass(frozen=True)
+class Owner:
+    """The StageSet whose owner labels an object must carry to be deleted."""
+
+    namespace: str
+    name: str
+
+
+def delete_owned(*, client: KubeClient, applier: StageApplier, item: InventoryEntry, owner: Owner
+                 ) -> Deletion:
+    """Delete one inventoried object as ``client``'s identity, if it is still ours."""
+    oid = entry_id(item)
+    stub = {"apiVersion": item.v, "kind": oid.kind,
+            "metadata": {"name": oid.name, "namespace": oid.namespace}}
+    try:
+        resource = applier.resolve(stub, owner.namespace)[1]
+    except ApiError:
+        return Deletion.FAILED
+    if resource is None:
+        return Deletion.GONE  # the kind itself is gone, and with it the object
+    path = resource.object_path(name=oid.name, namespace=oid.namespace or None)
+    try:
+        live = client.get(path)
+    except ApiError as error:
+        if error.not_found:
+            return Deletion.GONE
+        log.warning("cannot read %s for deletion as %s: %s", oid.describe(), client.identity.describe(),
+                    error)
+        return Deletion.FAILED
+    if not owned_by(live, namespace=owner.namespace, name=owner.name) or prune_disabled(live):
+        return Deletion.RELEASED
+    if live["metadata"].get("deletionTimestamp"):
+        return Deletion.DELETING
+    try:
+        client.delete(path)
+    except ApiError as error:
+        if error.not_found:
+            return Deletion.GONE
+        log.warning("cannot delete %s as %s: %s", oid.describe(), client.identity.describe(), error)
+        return Deletion.FAILED
+    return Deletion.DELETING
+
+
+@dataclass
+class PruneResult:
+    changes: ChangeSet = field(default_factory=ChangeSet)
+    kept: list[Stale] = field(default_factory=list)
+    """Objects that could not be deleted: still tracked, retried on the next pass."""
+
+
+# The client for the identity that applied an inventory; ``None`` when that identity may
+# no longer be used (applied as the controller, which multi-tenant mode forbids).
+ClientFor = Callable[[str | None], KubeClient | None]
+
+
+def prune(*, stale: Iterable[Stale], client_for: ClientFor, applier: StageApplier, owner: Owner
+          ) -> PruneResult:
+    """Delete what no stage renders any more (the caller decided the pass is complete)."""
+    result = PruneResult()
+    for item in stale:
+        client = client_for(item.service_account)
+        if client is None:
+            log.warning("not pruning %s: it was applied as the controller, which is no longer allowed",
+                        item.id.describe())
+            result.kept.append(item)
+            continue
+        outcome = delete_owned(client=client, applier=applier, item=item.entry, owner=owner)
+        if outcome is Deletion.FAILED:
+            result.kept.append(item)
+        elif outcome is Deletion.DELETING:
+            result.changes.add(Change(id=item.id, action=Action.DELETED))
+        else:
+            result.changes.add(Change(id=item.id, action=Action.SKIPPED))
+    return result
+
+
+def teardown_stage(*, inventory: StageInventory, client: KubeClient | None, applier: StageApplier | None,
+                   owner: Owner) -> list[InventoryEntry]:
+    """Delete one stage's objects; returns those still there (being deleted, or not deletable).
+
+    Without a client (identity no longer allowed) or an applier (cluster unreachable),
+    nothing is deleted and everything remains.
+    """
+    if client is None or applier is None:
+        return list(inventory.entries)
+    return [item for item in by_id(inventory).values()
+            if delete_owned(client=client, applier=applier, item=item, owner=owner)
+            not in (Deletion.GONE, Deletion.RELEASED)]

@@ -1,0 +1,17 @@
+"""Settings of the apply engine; nested in the controller's settings and injected."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class ApplySettings:
+    # Objects of one stage dry-run, written and judged at once.
+    parallelism: int = 4
+    # How often readiness (and deletion for recreation) is polled while waiting.
+    poll_interval: float = 0.5
+    # How long a stage waits for the CRDs it applies to become Established.
+    crd_timeout: float = 60.0
+    # How long ``force: true`` waits for an object to go before creating it again.
+    delete_timeout: float = 60.0

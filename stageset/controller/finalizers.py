@@ -1,0 +1,37 @@
+"""Adding and removing our finalizer on a StageSet, optimistically (tested resourceVersion).
+
+Identity: the controller's own (its ClusterRole may patch StageSets and their
+finalizers, nothing else of them).
+"""
+
+from __future__ import annotations
+
+from stageset.api.vocabulary import Reason
+from stageset.apply.errors import StageError
+from stageset.apply.ownership import FINALIZER
+from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.mapping import Resource
+from stageset.kube.types import KubeObject, metadata
+
+
+def set_finalizer(client: KubeClient, *, resource: Resource, obj: KubeObject, present: bool) -> None:
+    """Make :data:`FINALIZER` present or absent; :class:`StageError` (Progressing) when the
+    object changed meanwhile (the caller reads it again and retries)."""
+    meta = metadata(obj)
+    finalizers = list(meta.get("finalizers") or [])
+    if (FINALIZER in finalizers) == present:
+        return
+    finalizers = [*finalizers, FINALIZER] if present else [f for f in finalizers if f != FINALIZER]
+    path = resource.object_path(name=meta["name"], namespace=meta.get("namespace"))
+    try:
+        written = client.request(
+            "PATCH", path, content_type="application/json-patch+json",
+            body=[{"op": "test", "path": "/metadata/resourceVersion", "value": meta.get("resourceVersion")},
+                  {"op": "add" if "finalizers" not in meta else "replace",
+                   "path": "/metadata/finalizers", "value": finalizers}])
+    except ApiError as error:
+        if not (error.not_found or error.conflict or error.invalid):
+            raise
+        raise StageError(Reason.PROGRESSING, "object changed while updating finalizers; retrying") from error
+    obj["metadata"]["finalizers"] = finalizers
+    obj["metadata"]["resourceVersion"] = metadata(written).get("resourceVersion", meta.get("resourceVersion"))

@@ -1,0 +1,150 @@
+"""Reading what a StageSet names — its sources, ``substituteFrom`` objects, its dependencies — as the tenant.
+
+Identity: every read here goes through the client handed in, bound by the caller to the
+identity :mod:`stageset.controller.identity` picks (the stage's ServiceAccount for a
+stage's source and variables, the StageSet's for ``spec.dependsOn``).  A 403 is
+``RBACDenied`` naming only what the user wrote; a 404 is reported the same whether or not
+the tenant could have read it, since the apiserver authorizes before it looks — so no
+message tells a tenant whether something exists in a namespace it cannot read.
+
+``--no-cross-namespace-refs`` is enforced here, before anything in another namespace is read.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass
+
+from sources import parse_revision
+from stageset.api import API_VERSION, Stage, StageSet
+from stageset.api.vocabulary import Reason
+from stageset.apply.errors import StageError
+from stageset.build import BuildError, VariableSource, merge_variables
+from stageset.controller.conditions import ready_at_generation
+from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.mapping import Resource
+from stageset.kube.types import KubeObject
+
+CROSS_NAMESPACE = "is not allowed on this controller (--no-cross-namespace-refs)"
+
+
+def read_optional(client: KubeClient, path: str, *, what: str) -> KubeObject | None:
+    """Read an object the StageSet names as ``client``'s identity; ``None`` if absent."""
+    try:
+        return client.get(path)
+    except ApiError as error:
+        if error.forbidden:
+            raise StageError(Reason.RBAC_DENIED,
+                             f"{client.identity.describe()} may not read {what}") from error
+        if error.not_found:
+            return None
+        raise
+
+
+def read_named(client: KubeClient, path: str, *, what: str, missing_reason: Reason,
+               missing_message: str = "") -> KubeObject:
+    """As :func:`read_optional`, but a missing object is a :class:`StageError` with ``missing_reason``."""
+    found = read_optional(client, path, what=what)
+    if found is None:
+        raise StageError(missing_reason, missing_message or f"{what} not found")
+    return found
+
+
+@dataclass(frozen=True)
+class Source:
+    """A stage's GitRepository as its status and spec say: where to read the manifests."""
+
+    url: str
+    revision: str
+    commit: str
+    ignore: str | None
+
+
+class TenantReads:
+    def __init__(self, *, stagesets: Resource, sources: Resource, no_cross_namespace_refs: bool):
+        self._stagesets = stagesets
+        self._sources = sources
+        self._no_cross = no_cross_namespace_refs
+
+    def source(self, client: KubeClient, stage: Stage, namespace: str) -> Source:
+        """The stage's GitRepository, read as the stage's identity."""
+        ref = stage.source_ref
+        source_ns = ref.namespace or namespace
+        if source_ns != namespace and self._no_cross:
+            raise StageError(Reason.INVALID_SPEC, f"stage {stage.name!r}: sourceRef into another namespace "
+                             f"{CROSS_NAMESPACE}")
+        if ref.kind != "GitRepository" or (ref.api_version or API_VERSION) != API_VERSION:
+            raise StageError(Reason.INVALID_SPEC, f"stage {stage.name!r}: unsupported source kind {ref.kind}")
+        what = f"GitRepository {source_ns}/{ref.name}"
+        found = read_named(client, self._sources.object_path(name=ref.name, namespace=source_ns),
+                           what=f"{what} (stage {stage.name!r})", missing_reason=Reason.SOURCE_NOT_READY,
+                           missing_message=f"stage {stage.name!r}: {what} not found")
+        revision = ((found.get("status") or {}).get("artifact") or {}).get("revision")
+        if not revision:
+            raise StageError(Reason.SOURCE_NOT_READY, f"stage {stage.name!r}: {what} has no artifact yet")
+        _, commit = parse_revision(revision)
+        return Source(url=str(found["spec"]["url"]), revision=revision, commit=commit,
+                      ignore=found["spec"].get("ignore"))
+
+    def variables(self, client: KubeClient, stage: Stage, namespace: str) -> tuple[dict[str, str] | None,
+                                                                                   list[str]]:
+        """``postBuild`` variables, ``substituteFrom`` read as the stage's identity; and the values
+        that came from Secrets (to be redacted from every message)."""
+        if stage.post_build is None:
+            return None, []
+        sources: list[VariableSource] = []
+        for ref in stage.post_build.substitute_from:
+            plural = "configmaps" if ref.kind == "ConfigMap" else "secrets"
+            # Only "not found" is tolerated (and only when optional): a denied read fails the stage.
+            obj = read_optional(client, f"/api/v1/namespaces/{namespace}/{plural}/{ref.name}",
+                                what=f"{ref.kind} {namespace}/{ref.name} (stage {stage.name!r})")
+            data: dict[str, str] | None = None if obj is None else (obj.get("data") or {})
+            sources.append(VariableSource(ref.kind, ref.name, data, ref.optional))
+        try:
+            merged = merge_variables(stage.post_build.substitute, sources)
+        except BuildError as error:
+            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
+        return merged, _secret_values(sources)
+
+    def dependencies(self, client: KubeClient, stageset: StageSet) -> list[KubeObject]:
+        """Every StageSet in ``spec.dependsOn``, read as the StageSet's identity (403: RBACDenied,
+        404: DependencyNotReady)."""
+        namespace = str(stageset.metadata["namespace"])
+        found: list[KubeObject] = []
+        for ref in stageset.spec.depends_on:
+            ref_ns = ref.namespace or namespace
+            found.append(read_named(client, self._stagesets.object_path(name=ref.name, namespace=ref_ns),
+                                    what=f"StageSet {ref_ns}/{ref.name}",
+                                    missing_reason=Reason.DEPENDENCY_NOT_READY))
+        return found
+
+    @staticmethod
+    def require_ready(dependencies: list[KubeObject]) -> None:
+        for other in dependencies:
+            if not ready_at_generation(other):
+                meta = other["metadata"]
+                raise StageError(Reason.DEPENDENCY_NOT_READY,
+                                 f"StageSet {meta['namespace']}/{meta['name']} is not Ready")
+
+    def refuse_cross_namespace(self, stageset: StageSet) -> None:
+        """Under ``--no-cross-namespace-refs``: refuse ``spec.dependsOn`` into other namespaces
+        before anything (even the dependency index) is consulted about them."""
+        if not self._no_cross:
+            return
+        namespace = str(stageset.metadata["namespace"])
+        if any((ref.namespace or namespace) != namespace for ref in stageset.spec.depends_on):
+            raise StageError(Reason.INVALID_SPEC, f"dependsOn into another namespace {CROSS_NAMESPACE}")
+
+
+def _secret_values(sources: list[VariableSource]) -> list[str]:
+    """Every value of every ``substituteFrom`` Secret (decoded), whether or not a later entry won."""
+    values: set[str] = set()
+    for source in sources:
+        if source.kind != "Secret":
+            continue
+        for encoded in (source.data or {}).values():
+            try:
+                values.add(base64.b64decode(encoded).decode())
+            except ValueError:
+                continue  # not valid base64/UTF-8: merge_variables already refused it
+    return sorted(v for v in values if v)

@@ -1,0 +1,294 @@
+"""The StageSet reconciler: orchestration only — each step is a named part of this package.
+
+A reconcile: read the spec (teardown when deleted, stop when suspended) -> prepare (finalizer,
+stage graph, dependencies, target cluster) -> one pass.  A pass: render every stage; refuse
+two stages rendering one object; apply stages as the graph allows, recording old+new
+inventory as they finish; conclude from the stage outcomes (the pass plan's verdict) and,
+only when every stage is Ready, prune what no stage renders any more.
+
+Identity, per request (the rules: :mod:`stageset.controller.identity`):
+- the GitRepository and ``substituteFrom`` objects a stage names, and its objects' dry-run,
+  apply, readiness reads, prune and teardown: the stage's identity (the tenant);
+- the StageSets in ``spec.dependsOn`` and the ``spec.kubeConfig`` Secret: the StageSet's identity;
+- discovery, status, finalizers and events: the controller's own identity.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+
+import networkx as nx
+from pydantic import ValidationError
+
+from stageset.api import StageInventory, StageSet, StageSetStatus, duration_seconds
+from stageset.api.vocabulary import EventReason, EventType, Reason, StagePhase
+from stageset.apply.engine import StageApplier, StageResult
+from stageset.apply.errors import StageError
+from stageset.apply.inventory import Stale, duplicates, merged, ordered, stage_inventory, stale, with_kept
+from stageset.apply.prune import Owner, prune
+from stageset.controller.clock import Clock, system_clock
+from stageset.controller.dependencies import DependencyIndex, spell_cycle
+from stageset.controller.events import EventRecorder
+from stageset.controller.finalizers import set_finalizer
+from stageset.controller.identity import IdentityPolicy
+from stageset.controller.ordering import OrderingError, stage_graph
+from stageset.controller.redact import REGISTRY, Redactor
+from stageset.controller.result import Result, TerminalError
+from stageset.controller.settings import ControllerSettings
+from stageset.controller.stageset import plan
+from stageset.controller.stageset.reads import TenantReads
+from stageset.controller.stageset.rendering import Rendered, Renderer, SourceTrees
+from stageset.controller.stageset.scheduler import StageScheduler
+from stageset.controller.stageset.stage import StageApply, StageRun
+from stageset.controller.stageset.targets import Target, Targets
+from stageset.controller.stageset.teardown import Teardown
+from stageset.controller.status import StatusReport, validation_message
+from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
+from stageset.kube.mapping import Resource
+from stageset.kube.types import KubeObject
+
+Report = StatusReport[StageSetStatus]
+
+
+@dataclass
+class Pass:
+    """What one pass knows so far: stage outcomes and inventories (old, merged, fresh)."""
+
+    stageset: StageSet
+    previous: plan.Previous
+    outcomes: dict[str, plan.StageOutcome]
+    current: dict[str, StageInventory]
+    fresh: dict[str, StageInventory] = field(default_factory=dict)
+    quiet: bool = False
+
+    def publish(self, report: Report, message: str) -> None:
+        """Show progress (and record the merged inventory so far) — never in a quiet pass."""
+        if self.quiet:
+            return
+        self.record(report)
+        report.conclude(ready=None, reason=Reason.PROGRESSING, message=message)
+
+    def record(self, report: Report) -> None:
+        report.status.stages = [self.outcomes[s.name].status() for s in self.stageset.spec.stages]
+        report.status.inventory = ordered(self.current)
+
+
+def unreachable(target: Target, error: UnreachableError | ApiError) -> str:
+    """What to say about a remote cluster that fails: where, and how — never what it sent."""
+    if isinstance(error, UnreachableError):
+        how = error.why
+    else:
+        how = f"answered HTTP {error.status}" + (f" {error.reason}" if error.reason else "")
+    return f"spec.kubeConfig: the cluster at {target.server} cannot be used: {how}; retrying with backoff"
+
+
+class StageSetReconciler:
+    def __init__(self, *, clients: ClientPool, store: SourceTrees, applier: StageApplier, resource: Resource,
+                 source_resource: Resource, settings: ControllerSettings, events: EventRecorder,
+                 index: DependencyIndex, stop: threading.Event, clock: Clock = system_clock):
+        self._clients = clients
+        self._resource = resource
+        self._settings = settings
+        self._events = events
+        self._index = index
+        self._clock = clock
+        self._identities = IdentityPolicy(cluster_admin=settings.cluster_admin)
+        self._reads = TenantReads(stagesets=resource, sources=source_resource,
+                                  no_cross_namespace_refs=settings.no_cross_namespace_refs)
+        self._targets = Targets(clients=clients, settings=settings.apply, local=applier)
+        self._renderer = Renderer(clients=clients, store=store, reads=self._reads)
+        self._stages = StageApply(clients=clients, clock=clock, readiness_slice=settings.readiness_slice,
+                                  stop=stop)
+        self._teardown = Teardown(clients=clients, identities=self._identities, targets=self._targets,
+                                  events=events, resource=resource, clock=clock,
+                                  max_wait=settings.max_teardown_wait)
+
+    def reconcile(self, raw: KubeObject) -> Result:
+        """Reconcile one StageSet (``raw``, from the watch cache)."""
+        key = ("StageSet", str(raw["metadata"]["namespace"]), str(raw["metadata"]["name"]))
+        # This StageSet's own Secret values (from earlier passes too); never another's.
+        redactor = Redactor(REGISTRY.of(key))
+        try:
+            return self._reconcile(raw, redactor)
+        finally:
+            REGISTRY.set(key, redactor.added or REGISTRY.of(key))
+
+    def _reconcile(self, raw: KubeObject, redactor: Redactor) -> Result:
+        report = self._report(raw, redactor)
+        try:
+            # The status was read above; the spec is what is checked here.
+            stageset = StageSet.model_validate({**raw, "status": None})
+        except ValidationError as error:
+            if raw["metadata"].get("deletionTimestamp"):
+                return self._teardown.run(report, None)
+            report.conclude(ready=False, reason=Reason.INVALID_SPEC, message=validation_message(error),
+                            stalled=True)
+            return Result()
+        if raw["metadata"].get("deletionTimestamp"):
+            return self._teardown.run(report, stageset)
+        if stageset.spec.suspend:
+            report.conclude(ready=False, reason=Reason.SUSPENDED, message="reconciliation is suspended")
+            return Result()
+        retry = duration_seconds(stageset.spec.retry_interval or stageset.spec.interval)
+        try:
+            graph, target = self._prepare(raw, stageset)
+        except StageError as error:
+            failure = plan.before_stages(error.reason, retry=retry)
+            report.conclude(ready=False, reason=error.reason, message=error.message, stalled=failure.stalled)
+            return Result(requeue_after=failure.requeue_after)
+        return self._pass(report, stageset, graph, target, redactor=redactor, retry=retry)
+
+    def _report(self, raw: KubeObject, redactor: Redactor) -> Report:
+        try:
+            return StatusReport(client=self._clients.client(), resource=self._resource, obj=raw,
+                                model=StageSetStatus, clock=self._clock, redact=redactor)
+        except ValidationError as error:
+            # Never guess at an inventory: without it, prune and teardown could orphan objects.
+            raise TerminalError(f"cannot read the StageSet's status ({validation_message(error)}); "
+                                "nothing applied or deleted") from error
+
+    def _prepare(self, raw: KubeObject, stageset: StageSet) -> tuple[nx.DiGraph, Target]:
+        """Finalizer, stage graph, dependencies and target cluster; raises :class:`StageError`."""
+        set_finalizer(self._clients.client(), resource=self._resource, obj=raw, present=True)
+        try:
+            graph = stage_graph(plan.stage_nodes(stageset))
+        except OrderingError as error:
+            reason = Reason.INVALID_SPEC if error.cycle is None else Reason.STALLED
+            raise StageError(reason, str(error)) from error
+        self._reads.refuse_cross_namespace(stageset)
+        client = self._stageset_client(stageset, what="reading spec.dependsOn") \
+            if stageset.spec.depends_on else None
+        dependencies = self._reads.dependencies(client, stageset) if client is not None else []
+        namespace, name = str(raw["metadata"]["namespace"]), str(raw["metadata"]["name"])
+        # Only after the tenant's own reads: the index sees namespaces the tenant cannot.
+        cycle = self._index.cycle_through((namespace, name))
+        if cycle:
+            raise StageError(Reason.STALLED,
+                             f"StageSets form a cycle: {spell_cycle(cycle, namespace=namespace)}")
+        self._reads.require_ready(dependencies)
+        if stageset.spec.kube_config is None:
+            return graph, self._targets.local
+        return graph, self._targets.resolve(self._stageset_client(stageset, what="reading spec.kubeConfig"),
+                                            stageset)
+
+    def _stageset_client(self, stageset: StageSet, *, what: str) -> KubeClient:
+        return self._clients.client(self._identities.for_stageset(stageset, what=what))
+
+    def _pass(self, report: Report, stageset: StageSet, graph: nx.DiGraph, target: Target, *,
+              redactor: Redactor, retry: float) -> Result:
+        previous = plan.Previous.from_status(report.status, generation=report.generation)
+        state = Pass(stageset=stageset, previous=previous, current=dict(previous.inventories),
+                     outcomes={s.name: plan.StageOutcome.carried(s.name, previous.stages.get(s.name))
+                               for s in stageset.spec.stages})
+        try:
+            return self._run(report, state, graph, target, redactor=redactor, retry=retry)
+        except (UnreachableError, ApiError) as error:
+            if not target.remote:
+                raise
+            # A tenant's remote cluster that fails: a short condition (nothing the remote sent),
+            # the inventory kept, and the key's backoff — never a traceback per retry.
+            state.record(report)
+            report.conclude(ready=False, reason=Reason.CLUSTER_UNREACHABLE,
+                            message=unreachable(target, error))
+            return Result(backoff=True)
+
+    def _run(self, report: Report, state: Pass, graph: nx.DiGraph, target: Target, *, redactor: Redactor,
+             retry: float) -> Result:
+        stageset, previous = state.stageset, state.previous
+        rendered = self._render_all(state, target, redactor)
+        clash = plan.clash_message(duplicates({n: r.ids for n, r in rendered.items()}))
+        if clash:
+            state.record(report)
+            report.conclude(ready=False, reason=Reason.INVALID_SPEC, message=clash, stalled=True)
+            return Result()
+        revisions = {n: r.revision for n, r in rendered.items()}
+        state.quiet = plan.quiet(previous, revisions, stages=len(stageset.spec.stages))
+        if plan.announce(previous, is_quiet=state.quiet):
+            state.publish(report, "applying stages")
+        self._apply_all(report, state, graph, rendered, rechecks=plan.rechecks(previous, revisions),
+                        redactor=redactor)
+        verdict = plan.verdict(list(state.outcomes.values()),
+                               interval=duration_seconds(stageset.spec.interval), retry=retry,
+                               readiness_requeue=self._settings.readiness_requeue)
+        return self._conclude(report, state, verdict, target, redactor=redactor)
+
+    def _render_all(self, state: Pass, target: Target, redactor: Redactor) -> dict[str, Rendered]:
+        rendered: dict[str, Rendered] = {}
+        namespace = str(state.stageset.metadata["namespace"])
+        for stage in state.stageset.spec.stages:
+            try:
+                identity = self._identities.for_stage(state.stageset, stage)
+                rendered[stage.name] = self._renderer.render(
+                    stage=stage, identity=identity, namespace=namespace, target=target, redactor=redactor)
+            except StageError as error:
+                state.outcomes[stage.name] = state.outcomes[stage.name].failed(error.reason, error.message)
+        return rendered
+
+    def _apply_all(self, report: Report, state: Pass, graph: nx.DiGraph, rendered: dict[str, Rendered], *,
+                   rechecks: set[str], redactor: Redactor) -> None:
+        stageset = state.stageset
+        stages = {s.name: s for s in stageset.spec.stages}
+
+        def started(name: str) -> None:
+            state.outcomes[name].phase = StagePhase.APPLYING
+
+        def work(name: str) -> tuple[plan.StageOutcome, StageResult | None]:
+            return self._stages.run(StageRun(
+                stageset=stageset, rendered=rendered[name], before=state.outcomes[name],
+                previous=state.previous.inventories.get(name), recheck=name in rechecks))
+
+        def finished(name: str, done: tuple[plan.StageOutcome, StageResult | None]) -> bool:
+            outcome, result = done
+            state.outcomes[name] = outcome
+            if result is not None:
+                account = self._identities.stage_account(stageset, stages[name])
+                state.fresh[name] = stage_inventory(name, account, (o.entry() for o in result.objects))
+                state.current[name] = merged(state.previous.inventories.get(name), state.fresh[name])
+                self._report_drift(report.obj, name, result, redactor)
+            return outcome.phase is StagePhase.READY
+
+        scheduler: StageScheduler[tuple[plan.StageOutcome, StageResult | None]] = StageScheduler(
+            graph=graph, parallelism=self._settings.stage_parallelism, name=str(stageset.metadata["name"]))
+        def progress(done: int) -> None:
+            state.publish(report, f"stages ready: {done}/{len(state.outcomes)}")
+
+        scheduler.run(skip=[n for n in state.outcomes if n not in rendered], work=work, started=started,
+                      finished=finished, progress=progress)
+
+    def _conclude(self, report: Report, state: Pass, verdict: plan.Verdict, target: Target, *,
+                  redactor: Redactor) -> Result:
+        state.record(report)
+        if verdict.prune:
+            kept = self._prune(report, state, target, redactor)
+            report.status.inventory = ordered(with_kept(state.fresh, kept))
+            report.status.last_applied_revision = verdict.revision
+        report.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message)
+        return Result(requeue_after=verdict.requeue_after)
+
+    def _prune(self, report: Report, state: Pass, target: Target, redactor: Redactor) -> list[Stale]:
+        namespace, name = str(report.obj["metadata"]["namespace"]), str(report.obj["metadata"]["name"])
+
+        def client_for(account: str | None) -> KubeClient | None:
+            identity = self._identities.for_inventory(account, namespace)
+            return None if identity is None else self._clients.client(identity, target.cluster)
+
+        disabled = [s.name for s in state.stageset.spec.stages if not s.prune]
+        result = prune(stale=stale(old=state.previous.inventories, new=state.fresh, prune_disabled=disabled),
+                       client_for=client_for, applier=target.applier, owner=Owner(namespace, name))
+        if result.kept:
+            names = ", ".join(sorted(i.id.describe() for i in result.kept)[:10])
+            self._events.emit(report.obj, type_=EventType.WARNING, reason=EventReason.PRUNE_FAILED,
+                              message=f"could not delete {len(result.kept)} object(s) no longer in Git: "
+                              f"{names}",
+                              redact=redactor)
+        return result.kept
+
+    def _report_drift(self, obj: KubeObject, stage: str, result: StageResult, redactor: Redactor) -> None:
+        drifted = result.changes.drifted
+        if not drifted:
+            return
+        names = ", ".join(sorted(c.id.describe() for c in drifted)[:10])
+        more = f" and {len(drifted) - 10} more" if len(drifted) > 10 else ""
+        self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.DRIFT_CORRECTED,
+                          message=f"stage {stage!r}: restored {names}{more}", redact=redactor)

@@ -1,0 +1,107 @@
+"""Applying one rendered stage and judging its readiness, within one slice of its timeout.
+
+Identity: every request goes through the client for the stage's identity on the stage's
+target cluster (the tenant's ServiceAccount, impersonated; the controller itself only in
+single-tenant mode).  ``readyChecks.objects`` are read as the same identity.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+
+from stageset.api import InventoryEntry, Stage, StageInventory, StageSet, duration_seconds, format_time
+from stageset.api.vocabulary import Reason, StagePhase
+from stageset.apply.engine import AppliedObject, StageApplier, StageResult
+from stageset.apply.errors import StageError
+from stageset.apply.inventory import ObjectId, by_id
+from stageset.apply.ownership import StageOwner
+from stageset.controller.clock import Clock
+from stageset.controller.stageset.plan import StageOutcome, judge_readiness, readiness_window
+from stageset.controller.stageset.rendering import Rendered
+from stageset.kube.client import ApiError, ClientPool
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class StageRun:
+    """One stage to apply in this pass."""
+
+    stageset: StageSet
+    rendered: Rendered
+    before: StageOutcome
+    """What the last pass knew of the stage (revision, timestamps)."""
+    previous: StageInventory | None
+    recheck: bool
+    """Applied at this revision already and waiting: only re-check readiness."""
+
+
+class StageApply:
+    def __init__(self, *, clients: ClientPool, clock: Clock, readiness_slice: float, stop: threading.Event):
+        self._clients = clients
+        self._clock = clock
+        self._slice = readiness_slice
+        self._stop = stop
+
+    def run(self, run: StageRun) -> tuple[StageOutcome, StageResult | None]:
+        stage, rendered = run.rendered.stage, run.rendered
+        namespace = str(run.stageset.metadata["namespace"])
+        client = self._clients.client(rendered.identity, rendered.target.cluster)
+        applier = rendered.target.applier
+        owner = StageOwner(namespace, str(run.stageset.metadata["name"]), stage.name)
+        try:
+            result = applier.bind(owner=owner, objects=rendered.objects,
+                                  default_namespace=namespace) if run.recheck else None
+            if result is None:
+                result = applier.apply(client=client, owner=owner, objects=rendered.objects,
+                                       default_namespace=namespace, force=stage.force,
+                                       previous=_entries(run.previous))
+        except StageError as error:
+            return StageOutcome(stage.name, StagePhase.FAILED, error.reason, error.message), None
+        except ApiError as error:
+            message = f"stage {stage.name!r}: apiserver error {error.status}: {error.message}"
+            return StageOutcome(stage.name, StagePhase.FAILED, Reason.STAGE_FAILED, message), None
+        log.debug("stage %s/%s %s: %s", namespace, stage.name, "re-checked" if run.recheck else "applied",
+                  result.changes.summary())
+        # The time the stage last changed the cluster: a pass that wrote nothing keeps it.
+        now = self._clock()
+        applied_at = format_time(now) if result.writes or run.before.applied_at is None \
+            else run.before.applied_at
+        applied = StageOutcome(stage.name, StagePhase.READY, Reason.SUCCEEDED, "", rendered.revision,
+                               len(result.objects), applied_at)
+        timeout = duration_seconds(stage.timeout or run.stageset.spec.timeout)
+        window = readiness_window(now=now, waiting_since=run.before.waiting_since, wrote=bool(result.writes),
+                                  timeout=timeout, slice_seconds=self._slice)
+        try:
+            extra = references(stage, namespace, applier)
+            readiness = applier.wait_ready(client=client, applied=[*result.objects, *extra],
+                                           timeout=window.wait, stop=self._stop) if _waits(stage) else None
+        except StageError as error:
+            return StageOutcome(stage.name, StagePhase.FAILED, error.reason, error.message), result
+        return judge_readiness(applied, window=window, now=self._clock(), readiness=readiness), result
+
+
+def _waits(stage: Stage) -> bool:
+    return stage.ready_checks is None or stage.ready_checks.wait
+
+
+def _entries(inventory: StageInventory | None) -> dict[ObjectId, InventoryEntry] | None:
+    return by_id(inventory) if inventory else None
+
+
+def references(stage: Stage, namespace: str, applier: StageApplier) -> list[AppliedObject]:
+    """``readyChecks.objects``: more objects (not applied by the stage) to wait for."""
+    if stage.ready_checks is None:
+        return []
+    found: list[AppliedObject] = []
+    for ref in stage.ready_checks.objects:
+        stub = {"apiVersion": ref.api_version, "kind": ref.kind,
+                "metadata": {"name": ref.name, "namespace": ref.namespace or namespace}}
+        item = applier.reference(stub, namespace)
+        if item is None:
+            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: readyChecks names {ref.kind} "
+                             f"{ref.name}, a kind the cluster does not serve")
+        found.append(item)
+    return found

@@ -1,0 +1,83 @@
+"""The cluster a StageSet applies to: this one, or the one its ``spec.kubeConfig`` names.
+
+Identity: the kubeConfig Secret is read from this cluster as the StageSet's identity
+(``spec.serviceAccountName``).  Requests to the remote cluster use the kubeconfig's
+credentials, impersonating the stage's ServiceAccount there exactly as here; discovery
+on the remote uses the kubeconfig's own identity.  A kubeconfig is only ever accepted
+with inline data (:mod:`stageset.kube.remote`): no commands, files or proxies.
+
+One :class:`Target` (client configuration and discovery cache) per kubeconfig content,
+kept for the life of the process.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import threading
+from dataclasses import dataclass
+
+from stageset.api import StageSet
+from stageset.api.vocabulary import Reason
+from stageset.apply.engine import StageApplier
+from stageset.apply.errors import StageError
+from stageset.apply.settings import ApplySettings
+from stageset.controller.stageset.reads import read_named
+from stageset.kube.client import LOCAL, ClientPool, ClusterKey, Identity, KubeClient
+from stageset.kube.mapping import RestMapper
+from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
+
+
+@dataclass(frozen=True)
+class Target:
+    """A cluster, and the apply engine bound to its discovery."""
+
+    cluster: ClusterKey
+    applier: StageApplier
+    server: str = ""
+    """The remote's URL (empty for this cluster), for messages."""
+
+    @property
+    def remote(self) -> bool:
+        return self.cluster != LOCAL
+
+
+class Targets:
+    def __init__(self, *, clients: ClientPool, settings: ApplySettings, local: StageApplier):
+        self._clients = clients
+        self._settings = settings
+        self.local = Target(LOCAL, local)
+        self._remotes: dict[ClusterKey, Target] = {}
+        self._lock = threading.Lock()
+
+    def resolve(self, client: KubeClient, stageset: StageSet) -> Target:
+        """``client`` is bound to the StageSet's identity (it reads the kubeConfig Secret)."""
+        ref = stageset.spec.kube_config
+        if ref is None:
+            return self.local
+        namespace = str(stageset.metadata["namespace"])
+        secret_name, key = ref.secret_ref.name, ref.secret_ref.key
+        secret = read_named(client, f"/api/v1/namespaces/{namespace}/secrets/{secret_name}",
+                            what=f"Secret {namespace}/{secret_name} (spec.kubeConfig)",
+                            missing_reason=Reason.STAGE_FAILED,
+                            missing_message=f"spec.kubeConfig: Secret {namespace}/{secret_name} not found")
+        encoded = (secret.get("data") or {}).get(key)
+        if not encoded:
+            raise StageError(Reason.INVALID_SPEC, f"spec.kubeConfig: Secret {namespace}/{secret_name} has no "
+                             f"key {key!r}")
+        raw = base64.b64decode(encoded)
+        cluster = ClusterKey(f"{namespace}/{secret_name}#{hashlib.sha256(raw).hexdigest()[:16]}")
+        with self._lock:
+            found = self._remotes.get(cluster)
+            if found is not None:
+                return found
+            try:
+                remote = parse_remote_kubeconfig(raw)
+            except KubeconfigError as error:
+                raise StageError(Reason.INVALID_SPEC, f"spec.kubeConfig: {error}") from error
+            self._clients.register(cluster, remote.configuration)
+            discovery = self._clients.client(Identity(), cluster)
+            target = Target(cluster, StageApplier(mapper=RestMapper(discovery), settings=self._settings),
+                            server=remote.server)
+            self._remotes[cluster] = target
+            return target

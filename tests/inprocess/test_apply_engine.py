@@ -1,0 +1,80 @@
+"""The apply engine's change set over the fake cluster: one action per object."""
+
+from __future__ import annotations
+
+from stageset.apply.changeset import Action
+from stageset.apply.engine import StageApplier, StageResult
+from stageset.apply.inventory import by_id, stage_inventory
+from stageset.apply.ownership import StageOwner
+from stageset.kube.client import ApiError, Identity
+from stageset.kube.mapping import RestMapper
+from tests.inprocess.conftest import NS, SA, TENANT
+from tests.inprocess.fakes import FakeClientPool, FakeCluster
+
+OWNER = StageOwner(NS, "shop", "app")
+
+
+def cm(name: str, value: str = "v") -> dict[str, object]:
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name}, "data": {"k": value}}
+
+
+def job(image: str) -> dict[str, object]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "job"},
+        "spec": {"image": image},
+    }
+
+
+def actions(result: StageResult) -> dict[str, tuple[Action, bool]]:
+    return {c.id.name: (c.action, c.drift) for c in result.changes}
+
+
+def test_one_action_per_object_across_passes() -> None:
+    cluster = FakeCluster()
+    cluster.grant_namespace(TENANT, NS)
+    pool = FakeClientPool(cluster)
+    applier = StageApplier(mapper=RestMapper(pool.client()))
+    client = pool.client(Identity.service_account(namespace=NS, name=SA))
+
+    def apply(
+        objects: list[dict[str, object]], previous: StageResult | None, *, force: bool = False
+    ) -> StageResult:
+        inventory = stage_inventory("app", SA, (o.entry() for o in previous.objects)) if previous else None
+        return applier.apply(
+            client=client,
+            owner=OWNER,
+            objects=objects,
+            default_namespace=NS,
+            force=force,
+            previous=by_id(inventory) if inventory else None,
+        )
+
+    first = apply([cm("a"), cm("b")], None)
+    assert actions(first) == {"a": (Action.CREATED, False), "b": (Action.CREATED, False)}
+    assert first.changes.summary() == "2 created"
+
+    second = apply([cm("a"), cm("b", "new")], first)
+    assert actions(second) == {"a": (Action.UNCHANGED, False), "b": (Action.CONFIGURED, False)}
+    assert second.changes.writes == 1
+
+    cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/a"]["data"] = {"k": "by hand"}
+    cluster.remove(f"/api/v1/namespaces/{NS}/configmaps/b")
+    third = apply([cm("a"), cm("b", "new")], second)
+    assert actions(third) == {"a": (Action.CONFIGURED, True), "b": (Action.CREATED, True)}
+    assert [c.id.name for c in third.changes.drifted] == ["a", "b"]
+
+    fourth = apply([job("one")], None)
+    assert actions(fourth) == {"job": (Action.CREATED, False)}
+    path = f"/apis/apps/v1/namespaces/{NS}/deployments/job"
+    cluster.failures[("apply", path, True)] = ApiError(
+        status=422, reason="Invalid", message="field is immutable"
+    )
+    recreated = apply([job("two")], fourth, force=True)
+    assert actions(recreated) == {"job": (Action.RECREATED, False)}
+    assert [(r.verb, r.dry_run) for r in cluster.requests if r.path == path][-3:] == [
+        ("delete", False),
+        ("get", False),
+        ("apply", False),
+    ]

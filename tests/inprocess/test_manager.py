@@ -1,0 +1,174 @@
+"""The manager in process: watches, the work queue and both reconcilers over the fake cluster."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from stageset.controller.manager import Manager
+from stageset.controller.settings import ControllerSettings
+from stageset.kube.client import ApiError
+from tests.inprocess.conftest import NS, TENANT, URL, World, configmap, deployment
+from tests.inprocess.fakes import CONTROLLER
+
+
+def eventually(check: Callable[[], Any], *, timeout: float = 20.0, what: str) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = check()
+        if found:
+            return found
+        time.sleep(0.02)
+    pytest.fail(f"timed out waiting for {what}")
+
+
+@pytest.fixture
+def running(world: World) -> Iterator[Callable[..., Manager]]:
+    started: list[tuple[Manager, threading.Thread]] = []
+
+    def start(**settings: Any) -> Manager:
+        manager = Manager(
+            clients=world.pool,
+            store=world.sources,
+            clock=world.clock,
+            settings=ControllerSettings(readiness_slice=0.0, readiness_requeue=0.05, **settings),
+        )
+        thread = threading.Thread(target=manager.run, daemon=True)
+        thread.start()
+        started.append((manager, thread))
+        return manager
+
+    yield start
+    for manager, thread in started:
+        manager.stop.set()
+        thread.join(timeout=10)
+
+
+def is_ready(world: World, name: str) -> bool:
+    obj = world.get(name)
+    return any(
+        c["type"] == "Ready" and c["status"] == "True"
+        for c in (obj.get("status") or {}).get("conditions", [])
+    )
+
+
+def test_sources_and_stagesets_reconcile_to_ready(world: World, running: Callable[..., Manager]) -> None:
+    world.sources.commit(URL, {"app/cm.json": configmap("hello")})
+    world.cluster.put(
+        {
+            "apiVersion": "stages.metio.wtf/v1",
+            "kind": "GitRepository",
+            "metadata": {"name": "app", "namespace": NS},
+            "spec": {"url": URL},
+        }
+    )
+    world.stageset("shop", [{"name": "app", "path": "./app"}])
+    running()
+    eventually(lambda: is_ready(world, "shop"), what="StageSet Ready")
+    assert world.configmap("hello") is not None
+    assert len(world.sources.fetches) == 1
+    applies = [r for r in world.cluster.requests if r.verb == "apply" and not r.dry_run]
+    assert [(r.user, r.path) for r in applies] == [(TENANT, f"/api/v1/namespaces/{NS}/configmaps/hello")]
+
+
+def test_a_dependency_turning_ready_wakes_its_dependent(
+    world: World, running: Callable[..., Manager]
+) -> None:
+    world.commit({"db/web.json": deployment("db"), "app/cm.json": configmap("app")})
+    world.stageset("db", [{"name": "db", "path": "./db"}])
+    # Retried only every 10 minutes: Ready in seconds proves the dependency woke it.
+    world.stageset("app", [{"name": "app", "path": "./app"}], dependsOn=[{"name": "db"}], retryInterval="10m")
+    running()
+    eventually(lambda: world.ready("app")["reason"] == "DependencyNotReady", what="app waiting for db")
+    eventually(lambda: world.phases("db") == {"db": "Waiting"}, what="db waiting for its Deployment")
+    world.roll_out("db")
+    eventually(lambda: is_ready(world, "app"), what="app woken by db turning Ready")
+
+
+def test_only_watched_namespaces_are_listed_and_watched(
+    world: World, running: Callable[..., Manager]
+) -> None:
+    running(watch_namespaces=(NS,))
+    eventually(
+        lambda: len({r.path.split("?")[0] for r in world.cluster.requests if r.verb == "watch"}) == 2,
+        what="both watches",
+    )
+    scoped = [r for r in world.cluster.requests if r.verb in ("list", "watch")]
+    assert scoped
+    assert all(r.user == CONTROLLER and f"/namespaces/{NS}/" in r.path for r in scoped)
+
+
+def test_a_failing_reconcile_backs_off_logs_one_traceback_and_recovers(
+    world: World,
+    running: Callable[..., Manager],
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    world.commit({"app/cm.json": configmap("x")})
+    source = f"/apis/stages.metio.wtf/v1/namespaces/{NS}/gitrepositories/app"
+    world.cluster.failures[("get", source, None)] = ApiError(
+        status=500, reason="InternalError", message="boom"
+    )
+    world.stageset("shop", [{"name": "app", "path": "./app"}])
+    caplog.set_level(logging.INFO, logger="stageset.controller.manager")
+    running(backoff_base=0.01, backoff_cap=0.04)
+    attempts = eventually(
+        lambda: (n := len([r for r in world.cluster.by(TENANT) if r.path == source])) >= 6 and n,
+        what="retries",
+    )
+    failures = [r for r in caplog.records if "reconciling StageSet" in r.getMessage()]
+    assert len(failures) >= attempts - 1
+    assert len([r for r in failures if r.exc_info]) == 1, "one traceback per failure streak"
+    assert "failed again" in failures[-1].getMessage()
+    del world.cluster.failures[("get", source, None)]
+    eventually(lambda: is_ready(world, "shop"), what="recovery after the failure cleared")
+
+
+def test_one_namespaces_blocked_sources_cannot_hold_every_worker(
+    world: World, running: Callable[..., Manager]
+) -> None:
+    released = threading.Event()
+    fetch = world.sources.fetch
+    blocked: list[str] = []
+
+    def tarpit(url: str, **kwargs: Any) -> Any:
+        if "tarpit" in url:
+            blocked.append(url)
+            released.wait(60)  # a Git server that accepts and never answers, until its deadline
+        return fetch(url, **kwargs)
+
+    world.sources.fetch = tarpit  # type: ignore[method-assign]
+    for i in range(4):
+        url = f"https://tarpit.example/{i}.git"
+        world.sources.commit(url, {"cm.json": configmap(f"t{i}")})
+        world.cluster.put(
+            {
+                "apiVersion": "stages.metio.wtf/v1",
+                "kind": "GitRepository",
+                "metadata": {"name": f"slow-{i}", "namespace": "tarpit"},
+                "spec": {"url": url},
+            }
+        )
+    try:
+        running(source_workers=4)
+        # The slow sources are queued first and take every worker they may have...
+        eventually(lambda: len(blocked) >= 2, what="tarpit fetches started")
+        # ...and then another tenant arrives.
+        world.sources.commit(URL, {"app/cm.json": configmap("fair")})
+        world.cluster.put(
+            {
+                "apiVersion": "stages.metio.wtf/v1",
+                "kind": "GitRepository",
+                "metadata": {"name": "app", "namespace": NS},
+                "spec": {"url": URL},
+            }
+        )
+        world.stageset("shop", [{"name": "app", "path": "./app"}])
+        eventually(lambda: is_ready(world, "shop"), timeout=10, what="the other namespace's StageSet Ready")
+        assert len(blocked) == 2, "the tarpit namespace holds half the source workers, no more"
+    finally:
+        released.set()
