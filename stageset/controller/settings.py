@@ -6,6 +6,8 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from stageset.build import BuildLimits
+
 
 @dataclass(frozen=True)
 class ControllerSettings:
@@ -29,3 +31,5 @@ class ControllerSettings:
     readiness_requeue: float = 1.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway.
     max_teardown_wait: float = 300.0
+    # What one stage's build may read, parse and produce (depth, nodes, bytes, objects, time).
+    build_limits: BuildLimits = field(default_factory=BuildLimits)

@@ -40,7 +40,6 @@ from stageset.build import (
     BuildError,
     KustomizeNotFoundError,
     VariableSource,
-    build_stage,
     merge_variables,
 )
 from stageset.controller.conditions import READY as READY_CONDITION
@@ -48,7 +47,7 @@ from stageset.controller.conditions import now, ready_at_generation
 from stageset.controller.dependencies import DependencyIndex, describe
 from stageset.controller.events import WARNING, EventRecorder
 from stageset.controller.ordering import OrderingError, StageNode, ready_to_start, stage_graph
-from stageset.controller.rendercache import RenderCache, render_key
+from stageset.controller.rendercache import RenderCache, render_stage
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.status import StatusReport, validation_message, write_status
 from stageset.kube.client import LOCAL, ApiError, ClientPool, ClusterKey, Identity, KubeClient
@@ -223,26 +222,22 @@ class StageSetReconciler:
         url, revision, commit, ignore = self._source(client, stage, namespace)
         variables = self._variables(client, stage, namespace)
         try:
-            key = render_key(url=url, tree=self._store.tree_hash(url, commit=commit, path=stage.path),
-                             ignore=ignore, variables=variables)
-            cached = self._renders.get(key)
-            if cached is not None:
-                return Rendered(stage=stage, identity=identity, revision=revision, objects=cached,
-                                target=target, ids={self._identify(obj, namespace, target) for obj in cached})
-            files = self._store.read_tree(url, commit=commit, path=stage.path, ignore=ignore)
+            # The build may load any file of the source root (not only the stage path's subtree);
+            # the cache keys on exactly what it loads.
+            objects = render_stage(
+                self._renders, url=url, commit=commit, ignore=ignore, path=stage.path, variables=variables,
+                read_tree=lambda: self._store.read_tree(url, commit=commit, path="./", ignore=ignore),
+                limits=self._settings.build_limits)
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.
             raise StageError("ArtifactNotFound", f"stage {stage.name!r}: {error}") from error
         except SourceError as error:
             raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
-        try:
-            objects = build_stage(files, path=stage.path, variables=variables)
         except KustomizeNotFoundError as error:
             raise StageError("StageFailed", f"stage {stage.name!r}: this controller cannot build "
                              f"kustomizations: {error}") from error
         except BuildError as error:
             raise StageError("StageFailed", f"stage {stage.name!r}: {error}") from error
-        self._renders.put(key, objects)
         ids = {self._identify(obj, namespace, target) for obj in objects}
         return Rendered(stage=stage, identity=identity, revision=revision, objects=objects, target=target,
                         ids=ids)
