@@ -33,8 +33,8 @@ Running (:func:`kustomize_build`):
 * the environment is built from scratch: ``HOME`` does not exist, ``PATH`` is empty (no
   ``git`` to clone remote bases with, no ``helm``, no shell) and every ``*_PROXY``
   variable names a closed local port;
-* a time limit (:attr:`~stageset.build.limits.BuildLimits.kustomize_timeout`), an
-  address-space limit and ``GOMEMLIMIT``
+* a time limit (:attr:`~stageset.build.limits.BuildLimits.kustomize_timeout`), a limit
+  on the memory it may map (``RLIMIT_DATA``) and ``GOMEMLIMIT``
   (:attr:`~stageset.build.limits.BuildLimits.kustomize_memory_bytes`), and the output is
   read only up to :attr:`~stageset.build.limits.BuildLimits.max_stage_bytes`;
 * a failure becomes :class:`~stageset.build.errors.BuildError` carrying kustomize's own
@@ -75,8 +75,8 @@ WRAPPER = Path(__file__).resolve().parents[2] / "hack" / "kustomize"
 """The checked-in wrapper module; only present in a checkout (the build is a dev/CI step)."""
 
 _MAX_MESSAGE = 2000
-_GO_RUNTIME_RESERVE = 1024 * 1024 * 1024
-"""Address space the Go runtime reserves before it allocates anything (~800 MiB measured)."""
+_GO_RUNTIME_DATA = 128 * 1024 * 1024
+"""Writable memory the Go runtime maps before the build allocates anything (~75 MiB measured)."""
 # Nothing listens on port 0: a connection to it is refused at once, without DNS or a timeout.
 _NO_PROXY_ROUTE = "http://127.0.0.1:0"
 
@@ -347,9 +347,11 @@ def kustomize_build(files: Mapping[str, bytes], directories: Sequence[str], *, l
     assert process.stdout is not None
     assert process.stderr is not None
     with contextlib.suppress(OSError, ValueError):
-        # Before any input arrives, so the build itself runs under the limit.
-        limit = limits.kustomize_memory_bytes + _GO_RUNTIME_RESERVE
-        resource.prlimit(process.pid, resource.RLIMIT_AS, (limit, limit))
+        # Before any input arrives, so the build itself runs under the limit.  RLIMIT_DATA
+        # counts the writable memory a process maps; RLIMIT_AS would not do: the Go runtime
+        # reserves ~1.5 GiB of address space it never touches.
+        limit = limits.kustomize_memory_bytes + _GO_RUNTIME_DATA
+        resource.prlimit(process.pid, resource.RLIMIT_DATA, (limit, limit))
     out = _Capped(process.stdout, limits.max_stage_bytes, process.kill)  # type: ignore[arg-type]
     err = _Capped(process.stderr, 64 * 1024)  # type: ignore[arg-type]
     feeder = threading.Thread(target=_feed, args=(process.stdin, payload), daemon=True)

@@ -11,7 +11,7 @@ before a check that only runs afterwards:
   node budget; JSON is scanned for depth and size before ``json.loads``.
 * Per file: bytes, documents, nodes of one document (after alias expansion).
 * Per stage: bytes read or printed by kustomize, nodes parsed, objects produced.
-* The kustomize subprocess: a time limit, an address-space limit, and its output is
+* The kustomize subprocess: a time limit, a memory limit, and its output is
   read only up to :attr:`BuildLimits.max_stage_bytes`.
 
 The defaults fit real repositories (a stage of thousands of objects, CRD bundles of
@@ -51,6 +51,6 @@ class BuildLimits:
     """Manifest bytes one stage parses: plain files read plus kustomize's output."""
     kustomize_timeout: float = 60.0
     """Seconds one kustomize run may take."""
-    kustomize_memory_bytes: int = 1024 * MiB
-    """Heap the kustomize subprocess may use (its address space is capped at this plus the
-    Go runtime's fixed reservation)."""
+    kustomize_memory_bytes: int = 256 * MiB
+    """Heap the kustomize subprocess may use (``GOMEMLIMIT``; the memory it may map is
+    capped at this plus the Go runtime's own 128 MiB).  Real builds use a few tens of MiB."""

@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import yaml
 from yaml.events import (
@@ -32,6 +32,7 @@ from yaml.events import (
     DocumentStartEvent,
     MappingEndEvent,
     MappingStartEvent,
+    NodeEvent,
     ScalarEvent,
     SequenceEndEvent,
     SequenceStartEvent,
@@ -93,55 +94,86 @@ class StageBudget:
 # --------------------------------------------------------------------------- YAML
 
 
-def _precheck_yaml(text: str, where: str, limits: BuildLimits, budget: StageBudget) -> None:
-    """Walk the event stream once; refuse at the first event past a limit."""
-    depth = nodes = document_nodes = aliases = documents = 0
-    nodes_left = budget.nodes_left()
+def _precheck_yaml(text: str, where: str, limits: BuildLimits, budget: StageBudget | None, *,
+                   syntax_errors: bool = True) -> None:
+    """Walk the event stream once; refuse at the first event past a limit.
+
+    Nodes are counted as they would be with every alias expanded: each anchor remembers how
+    many nodes its node stands for, and an alias adds that many, so a "billion laughs" is
+    refused after a few hundred events without ever being composed.  ``budget`` None checks
+    the per-file limits only; ``syntax_errors`` False leaves invalid YAML to whoever reads it.
+    """
+    depth = nodes = document_nodes = expanded = aliases = documents = 0
+    anchors: dict[str, int] = {}
+    open_nodes: list[tuple[str | None, int]] = []  # (anchor, expanded count before the node)
+    nodes_left = budget.nodes_left() if budget is not None else limits.max_stage_nodes
     max_depth, max_document_nodes = limits.max_depth, limits.max_document_nodes
     loader = Loader(text)
     try:
         while True:
-            event = loader.get_event()
+            event = cast(NodeEvent, loader.get_event())  # (not every event is a NodeEvent: see `kind`)
             if event is None:
                 break
             kind = type(event)
             if kind is ScalarEvent:
                 nodes += 1
                 document_nodes += 1
+                expanded += 1
+                if event.anchor is not None:
+                    anchors[event.anchor] = 1
             elif kind is MappingStartEvent or kind is SequenceStartEvent:
                 nodes += 1
                 document_nodes += 1
+                open_nodes.append((event.anchor, expanded))
+                expanded += 1
                 depth += 1
                 if depth > max_depth:
                     raise BuildError(f"{where}: document {documents} is nested more than "
                                      f"{max_depth} levels deep")
             elif kind is MappingEndEvent or kind is SequenceEndEvent:
                 depth -= 1
+                anchor, before = open_nodes.pop()
+                if anchor is not None:
+                    anchors[anchor] = expanded - before
                 continue
             elif kind is AliasEvent:
                 nodes += 1
                 document_nodes += 1
+                expanded += anchors.get(event.anchor, 1)
                 aliases += 1
                 if aliases > limits.max_aliases:
                     raise BuildError(f"{where}: more than {limits.max_aliases} YAML aliases")
             elif kind is DocumentStartEvent:
                 documents += 1
-                document_nodes = 0
+                document_nodes = expanded = 0
+                anchors.clear()
                 if documents > limits.max_documents_per_file:
                     raise BuildError(f"{where}: more than {limits.max_documents_per_file} YAML documents")
                 continue
             else:
                 continue
-            if document_nodes > max_document_nodes:
-                raise BuildError(f"{where}: document {documents} has more than {max_document_nodes} "
-                                 "YAML nodes")
-            if nodes > nodes_left:
+            if expanded > max_document_nodes:
+                if document_nodes > max_document_nodes:
+                    raise BuildError(f"{where}: document {documents} has more than {max_document_nodes} "
+                                     "YAML nodes")
+                raise BuildError(f"{where}: document {documents} expands to more than "
+                                 f"{max_document_nodes} YAML nodes through aliases; refusing it")
+            if nodes > nodes_left and budget is not None:
                 budget.charge_nodes(nodes, where)
     except yaml.YAMLError as error:
-        raise BuildError(f"{where}: not valid YAML: {error}") from None
+        if syntax_errors:
+            raise BuildError(f"{where}: not valid YAML: {error}") from None
+        return
     finally:
         loader.dispose()
-    budget.charge_nodes(nodes, where)
+    if budget is not None:
+        budget.charge_nodes(nodes, where)
+
+
+def precheck(text: str, *, where: str, limits: BuildLimits) -> None:
+    """The per-file limits of :func:`load_yaml` on a file that another program will parse
+    (kustomize's inputs); YAML it cannot parse is left for that program to report."""
+    _precheck_yaml(text, where, limits, None, syntax_errors=False)
 
 
 def _expanded_size(root: yaml.Node) -> int:

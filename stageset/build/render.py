@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import posixpath
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,8 +50,8 @@ from yaml.resolver import Resolver
 from stageset.build.errors import BuildError
 from stageset.build.kustomize import kustomize_build
 from stageset.build.limits import BuildLimits
-from stageset.build.parse import StageBudget, construct, load_json, load_yaml
-from stageset.build.sourceroot import Plan, SourceTree, plan_build
+from stageset.build.parse import StageBudget, construct, load_json, load_yaml, precheck
+from stageset.build.sourceroot import KUSTOMIZATION_FILES, MANIFEST_SUFFIXES, Plan, SourceTree, plan_build
 from stageset.build.variables import has_expansion, substitute
 from stageset.kube.types import KubeObject
 
@@ -340,6 +341,13 @@ def render(prepared: Prepared, *, variables: Mapping[str, str] | None = None,
                                      keep_nodes=keep_nodes))
     if plan.units:
         inputs = {name: prepared.tree.files[name] for name in plan.inputs}
+        for name, content in inputs.items():
+            # kustomize's YAML parser has no depth or expansion limits of ours: check first.
+            if name.endswith(MANIFEST_SUFFIXES) or posixpath.basename(name) in KUSTOMIZATION_FILES:
+                if len(content) > limits.max_file_bytes:
+                    raise BuildError(f"{name}: {len(content)} bytes is more than the limit of "
+                                     f"{limits.max_file_bytes} bytes per file")
+                precheck(content.decode("utf-8", "replace"), where=name, limits=limits)
         text = kustomize_build(inputs, plan.units, limits=limits, binary=kustomize)
         built = _read_kustomize_output(text, limits=limits, budget=budget, keep_nodes=keep_nodes)
         if not built and not manifests:
