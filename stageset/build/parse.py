@@ -111,7 +111,7 @@ def _precheck_yaml(text: str, where: str, limits: BuildLimits, budget: StageBudg
     loader = Loader(text)
     try:
         while True:
-            event = cast(NodeEvent, loader.get_event())  # (not every event is a NodeEvent: see `kind`)
+            event = loader.get_event()
             if event is None:
                 break
             kind = type(event)
@@ -119,12 +119,13 @@ def _precheck_yaml(text: str, where: str, limits: BuildLimits, budget: StageBudg
                 nodes += 1
                 document_nodes += 1
                 expanded += 1
-                if event.anchor is not None:
-                    anchors[event.anchor] = 1
+                anchor = cast(NodeEvent, event).anchor
+                if anchor is not None:
+                    anchors[anchor] = 1
             elif kind is MappingStartEvent or kind is SequenceStartEvent:
                 nodes += 1
                 document_nodes += 1
-                open_nodes.append((event.anchor, expanded))
+                open_nodes.append((cast(NodeEvent, event).anchor, expanded))
                 expanded += 1
                 depth += 1
                 if depth > max_depth:
@@ -139,7 +140,7 @@ def _precheck_yaml(text: str, where: str, limits: BuildLimits, budget: StageBudg
             elif kind is AliasEvent:
                 nodes += 1
                 document_nodes += 1
-                expanded += anchors.get(event.anchor, 1)
+                expanded += anchors.get(cast(AliasEvent, event).anchor or "", 1)
                 aliases += 1
                 if aliases > limits.max_aliases:
                     raise BuildError(f"{where}: more than {limits.max_aliases} YAML aliases")
