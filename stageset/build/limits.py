@@ -23,7 +23,12 @@ global.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+from stageset.api import parse_duration
 
 MiB = 1024 * 1024
 
@@ -54,3 +59,37 @@ class BuildLimits:
     kustomize_memory_bytes: int = 256 * MiB
     """Heap the kustomize subprocess may use (``GOMEMLIMIT``; the memory it may map is
     capped at this plus the Go runtime's own 128 MiB).  Real builds use a few tens of MiB."""
+
+    @classmethod
+    def with_overrides(cls, overrides: Iterable[str], base: BuildLimits | None = None) -> BuildLimits:
+        """``base`` (the defaults) with ``NAME=VALUE`` overrides, as ``--build-limit`` takes them.
+
+        Sizes (``*_bytes``) take ``Ki``/``Mi``/``Gi`` suffixes, the timeout a duration
+        (``90s``, ``2m``), everything else an integer.  Raises ValueError naming the problem.
+        """
+        known = {f.name for f in fields(cls)}
+        changes: dict[str, Any] = {}
+        for override in overrides:
+            name, sep, raw = override.partition("=")
+            name, raw = name.strip().replace("-", "_"), raw.strip()
+            if not sep or name not in known:
+                raise ValueError(f"{override!r}: expected NAME=VALUE, NAME one of {', '.join(sorted(known))}")
+            try:
+                if name.endswith("_bytes"):
+                    match = _SIZE.fullmatch(raw)
+                    if not match:
+                        raise ValueError(raw)
+                    changes[name] = int(match.group(1)) * _UNITS[match.group(2) or ""]
+                elif name == "kustomize_timeout":
+                    changes[name] = parse_duration(raw).total_seconds() if not raw.isdigit() else float(raw)
+                else:
+                    changes[name] = int(raw)
+            except ValueError:
+                raise ValueError(f"{override!r}: {raw!r} is not a valid value for {name}") from None
+            if changes[name] <= 0:
+                raise ValueError(f"{override!r}: {name} must be positive")
+        return replace(base or cls(), **changes)
+
+
+_SIZE = re.compile(r"(\d+)(Ki|Mi|Gi)?")
+_UNITS = {"": 1, "Ki": 1024, "Mi": MiB, "Gi": 1024 * MiB}

@@ -15,6 +15,7 @@ from types import FrameType
 import click
 
 from stageset.api import parse_duration
+from stageset.build import BuildLimits
 from stageset.controller.manager import Manager
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ClientPool
@@ -80,13 +81,22 @@ def main() -> None:
               help="Development only: allow http:// and file:// Git URLs.")
 @click.option("--max-teardown-wait", default="5m", show_default=True,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
+@click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",
+              help="Override one limit of a stage's build, e.g. max_stage_objects=50000 "
+              "(see docs/layouts.md).")
 @click.option("--log-level", default="info", show_default=True)
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
                no_cross_namespace_refs: bool, workers: int, mirror_dir: str | None, mirror_max_size: str,
-               allow_insecure_sources: bool, max_teardown_wait: str, log_level: str) -> None:
+               allow_insecure_sources: bool, max_teardown_wait: str, build_limits: tuple[str, ...],
+               log_level: str) -> None:
     """Run the controller against a cluster."""
     _setup_logging(log_level)
+    try:
+        limits = BuildLimits.with_overrides(build_limits)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--build-limit") from None
     settings = ControllerSettings(
+        build_limits=limits,
         watch_namespaces=_namespaces(watch_namespaces),
         cluster_admin=cluster_admin,
         no_cross_namespace_refs=no_cross_namespace_refs,

@@ -90,3 +90,16 @@ def test_kustomizations_are_parsed_under_the_same_limits() -> None:
     deep = "resources: " + "[" * 6 + "]" * 6 + "\n"
     with pytest.raises(BuildError, match=r"kustomization\.yaml: document 1 is nested more than 5 levels"):
         build_stage({"kustomization.yaml": deep.encode()}, limits=SMALL)
+
+
+def test_limits_are_overridden_by_name_with_units() -> None:
+    limits = BuildLimits.with_overrides(["max_stage_objects=50000", "max-stage-bytes=64Mi",
+                                         "kustomize_timeout=2m", "kustomize_memory_bytes=1Gi"])
+    assert limits.max_stage_objects == 50_000
+    assert limits.max_stage_bytes == 64 * 1024 * 1024
+    assert limits.kustomize_timeout == 120.0
+    assert limits.kustomize_memory_bytes == 1024 ** 3
+    assert limits.max_depth == BuildLimits().max_depth
+    for bad in ("nope=1", "max_depth", "max_depth=deep", "max_file_bytes=1Ti", "max_depth=0"):
+        with pytest.raises(ValueError, match=bad.split("=")[0]):
+            BuildLimits.with_overrides([bad])
