@@ -5,10 +5,11 @@ level, so ~50,000 nested ``[`` in a 100 KB file overflow the C stack and kill th
 process (a segfault no ``try`` can catch); and it composes a whole document before any
 check could run, so a 4 MiB flow sequence costs ~900 MiB before being refused.  Here
 libyaml's *parser* runs first and yields one event at a time (no recursion, constant
-memory); depth, node, alias and document counts are checked on every event, and only a
-document stream that passed is composed — by the same C code, now known to be shallow
-and small.  Alias expansion is then checked on the composed graph (shared nodes are
-counted once there, so the check is linear).
+memory); depth, node, alias and document counts are checked on every event — nodes as
+they would be with every alias expanded, each anchor remembering the size of its node —
+and only a document stream that passed is composed, by the same C code, now known to be
+shallow and small.  (The composed graph's expansion is measured once more, as a second
+line of defence.)
 
 JSON is scanned the same way before ``json.loads``: strings are skipped by a linear
 regular expression, brackets and separators are counted (nodes) and nesting measured.

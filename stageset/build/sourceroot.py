@@ -39,6 +39,9 @@ what makes escaping impossible even through a path this module does not know abo
 
 from __future__ import annotations
 
+import bisect
+import hashlib
+import itertools
 import posixpath
 import re
 from collections import defaultdict
@@ -95,6 +98,7 @@ class SourceTree:
 
     def __init__(self, files: Mapping[str, bytes]):
         self.files = files
+        self._sorted = sorted(files)
         self._children: dict[str, list[str]] = defaultdict(list)
         self._dirs: set[str] = {""}
         for name in files:
@@ -117,8 +121,11 @@ class SourceTree:
 
     def under(self, directory: str) -> Iterator[str]:
         """Every file below ``directory`` (recursively), in sorted order."""
-        prefix = f"{directory}/" if directory else ""
-        return (name for name in sorted(self.files) if name.startswith(prefix))
+        if not directory:
+            return iter(self._sorted)
+        prefix = f"{directory}/"
+        start = bisect.bisect_left(self._sorted, prefix)
+        return itertools.takewhile(lambda name: name.startswith(prefix), self._sorted[start:])
 
     def kustomization(self, directory: str) -> str | None:
         """The kustomization file of ``directory``, if it has one."""
@@ -144,7 +151,6 @@ class Plan:
 
     def digest_material(self, tree: SourceTree) -> list[Any]:
         """Everything the build's result depends on, for a cache key (contents as SHA-256)."""
-        import hashlib
 
         def digest(name: str) -> str:
             return hashlib.sha256(tree.files[name]).hexdigest()
