@@ -269,8 +269,9 @@ def owners(*stagesets: dict[str, Any]) -> dict[tuple[str, str, str], str]:
     return found
 
 
-def writes_per_stage(events: list[dict[str, Any]], owned: dict[tuple[str, str, str], str]) -> dict[str, int]:
-    """Real writes (not dry runs, not status) to each stage's objects, by whoever made them."""
+def writes_per_stage(events: list[dict[str, Any]], owned: dict[tuple[str, str, str], str],
+                     writers: set[str] | None = None) -> dict[str, int]:
+    """Real writes (not dry runs, not status) to each stage's objects; ``writers`` collects who made them."""
     counts: dict[str, int] = {}
     for event in events:
         ref = event.get("objectRef") or {}
@@ -280,18 +281,34 @@ def writes_per_stage(events: list[dict[str, Any]], owned: dict[tuple[str, str, s
         stage = owned.get((ref.get("namespace", ""), ref.get("name", ""), ref.get("apiGroup", "")))
         if stage is not None:
             counts[stage] = counts.get(stage, 0) + 1
+            if writers is not None:
+                writers.add(str((event.get("impersonatedUser") or event.get("user") or {}).get("username")))
     return counts
 
 
-def change_and_count(deployed: Deployed, files: dict[str, str | None]) -> dict[str, int]:
-    """Commit ``files``, wait until every stage is applied at the new commit; writes per stage."""
+def change_and_count(deployed: Deployed, files: dict[str, str | None], mode: Mode) -> dict[str, int]:
+    """Commit ``files``, wait until every stage is applied at the new commit; writes per stage.
+
+    In multi-tenant mode every write must have been made as a ServiceAccount the StageSet
+    names, never as the controller itself.
+    """
     before = deployed.get()
     assert len(deployed.control_plane.audit_events()) > 0, "the audit log records requests"
     seen = len(deployed.control_plane.audit_events())
     commit = deployed.commit(files)
     after = deployed.wait_ready(commit)
     time.sleep(1)  # let the audit log catch up with the last requests
-    return writes_per_stage(deployed.control_plane.audit_events()[seen:], owners(before, after))
+    later = deployed.control_plane.audit_events()[seen:]
+    assert any(e.get("verb") == "patch" and "dryRun=All" in e.get("requestURI", "") for e in later), \
+        "the pass at the new commit did run its dry runs"
+    writers: set[str] = set()
+    counts = writes_per_stage(later, owners(before, after), writers)
+    if mode.tenants:
+        assert mode.controller_user not in writers
+        assert all(w.startswith(f"system:serviceaccount:{deployed.namespace}:") for w in writers), writers
+    else:
+        assert writers <= {mode.controller_user}, writers
+    return counts
 
 
 TenantFactory = Callable[..., Tenant]
@@ -331,16 +348,16 @@ def test_multitier_app_with_three_overlays_and_a_shared_base(
     # A base every overlay uses: every stage re-applies.
     base = layout_files("multitier", p)["deploy/bases/backend/deployment.yaml"]
     writes = change_and_count(deployed, {
-        "deploy/bases/backend/deployment.yaml": base.replace("value: cache", "value: cache-primary")})
+        "deploy/bases/backend/deployment.yaml": base.replace("value: cache", "value: cache-primary")}, mode)
     assert set(writes) == {"dev", "staging", "production"}, writes
     # A file only the dev overlay reads: only dev re-applies (a new hashed ConfigMap, the
     # Deployment that names it, the old ConfigMap pruned).
     writes = change_and_count(deployed, {"deploy/overlays/dev/config/backend.properties":
-                                         "LOG_LEVEL=trace\nFEATURE_RECOMMENDATIONS=true\n"})
+                                         "LOG_LEVEL=trace\nFEATURE_RECOMMENDATIONS=true\n"}, mode)
     assert set(writes) == {"dev"}, writes
     assert writes["dev"] >= 3, writes
     # Something no stage reads: nothing is written.
-    assert change_and_count(deployed, {"README.md": "# shop, edited\n"}) == {}
+    assert change_and_count(deployed, {"README.md": "# shop, edited\n"}, mode) == {}
 
 
 def test_flux_style_monorepo_infrastructure_before_apps(
@@ -373,17 +390,17 @@ def test_flux_style_monorepo_infrastructure_before_apps(
     # The shared app base: only the apps stage re-applies; infrastructure is not touched.
     base = layout_files("monorepo", p)["apps/base/podinfo/deployment.yaml"]
     writes = change_and_count(deployed, {"apps/base/podinfo/deployment.yaml":
-                                         base.replace("podinfo:6.7.0", "podinfo:6.7.1")})
+                                         base.replace("podinfo:6.7.0", "podinfo:6.7.1")}, mode)
     assert set(writes) == {"apps"}, writes
     podinfo = installed.get(f"/apis/apps/v1/namespaces/{p}-podinfo/deployments/podinfo")
     assert podinfo["spec"]["template"]["spec"]["containers"][0]["image"].endswith("podinfo:6.7.1")
     # Infrastructure configuration: only its stage.
     widget_file = layout_files("monorepo", p)["infrastructure/configs/default-widget.yaml"]
     writes = change_and_count(deployed, {"infrastructure/configs/default-widget.yaml":
-                                         widget_file.replace("size: 3", "size: 5")})
+                                         widget_file.replace("size: 3", "size: 5")}, mode)
     assert set(writes) == {"infra-configs"}, writes
     # The other cluster's overlay: nothing here reads it.
-    assert change_and_count(deployed, {"apps/production/podinfo-patch.yaml": "# moved away\n"}) == {}
+    assert change_and_count(deployed, {"apps/production/podinfo-patch.yaml": "# moved away\n"}, mode) == {}
 
 
 def test_plain_manifests_among_readme_scripts_and_ci_files(
@@ -442,5 +459,5 @@ def test_kustomize_components_per_edition(
     # A component only one edition uses: only that stage re-applies.
     debug = layout_files("components", p)["components/debug/kustomization.yaml"]
     writes = change_and_count(deployed, {"components/debug/kustomization.yaml":
-                                         debug.replace("THEME=dark", "THEME=contrast")})
+                                         debug.replace("THEME=dark", "THEME=contrast")}, mode)
     assert set(writes) == {"dev"}, writes
