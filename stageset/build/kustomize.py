@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import io
 import os
@@ -102,6 +103,7 @@ def cached_binary() -> Path:
     return cache_root() / "tools" / f"kustomize-{KUSTOMIZE_VERSION}" / "kustomize"
 
 
+@functools.cache
 def _builder_sources_digest() -> str:
     """A digest of the wrapper module's files, so an edited builder gets a new cache slot."""
     digest = hashlib.sha256()
