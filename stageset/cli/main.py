@@ -15,6 +15,7 @@ import click
 from kubernetes.utils import parse_quantity
 
 from stageset.api import duration_seconds
+from stageset.build import BuildLimits
 from stageset.cli import process
 from stageset.controller.manager import Manager
 from stageset.controller.redact import install_log_filter
@@ -104,6 +105,9 @@ def main() -> None:
               help="Development only: allow http:// and file:// Git URLs.")
 @click.option("--max-teardown-wait", default="5m", show_default=True,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
+@click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",
+              help="Override one limit of a stage's build, e.g. max_stage_objects=50000 "
+              "(see docs/layouts.md).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]))
@@ -111,14 +115,19 @@ def main() -> None:
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
                no_cross_namespace_refs: bool, workers: int, source_workers: int,
                max_workers_per_namespace: int, mirror_dir: str | None, mirror_max_size: str,
-               allow_insecure_sources: bool, max_teardown_wait: str, log_level: str, log_format: str,
-               lifecycle: process.LifecycleSettings) -> None:
+               allow_insecure_sources: bool, max_teardown_wait: str, build_limits: tuple[str, ...],
+               log_level: str, log_format: str, lifecycle: process.LifecycleSettings) -> None:
     """Run the controller against a cluster."""
     early_stop = process.stop_on_signals()
     _setup_logging(log_level)
     if log_format == "json":
         process.use_json_logs()
+    try:
+        limits = BuildLimits.with_overrides(build_limits)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--build-limit") from None
     settings = ControllerSettings(
+        build_limits=limits,
         watch_namespaces=_namespaces(watch_namespaces),
         cluster_admin=cluster_admin,
         no_cross_namespace_refs=no_cross_namespace_refs,
