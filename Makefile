@@ -1,7 +1,7 @@
 # The two commands a new machine needs (both install everything they use):
 #   make run    the main job: the controller reconciling examples/ on a local control plane
 #   make test   the whole test suite, linters and contracts included (what CI runs)
-.PHONY: run demo-change test lint crds docs bench
+.PHONY: run demo-change test lint crds docs bench image helm
 
 
 run:
@@ -22,8 +22,18 @@ lint:
 crds:
 	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m stageset.api.crd
 
-# The generated docs pages (API, CLI, runbook index, Helm values) and the site, built offline
-# into site/ (mkdocs --strict: a broken link or anchor fails).  `make test` checks both.
+# The controller image as an OCI archive (daemonless: mmdebstrap + umoci, needs root); with a
+# container engine use the Containerfile instead.  Prints the archive's path.
+image:
+	@uv=$$(./hack/bootstrap.sh) && UV=$$uv $$uv run --frozen python -m stageset.envtest.image --summary
+
+# helm built from the Go module proxy into ~/.cache/stageset (prints its path).
+helm:
+	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m stageset.envtest.helm
+
+# The generated docs pages (API, CLI, runbook index, Helm values from values.schema.json) and the
+# site, built offline into site/ (mkdocs --strict: a broken link or anchor fails).  `make test`
+# checks both.
 docs:
 	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m stageset.envtest.docs && \
 		$$uv run --frozen mkdocs build --strict --site-dir site

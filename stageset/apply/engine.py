@@ -87,9 +87,9 @@ class Preview:
     """What applying a stage would do (:meth:`StageApplier.preview`)."""
 
     objects: list[AppliedObject]
-    unserved: list[KubeObject]
-    """Manifests whose kind the cluster does not serve yet (their CRD is in the same stage):
-    they would be created once it is established, and cannot be dry-run before."""
+    pending: list[KubeObject]
+    """Manifests that cannot be dry-run before an earlier phase of the stage is written (their
+    kind's CRD, or their Namespace, is in the same stage): they would be created then."""
 
     @property
     def changes(self) -> ChangeSet:
@@ -176,10 +176,14 @@ class StageApplier:
                 future.result()
 
     def _preview(self, client: KubeClient, items: list[AppliedObject], *, force: bool,
-                 previous: Mapping[ObjectId, InventoryEntry], read_live: bool = False) -> None:
+                 previous: Mapping[ObjectId, InventoryEntry], created: frozenset[str] = frozenset(),
+                 read_live: bool = False) -> list[AppliedObject]:
         """Dry-run each object's apply (and read the live one if we applied it before, or
-        ``read_live``); raise on the first kind of failure."""
+        ``read_live``); raise on the first kind of failure.  Returns the objects that could not
+        be dry-run because their namespace is one of ``created`` (Namespaces of this very stage,
+        not written yet): they are previewed again in their phase, once it exists."""
         failures: list[StageError] = []
+        deferred: list[AppliedObject] = []
         lock = threading.Lock()
 
         def preview(item: AppliedObject) -> None:
@@ -200,6 +204,11 @@ class StageApplier:
                 if force and _is_immutable_error(error):
                     item.action = Action.RECREATED
                     return
+                details = error.body.get("details") or {}
+                if error.not_found and details.get("kind") == "namespaces" and details.get("name") in created:
+                    with lock:
+                        deferred.append(item)
+                    return
                 with lock:
                     failures.append(_error_for(item, error, client.identity.describe()))
 
@@ -209,6 +218,7 @@ class StageApplier:
             first = (denied or failures)[0]
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise StageError(first.reason, first.message + more)
+        return deferred
 
     def _delete_and_wait(self, client: KubeClient, item: AppliedObject) -> None:
         try:
@@ -281,7 +291,11 @@ class StageApplier:
         previous = previous or {}
         labelled = [label_object(obj, owner) for obj in objects]
         bound = [self._bind(obj, default_namespace) for obj in labelled]
-        self._preview(client, [b for b in bound if b is not None], force=force, previous=previous)
+        created = frozenset(str(o["metadata"]["name"]) for o in labelled
+                            if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1")
+        previewed = [b for b in bound if b is not None]
+        deferred = {id(item) for item in self._preview(client, previewed, force=force, previous=previous,
+                                                        created=created)}
         result = StageResult()
         bound_by_object = {id(obj): item for obj, item in zip(labelled, bound, strict=True)}
         for phase in phases(labelled):
@@ -296,6 +310,8 @@ class StageApplier:
                         raise StageError(Reason.STAGE_FAILED, f"{describe(obj)}: the cluster serves no "
                                          f"kind {obj.get('kind')} in {obj.get('apiVersion')}")
                     late.append(item)
+                elif id(item) in deferred:
+                    late.append(item)  # its namespace is written by an earlier phase of this stage
                 items.append(item)
             self._preview(client, late, force=force, previous=previous)
             self._write(client, items, previous)
@@ -314,8 +330,13 @@ class StageApplier:
         :meth:`apply` does (a denial fails the whole stage)."""
         labelled = [label_object(obj, owner) for obj in objects]
         bound = [(obj, self._bind(obj, default_namespace)) for obj in labelled]
-        items = [item for _, item in bound if item is not None]
-        self._preview(client, items, force=force, previous={}, read_live=True)
+        created = frozenset(str(o["metadata"]["name"]) for o in labelled
+                            if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1")
+        deferred = {id(item) for item in self._preview(
+            client, [item for _, item in bound if item is not None], force=force, previous={},
+            created=created, read_live=True)}
+        items = [item for _, item in bound if item is not None and id(item) not in deferred]
+        pending = [obj for obj, item in bound if item is None or id(item) in deferred]
         for item in items:
             if item.action is Action.RECREATED:
                 continue
@@ -325,7 +346,7 @@ class StageApplier:
                 item.action = Action.UNCHANGED
             else:
                 item.action = Action.CONFIGURED
-        return Preview(objects=items, unserved=[obj for obj, item in bound if item is None])
+        return Preview(objects=items, pending=pending)
 
     def wait_ready(self, *, client: KubeClient, applied: list[AppliedObject], timeout: float,
                    stop: threading.Event) -> Readiness:

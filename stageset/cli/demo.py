@@ -36,6 +36,7 @@ import yaml
 from stageset.api.crd import KINDS, custom_resource_definition
 from stageset.api.vocabulary import ConditionStatus, Reason
 from stageset.build.kustomize import cache_root
+from stageset.cli.process import LifecycleSettings, make_lifecycle
 from stageset.cli.session import CliError
 from stageset.controller.conditions import READY, find_condition
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS, Manager
@@ -163,7 +164,8 @@ def _on_signals(stop: threading.Event) -> None:
     signal.signal(signal.SIGTERM, interrupt)
 
 
-def run_demo(*, examples: Path, once: bool, stop: threading.Event, settings: ControllerSettings) -> int:
+def run_demo(*, examples: Path, once: bool, stop: threading.Event, settings: ControllerSettings,
+             lifecycle: LifecycleSettings | None = None) -> int:
     if not build.assets_dir().exists():
         _say("building etcd and kube-apiserver from the Go module proxy (first run only, a few minutes)")
     assets = build.ensure_assets()
@@ -186,7 +188,8 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event, settings: Con
             admin, url=plane.url, ca=plane.pki.ca_cert, path=plane.workdir / "controller.kubeconfig")
         controller_clients = ClientPool.from_kubeconfig(str(controller_config))
         manager = Manager(clients=controller_clients, settings=dataclasses.replace(
-            settings, allow_insecure_sources=True, mirror_dir=plane.workdir / "mirrors"))
+            settings, allow_insecure_sources=True, mirror_dir=plane.workdir / "mirrors"),
+            lifecycle=None if lifecycle is None else make_lifecycle(lifecycle, controller_clients))
         _on_signals(stop)
         controller = threading.Thread(target=manager.run, name="controller", daemon=True)
         controller.start()
@@ -239,27 +242,18 @@ def ensure_crds(admin: KubeClient, *, timeout: float = 60.0) -> list[str]:
     return [kind.crd_name for kind in missing]
 
 
-def run_against(*, kubeconfig: Path, settings: ControllerSettings, stop: threading.Event) -> int:
-    """The controller against ``kubeconfig``'s cluster, in the foreground."""
+def prepare_cluster(*, kubeconfig: Path, cluster_admin: bool) -> None:
+    """Before ``stageset controller`` runs against ``kubeconfig``: the CRDs, and what to run next."""
     clients = ClientPool.from_kubeconfig(str(kubeconfig))
     try:
         installed = ensure_crds(clients.client())
         _say(f"installed the CRDs: {', '.join(installed)}" if installed else "the CRDs are installed")
-        mode = "cluster-admin (single-tenant)" if settings.cluster_admin else "multi-tenant"
+        mode = "cluster-admin (single-tenant)" if cluster_admin else "multi-tenant"
         _say(f"running the controller in {mode} mode against {clients.client().server}")
-        click.echo(look_around(kubeconfig=kubeconfig.resolve(), namespace="<namespace>", name="<name>",
-                               demo=False))
-        manager = Manager(clients=clients, settings=settings)
-        _on_signals(stop)
-        controller = threading.Thread(target=manager.run, name="controller", daemon=True)
-        controller.start()
-        while not stop.wait(0.5) and controller.is_alive():
-            pass
-        manager.stop.set()
-        controller.join(timeout=30)
     finally:
         clients.close()
-    return 0
+    click.echo(look_around(kubeconfig=kubeconfig.resolve(), namespace="<namespace>", name="<name>",
+                           demo=False))
 
 
 # -- make demo-change -----------------------------------------------------------------------------

@@ -10,6 +10,7 @@ modules and are registered here.  Exit codes: 0 ok, 1 differences (``diff``), 2 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import json
 import logging
 import os
@@ -24,6 +25,8 @@ from typing import Any
 import click
 
 from stageset.api.crd import KINDS, custom_resource_definition, render
+from stageset.build import BuildLimits
+from stageset.cli import process
 from stageset.cli.inspect import events, get, graph, tree
 from stageset.cli.params import (
     BASE_URL,
@@ -55,14 +58,16 @@ def _setup_logging(level: str) -> None:
     logging.getLogger("dulwich").setLevel(logging.WARNING)
 
 
-def run_controller(manager: Manager) -> None:
-    """Run ``manager`` in the foreground until SIGINT/SIGTERM."""
+def run_controller(manager: Manager, *, early_stop: threading.Event | None = None) -> None:
+    """Run ``manager`` in the foreground until SIGINT/SIGTERM (or one received earlier: ``early_stop``)."""
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
         manager.stop.set()
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    if early_stop is not None and early_stop.is_set():
+        manager.stop.set()
     manager.run()
 
 
@@ -80,9 +85,14 @@ def main() -> None:
 def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = True) -> ControllerSettings:
     """The controller's settings from its flags (``controller``, and ``run``'s pass-through);
     without ``--mirror-dir``, a fresh temporary directory (``temporary_mirrors``) or the default."""
+    try:
+        limits = BuildLimits.with_overrides(params.get("build_limits") or ())
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--build-limit") from None
     mirror_dir = params.get("mirror_dir") or (tempfile.mkdtemp(prefix="stageset-mirrors-")
                                               if temporary_mirrors else None)
     settings = ControllerSettings(
+        build_limits=limits,
         watch_namespaces=params.get("watch_namespaces"),
         cluster_admin=bool(params.get("cluster_admin")),
         no_cross_namespace_refs=bool(params.get("no_cross_namespace_refs")),
@@ -120,20 +130,33 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
               help="Development only: allow http:// and file:// Git URLs.")
 @click.option("--max-teardown-wait", default="5m", show_default=True, type=DURATION,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
+@click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",
+              help="Override one limit of a stage's build, e.g. max_stage_objects=50000 "
+              "(see docs/layouts.md).")
 @click.option("--runbook-base-url", default=DEFAULT_RUNBOOK_BASE_URL, show_default=True, type=BASE_URL,
               envvar="STAGESET_RUNBOOK_BASE_URL",
               help="Non-ready condition messages end with <this>/<reason>/; empty: no links.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
-def controller(kubeconfig: str | None, log_level: str, **params: Any) -> None:
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]))
+@process.lifecycle_options
+def controller(kubeconfig: str | None, log_level: str, log_format: str, lifecycle: process.LifecycleSettings,
+               **params: Any) -> None:
     """Run the controller against a cluster."""
+    early_stop = process.stop_on_signals()
     _setup_logging(log_level)
+    if log_format == "json":
+        process.use_json_logs()
     settings = controller_settings(params)
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:
-        run_controller(Manager(clients=clients, settings=settings))
+        run_controller(Manager(clients=clients, settings=settings,
+                               lifecycle=process.make_lifecycle(lifecycle, clients)), early_stop=early_stop)
     finally:
         clients.close()
+
+
+_LIFECYCLE = tuple(inspect.signature(process.lifecycle_settings).parameters)
 
 
 @main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
@@ -154,16 +177,21 @@ def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: 
     from stageset.cli import demo
 
     passed = [*(["--kubeconfig", kubeconfig] if kubeconfig else []), *ctx.args]
-    params = controller.make_context("stageset run", passed, parent=ctx).params
+    # Parsed (and refused, exit 2) exactly as `stageset controller` parses them.
+    params = controller.make_context("stageset run", list(passed), parent=ctx).params
+    if kubeconfig:
+        demo.prepare_cluster(kubeconfig=Path(kubeconfig), cluster_admin=bool(params.get("cluster_admin")))
+        controller.main(args=passed, prog_name="stageset run", standalone_mode=False)
+        return
     params.pop("kubeconfig", None)
+    params.pop("log_format", None)
     level = str(params.pop("log_level", None) or "warning")
     _setup_logging(os.environ.get("STAGESET_LOG_LEVEL", level if "--log-level" in ctx.args else "warning"))
-    if kubeconfig:
-        sys.exit(demo.run_against(kubeconfig=Path(kubeconfig), settings=controller_settings(params),
-                                  stop=threading.Event()))
+    lifecycle = process.lifecycle_settings(**{name: params.pop(name) for name in _LIFECYCLE})
     directory = Path(examples) if examples else Path(__file__).resolve().parents[2] / "examples"
     sys.exit(demo.run_demo(examples=directory, once=once, stop=threading.Event(),
-                           settings=controller_settings(params, temporary_mirrors=False)))
+                           settings=controller_settings(params, temporary_mirrors=False),
+                           lifecycle=lifecycle))
 
 
 @main.command("crds")

@@ -240,15 +240,15 @@ class Differ:
             if item.action is Action.RECREATED:
                 note = "an immutable field changed: deleted and created again (force: true)"
             result.objects.append(ObjectDiff(object=name, action=item.action.value, diff=text, note=note))
-        for manifest in preview.unserved:
+        for manifest in preview.pending:
             name = describe(manifest).replace(" ", "/")
             result.objects.append(ObjectDiff(
                 object=name, action=Action.CREATED.value, diff=unified(name, None, manifest, redact=redact),
-                note="its kind is not served yet (its CRD is applied first): not dry-run"))
+                note="its CRD or Namespace is created by this stage first: not dry-run"))
         account = POLICY.stage_account(self._stageset, stage)
         entries = [o.entry() for o in preview.objects] + [
             entry(identify(m, self._namespace, target), version=str(m.get("apiVersion")),
-                  digest=manifest_hash(m)) for m in preview.unserved]
+                  digest=manifest_hash(m)) for m in preview.pending]
         return result, stage_inventory(stage.name, account, entries)
 
     def prune(self, target: Target, live: KubeObject | None, fresh: dict[str, StageInventory]

@@ -27,7 +27,6 @@ and so are values substituted from ``substituteFrom`` Secrets wherever they land
 from __future__ import annotations
 
 import os
-import posixpath
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -59,23 +58,9 @@ _LOCAL_LIMIT = 256 * 2**20
 
 def build_objects(root: Mapping[str, bytes], *, path: str, variables: Mapping[str, str] | None
                   ) -> list[KubeObject]:
-    """The CLI's one call into the build package: the stage at ``path`` of the source root ``root``.
-
-    The build package takes the stage path's subtree today; once builds load from the whole
-    source root this becomes ``build_stage(root, path=path, variables=variables)``.
-    """
-    return build_stage(subtree(root, path), path=path, variables=variables)
-
-
-def subtree(root: Mapping[str, bytes], path: str) -> dict[str, bytes]:
-    """The files under ``path`` (``./app``, ``app/``, ``/app``), relative to it."""
-    prefix = posixpath.normpath("/" + path.strip()).lstrip("/")
-    if prefix in ("", "."):
-        return dict(root)
-    found = {name[len(prefix) + 1:]: data for name, data in root.items() if name.startswith(prefix + "/")}
-    if not found:
-        raise CliError(f"path {path!r} does not exist in the source")
-    return found
+    """The CLI's one call into the build package: the stage at ``path`` of the source root ``root``
+    (kustomize may load anything within the root, as the controller's builds do)."""
+    return build_stage(root, path=path, variables=variables)
 
 
 def read_directory(root: Path) -> dict[str, bytes]:

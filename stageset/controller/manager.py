@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from sources import Limits, MirrorStore, UrlPolicy
@@ -23,6 +24,7 @@ from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
 from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
+from stageset.controller.health import Lifecycle
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.queue import Backoff, WorkQueue
 from stageset.controller.redact import REGISTRY
@@ -64,10 +66,13 @@ def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
 
 class Manager:
     def __init__(self, *, clients: ClientPool, settings: ControllerSettings, store: Store | None = None,
-                 clock: Clock = system_clock):
+                 clock: Clock = system_clock,
+                 lifecycle: Callable[[threading.Event], Lifecycle] | None = None):
         self._clients = clients
         self._settings = settings
         self.stop = threading.Event()
+        # Probes, start-up waits and leader election (controller/health.py); None: none of them.
+        self.lifecycle = lifecycle(self.stop) if lifecycle else None
         # Separate pools for sources and StageSets, each capped per namespace: slow Git servers
         # cannot hold up applying, and one tenant cannot hold every worker of a pool.
         backoff = Backoff(base=settings.backoff_base, cap=settings.backoff_cap)
@@ -115,7 +120,6 @@ class Manager:
                 ref = (key[1], key[2])
                 if event == "DELETED":
                     self._index.remove(ref)
-                    REGISTRY.drop(key)
                 else:
                     self._index.update(ref, self._dependencies(key[1], obj))
             with self._lock:
@@ -123,6 +127,7 @@ class Manager:
                 if event == "DELETED":
                     self._objects.pop(key, None)
                     self._seen.pop(key, None)
+                    REGISTRY.drop(key)  # its Secret values leave the log filter with it
                     now: tuple[tuple[Any, Any, bool], bool] | None = None
                 else:
                     self._objects[key] = obj
@@ -210,9 +215,18 @@ class Manager:
 
     def run(self) -> None:
         """Run until :attr:`stop` is set."""
+        if self.lifecycle:
+            self.lifecycle.start()
         for reflector in self._reflectors:
             reflector.start()
-        if not wait_synced(self._reflectors, timeout=60):
+        if self.lifecycle:
+            # Caches synced, then the Lease held; returns False at once when stopped meanwhile.
+            if not self.lifecycle.before_workers([r.synced for r in self._reflectors]):
+                for queue, _ in self._pools.values():
+                    queue.shutdown()
+                self.lifecycle.after_workers()
+                return
+        elif not wait_synced(self._reflectors, timeout=60):
             log.warning("caches not synced after 60s; starting workers anyway")
         workers = [threading.Thread(target=self._work, args=(queue,), name=f"{kind.lower()}-worker-{i}",
                                     daemon=True)
@@ -227,5 +241,9 @@ class Manager:
         self.stop.wait()
         for queue, _ in self._pools.values():
             queue.shutdown()
+        # One deadline for all workers: in-flight passes finish or are abandoned within it.
+        deadline = time.monotonic() + self._settings.shutdown_timeout
         for worker in workers:
-            worker.join(timeout=30)
+            worker.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self.lifecycle:
+            self.lifecycle.after_workers()

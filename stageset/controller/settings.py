@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from stageset.apply.settings import ApplySettings
+from stageset.build import BuildLimits
 
 # Where each condition reason's runbook lives: ``<base>/<reason in lower case>/`` (the docs site's
 # runbooks/ section, built by ``make docs``).  Operators who host the docs elsewhere set
@@ -44,6 +45,10 @@ class ControllerSettings:
     readiness_requeue: float = 1.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway.
     max_teardown_wait: float = 300.0
+    # What one stage's build may read, parse and produce (depth, nodes, bytes, objects, time).
+    build_limits: BuildLimits = field(default_factory=BuildLimits)
+    # On stop, in-flight reconciles get this long (all workers together) to finish or give up.
+    shutdown_timeout: float = 10.0
     # A reconcile that fails is retried after backoff_base seconds, doubling up to backoff_cap.
     backoff_base: float = 0.5
     backoff_cap: float = 300.0
