@@ -305,6 +305,8 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
     sources = SourceDirs.parse(source_dirs)
     stageset, live = _load(session, name, file)
     if file is not None and live is None:
+        # The live StageSet of the file's namespace (its inventory is what prune would act on).
+        session.namespace_flag = str(stageset.metadata["namespace"])
         try:
             live = read_stageset(session, str(stageset.metadata["name"]))
         except CliError:

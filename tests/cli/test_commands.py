@@ -156,7 +156,7 @@ def test_get_lists_stagesets_and_one_in_detail(shop: Shop) -> None:
     assert one.stdout.startswith(f"StageSet {shop.namespace}/shop: Ready=True (Succeeded)")
     lines = one.stdout.splitlines()
     header = next(i for i, line in enumerate(lines) if line.startswith("STAGE "))
-    phases = {line.split()[0]: line.split()[1] for line in lines[header + 1:] if line.strip()}
+    phases = {line.split()[0]: line.split()[1] for line in lines[header + 1 :] if line.strip()}
     assert phases == {"config": "Ready", "backend": "Ready", "frontend": "Ready"}
 
     every = shop.cli("get", "-A")
@@ -290,6 +290,27 @@ def test_diff_of_local_changes_shows_them_and_the_prune_with_secrets_masked(
     # Nothing was written: the live objects are as before.
     live = shop.admin.get(f"/api/v1/namespaces/{shop.namespace}/configmaps/settings")
     assert live["data"] == {"currency": "EUR"}
+
+
+def test_diff_of_a_changed_stageset_file(shop: Shop, tmp_path: Path) -> None:
+    live = shop.get()
+    spec = {**live["spec"], "stages": [s for s in live["spec"]["stages"] if s["name"] != "frontend"]}
+    path = tmp_path / "stageset.yaml"
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "stages.metio.wtf/v1",
+                "kind": "StageSet",
+                "metadata": {"name": "shop", "namespace": shop.namespace},
+                "spec": spec,
+            }
+        )
+    )
+    result = shop.cli("diff", "-f", str(path))  # no -n: the file's namespace
+    assert result.exit_code == 1, result.output
+    assert f"--- live/Service/{shop.namespace}/web\n+++ /dev/null" in result.stdout
+    assert "stage frontend no longer renders it" in result.stdout
+    assert "stage frontend" not in result.stderr  # the file has no such stage any more
 
 
 def test_diff_reports_what_the_tenant_may_not_apply(shop: Shop, tmp_path: Path) -> None:
