@@ -187,6 +187,8 @@ def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: 
     params.pop("log_format", None)
     level = str(params.pop("log_level", None) or "warning")
     _setup_logging(os.environ.get("STAGESET_LOG_LEVEL", level if "--log-level" in ctx.args else "warning"))
+    # The demo's Git server does not do partial clones; dulwich's note about it is not for a new user.
+    logging.getLogger("dulwich").setLevel(logging.ERROR)
     lifecycle = process.lifecycle_settings(**{name: params.pop(name) for name in _LIFECYCLE})
     directory = Path(examples) if examples else Path(__file__).resolve().parents[2] / "examples"
     sys.exit(demo.run_demo(examples=directory, once=once, stop=threading.Event(),

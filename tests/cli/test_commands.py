@@ -186,6 +186,17 @@ def test_the_namespace_comes_from_the_context(
     assert f"StageSet {shop.namespace}/nothing-here not found" in missing.stderr
 
 
+def test_the_kubeconfig_falls_back_to_the_home_directory(
+    shop: Shop, tmp_path: Path, control_plane: ControlPlane
+) -> None:
+    (tmp_path / ".kube").mkdir()
+    (tmp_path / ".kube" / "config").write_text(control_plane.kubeconfig.read_text())
+    env = {"HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "missing")}
+    result = run_cli("get", "shop", "-n", shop.namespace, env=env)  # $KUBECONFIG names no file
+    assert result.exit_code == 0, result.output
+    assert result.stdout.startswith(f"StageSet {shop.namespace}/shop: Ready=True")
+
+
 def test_tree_shows_stages_and_objects_with_readiness(shop: Shop) -> None:
     result = shop.cli("tree", "shop", "-n", shop.namespace)
     assert result.exit_code == 0, result.output
