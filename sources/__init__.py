@@ -32,10 +32,10 @@ from sources.errors import (
     UnsafePathError,
     UrlPolicyError,
 )
+from sources.limits import Limits
 from sources.mirror import MirrorStore, Snapshot
 from sources.refs import RefSelector
 from sources.revision import format_revision, parse_revision
-from sources.tree import Limits
 from sources.urls import UrlPolicy
 
 __all__ = [
