@@ -92,7 +92,7 @@ from dulwich.refs import Ref
 from dulwich.repo import Repo
 
 from sources.credentials import Credentials
-from sources.errors import GitOperationError, NotFetchedError, RefNotFoundError
+from sources.errors import GitOperationError, NotFetchedError, RefNotFoundError, UrlPolicyError
 from sources.limits import Limits
 from sources.refs import PEELED_SUFFIX, RefSelector, Resolution, resolve, valid_ref_name
 from sources.revision import format_revision
@@ -291,7 +291,10 @@ class MirrorStore:
     def is_served(self, url: str, *, commit: str, consumer: str) -> bool:
         """Whether ``commit`` of ``url`` was served to ``consumer`` by :meth:`fetch` (and the
         mirror still holds it)."""
-        remote_url = parse_url(url, self._policy)
+        try:
+            remote_url = parse_url(url, self._policy)
+        except UrlPolicyError:
+            return False  # never fetched, so never served
         path = self._path_for(remote_url) / SERVED_DIR / _consumer_file(consumer)
         try:
             served = path.read_text().split()

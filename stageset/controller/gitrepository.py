@@ -6,6 +6,10 @@ has no Secret read and so fails closed).  Status is written as the controller.
 
 When the remote is down or the ref vanishes, the last artifact stays in status and
 in the mirror: StageSets keep applying what they last had.
+
+Each commit is served to this GitRepository (by uid) only after the mirror proved it
+readable with this GitRepository's own credentials, and StageSets read only commits served
+to the GitRepository they name (:func:`artifact_consumer`; see :mod:`sources.mirror`).
 """
 
 from __future__ import annotations
@@ -39,6 +43,12 @@ _REASONS: list[tuple[type[Exception], str]] = [
     (source_errors.UrlPolicyError, "InvalidURL"),
     (source_errors.UnsafePathError, "UnsafePath"),
 ]
+
+
+def artifact_consumer(metadata: dict[str, Any]) -> str:
+    """Who a GitRepository's commits are served to in the shared mirror: this object (by
+    uid), so a reader can only read what this GitRepository itself was served."""
+    return f"{metadata['namespace']}/{metadata['name']}/{metadata.get('uid', '')}"
 
 
 def _reason(error: SourceError) -> str:
@@ -104,7 +114,8 @@ class GitRepositoryReconciler:
                                    commit=ref.commit) if ref else RefSelector()
             credentials = self._credentials(repo, namespace)
             snapshot = self._store.fetch(repo.spec.url, ref=selector, credentials=credentials,
-                                         timeout=parse_duration(repo.spec.timeout).total_seconds())
+                                         timeout=parse_duration(repo.spec.timeout).total_seconds(),
+                                         consumer=artifact_consumer(metadata))
         except ApiError as error:
             reason = "RBACDenied" if error.forbidden else "SecretNotFound" if error.not_found else "Failed"
             secret = repo.spec.secret_ref.name if repo.spec.secret_ref else ""

@@ -15,7 +15,7 @@ import threading
 import time
 from typing import Any
 
-from sources import Limits, MirrorStore, UrlPolicy
+from sources import MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
 from stageset.apply.engine import StageApplier
 from stageset.controller.conditions import ready_at_generation
@@ -57,8 +57,8 @@ class Manager:
         self._seen: dict[Key, tuple[tuple[Any, Any, bool], bool]] = {}
         admin = clients.client()
         policy = UrlPolicy(allow_http=settings.allow_insecure_sources,
-                           allow_file=settings.allow_insecure_sources)
-        self._store = MirrorStore(root=settings.mirror_dir, policy=policy, limits=Limits(),
+                           allow_file=settings.allow_local_sources)
+        self._store = MirrorStore(root=settings.mirror_dir, policy=policy, limits=settings.source_limits,
                                   max_bytes=settings.mirror_max_bytes)
         self._git = GitRepositoryReconciler(clients=clients, store=self._store,
                                             resource=GITREPOSITORIES, on_revision=self._revision_changed)

@@ -47,6 +47,7 @@ from stageset.controller.conditions import READY as READY_CONDITION
 from stageset.controller.conditions import now, ready_at_generation
 from stageset.controller.dependencies import DependencyIndex, describe
 from stageset.controller.events import WARNING, EventRecorder
+from stageset.controller.gitrepository import artifact_consumer
 from stageset.controller.ordering import OrderingError, StageNode, ready_to_start, stage_graph
 from stageset.controller.rendercache import RenderCache, render_key
 from stageset.controller.settings import ControllerSettings
@@ -215,7 +216,12 @@ class StageSetReconciler:
             raise StageError("SourceNotReady", f"stage {stage.name!r}: GitRepository "
                              f"{source_ns}/{ref.name} has no artifact yet")
         _, commit = parse_revision(revision)
-        return str(source["spec"]["url"]), revision, commit, source["spec"].get("ignore")
+        url = str(source["spec"]["url"])
+        if not self._store.is_served(url, commit=commit, consumer=artifact_consumer(source["metadata"])):
+            # Only what this GitRepository was served, never another commit of a shared mirror.
+            raise StageError("ArtifactNotFound", f"stage {stage.name!r}: GitRepository "
+                             f"{source_ns}/{ref.name}: revision {revision} has not been fetched for it (yet)")
+        return url, revision, commit, source["spec"].get("ignore")
 
     def _render(self, stageset: StageSet, stage: Stage, namespace: str, target: Target) -> Rendered:
         identity = self._stage_identity(stageset, stage, namespace)
