@@ -349,7 +349,7 @@ class CommitTree:
             subdirs: list[tuple[ObjectID, Parts]] = []
             for entry in tree.iteritems(name_order=True):
                 name = entry.path.decode("utf-8", "replace")
-                budget.visit(_show((*parts, name)), depth=len(parts) + 1)
+                budget.visit(_show((*parts, name)), depth=0)  # iterative: depth is no risk
                 if entry.path == key and stat.S_ISREG(entry.mode):
                     size = object_size(self.store, entry.sha)
                     if size is not None and size > _MAX_IGNORE_FILE:
