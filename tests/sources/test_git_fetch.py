@@ -236,7 +236,8 @@ def test_dot_git_is_not_folded_two_repositories(git_server: GitServer, store: Mi
     with_suffix = git_server.create_repo("vault", {"deploy/app.yaml": "private\n"})
     without = git_server.create_repo("vault-public", {"deploy/app.yaml": "public\n"},
                                      directory="vault")
-    assert without.endswith("/vault") and with_suffix.endswith("/vault.git")
+    assert without.endswith("/vault")
+    assert with_suffix.endswith("/vault.git")
 
     one = store.fetch(with_suffix).commit
     other = store.fetch(without).commit
