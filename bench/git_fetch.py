@@ -179,8 +179,10 @@ def bench_noop_poll_ssh(server: GitServer, work: Path, *, rounds: int) -> list[t
 def bench_fan_in(server: GitServer, work: Path, *, callers: int, urls: int) -> list[tuple[str, str]]:
     bases = [server.create_repo(f"fan{i}", {"deploy/app.yaml": f"n: {i}\n"}) for i in range(urls)]
     store = MirrorStore(root=work / "fan", policy=POLICY)
-    spellings = [lambda u: u, lambda u: u.removesuffix(".git"), lambda u: u + "/",
-                 lambda u: u.removesuffix(".git") + "/"]
+    # Spellings that reach the same repository byte for byte (".git" or not would be two
+    # repositories on many servers, so two mirrors: see sources.urls).
+    spellings = [lambda u: u, lambda u: u + "/", lambda u: u.replace("http://", "HTTP://"),
+                 lambda u: u + "//"]
     refs = [RefSelector(branch="main"), RefSelector(), RefSelector(name="refs/heads/main")]
     callers_list = [(spellings[c % len(spellings)](bases[c % urls]), refs[c % len(refs)],
                      c % urls) for c in range(callers)]
