@@ -14,6 +14,7 @@ from types import FrameType
 import click
 from kubernetes.utils import parse_quantity
 
+from sources import Limits
 from stageset.api import duration_seconds
 from stageset.build import BuildLimits
 from stageset.cli import process
@@ -102,7 +103,18 @@ def main() -> None:
 @click.option("--mirror-max-size", default="", help="Evict least recently used Git mirrors past "
               "this size, e.g. 2Gi (default: unbounded).")
 @click.option("--allow-insecure-sources", is_flag=True, default=False,
-              help="Development only: allow http:// and file:// Git URLs.")
+              help="Development only: allow plain http:// Git URLs (credentials in clear text).")
+@click.option("--allow-local-sources", is_flag=True, default=False,
+              help="Single-tenant only: allow file:// Git URLs and local paths (never the "
+              "controller's own mirrors or system paths).")
+@click.option("--git-max-file-size", default="10Mi", show_default=True,
+              help="Largest file a source may hold (also the largest object a fetch accepts).")
+@click.option("--git-max-read-size", default="100Mi", show_default=True,
+              help="Most bytes one read of a source returns (a stage path or the whole source).")
+@click.option("--git-max-files", default=10_000, show_default=True, type=click.IntRange(min=1),
+              help="Most files one read of a source returns.")
+@click.option("--git-max-fetch-size", default="512Mi", show_default=True,
+              help="Most bytes (unpacked) one Git fetch may bring.")
 @click.option("--max-teardown-wait", default="5m", show_default=True,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
 @click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",
@@ -115,7 +127,9 @@ def main() -> None:
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
                no_cross_namespace_refs: bool, workers: int, source_workers: int,
                max_workers_per_namespace: int, mirror_dir: str | None, mirror_max_size: str,
-               allow_insecure_sources: bool, max_teardown_wait: str, build_limits: tuple[str, ...],
+               allow_insecure_sources: bool, allow_local_sources: bool, git_max_file_size: str,
+               git_max_read_size: str, git_max_files: int, git_max_fetch_size: str,
+               max_teardown_wait: str, build_limits: tuple[str, ...],
                log_level: str, log_format: str, lifecycle: process.LifecycleSettings) -> None:
     """Run the controller against a cluster."""
     early_stop = process.stop_on_signals()
@@ -136,6 +150,11 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
         max_workers_per_namespace=max_workers_per_namespace,
         mirror_dir=Path(mirror_dir) if mirror_dir else Path(tempfile.mkdtemp(prefix="stageset-mirrors-")),
         allow_insecure_sources=allow_insecure_sources,
+        allow_local_sources=allow_local_sources,
+        source_limits=Limits(max_file_bytes=parse_size(git_max_file_size),
+                             max_total_bytes=parse_size(git_max_read_size),
+                             max_files=git_max_files,
+                             max_fetch_bytes=parse_size(git_max_fetch_size)),
         mirror_max_bytes=parse_size(mirror_max_size) if mirror_max_size else None,
         max_teardown_wait=parse_duration_option(max_teardown_wait),
     )
