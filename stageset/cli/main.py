@@ -24,6 +24,7 @@ from typing import Any
 
 import click
 
+from sources import Limits
 from stageset.api.crd import KINDS, custom_resource_definition, render
 from stageset.build import BuildLimits
 from stageset.cli import process
@@ -91,6 +92,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         raise click.BadParameter(str(error), param_hint="--build-limit") from None
     mirror_dir = params.get("mirror_dir") or (tempfile.mkdtemp(prefix="stageset-mirrors-")
                                               if temporary_mirrors else None)
+    known = Limits()
     settings = ControllerSettings(
         build_limits=limits,
         watch_namespaces=params.get("watch_namespaces"),
@@ -100,6 +102,11 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         source_workers=int(params.get("source_workers", 4)),
         max_workers_per_namespace=int(params.get("max_workers_per_namespace", 0)),
         allow_insecure_sources=bool(params.get("allow_insecure_sources")),
+        allow_local_sources=bool(params.get("allow_local_sources")),
+        source_limits=Limits(max_file_bytes=int(params.get("git_max_file_size") or known.max_file_bytes),
+                             max_total_bytes=int(params.get("git_max_read_size") or known.max_total_bytes),
+                             max_files=int(params.get("git_max_files") or known.max_files),
+                             max_fetch_bytes=int(params.get("git_max_fetch_size") or known.max_fetch_bytes)),
         mirror_max_bytes=params.get("mirror_max_size"),
         max_teardown_wait=float(params.get("max_teardown_wait", 300.0)),
         runbook_base_url=str(params.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL)),
@@ -127,7 +134,18 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
 @click.option("--mirror-max-size", default="", type=SIZE, help="Evict least recently used Git mirrors "
               "past this size, a Kubernetes quantity such as 2Gi (default: unbounded).")
 @click.option("--allow-insecure-sources", is_flag=True, default=False,
-              help="Development only: allow http:// and file:// Git URLs.")
+              help="Development only: allow plain http:// Git URLs (credentials in clear text).")
+@click.option("--allow-local-sources", is_flag=True, default=False,
+              help="Single-tenant only: allow file:// Git URLs and local paths (never the "
+              "controller's own mirrors or system paths).")
+@click.option("--git-max-file-size", default="10Mi", show_default=True, type=SIZE,
+              help="Largest file a source may hold (also the largest object a fetch accepts).")
+@click.option("--git-max-read-size", default="100Mi", show_default=True, type=SIZE,
+              help="Most bytes one read of a source returns (a stage path or the whole source).")
+@click.option("--git-max-files", default=10_000, show_default=True, type=click.IntRange(min=1),
+              help="Most files one read of a source returns.")
+@click.option("--git-max-fetch-size", default="512Mi", show_default=True, type=SIZE,
+              help="Most bytes (unpacked) one Git fetch may bring.")
 @click.option("--max-teardown-wait", default="5m", show_default=True, type=DURATION,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
 @click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",

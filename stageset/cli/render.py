@@ -226,10 +226,12 @@ class Renderer:
             raise CliError(f"stage {stage.name!r}: GitRepository {stage.source_ref.name}: "
                            f"{validation_message(error)}") from None
         store = self._mirror()
+        # Served only to this GitRepository, once its own credentials proved the commit readable.
+        consumer = f"{repo.metadata['namespace']}/{repo.metadata['name']}"
         store.fetch(source.url, ref=RefSelector(commit=source.commit), credentials=self._credentials(repo),
-                    timeout=120)
-        return store.read_tree(source.url, commit=source.commit, path="./", ignore=source.ignore), \
-            source.revision
+                    timeout=120, consumer=consumer)
+        return store.read_tree(source.url, commit=source.commit, path="./", ignore=source.ignore,
+                               consumer=consumer), source.revision
 
     def _mirror(self) -> MirrorStore:
         if self._store is None:

@@ -7,6 +7,10 @@ controller.
 
 When the remote is down or the ref vanishes, the last artifact stays in status and
 in the mirror: StageSets keep applying what they last had.
+
+Each commit is served to this GitRepository (by uid) only after the mirror proved it
+readable with this GitRepository's own credentials, and StageSets read only commits served
+to the GitRepository they name (:func:`artifact_consumer`; see :mod:`sources.mirror`).
 """
 
 from __future__ import annotations
@@ -14,8 +18,8 @@ from __future__ import annotations
 import base64
 import logging
 import random
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -53,9 +57,15 @@ class Fetcher(Protocol):
     """What this reconciler needs of the Git mirror (:class:`sources.MirrorStore`)."""
 
     def fetch(self, url: str, *, ref: RefSelector | None = None, credentials: Credentials | None = None,
-              timeout: float = 60.0) -> Snapshot: ...
+              timeout: float = 60.0, consumer: str | None = None) -> Snapshot: ...
 
     def tree_hash(self, url: str, *, commit: str, path: str = "./") -> str: ...
+
+
+def artifact_consumer(metadata: Mapping[str, Any]) -> str:
+    """Who a GitRepository's commits are served to in the shared mirror: this object (by
+    uid), so a reader can only read what this GitRepository itself was served."""
+    return f"{metadata['namespace']}/{metadata['name']}/{metadata.get('uid', '')}"
 
 
 def source_reason(error: SourceError) -> Reason:
@@ -165,7 +175,8 @@ class GitRepositoryReconciler:
                                    commit=ref.commit) if ref else RefSelector()
             credentials = self._credentials(repo, redactor)
             return self._store.fetch(repo.spec.url, ref=selector, credentials=credentials,
-                                     timeout=duration_seconds(repo.spec.timeout))
+                                     timeout=duration_seconds(repo.spec.timeout),
+                                     consumer=artifact_consumer(repo.metadata))
         except StageError as error:
             report.conclude(ready=False, reason=error.reason, message=error.message)
         except ApiError as error:

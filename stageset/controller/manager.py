@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from sources import Limits, MirrorStore, UrlPolicy
+from sources import MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
 from stageset.apply.engine import StageApplier
 from stageset.controller.clock import Clock, system_clock
@@ -105,8 +105,8 @@ class Manager:
     @staticmethod
     def _mirror_store(settings: ControllerSettings) -> MirrorStore:
         policy = UrlPolicy(allow_http=settings.allow_insecure_sources,
-                           allow_file=settings.allow_insecure_sources)
-        return MirrorStore(root=settings.mirror_dir, policy=policy, limits=Limits(),
+                           allow_file=settings.allow_local_sources)
+        return MirrorStore(root=settings.mirror_dir, policy=policy, limits=settings.source_limits,
                            max_bytes=settings.mirror_max_bytes)
 
     # -- events -------------------------------------------------------------------

@@ -10,6 +10,7 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sources import Limits
 from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
 
@@ -35,8 +36,12 @@ class ControllerSettings:
     mirror_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "stageset-mirrors")
     # Bound on the Git mirrors' disk use; least recently used mirrors are evicted past it.
     mirror_max_bytes: int | None = None
-    # Development only: allow http:// and file:// Git URLs.
+    # Development only: allow plain http:// Git URLs.
     allow_insecure_sources: bool = False
+    # Single-tenant only: allow file:// Git URLs and local paths.
+    allow_local_sources: bool = False
+    # What one fetch or read of a Git source may cost (sizes, counts).
+    source_limits: Limits = field(default_factory=Limits)
     # Independent stages of one StageSet applied at once.
     stage_parallelism: int = 4
     # A reconcile waits this long for readiness, then frees its worker and comes back after

@@ -36,6 +36,8 @@ class SourceTrees(Protocol):
 
     def tree_hash(self, url: str, *, commit: str, path: str = "./") -> str: ...
 
+    def is_served(self, url: str, *, commit: str, consumer: str) -> bool: ...
+
     def read_tree(self, url: str, *, commit: str, path: str = "./", ignore: str | None = None
                   ) -> dict[str, bytes]: ...
 
@@ -70,6 +72,12 @@ class Renderer:
         variables, secret_values = self._reads.variables(client, stage, namespace)
         redactor.add(secret_values)
         url, commit, ignore = source.url, source.commit, source.ignore
+        if not self._store.is_served(url, commit=commit, consumer=source.consumer):
+            # Only what this GitRepository was served, never another commit of a shared mirror
+            # (a status a tenant wrote, or a commit another tenant's credentials fetched).
+            raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: GitRepository "
+                             f"{source.name}: revision {source.revision} has not been "
+                             "fetched for it (yet)")
         try:
             objects = render_stage(
                 self._cache, url=url, commit=commit, ignore=ignore, path=stage.path, variables=variables,
