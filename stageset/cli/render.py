@@ -39,7 +39,7 @@ from pydantic import ValidationError
 from sources import Credentials, Limits, MirrorStore, RefSelector, SourceError, UrlPolicy
 from stageset.api import GitRepository, Stage, StageSet
 from stageset.apply.errors import StageError
-from stageset.build import BuildError, VariableSource, build_stage, merge_variables
+from stageset.build import BuildError, VariableSource, merge_variables, prepare, render
 from stageset.cli.session import CliError, Session
 from stageset.controller.gitrepository import credentials_from, secret_values
 from stageset.controller.identity import IdentityPolicy
@@ -56,15 +56,17 @@ POLICY = IdentityPolicy(cluster_admin=True)
 _LOCAL_LIMIT = 256 * 2**20
 
 
-def build_objects(root: Mapping[str, bytes], *, path: str, variables: Mapping[str, str] | None
-                  ) -> list[KubeObject]:
+def build_objects(root: Mapping[str, bytes], *, path: str, variables: Mapping[str, str] | None,
+                  unreadable: Mapping[str, str] | None = None) -> list[KubeObject]:
     """The CLI's one call into the build package: the stage at ``path`` of the source root ``root``
-    (kustomize may load anything within the root, as the controller's builds do)."""
-    return build_stage(root, path=path, variables=variables)
+    (kustomize may load anything within the root, as the controller's builds do; an entry of
+    ``unreadable`` — a submodule, a link leaving the root — fails only a build that loads it)."""
+    return render(prepare(root, path=path, unreadable=unreadable), variables=variables)
 
 
-def read_directory(root: Path) -> dict[str, bytes]:
-    """A local checkout as the source root: every regular file but ``.git/`` (symlinks skipped)."""
+def read_directory(root: Path, unreadable: dict[str, str] | None = None) -> dict[str, bytes]:
+    """A local checkout as the source root: every regular file but ``.git/``; symlinks are not
+    followed (recorded in ``unreadable``: a build that loads one fails, as from Git)."""
     if not root.is_dir():
         raise CliError(f"--source-dir {root}: not a directory")
     files: dict[str, bytes] = {}
@@ -73,6 +75,8 @@ def read_directory(root: Path) -> dict[str, bytes]:
         subdirs[:] = sorted(d for d in subdirs if d != ".git" and not (Path(directory) / d).is_symlink())
         for name in sorted(names):
             full = Path(directory) / name
+            if full.is_symlink() and unreadable is not None:
+                unreadable[full.relative_to(root).as_posix()] = "a symlink (not followed in a local checkout)"
             if full.is_symlink() or not full.is_file():
                 continue
             data = full.read_bytes()
@@ -196,9 +200,11 @@ class Renderer:
         identity = POLICY.for_stage(stageset, stage)
         rendered = RenderedStage(stage=stage, identity=identity, revision="")
         try:
-            root, rendered.revision = self._root(stageset, stage)
+            unreadable: dict[str, str] = {}
+            root, rendered.revision = self._root(stageset, stage, unreadable)
             variables = self._variables(stage, namespace, identity)
-            rendered.objects = build_objects(root, path=stage.path, variables=variables)
+            rendered.objects = build_objects(root, path=stage.path, variables=variables,
+                                             unreadable=unreadable)
         except StageError as error:
             rendered.error = error
         except CliError as error:
@@ -209,10 +215,11 @@ class Renderer:
             rendered.error = CliError(f"stage {stage.name!r}: {error}")
         return rendered
 
-    def _root(self, stageset: StageSet, stage: Stage) -> tuple[dict[str, bytes], str]:
+    def _root(self, stageset: StageSet, stage: Stage, unreadable: dict[str, str]
+              ) -> tuple[dict[str, bytes], str]:
         local = self._sources.for_source(stage.source_ref.name)
         if local is not None:
-            return read_directory(local), f"local:{local}"
+            return read_directory(local, unreadable), f"local:{local}"
         if self._session is None:
             raise CliError(f"stage {stage.name!r}: no --source-dir for source {stage.source_ref.name!r}")
         namespace = str(stageset.metadata["namespace"])
@@ -231,7 +238,7 @@ class Renderer:
         store.fetch(source.url, ref=RefSelector(commit=source.commit), credentials=self._credentials(repo),
                     timeout=120, consumer=consumer)
         return store.read_tree(source.url, commit=source.commit, path="./", ignore=source.ignore,
-                               consumer=consumer), source.revision
+                               consumer=consumer, unreadable=unreadable), source.revision
 
     def _mirror(self) -> MirrorStore:
         if self._store is None:

@@ -199,3 +199,20 @@ def test_a_build_that_fails_exits_3(tmp_path: Path, no_cluster: dict[str, str]) 
     assert result.returncode == 3
     assert "stage app" in result.stderr
     assert "Traceback" not in result.stderr
+
+
+def test_a_link_elsewhere_in_a_local_checkout_fails_only_a_build_that_loads_it(
+    tmp_path: Path, no_cluster: dict[str, str]
+) -> None:
+    for name, text in SECRET_SOURCE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "stageset.yaml").write_text(LOCAL_STAGESET)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "passwd.yaml").symlink_to("/etc/passwd")
+    args = ["build", "-f", str(tmp_path / "stageset.yaml"), "--source-dir", str(tmp_path)]
+    assert run_cli(*args, env=no_cluster).exit_code == 0
+    (tmp_path / "app" / "leak.yaml").symlink_to("/etc/passwd")
+    result = run_cli(*args, env=no_cluster)
+    assert result.exit_code == 3
+    assert "root:" not in result.output
