@@ -15,8 +15,9 @@ import click
 from kubernetes.utils import parse_quantity
 
 from stageset.api import duration_seconds
+from stageset.controller import logs
 from stageset.controller.manager import Manager
-from stageset.controller.redact import install_log_filter
+from stageset.controller.metrics import Metrics, parse_address
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ClientPool
 
@@ -50,15 +51,17 @@ def _namespaces(value: str | None) -> tuple[str, ...] | None:
     return names or None
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Secret values (substituted into manifests, echoed by apiservers) never reach the log.
-    install_log_filter()
-    # The kubernetes client logs request bodies at DEBUG, which may include Secrets.
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    logging.getLogger("dulwich").setLevel(logging.WARNING)
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    logs.setup(level=level, fmt=fmt)
+
+
+def _metrics_address(value: str) -> str:
+    if value:
+        try:
+            parse_address(value)
+        except ValueError as error:
+            raise click.BadParameter(str(error), param_hint="--metrics-address") from None
+    return value
 
 
 def run_controller(manager: Manager) -> None:
@@ -100,13 +103,24 @@ def main() -> None:
               help="Development only: allow http:// and file:// Git URLs.")
 @click.option("--max-teardown-wait", default="5m", show_default=True,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
-@click.option("--log-level", default="info", show_default=True)
+@click.option("--log-level", default="info", show_default=True,
+              type=click.Choice(logs.LEVELS, case_sensitive=False))
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(logs.FORMATS),
+              help="json: one object per line, with the StageSet, stage, revision, identity kind and "
+              "reconcile id as fields.")
+@click.option("--metrics-address", default="", help="Serve Prometheus /metrics here, e.g. :8080 "
+              "(default: off).")
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
                no_cross_namespace_refs: bool, workers: int, source_workers: int,
                max_workers_per_namespace: int, mirror_dir: str | None, mirror_max_size: str,
-               allow_insecure_sources: bool, max_teardown_wait: str, log_level: str) -> None:
+               allow_insecure_sources: bool, max_teardown_wait: str, log_level: str, log_format: str,
+               metrics_address: str) -> None:
     """Run the controller against a cluster."""
-    _setup_logging(log_level)
+    _setup_logging(log_level, log_format)
+    metrics = Metrics()
+    if _metrics_address(metrics_address):
+        host, port = metrics.serve(metrics_address)
+        logging.getLogger(__name__).info("serving /metrics on %s:%d", host, port)
     settings = ControllerSettings(
         watch_namespaces=_namespaces(watch_namespaces),
         cluster_admin=cluster_admin,
@@ -121,7 +135,7 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
     )
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:
-        run_controller(Manager(clients=clients, settings=settings))
+        run_controller(Manager(clients=clients, settings=settings, metrics=metrics))
     finally:
         clients.close()
 
