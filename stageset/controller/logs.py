@@ -16,7 +16,7 @@ reconcile, as controller-runtime's), ``stage``, ``revision``, ``identity`` (``co
 Secret values never reach a line: :class:`~stageset.controller.redact.LogRedactor` runs on
 the handler before either formatter, and the JSON formatter writes the redacted traceback
 it leaves.  The ``kubernetes`` and ``urllib3`` loggers (request bodies at DEBUG) are held at
-WARNING, and dulwich's "object filtering not recognized by server" warning is dropped: the
+WARNING and ERROR, and dulwich's "object filtering not recognized by server" warning is dropped: the
 partial-clone filter is an optimisation, our own limits bound what a server may send
 (``docs/sources.md``), and the line told users nothing they could act on.
 
@@ -148,7 +148,8 @@ def setup(*, level: str = "info", fmt: str = "text") -> None:
     root.setLevel(getattr(logging, level.upper()))
     # Secret values (substituted into manifests, echoed by apiservers) never reach the log.
     install_log_filter()
-    # The kubernetes client logs request bodies at DEBUG, which may include Secrets.
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
+    # The kubernetes client logs request bodies at DEBUG, which may include Secrets; urllib3's
+    # warnings (retries, full pools) repeat what our own lines say about the same request.
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
     logging.getLogger("kubernetes").setLevel(logging.WARNING)
     logging.getLogger("dulwich").setLevel(logging.WARNING)
