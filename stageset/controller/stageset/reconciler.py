@@ -44,6 +44,7 @@ from stageset.apply.inventory import (
     with_kept,
 )
 from stageset.apply.prune import Owner, prune
+from stageset.controller import logs
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.dependencies import DependencyIndex, spell_cycle
 from stageset.controller.events import EventRecorder, change_summary
@@ -123,6 +124,12 @@ class Pass:
         report.status.inventory = ordered(self.current)
 
 
+def log_denial(error: StageError) -> None:
+    """Every RBACDenied is logged (the message names the identity and what it may not do)."""
+    if error.reason is Reason.RBAC_DENIED:
+        log.warning("denied: %s", error.message)
+
+
 def unreachable(target: Target, error: UnreachableError | ApiError) -> str:
     """What to say about a remote cluster that fails: where, and how — never what it sent."""
     if isinstance(error, UnreachableError):
@@ -177,8 +184,9 @@ class StageSetReconciler:
     def reconcile(self, raw: KubeObject) -> Result:
         """Reconcile one StageSet (``raw``, from the watch cache)."""
         key = ("StageSet", str(raw["metadata"]["namespace"]), str(raw["metadata"]["name"]))
-        # This StageSet's own Secret values (from earlier passes too); never another's.
-        redactor = Redactor(REGISTRY.of(key))
+        # This StageSet's own Secret values (from earlier passes too); never another's.  New ones
+        # reach the log filter as soon as they are read.
+        redactor = Redactor(REGISTRY.of(key), on_add=lambda values: REGISTRY.set(key, values))
         try:
             return self._reconcile(raw, redactor)
         finally:
@@ -204,6 +212,7 @@ class StageSetReconciler:
         try:
             graph, target = self._prepare(raw, stageset)
         except StageError as error:
+            log_denial(error)
             failure = plan.before_stages(error.reason, retry=retry)
             report.conclude(ready=False, reason=error.reason, message=error.message, stalled=failure.stalled)
             return Result(requeue_after=failure.requeue_after)
@@ -287,12 +296,16 @@ class StageSetReconciler:
         rendered: dict[str, Rendered] = {}
         namespace = str(state.stageset.metadata["namespace"])
         for stage in state.stageset.spec.stages:
-            try:
-                identity = self._identities.for_stage(state.stageset, stage)
-                rendered[stage.name] = self._renderer.render(
-                    stage=stage, identity=identity, namespace=namespace, target=target, redactor=redactor)
-            except StageError as error:
-                state.outcomes[stage.name] = state.outcomes[stage.name].failed(error.reason, error.message)
+            kind = "tenant" if self._identities.stage_account(state.stageset, stage) else "controller"
+            with logs.bind(stage=stage.name, identity=kind):
+                try:
+                    identity = self._identities.for_stage(state.stageset, stage)
+                    rendered[stage.name] = self._renderer.render(
+                        stage=stage, identity=identity, namespace=namespace, target=target, redactor=redactor)
+                except StageError as error:
+                    log_denial(error)
+                    outcome = state.outcomes[stage.name]
+                    state.outcomes[stage.name] = outcome.failed(error.reason, error.message)
         return rendered
 
     def _apply_all(self, report: Report, state: Pass, graph: nx.DiGraph, rendered: dict[str, Rendered], *,

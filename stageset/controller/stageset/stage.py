@@ -6,8 +6,8 @@ single-tenant mode).  ``readyChecks.objects`` are read as the same identity.
 
 While the stage waits for readiness its outcome is ``Waiting`` with what it waits for, told to
 ``StageRun.waiting`` as the wait goes (the reconciler publishes it).  Logged at info: every
-apply that wrote (what it wrote) and every denial; the stage, its revision and the identity
-kind are bound to every line logged meanwhile.
+apply that wrote (what it wrote); at warning every denial and failure.  The stage, its revision
+and the identity kind are bound to every line logged meanwhile.
 """
 
 from __future__ import annotations
@@ -75,11 +75,13 @@ class StageApply:
                                        default_namespace=namespace, force=stage.force,
                                        previous=_entries(run.previous))
         except StageError as error:
-            if error.reason is Reason.RBAC_DENIED:
-                log.warning("denied: %s", error.message)
+            # One line per denial or failure, with the stage's fields; the message may echo
+            # substituted values: the log filter redacts them (as status does).
+            log.warning("%s: %s", "denied" if error.reason is Reason.RBAC_DENIED else "failed", error.message)
             return StageOutcome(stage.name, StagePhase.FAILED, error.reason, error.message), None
         except ApiError as error:
             message = f"stage {stage.name!r}: apiserver error {error.status}: {error.message}"
+            log.warning("failed: %s", message)
             return StageOutcome(stage.name, StagePhase.FAILED, Reason.STAGE_FAILED, message), None
         if result.writes:
             log.info("applied: %s (%s)", change_summary(result.changes), result.changes.summary())
