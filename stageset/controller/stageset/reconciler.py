@@ -283,10 +283,14 @@ class StageSetReconciler:
             return Result()
         revisions = {n: r.revision for n, r in rendered.items()}
         state.quiet = plan.quiet(previous, revisions, stages=len(stageset.spec.stages))
+        rechecks = plan.rechecks(previous, revisions)
+        for name in rechecks:
+            # Applied already and still waiting: it stays Waiting (re-checked, not applied again).
+            outcome = state.outcomes[name]
+            outcome.phase, outcome.message = StagePhase.WAITING, previous.stages[name].message or ""
         if plan.announce(previous, is_quiet=state.quiet):
             state.announce(report, "applying stages")
-        self._apply_all(report, state, graph, rendered, rechecks=plan.rechecks(previous, revisions),
-                        redactor=redactor)
+        self._apply_all(report, state, graph, rendered, rechecks=rechecks, redactor=redactor)
         verdict = plan.verdict(list(state.outcomes.values()),
                                interval=duration_seconds(stageset.spec.interval), retry=retry,
                                readiness_requeue=self._settings.readiness_requeue)
@@ -315,13 +319,10 @@ class StageSetReconciler:
         ref = (str(stageset.metadata["namespace"]), str(stageset.metadata["name"]))
 
         def started(name: str) -> None:
-            outcome = state.outcomes[name]
-            before = state.previous.stages.get(name)
-            if name in rechecks and before is not None:
-                # Applied already, still waiting: it is re-checked, not applied again.
-                outcome.phase, outcome.message = StagePhase.WAITING, before.message or ""
-            else:
-                outcome.phase, outcome.message = StagePhase.APPLYING, ""
+            if name not in rechecks:
+                with state.lock:
+                    outcome = state.outcomes[name]
+                    outcome.phase, outcome.message = StagePhase.APPLYING, ""
 
         def work(name: str) -> tuple[plan.StageOutcome, StageResult | None]:
             return self._stages.run(StageRun(
