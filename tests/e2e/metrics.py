@@ -18,12 +18,20 @@ METRICS_ARGS = ["--metrics-address", "127.0.0.1:0", "--log-format", "json"]
 _SERVING = re.compile(r"serving /metrics on ([0-9.]+):(\d+)")
 
 # What each type of family exposes as sample names (the text format's rules).
-_SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"), "gauge": ("",),
-             "summary": ("", "_sum", "_count"), "info": ("_info",), "stateset": ("",), "unknown": ("",)}
+_SUFFIXES = {
+    "counter": ("_total",),
+    "histogram": ("_bucket", "_sum", "_count"),
+    "gauge": ("",),
+    "summary": ("", "_sum", "_count"),
+    "info": ("_info",),
+    "stateset": ("",),
+    "unknown": ("",),
+}
 
 
 def metrics_url(controller: ControllerProcess) -> str:
     """The URL the controller logged it serves ``/metrics`` on (it binds port 0)."""
+
     def find() -> str | None:
         for line in controller.output().splitlines():
             try:
@@ -33,6 +41,7 @@ def metrics_url(controller: ControllerProcess) -> str:
             if match := _SERVING.search(message):
                 return f"http://{match[1]}:{match[2]}/metrics"
         return None
+
     found: str = wait_for(find, timeout=30, what="the controller to serve /metrics")
     return found
 
@@ -68,8 +77,12 @@ class Scrape:
         return names
 
     def label_values(self) -> set[str]:
-        return {value for family in self.families.values() for sample in family.samples
-                for value in sample.labels.values()}
+        return {
+            value
+            for family in self.families.values()
+            for sample in family.samples
+            for value in sample.labels.values()
+        }
 
 
 def scrape(url: str) -> Scrape:

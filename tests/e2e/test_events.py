@@ -19,11 +19,22 @@ pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
 TenantFactory = Callable[..., Tenant]
 
 
-def events(admin: KubeClient, namespace: str, *, kind: str = "StageSet", name: str | None = None,
-           reason: str | None = None) -> list[dict[str, Any]]:
+def events(
+    admin: KubeClient,
+    namespace: str,
+    *,
+    kind: str = "StageSet",
+    name: str | None = None,
+    reason: str | None = None,
+) -> list[dict[str, Any]]:
     items = admin.get(f"/apis/events.k8s.io/v1/namespaces/{namespace}/events").get("items", [])
-    return [e for e in items if e["regarding"]["kind"] == kind and (name is None or e["regarding"]["name"] == name)
-            and (reason is None or e["reason"] == reason)]
+    return [
+        e
+        for e in items
+        if e["regarding"]["kind"] == kind
+        and (name is None or e["regarding"]["name"] == name)
+        and (reason is None or e["reason"] == reason)
+    ]
 
 
 def count(event: dict[str, Any]) -> int:
@@ -35,18 +46,25 @@ def handled(s: Scenario, name: str, stamp: str) -> Any:
 
 
 def test_success_is_one_event_per_change_naming_the_change_set(
-    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    controller: ControllerProcess,
+    installed: KubeClient,
+    git_server: GitServer,
+    make_tenant: TenantFactory,
 ) -> None:
     s = scenario(installed, git_server, make_tenant("events"), {"app/a.yaml": cm("a"), "app/b.yaml": cm("b")})
     s.stageset("shop", [{"name": "app", "path": "./app"}])
     s.wait_ready("shop")
-    first = wait_for(lambda: events(installed, s.ns, name="shop", reason="ReconciliationSucceeded"),
-                     what="a success event")
+    first = wait_for(
+        lambda: events(installed, s.ns, name="shop", reason="ReconciliationSucceeded"), what="a success event"
+    )
     assert [(e["type"], e["note"], e["action"]) for e in first] == [
-        ("Normal", f"ConfigMap/{s.ns}/a created, ConfigMap/{s.ns}/b created", "Reconcile")]
+        ("Normal", f"ConfigMap/{s.ns}/a created, ConfigMap/{s.ns}/b created", "Reconcile")
+    ]
     assert first[0]["reportingController"] == "stages.metio.wtf/stageset-controller"
-    assert first[0]["metadata"]["annotations"]["stages.metio.wtf/revision"] == \
-        f"main@sha1:{git_server.head(s.repo)}"
+    assert (
+        first[0]["metadata"]["annotations"]["stages.metio.wtf/revision"]
+        == f"main@sha1:{git_server.head(s.repo)}"
+    )
 
     # Passes that change nothing record nothing (a SourceNotReady warning may come first, if the
     # StageSet was reconciled before its source was fetched).
@@ -58,9 +76,14 @@ def test_success_is_one_event_per_change_naming_the_change_set(
 
     second = s.commit({"app/a.yaml": cm("a", "new"), "app/b.yaml": None, "app/c.yaml": cm("c")})
     s.wait_ready("shop", revision=second)
-    notes = wait_for(lambda: [e["note"] for e in events(installed, s.ns, name="shop",
-                                                        reason="ReconciliationSucceeded")
-                              if e["note"] != first[0]["note"]], what="a second success event")
+    notes = wait_for(
+        lambda: [
+            e["note"]
+            for e in events(installed, s.ns, name="shop", reason="ReconciliationSucceeded")
+            if e["note"] != first[0]["note"]
+        ],
+        what="a second success event",
+    )
     assert notes == [f"ConfigMap/{s.ns}/a configured, ConfigMap/{s.ns}/c created, 1 pruned"]
     # The GitRepository told of each new artifact.
     artifacts = events(installed, s.ns, kind="GitRepository", name="app", reason="NewArtifact")
@@ -68,20 +91,30 @@ def test_success_is_one_event_per_change_naming_the_change_set(
 
 
 def test_repeats_are_one_event_with_a_series_count(
-    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    controller: ControllerProcess,
+    installed: KubeClient,
+    git_server: GitServer,
+    make_tenant: TenantFactory,
 ) -> None:
     s = scenario(installed, git_server, make_tenant("series"), {"app/a.yaml": cm("a")})
     s.stageset("shop", [{"name": "app", "path": "./app"}])
     s.wait_ready("shop")
     # The same drift twice: one DriftCorrected Event, counted twice.
     for attempt in (1, 2):
-        installed.request("PATCH", f"/api/v1/namespaces/{s.ns}/configmaps/a",
-                          content_type="application/merge-patch+json", body={"data": {"k": f"hand {attempt}"}})
+        installed.request(
+            "PATCH",
+            f"/api/v1/namespaces/{s.ns}/configmaps/a",
+            content_type="application/merge-patch+json",
+            body={"data": {"k": f"hand {attempt}"}},
+        )
         poke(installed, s.path("shop"))
         wait_for(lambda: (s.configmap("a") or {}).get("data") == {"k": "v"}, what="the drift corrected")
-        wait_for(lambda attempt=attempt: [count(e) for e in events(installed, s.ns, name="shop",
-                                                                   reason="DriftCorrected")] == [attempt],
-                 what=f"DriftCorrected counted {attempt} time(s)")
+        wait_for(
+            lambda attempt=attempt: (
+                [count(e) for e in events(installed, s.ns, name="shop", reason="DriftCorrected")] == [attempt]
+            ),
+            what=f"DriftCorrected counted {attempt} time(s)",
+        )
     [drift] = events(installed, s.ns, name="shop", reason="DriftCorrected")
     assert drift["type"] == "Warning"
     assert drift["note"] == f"stage 'app': restored ConfigMap {s.ns}/a"
@@ -89,14 +122,18 @@ def test_repeats_are_one_event_with_a_series_count(
 
 
 def test_ready_turning_false_is_a_warning_with_its_reason_and_repeats_aggregate(
-    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    controller: ControllerProcess,
+    installed: KubeClient,
+    git_server: GitServer,
+    make_tenant: TenantFactory,
 ) -> None:
     tenant = make_tenant("denied")
     s = scenario(installed, git_server, tenant, {"app/a.yaml": cm("a")}, role="view")
     s.stageset("shop", [{"name": "app", "path": "./app"}])
     s.wait_reason("shop", "RBACDenied")
-    [warning] = wait_for(lambda: events(installed, s.ns, name="shop", reason="RBACDenied"),
-                         what="a RBACDenied warning")
+    [warning] = wait_for(
+        lambda: events(installed, s.ns, name="shop", reason="RBACDenied"), what="a RBACDenied warning"
+    )
     assert warning["type"] == "Warning"
     assert "may not apply ConfigMap" in warning["note"]
     # Retries of the same failure are no transition: no new event, no count.
@@ -109,12 +146,19 @@ def test_ready_turning_false_is_a_warning_with_its_reason_and_repeats_aggregate(
     tenant.bind_cluster_role("edit")
     poke(installed, s.path("shop"))
     s.wait_ready("shop")
-    installed.request("DELETE", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{s.ns}/rolebindings/"
-                                f"{tenant.service_account}-edit")
+    installed.request(
+        "DELETE",
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{s.ns}/rolebindings/{tenant.service_account}-edit",
+    )
     poke(installed, s.path("shop"))
     s.wait_reason("shop", "RBACDenied")
-    wait_for(lambda: [count(e) for e in events(installed, s.ns, name="shop", reason="RBACDenied")] == [2],
-             what="the second RBACDenied counted on the first Event")
-    kinds = sorted((e["type"], e["reason"]) for e in events(installed, s.ns, name="shop")
-                   if e["reason"] != "SourceNotReady")  # if reconciled before its source was fetched
+    wait_for(
+        lambda: [count(e) for e in events(installed, s.ns, name="shop", reason="RBACDenied")] == [2],
+        what="the second RBACDenied counted on the first Event",
+    )
+    kinds = sorted(
+        (e["type"], e["reason"])
+        for e in events(installed, s.ns, name="shop")
+        if e["reason"] != "SourceNotReady"
+    )  # if reconciled before its source was fetched
     assert kinds == [("Normal", "ReconciliationSucceeded"), ("Warning", "RBACDenied")]
