@@ -20,6 +20,11 @@ It reports, as a Markdown table:
   caller: each caller's credentials are checked by the remote);
 * **resources**: the mirrors' disk use and this process's RSS (now and peak).
 
+``--hostile`` instead fetches and reads each hostile input of ``tests/sources/memprobe.py``
+(a 450 MB blob of zeros, 100 000 files, a tree bomb, a pack of many big blobs, an endless
+ref listing, a catastrophic ignore pattern) in a fresh process and prints its RSS before,
+at peak and after, and the outcome (the table in docs/security.md).
+
 The Git server is ``tests/gitserver.py`` (``git http-backend`` behind ``http.server``), so
 absolute times include a CGI process per request on both sides of each comparison.
 """
@@ -174,8 +179,10 @@ def bench_noop_poll_ssh(server: GitServer, work: Path, *, rounds: int) -> list[t
 def bench_fan_in(server: GitServer, work: Path, *, callers: int, urls: int) -> list[tuple[str, str]]:
     bases = [server.create_repo(f"fan{i}", {"deploy/app.yaml": f"n: {i}\n"}) for i in range(urls)]
     store = MirrorStore(root=work / "fan", policy=POLICY)
-    spellings = [lambda u: u, lambda u: u.removesuffix(".git"), lambda u: u + "/",
-                 lambda u: u.removesuffix(".git") + "/"]
+    # Spellings that reach the same repository byte for byte (".git" or not would be two
+    # repositories on many servers, so two mirrors: see sources.urls).
+    spellings = [lambda u: u, lambda u: u + "/", lambda u: u.replace("http://", "HTTP://"),
+                 lambda u: u + "//"]
     refs = [RefSelector(branch="main"), RefSelector(), RefSelector(name="refs/heads/main")]
     callers_list = [(spellings[c % len(spellings)](bases[c % urls]), refs[c % len(refs)],
                      c % urls) for c in range(callers)]
@@ -215,7 +222,11 @@ def main(argv: list[str] | None = None) -> int:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller repository, fewer rounds")
     parser.add_argument("--files", type=int, default=None, help="files in the big repository")
+    parser.add_argument("--hostile", action="store_true",
+                        help="memory of each hostile input, in a fresh process each")
     args = parser.parse_args(argv)
+    if args.hostile:
+        return _hostile(quick=args.quick)
     files = args.files or (500 if args.quick else 5000)
     rounds = 3 if args.quick else 7
 
@@ -240,6 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     print("| --- | --- |")
     for name, value in rows:
         print(f"| {name.replace('|', '/')} | {value} |")
+    return 0
+
+
+def _hostile(*, quick: bool) -> int:
+    from tests.sources.memprobe import hostile_cases, measure, table
+
+    with hostile_cases(quick=quick) as cases:
+        rows = [(case, measure(case.spec)) for case in cases]
+    print(f"hostile Git inputs (Python {sys.version.split()[0]}, {os.cpu_count()} CPUs, "
+          f"git {_git_version()}); default limits\n")
+    print(table(rows))
     return 0
 
 

@@ -3,6 +3,7 @@
 #   - uv (pinned, from PyPI) into the user cache, outside the checkout;
 #   - the locked Python environment (.venv) from uv.lock;
 #   - OpenSSH's server and client (Debian packages) for the SSH Git tests, when sshd is missing;
+#   - mmdebstrap and umoci (Debian packages) for the daemonless image build, when missing;
 # The control-plane binaries are built on first use by stageset.envtest.build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -21,6 +22,26 @@ fi
 
 # The SSH transport is tested against a real sshd that tests/sshserver.py starts on loopback.
 # Only stdout's last line is read by callers (the uv path), so everything here goes to stderr.
+# Debian packages, installed with apt-get as root (or through password-less sudo), idempotently.
+apt_install() {
+    local why="$1"; shift
+    local sudo=""
+    if [ "$(id -u)" -ne 0 ]; then
+        if command -v sudo >/dev/null && sudo -n true 2>/dev/null; then
+            sudo="sudo -n"
+        else
+            echo "bootstrap: not root: install $* yourself ($why)" >&2
+            return 0
+        fi
+    fi
+    echo "bootstrap: installing $* ($why)" >&2
+    local apt=(env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$@")
+    if ! $sudo "${apt[@]}" >/dev/null 2>&1; then
+        $sudo apt-get update -qq >/dev/null 2>&1 || true
+        $sudo "${apt[@]}" >/dev/null
+    fi
+}
+
 install_openssh() {
     local sudo=""
     if [ "$(id -u)" -ne 0 ]; then
@@ -53,5 +74,9 @@ install_openssh() {
 }
 if [ ! -x /usr/sbin/sshd ] && command -v apt-get >/dev/null; then
     install_openssh >&2
+fi
+# The container image is built without a container engine (stageset.envtest.image).
+if { ! command -v mmdebstrap >/dev/null || ! command -v umoci >/dev/null; } && command -v apt-get >/dev/null; then
+    apt_install "the daemonless image build" mmdebstrap umoci >&2
 fi
 echo "$UV"

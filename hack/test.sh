@@ -13,12 +13,23 @@ echo "== ruff"; run ruff check stageset sources tests bench
 echo "== mypy --strict"; run mypy
 echo "== import contracts"; run lint-imports
 echo "== CRDs are current"; run python -m stageset.api.crd --check
+echo "== docs/install.md's value reference is current"; run python -m stageset.envtest.chartdocs --check
 [ "${1:-}" = "--lint-only" ] && exit 0
 
 echo "== control plane (built once, cached in ~/.cache/stageset)"
 run python -m stageset.envtest.build
 echo "== kustomize (built once, cached in ~/.cache/stageset)"
 run python -m stageset.build
+echo "== helm (built once, cached in ~/.cache/stageset)"
+run python -m stageset.envtest.helm
+echo "== container image (built daemonlessly, cached by content in ~/.cache/stageset/image)"
+if [ "$(id -u)" -eq 0 ]; then
+    step=$(date +%s)
+    UV="$UV" run python -m stageset.envtest.image
+    echo "   image step took $(( $(date +%s) - step ))s"
+else
+    echo "   skipped: needs root (mmdebstrap, chroot); tests/image skips too, and fails under CI=true"
+fi
 
 echo "== pytest"
 set +e

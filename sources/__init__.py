@@ -6,10 +6,18 @@ The controller uses it like this::
                         max_bytes=10 * 2**30)   # LRU eviction past 10 GiB; None: unbounded
     creds = Credentials(username="git", password=token)              # HTTPS basic auth, or
     creds = Credentials(identity=key_pem, known_hosts=known_hosts)   # SSH, strict host keys
-    snapshot = store.fetch(url, ref=RefSelector(branch="main"), credentials=creds, timeout=60)
+    snapshot = store.fetch(url, ref=RefSelector(branch="main"), credentials=creds, timeout=60,
+                           consumer="payments/app/<uid>")  # served to this source only
     snapshot.revision                     # "main@sha1:<40 hex>", Flux's format
+    store.is_served(url, commit=snapshot.commit, consumer="payments/app/<uid>")  # True
     files = store.read_tree(url, commit=snapshot.commit, path="./deploy", ignore=None)
     tree_id = store.tree_hash(url, commit=snapshot.commit, path="./deploy")
+
+Identity: every network operation uses the caller's :class:`Credentials` and nothing of the
+controller's own; a commit is served to a caller only once proven readable with them
+(:mod:`sources.mirror`).  Everything a server sends is bounded (:mod:`sources.pack`,
+:mod:`sources.limits`); ignore rules are Flux's, matched in linear time
+(:mod:`sources.ignore`).
 
 Every failure is a :class:`SourceError`; see :mod:`sources.errors` for the kinds
 (:class:`HostKeyError` is an :class:`AuthenticationError`; :class:`NotFetchedError`, a
@@ -32,10 +40,10 @@ from sources.errors import (
     UnsafePathError,
     UrlPolicyError,
 )
+from sources.limits import Limits
 from sources.mirror import MirrorStore, Snapshot
 from sources.refs import RefSelector
 from sources.revision import format_revision, parse_revision
-from sources.tree import Limits
 from sources.urls import UrlPolicy
 
 __all__ = [

@@ -1,23 +1,61 @@
 """Shared bare mirrors of remote repositories: fetch once, read many times.
 
+Identity: every network operation uses the caller's own :class:`~sources.Credentials` (the
+GitRepository's Secret, read as its ServiceAccount); the mirror on disk is the controller's.
+
 Why mirrors: many GitRepositories (and through them many StageSets) point at the same
-repository.  Each normalised URL (:attr:`sources.urls.RemoteUrl.key`) gets one bare
-repository under ``root/<sha256(key)[:16]>``; every caller's fetch lands there, and trees
-are read straight from its object store (:mod:`sources.tree`), with no work tree.
+repository.  Each repository (:attr:`sources.urls.RemoteUrl.key`, which keeps everything
+that can change what a server returns) gets one bare repository under
+``root/<sha256(key)[:16]>``; every caller's fetch lands there, and trees are read straight
+from its object store (:mod:`sources.tree`), with no work tree.
+
+**A caller is only served commits its own credentials can fetch.**  A mirror holds what
+*every* caller of that URL fetched, so "the commit is in the mirror" proves nothing about
+this caller, and neither does a successful ref listing (servers show different users
+different refs: per-ref permissions, hidden refs).  So each commit served is proven for
+the caller first, in this order, cheapest first:
+
+1. it is the tip of a ref the caller's own listing advertised (branches, tags, semver,
+   ``ref.name``, the remote HEAD: always the case unless ``ref.commit`` is set);
+2. it is reachable, within :data:`PROOF_WALK` commits, from such a tip through commits
+   in the mirror (commit ids are hashes of their content, so parents found in the mirror
+   are the real history, whoever fetched them; history reachable from a ref a server
+   shows you is history it lets you fetch);
+3. otherwise the server is asked for it **with the caller's credentials**, even when the
+   mirror already has it (the request then names it as a "have" too, so nothing is
+   transferred): the server decides.  Servers speaking protocol version 2 (git, GitHub,
+   GitLab, Bitbucket, Gitea) send any commit they let the caller read;
+4. a server that refuses and speaks only protocol version 0 sends only what it advertised:
+   then the named branch (or the remote HEAD) is deepened, with the caller's credentials,
+   to at most :data:`PIN_HISTORY` commits, and step 2 is tried again.  That is the most a
+   pinned commit ever costs: never a fetch of all history of every ref, whatever
+   ``ref.commit`` says.
+
+A commit that fails all four is :class:`~sources.errors.RefNotFoundError` (not found, or
+not readable with these credentials — the message cannot and does not tell which).
+
+**Readers only read what their source was served.**  ``fetch(..., consumer=...)`` records
+the commit as served to that consumer (the controller passes the GitRepository's
+namespace, name and uid) in the mirror (``stageset-served/``, so restarts keep it; an
+evicted mirror takes its records with it).  :meth:`MirrorStore.is_served` and the
+``consumer=`` argument of the read methods check it, so a reader (a StageSet) can only read
+the commits its GitRepository was served — not any commit of a mirror someone else filled,
+whatever revision a status claims.
 
 A fetch goes:
 
-1. **List refs** (``ls-remote``) with the *caller's* credentials.  This is the change
-   check, and it is also what makes sharing a mirror across tenants safe: nobody gets a
-   snapshot without the remote accepting their credentials for that URL first.  It runs
-   outside any lock, so callers of one URL list in parallel.
+1. **List refs** (``ls-remote``) with the caller's credentials: the change check, and the
+   first proof.  It runs outside any lock, so callers of one URL list in parallel.
 2. **Resolve** the :class:`~sources.refs.RefSelector` against the listing (pure, see
    :mod:`sources.refs`).
-3. Under the URL's lock: if the wanted commit is already in the mirror, stop — an
-   unchanged remote costs one ``ls-remote`` and no fetch, and twenty threads asking for the
-   same new commit fetch it once.  Otherwise fetch just that commit, shallow (depth 1),
-   negotiating from the commits the mirror already has.  A pinned commit that the server
-   will not send by id is found by deepening the whole history instead.
+3. Under the URL's lock: prove a pinned commit as above; if the wanted commit is already in
+   the mirror, stop — an unchanged remote costs one ``ls-remote`` and no fetch, and twenty
+   threads asking for the same new commit fetch it once.  Otherwise fetch just that commit,
+   shallow (depth 1), negotiating from the commits the mirror already has, through the
+   bounded pack check of :mod:`sources.pack`.
+
+The whole call (listing, proofs, fetches, waiting for the lock) has one deadline:
+``timeout``.
 
 Threading: dulwich ``Repo`` objects are not thread-safe, so every operation opens its own
 and closes it.  Only fetches (writers) take the per-URL lock; readers need none, because
@@ -42,7 +80,8 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections import deque
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,13 +92,29 @@ from dulwich.refs import Ref
 from dulwich.repo import Repo
 
 from sources.credentials import Credentials
-from sources.errors import GitOperationError, NotFetchedError, RefNotFoundError
+from sources.errors import GitOperationError, NotFetchedError, RefNotFoundError, UrlPolicyError
+from sources.limits import Limits
 from sources.refs import PEELED_SUFFIX, RefSelector, Resolution, resolve, valid_ref_name
 from sources.revision import format_revision
 from sources.ssh import default_scratch_dir
-from sources.transport import INFINITE_DEPTH, Remote
-from sources.tree import Limits, read_tree, subtree_id
+from sources.transport import Deadline, Listing, Remote, WantRefusedError
+from sources.tree import IgnoreCache, read_tree, subtree_id
 from sources.urls import RemoteUrl, UrlPolicy, parse_url
+
+PROOF_WALK = 1000
+"""Commits walked in the mirror, from the tips a caller was shown, to find a pinned commit."""
+
+PIN_HISTORY = 1000
+"""The most commits of one branch fetched to find a pinned commit on a server that only
+sends advertised tips (protocol version 0 without ``allow-*-sha1-in-want``)."""
+
+_PIN_STEPS = (50, PIN_HISTORY)
+
+SERVED_DIR = "stageset-served"
+"""Per mirror: which commits were served to which consumer (one file per consumer)."""
+
+_SERVED_KEEP = 16
+"""Commits remembered per consumer (the newest), so a status a little behind still reads."""
 
 
 @dataclass(frozen=True)
@@ -108,12 +163,57 @@ def _disk_usage(path: Path) -> int:
     return total
 
 
+def _consumer_file(consumer: str) -> str:
+    return hashlib.sha256(consumer.encode()).hexdigest()[:32]
+
+
+def _peeled_commit(repo: Repo, sha: ObjectID) -> ObjectID | None:
+    """The commit ``sha`` is or (through tags) points to, if the mirror has it."""
+    for _ in range(16):
+        if sha not in repo.object_store:
+            return None
+        obj = repo.object_store[sha]
+        if isinstance(obj, Commit):
+            return sha
+        if not isinstance(obj, Tag):
+            return None
+        sha = obj.object[1]
+    return None
+
+
+def reachable(repo: Repo, *, tips: Iterable[str], target: str, limit: int) -> bool:
+    """Whether ``target`` is one of ``tips`` or an ancestor within ``limit`` commits, using
+    only commits present in ``repo`` (a shallow mirror's walk stops where history ends)."""
+    want = ObjectID(target.encode("ascii"))
+    queue: deque[ObjectID] = deque()
+    for tip in tips:
+        commit = _peeled_commit(repo, ObjectID(tip.encode("ascii")))
+        if commit is not None:
+            queue.append(commit)
+    seen: set[ObjectID] = set()
+    while queue and len(seen) < limit:
+        sha = queue.popleft()
+        if sha in seen:
+            continue
+        seen.add(sha)
+        if sha == want:
+            return True
+        if sha not in repo.object_store:
+            continue
+        obj = repo.object_store[sha]
+        if isinstance(obj, Commit):
+            queue.extend(parent for parent in obj.parents if parent not in seen)
+    return False
+
+
 class MirrorStore:
     """Fetches remotes into shared bare mirrors under ``root`` and reads trees from them.
 
     ``max_bytes`` bounds the mirrors' total disk use (None: unbounded); least recently used
     mirrors are evicted past it.  ``ssh_scratch_dir`` is where SSH key files live for the
     length of a connection (default: ``/dev/shm`` when usable, else the temp directory).
+    Local repositories (when the policy allows them) are never served from ``root`` or the
+    scratch directory.
     """
 
     def __init__(self, *, root: Path, policy: UrlPolicy | None = None,
@@ -121,16 +221,17 @@ class MirrorStore:
                  ssh_scratch_dir: Path | None = None) -> None:
         self._root = Path(root)
         self._root.mkdir(parents=True, exist_ok=True)
-        self._policy = policy or UrlPolicy()
+        self._scratch = ssh_scratch_dir if ssh_scratch_dir is not None else default_scratch_dir()
+        self._policy = (policy or UrlPolicy()).forbidding(self._root, ssh_scratch_dir)
         self._limits = limits or Limits()
         self._max_bytes = max_bytes
-        self._scratch = ssh_scratch_dir if ssh_scratch_dir is not None else default_scratch_dir()
         self._locks: dict[str, threading.Lock] = {}
         self._readers: dict[str, int] = {}
         self._last_used: dict[str, float] = {}
         self._sizes: dict[str, int] = {}
         self._locks_guard = threading.Lock()
         self._evicting = threading.Lock()
+        self._ignores = IgnoreCache()
         self.evictions = 0
         """How many mirrors were evicted by this store (for metrics and tests)."""
         self._adopt_existing()
@@ -138,17 +239,25 @@ class MirrorStore:
     # -- public API --------------------------------------------------------------------
 
     def fetch(self, url: str, *, ref: RefSelector | None = None,
-              credentials: Credentials | None = None, timeout: float = 60.0) -> Snapshot:
-        """Resolve ``ref`` on the remote and make sure its commit is in the mirror."""
+              credentials: Credentials | None = None, timeout: float = 60.0,
+              consumer: str | None = None) -> Snapshot:
+        """Resolve ``ref`` on the remote and make sure its commit is in the mirror.
+
+        Every commit served is proven readable with ``credentials`` first (see the module
+        docstring).  With ``consumer``, the commit is recorded as served to it, for
+        :meth:`is_served` and the ``consumer=`` checks of the read methods.  ``timeout``
+        bounds the whole call.
+        """
         selector = ref or RefSelector()
         remote_url = parse_url(url, self._policy)
+        deadline = Deadline(timeout)
         remote = Remote(url=remote_url, credentials=credentials, timeout=timeout,
-                        scratch_dir=self._scratch)
+                        scratch_dir=self._scratch, deadline=deadline, limits=self._limits)
         listing = remote.list_refs(selector.ref_prefixes())
         resolution = resolve(selector, listing.refs, listing.symrefs, url=remote_url.display)
         name = self._name_for(remote_url)
         lock = self._lock_for(name)
-        if not lock.acquire(timeout=timeout):
+        if not lock.acquire(timeout=max(0.0, deadline.remaining())):
             raise GitOperationError(
                 f"timed out after {timeout:g}s waiting for another fetch of {remote_url.display}"
             )
@@ -156,8 +265,10 @@ class MirrorStore:
             path = self._ensure_mirror(remote_url)
             with _MirrorRepo(str(path)) as repo:
                 fetched = False
-                if ObjectID(resolution.commit.encode("ascii")) not in repo.object_store:
-                    self._fetch_wanted(remote, repo, resolution, pinned=selector.commit)
+                if selector.commit is not None:
+                    fetched = self._prove_pin(remote, repo, listing, selector)
+                elif ObjectID(resolution.want.encode("ascii")) not in repo.object_store:
+                    self._fetch_tip(remote, repo, resolution)
                     fetched = True
                 commit = self._peel(repo, resolution, url=remote_url.display)
                 if resolution.ref is not None and resolution.ref.startswith("refs/") and (
@@ -165,6 +276,8 @@ class MirrorStore:
                 ):
                     # Kept so later fetches negotiate from it (see _MirrorRepo).
                     repo.refs[Ref(resolution.ref.encode())] = ObjectID(commit.encode("ascii"))
+            if consumer is not None:
+                self._record_served(name, consumer, commit)
             self._touch(name, persist=True)
             if fetched or name not in self._sizes:
                 self._sizes[name] = _disk_usage(path)
@@ -175,17 +288,40 @@ class MirrorStore:
         return Snapshot(url=remote_url.display, ref_name=resolution.ref_name, commit=commit,
                         fetched=fetched)
 
+    def is_served(self, url: str, *, commit: str, consumer: str) -> bool:
+        """Whether ``commit`` of ``url`` was served to ``consumer`` by :meth:`fetch` (and the
+        mirror still holds it)."""
+        try:
+            remote_url = parse_url(url, self._policy)
+        except UrlPolicyError:
+            return False  # never fetched, so never served
+        path = self._path_for(remote_url) / SERVED_DIR / _consumer_file(consumer)
+        try:
+            served = path.read_text().split()
+        except OSError:
+            return False
+        return commit in served
+
     def read_tree(self, url: str, *, commit: str, path: str = "./",
-                  ignore: str | None = None, limits: Limits | None = None) -> dict[str, bytes]:
-        """Files under ``path`` at ``commit`` (already fetched): relative path -> bytes."""
+                  ignore: str | None = None, limits: Limits | None = None,
+                  consumer: str | None = None) -> dict[str, bytes]:
+        """Files under ``path`` at ``commit`` (already fetched): relative path -> bytes.
+
+        Files excluded by the source's ignore rules (Flux's defaults, ``.sourceignore``
+        files, ``ignore``; see :mod:`sources.ignore`) are left out.  With ``consumer``,
+        ``commit`` must have been served to it (else :class:`NotFetchedError`).
+        """
         remote_url = parse_url(url, self._policy)
+        self._check_served(remote_url, url=url, commit=commit, consumer=consumer)
         with self._reading(remote_url, commit=commit) as repo:
             return read_tree(repo.object_store, commit=commit, path=path, ignore=ignore,
-                             limits=limits or self._limits)
+                             limits=limits or self._limits, cache=self._ignores)
 
-    def tree_hash(self, url: str, *, commit: str, path: str = "./") -> str:
+    def tree_hash(self, url: str, *, commit: str, path: str = "./",
+                  consumer: str | None = None) -> str:
         """The Git tree id of ``path`` at ``commit``: equal ids mean equal content."""
         remote_url = parse_url(url, self._policy)
+        self._check_served(remote_url, url=url, commit=commit, consumer=consumer)
         with self._reading(remote_url, commit=commit) as repo:
             return subtree_id(repo.object_store, commit=commit, path=path)
 
@@ -228,6 +364,100 @@ class MirrorStore:
         finally:
             self._evicting.release()
         return removed
+
+    # -- proofs and records ------------------------------------------------------------
+
+    def _fetch_tip(self, remote: Remote, repo: Repo, resolution: Resolution) -> None:
+        """Fetch an object the caller's listing advertised (proven by the listing itself)."""
+        remote.fetch(repo, wants=[resolution.want], depth=1, blob_limit=self._blob_limit())
+        if ObjectID(resolution.want.encode("ascii")) not in repo.object_store:
+            raise GitOperationError(
+                f"fetching from {remote.url.display} failed: the remote did not send "
+                f"{resolution.want} ({resolution.ref_name})"
+            )
+
+    def _prove_pin(self, remote: Remote, repo: Repo, listing: Listing,
+                   selector: RefSelector) -> bool:
+        """Make sure pinned ``selector.commit`` is readable *by this caller* and in the
+        mirror; returns whether objects were fetched.  See the module docstring."""
+        pinned = selector.commit
+        assert pinned is not None
+        tips = self._advertised_tips(listing, selector)
+        present = ObjectID(pinned.encode("ascii")) in repo.object_store
+        if present and (pinned in tips or reachable(repo, tips=tips, target=pinned,
+                                                    limit=PROOF_WALK)):
+            return False
+        not_found = RefNotFoundError(
+            f"commit {pinned} not found in {remote.url.display} (or not readable with these "
+            "credentials)")
+        try:
+            remote.fetch(repo, wants=[pinned], depth=1, blob_limit=self._blob_limit(),
+                         haves=[pinned] if present else [])
+        except WantRefusedError as refused:
+            if refused.protocol_version == 2 or not tips:
+                raise not_found from None
+            return self._deepen_for(remote, repo, tips=tips, pinned=pinned,
+                                    not_found=not_found)
+        if ObjectID(pinned.encode("ascii")) not in repo.object_store:
+            raise not_found
+        return not present
+
+    def _deepen_for(self, remote: Remote, repo: Repo, *, tips: list[str], pinned: str,
+                    not_found: RefNotFoundError) -> bool:
+        """Servers that send only advertised tips: deepen them, boundedly, to find ``pinned``."""
+        for depth in _PIN_STEPS:
+            remote.fetch(repo, wants=tips, depth=depth, blob_limit=self._blob_limit())
+            if reachable(repo, tips=tips, target=pinned, limit=depth + 1):
+                return True
+        raise RefNotFoundError(
+            f"commit {pinned} is not readable with these credentials, or not among the last "
+            f"{PIN_HISTORY} commits of the ref it was "
+            f"looked for on in {remote.url.display}, and this server sends only advertised "
+            "commits (set ref.branch to the branch that contains it, or use a server that "
+            "serves commits by id)"
+        ) from not_found
+
+    @staticmethod
+    def _advertised_tips(listing: Listing, selector: RefSelector) -> list[str]:
+        """The commits the caller's listing offered for the selector's ref (or HEAD)."""
+        if selector.branch is not None:
+            names = [f"refs/heads/{selector.branch}"]
+        elif selector.name is not None:
+            names = [selector.name]
+        elif selector.tag is not None:
+            names = [f"refs/tags/{selector.tag}{PEELED_SUFFIX}", f"refs/tags/{selector.tag}"]
+        else:
+            names = ["HEAD"]
+        return [listing.refs[n] for n in names if n in listing.refs][:1]
+
+    def _blob_limit(self) -> int:
+        # Blobs over the per-file limit could never be read; the server may leave them out.
+        return self._limits.max_file_bytes + 1
+
+    def _record_served(self, name: str, consumer: str, commit: str) -> None:
+        """Remember (atomically, on disk) that ``commit`` was served to ``consumer``."""
+        directory = self._root / name / SERVED_DIR
+        path = directory / _consumer_file(consumer)
+        try:
+            served = path.read_text().split()
+        except OSError:
+            served = []
+        if served and served[-1] == commit:
+            return
+        served = [*[c for c in served if c != commit][-(_SERVED_KEEP - 1):], commit]
+        directory.mkdir(exist_ok=True)
+        fd, staging = tempfile.mkstemp(prefix=".served-", dir=directory)
+        with os.fdopen(fd, "w") as handle:
+            handle.write("\n".join(served) + "\n")
+        os.replace(staging, path)
+
+    def _check_served(self, remote_url: RemoteUrl, *, url: str, commit: str,
+                      consumer: str | None) -> None:
+        if consumer is not None and not self.is_served(url, commit=commit, consumer=consumer):
+            raise NotFetchedError(
+                f"commit {commit} of {remote_url.display} has not been fetched for this source "
+                "(yet)"
+            )
 
     # -- internals ---------------------------------------------------------------------
 
@@ -325,33 +555,6 @@ class MirrorStore:
         finally:
             shutil.rmtree(staging, ignore_errors=True)
         return path
-
-    def _fetch_wanted(self, remote: Remote, repo: Repo, resolution: Resolution, *,
-                      pinned: str | None) -> None:
-        # Blobs over the per-file limit could never be read; the server may leave them out.
-        blob_limit = self._limits.max_file_bytes + 1
-        if pinned is None:
-            remote.fetch(repo, wants=[resolution.want], depth=1, blob_limit=blob_limit)
-            if ObjectID(resolution.want.encode("ascii")) not in repo.object_store:
-                raise GitOperationError(
-                    f"fetching from {remote.url.display} failed: the remote did not send "
-                    f"{resolution.want} ({resolution.ref_name})"
-                )
-            return
-        # Most servers (git over HTTP, GitHub, GitLab) send any reachable commit by id;
-        # others only send advertised tips, so fall back to fetching all history.
-        with contextlib.suppress(GitOperationError):
-            remote.fetch(repo, wants=[pinned], depth=1, blob_limit=blob_limit)
-        if ObjectID(pinned.encode("ascii")) in repo.object_store:
-            return
-        listing = remote.list_refs()
-        tips = sorted({sha for name, sha in listing.refs.items()
-                       if (name.startswith(("refs/heads/", "refs/tags/")) or name == "HEAD")
-                       and not name.endswith(PEELED_SUFFIX)})
-        if tips:
-            remote.fetch(repo, wants=tips, depth=INFINITE_DEPTH, blob_limit=blob_limit)
-        if ObjectID(pinned.encode("ascii")) not in repo.object_store:
-            raise RefNotFoundError(f"commit {pinned} not found in {remote.url.display}")
 
     @staticmethod
     def _peel(repo: Repo, resolution: Resolution, *, url: str) -> str:

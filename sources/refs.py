@@ -58,13 +58,16 @@ class RefSelector:
                 raise InvalidRefError(f"ref.semver: {error}") from None
         if self.name is not None and self.name != "HEAD" and not (
             self.name.startswith("refs/") and valid_ref_name(self.name)
+            and not any(part.startswith("-") for part in self.name.split("/"))
         ):
             raise InvalidRefError(f"ref.name must be a full ref name like refs/pull/7/head, "
                                   f"got {self.name!r}")
         for field_name, namespace in (("branch", "refs/heads/"), ("tag", "refs/tags/")):
             value = getattr(self, field_name)
+            # A leading '-' is refused as git refuses it for branch names: defence in depth
+            # against option injection (no ref ever reaches a command line here).
             if value is not None and (
-                value.startswith("refs/") or not valid_ref_name(namespace + value)
+                value.startswith(("refs/", "-")) or not valid_ref_name(namespace + value)
             ):
                 raise InvalidRefError(f"ref.{field_name} must be a valid short {field_name} "
                                       f"name, got {value!r}")

@@ -40,16 +40,14 @@ import shutil
 import subprocess
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dulwich.client import SSHVendor, SubprocessWrapper
 
 from sources.errors import AuthenticationError, HostKeyError
-
-DEFAULT_SSH_USER = "git"
-"""The user when the URL names none, as Flux does (``ssh://host/x`` is ``git@host``)."""
+from sources.urls import DEFAULT_SSH_USER
 
 _SCRATCH_PREFIX = "stageset-ssh-"
 
@@ -116,6 +114,8 @@ class StrictSSHVendor(SSHVendor):
     known_hosts_file: Path
     identity_file: Path | None
     timeout: float
+    wrap_read: Callable[[Callable[..., bytes]], Callable[..., bytes]] | None = None
+    """Applied to the connection's ``read`` (the transport counts bytes with it)."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     timed_out: threading.Event = field(default_factory=threading.Event)
     _timers: list[threading.Timer] = field(default_factory=list)
@@ -181,7 +181,10 @@ class StrictSSHVendor(SSHVendor):
         timer.daemon = True
         timer.start()
         self._timers.append(timer)
-        return SubprocessWrapper(process)
+        wrapper = SubprocessWrapper(process)
+        if self.wrap_read is not None:
+            wrapper.read = self.wrap_read(wrapper.read)
+        return wrapper
 
     def _expire(self, process: subprocess.Popen[bytes]) -> None:
         if process.poll() is None:
@@ -213,7 +216,9 @@ def _ssh_environment() -> dict[str, str]:
 
 @contextlib.contextmanager
 def ssh_session(*, identity: bytes | None, known_hosts: bytes | None, passphrase: str | None,
-                timeout: float, host: str, scratch_dir: Path | None) -> Iterator[StrictSSHVendor]:
+                timeout: float, host: str, scratch_dir: Path | None,
+                read_budget: Callable[[Callable[..., bytes]], Callable[..., bytes]] | None = None,
+                ) -> Iterator[StrictSSHVendor]:
     """A vendor whose key files exist exactly as long as the ``with`` block."""
     if not known_hosts or not known_hosts.strip():
         raise HostKeyError(
@@ -233,7 +238,7 @@ def ssh_session(*, identity: bytes | None, known_hosts: bytes | None, passphrase
             identity_file = directory / "identity"
             _write_private(identity_file, key)
         vendor = StrictSSHVendor(known_hosts_file=known_hosts_file, identity_file=identity_file,
-                                 timeout=timeout)
+                                 timeout=timeout, wrap_read=read_budget)
         yield vendor
     finally:
         if vendor is not None:

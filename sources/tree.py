@@ -1,5 +1,8 @@
 """Reading the files under a path of a commit straight from a Git object store.
 
+Identity: none of its own — it reads a mirror on the controller's disk; who may read which
+commit is decided by :mod:`sources.mirror` before a read gets here.
+
 Why no work tree: a checkout writes every file of every revision to disk and races with
 concurrent readers; reading blobs from the object store is cheaper, needs no cleanup and
 never touches the controller's filesystem, so a hostile repository cannot make us follow a
@@ -18,27 +21,32 @@ What a tree may contain is checked here, with errors that name the offending pat
   link.  Keeping targets inside ``path`` also means the Git tree id of
   ``path`` (:func:`subtree_id`) changes whenever anything we would read changes, which is
   what lets callers skip re-rendering an unchanged subtree.
-* :class:`Limits` bound the number of files and the bytes of each file and of the whole
-  tree (:class:`LimitExceededError`), after ``ignore`` patterns are applied.  A blob's size
-  is read from its pack (or loose object) header before the blob is loaded
+* :class:`~sources.limits.Limits` bound the number of files and the bytes of each file and
+  of the whole read (:class:`LimitExceededError`), after ignore rules are applied, and the
+  tree entries visited and the nesting depth whether ignored or not (Git stores a subtree
+  once however often it is named, so a few kilobytes can name millions of paths).  A blob's
+  size is read from its pack (or loose object) header before the blob is loaded
   (:func:`object_size`), so a 100 MB file is refused without 100 MB of memory.
 
-``ignore`` is .gitignore syntax matched against paths relative to the repository root, as
-in Flux's ``spec.ignore`` (``/deploy/secret.yaml`` is anchored at the root; ``*.md``
-matches anywhere).  Ignored entries are skipped before they are inspected, so an ignored
-symlink or submodule is no error.  Note that the tree id still covers ignored files.
+Ignore rules are Flux's (:mod:`sources.ignore`): its default exclusions unless the source
+has ``.sourceignore`` files or ``ignore`` patterns, matched against paths relative to the
+repository root whatever ``path`` is read (``/deploy/secret.yaml`` is anchored at the root;
+``*.md`` matches anywhere).  The ``.sourceignore`` files of a commit are found by one walk
+of its trees, cached by root tree id (:class:`IgnoreCache`).  Ignored entries are skipped
+before they are inspected, so an ignored symlink or submodule is no error.  Note that the
+tree id still covers ignored files.
 """
 
 from __future__ import annotations
 
-import io
 import os
 import stat
+import threading
 import zlib
+from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
-from dulwich.ignore import IgnoreFilter, read_ignore_patterns
 from dulwich.object_store import BaseObjectStore
 from dulwich.objects import S_ISGITLINK, Blob, Commit, ObjectID, Tag, Tree
 
@@ -49,8 +57,12 @@ from sources.errors import (
     PathNotFoundError,
     UnsafePathError,
 )
+from sources.ignore import IGNORE_FILE, Matcher, source_matcher
+from sources.limits import Limits, MiB
 
-MiB = 1024 * 1024
+__all__ = ["CommitTree", "IgnoreCache", "Limits", "MiB", "object_size", "read_tree",
+           "split_path", "subtree_id"]
+
 MAX_SYMLINK_HOPS = 40
 """Like Linux's MAXSYMLINKS: a chain longer than this is treated as a loop."""
 MAX_SYMLINK_TARGET = 4096
@@ -58,15 +70,6 @@ MAX_SYMLINK_TARGET = 4096
 _OFS_DELTA, _REF_DELTA = 6, 7
 
 Parts = tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class Limits:
-    """How much one read may return; exceeding any is a :class:`LimitExceededError`."""
-
-    max_files: int = 10_000
-    max_file_bytes: int = 10 * MiB
-    max_total_bytes: int = 100 * MiB
 
 
 def split_path(path: str) -> Parts:
@@ -177,17 +180,25 @@ def _show(parts: Parts) -> str:
     return "/".join(parts) or "."
 
 
-def _parse_ignore(ignore: str | None) -> IgnoreFilter | None:
-    if not ignore or not ignore.strip():
-        return None
-    return IgnoreFilter(read_ignore_patterns(io.BytesIO(ignore.encode())))
-
-
 @dataclass
 class _Budget:
     limits: Limits
     files: int = 0
     total: int = 0
+    entries: int = 0
+
+    def visit(self, path: str, *, depth: int) -> None:
+        """Every tree entry looked at, ignored or not, counts; so does nesting."""
+        self.entries += 1
+        if self.entries > self.limits.max_tree_entries:
+            raise LimitExceededError(
+                f"more than {self.limits.max_tree_entries} tree entries to look at (limit "
+                f"reached at {path!r}); does the repository repeat a subtree many times?"
+            )
+        if depth > self.limits.max_depth:
+            raise LimitExceededError(
+                f"directories nested deeper than {self.limits.max_depth} levels at {path!r}"
+            )
 
     def charge(self, path: str, size: int) -> None:
         if size > self.limits.max_file_bytes:
@@ -314,13 +325,80 @@ class CommitTree:
 
     # -- reading -----------------------------------------------------------------------
 
-    def read(self, path: str, *, ignore: str | None, limits: Limits) -> dict[str, bytes]:
-        """Every file under ``path``: relative POSIX path -> content."""
+    def read(self, path: str, *, ignore: str | None, limits: Limits,
+             cache: IgnoreCache | None = None) -> dict[str, bytes]:
+        """Every file under ``path`` that the ignore rules keep: relative POSIX path -> content."""
         tree_id, real = self.subtree(path)
-        walk = _Walk(tree=self, within=real, ignore=_parse_ignore(ignore),
-                     budget=_Budget(limits))
+        budget = _Budget(limits)
+        matcher = (cache or IgnoreCache()).matcher(self, ignore=ignore, budget=budget)
+        walk = _Walk(tree=self, within=real, matcher=matcher, budget=budget)
         walk.directory(tree_id, real=real, out=(), stack=(real,))
         return walk.files
+
+    def sourceignore_files(self, budget: _Budget) -> list[tuple[Parts, str]]:
+        """Every ``.sourceignore`` of the commit as (directory, text), parents first.
+
+        As Flux: regular files only (no symlinks), every directory visited (ignored or not).
+        """
+        found: list[tuple[Parts, str]] = []
+        pending: list[tuple[ObjectID, Parts]] = [(self.root, ())]
+        key = IGNORE_FILE.encode()
+        while pending:
+            tree_id, parts = pending.pop()
+            tree = self._tree(tree_id)
+            subdirs: list[tuple[ObjectID, Parts]] = []
+            for entry in tree.iteritems(name_order=True):
+                name = entry.path.decode("utf-8", "replace")
+                budget.visit(_show((*parts, name)), depth=0)  # iterative: depth is no risk
+                if entry.path == key and stat.S_ISREG(entry.mode):
+                    size = object_size(self.store, entry.sha)
+                    if size is not None and size > _MAX_IGNORE_FILE:
+                        raise LimitExceededError(
+                            f"{_show((*parts, IGNORE_FILE))!r} is larger than "
+                            f"{_MAX_IGNORE_FILE} bytes")
+                    if entry.sha not in self.store:
+                        continue
+                    blob = self.store[entry.sha]
+                    if isinstance(blob, Blob):
+                        found.append((parts, blob.data.decode("utf-8", "replace")))
+                elif stat.S_ISDIR(entry.mode) and entry.path != b".git":
+                    subdirs.append((entry.sha, (*parts, name)))
+            pending.extend(reversed(subdirs))
+        return found
+
+
+_MAX_IGNORE_FILE = 256 * 1024
+
+
+class IgnoreCache:
+    """Compiled ignore rules per (root tree, ``spec.ignore``): a commit's ``.sourceignore``
+    files are found by walking all its trees, which is worth doing once, not per read.
+
+    Keys are content ids, so one cache may serve every mirror; it keeps the newest
+    ``size`` entries.
+    """
+
+    def __init__(self, size: int = 256) -> None:
+        self._size = size
+        self._entries: OrderedDict[tuple[bytes, str | None], Matcher] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def matcher(self, tree: CommitTree, *, ignore: str | None, budget: _Budget) -> Matcher:
+        key = (bytes(tree.root), ignore)
+        with self._lock:
+            found = self._entries.get(key)
+            if found is not None:
+                self._entries.move_to_end(key)
+                return found
+        # The scan has its own entry budget; the read that follows gets a fresh one.
+        scan = _Budget(budget.limits)
+        matcher = source_matcher(spec_ignore=ignore,
+                                 sourceignore_files=tree.sourceignore_files(scan))
+        with self._lock:
+            self._entries[key] = matcher
+            while len(self._entries) > self._size:
+                self._entries.popitem(last=False)
+        return matcher
 
 
 @dataclass
@@ -329,17 +407,12 @@ class _Walk:
 
     tree: CommitTree
     within: Parts
-    ignore: IgnoreFilter | None
+    matcher: Matcher
     budget: _Budget
     files: dict[str, bytes] = field(default_factory=dict)
 
-    def _ignored(self, out: Parts, *, is_dir: bool) -> bool:
-        if self.ignore is None:
-            return False
-        repo_path = "/".join((*self.within, *out)) + ("/" if is_dir else "")
-        if not self.ignore.is_ignored(repo_path):
-            return False
-        return not is_dir or self.ignore.may_prune_directory(repo_path)
+    def _repo_path(self, out: Parts) -> str:
+        return "/".join((*self.within, *out))
 
     def directory(self, tree_id: ObjectID, *, real: Parts, out: Parts,
                   stack: tuple[Parts, ...]) -> None:
@@ -352,18 +425,19 @@ class _Walk:
                 ) from None
             if name in ("", ".", "..") or "/" in name or "\0" in name:
                 raise UnsafePathError(f"invalid name {name!r} under {_show(real)!r}")
+            self.budget.visit(self._repo_path((*out, name)), depth=len(out) + 1)
             self.entry(entry.mode, entry.sha, real=(*real, name), out=(*out, name),
                        stack=stack)
 
     def entry(self, mode: int, sha: ObjectID, *, real: Parts, out: Parts,
               stack: tuple[Parts, ...]) -> None:
-        repo_path = _show((*self.within, *out))
+        repo_path = self._repo_path(out)
         if S_ISGITLINK(mode):
-            if self._ignored(out, is_dir=True) or self._ignored(out, is_dir=False):
+            if self.matcher.excluded(repo_path, is_dir=False):
                 return
             raise UnsafePathError(f"{repo_path!r} is a submodule, which is not supported")
         if stat.S_ISLNK(mode):
-            if self._ignored(out, is_dir=False):
+            if self.matcher.excluded(repo_path, is_dir=False):
                 return
             mode, sha, real = self.tree.lookup(real, within=self.within,
                                                origin=f"symlink {repo_path!r}")
@@ -371,11 +445,11 @@ class _Walk:
                 raise UnsafePathError(f"symlink {repo_path!r} points to its own parent "
                                       f"directory {_show(real)!r} (a loop)")
         if stat.S_ISDIR(mode):
-            if self._ignored(out, is_dir=True):
+            if self.matcher.prunes(repo_path):
                 return
             self.directory(sha, real=real, out=out, stack=(*stack, real))
             return
-        if self._ignored(out, is_dir=False):
+        if self.matcher.excluded(repo_path, is_dir=False):
             return
         size = object_size(self.tree.store, sha)
         if size is not None:
@@ -401,9 +475,9 @@ class _Walk:
 
 
 def read_tree(store: BaseObjectStore, *, commit: str, path: str, ignore: str | None,
-              limits: Limits) -> dict[str, bytes]:
-    """Files under ``path`` at ``commit``: relative POSIX path -> bytes."""
-    return CommitTree(store, commit).read(path, ignore=ignore, limits=limits)
+              limits: Limits, cache: IgnoreCache | None = None) -> dict[str, bytes]:
+    """Files under ``path`` at ``commit`` that the ignore rules keep: relative path -> bytes."""
+    return CommitTree(store, commit).read(path, ignore=ignore, limits=limits, cache=cache)
 
 
 def subtree_id(store: BaseObjectStore, *, commit: str, path: str) -> str:

@@ -21,6 +21,15 @@ Usage::
         sha = server.commit("app", {"deploy/app.yaml": "changed"}, message="change")
         server.tag("app", "v1.0.0", annotated=True)
 
+Several users (``accounts={"alice": "pw-a", "bob": "pw-b"}``) can see different things, as on
+a real Git host: ``restrict(name, {"alice"})`` makes a repository private to some of them
+(others get 404, as GitHub answers for a private repository), ``user_config("bob", key,
+value)`` gives one user's requests extra ``git`` configuration (``uploadpack.hideRefs``
+hides refs from that user; git's own per-request configuration, not a fake), and
+``user_protocol_v0("bob")`` makes the server speak protocol version 0 to that user (which,
+unlike version 2, only sends advertised commits unless ``uploadpack.allowAnySHA1InWant``
+or ``allowReachableSHA1InWant`` is set).
+
 Import it from any test package as ``from tests.gitserver import GitServer, Symlink``
 (``tests`` is a namespace package: the checkout's root is on ``sys.path`` through the
 editable install, and pytest puts it there too).
@@ -128,6 +137,33 @@ class _State:
     log: list[RequestRecord] = field(default_factory=list)
     tips_only: set[str] = field(default_factory=set)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    accounts: dict[str, str] = field(default_factory=dict)
+    restricted: dict[str, set[str]] = field(default_factory=dict)  # directory -> users
+    user_config: dict[str, list[tuple[str, str]]] = field(default_factory=dict)
+    protocol_v0: set[str] = field(default_factory=set)
+
+    def account(self, header: str | None) -> str | None:
+        """The account a Basic ``Authorization`` header proves, if any."""
+        scheme, _, value = (header or "").partition(" ")
+        if scheme.lower() != "basic":
+            return None
+        try:
+            user, _, password = base64.b64decode(value.strip()).decode().partition(":")
+        except ValueError:
+            return None
+        expected = self.accounts.get(user)
+        if expected is not None and hmac.compare_digest(password, expected):
+            return user
+        return None
+
+    def directory(self, repo_path: str) -> str:
+        """The repository directory ``git http-backend`` serves for a request path (it tries
+        the path itself, then with ``.git``)."""
+        relative = repo_path.strip("/")
+        for candidate in (relative, relative + ".git"):
+            if (self.project_root / candidate / "HEAD").is_file():
+                return candidate
+        return relative
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -167,6 +203,21 @@ class _Handler(BaseHTTPRequestHandler):
         body = self._read_body() if self.command == "POST" else b""
         repo, service, command = _classify(path, query, body, self.headers.get("Git-Protocol"))
 
+        user = state.account(self.headers.get("Authorization"))
+        allowed = state.restricted.get(state.directory(_repo_path(path)))
+        if allowed is not None and user not in allowed:
+            status = 404 if user is not None else 401
+            self._record(state, self.command, repo, service, command, status)
+            payload = b"repository not found\n" if user else b"authentication required\n"
+            self.send_response(status)
+            if user is None:
+                self.send_header("WWW-Authenticate", 'Basic realm="git"')
+            self.send_header("Content-Type", "text/plain")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
+            return
+
         if state.auth.required() and not state.auth.accepts(self.headers.get("Authorization")):
             self._record(state, self.command, repo, service, command, 401)
             payload = b"authentication required\n"
@@ -203,10 +254,16 @@ class _Handler(BaseHTTPRequestHandler):
             "CONTENT_TYPE": self.headers.get("Content-Type", ""),
             "CONTENT_LENGTH": str(len(body)),
             "REMOTE_ADDR": self.client_address[0],
-            "REMOTE_USER": state.auth.username or "",
+            "REMOTE_USER": user or state.auth.username or "",
             "SERVER_PROTOCOL": "HTTP/1.1",
         }
-        if self.headers.get("Git-Protocol"):
+        extra = state.user_config.get(user or "", [])
+        if extra:
+            env["GIT_CONFIG_COUNT"] = str(len(extra))
+            for index, (key, value) in enumerate(extra):
+                env[f"GIT_CONFIG_KEY_{index}"] = key
+                env[f"GIT_CONFIG_VALUE_{index}"] = value
+        if self.headers.get("Git-Protocol") and (user or "") not in state.protocol_v0:
             env["GIT_PROTOCOL"] = self.headers["Git-Protocol"]
             env["HTTP_GIT_PROTOCOL"] = self.headers["Git-Protocol"]
         if self.headers.get("Content-Encoding"):
@@ -259,6 +316,14 @@ def _unadvertised_want(state: _State, repo: str, body: bytes) -> str | None:
     ).stdout.decode().split()
     wants: list[bytes] = re.findall(rb"want ([0-9a-f]{40})", body)
     return next((w.decode() for w in wants if w.decode() not in listing), None)
+
+
+def _repo_path(path: str) -> str:
+    """The repository part of a request path (without ``/info/refs`` or the service)."""
+    for suffix in ("/info/refs", "/git-upload-pack", "/git-receive-pack"):
+        if path.endswith(suffix):
+            return path[: -len(suffix)]
+    return path
 
 
 def _classify(path: str, query: str, body: bytes, git_protocol: str | None) -> tuple[str, str, str]:
@@ -357,13 +422,16 @@ class GitServer:
         password: str | None = None,
         bearer_token: str | None = None,
         tls: bool = False,
+        accounts: Mapping[str, str] | None = None,
     ) -> None:
         self._owned_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="gitserver-")) if root is None else root
         self.root.mkdir(parents=True, exist_ok=True)
         self._state = _State(project_root=self.root,
                              auth=_Auth(username=username, password=password,
-                                        bearer_token=bearer_token))
+                                        bearer_token=bearer_token),
+                             accounts=dict(accounts or {}))
+        self._dirs: dict[str, str] = {}
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
         self.tls = tls
@@ -406,10 +474,28 @@ class GitServer:
 
     def url(self, name: str) -> str:
         """The clone URL of repository ``name`` (no credentials in it)."""
-        return f"{self.base_url}/{name}.git"
+        return f"{self.base_url}/{self._dirs.get(name, f'{name}.git')}"
 
     def repo_path(self, name: str) -> Path:
-        return self.root / f"{name}.git"
+        return self.root / self._dirs.get(name, f"{name}.git")
+
+    # -- who sees what -----------------------------------------------------------------
+
+    def restrict(self, name: str, users: Iterable[str]) -> None:
+        """Only ``users`` (of ``accounts``) may read repository ``name``; others get 404
+        (401 without credentials)."""
+        with self._state.lock:
+            self._state.restricted[self.repo_path(name).name] = set(users)
+
+    def user_config(self, user: str, key: str, value: str) -> None:
+        """Extra ``git`` configuration for ``user``'s requests (e.g. ``uploadpack.hideRefs``)."""
+        with self._state.lock:
+            self._state.user_config.setdefault(user, []).append((key, value))
+
+    def user_protocol_v0(self, user: str) -> None:
+        """Speak Git protocol version 0 to ``user`` (``""``: anonymous requests)."""
+        with self._state.lock:
+            self._state.protocol_v0.add(user)
 
     # -- request log -------------------------------------------------------------------
 
@@ -450,8 +536,15 @@ class GitServer:
         *,
         branch: str = "main",
         message: str = "initial",
+        directory: str | None = None,
     ) -> str:
-        """Create bare repository ``name`` (HEAD -> ``branch``), commit ``files``; returns URL."""
+        """Create bare repository ``name`` (HEAD -> ``branch``), commit ``files``; returns URL.
+
+        It lives in ``<name>.git`` unless ``directory`` names another directory (e.g.
+        ``"vault"`` next to a ``"vault.git"``: two repositories).
+        """
+        if directory is not None:
+            self._dirs[name] = directory
         path = self.repo_path(name)
         subprocess.run(["git", *GIT_IDENTITY, "init", "--bare", "--quiet",
                         f"--initial-branch={branch}", str(path)], check=True)

@@ -56,6 +56,9 @@ if rel.startswith("~/"):
 if ".." in rel.split("/"):
     sys.stderr.write("fatal: '..' is not allowed\n")
     sys.exit(128)
+v0 = os.path.join(os.path.dirname(log), "protocol-v0")
+if os.path.exists(v0) and rel in open(v0).read().split():
+    os.environ.pop("GIT_PROTOCOL", None)
 os.execvp("git", ["git", words[0][len("git-"):], os.path.join(root, rel)])
 '''
 
@@ -186,6 +189,13 @@ class SshServer:
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         self.stop()
+
+    def protocol_v0(self, repo_dir: str) -> None:
+        """Serve ``repo_dir`` (e.g. ``"app.git"``) with Git protocol version 0 only.  Over
+        SSH that means only advertised commits are sent (unless the repository sets
+        ``uploadpack.allowReachableSHA1InWant``), like many self-hosted servers."""
+        with (self.dir / "protocol-v0").open("a") as handle:
+            handle.write(repo_dir + "\n")
 
     # -- what clients need -------------------------------------------------------------
 

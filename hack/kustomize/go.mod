@@ -3,7 +3,11 @@ module stageset.local/tools/kustomize
 
 go 1.26.0
 
-require sigs.k8s.io/kustomize/kustomize/v5 v5.8.2
+require (
+	sigs.k8s.io/kustomize/api v0.21.2
+	sigs.k8s.io/kustomize/kustomize/v5 v5.8.2
+	sigs.k8s.io/kustomize/kyaml v0.21.2
+)
 
 require (
 	github.com/blang/semver/v4 v4.0.0 // indirect
@@ -37,8 +41,6 @@ require (
 	gopkg.in/evanphx/json-patch.v4 v4.13.0 // indirect
 	gopkg.in/inf.v0 v0.9.1 // indirect
 	k8s.io/kube-openapi v0.0.0-20260721132016-d427ff9ee9ad // indirect
-	sigs.k8s.io/kustomize/api v0.21.2 // indirect
 	sigs.k8s.io/kustomize/cmd/config v0.21.2 // indirect
-	sigs.k8s.io/kustomize/kyaml v0.21.2 // indirect
 	sigs.k8s.io/yaml v1.6.0 // indirect
 )

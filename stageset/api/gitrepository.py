@@ -19,6 +19,7 @@ from pydantic.config import JsonDict
 
 from stageset.api.common import (
     API_VERSION,
+    DURATION_PATTERN,
     ApiModel,
     Condition,
     Count,
@@ -27,6 +28,7 @@ from stageset.api.common import (
     LocalObjectRef,
     StatusModel,
     Time,
+    duration_seconds,
 )
 
 # https/http/ssh/file URLs, or scp-like "user@host:path".  Written so the same text
@@ -38,6 +40,23 @@ URL_MESSAGE = (
 )
 
 _REF_NAME = Annotated[str, Field(min_length=1, max_length=1024)]
+
+MAX_TIMEOUT = "5m"
+"""Upper bound of ``spec.timeout``: a Git operation holds a worker for at most this long."""
+
+_TIMEOUT = Annotated[
+    str,
+    Field(
+        max_length=64,
+        pattern=DURATION_PATTERN,
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {"rule": f"duration(self) <= duration('{MAX_TIMEOUT}')",
+                 "message": f"timeout must be at most {MAX_TIMEOUT}"},
+            ],
+        },
+    ),
+]
 
 _ONE_SELECTOR: JsonDict = {
     "rule": "[has(self.branch), has(self.tag), has(self.semver), has(self.name)]"
@@ -112,8 +131,8 @@ class GitRepositorySpec(ApiModel):
     ``identity`` and ``known_hosts`` for SSH."""
     interval: Duration = "1m"
     """How often to look for new commits."""
-    timeout: Duration = "60s"
-    """Timeout for Git operations."""
+    timeout: _TIMEOUT = "60s"
+    """Deadline for each fetch (listing refs and fetching together), at most 5m."""
     ignore: Annotated[str, Field(max_length=65536)] | None = None
     """Extra ``.gitignore``-style patterns of files to leave out of the artifact."""
     suspend: bool = False
@@ -127,6 +146,13 @@ class GitRepositorySpec(ApiModel):
         if re.fullmatch(URL_PATTERN, url) is None:
             raise ValueError(URL_MESSAGE)
         return url
+
+    @field_validator("timeout")
+    @classmethod
+    def _bounded_timeout(cls, timeout: str) -> str:
+        if duration_seconds(timeout) > duration_seconds(MAX_TIMEOUT):
+            raise ValueError(f"timeout must be at most {MAX_TIMEOUT}")
+        return timeout
 
 
 class Artifact(StatusModel):

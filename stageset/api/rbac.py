@@ -43,7 +43,7 @@ def controller_cluster_role(name: str = "stageset-controller") -> dict[str, Any]
     """The controller's own rights in multi-tenant mode (the Helm chart's ClusterRole).
 
     Impersonate ServiceAccounts; read and watch our kinds; write their status and
-    finalizers; events and leases.  No write to any other kind, no Secret or
+    finalizers; events.  No write to any other kind, no Secret or
     ConfigMap read: everything a tenant's StageSet does goes through impersonation.
     """
     return {
@@ -61,5 +61,11 @@ CONTROLLER_RULES: list[dict[str, Any]] = [
      "resources": ["stagesets/status", "gitrepositories/status", "stagesets/finalizers"],
      "verbs": ["get", "patch", "update"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+
+]
+
+# Leader election: the release's Lease, granted by a Role in the release namespace only (the
+# chart's "<release>-leader-election" Role), not cluster-wide.
+LEADER_ELECTION_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]

@@ -162,10 +162,14 @@ class StageApplier:
                 future.result()
 
     def _preview(self, client: KubeClient, items: list[AppliedObject], *, force: bool,
-                 previous: Mapping[ObjectId, InventoryEntry]) -> None:
+                 previous: Mapping[ObjectId, InventoryEntry], created: frozenset[str] = frozenset()
+                 ) -> list[AppliedObject]:
         """Dry-run each object's apply (and read the live one if we applied it before);
-        raise on the first kind of failure."""
+        raise on the first kind of failure.  Returns the objects that could not be dry-run
+        because their namespace is one of ``created`` (Namespaces of this very stage, not
+        written yet): they are previewed again in their phase, once it exists."""
         failures: list[StageError] = []
+        deferred: list[AppliedObject] = []
         lock = threading.Lock()
 
         def preview(item: AppliedObject) -> None:
@@ -186,6 +190,11 @@ class StageApplier:
                 if force and _is_immutable_error(error):
                     item.action = Action.RECREATED
                     return
+                details = error.body.get("details") or {}
+                if error.not_found and details.get("kind") == "namespaces" and details.get("name") in created:
+                    with lock:
+                        deferred.append(item)
+                    return
                 with lock:
                     failures.append(_error_for(item, error, client.identity.describe()))
 
@@ -195,6 +204,7 @@ class StageApplier:
             first = (denied or failures)[0]
             more = f" (and {len(failures) - 1} more)" if len(failures) > 1 else ""
             raise StageError(first.reason, first.message + more)
+        return deferred
 
     def _delete_and_wait(self, client: KubeClient, item: AppliedObject) -> None:
         try:
@@ -267,7 +277,11 @@ class StageApplier:
         previous = previous or {}
         labelled = [label_object(obj, owner) for obj in objects]
         bound = [self._bind(obj, default_namespace) for obj in labelled]
-        self._preview(client, [b for b in bound if b is not None], force=force, previous=previous)
+        created = frozenset(str(o["metadata"]["name"]) for o in labelled
+                            if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1")
+        previewed = [b for b in bound if b is not None]
+        deferred = {id(item) for item in self._preview(client, previewed, force=force, previous=previous,
+                                                        created=created)}
         result = StageResult()
         bound_by_object = {id(obj): item for obj, item in zip(labelled, bound, strict=True)}
         for phase in phases(labelled):
@@ -282,6 +296,8 @@ class StageApplier:
                         raise StageError(Reason.STAGE_FAILED, f"{describe(obj)}: the cluster serves no "
                                          f"kind {obj.get('kind')} in {obj.get('apiVersion')}")
                     late.append(item)
+                elif id(item) in deferred:
+                    late.append(item)  # its namespace is written by an earlier phase of this stage
                 items.append(item)
             self._preview(client, late, force=force, previous=previous)
             self._write(client, items, previous)

@@ -1,79 +1,89 @@
-"""Kustomize overlays, built by a real ``kustomize`` binary, offline and confined to the stage path.
+"""Kustomize builds on a filesystem that holds only the stage's files; the binaries that run them.
 
-Locating the binary (:func:`locate_kustomize`, used at runtime by the controller):
+Two binaries come from the checked-in wrapper module ``hack/kustomize`` (go.mod + go.sum,
+built from the Go module proxy with ``go build -mod=readonly``, cached outside the checkout):
 
-1. ``$STAGESET_KUSTOMIZE`` naming an executable file (an error if it does not);
-2. the binary this project builds, ``<cache>/tools/kustomize-<version>/kustomize`` where
-   ``<cache>`` is ``$STAGESET_CACHE_DIR`` or ``${XDG_CACHE_HOME:-~/.cache}/stageset``;
-3. a ``kustomize`` on ``PATH``.
+* ``stageset-kustomize`` (``hack/kustomize/cmd/stageset-kustomize``) — what the controller
+  runs.  It links kustomize's own build library (``sigs.k8s.io/kustomize/api/krusty``, the
+  engine of ``kustomize build``) at :data:`KUSTOMIZE_VERSION`, reads the files it may use as
+  a tar stream on stdin into an **in-memory filesystem**, and builds the directories named on
+  its command line.  Nothing of the machine's filesystem is visible to the build: no
+  ServiceAccount token, no other tenant's files, no mirror.  Loads are not restricted to a
+  kustomization's own directory (Flux's ``LoadRestrictionsNone``), because the filesystem
+  only holds the source root's files that :mod:`stageset.build.sourceroot` selected.
+  Builtin generators and transformers only (no exec, container or Go plugins, no Helm);
+  every HTTP request fails inside the program.
+* ``kustomize`` — the upstream command at the same version, used by the tests to check
+  that our builds equal ``kustomize build --load-restrictor LoadRestrictionsNone``.
 
-Building it (:func:`ensure_kustomize`, used by tests, ``hack/test.sh`` and
-``python -m stageset.build``): the checked-in wrapper module in
-``hack/kustomize`` (go.mod + go.sum + tools.go) requires
-``sigs.k8s.io/kustomize/kustomize/v5`` at :data:`KUSTOMIZE_VERSION`; ``go build
--mod=readonly`` builds the command from the Go module proxy into the cache, once, under
-a file lock.  ``--update`` regenerates go.mod/go.sum after a version bump.
+Locating the builder (:func:`locate_builder`, at runtime):
 
-Running it (:func:`kustomize_build`) safely:
+1. ``$STAGESET_KUSTOMIZE_BUILDER`` naming an executable file (an error if it does not);
+2. the binary this project builds, ``<cache>/tools/stageset-kustomize-<version>-<source
+   digest>/stageset-kustomize`` where ``<cache>`` is ``$STAGESET_CACHE_DIR`` or
+   ``${XDG_CACHE_HOME:-~/.cache}/stageset`` (the digest covers the wrapper module, so an
+   edited builder is rebuilt);
+3. ``stageset-kustomize`` on ``PATH`` (a container image installs it there).
 
-* the stage's files (only the stage path's subtree, as read from Git) are written into a
-  fresh private temporary directory; nothing else of the controller's filesystem is
-  visible through them;
-* every kustomization file in the tree is checked first (:func:`check_kustomizations`):
-  remote resources (``https://``, ``github.com/...``, ``git@...``, ``file://`` ...) and
-  paths that leave the stage path (``../base`` above the path, absolute paths) are
-  refused with an error naming the file and entry, and so are Helm charts.  The files
-  are only the stage path's subtree, so a base *above* the path (``resources: [../../base]``
-  from ``path: ./overlays/prod``) cannot be loaded: point the stage ``path`` at a directory
-  holding both the base and the overlay, with a root ``kustomization.yaml`` that lists
-  the overlay, or vendor the base into the path;
-* ``kustomize build <dir> --load-restrictor LoadRestrictionsRootOnly`` without
-  ``--enable-alpha-plugins``, ``--enable-exec`` or ``--enable-helm``, so exec and
-  container KRM functions and Helm are refused by kustomize itself;
-* the environment is built from scratch: ``HOME``, ``XDG_*`` and ``TMPDIR`` point into
-  the temporary directory, ``PATH`` is an empty directory (no ``git`` to clone with, no
-  ``helm``, no shell), and every ``*_PROXY`` variable names a closed local port, so even
-  an HTTP fetch that slipped past the check cannot leave the machine;
-* a timeout; a failure becomes :class:`~stageset.build.errors.BuildError` carrying
-  kustomize's own message, trimmed, with the temporary directory removed from paths.
+Building (:func:`ensure_builder`, :func:`ensure_kustomize`; ``python -m stageset.build``
+builds both, once, under a file lock).
+
+Running (:func:`kustomize_build`):
+
+* the environment is built from scratch: ``HOME`` does not exist, ``PATH`` is empty (no
+  ``git`` to clone remote bases with, no ``helm``, no shell) and every ``*_PROXY``
+  variable names a closed local port;
+* a time limit (:attr:`~stageset.build.limits.BuildLimits.kustomize_timeout`), a limit
+  on the memory it may map (``RLIMIT_DATA``) and ``GOMEMLIMIT``
+  (:attr:`~stageset.build.limits.BuildLimits.kustomize_memory_bytes`), and the output is
+  read only up to :attr:`~stageset.build.limits.BuildLimits.max_stage_bytes`;
+* a failure becomes :class:`~stageset.build.errors.BuildError` carrying kustomize's own
+  message, trimmed, with paths relative to the source root.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
+import hashlib
+import io
 import os
-import posixpath
 import re
+import resource
 import shutil
 import subprocess
 import sys
+import tarfile
 import tempfile
-from collections.abc import Iterator, Mapping
+import threading
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import yaml
 
 from stageset.build.errors import BuildError
+from stageset.build.limits import BuildLimits
 
 KUSTOMIZE_VERSION = "v5.8.2"
-"""Pinned ``sigs.k8s.io/kustomize/kustomize/v5``.  (v5.8.3 needs Go >= 1.27.)"""
+"""Pinned ``sigs.k8s.io/kustomize/kustomize/v5`` (library ``api`` v0.21.2).  v5.8.3 needs Go >= 1.27."""
 KUSTOMIZE_MODULE = "sigs.k8s.io/kustomize/kustomize/v5"
+BUILDER_PACKAGE = "./cmd/stageset-kustomize"
+BUILDER_NAME = "stageset-kustomize"
 ENV_OVERRIDE = "STAGESET_KUSTOMIZE"
+"""Names an upstream ``kustomize`` binary for the tests (nothing is built)."""
+ENV_BUILDER = "STAGESET_KUSTOMIZE_BUILDER"
+"""Names the ``stageset-kustomize`` builder the controller runs (nothing is built)."""
 WRAPPER = Path(__file__).resolve().parents[2] / "hack" / "kustomize"
 """The checked-in wrapper module; only present in a checkout (the build is a dev/CI step)."""
 
-KUSTOMIZATION_FILES = ("kustomization.yaml", "kustomization.yml", "Kustomization")
-DEFAULT_TIMEOUT = 60.0
 _MAX_MESSAGE = 2000
-_TREE = "tree"
+_GO_RUNTIME_DATA = 128 * 1024 * 1024
+"""Writable memory the Go runtime maps before the build allocates anything (~75 MiB measured)."""
 # Nothing listens on port 0: a connection to it is refused at once, without DNS or a timeout.
 _NO_PROXY_ROUTE = "http://127.0.0.1:0"
 
 
 class KustomizeNotFoundError(BuildError):
-    """No usable kustomize binary: a deployment problem, not a problem of the stage's files."""
+    """No usable kustomize builder: a deployment problem, not a problem of the stage's files."""
 
 
 # --------------------------------------------------------------------------- locating
@@ -89,8 +99,25 @@ def cache_root() -> Path:
 
 
 def cached_binary() -> Path:
-    """Where :func:`ensure_kustomize` puts the binary it builds."""
+    """Where :func:`ensure_kustomize` puts the upstream ``kustomize`` it builds."""
     return cache_root() / "tools" / f"kustomize-{KUSTOMIZE_VERSION}" / "kustomize"
+
+
+@functools.cache
+def _builder_sources_digest() -> str:
+    """A digest of the wrapper module's files, so an edited builder gets a new cache slot."""
+    digest = hashlib.sha256()
+    if WRAPPER.is_dir():
+        for path in sorted(WRAPPER.rglob("*")):
+            if path.is_file() and path.suffix in (".go", ".mod", ".sum"):
+                digest.update(str(path.relative_to(WRAPPER)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def cached_builder() -> Path:
+    """Where :func:`ensure_builder` puts the ``stageset-kustomize`` it builds."""
+    slot = f"{BUILDER_NAME}-{KUSTOMIZE_VERSION}-{_builder_sources_digest()}"
+    return cache_root() / "tools" / slot / BUILDER_NAME
 
 
 def _executable(path: Path) -> bool:
@@ -98,7 +125,7 @@ def _executable(path: Path) -> bool:
 
 
 def locate_kustomize() -> Path:
-    """The kustomize binary to run: the ``STAGESET_KUSTOMIZE`` override, the cached build, or PATH."""
+    """The upstream kustomize binary: the ``STAGESET_KUSTOMIZE`` override, the cached build, or PATH."""
     override = os.environ.get(ENV_OVERRIDE)
     if override:
         if _executable(Path(override)):
@@ -112,6 +139,25 @@ def locate_kustomize() -> Path:
         return Path(found)
     raise KustomizeNotFoundError(
         f"no kustomize binary: set {ENV_OVERRIDE}, put kustomize on PATH, "
+        "or build it with `python -m stageset.build`"
+    )
+
+
+def locate_builder() -> Path:
+    """The builder the controller runs: ``STAGESET_KUSTOMIZE_BUILDER``, the cached build, or PATH."""
+    override = os.environ.get(ENV_BUILDER)
+    if override:
+        if _executable(Path(override)):
+            return Path(override)
+        raise KustomizeNotFoundError(f"{ENV_BUILDER}={override} is not an executable file")
+    cached = cached_builder()
+    if _executable(cached):
+        return cached
+    found = shutil.which(BUILDER_NAME)
+    if found:
+        return Path(found)
+    raise KustomizeNotFoundError(
+        f"no {BUILDER_NAME} binary: set {ENV_BUILDER}, put {BUILDER_NAME} on PATH, "
         "or build it with `python -m stageset.build`"
     )
 
@@ -137,16 +183,16 @@ def _go(args: list[str], *, cwd: Path, extra_env: Mapping[str, str] | None = Non
 _CHECKSUM_FAILURE = re.compile(r"verifying ([\w.\-/]+)@|sum\.golang\.org|checksum database")
 
 
-def _build_into(target: Path, *, log: bool) -> None:
+def _build_into(target: Path, *, package: str, name: str, log: bool) -> None:
     args = ["build", "-mod=readonly", "-trimpath", "-buildvcs=false",
             "-ldflags", f"-s -w -X sigs.k8s.io/kustomize/api/provenance.version={KUSTOMIZE_VERSION}"]
     with tempfile.TemporaryDirectory(prefix="stageset-build-", dir=target.parent) as tmp:
         staged = Path(tmp) / "bin"
         staged.mkdir()
         if log:
-            print(f"building kustomize {KUSTOMIZE_VERSION} from the Go module proxy ...",
+            print(f"building {name} ({KUSTOMIZE_VERSION}) from the Go module proxy ...",
                   file=sys.stderr, flush=True)
-        command = [*args, "-o", str(staged / "kustomize"), KUSTOMIZE_MODULE]
+        command = [*args, "-o", str(staged / name), package]
         try:
             _go(command, cwd=WRAPPER)
         except GoError as error:
@@ -161,27 +207,36 @@ def _build_into(target: Path, *, log: bool) -> None:
         staged.rename(target)
 
 
-def ensure_kustomize(*, log: bool = True) -> Path:
-    """The kustomize binary, building it once into the cache if needed (honours the override)."""
-    override = os.environ.get(ENV_OVERRIDE)
-    if override:
-        return locate_kustomize()
-    binary = cached_binary()
+def _ensure(binary: Path, *, package: str, name: str, log: bool) -> Path:
     if _executable(binary):
         return binary
     if shutil.which("go") is None:
-        raise RuntimeError("the Go toolchain is needed to build kustomize; install go "
-                           f"or set {ENV_OVERRIDE} to a kustomize binary")
+        raise RuntimeError(f"the Go toolchain is needed to build {name}; install go "
+                           f"or set {ENV_BUILDER if name == BUILDER_NAME else ENV_OVERRIDE}")
     if not (WRAPPER / "go.sum").is_file():
         raise RuntimeError(f"the wrapper module {WRAPPER} is missing; build from a stageset checkout")
     target = binary.parent
     target.parent.mkdir(parents=True, exist_ok=True)
     # One build at a time per cache (parallel test workers).
-    with (target.parent / f".kustomize-{KUSTOMIZE_VERSION}.lock").open("w") as lock:
+    with (target.parent / f".{target.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _executable(binary):
-            _build_into(target, log=log)
+            _build_into(target, package=package, name=name, log=log)
     return binary
+
+
+def ensure_kustomize(*, log: bool = True) -> Path:
+    """The upstream kustomize binary, building it once into the cache if needed (honours the override)."""
+    if os.environ.get(ENV_OVERRIDE):
+        return locate_kustomize()
+    return _ensure(cached_binary(), package=KUSTOMIZE_MODULE, name="kustomize", log=log)
+
+
+def ensure_builder(*, log: bool = True) -> Path:
+    """The ``stageset-kustomize`` builder, built once into the cache if needed (honours the override)."""
+    if os.environ.get(ENV_BUILDER):
+        return locate_builder()
+    return _ensure(cached_builder(), package=BUILDER_PACKAGE, name=BUILDER_NAME, log=log)
 
 
 def update_wrapper() -> None:
@@ -198,202 +253,150 @@ def update_wrapper() -> None:
         "package tools\n\n"
         f'import _ "{KUSTOMIZE_MODULE}"\n'
     )
+    # Adds the kustomize library modules cmd/stageset-kustomize imports.
     _go(["mod", "tidy"], cwd=WRAPPER)
-
-
-# --------------------------------------------------------------------------- checking
-
-
-def has_kustomization(files: Mapping[str, bytes]) -> bool:
-    """Whether the root of the stage path holds a kustomization file."""
-    return any(name in files for name in KUSTOMIZATION_FILES)
-
-
-def _kustomization_files(files: Mapping[str, bytes]) -> list[str]:
-    return sorted(path for path in files if posixpath.basename(path) in KUSTOMIZATION_FILES)
-
-
-# Forms kustomize treats as remote (api/internal/git/repospec.go and loader.IsRemoteFile):
-# an optional `git::`, then a URL scheme, an scp-like `user@`, or a bare `github.com/`.
-_REMOTE = re.compile(r"^(?:git::)?(?:[a-z][a-z0-9+.\-]*://|[a-z][a-z0-9-]*@|github\.com[/:])", re.IGNORECASE)
-_URL_ANYWHERE = re.compile(r"^\s*(?:git::)?[a-z][a-z0-9+.\-]*://", re.IGNORECASE)
-# Free-form content kustomize never loads from: label/annotation values, inline patches.
-_FREE_FORM_KEYS = frozenset({"commonLabels", "commonAnnotations", "labels", "metadata", "buildMetadata",
-                             "patch", "literals"})
-
-
-def _entries(document: Mapping[str, Any]) -> Iterator[tuple[str, str]]:
-    """(field, path) for every entry of a kustomization that kustomize loads as a file or directory."""
-
-    def strings(field: str, value: Any) -> Iterator[tuple[str, str]]:
-        if isinstance(value, str):
-            yield field, value
-        elif isinstance(value, list):
-            for item in value:
-                if isinstance(item, str):
-                    yield field, item
-
-    for field in ("resources", "bases", "components", "crds", "configurations"):
-        yield from strings(field, document.get(field))
-    for field in ("generators", "transformers", "validators", "patchesStrategicMerge"):
-        # Entries may also be inline YAML; only one-line entries are paths.
-        for name, entry in strings(field, document.get(field)):
-            if "\n" not in entry.strip():
-                yield name, entry
-    for field in ("patches", "patchesJson6902", "replacements"):
-        for item in document.get(field) or []:
-            if isinstance(item, Mapping) and isinstance(item.get("path"), str):
-                yield f"{field}[].path", item["path"]
-    openapi = document.get("openapi")
-    if isinstance(openapi, Mapping) and isinstance(openapi.get("path"), str):
-        yield "openapi.path", openapi["path"]
-    for field in ("configMapGenerator", "secretGenerator"):
-        for item in document.get(field) or []:
-            if not isinstance(item, Mapping):
-                continue
-            for name, entry in strings(f"{field}[].files", item.get("files")):
-                yield name, entry.split("=", 1)[1] if "=" in entry else entry
-            yield from strings(f"{field}[].envs", item.get("envs"))
-            yield from strings(f"{field}[].env", item.get("env"))
-
-
-def _urls_anywhere(value: Any, where: str) -> Iterator[tuple[str, str]]:
-    """Strings that start like a URL anywhere outside free-form fields (fields we do not know yet)."""
-    if isinstance(value, Mapping):
-        for key, item in value.items():
-            if key not in _FREE_FORM_KEYS:
-                yield from _urls_anywhere(item, f"{where}.{key}" if where else str(key))
-    elif isinstance(value, list):
-        for item in value:
-            yield from _urls_anywhere(item, where)
-    elif isinstance(value, str) and _URL_ANYWHERE.match(value):
-        yield where, value
-
-
-def check_kustomizations(files: Mapping[str, bytes]) -> None:
-    """Refuse remote references, paths leaving the tree, and Helm, in every kustomization file.
-
-    All kustomization files in the tree are checked, used or not, so that no path kustomize
-    might follow escapes the check.
-    """
-    for path in _kustomization_files(files):
-        try:
-            document = yaml.safe_load(files[path].decode("utf-8"))
-        except (yaml.YAMLError, UnicodeDecodeError) as error:
-            raise BuildError(f"{path}: not valid YAML: {error}") from error
-        if document is None:
-            continue
-        if not isinstance(document, Mapping):
-            raise BuildError(f"{path}: a kustomization must be a mapping")
-        for field in ("helmCharts", "helmChartInflationGenerator", "helmGlobals"):
-            if document.get(field):
-                raise BuildError(f"{path}: {field}: Helm charts are not supported in kustomizations")
-        directory = posixpath.dirname(path)
-        entries = list(_entries(document)) + list(_urls_anywhere(document, ""))
-        for field, entry in entries:
-            target = entry.strip()
-            if not target:
-                continue
-            if _REMOTE.match(target) or _URL_ANYWHERE.match(target):
-                raise BuildError(f"{path}: {field}: remote reference {target!r} is not supported; "
-                                 "kustomize runs offline, so whatever it loads must be inside the stage path")
-            if target.startswith("/"):
-                raise BuildError(f"{path}: {field}: absolute path {target!r} is not allowed")
-            resolved = posixpath.normpath(posixpath.join(directory, target))
-            if resolved == ".." or resolved.startswith("../"):
-                raise BuildError(f"{path}: {field}: {target!r} points outside the stage path; "
-                                 "only files under the stage path are available to kustomize")
 
 
 # --------------------------------------------------------------------------- running
 
 
-def _write_tree(files: Mapping[str, bytes], root: Path) -> None:
-    for relative, content in files.items():
-        parts = relative.split("/")
-        if (not relative or relative.startswith("/") or "\\" in relative
-                or any(part in ("", ".", "..") for part in parts)):
-            raise BuildError(f"refusing unsafe file name {relative!r}")
-        target = root.joinpath(*parts)
-        try:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            with target.open("xb") as handle:
-                handle.write(content)
-        except OSError as error:
-            raise BuildError(f"cannot write {relative!r} for kustomize: {error.strerror}") from error
+def _tar(files: Mapping[str, bytes]) -> bytes:
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
+        for name in sorted(files):
+            parts = name.split("/")
+            if (not name or name.startswith("/") or "\\" in name
+                    or any(part in ("", ".", "..") for part in parts)):
+                raise BuildError(f"refusing unsafe file name {name!r}")
+            info = tarfile.TarInfo(name)
+            info.size = len(files[name])
+            info.mode = 0o644
+            archive.addfile(info, io.BytesIO(files[name]))
+    return buffer.getvalue()
 
 
-def _environment(scratch: Path) -> dict[str, str]:
-    home = scratch / "home"
-    empty_path = scratch / "bin"
-    for directory in (home, empty_path):
-        directory.mkdir()
+def _environment(limits: BuildLimits) -> dict[str, str]:
     env = {
-        "HOME": str(home),
-        "XDG_CONFIG_HOME": str(home / ".config"),
-        "XDG_CACHE_HOME": str(home / ".cache"),
-        "XDG_DATA_HOME": str(home / ".local" / "share"),
-        "XDG_RUNTIME_DIR": str(home),
-        "KUSTOMIZE_PLUGIN_HOME": str(home / "plugins"),
-        "TMPDIR": str(home),
-        "PATH": str(empty_path),
+        "HOME": "/nonexistent",
+        "PATH": "",
         "LANG": "C",
         "NO_PROXY": "",
         "no_proxy": "",
+        "GOMEMLIMIT": str(limits.kustomize_memory_bytes),
+        "GOTRACEBACK": "none",
     }
     for variable in ("HTTP_PROXY", "HTTPS_PROXY", "ALL_PROXY", "http_proxy", "https_proxy", "all_proxy"):
         env[variable] = _NO_PROXY_ROUTE
     return env
 
 
-def _trim(message: str, tree: Path) -> str:
-    """Kustomize's message, with our temporary directory turned back into paths relative to the tree."""
-    text = message.replace(str(tree) + os.sep, "").replace(str(tree), ".")
-    text = text.replace(str(tree.parent) + os.sep, "../").replace(str(tree.parent), "..").strip()
-    text = re.sub(r"^Error:\s*", "", text)
+def _trim(message: str) -> str:
+    text = re.sub(r"^Error:\s*", "", message.strip())
     if len(text) > _MAX_MESSAGE:
         text = text[: _MAX_MESSAGE - 3] + "..."
     return text or "no message"
 
 
-def kustomize_build(files: Mapping[str, bytes], *, binary: Path | None = None,
-                    timeout: float = DEFAULT_TIMEOUT) -> str:
-    """``kustomize build`` of the root kustomization in ``files``; the YAML stream it printed.
+class _Capped:
+    """Reads a pipe to its end in a thread, keeping at most ``cap`` bytes."""
 
-    Raises :class:`BuildError` for refused references, kustomize failures and timeouts.
+    def __init__(self, pipe: io.BufferedReader, cap: int, on_overflow: Callable[[], None] = lambda: None):
+        self.data = bytearray()
+        self.overflow = False
+        self._pipe, self._cap, self._on_overflow = pipe, cap, on_overflow
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with contextlib.suppress(OSError, ValueError):
+            while chunk := self._pipe.read1(65536):
+                if len(self.data) + len(chunk) > self._cap:
+                    if not self.overflow:
+                        self.overflow = True
+                        self._on_overflow()
+                    continue  # keep draining so the writer never blocks
+                self.data += chunk
+
+    def join(self, timeout: float | None = None) -> None:
+        self._thread.join(timeout)
+
+
+def _feed(pipe: io.BufferedWriter, data: bytes) -> None:
+    with contextlib.suppress(OSError, ValueError):
+        pipe.write(data)
+    with contextlib.suppress(OSError, ValueError):
+        pipe.close()
+
+
+def kustomize_build(files: Mapping[str, bytes], directories: Sequence[str], *, limits: BuildLimits,
+                    binary: Path | None = None) -> str:
+    """Build each of ``directories`` (relative to the root, ``""`` for the root) from ``files``.
+
+    ``files`` is everything the builds may read (relative path -> content).  Returns the YAML
+    stream of all builds in order.  Raises :class:`BuildError` for kustomize failures,
+    timeouts, memory and output limits; :class:`KustomizeNotFoundError` when no builder runs.
     """
-    if not has_kustomization(files):
-        raise BuildError("no kustomization.yaml, kustomization.yml or Kustomization at the stage path")
-    check_kustomizations(files)
-    executable = binary or locate_kustomize()
-    with tempfile.TemporaryDirectory(prefix="stageset-kustomize-") as tmp:
-        scratch = Path(tmp)
-        tree = scratch / _TREE
-        tree.mkdir()
-        _write_tree(files, tree)
-        command = [str(executable), "build", str(tree), "--load-restrictor", "LoadRestrictionsRootOnly"]
-        try:
-            result = subprocess.run(command, cwd=scratch, env=_environment(scratch), check=False,
-                                    stdin=subprocess.DEVNULL, capture_output=True, timeout=timeout)
-        except subprocess.TimeoutExpired as error:
-            raise BuildError(f"kustomize build timed out after {timeout:g}s") from error
-        except OSError as error:
-            raise KustomizeNotFoundError(f"cannot run kustomize at {executable}: {error}") from error
-        if result.returncode != 0:
-            stderr = result.stderr.decode("utf-8", "replace")
-            raise BuildError(f"kustomize build failed: {_trim(stderr, tree)}")
-        try:
-            return result.stdout.decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise BuildError("kustomize build printed output that is not UTF-8") from error
+    executable = binary or locate_builder()
+    payload = _tar(files)
+    command = [str(executable), *[directory or "." for directory in directories]]
+    try:
+        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=subprocess.PIPE, env=_environment(limits), cwd="/",
+                                   start_new_session=True)
+    except OSError as error:
+        raise KustomizeNotFoundError(f"cannot run {BUILDER_NAME} at {executable}: {error}") from error
+    assert process.stdin is not None
+    assert process.stdout is not None
+    assert process.stderr is not None
+    with contextlib.suppress(OSError, ValueError):
+        # Before any input arrives, so the build itself runs under the limit.  RLIMIT_DATA
+        # counts the writable memory a process maps; RLIMIT_AS would not do: the Go runtime
+        # reserves ~1.5 GiB of address space it never touches.
+        limit = limits.kustomize_memory_bytes + _GO_RUNTIME_DATA
+        resource.prlimit(process.pid, resource.RLIMIT_DATA, (limit, limit))
+    out = _Capped(process.stdout, limits.max_stage_bytes, process.kill)  # type: ignore[arg-type]
+    err = _Capped(process.stderr, 64 * 1024)  # type: ignore[arg-type]
+    feeder = threading.Thread(target=_feed, args=(process.stdin, payload), daemon=True)
+    feeder.start()
+    timed_out = False
+    try:
+        process.wait(timeout=limits.kustomize_timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        process.kill()
+        process.wait()
+    finally:
+        for pipe_reader in (out, err):
+            pipe_reader.join(timeout=5)
+        feeder.join(timeout=5)
+        for pipe in (process.stdout, process.stderr):
+            with contextlib.suppress(OSError):
+                pipe.close()
+    if timed_out and not out.overflow:
+        raise BuildError(f"kustomize build timed out after {limits.kustomize_timeout:g}s")
+    stderr = err.data.decode("utf-8", "replace")
+    if out.overflow:  # (checked first: the process was killed for it)
+        raise BuildError(f"kustomize build printed more than {limits.max_stage_bytes} bytes (the limit "
+                         "of manifest bytes per stage)")
+    if process.returncode != 0:
+        if "out of memory" in stderr or process.returncode == -9:
+            raise BuildError("kustomize build ran out of memory (limit "
+                             f"{limits.kustomize_memory_bytes // (1024 * 1024)} MiB)")
+        if process.returncode < 0:
+            raise BuildError(f"kustomize build was killed by signal {-process.returncode}")
+        raise BuildError(f"kustomize build failed: {_trim(stderr)}")
+    try:
+        return out.data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BuildError("kustomize build printed output that is not UTF-8") from error
 
 
 def main(argv: list[str]) -> int:
-    """``python -m stageset.build [--update]``: build kustomize once (or use the override); print its path."""
+    """``python -m stageset.build [--update]``: build both binaries once; print the builder's path."""
     if "--update" in argv:
         update_wrapper()
     with contextlib.redirect_stdout(sys.stderr):
-        binary = ensure_kustomize()
+        ensure_kustomize()
+        binary = ensure_builder()
     print(binary)
     return 0
-

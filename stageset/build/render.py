@@ -1,15 +1,24 @@
-"""Render the manifests of one stage from the files under its path, then substitute variables.
+"""The objects of one stage, from the files of its source root: kustomize or plain files, then substitution.
 
-:func:`build_stage` is the entry point:
+Entry points: :func:`prepare` (read and check what the build will load: a
+:class:`Prepared`, whose :meth:`Prepared.digest` is the render cache key material) and
+:func:`render` (build it), or :func:`build_stage` for both at once.  ``files`` is always
+the whole source root (relative POSIX path -> bytes) and ``path`` the stage path in it;
+what may be loaded from where is :mod:`stageset.build.sourceroot`'s business.
 
-1. **kustomize or plain.**  If the root of the path holds ``kustomization.yaml``,
-   ``kustomization.yml`` or ``Kustomization``, the overlay is built by a real kustomize
-   (:mod:`stageset.build.kustomize`: offline, no plugins, loads confined to the path).
-   Otherwise every ``.yaml``/``.yml``/``.json`` file is read, recursively, in sorted path
-   order, multi-document, with ``kind: *List`` documents expanded into their items.  A
-   kustomization file *below* the root is an error in plain mode (it would otherwise be
-   silently misread as a manifest).
-2. **substitution** (only when ``variables`` is given, i.e. the stage has ``postBuild``),
+1. **kustomize or plain.**  A stage path holding a kustomization is built by kustomize
+   (:mod:`stageset.build.kustomize`).  A path without one is built the way Flux's
+   kustomize-controller generates a kustomization for it: subdirectories with their own
+   kustomization are built by kustomize, one unit each; every other ``.yaml``, ``.yml`` or
+   ``.json`` file below the path is read here, in sorted path order, multi-document, with
+   ``kind: *List`` documents expanded into their items.  Files that are not Kubernetes
+   manifests are **skipped** — see :func:`_classify` for the exact rule — so CI
+   workflows, Helm ``values.yaml``/``Chart.yaml`` or tool configuration beside the
+   manifests do not fail the build.  Objects annotated
+   ``config.kubernetes.io/local-config: "true"`` are left out, as kustomize leaves them out.
+2. **Bounds.**  Everything is parsed under :class:`~stageset.build.limits.BuildLimits`
+   (:mod:`stageset.build.parse`): depth, nodes, aliases, documents, bytes and objects.
+3. **Substitution** (only when ``variables`` is given, i.e. the stage has ``postBuild``),
    applied to the rendered objects as Flux does after ``kustomize build``: ``${var}``,
    ``${var:=default}``, ``$${var}`` escapes (:mod:`stageset.build.variables`).  It works
    on YAML scalars, not on raw text: an unquoted scalar is typed again after expansion
@@ -20,15 +29,14 @@
    ``stages.metio.wtf/substitute: disabled`` (or Flux's
    ``kustomize.toolkit.fluxcd.io/substitute: disabled``) is left as it is.
 
-Invariant: a path that yields no object is an error, never an empty set, so an emptied or
-mistyped path can never be read as "prune everything".
-
-YAML is read as Kubernetes reads it: timestamps stay strings (PyYAML would make them
-``datetime``, which cannot be sent to the apiserver).
+Invariants: a path that yields no object is an error, never an empty set, so an emptied or
+mistyped path can never be read as "prune everything"; two documents of one stage naming
+the same object are an error naming both.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import posixpath
 from collections.abc import Iterator, Mapping
@@ -40,31 +48,19 @@ import yaml
 from yaml.resolver import Resolver
 
 from stageset.build.errors import BuildError
-from stageset.build.kustomize import DEFAULT_TIMEOUT, KUSTOMIZATION_FILES, has_kustomization, kustomize_build
+from stageset.build.kustomize import kustomize_build
+from stageset.build.limits import BuildLimits
+from stageset.build.parse import StageBudget, construct, load_json, load_yaml, precheck
+from stageset.build.sourceroot import KUSTOMIZATION_FILES, MANIFEST_SUFFIXES, Plan, SourceTree, plan_build
 from stageset.build.variables import has_expansion, substitute
 from stageset.kube.types import KubeObject
 
-try:
-    from yaml import CSafeLoader as _BaseLoader
-except ImportError:  # pragma: no cover - PyYAML without libyaml
-    from yaml import SafeLoader as _BaseLoader  # type: ignore[assignment]
-
-_MANIFEST_SUFFIXES = (".yaml", ".yml", ".json")
 SUBSTITUTE_OPT_OUT = ("stages.metio.wtf/substitute", "kustomize.toolkit.fluxcd.io/substitute")
 """Annotation or label keys; the value ``disabled`` turns substitution off for that object."""
+LOCAL_CONFIG = "config.kubernetes.io/local-config"
+"""kustomize's annotation for objects that configure the build and are never applied."""
 _STR = "tag:yaml.org,2002:str"
 _RESOLVER = Resolver()
-
-
-class _Loader(_BaseLoader):
-    """Safe YAML, with timestamps kept as strings."""
-
-
-def _timestamp_as_text(loader: _Loader, node: yaml.ScalarNode) -> str:
-    return str(loader.construct_scalar(node))
-
-
-_Loader.add_constructor("tag:yaml.org,2002:timestamp", _timestamp_as_text)
 
 
 @dataclass(frozen=True)
@@ -73,63 +69,8 @@ class _Manifest:
     """File and document (``deploy/app.yaml: document 2``) or ``kustomize build: document 5``."""
     value: KubeObject
     node: yaml.Node | None
-    """The YAML node the object was read from; ``None`` for JSON, whose strings stay strings."""
-
-
-# A document may not expand (through YAML aliases) to more nodes than this: aliases are
-# shared while parsing, but every later step (hashing, JSON for the apiserver) expands them,
-# so a "billion laughs" file would otherwise exhaust the controller's memory.
-MAX_EXPANDED_NODES = 200_000
-
-
-def _expanded_size(root: yaml.Node) -> int:
-    """How many nodes ``root`` stands for with every alias expanded (linear in distinct nodes)."""
-    sizes: dict[int, int] = {}
-    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
-    while stack:
-        node, children_done = stack.pop()
-        if id(node) in sizes:
-            continue
-        if isinstance(node, yaml.SequenceNode):
-            children = list(node.value)
-        elif isinstance(node, yaml.MappingNode):
-            children = [part for pair in node.value for part in pair]
-        else:
-            sizes[id(node)] = 1
-            continue
-        if children_done:
-            sizes[id(node)] = 1 + sum(sizes.get(id(child), 1) for child in children)
-            continue
-        stack.append((node, True))
-        stack.extend((child, False) for child in children if id(child) not in sizes)
-    return sizes[id(root)]
-
-
-def _compose(text: str, where: str) -> list[tuple[yaml.Node, Any]]:
-    loader = _Loader(text)
-    documents: list[tuple[yaml.Node, Any]] = []
-    try:
-        while loader.check_node():
-            node = loader.get_node()
-            if node is None:  # pragma: no cover - check_node said there is one
-                break
-            if _expanded_size(node) > MAX_EXPANDED_NODES:
-                raise BuildError(f"{where}: document {len(documents) + 1} expands to more than "
-                                 f"{MAX_EXPANDED_NODES} YAML nodes through aliases; refusing it")
-            documents.append((node, loader.construct_document(node)))
-    except yaml.YAMLError as error:
-        raise BuildError(f"{where}: not valid YAML/JSON: {error}") from error
-    finally:
-        loader.dispose()
-    return documents
-
-
-def _construct(node: yaml.Node) -> Any:
-    loader = _Loader("")
-    try:
-        return loader.construct_document(node)
-    finally:
-        loader.dispose()
+    """The YAML node the object was read from, kept only when it will be substituted;
+    ``None`` for JSON, whose strings stay strings."""
 
 
 def _describe(value: KubeObject) -> str:
@@ -161,6 +102,12 @@ def _list_item_nodes(node: yaml.Node | None, count: int) -> list[yaml.Node | Non
     return [None] * count
 
 
+def _local_config(value: KubeObject) -> bool:
+    metadata = value.get("metadata")
+    annotations = metadata.get("annotations") if isinstance(metadata, dict) else None
+    return isinstance(annotations, dict) and str(annotations.get(LOCAL_CONFIG, "false")).lower() != "false"
+
+
 def _objects(where: str, value: Any, node: yaml.Node | None) -> Iterator[_Manifest]:
     if value is None:
         return
@@ -171,43 +118,86 @@ def _objects(where: str, value: Any, node: yaml.Node | None) -> Iterator[_Manife
         item_nodes = _list_item_nodes(node, len(items))
         for index, (item, item_node) in enumerate(zip(items, item_nodes, strict=True)):
             item_where = f"{where}, item {index + 1}"
-            yield _Manifest(item_where, _check(item_where, item), item_node)
+            checked = _check(item_where, item)
+            if not _local_config(checked):
+                yield _Manifest(item_where, checked, item_node)
         return
-    yield _Manifest(where, _check(where, value), node)
+    checked = _check(where, value)
+    if not _local_config(checked):
+        yield _Manifest(where, checked, node)
 
 
-def _plain(files: Mapping[str, bytes]) -> list[_Manifest]:
+def _looks_like_object(value: Any) -> bool:
+    """A document that means to be a Kubernetes object: a mapping with ``kind`` or ``metadata``."""
+    return isinstance(value, dict) and ("kind" in value or "metadata" in value)
+
+
+def _classify(name: str, documents: list[tuple[yaml.Node | None, Any]]) -> bool:
+    """Whether a plain file holds Kubernetes manifests (True) or is some other YAML/JSON (False).
+
+    The rule: a file is a manifest file when any of its documents is a mapping with a
+    ``kind`` or a ``metadata`` field.  Such a file must then consist of complete objects
+    only (``apiVersion``, ``kind``, ``metadata.name``; empty documents are fine), and a
+    document that is incomplete is an error naming it — a mistyped ``kind:`` must never
+    make an object silently disappear (and be pruned).  A file none of whose documents
+    looks like an object (a CI workflow, Helm ``values.yaml`` or ``Chart.yaml``, a
+    ``docker-compose.yml``) is skipped.
+    """
+    if not any(_looks_like_object(value) for _, value in documents):
+        return False
+    for index, (_, value) in enumerate(documents):
+        if value is not None and not _looks_like_object(value):
+            raise BuildError(f"{name}: document {index + 1} is not a Kubernetes object (no kind or "
+                             "metadata) but other documents of the file are")
+    return True
+
+
+def _read_plain(tree: SourceTree, name: str, *, limits: BuildLimits, budget: StageBudget,
+                keep_nodes: bool) -> list[_Manifest]:
+    content = tree.files[name]
+    budget.charge_bytes(len(content), name)
+    try:
+        text = content.decode("utf-8")
+    except UnicodeDecodeError:
+        raise BuildError(f"{name}: not UTF-8 text") from None
+    documents: list[tuple[yaml.Node | None, Any]]
+    if name.endswith(".json"):
+        loaded = load_json(text, where=name, limits=limits, budget=budget)
+        documents = [(None, document) for document in (loaded if isinstance(loaded, list) else [loaded])]
+    else:
+        documents = list(load_yaml(text, where=name, limits=limits, budget=budget))
+    if not _classify(name, documents):
+        return []
     manifests: list[_Manifest] = []
-    for path in sorted(files):
-        if not path.endswith(_MANIFEST_SUFFIXES):
-            continue
-        if posixpath.basename(path) in KUSTOMIZATION_FILES:
-            raise BuildError(f"{path}: a kustomization below the root of the stage path is not built; "
-                             f"set the stage path to {posixpath.dirname(path)!r} or add a "
-                             "kustomization.yaml at the root that lists it")
-        try:
-            text = files[path].decode("utf-8")
-        except UnicodeDecodeError as error:
-            raise BuildError(f"{path}: not UTF-8 text") from error
-        if path.endswith(".json"):
-            try:
-                loaded = json.loads(text)
-            except json.JSONDecodeError as error:
-                raise BuildError(f"{path}: not valid YAML/JSON: {error}") from error
-            for index, document in enumerate(loaded if isinstance(loaded, list) else [loaded]):
-                manifests.extend(_objects(f"{path}: document {index + 1}", document, None))
-        else:
-            for index, (node, document) in enumerate(_compose(text, path)):
-                manifests.extend(_objects(f"{path}: document {index + 1}", document, node))
+    for index, (node, document) in enumerate(documents):
+        manifests.extend(_objects(f"{name}: document {index + 1}", document, node if keep_nodes else None))
+    budget.charge_objects(len(manifests), name)
     return manifests
 
 
-def _kustomized(files: Mapping[str, bytes], *, binary: Path | None, timeout: float) -> list[_Manifest]:
-    text = kustomize_build(files, binary=binary, timeout=timeout)
+def _read_kustomize_output(text: str, *, limits: BuildLimits, budget: StageBudget,
+                           keep_nodes: bool) -> list[_Manifest]:
+    where = "kustomize build output"
+    budget.charge_bytes(len(text.encode()), where, per_file=False)
     manifests: list[_Manifest] = []
-    for index, (node, document) in enumerate(_compose(text, "kustomize build output")):
-        manifests.extend(_objects(f"kustomize build: document {index + 1}", document, node))
+    for index, (node, document) in enumerate(load_yaml(text, where=where, limits=limits, budget=budget)):
+        manifests.extend(_objects(f"kustomize build: document {index + 1}", document,
+                                  node if keep_nodes else None))
+    budget.charge_objects(len(manifests), where)
     return manifests
+
+
+def _check_duplicates(manifests: list[_Manifest]) -> None:
+    seen: dict[tuple[str, str, str, str], str] = {}
+    for manifest in manifests:
+        value = manifest.value
+        group = str(value["apiVersion"]).rpartition("/")[0]
+        metadata = value["metadata"]
+        key = (group, str(value["kind"]), str(metadata.get("namespace") or ""), str(metadata["name"]))
+        if key in seen:
+            raise BuildError(f"{_describe(value)} is defined twice in this stage: {seen[key]} and "
+                             f"{manifest.where}")
+        seen[key] = manifest.where
 
 
 # --------------------------------------------------------------------------- substitution
@@ -295,7 +285,7 @@ def _substituted(manifest: _Manifest, variables: Mapping[str, str]) -> KubeObjec
             return manifest.value
         node = _substitute_node(manifest.node, variables, origin, {})
         try:
-            result = _construct(node)
+            result = construct(node)
         except Exception:
             # The reason may quote a substituted value; keep values out of messages.
             raise BuildError(f"{origin}: the object cannot be read after substitution") from None
@@ -305,36 +295,74 @@ def _substituted(manifest: _Manifest, variables: Mapping[str, str]) -> KubeObjec
 # --------------------------------------------------------------------------- entry points
 
 
-def build_stage(files: Mapping[str, bytes], *, path: str = ".", variables: Mapping[str, str] | None = None,
-                kustomize: Path | None = None, timeout: float = DEFAULT_TIMEOUT) -> list[KubeObject]:
-    """The objects of a stage: kustomize or plain files, then substitution; never an empty list.
+@dataclass(frozen=True)
+class Prepared:
+    """A stage's build, checked and ready to run: what it reads is known, nothing is built yet."""
 
-    ``files`` is the stage path's subtree (relative POSIX path -> bytes); ``path`` only
-    names it in messages.  ``variables`` is ``None`` when the stage has no ``postBuild``
-    (nothing is substituted) or the result of
-    :func:`~stageset.build.variables.merge_variables`.  ``kustomize`` overrides
-    :func:`~stageset.build.kustomize.locate_kustomize`; ``timeout`` bounds the kustomize run.
-    Raises :class:`BuildError` (:class:`~stageset.build.kustomize.KustomizeNotFoundError`
-    when the binary is missing).
+    path: str
+    tree: SourceTree
+    plan: Plan
+    limits: BuildLimits
+    budget: StageBudget
+
+    def digest(self) -> str:
+        """SHA-256 over every input of the build (paths and contents) and its plan."""
+        material = json.dumps(self.plan.digest_material(self.tree), separators=(",", ":"))
+        return hashlib.sha256(material.encode()).hexdigest()
+
+
+def prepare(files: Mapping[str, bytes], *, path: str = ".", limits: BuildLimits | None = None) -> Prepared:
+    """Check the stage at ``path`` of the root ``files`` and find what its build reads.
+
+    Raises :class:`BuildError` for a missing path, refused references (escapes, absolute
+    paths, remote bases, Helm, KRM functions) and limits.
     """
-    try:
-        if has_kustomization(files):
-            manifests = _kustomized(files, binary=kustomize, timeout=timeout)
-            if not manifests:
-                raise BuildError(f"path {path!r}: the kustomization built no objects")
-        else:
-            manifests = _plain(files)
-            if not manifests:
-                raise BuildError(f"path {path!r} holds no manifests (.yaml, .yml or .json files)")
-        if variables is None:
-            return [manifest.value for manifest in manifests]
-        return [_substituted(manifest, variables) for manifest in manifests]
-    except RecursionError:
-        raise BuildError(f"path {path!r}: a document is nested too deeply") from None
+    limits = limits or BuildLimits()
+    budget = StageBudget(limits)
+    tree, plan = plan_build(files, path, limits=limits, budget=budget)
+    return Prepared(path=path, tree=tree, plan=plan, limits=limits, budget=budget)
 
 
-def render_manifests(
-    files: Mapping[str, bytes], *, variables: Mapping[str, str] | None = None, origin: str = "."
-) -> list[KubeObject]:
-    """Kept for callers of the first version: :func:`build_stage` with ``path=origin``."""
-    return build_stage(files, path=origin, variables=variables)
+def render(prepared: Prepared, *, variables: Mapping[str, str] | None = None,
+           kustomize: Path | None = None) -> list[KubeObject]:
+    """The objects of a prepared stage: kustomize units and plain files, then substitution.
+
+    ``variables`` is ``None`` when the stage has no ``postBuild`` (nothing is substituted)
+    or the result of :func:`~stageset.build.variables.merge_variables`.  ``kustomize``
+    overrides :func:`~stageset.build.kustomize.locate_builder`.  Never an empty list.
+    Raises :class:`BuildError` (:class:`~stageset.build.kustomize.KustomizeNotFoundError`
+    when the builder is missing).
+    """
+    plan, limits, budget, path = prepared.plan, prepared.limits, prepared.budget, prepared.path
+    keep_nodes = variables is not None
+    manifests: list[_Manifest] = []
+    for name in plan.plain:
+        manifests.extend(_read_plain(prepared.tree, name, limits=limits, budget=budget,
+                                     keep_nodes=keep_nodes))
+    if plan.units:
+        inputs = {name: prepared.tree.files[name] for name in plan.inputs}
+        for name, content in inputs.items():
+            # kustomize's YAML parser has no depth or expansion limits of ours: check first.
+            if name.endswith(MANIFEST_SUFFIXES) or posixpath.basename(name) in KUSTOMIZATION_FILES:
+                if len(content) > limits.max_file_bytes:
+                    raise BuildError(f"{name}: {len(content)} bytes is more than the limit of "
+                                     f"{limits.max_file_bytes} bytes per file")
+                precheck(content.decode("utf-8", "replace"), where=name, limits=limits)
+        text = kustomize_build(inputs, plan.units, limits=limits, binary=kustomize)
+        built = _read_kustomize_output(text, limits=limits, budget=budget, keep_nodes=keep_nodes)
+        if not built and not manifests:
+            raise BuildError(f"path {path!r}: the kustomization built no objects")
+        manifests.extend(built)
+    if not manifests:
+        raise BuildError(f"path {path!r} holds no manifests (.yaml, .yml or .json files with "
+                         "Kubernetes objects)")
+    _check_duplicates(manifests)
+    if variables is None:
+        return [manifest.value for manifest in manifests]
+    return [_substituted(manifest, variables) for manifest in manifests]
+
+
+def build_stage(files: Mapping[str, bytes], *, path: str = ".", variables: Mapping[str, str] | None = None,
+                kustomize: Path | None = None, limits: BuildLimits | None = None) -> list[KubeObject]:
+    """:func:`prepare` then :func:`render`: the objects of the stage at ``path`` of the root ``files``."""
+    return render(prepare(files, path=path, limits=limits), variables=variables, kustomize=kustomize)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -14,10 +13,13 @@ from types import FrameType
 import click
 from kubernetes.utils import parse_quantity
 
+from sources import Limits
 from stageset.api import duration_seconds
+from stageset.build import BuildLimits
+from stageset.cli import process
 from stageset.controller import logs
 from stageset.controller.manager import Manager
-from stageset.controller.metrics import Metrics, parse_address
+from stageset.controller.metrics import Metrics
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ClientPool
 
@@ -55,27 +57,21 @@ def _setup_logging(level: str, fmt: str = "text") -> None:
     logs.setup(level=level, fmt=fmt)
 
 
-def _metrics_address(value: str) -> str:
-    if value:
-        try:
-            parse_address(value)
-        except ValueError as error:
-            raise click.BadParameter(str(error), param_hint="--metrics-address") from None
-    return value
-
-
-def run_controller(manager: Manager) -> None:
-    """Run ``manager`` in the foreground until SIGINT/SIGTERM."""
+def run_controller(manager: Manager, *, early_stop: threading.Event | None = None) -> None:
+    """Run ``manager`` in the foreground until SIGINT/SIGTERM (or one received earlier: ``early_stop``)."""
 
     def stop(_signum: int, _frame: FrameType | None) -> None:
         manager.stop.set()
 
     signal.signal(signal.SIGINT, stop)
     signal.signal(signal.SIGTERM, stop)
+    if early_stop is not None and early_stop.is_set():
+        manager.stop.set()
     manager.run()
 
 
 @click.group()
+@click.version_option(package_name="stageset", prog_name="stageset")
 def main() -> None:
     """stageset: staged GitOps for Kubernetes, applied as the tenant."""
 
@@ -100,28 +96,46 @@ def main() -> None:
 @click.option("--mirror-max-size", default="", help="Evict least recently used Git mirrors past "
               "this size, e.g. 2Gi (default: unbounded).")
 @click.option("--allow-insecure-sources", is_flag=True, default=False,
-              help="Development only: allow http:// and file:// Git URLs.")
+              help="Development only: allow plain http:// Git URLs (credentials in clear text).")
+@click.option("--allow-local-sources", is_flag=True, default=False,
+              help="Single-tenant only: allow file:// Git URLs and local paths (never the "
+              "controller's own mirrors or system paths).")
+@click.option("--git-max-file-size", default="10Mi", show_default=True,
+              help="Largest file a source may hold (also the largest object a fetch accepts).")
+@click.option("--git-max-read-size", default="100Mi", show_default=True,
+              help="Most bytes one read of a source returns (a stage path or the whole source).")
+@click.option("--git-max-files", default=10_000, show_default=True, type=click.IntRange(min=1),
+              help="Most files one read of a source returns.")
+@click.option("--git-max-fetch-size", default="512Mi", show_default=True,
+              help="Most bytes (unpacked) one Git fetch may bring.")
 @click.option("--max-teardown-wait", default="5m", show_default=True,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
+@click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",
+              help="Override one limit of a stage's build, e.g. max_stage_objects=50000 "
+              "(see docs/layouts.md).")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(logs.LEVELS, case_sensitive=False))
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(logs.FORMATS),
               help="json: one object per line, with the StageSet, stage, revision, identity kind and "
               "reconcile id as fields.")
-@click.option("--metrics-address", default="", help="Serve Prometheus /metrics here, e.g. :8080 "
-              "(default: off).")
+@process.lifecycle_options
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
                no_cross_namespace_refs: bool, workers: int, source_workers: int,
                max_workers_per_namespace: int, mirror_dir: str | None, mirror_max_size: str,
-               allow_insecure_sources: bool, max_teardown_wait: str, log_level: str, log_format: str,
-               metrics_address: str) -> None:
+               allow_insecure_sources: bool, allow_local_sources: bool, git_max_file_size: str,
+               git_max_read_size: str, git_max_files: int, git_max_fetch_size: str,
+               max_teardown_wait: str, build_limits: tuple[str, ...],
+               log_level: str, log_format: str, lifecycle: process.LifecycleSettings) -> None:
     """Run the controller against a cluster."""
+    early_stop = process.stop_on_signals()
     _setup_logging(log_level, log_format)
+    try:
+        limits = BuildLimits.with_overrides(build_limits)
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--build-limit") from None
     metrics = Metrics()
-    if _metrics_address(metrics_address):
-        host, port = metrics.serve(metrics_address)
-        logging.getLogger(__name__).info("serving /metrics on %s:%d", host, port)
     settings = ControllerSettings(
+        build_limits=limits,
         watch_namespaces=_namespaces(watch_namespaces),
         cluster_admin=cluster_admin,
         no_cross_namespace_refs=no_cross_namespace_refs,
@@ -130,12 +144,19 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
         max_workers_per_namespace=max_workers_per_namespace,
         mirror_dir=Path(mirror_dir) if mirror_dir else Path(tempfile.mkdtemp(prefix="stageset-mirrors-")),
         allow_insecure_sources=allow_insecure_sources,
+        allow_local_sources=allow_local_sources,
+        source_limits=Limits(max_file_bytes=parse_size(git_max_file_size),
+                             max_total_bytes=parse_size(git_max_read_size),
+                             max_files=git_max_files,
+                             max_fetch_bytes=parse_size(git_max_fetch_size)),
         mirror_max_bytes=parse_size(mirror_max_size) if mirror_max_size else None,
         max_teardown_wait=parse_duration_option(max_teardown_wait),
     )
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:
-        run_controller(Manager(clients=clients, settings=settings, metrics=metrics))
+        run_controller(Manager(clients=clients, settings=settings, metrics=metrics,
+                               lifecycle=process.make_lifecycle(lifecycle, clients, metrics)),
+                       early_stop=early_stop)
     finally:
         clients.close()
 

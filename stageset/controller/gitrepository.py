@@ -8,6 +8,10 @@ controller.
 When the remote is down or the ref vanishes, the last artifact stays in status and
 in the mirror: StageSets keep applying what they last had.
 
+Each commit is served to this GitRepository (by uid) only after the mirror proved it
+readable with this GitRepository's own credentials, and StageSets read only commits served
+to the GitRepository they name (:func:`artifact_consumer`; see :mod:`sources.mirror`).
+
 Each fetch is counted and timed per URL as shown without credentials (metrics), a new
 revision is told as a ``NewArtifact`` event, and failures are logged (the source layer's
 messages name the URL without credentials; the log filter redacts the Secret's values too).
@@ -19,8 +23,8 @@ import base64
 import logging
 import random
 import time
-from collections.abc import Callable
-from typing import Protocol
+from collections.abc import Callable, Mapping
+from typing import Any, Protocol
 
 from pydantic import ValidationError
 
@@ -61,9 +65,15 @@ class Fetcher(Protocol):
     """What this reconciler needs of the Git mirror (:class:`sources.MirrorStore`)."""
 
     def fetch(self, url: str, *, ref: RefSelector | None = None, credentials: Credentials | None = None,
-              timeout: float = 60.0) -> Snapshot: ...
+              timeout: float = 60.0, consumer: str | None = None) -> Snapshot: ...
 
     def tree_hash(self, url: str, *, commit: str, path: str = "./") -> str: ...
+
+
+def artifact_consumer(metadata: Mapping[str, Any]) -> str:
+    """Who a GitRepository's commits are served to in the shared mirror: this object (by
+    uid), so a reader can only read what this GitRepository itself was served."""
+    return f"{metadata['namespace']}/{metadata['name']}/{metadata.get('uid', '')}"
 
 
 def source_reason(error: SourceError) -> Reason:
@@ -204,7 +214,8 @@ class GitRepositoryReconciler:
         result = "failed"
         try:
             snapshot = self._store.fetch(repo.spec.url, ref=selector, credentials=credentials,
-                                         timeout=duration_seconds(repo.spec.timeout))
+                                         timeout=duration_seconds(repo.spec.timeout),
+                                         consumer=artifact_consumer(repo.metadata))
             result = "fetched" if snapshot.fetched else "unchanged"
             return snapshot
         finally:

@@ -18,9 +18,10 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections.abc import Callable
 from typing import Any, Protocol
 
-from sources import Limits, MirrorStore, UrlPolicy
+from sources import MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
 from stageset.api.vocabulary import EventType, Reason
 from stageset.apply.engine import StageApplier
@@ -30,6 +31,7 @@ from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder, ready_condition, ready_transition
 from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
+from stageset.controller.health import Lifecycle
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
 from stageset.controller.queue import Backoff, WorkQueue
@@ -72,12 +74,18 @@ def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
 
 class Manager:
     def __init__(self, *, clients: ClientPool, settings: ControllerSettings, store: Store | None = None,
-                 clock: Clock = system_clock, metrics: Metrics | None = None):
+                 clock: Clock = system_clock, metrics: Metrics | None = None,
+                 lifecycle: Callable[[threading.Event], Lifecycle] | None = None):
         self._clients = clients
         self._settings = settings
         self.stop = threading.Event()
         self.metrics = metrics or Metrics()
         clients.observe(self.metrics.request)
+        # Probes, start-up waits and leader election (controller/health.py); None: none of them.
+        self.lifecycle = lifecycle(self.stop) if lifecycle else None
+        if self.lifecycle is not None and self.lifecycle.elector is not None:
+            leading = self.lifecycle.elector.leading
+            self.metrics.leader.set_function(lambda: 1 if leading.is_set() else 0)
         # Separate pools for sources and StageSets, each capped per namespace: slow Git servers
         # cannot hold up applying, and one tenant cannot hold every worker of a pool.
         backoff = Backoff(base=settings.backoff_base, cap=settings.backoff_cap)
@@ -119,8 +127,8 @@ class Manager:
     @staticmethod
     def _mirror_store(settings: ControllerSettings) -> MirrorStore:
         policy = UrlPolicy(allow_http=settings.allow_insecure_sources,
-                           allow_file=settings.allow_insecure_sources)
-        return MirrorStore(root=settings.mirror_dir, policy=policy, limits=Limits(),
+                           allow_file=settings.allow_local_sources)
+        return MirrorStore(root=settings.mirror_dir, policy=policy, limits=settings.source_limits,
                            max_bytes=settings.mirror_max_bytes)
 
     # -- events -------------------------------------------------------------------
@@ -134,7 +142,6 @@ class Manager:
                 ref = (key[1], key[2])
                 if event == "DELETED":
                     self._index.remove(ref)
-                    REGISTRY.drop(key)
                     self._stagesets.forget(key[1], key[2])
                 else:
                     self._index.update(ref, self._dependencies(key[1], obj))
@@ -148,6 +155,7 @@ class Manager:
                 if event == "DELETED":
                     self._objects.pop(key, None)
                     self._seen.pop(key, None)
+                    REGISTRY.drop(key)  # its Secret values leave the log filter with it
                     now: tuple[tuple[Any, Any, bool], bool] | None = None
                 else:
                     self._objects[key] = obj
@@ -262,9 +270,18 @@ class Manager:
 
     def run(self) -> None:
         """Run until :attr:`stop` is set."""
+        if self.lifecycle:
+            self.lifecycle.start()
         for reflector in self._reflectors:
             reflector.start()
-        if not wait_synced(self._reflectors, timeout=60):
+        if self.lifecycle:
+            # Caches synced, then the Lease held; returns False at once when stopped meanwhile.
+            if not self.lifecycle.before_workers([r.synced for r in self._reflectors]):
+                for queue, _ in self._pools.values():
+                    queue.shutdown()
+                self.lifecycle.after_workers()
+                return
+        elif not wait_synced(self._reflectors, timeout=60):
             log.warning("caches not synced after 60s; starting workers anyway")
         workers = [threading.Thread(target=self._work, args=(queue,), name=f"{kind.lower()}-worker-{i}",
                                     daemon=True)
@@ -279,5 +296,9 @@ class Manager:
         self.stop.wait()
         for queue, _ in self._pools.values():
             queue.shutdown()
+        # One deadline for all workers: in-flight passes finish or are abandoned within it.
+        deadline = time.monotonic() + self._settings.shutdown_timeout
         for worker in workers:
-            worker.join(timeout=30)
+            worker.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self.lifecycle:
+            self.lifecycle.after_workers()

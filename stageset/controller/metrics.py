@@ -1,7 +1,7 @@
 """Prometheus metrics: controller-runtime's names for the shared parts, ``stageset_*`` for ours.
 
 Identity: none.  The metrics count what this process did and saw; serving ``/metrics``
-makes no request to any cluster.
+(:mod:`stageset.controller.health`, ``--metrics-address``) makes no request to any cluster.
 
 Metrics are a tenant-isolation surface (the platform team scrapes them; tenants may see
 dashboards).  Label values are only names the platform team can already list:
@@ -28,14 +28,14 @@ from importlib import metadata
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
-from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest, start_http_server
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from stageset.api.vocabulary import ConditionStatus, ConditionType, StagePhase
 from stageset.apply.changeset import Action, ChangeSet
 from stageset.kube.client import LOCAL, RequestRecord
 from stageset.kube.types import KubeObject
 
-__all__ = ["CONTENT_TYPE_LATEST", "Metrics", "parse_address"]
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
 
 # controller-runtime exposes no ``*_created`` series; neither do we.
 disable_created_metrics()  # type: ignore[no-untyped-call]
@@ -59,14 +59,6 @@ APPLY_ACTIONS = (Action.CREATED, Action.CONFIGURED, Action.RECREATED, Action.UNC
 def controller_name(kind: str) -> str:
     """controller-runtime names a controller after its kind, lowercased."""
     return kind.lower()
-
-
-def parse_address(value: str) -> tuple[str, int]:
-    """``:8080`` (all interfaces), ``127.0.0.1:8080``, ``[::1]:0`` -> (host, port)."""
-    host, sep, port = value.rpartition(":")
-    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
-        raise ValueError(f"not an address: {value!r} (use :8080 or 127.0.0.1:8080)")
-    return host.strip("[]") or "0.0.0.0", int(port)  # noqa: S104 - Prometheus scrapes the pod IP
 
 
 def _version() -> str:
@@ -204,13 +196,6 @@ class Metrics:
     def exposition(self) -> bytes:
         """The text format, as ``/metrics`` serves it."""
         return generate_latest(self.registry)
-
-    def serve(self, address: str) -> tuple[str, int]:
-        """Serve ``/metrics`` on ``address`` (a daemon thread); returns the bound (host, port)."""
-        host, port = parse_address(address)
-        server, _ = start_http_server(port, addr=host, registry=self.registry)
-        bound = server.server_address
-        return str(bound[0]), int(bound[1])
 
     # -- controllers and queues ------------------------------------------------------------
 

@@ -10,7 +10,9 @@ import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from sources import Limits
 from stageset.apply.settings import ApplySettings
+from stageset.build import BuildLimits
 
 
 @dataclass(frozen=True)
@@ -29,8 +31,12 @@ class ControllerSettings:
     mirror_dir: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "stageset-mirrors")
     # Bound on the Git mirrors' disk use; least recently used mirrors are evicted past it.
     mirror_max_bytes: int | None = None
-    # Development only: allow http:// and file:// Git URLs.
+    # Development only: allow plain http:// Git URLs.
     allow_insecure_sources: bool = False
+    # Single-tenant only: allow file:// Git URLs and local paths.
+    allow_local_sources: bool = False
+    # What one fetch or read of a Git source may cost (sizes, counts).
+    source_limits: Limits = field(default_factory=Limits)
     # Independent stages of one StageSet applied at once.
     stage_parallelism: int = 4
     # A reconcile waits this long for readiness, then frees its worker and comes back after
@@ -39,6 +45,10 @@ class ControllerSettings:
     readiness_requeue: float = 1.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway.
     max_teardown_wait: float = 300.0
+    # What one stage's build may read, parse and produce (depth, nodes, bytes, objects, time).
+    build_limits: BuildLimits = field(default_factory=BuildLimits)
+    # On stop, in-flight reconciles get this long (all workers together) to finish or give up.
+    shutdown_timeout: float = 10.0
     # A reconcile that fails is retried after backoff_base seconds, doubling up to backoff_cap.
     backoff_base: float = 0.5
     backoff_cap: float = 300.0

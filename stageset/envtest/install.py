@@ -12,7 +12,7 @@ from typing import Any
 
 import yaml
 
-from stageset.api.rbac import aggregated_cluster_roles, controller_cluster_role
+from stageset.api.rbac import LEADER_ELECTION_RULES, aggregated_cluster_roles, controller_cluster_role
 from stageset.envtest.aggregation import aggregate_cluster_roles
 from stageset.kube.client import KubeClient
 
@@ -79,12 +79,14 @@ def create_tenant(admin: KubeClient, *, namespace: str, service_account: str,
 def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
                           namespace: str = "stageset-system",
                           account: str = "stageset-controller",
-                          watch_namespaces: list[str] | None = None) -> Path:
+                          watch_namespaces: list[str] | None = None,
+                          leader_election: bool = False) -> Path:
     """A kubeconfig for a ServiceAccount bound to exactly the chart's controller ClusterRole.
 
     Lets tests and benchmarks run the controller with the rights it has in a real
     multi-tenant install rather than as ``system:masters``.  With ``watch_namespaces``
-    the role is bound by one RoleBinding per namespace, as the chart does for a shard.
+    the role is bound by one RoleBinding per namespace, as the chart does for a shard; with
+    ``leader_election`` the account may also use Leases in ``namespace``, as the chart's Role allows.
     """
     admin.apply(f"/api/v1/namespaces/{namespace}",
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
@@ -109,6 +111,17 @@ def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
     else:
         admin.apply(f"{rbac}/clusterrolebindings/{account}",
                     {**binding, "kind": "ClusterRoleBinding", "metadata": {"name": account}},
+                    field_manager="stageset-install")
+    if leader_election:
+        admin.apply(f"{rbac}/namespaces/{namespace}/roles/{account}-leader-election",
+                    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                     "metadata": {"name": f"{account}-leader-election", "namespace": namespace},
+                     "rules": LEADER_ELECTION_RULES}, field_manager="stageset-install")
+        admin.apply(f"{rbac}/namespaces/{namespace}/rolebindings/{account}-leader-election",
+                    {**binding, "kind": "RoleBinding",
+                     "metadata": {"name": f"{account}-leader-election", "namespace": namespace},
+                     "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                 "name": f"{account}-leader-election"}},
                     field_manager="stageset-install")
     token = admin.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
                           body={"spec": {"expirationSeconds": 86400}})["status"]["token"]

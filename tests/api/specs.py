@@ -149,6 +149,12 @@ INVALID = [
     Invalid("git-timeout-not-duration",
             gitrepository({"url": HTTPS, "timeout": "sixty seconds"}),
             "spec.timeout", "should match"),
+    Invalid("git-timeout-over-the-bound",
+            gitrepository({"url": HTTPS, "timeout": "5m0.5s"}),
+            "spec.timeout", "timeout must be at most 5m"),
+    Invalid("git-timeout-hours",
+            gitrepository({"url": HTTPS, "timeout": "1h"}),
+            "spec.timeout", "timeout must be at most 5m"),
 ]
 
 # Specs both sides must accept, beyond the DESIGN.md ones.
@@ -187,4 +193,5 @@ VALID = {
         "secretRef": {"name": "git-auth"}, "serviceAccountName": "git-reader",
         "interval": "5m", "timeout": "2m", "ignore": "*.md\n/docs/\n", "suspend": False,
     }),
+    "git-timeout-at-the-bound": gitrepository({"url": HTTPS, "timeout": "4m60s"}),
 }

@@ -1,25 +1,38 @@
-"""A real kustomize, built once from the Go module proxy into ~/.cache/stageset (shared by all workers).
+"""The real kustomize builder and the upstream kustomize, built once from the Go module proxy.
 
-``hack/test.sh`` builds it before pytest (``python -m stageset.build``); this fixture builds it
-otherwise (about a minute cold on two cores).  Under ``CI=true`` a failed build fails the run;
-elsewhere the tests that need the binary are skipped with the reason.
+Both land in ~/.cache/stageset (shared by all workers).  ``hack/test.sh`` builds them before
+pytest (``python -m stageset.build``); these fixtures build them otherwise (about a minute
+cold on two cores).  Under ``CI=true`` a failed build fails the run; elsewhere the tests that
+need a binary are skipped with the reason.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from stageset.build.kustomize import ensure_kustomize
+from stageset.build.kustomize import ensure_builder, ensure_kustomize
+
+
+def _binary(build: Callable[..., Path], what: str) -> Path:
+    try:
+        return build(log=False)
+    except Exception as error:
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{what} could not be built under CI: {error}", pytrace=False)
+        pytest.skip(f"{what} unavailable: {error}")
+
+
+@pytest.fixture(scope="session")
+def builder_binary() -> Path:
+    """``stageset-kustomize``: what the controller runs."""
+    return _binary(ensure_builder, "stageset-kustomize")
 
 
 @pytest.fixture(scope="session")
 def kustomize_binary() -> Path:
-    try:
-        return ensure_kustomize(log=False)
-    except Exception as error:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"kustomize could not be built under CI: {error}", pytrace=False)
-        pytest.skip(f"kustomize unavailable: {error}")
+    """The upstream ``kustomize`` command at the same version, to compare against."""
+    return _binary(ensure_kustomize, "kustomize")

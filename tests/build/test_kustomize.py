@@ -1,18 +1,25 @@
-"""Kustomize overlays built by the real binary: what works, and what is refused (network, escapes, exec)."""
+"""Kustomize builds by the real builder: loads from the source root, and what stays refused.
+
+The static checks (tests/unit/test_build_sourceroot.py) give the messages; the tests here that
+call :func:`kustomize_build` directly skip them, to show that the builder itself can neither
+reach the network nor read a file of this machine.
+"""
 
 from __future__ import annotations
 
 import re
 import shutil
+import socket
 import stat
-from collections.abc import Callable
+import threading
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from stageset.build import BuildError, build_stage
-from stageset.build import kustomize as kz
+from stageset.build import BuildError, BuildLimits, build_stage
+from stageset.build.kustomize import kustomize_build
 
 Build = Callable[..., list[dict[str, Any]]]
 
@@ -42,19 +49,23 @@ CONFIGMAP = b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cfg}\ndata: {a: 
 
 
 @pytest.fixture
-def build(kustomize_binary: Path) -> Build:
-    def run(files: dict[str, bytes], **kwargs: Any) -> list[dict[str, Any]]:
-        return build_stage(files, path="./deploy", kustomize=kustomize_binary, **kwargs)
+def build(builder_binary: Path) -> Build:
+    def run(files: dict[str, bytes], path: str = "./deploy", **kwargs: Any) -> list[dict[str, Any]]:
+        return build_stage(files, path=path, kustomize=builder_binary, **kwargs)
 
     return run
+
+
+def under(prefix: str, files: dict[str, bytes]) -> dict[str, bytes]:
+    return {f"{prefix}/{name}": content for name, content in files.items()}
 
 
 def by_kind(objects: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
     return {obj["kind"]: obj for obj in objects}
 
 
-def test_overlay_with_base_inside_the_path_patches_and_name_prefix(build: Build) -> None:
-    files = {
+def test_overlay_with_base_patches_images_and_generators(build: Build) -> None:
+    files = under("deploy", {
         "base/kustomization.yaml": b"resources: [deployment.yaml, service.yaml]\n",
         "base/deployment.yaml": DEPLOYMENT,
         "base/service.yaml": SERVICE,
@@ -81,9 +92,8 @@ configMapGenerator:
         "replicas.yaml": b"apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n"
                          b"spec: {replicas: 3}\n",
         "README.md": b"# not read",
-    }
-    objects = build(files)
-    kinds = by_kind(objects)
+    })
+    kinds = by_kind(build(files))
     assert set(kinds) == {"Deployment", "Service", "ConfigMap"}
     deployment = kinds["Deployment"]
     assert deployment["metadata"]["name"] == "prod-web"
@@ -91,94 +101,123 @@ configMapGenerator:
     assert deployment["metadata"]["labels"] == {"app": "web", "env": "prod"}
     assert deployment["spec"]["replicas"] == 3
     assert deployment["spec"]["template"]["spec"]["containers"][0]["image"] == "nginx:1.29"
-    assert kinds["Service"]["metadata"]["name"] == "prod-web"
     assert kinds["ConfigMap"]["metadata"]["name"].startswith("prod-settings-")  # hashed generator name
     assert kinds["ConfigMap"]["data"] == {"mode": "fast"}
 
 
-def test_overlay_in_a_subdirectory_may_use_a_sibling_base(build: Build) -> None:
-    """``../../base`` from ``overlays/prod`` stays inside the stage path, so it loads."""
+def test_an_overlay_loads_a_base_patches_and_files_above_the_stage_path(build: Build) -> None:
+    """The layout of issue 8: ``overlays/<env>`` -> ``../../bases/<tier>``, with shared files."""
     files = {
-        "kustomization.yaml": b"resources: [overlays/prod]\n",
-        "overlays/prod/kustomization.yaml": b"resources: [../../base]\nnameSuffix: -prod\n",
-        "base/kustomization.yaml": b"resources: [cm.yaml]\n",
-        "base/cm.yaml": CONFIGMAP,
+        "deploy/bases/backend/kustomization.yaml": b"resources: [cm.yaml]\n",
+        "deploy/bases/backend/cm.yaml": CONFIGMAP,
+        "deploy/overlays/dev/kustomization.yaml": b"""resources: [../../bases/backend, ../../shared/ns.yaml]
+nameSuffix: -dev
+patches: [{path: ../../shared/patch.yaml}]
+configMapGenerator: [{name: env, envs: [../../shared/dev.env]}]
+""",
+        "deploy/shared/ns.yaml": b"apiVersion: v1\nkind: Namespace\nmetadata: {name: dev}\n",
+        "deploy/shared/patch.yaml": b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: cfg}\n"
+                                    b"data: {b: '2'}\n",
+        "deploy/shared/dev.env": b"LEVEL=debug\n",
     }
-    assert [obj["metadata"]["name"] for obj in build(files)] == ["cfg-prod"]
+    objects = build(files, "deploy/overlays/dev")
+    names = sorted((o["kind"], o["metadata"]["name"]) for o in objects)
+    assert names[0] == ("ConfigMap", "cfg-dev")
+    assert names[1][1].startswith("env-dev-")  # the generator, with kustomize's content hash
+    assert names[2] == ("Namespace", "dev")  # kustomize does not rename namespaces
+    cfg = next(o for o in objects if o["metadata"]["name"] == "cfg-dev")
+    assert cfg["data"] == {"a": "1", "b": "2"}
 
 
 @pytest.mark.parametrize("name", ["kustomization.yml", "Kustomization"])
 def test_every_kustomization_file_name_is_recognised(build: Build, name: str) -> None:
-    objects = build({name: b"resources: [cm.yaml]\nnamePrefix: k-\n", "cm.yaml": CONFIGMAP})
+    objects = build(under("deploy", {name: b"resources: [cm.yaml]\nnamePrefix: k-\n", "cm.yaml": CONFIGMAP}))
     assert objects[0]["metadata"]["name"] == "k-cfg"
 
 
-@pytest.mark.parametrize("entry", [
-    "https://raw.githubusercontent.com/org/repo/main/deploy.yaml",
-    "github.com/kubernetes-sigs/kustomize//examples/helloWorld?ref=v5.0.0",
-    "git@github.com:org/repo.git//deploy",
-    "ssh://git@example.com/org/repo.git",
-    "HTTPS://127.0.0.1:6443/api",
-    "git::https://example.com/org/repo.git",
-    "file:///etc",
-])
-def test_remote_resources_are_refused_with_a_clear_error(build: Build, entry: str) -> None:
-    files = {"kustomization.yaml": f"resources:\n- cm.yaml\n- '{entry}'\n".encode(), "cm.yaml": CONFIGMAP}
-    with pytest.raises(BuildError, match=r"^kustomization\.yaml: resources: remote reference .* not support"):
-        build(files)
-
-
-def test_remote_references_in_nested_kustomizations_and_other_fields_are_refused(build: Build) -> None:
+def test_a_path_without_kustomization_builds_subdirectory_kustomizations_as_units(build: Build) -> None:
     files = {
-        "kustomization.yaml": b"resources: [base]\n",
-        "base/kustomization.yaml": b"configMapGenerator:\n- name: x\n  files: [conf=https://example.com/conf]\n",
+        "deploy/plain.yaml": CONFIGMAP,
+        "deploy/values.yaml": b"replicaCount: 2\n",
+        "deploy/app/kustomization.yaml": b"resources: [../../base]\nnamePrefix: app-\n",
+        "deploy/app/ignored.yaml": b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: not-listed}\n",
+        "base/kustomization.yaml": b"resources: [svc.yaml]\n",
+        "base/svc.yaml": SERVICE,
     }
-    with pytest.raises(BuildError, match=r"base/kustomization\.yaml: configMapGenerator\[\]\.files: remote"):
+    assert [(o["kind"], o["metadata"]["name"]) for o in build(files)] == \
+        [("ConfigMap", "cfg"), ("Service", "app-web")]
+
+
+def test_static_refusals_come_before_kustomize(build: Build) -> None:
+    files = {"deploy/kustomization.yaml": b"resources: [cm.yaml, '../../../etc']\n",
+             "deploy/cm.yaml": CONFIGMAP}
+    with pytest.raises(BuildError, match=r"^deploy/kustomization\.yaml: resources: '\.\./\.\./\.\./etc' "
+                                         r"escapes the artifact root$"):
         build(files)
+    files["deploy/kustomization.yaml"] = b"resources: ['https://raw.githubusercontent.com/o/r/main/x.yaml']\n"
+    with pytest.raises(BuildError, match=r"resources: remote reference .* is not supported"):
+        build(files)
+
+
+# --------------------------------------------------------------------------- the builder itself
+
+
+@pytest.fixture
+def listener() -> Iterator[list[bytes]]:
+    """A loopback HTTP listener that records anything that reaches it (nothing should)."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen()
+    server.settimeout(0.2)
+    seen: list[bytes] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                connection, _ = server.accept()
+            except OSError:
+                continue
+            seen.append(connection.recv(1024))
+            connection.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    seen.append(str(server.getsockname()[1]).encode())
+    yield seen
+    stop.set()
+    thread.join()
+    server.close()
 
 
 @pytest.mark.parametrize("entry", [
     "https://example.com/deploy.yaml",
+    "http://127.0.0.1:{port}/deploy.yaml",
     "github.com/kubernetes-sigs/kustomize//examples/helloWorld?ref=v5.0.0",
     "git@github.com:org/repo.git",
 ])
-def test_kustomize_itself_runs_offline(build: Build, monkeypatch: pytest.MonkeyPatch, entry: str) -> None:
-    """Defence in depth: with our check switched off, kustomize still cannot fetch anything.
-
-    HTTP goes to a proxy address where nothing listens, and there is no ``git`` to clone with.
-    """
-    monkeypatch.setattr(kz, "check_kustomizations", lambda _files: None)
-    with pytest.raises(BuildError, match=r"kustomize build failed: .*(proxyconnect|no 'git' program)"):
-        build({"kustomization.yaml": f"resources: ['{entry}']\n".encode()})
-
-
-def test_a_base_outside_the_stage_path_is_refused(build: Build) -> None:
-    files = {"kustomization.yaml": b"resources: [../base]\n"}
-    with pytest.raises(BuildError, match=r"'\.\./base' points outside the stage path"):
-        build(files)
-    nested = {"kustomization.yaml": b"resources: [app]\n",
-              "app/kustomization.yaml": b"resources: [../../shared]\n"}
-    with pytest.raises(BuildError, match=r"app/kustomization\.yaml: resources: '\.\./\.\./shared' points"):
-        build(nested)
+def test_the_builder_runs_offline_even_without_the_checks(builder_binary: Path, listener: list[bytes],
+                                                           entry: str) -> None:
+    port = listener[0].decode()
+    files = {"kustomization.yaml": f"resources: ['{entry.format(port=port)}']\n".encode()}
+    with pytest.raises(BuildError, match=r"kustomize build failed: .*(network access is disabled"
+                                         r"|no 'git' program|not a valid directory)"):
+        kustomize_build(files, [""], limits=BuildLimits(), binary=builder_binary)
+    assert listener[1:] == []  # nothing connected, not even to loopback
 
 
-@pytest.mark.parametrize(("field", "value"), [
-    ("patches", "- path: ../secrets/patch.yaml"),
-    ("resources", "- /etc/kubernetes/admin.conf"),
-    ("configMapGenerator", "- name: x\n  envs: [../../.env]"),
+@pytest.mark.parametrize("kustomization", [
+    "resources: [../../../../../../etc/hostname]",
+    "resources: [/etc/hostname]",
+    "configMapGenerator: [{name: x, files: [/etc/hostname]}]",
+    "patches: [{path: /etc/hostname}]",
+    "openapi: {path: /proc/self/environ}",
 ])
-def test_files_outside_the_stage_path_are_refused(build: Build, field: str, value: str) -> None:
-    files = {"kustomization.yaml": f"{field}:\n{value}\n".encode()}
-    with pytest.raises(BuildError, match=r"(points outside the stage path|absolute path .* is not allowed)"):
-        build(files)
-
-
-def test_escape_attempt_past_the_check_finds_only_our_empty_scratch_directory(
-        build: Build, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(kz, "check_kustomizations", lambda _files: None)
-    with pytest.raises(BuildError, match="kustomize build failed") as caught:
-        build({"kustomization.yaml": b"resources: [../../../../../../../../etc/kubernetes]\n"})
-    assert "stageset-kustomize-" not in str(caught.value)  # our temporary paths are not shown
+def test_the_builder_sees_no_file_of_this_machine(builder_binary: Path, kustomization: str) -> None:
+    assert Path("/etc/hostname").exists() or Path("/proc/self/environ").exists()
+    files = {"kustomization.yaml": f"{kustomization}\n".encode(), "cm.yaml": CONFIGMAP}
+    with pytest.raises(BuildError, match=r"(?s)kustomize build failed: .*(doesn't exist|no such file)"):
+        kustomize_build(files, [""], limits=BuildLimits(), binary=builder_binary)
 
 
 EXEC_FUNCTION = b"""apiVersion: example.com/v1
@@ -190,60 +229,37 @@ metadata:
       exec:
         path: /bin/sh
 """
-CONTAINER_FUNCTION = b"""apiVersion: example.com/v1
-kind: Transform
-metadata:
-  name: t
-  annotations:
-    config.kubernetes.io/function: |
-      container:
-        image: busybox
-"""
 
 
-@pytest.mark.parametrize(("field", "plugin"), [
-    ("generators", EXEC_FUNCTION),
-    ("transformers", CONTAINER_FUNCTION),
-    ("generators", b"apiVersion: someteam.example.com/v1\nkind: LegacyExecPlugin\nmetadata: {name: x}\n"),
+@pytest.mark.parametrize("plugin", [
+    EXEC_FUNCTION,
+    EXEC_FUNCTION.replace(b"exec:\n        path: /bin/sh", b"container:\n        image: busybox"),
+    b"apiVersion: someteam.example.com/v1\nkind: LegacyExecPlugin\nmetadata: {name: x}\n",
 ])
-def test_exec_and_container_plugins_are_refused(build: Build, field: str, plugin: bytes) -> None:
-    files = {"kustomization.yaml": f"resources: [cm.yaml]\n{field}: [plugin.yaml]\n".encode(),
-             "cm.yaml": CONFIGMAP, "plugin.yaml": plugin}
+def test_the_builder_runs_no_plugin_even_without_the_checks(builder_binary: Path, plugin: bytes) -> None:
+    files = {"kustomization.yaml": b"resources: [cm.yaml]\ngenerators: [plugin.yaml]\n", "cm.yaml": CONFIGMAP,
+             "plugin.yaml": plugin}
     with pytest.raises(BuildError, match="external plugins disabled"):
-        build(files)
+        kustomize_build(files, [""], limits=BuildLimits(), binary=builder_binary)
 
 
-def test_inline_exec_function_is_refused(build: Build) -> None:
-    inline = "\n".join("  " + line for line in EXEC_FUNCTION.decode().splitlines())
-    files = {"kustomization.yaml": f"resources: [cm.yaml]\ntransformers:\n- |\n{inline}\n".encode(),
-             "cm.yaml": CONFIGMAP}
-    with pytest.raises(BuildError, match="external plugins disabled"):
-        build(files)
-
-
-def test_helm_charts_are_refused(build: Build) -> None:
-    files = {"kustomization.yaml": b"helmCharts:\n- name: nginx\n  repo: https://charts.example.com\n"}
-    with pytest.raises(BuildError, match="helmCharts: Helm charts are not supported"):
-        build(files)
-
-
-def test_kustomize_errors_are_reported_with_paths_relative_to_the_stage(build: Build) -> None:
-    files = {"kustomization.yaml": b"resources: [cm.yaml, missing.yaml]\n", "cm.yaml": CONFIGMAP}
-    with pytest.raises(BuildError, match=r"kustomize build failed: .*missing\.yaml") as caught:
+def test_kustomize_errors_are_reported_with_paths_relative_to_the_root(build: Build) -> None:
+    files = under("deploy", {"kustomization.yaml": b"resources: [cm.yaml]\npatches: [{path: p.yaml}]\n",
+                             "cm.yaml": CONFIGMAP, "p.yaml": b"not: a patch: at all\n"})
+    with pytest.raises(BuildError, match=r"kustomize build failed: deploy: ") as caught:
         build(files)
     message = str(caught.value)
-    assert "/tmp" not in message
-    assert "stageset-kustomize-" not in message
+    assert "/artifact" not in message
     assert not message.startswith("kustomize build failed: Error:")
 
 
 def test_a_kustomization_that_builds_nothing_is_an_error(build: Build) -> None:
     with pytest.raises(BuildError, match=r"path '\./deploy': the kustomization built no objects"):
-        build({"kustomization.yaml": b"namePrefix: x-\n"})
+        build({"deploy/kustomization.yaml": b"namePrefix: x-\n"})
 
 
 def test_substitution_runs_after_the_build(build: Build) -> None:
-    files = {
+    files = under("deploy", {
         "kustomization.yaml": b"resources: [deployment.yaml, cm.yaml]\nnamePrefix: ${prefix}-\n",
         "deployment.yaml": DEPLOYMENT.replace(b"replicas: 1", b"replicas: ${replicas}"),
         "cm.yaml": b"""apiVersion: v1
@@ -253,7 +269,7 @@ metadata:
   annotations: {kustomize.toolkit.fluxcd.io/substitute: disabled}
 data: {run.sh: 'echo ${HOME}'}
 """,
-    }
+    })
     objects = by_kind(build(files, variables={"prefix": "eu", "replicas": "2"}))
     assert objects["Deployment"]["metadata"]["name"] == "eu-web"
     assert objects["Deployment"]["spec"]["replicas"] == 2
@@ -263,32 +279,50 @@ data: {run.sh: 'echo ${HOME}'}
         build(files, variables={})
 
 
+# --------------------------------------------------------------------------- how it is run
+
+
 def _script(tmp_path: Path, body: str) -> Path:
-    script = tmp_path / "fake-kustomize"
+    script = tmp_path / "fake-builder"
     script.write_text("#!/bin/sh\n" + body)
     script.chmod(script.stat().st_mode | stat.S_IXUSR)
     return script
 
 
-def test_kustomize_runs_with_a_scratch_home_no_path_and_a_dead_proxy(tmp_path: Path) -> None:
+STAGE = {"kustomization.yaml": b"resources: []\n"}
+
+
+def test_the_builder_runs_with_no_path_no_home_a_dead_proxy_and_a_memory_limit(tmp_path: Path) -> None:
     # PATH is empty, so only shell builtins work here.
-    fake = _script(tmp_path, 'echo "$@" >&2; export -p >&2; exit 1\n')
+    fake = _script(tmp_path, 'echo "$@" >&2; echo "ulimit=$(ulimit -d)" >&2; export -p >&2; exit 1\n')
+    limits = BuildLimits(kustomize_memory_bytes=256 * 1024 * 1024)
     with pytest.raises(BuildError) as caught:
-        build_stage({"kustomization.yaml": b"resources: []\n"}, kustomize=fake)
+        build_stage(STAGE, kustomize=fake, limits=limits)
     message = str(caught.value)
-    assert "build . --load-restrictor LoadRestrictionsRootOnly" in message
-    for flag in ("--enable-alpha-plugins", "--enable-exec", "--enable-helm", "--network"):
-        assert flag not in message
-    exported = re.findall(r"^export (\w+)='?([^'\n]*)'?$", message, re.MULTILINE)
-    env = dict(exported)
-    assert env["HTTPS_PROXY"] == env["HTTP_PROXY"] == "http://127.0.0.1:0"
-    assert env["HOME"].startswith("../")  # inside the scratch directory, shown relative to the tree
-    assert env["PATH"] == "../bin"  # an empty directory: no git, no helm, no shell
-    assert "KUBECONFIG" not in env
-    assert not any(key.startswith(("GIT_", "GOOGLE_", "AWS_")) for key in env)
+    assert message.startswith("kustomize build failed: .\n")  # the root is built; no flags at all
+    exported = dict(re.findall(r"^export (\w+)='?([^'\n]*)'?$", message, re.MULTILINE))
+    assert exported["HTTPS_PROXY"] == exported["HTTP_PROXY"] == "http://127.0.0.1:0"
+    assert exported["HOME"] == "/nonexistent"
+    assert exported["PATH"] == ""
+    assert exported["GOMEMLIMIT"] == str(256 * 1024 * 1024)
+    assert "KUBECONFIG" not in exported
+    assert not any(key.startswith(("GIT_", "GOOGLE_", "AWS_", "KUBERNETES_")) for key in exported)
+    assert f"ulimit={(256 + 128) * 1024}" in message  # KiB: the heap limit plus the Go runtime's own
 
 
-def test_kustomize_is_killed_at_the_timeout(tmp_path: Path) -> None:
+def test_the_builder_is_killed_at_the_timeout(tmp_path: Path) -> None:
     fake = _script(tmp_path, f"exec {shutil.which('sleep')} 30\n")
     with pytest.raises(BuildError, match=r"kustomize build timed out after 0\.5s"):
-        build_stage({"kustomization.yaml": b"resources: []\n"}, kustomize=fake, timeout=0.5)
+        build_stage(STAGE, kustomize=fake, limits=BuildLimits(kustomize_timeout=0.5))
+
+
+def test_the_builder_output_is_read_only_up_to_the_stage_limit(tmp_path: Path) -> None:
+    fake = _script(tmp_path, f"exec {shutil.which('yes')} 'apiVersion: v1'\n")
+    with pytest.raises(BuildError, match=r"kustomize build printed more than 100000 bytes"):
+        build_stage(STAGE, kustomize=fake, limits=BuildLimits(max_stage_bytes=100_000))
+
+
+def test_a_builder_killed_by_a_signal_is_reported(tmp_path: Path) -> None:
+    fake = _script(tmp_path, "kill -SEGV $$\n")
+    with pytest.raises(BuildError, match=r"kustomize build was killed by signal 11"):
+        build_stage(STAGE, kustomize=fake)

@@ -19,6 +19,7 @@ import pytest
 from stageset.apply.engine import StageApplier
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
+from stageset.controller.gitrepository import artifact_consumer
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
@@ -125,6 +126,10 @@ class World:
                 }
             )
         self.cluster.set_status(path, {"artifact": {"revision": self.sources.revision(url)}})
+        # As the GitRepository's own fetch would: the mirror serves the commit to it.
+        live = self.cluster.get(path)
+        assert live is not None
+        self.sources.served.add((url, sha, artifact_consumer(live["metadata"])))
         return sha
 
     # -- StageSets --------------------------------------------------------------------------

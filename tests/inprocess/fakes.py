@@ -488,6 +488,7 @@ class FakeSources:
     repos: dict[str, dict[str, dict[str, str]]] = field(default_factory=dict)  # url -> commit -> files
     heads: dict[str, str] = field(default_factory=dict)  # url -> commit of "main"
     fetches: list[tuple[str, Credentials | None]] = field(default_factory=list)
+    served: set[tuple[str, str, str]] = field(default_factory=set)  # (url, commit, consumer)
 
     def commit(self, url: str, files: dict[str, str]) -> str:
         sha = hashlib.sha1(json.dumps([url, files], sort_keys=True).encode()).hexdigest()  # noqa: S324
@@ -505,10 +506,13 @@ class FakeSources:
         ref: RefSelector | None = None,  # noqa: ARG002 - always "main"
         credentials: Credentials | None = None,
         timeout: float = 60.0,  # noqa: ARG002
+        consumer: str | None = None,
     ) -> Snapshot:
         self.fetches.append((url, credentials))
         if url not in self.heads:
             raise RefNotFoundError(f"{url}: no branch main")
+        if consumer is not None:
+            self.served.add((url, self.heads[url], consumer))
         return Snapshot(url=url, ref_name="main", commit=self.heads[url], fetched=False)
 
     def _files(self, url: str, commit: str, path: str) -> dict[str, str]:
@@ -519,6 +523,9 @@ class FakeSources:
         prefix = path.removeprefix("./").strip("/")
         prefix = f"{prefix}/" if prefix else ""
         return {p.removeprefix(prefix): text for p, text in files.items() if p.startswith(prefix)}
+
+    def is_served(self, url: str, *, commit: str, consumer: str) -> bool:
+        return (url, commit, consumer) in self.served
 
     def tree_hash(self, url: str, *, commit: str, path: str = "./") -> str:
         files = self._files(url, commit, path)

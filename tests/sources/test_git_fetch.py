@@ -133,20 +133,59 @@ def test_commit_pin_alone_and_with_branch(git_server: GitServer, store: MirrorSt
     assert not pinned.fetched
 
 
-def test_commit_pin_when_server_refuses_unadvertised_wants(
+def test_commit_pin_when_a_v2_server_refuses_to_send_it(
     git_server: GitServer, store: MirrorStore
 ) -> None:
-    """A server that only sends advertised tips: we deepen the history to find the commit."""
+    """A protocol v2 server that will not send a commit by id (per-ref permissions): the pin
+    is not found, and no history is fetched to look for it."""
     url = git_server.create_repo("app", APP)
     old = git_server.head("app")
     git_server.commit("app", {"deploy/app.yaml": "newer\n"})
     store.fetch(url, ref=RefSelector(branch="main"))  # the mirror is now shallow
     git_server.refuse_unadvertised_wants("app")
+    git_server.reset_log()
 
-    snap = store.fetch(url, ref=RefSelector(commit=old))
+    with pytest.raises(RefNotFoundError, match=f"commit {old} not found in"):
+        store.fetch(url, ref=RefSelector(commit=old))
+    assert git_server.fetch_count("app") == 1
 
-    assert snap.commit == old
-    assert store.read_tree(url, commit=old, path="deploy")["app.yaml"] == b"kind: ConfigMap\n"
+
+def test_commit_pin_already_in_the_mirror_is_asked_of_the_server_again(
+    git_server: GitServer, store: MirrorStore
+) -> None:
+    """Being in the shared mirror proves nothing about the caller: the server is asked
+    (naming the commit as a "have", so nothing is transferred)."""
+    url = git_server.create_repo("app", APP)
+    pinned = git_server.commit("app", {"deploy/app.yaml": "pinned\n"}, branch="refs/heads/dev")
+    store.fetch(url, ref=RefSelector(branch="dev"))
+    git_server.reset_log()
+
+    snap = store.fetch(url, ref=RefSelector(commit=pinned))
+
+    assert (snap.commit, snap.fetched) == (pinned, False)
+    assert git_server.fetch_count("app") == 1
+    # Once the server refuses (pinned is no tip any more), the copy in the mirror is not
+    # served.
+    git_server.commit("app", {"deploy/app.yaml": "later\n"}, branch="refs/heads/dev")
+    git_server.refuse_unadvertised_wants("app")
+    with pytest.raises(RefNotFoundError):
+        store.fetch(url, ref=RefSelector(commit=pinned))
+
+
+def test_commit_pin_reachable_from_an_advertised_tip_needs_no_fetch(
+    git_server: GitServer, store: MirrorStore
+) -> None:
+    url = git_server.create_repo("app", APP)
+    old = git_server.head("app")
+    git_server.commit("app", {"deploy/app.yaml": "newer\n"})
+    store.fetch(url, ref=RefSelector(commit=old))
+    store.fetch(url, ref=RefSelector(branch="main"))
+    git_server.refuse_unadvertised_wants("app")  # would refuse any want but the tip
+    git_server.reset_log()
+
+    # The mirror has old and main's tip; main's tip (advertised to us) has old as parent.
+    assert store.fetch(url, ref=RefSelector(branch="main", commit=old)).commit == old
+    assert git_server.fetch_count("app") == 0
 
 
 def test_unknown_commit_is_not_found(git_server: GitServer, store: MirrorStore) -> None:
@@ -183,13 +222,29 @@ def test_deleted_branch_is_ref_not_found(git_server: GitServer, store: MirrorSto
 def test_spellings_of_one_url_share_a_mirror(git_server: GitServer, store: MirrorStore) -> None:
     url = git_server.create_repo("app", APP)
     store.fetch(url, ref=RefSelector(branch="main"))
-    other_spelling = url.removesuffix(".git").replace("127.0.0.1", "127.0.0.1") + "/"
+    other_spelling = url.replace("http://", "HTTP://") + "/"
 
     snap = store.fetch(other_spelling, ref=RefSelector(branch="main"))
 
     assert not snap.fetched
     assert store.mirror_path(url) == store.mirror_path(other_spelling)
     assert git_server.fetch_count() == 1
+
+
+def test_dot_git_is_not_folded_two_repositories(git_server: GitServer, store: MirrorStore) -> None:
+    """``/vault`` and ``/vault.git`` are two repositories on git http-backend: two mirrors."""
+    with_suffix = git_server.create_repo("vault", {"deploy/app.yaml": "private\n"})
+    without = git_server.create_repo("vault-public", {"deploy/app.yaml": "public\n"},
+                                     directory="vault")
+    assert without.endswith("/vault")
+    assert with_suffix.endswith("/vault.git")
+
+    one = store.fetch(with_suffix).commit
+    other = store.fetch(without).commit
+
+    assert one != other
+    assert store.mirror_path(with_suffix) != store.mirror_path(without)
+    assert store.read_tree(without, commit=other, path="deploy") == {"app.yaml": b"public\n"}
 
 
 def test_local_file_url(git_server: GitServer, store: MirrorStore) -> None:

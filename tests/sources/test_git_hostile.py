@@ -21,6 +21,7 @@ from sources import (
     RefNotFoundError,
     RefSelector,
     UnsafePathError,
+    UrlPolicy,
 )
 from sources.mirror import _disk_usage
 from tests.gitserver import GitServer, Zeros
@@ -70,25 +71,27 @@ def test_huge_blob_is_never_fetched_when_the_server_filters(
         "app.yaml": b"a: 1\n"}
 
 
-def test_huge_blob_is_refused_by_its_header_when_the_server_sends_it(
+def test_huge_blob_is_refused_while_fetching_when_the_server_sends_it(
     git_server: GitServer, big_repo: str, store: MirrorStore
 ) -> None:
-    """A server without partial clone sends the blob; reading refuses it from the pack
-    entry's header, without loading it."""
+    """A server without partial clone sends the blob; the pack check refuses it from the
+    object's header, before inflating it, and nothing is stored."""
     git_server.configure("big", "uploadpack.allowFilter", "false")
-    commit = store.fetch(big_repo, ref=RefSelector(branch="main")).commit
 
-    error, peak = _peak_allocated(
-        lambda: store.read_tree(big_repo, commit=commit, path="deploy"))
+    error, peak = _peak_allocated(lambda: store.fetch(big_repo, ref=RefSelector(branch="main")))
 
     assert isinstance(error, LimitExceededError)
-    assert str(error) == ("file 'deploy/huge.bin' is 104857600 bytes, more than the limit of "
-                          "10485760 bytes per file")
+    assert str(error).startswith("the remote sent a blob of 104857600 bytes, more than the "
+                                 "limit of 10485760 bytes per file; the fetch was refused")
     assert peak < 5 * MiB
-    # A total-size limit is checked the same way.
-    with pytest.raises(LimitExceededError, match="add up to more than"):
-        store.read_tree(big_repo, commit=commit, path="deploy",
+    assert _disk_usage(store.mirror_path(big_repo)) < 1 * MiB
+    # With a higher per-file limit the fetch works; reading is then bounded by the total.
+    roomy = MirrorStore(root=store.mirror_path(big_repo).parent.parent / "roomy",
+                        policy=UrlPolicy(allow_http=True),
                         limits=Limits(max_file_bytes=200 * MiB, max_total_bytes=50 * MiB))
+    commit = roomy.fetch(big_repo, ref=RefSelector(branch="main")).commit
+    with pytest.raises(LimitExceededError, match="add up to more than"):
+        roomy.read_tree(big_repo, commit=commit, path="deploy")
 
 
 def test_hundred_thousand_files_hit_the_file_count_limit(git_server: GitServer,

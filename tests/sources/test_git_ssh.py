@@ -122,13 +122,16 @@ def test_same_repository_over_http_and_ssh(git: GitServer, ssh: SshServer, repo:
     assert over_http.revision == over_ssh.revision == f"v1.0.0@sha1:{git.head(repo)}"
 
 
-def test_user_from_credentials_when_the_url_names_none(git: GitServer, ssh: SshServer,
-                                                       repo: str, ssh_store: MirrorStore) -> None:
+def test_user_comes_from_the_url_only(git: GitServer, ssh: SshServer, repo: str,
+                                      ssh_store: MirrorStore) -> None:
+    """As Flux: the URL's user, else ``git`` — never the Secret's ``username`` (the user is
+    part of the mirror key, which a Secret cannot change)."""
     url = f"ssh://127.0.0.1:{ssh.port}/{repo}.git"
-    # Without a user in the URL or the credentials, "git" is used (and refused here).
     with pytest.raises(AuthenticationError):
-        ssh_store.fetch(url, credentials=_creds(ssh))
-    snap = ssh_store.fetch(url, credentials=_creds(ssh, username=ssh.user))
+        ssh_store.fetch(url, credentials=_creds(ssh, username=ssh.user))
+    assert ssh_store.mirror_path(url) == ssh_store.mirror_path(
+        f"ssh://git@127.0.0.1:{ssh.port}/{repo}.git")
+    snap = ssh_store.fetch(ssh.url(repo), credentials=_creds(ssh))
     assert snap.commit == git.head(repo)
 
 

@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from stageset.build import BuildError, build_stage, render_manifests
+from stageset.build import BuildError, build_stage
 
 DEPLOYMENT = b"""apiVersion: apps/v1
 kind: Deployment
@@ -142,22 +142,12 @@ def test_timestamps_stay_strings() -> None:
 def test_empty_path_is_an_error_with_or_without_variables() -> None:
     for variables in (None, {}, {"a": "b"}):
         with pytest.raises(BuildError, match=r"path '\./deploy' holds no manifests"):
-            build_stage({"README.md": b"x", "empty.yaml": b"---\n# nothing\n"}, path="./deploy",
-                        variables=variables)
-
-
-def test_a_kustomization_below_the_root_is_not_misread_as_a_manifest() -> None:
-    files = {"app.yaml": b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n",
-             "overlays/prod/kustomization.yaml": b"resources: [../../app.yaml]\n"}
-    with pytest.raises(BuildError, match=r"prod/kustomization\.yaml: a kustomization below the root"):
-        build_stage(files)
+            build_stage({"deploy/README.md": b"x", "deploy/empty.yaml": b"---\n# nothing\n",
+                         "elsewhere.yaml": b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: a}\n"},
+                        path="./deploy", variables=variables)
 
 
 def test_non_utf8_file_is_an_error_naming_it() -> None:
     with pytest.raises(BuildError, match=r"bin\.yaml: not UTF-8 text"):
         build_stage({"bin.yaml": b"\xff\xfe"})
 
-
-def test_render_manifests_still_works_for_existing_callers() -> None:
-    files = {"a.yaml": b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: '${n}'}\n"}
-    assert render_manifests(files, variables={"n": "x"}, origin="./p")[0]["metadata"]["name"] == "x"

@@ -10,7 +10,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from stageset.apply.changeset import Action, Change, ChangeSet
 from stageset.apply.inventory import ObjectId
-from stageset.controller.metrics import Metrics, parse_address
+from stageset.controller.metrics import Metrics
 from stageset.kube.client import LOCAL, ClusterKey, Identity, RequestRecord, request_verb
 
 
@@ -188,23 +188,9 @@ def test_request_verbs_are_kubernetes_verbs(
     assert request_verb(method, path, content_type=content_type, stream=stream) == verb
 
 
-def test_process_gauges_and_the_address_flag() -> None:
+def test_process_gauges() -> None:
     metrics = Metrics()
     assert value(metrics, "stageset_leader") == 1
+    assert value(metrics, "stageset_caches_synced") == 0
     assert [labels["version"] for labels, _ in samples(metrics, "stageset_build_info")] != [""]
     assert "_created" not in metrics.exposition().decode()
-    assert parse_address(":8080") == ("0.0.0.0", 8080)  # noqa: S104 - what ":8080" means
-    assert parse_address("127.0.0.1:0") == ("127.0.0.1", 0)
-    assert parse_address("[::1]:9090") == ("::1", 9090)
-    for bad in ("8080", "host:", "host:99999", ":x"):
-        with pytest.raises(ValueError, match="not an address"):
-            parse_address(bad)
-
-
-def test_serve_answers_on_the_bound_port() -> None:
-    import urllib.request
-
-    metrics = Metrics()
-    host, port = metrics.serve("127.0.0.1:0")
-    with urllib.request.urlopen(f"http://{host}:{port}/metrics", timeout=5) as response:
-        assert b"stageset_leader 1.0" in response.read()

@@ -1,10 +1,24 @@
+"""The render cache: keys, bounds, and that a stage is built again exactly when what it reads changes.
+
+Kustomize layouts (a shared base used by some stages) are covered with the real builder in
+tests/build/test_layouts.py; here plain paths keep the tests free of binaries.
+"""
+
 from __future__ import annotations
 
-from stageset.controller.rendercache import RenderCache, render_key
+from collections.abc import Callable, Mapping
+
+import pytest
+
+from stageset.build import BuildError, BuildLimits
+from stageset.controller.rendercache import RenderCache, render_key, render_stage, source_key
+
+URL = "https://git.example/x.git"
+CM = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s}\ndata: {v: '%s'}\n"
 
 
 def key(tree: str = "t1", variables: dict[str, str] | None = None, ignore: str | None = None) -> str:
-    return render_key(url="https://git.example/x.git", tree=tree, ignore=ignore, variables=variables)
+    return render_key(url=URL, tree=tree, ignore=ignore, variables=variables)
 
 
 def test_key_changes_with_every_input_and_hides_values() -> None:
@@ -17,6 +31,10 @@ def test_key_changes_with_every_input_and_hides_values() -> None:
     secret = key(variables={"token": "hunter2-secret"})
     assert "hunter2" not in secret
     assert len(secret) == 64  # a digest, not the values
+    secret_vars = {"token": "hunter2-secret"}
+    src = source_key(url=URL, commit="c1", ignore=None, path="./a", variables=secret_vars)
+    assert "hunter2" not in src
+    assert src != source_key(url=URL, commit="c1", ignore=None, path="./b", variables=secret_vars)
 
 
 def test_least_recently_used_entries_go_first() -> None:
@@ -29,3 +47,81 @@ def test_least_recently_used_entries_go_first() -> None:
     assert cache.get("a") is not None
     assert cache.get("c") is not None
     assert (cache.hits, cache.misses) == (3, 1)
+
+
+class Repo:
+    """Commits of a repository, and a count of whole-tree reads."""
+
+    def __init__(self) -> None:
+        self.commits: dict[str, dict[str, bytes]] = {}
+        self.reads = 0
+
+    def commit(self, name: str, files: Mapping[str, str]) -> str:
+        self.commits[name] = {path: content.encode() for path, content in files.items()}
+        return name
+
+    def reader(self, commit: str) -> Callable[[], Mapping[str, bytes]]:
+        def read() -> Mapping[str, bytes]:
+            self.reads += 1
+            return self.commits[commit]
+        return read
+
+
+def render(cache: RenderCache, repo: Repo, commit: str, path: str,
+           variables: dict[str, str] | None = None) -> list[str]:
+    objects = render_stage(cache, url=URL, commit=commit, ignore=None, path=path, variables=variables,
+                           read_tree=repo.reader(commit), limits=BuildLimits())
+    return [f"{o['metadata']['name']}={o['data']['v']}" for o in objects]
+
+
+FILES = {"team-a/app.yaml": CM % ("a", "1"), "team-b/app.yaml": CM % ("b", "1"), "README.md": "# repo"}
+
+
+def test_a_known_commit_is_neither_read_nor_built_again() -> None:
+    cache, repo = RenderCache(), Repo()
+    c1 = repo.commit("c1", FILES)
+    assert render(cache, repo, c1, "./team-a") == ["a=1"]
+    assert render(cache, repo, c1, "./team-a") == ["a=1"]
+    assert (repo.reads, cache.builds) == (1, 1)
+
+
+def test_stages_of_one_commit_share_one_read_and_a_change_elsewhere_builds_nothing() -> None:
+    cache, repo = RenderCache(), Repo()
+    c1 = repo.commit("c1", FILES)
+    render(cache, repo, c1, "./team-a")
+    render(cache, repo, c1, "./team-b")
+    assert (repo.reads, cache.builds) == (1, 2)
+    c2 = repo.commit("c2", {**FILES, "team-b/app.yaml": CM % ("b", "2"), "README.md": "# changed"})
+    assert render(cache, repo, c2, "./team-a") == ["a=1"]
+    assert render(cache, repo, c2, "./team-b") == ["b=2"]
+    assert (repo.reads, cache.builds) == (2, 3)  # team-a read again, but not built again
+
+
+def test_variables_are_part_of_what_a_stage_renders_from() -> None:
+    cache, repo = RenderCache(), Repo()
+    c1 = repo.commit("c1", {"a/app.yaml": CM % ("a", "${v}")})
+    assert render(cache, repo, c1, "a", {"v": "x"}) == ["a=x"]
+    assert render(cache, repo, c1, "a", {"v": "y"}) == ["a=y"]
+    assert render(cache, repo, c1, "a", {"v": "x"}) == ["a=x"]
+    assert cache.builds == 2
+
+
+def test_a_failed_build_is_not_cached_and_reports_each_time() -> None:
+    cache, repo = RenderCache(), Repo()
+    c1 = repo.commit("c1", {"a/app.yaml": "kind: [unclosed"})
+    for _ in range(2):
+        with pytest.raises(BuildError, match=r"a/app\.yaml: not valid YAML"):
+            render(cache, repo, c1, "a")
+    assert repo.reads == 1  # the tree itself is still shared
+
+
+def test_the_tree_cache_is_bounded_in_bytes() -> None:
+    cache, repo = RenderCache(max_tree_bytes=100), Repo()
+    small = repo.commit("small", {"a/app.yaml": CM % ("a", "1")})
+    big = repo.commit("big", {"a/app.yaml": CM % ("a", "1"), "blob.bin": "x" * 200})
+    render(cache, repo, small, "a")
+    render(cache, repo, small, "./a/")
+    assert repo.reads == 1
+    render(cache, repo, big, "a")
+    render(cache, repo, big, "./a/")
+    assert repo.reads == 3  # too big to keep: read per stage

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from sources import Credentials, UrlPolicy, UrlPolicyError
@@ -15,22 +17,43 @@ LAX = UrlPolicy(allow_http=True, allow_file=True)
     ("url", "key"),
     [
         ("https://github.com/org/repo", "https://github.com/org/repo"),
-        ("https://GitHub.com/org/repo.git", "https://github.com/org/repo"),
+        ("https://GitHub.com/org/repo.git", "https://github.com/org/repo.git"),
         ("https://github.com/org/repo/", "https://github.com/org/repo"),
-        ("https://github.com:443/org/repo.git/", "https://github.com/org/repo"),
-        ("https://user@github.com/org/repo", "https://github.com/org/repo"),
+        ("https://github.com:443/org/repo.git/", "https://github.com/org/repo.git"),
+        ("https://user@github.com/org/repo", "https://user@github.com/org/repo"),
         ("https://git.example:8443/org/Repo", "https://git.example:8443/org/Repo"),
-        ("ssh://git@github.com/org/repo.git", "ssh://github.com/org/repo"),
-        ("ssh://git@github.com:22/org/repo", "ssh://github.com/org/repo"),
-        ("git@github.com:org/repo.git", "ssh://github.com/org/repo"),
-        ("github.com:org/repo", "ssh://github.com/org/repo"),
-        ("ssh://git@host:2222/x.git", "ssh://host:2222/x"),
-        ("git+ssh://git@host/x", "ssh://host/x"),
+        ("ssh://git@github.com/org/repo.git", "ssh://git@github.com/org/repo.git"),
+        ("ssh://github.com/org/repo.git", "ssh://git@github.com/org/repo.git"),
+        ("ssh://git@github.com:22/org/repo", "ssh://git@github.com/org/repo"),
+        ("git@github.com:org/repo.git", "ssh://git@github.com:org/repo.git"),
+        ("github.com:org/repo", "ssh://git@github.com:org/repo"),
+        ("git@github.com:/org/repo", "ssh://git@github.com/org/repo"),
+        ("ssh://git@host:2222/x.git", "ssh://git@host:2222/x.git"),
+        ("git+ssh://git@host/x", "ssh://git@host/x"),
         ("https://[::1]:8443/x", "https://[::1]:8443/x"),
     ],
 )
 def test_always_allowed_and_normalised(url: str, key: str) -> None:
     assert parse_url(url, STRICT).key == key
+
+
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        # Different repositories on many servers (git http-backend serves both).
+        ("https://host/org/vault", "https://host/org/vault.git"),
+        # Different users see different repositories.
+        ("team-a@host:app.git", "team-b@host:app.git"),
+        ("ssh://team-a@host/app.git", "ssh://host/app.git"),
+        ("https://alice@host/app", "https://host/app"),
+        # Relative to the login's home vs absolute.
+        ("git@host:app.git", "ssh://git@host/app.git"),
+        ("https://host/app", "http://host/app"),
+        ("https://host/app", "https://host:8443/app"),
+    ],
+)
+def test_what_can_change_the_answer_is_kept_in_the_key(one: str, other: str) -> None:
+    assert parse_url(one, LAX).key != parse_url(other, LAX).key
 
 
 def test_display_and_transport_urls_never_carry_userinfo_except_ssh_user() -> None:
@@ -49,7 +72,7 @@ def test_display_and_transport_urls_never_carry_userinfo_except_ssh_user() -> No
 def test_http_needs_allow_http() -> None:
     with pytest.raises(UrlPolicyError, match="URL scheme 'http' is not allowed"):
         parse_url("http://example.com/r.git", STRICT)
-    assert parse_url("http://example.com/r.git", LAX).key == "http://example.com/r"
+    assert parse_url("http://example.com/r.git", LAX).key == "http://example.com/r.git"
 
 
 @pytest.mark.parametrize("url", ["file:///srv/git/r.git", "/srv/git/r.git", "./r", "../r"])
@@ -60,7 +83,43 @@ def test_local_repositories_need_allow_file(url: str) -> None:
 
 
 def test_local_path_and_file_url_share_a_key() -> None:
-    assert parse_url("/srv/git/r.git", LAX).key == parse_url("file:///srv/git/r", LAX).key
+    assert parse_url("/srv/git/r.git", LAX).key == parse_url("file:///srv/git/r.git", LAX).key
+    assert parse_url("/srv/git/r.git", LAX).key != parse_url("file:///srv/git/r", LAX).key
+
+
+def test_local_paths_are_resolved_and_refused_inside_forbidden_paths(tmp_path: Path) -> None:
+    mirrors = tmp_path / "mirrors"
+    (mirrors / "abc").mkdir(parents=True)
+    (tmp_path / "innocent").symlink_to(mirrors / "abc")
+    policy = LAX.forbidding(mirrors)
+    for url in (f"file://{mirrors}/abc", str(mirrors / "abc"), f"{tmp_path}/innocent",
+                f"file://{tmp_path}/x/../mirrors/abc", "file:///proc/self/root" + str(mirrors),
+                "/var/run/secrets/kubernetes.io/serviceaccount", "/proc/1/cwd", "/dev/shm/x"):
+        with pytest.raises(UrlPolicyError, match="never serves"):
+            parse_url(url, policy)
+    assert parse_url(str(tmp_path / "elsewhere.git"), policy).path == str(
+        tmp_path / "elsewhere.git")
+
+
+def test_file_urls_name_no_host() -> None:
+    with pytest.raises(UrlPolicyError, match="must not name a host"):
+        parse_url("file://evil.example/srv/r.git", LAX)
+
+
+@pytest.mark.parametrize("url", [
+    "ssh://-oProxyCommand=touch%20/tmp/pwned/x.git",
+    "ssh://-oProxyCommand=x@host/x.git",
+    "-oProxyCommand=touch /tmp/pwned:x.git",
+    "git@-oProxyCommand=x:repo.git",
+    "-u:x",
+    "--upload-pack=touch /tmp/pwned",
+    "https://-host.example/x",
+    "https://host.example/x\n--upload-pack=evil",
+    "https://host.example/x\x00y",
+])
+def test_option_injection_is_refused(url: str) -> None:
+    with pytest.raises(UrlPolicyError):
+        parse_url(url, LAX)
 
 
 @pytest.mark.parametrize(

@@ -21,6 +21,7 @@ from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.build import BuildError, VariableSource, merge_variables
 from stageset.controller.conditions import ready_at_generation
+from stageset.controller.gitrepository import artifact_consumer
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
@@ -58,6 +59,10 @@ class Source:
     revision: str
     commit: str
     ignore: str | None
+    consumer: str
+    name: str
+    """``namespace/name`` of the GitRepository, as the StageSet wrote it."""
+    """Whom the shared mirror served this GitRepository's commits to (:func:`artifact_consumer`)."""
 
 
 class TenantReads:
@@ -84,7 +89,8 @@ class TenantReads:
             raise StageError(Reason.SOURCE_NOT_READY, f"stage {stage.name!r}: {what} has no artifact yet")
         _, commit = parse_revision(revision)
         return Source(url=str(found["spec"]["url"]), revision=revision, commit=commit,
-                      ignore=found["spec"].get("ignore"))
+                      ignore=found["spec"].get("ignore"), consumer=artifact_consumer(found["metadata"]),
+                      name=f"{source_ns}/{ref.name}")
 
     def variables(self, client: KubeClient, stage: Stage, namespace: str) -> tuple[dict[str, str] | None,
                                                                                    list[str]]:

@@ -158,7 +158,8 @@ class StageSetReconciler:
         self._reads = TenantReads(stagesets=resource, sources=source_resource,
                                   no_cross_namespace_refs=settings.no_cross_namespace_refs)
         self._targets = Targets(clients=clients, settings=settings.apply, local=applier)
-        self._renderer = Renderer(clients=clients, store=store, reads=self._reads)
+        self._renderer = Renderer(clients=clients, store=store, reads=self._reads,
+                                  limits=settings.build_limits)
         self._stages = StageApply(clients=clients, clock=clock, readiness_slice=settings.readiness_slice,
                                   stop=stop)
         self._teardown = Teardown(clients=clients, identities=self._identities, targets=self._targets,

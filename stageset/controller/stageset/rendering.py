@@ -6,8 +6,10 @@ manifests come from the controller's shared Git mirror, which holds only commits
 GitRepository's own credentials fetched.  Discovery (namespace defaulting) is the
 target's (controller identity, or the remote kubeconfig's).
 
-The render cache key is the stage path's Git tree id, the ignore patterns and a digest of
-the variables (values are never kept in keys or logs): an unchanged subtree is not rebuilt.
+A build starts at the stage's path but may load any file of the source root (``../``
+bases, components); :func:`~stageset.controller.rendercache.render_stage` reads the whole
+root at most once per commit and keys the render on exactly the files the build loads, so a
+change in a shared base re-renders every stage that uses it and nothing else.
 """
 
 from __future__ import annotations
@@ -20,9 +22,9 @@ from stageset.api import Stage
 from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import ObjectId, object_id
-from stageset.build import BuildError, KustomizeNotFoundError, build_stage
+from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
 from stageset.controller.redact import Redactor
-from stageset.controller.rendercache import RenderCache, render_key
+from stageset.controller.rendercache import RenderCache, render_stage
 from stageset.controller.stageset.reads import TenantReads
 from stageset.controller.stageset.targets import Target
 from stageset.kube.client import ClientPool, Identity
@@ -33,6 +35,8 @@ class SourceTrees(Protocol):
     """What rendering needs of the Git mirror (:class:`sources.MirrorStore`)."""
 
     def tree_hash(self, url: str, *, commit: str, path: str = "./") -> str: ...
+
+    def is_served(self, url: str, *, commit: str, consumer: str) -> bool: ...
 
     def read_tree(self, url: str, *, commit: str, path: str = "./", ignore: str | None = None
                   ) -> dict[str, bytes]: ...
@@ -51,11 +55,12 @@ class Rendered:
 
 
 class Renderer:
-    def __init__(self, *, clients: ClientPool, store: SourceTrees, reads: TenantReads,
+    def __init__(self, *, clients: ClientPool, store: SourceTrees, reads: TenantReads, limits: BuildLimits,
                  cache: RenderCache | None = None):
         self._clients = clients
         self._store = store
         self._reads = reads
+        self._limits = limits
         self._cache = cache or RenderCache()
 
     def render(self, *, stage: Stage, identity: Identity, namespace: str, target: Target,
@@ -66,33 +71,30 @@ class Renderer:
         source = self._reads.source(client, stage, namespace)
         variables, secret_values = self._reads.variables(client, stage, namespace)
         redactor.add(secret_values)
+        url, commit, ignore = source.url, source.commit, source.ignore
+        if not self._store.is_served(url, commit=commit, consumer=source.consumer):
+            # Only what this GitRepository was served, never another commit of a shared mirror
+            # (a status a tenant wrote, or a commit another tenant's credentials fetched).
+            raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: GitRepository "
+                             f"{source.name}: revision {source.revision} has not been "
+                             "fetched for it (yet)")
         try:
-            key = render_key(url=source.url, tree=self._store.tree_hash(source.url, commit=source.commit,
-                                                                        path=stage.path),
-                             ignore=source.ignore, variables=variables)
-            objects = self._cache.get(key)
-            if objects is None:
-                files = self._store.read_tree(source.url, commit=source.commit, path=stage.path,
-                                              ignore=source.ignore)
-                objects = self._build(stage, files, variables)
-                self._cache.put(key, objects)
+            objects = render_stage(
+                self._cache, url=url, commit=commit, ignore=ignore, path=stage.path, variables=variables,
+                read_tree=lambda: self._store.read_tree(url, commit=commit, path="./", ignore=ignore),
+                limits=self._limits)
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.
             raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {error}") from error
         except SourceError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
-        return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
-                        target=target, ids={identify(obj, namespace, target) for obj in objects})
-
-    @staticmethod
-    def _build(stage: Stage, files: dict[str, bytes], variables: dict[str, str] | None) -> list[KubeObject]:
-        try:
-            return build_stage(files, path=stage.path, variables=variables)
         except KustomizeNotFoundError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: this controller cannot build "
                              f"kustomizations: {error}") from error
         except BuildError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
+        return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
+                        target=target, ids={identify(obj, namespace, target) for obj in objects})
 
 
 def identify(obj: KubeObject, namespace: str, target: Target) -> ObjectId:

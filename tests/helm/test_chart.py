@@ -1,0 +1,317 @@
+"""The chart as ``helm`` renders it: lint, RBAC rule by rule per mode, names, pod spec, bad values.
+
+Everything here runs the real ``helm`` binary (built from the Go module proxy) without a
+cluster; ``test_install.py`` installs the chart into a real apiserver.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+import yaml
+
+from stageset.api.rbac import CONTROLLER_RULES, LEADER_ELECTION_RULES, aggregated_cluster_roles
+from stageset.cli.main import main as cli
+from tests.helm.chart import CHART, Helm, controller_args, controller_container, find, one
+
+# The controller's own rights, written out: a change to them must change this table too.
+CONTROLLER_RULE_TABLE = [
+    ([""], ["serviceaccounts"], ["impersonate"]),
+    (["stages.metio.wtf"], ["stagesets", "gitrepositories"], ["get", "list", "watch", "patch", "update"]),
+    (["stages.metio.wtf"], ["stagesets/status", "gitrepositories/status", "stagesets/finalizers"],
+     ["get", "patch", "update"]),
+    (["", "events.k8s.io"], ["events"], ["create", "patch"]),
+]
+LEASE_RULE_TABLE = [(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])]
+
+
+def rules(role: dict[str, Any]) -> list[tuple[list[str], list[str], list[str]]]:
+    return [(r["apiGroups"], r["resources"], r["verbs"]) for r in role["rules"]]
+
+
+def rbac_objects(docs: list[dict[str, Any]]) -> set[tuple[str, str, str]]:
+    kinds = {"ServiceAccount", "Role", "RoleBinding", "ClusterRole", "ClusterRoleBinding"}
+    return {(d["kind"], d["metadata"].get("namespace", ""), d["metadata"]["name"]) for d in docs
+            if d["kind"] in kinds}
+
+
+def binding(docs: list[dict[str, Any]], kind: str, name: str,
+            namespace: str = "") -> tuple[str, str, list[Any]]:
+    found = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name
+             and d["metadata"].get("namespace", "") == namespace]
+    assert len(found) == 1, f"{kind} {namespace}/{name}"
+    return found[0]["roleRef"]["kind"], found[0]["roleRef"]["name"], found[0]["subjects"]
+
+
+SA = [{"kind": "ServiceAccount", "name": "stageset", "namespace": "stageset-system"}]
+
+
+def test_lint_strict_in_every_mode(helm: Helm) -> None:
+    for values in ([], ["--set", "rbac.clusterAdmin=true"], ["--set", "controller.watchNamespaces={a,b}"],
+                   ["--set", "replicaCount=3", "--set", "metrics.serviceMonitor.enabled=true"]):
+        result = helm.run("lint", "--strict", str(CHART), *values)
+        assert "1 chart(s) linted, 0 chart(s) failed" in result.stdout, result.stdout
+
+
+def test_rules_in_the_chart_are_the_code_s() -> None:
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in CONTROLLER_RULES] == CONTROLLER_RULE_TABLE
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in LEADER_ELECTION_RULES] == LEASE_RULE_TABLE
+
+
+def test_multi_tenant_default_rbac_rule_by_rule(helm: Helm) -> None:
+    docs = helm.render()
+    assert rbac_objects(docs) == {
+        ("ServiceAccount", "stageset-system", "stageset"),
+        ("ClusterRole", "", "stageset-system-stageset-controller"),
+        ("ClusterRoleBinding", "", "stageset-system-stageset-controller"),
+        ("Role", "stageset-system", "stageset-leader-election"),
+        ("RoleBinding", "stageset-system", "stageset-leader-election"),
+        ("ClusterRole", "", "stageset-edit"),
+        ("ClusterRole", "", "stageset-view"),
+    }
+    assert rules(one(docs, "ClusterRole", "stageset-system-stageset-controller")) == CONTROLLER_RULE_TABLE
+    assert binding(docs, "ClusterRoleBinding", "stageset-system-stageset-controller") == (
+        "ClusterRole", "stageset-system-stageset-controller", SA)
+    assert rules(one(docs, "Role", "stageset-leader-election")) == LEASE_RULE_TABLE
+    assert binding(docs, "RoleBinding", "stageset-leader-election", "stageset-system") == (
+        "Role", "stageset-leader-election", SA)
+    for role in aggregated_cluster_roles():
+        rendered = one(docs, "ClusterRole", role["metadata"]["name"])
+        assert rendered["rules"] == role["rules"]
+        assert role["metadata"]["labels"].items() <= rendered["metadata"]["labels"].items()
+    args = controller_args(docs)
+    assert "--cluster-admin" not in args
+    assert not any(a.startswith("--watch-namespaces") for a in args)
+
+
+def test_sharded_rbac_binds_only_the_watched_namespaces(helm: Helm) -> None:
+    docs = helm.render("--set", "controller.watchNamespaces={team-a,team-b}", "--set",
+                       "rbac.aggregateToDefaultRoles=false", release="shard-1", namespace="shards")
+    full, cluster = "shard-1-stageset", "shards-shard-1-stageset"
+    assert rbac_objects(docs) == {
+        ("ServiceAccount", "shards", full),
+        ("ClusterRole", "", f"{cluster}-controller"),
+        ("RoleBinding", "team-a", f"{cluster}-controller"),
+        ("RoleBinding", "team-b", f"{cluster}-controller"),
+        ("Role", "shards", f"{full}-leader-election"),
+        ("RoleBinding", "shards", f"{full}-leader-election"),
+    }
+    subject = [{"kind": "ServiceAccount", "name": full, "namespace": "shards"}]
+    for namespace in ("team-a", "team-b"):
+        assert binding(docs, "RoleBinding", f"{cluster}-controller", namespace) == (
+            "ClusterRole", f"{cluster}-controller", subject)
+    assert rules(one(docs, "ClusterRole", f"{cluster}-controller")) == CONTROLLER_RULE_TABLE
+    assert "--watch-namespaces=team-a,team-b" in controller_args(docs)
+    assert f"--leader-election-id={full}" in controller_args(docs)
+    assert "--leader-election-namespace=shards" in controller_args(docs)
+
+
+def test_cluster_admin_mode_adds_exactly_a_cluster_admin_binding(helm: Helm) -> None:
+    default = rbac_objects(helm.render())
+    docs = helm.render("--set", "rbac.clusterAdmin=true")
+    added = rbac_objects(docs) - default
+    assert added == {("ClusterRoleBinding", "", "stageset-system-stageset-cluster-admin")}
+    assert binding(docs, "ClusterRoleBinding", "stageset-system-stageset-cluster-admin") == (
+        "ClusterRole", "cluster-admin", SA)
+    assert "--cluster-admin" in controller_args(docs)
+
+
+def test_names_derive_from_the_release_and_releases_never_collide(helm: Helm) -> None:
+    def cluster_scoped(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
+        return {(d["kind"], d["metadata"]["name"]) for d in docs if "namespace" not in d["metadata"]
+                and d["metadata"]["name"] not in ("stageset-edit", "stageset-view")}
+
+    plain = helm.render(release="stageset")
+    assert one(plain, "Deployment")["metadata"]["name"] == "stageset"  # never stageset-stageset
+    prod = helm.render(release="prod", namespace="ops")
+    for doc in prod:
+        assert "prod-stageset" in doc["metadata"]["name"] or doc["metadata"]["name"] in (
+            "stageset-edit", "stageset-view"), doc["metadata"]["name"]
+    # The same release name in another namespace: no cluster-scoped name is shared.
+    other = helm.render(release="prod", namespace="ops-2")
+    assert cluster_scoped(prod)
+    assert not cluster_scoped(prod) & cluster_scoped(other)
+    override = helm.render("--set", "fullnameOverride=gitops", release="x")
+    assert one(override, "Deployment")["metadata"]["name"] == "gitops"
+
+
+def test_standard_labels_on_every_object(helm: Helm) -> None:
+    docs = helm.render("--set", "replicaCount=2", "--set", "metrics.serviceMonitor.enabled=true",
+                       release="prod", namespace="ops")
+    for doc in docs:
+        labels = doc["metadata"]["labels"]
+        assert labels["helm.sh/chart"] == "stageset-0.2.0"
+        assert labels["app.kubernetes.io/managed-by"] == "Helm"
+        assert labels["app.kubernetes.io/instance"] == "prod"
+        assert labels["app.kubernetes.io/name"] == "stageset"
+        assert labels["app.kubernetes.io/version"] == "0.1.0"
+    selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert selector == {"app.kubernetes.io/name": "stageset", "app.kubernetes.io/instance": "prod"}
+    assert one(docs, "Service")["spec"]["selector"] == selector
+    assert one(docs, "PodDisruptionBudget")["spec"]["selector"]["matchLabels"] == selector
+
+
+def test_restricted_pod_security_probes_and_ports(helm: Helm) -> None:
+    docs = helm.render()
+    pod = one(docs, "Deployment")["spec"]["template"]["spec"]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["runAsUser"] == 65532
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
+    container = controller_container(docs)
+    security = container["securityContext"]
+    assert security["allowPrivilegeEscalation"] is False
+    assert security["readOnlyRootFilesystem"] is True
+    assert security["capabilities"] == {"drop": ["ALL"]}
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    assert ports == {"probes": 8081, "metrics": 8080}
+    assert container["livenessProbe"]["httpGet"] == {"path": "/healthz", "port": "probes"}
+    assert container["readinessProbe"]["httpGet"] == {"path": "/readyz", "port": "probes"}
+    args = controller_args(docs)
+    assert "--probe-address=:8081" in args
+    assert "--metrics-address=:8080" in args
+    service = one(docs, "Service")
+    assert service["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics",
+                                         "protocol": "TCP"}]
+    # Everything written goes to the two emptyDirs: the mirrors and /tmp.
+    mounts = {m["mountPath"] for m in container["volumeMounts"]}
+    assert mounts == {"/var/cache/stageset", "/tmp"}
+    assert "--mirror-dir=/var/cache/stageset" in args
+
+
+def test_leader_election_strategy_pdb_and_service_monitor(helm: Helm) -> None:
+    docs = helm.render()
+    deployment = one(docs, "Deployment")
+    assert deployment["spec"]["strategy"]["type"] == "RollingUpdate"
+    assert "--leader-elect" in controller_args(docs)
+    assert not find(docs, "PodDisruptionBudget")
+    assert not find(docs, "ServiceMonitor")
+
+    docs = helm.render("--set", "replicaCount=3", "--set", "metrics.serviceMonitor.enabled=true",
+                       "--set", "metrics.serviceMonitor.labels.release=prom")
+    assert one(docs, "Deployment")["spec"]["replicas"] == 3
+    assert one(docs, "PodDisruptionBudget")["spec"]["maxUnavailable"] == 1
+    monitor = one(docs, "ServiceMonitor")
+    assert monitor["metadata"]["labels"]["release"] == "prom"
+    assert monitor["spec"]["endpoints"][0]["port"] == "metrics"
+
+    docs = helm.render("--set", "controller.leaderElection.enabled=false")
+    assert one(docs, "Deployment")["spec"]["strategy"] == {"type": "Recreate"}
+    assert not any(a.startswith("--leader-elect") for a in controller_args(docs))
+    assert not find(docs, "Role")
+
+    docs = helm.render("--set", "metrics.enabled=false")
+    assert not find(docs, "Service")
+    assert not any(a.startswith("--metrics-address") for a in controller_args(docs))
+
+
+def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> None:
+    controller = cli.commands["controller"]  # type: ignore[attr-defined]
+    for values in ([], ["--set", "rbac.clusterAdmin=true", "--set", "controller.watchNamespaces={a,b}",
+                        "--set", "controller.noCrossNamespaceRefs=true",
+                        "--set", "controller.logFormat=json"]):
+        args = controller_args(helm.render(*values))
+        context = controller.make_context("controller", list(args))
+        assert context.params["workers"] == 4
+        assert context.params["leader_elect"] is True
+        assert context.params["probe_address"] == ":8081"
+
+
+def test_notes_name_the_mode(helm: Helm) -> None:
+    def notes(*values: str) -> str:
+        out = helm.run("install", "--dry-run=client", "stageset", str(CHART), "-n", "stageset-system",
+                       *values).stdout
+        return out[out.index("NOTES:"):]
+
+    assert "Mode: multi-tenant" in notes()
+    single = notes("--set", "rbac.clusterAdmin=true", "--set", "controller.watchNamespaces={platform}")
+    assert "Mode: single-tenant" in single
+    assert "only the namespaces platform" in single
+    assert "kubectl -n stageset-system get lease stageset" in single
+
+
+# (how it is set, the value, the path helm must name in its refusal)
+INVALID = [
+    ("--set-string", "rbac.clusterAdmin=false", "/rbac/clusterAdmin"),
+    ("--set", "rbac.clusterAdmin=yes", "/rbac/clusterAdmin"),
+    ("--set", "controller.workers=abc", "/controller/workers"),
+    ("--set", "controller.workers=0", "/controller/workers"),
+    ("--set", "controller.logLevel=loud", "/controller/logLevel"),
+    ("--set", "controller.logFormat=xml", "/controller/logFormat"),
+    ("--set", "controller.maxTeardownWait=5", "/controller/maxTeardownWait"),
+    ("--set-string", "controller.maxTeardownWait=5", "/controller/maxTeardownWait"),
+    ("--set-string", "controller.maxTeardownWait=5 minutes", "/controller/maxTeardownWait"),
+    ("--set", "controller.mirrors.maxSize=2GB", "/controller/mirrors/maxSize"),
+    ("--set", "controller.watchNamespaces={Team_A}", "/controller/watchNamespaces/0"),
+    ("--set", "controller.watchNamespaces={a,a}", "/controller/watchNamespaces"),
+    ("--set", "controller.leaderElection.enabled=maybe", "/controller/leaderElection/enabled"),
+    ("--set-string", "controller.leaderElection.leaseDuration=15",
+     "/controller/leaderElection/leaseDuration"),
+    ("--set", "controller.probePort=70000", "/controller/probePort"),
+    ("--set", "controller.resources.limits.memory=lots", "/controller/resources/limits/memory"),
+    ("--set", "image.pullPolicy=Sometimes", "/image/pullPolicy"),
+    ("--set", "image.digest=latest", "/image/digest"),
+    ("--set", "replicaCount=two", "/replicaCount"),
+    ("--set", "metrics.port=-1", "/metrics/port"),
+    # Unknown keys, including the old top-level paths that used to be ignored silently.
+    ("--set", "watchNamespaces={a}", "'watchNamespaces'"),
+    ("--set", "workers=8", "'workers'"),
+    ("--set", "controller.watchNamespace=a", "'watchNamespace'"),
+    ("--set", "rbac.create=true", "'create'"),
+]
+
+
+@pytest.mark.parametrize(("how", "value", "named"), INVALID, ids=[v for _, v, _ in INVALID])
+def test_invalid_values_are_refused_naming_them(helm: Helm, how: str, value: str, named: str) -> None:
+    result = helm.template(how, value, check=False)
+    assert result.returncode != 0, f"{value} was accepted"
+    assert "values don't meet the specifications of the schema" in result.stderr
+    assert named in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    (["--set", "replicaCount=2", "--set", "controller.leaderElection.enabled=false"],
+     "replicaCount > 1 needs controller.leaderElection.enabled=true"),
+    (["--set", "controller.leaderElection.renewDeadline=20s"],
+     "retryPeriod < renewDeadline < leaseDuration"),
+    (["--set", "metrics.enabled=false", "--set", "metrics.serviceMonitor.enabled=true"],
+     "metrics.serviceMonitor.enabled=true needs metrics.enabled=true"),
+    (["--set", "metrics.port=8081"], "metrics.port and controller.probePort must differ"),
+])
+def test_inconsistent_values_are_refused_with_what_to_do(helm: Helm, values: list[str], message: str) -> None:
+    result = helm.template(*values, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
+def _leaves(value: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    if isinstance(value, dict) and value:
+        return [leaf for key, child in value.items() for leaf in _leaves(child, (*path, key))]
+    return [path]
+
+
+def test_the_schema_types_every_value_and_closes_every_object() -> None:
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+
+    def node(path: tuple[str, ...]) -> dict[str, Any]:
+        current = schema
+        for key in path:
+            if key in current.get("properties", {}):
+                current = current["properties"][key]
+            else:  # a free-form map (resources.requests.cpu, nodeSelector...): typed by its values
+                current = current["additionalProperties"]
+        return current
+
+    for leaf in _leaves(values):
+        typed = node(leaf)
+        assert "type" in typed or "anyOf" in typed or "enum" in typed, f"{'.'.join(leaf)} is not typed"
+
+    def closed(current: dict[str, Any], where: str) -> None:
+        if current.get("type") == "object" and "properties" in current:
+            assert current.get("additionalProperties") is False, f"{where or 'the root'} accepts unknown keys"
+            for key, child in current["properties"].items():
+                closed(child, f"{where}.{key}".lstrip("."))
+
+    closed(schema, "")

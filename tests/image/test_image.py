@@ -1,0 +1,131 @@
+"""The controller image, built daemonlessly (OCI archive), unpacked and run under ``chroot``.
+
+No container engine runs here, so the image is checked the way a runtime would use it: the
+archive is unpacked by ``umoci`` into a root filesystem and a runtime config, and the
+commands run under ``chroot`` as the image's numeric user with the image's environment.
+The archive is built (or found in the cache, keyed by content) by
+``python -m stageset.envtest.image``, which ``hack/test.sh`` runs before pytest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from stageset.build.kustomize import KUSTOMIZE_VERSION
+from stageset.envtest.image import TAG, ContainerfileSettings, containerfile_settings, ensure_image
+
+
+@dataclass
+class Unpacked:
+    archive: Path
+    rootfs: Path
+    runtime: dict[str, Any]  # the OCI runtime config umoci derives from the image config
+    settings: ContainerfileSettings
+    summary: dict[str, Any]
+
+    def run(self, *command: str) -> subprocess.CompletedProcess[str]:
+        process = self.runtime["process"]
+        user = process["user"]
+        env = dict(item.split("=", 1) for item in process["env"])
+        return subprocess.run(
+            ["chroot", f"--userspec={user['uid']}:{user['gid']}", str(self.rootfs), "/usr/bin/env", "-i",
+             *(f"{k}={v}" for k, v in env.items()), *command],
+            capture_output=True, text=True, timeout=120, check=False, cwd="/")
+
+
+@pytest.fixture(scope="module")
+def image(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Unpacked]:
+    missing = [tool for tool in ("umoci", "chroot", "mmdebstrap") if shutil.which(tool) is None]
+    if os.geteuid() != 0 or missing:
+        reason = f"the image build and chroot need root and {', '.join(missing) or 'nothing else'}"
+        if os.environ.get("CI") == "true":
+            pytest.fail(f"{reason} under CI", pytrace=False)
+        pytest.skip(reason)
+    archive = ensure_image(log=False)
+    work = tmp_path_factory.mktemp("image")
+    layout = work / "oci"
+    layout.mkdir()
+    subprocess.run(["tar", "--extract", "--file", str(archive), "--directory", str(layout)], check=True)
+    subprocess.run(["umoci", "unpack", "--image", f"{layout}:{TAG}", str(work / "bundle")], check=True,
+                   capture_output=True)
+    runtime = json.loads((work / "bundle" / "config.json").read_text())
+    summary = json.loads(archive.with_suffix(".json").read_text())
+    unpacked = sum(f.lstat().st_size for f in (work / "bundle" / "rootfs").rglob("*") if f.is_file())
+    sys.stderr.write(f"\nimage: {archive.name}: {summary['layers']} layers, "
+                     f"{summary['compressed_bytes'] / 2**20:.1f} MiB compressed (as pulled), "
+                     f"{unpacked / 2**20:.0f} MiB unpacked\n")
+    try:
+        yield Unpacked(archive=archive, rootfs=work / "bundle" / "rootfs", runtime=runtime,
+                       settings=containerfile_settings(), summary=summary)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_the_image_config_is_the_containerfile_s(image: Unpacked) -> None:
+    config = image.summary["config"]
+    assert config["User"] == image.settings.user == "65532:65532"
+    assert config["Entrypoint"] == list(image.settings.entrypoint)
+    assert image.settings.entrypoint == ("/opt/stageset/bin/stageset", "controller")
+    assert config["Env"] == [f"{k}={v}" for k, v in image.settings.env.items()]
+    assert config["WorkingDir"] == image.settings.workdir
+    assert config["Labels"] == image.settings.labels
+    user = image.runtime["process"]["user"]
+    assert (user["uid"], user["gid"]) == (65532, 65532)
+    assert image.runtime["process"]["args"] == list(image.settings.entrypoint)
+
+
+def test_stageset_version_as_the_image_user(image: Unpacked) -> None:
+    result = image.run("stageset", "--version")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "stageset, version 0.1.0"
+
+
+def test_the_entrypoint_loads_the_whole_controller(image: Unpacked) -> None:
+    # The entrypoint itself, with --help: every import of the controller command resolves.
+    result = image.run(*image.settings.entrypoint, "--help")
+    assert result.returncode == 0, result.stderr
+    for flag in ("--watch-namespaces", "--leader-elect", "--probe-address", "--metrics-address"):
+        assert flag in result.stdout
+    result = image.run("stageset", "controller", "--help")
+    assert result.returncode == 0, result.stderr
+    modules = image.run("python3", "-c", "import stageset.controller.manager, stageset.cli.main, "
+                        "sources, kubernetes.client, dulwich.client, pydantic, networkx, cryptography; "
+                        "import sys; print(sys.prefix)")
+    assert modules.returncode == 0, modules.stderr
+    assert modules.stdout.strip() == "/opt/stageset"
+
+
+def test_kustomize_and_ssh_as_the_image_user(image: Unpacked) -> None:
+    kustomize = image.run("kustomize", "version")
+    assert kustomize.returncode == 0, kustomize.stderr
+    assert kustomize.stdout.strip() == KUSTOMIZE_VERSION
+    ssh = image.run("ssh", "-V")
+    assert ssh.returncode == 0
+    assert ssh.stderr.startswith("OpenSSH_")  # ssh -V prints to stderr
+    # The controller finds the same kustomize through STAGESET_KUSTOMIZE.
+    assert image.settings.env["STAGESET_KUSTOMIZE"] == "/usr/local/bin/kustomize"
+
+
+def test_nothing_is_writable_by_the_user_but_its_home(image: Unpacked) -> None:
+    # readOnlyRootFilesystem: the image must not need to write anywhere (the chart mounts /tmp and
+    # the mirror volume); byte code is precompiled, so no __pycache__ is written on start.
+    owned = [p for p in image.rootfs.rglob("*") if not p.is_symlink() and p.lstat().st_uid == 65532]
+    assert [p.relative_to(image.rootfs).as_posix() for p in owned] == ["home/stageset"]
+    compiled = list((image.rootfs / "opt" / "stageset").rglob("stageset/cli/__pycache__/main*.pyc"))
+    assert compiled
+
+
+def test_the_image_stays_small(image: Unpacked) -> None:
+    # A guard, not a benchmark: a base image plus an accidental dependency would blow past it.
+    assert image.summary["layers"] == 2
+    assert image.summary["compressed_bytes"] < 100 * 2**20
