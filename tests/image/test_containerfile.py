@@ -15,7 +15,7 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_settings_the_daemonless_build_reads() -> None:
     settings = containerfile_settings()
     assert settings.suite == "bookworm"
-    assert set(settings.packages) == {"python3", "openssh-client", "ca-certificates"}
+    assert set(settings.packages) == {"python3", "openssh-client", "ca-certificates", "libstdc++6"}
     assert settings.uid == 65532
     assert settings.user == "65532:65532"
     assert settings.entrypoint == ("/opt/stageset/bin/stageset", "controller")
