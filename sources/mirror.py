@@ -304,18 +304,21 @@ class MirrorStore:
 
     def read_tree(self, url: str, *, commit: str, path: str = "./",
                   ignore: str | None = None, limits: Limits | None = None,
-                  consumer: str | None = None) -> dict[str, bytes]:
+                  consumer: str | None = None, unreadable: dict[str, str] | None = None
+                  ) -> dict[str, bytes]:
         """Files under ``path`` at ``commit`` (already fetched): relative path -> bytes.
 
         Files excluded by the source's ignore rules (Flux's defaults, ``.sourceignore``
         files, ``ignore``; see :mod:`sources.ignore`) are left out.  With ``consumer``,
-        ``commit`` must have been served to it (else :class:`NotFetchedError`).
+        ``commit`` must have been served to it (else :class:`NotFetchedError`).  With
+        ``unreadable``, submodules and unsafe symlinks are recorded there and left out
+        instead of failing the read (:meth:`sources.tree.CommitTree.read`).
         """
         remote_url = parse_url(url, self._policy)
         self._check_served(remote_url, url=url, commit=commit, consumer=consumer)
         with self._reading(remote_url, commit=commit) as repo:
             return read_tree(repo.object_store, commit=commit, path=path, ignore=ignore,
-                             limits=limits or self._limits, cache=self._ignores)
+                             limits=limits or self._limits, cache=self._ignores, unreadable=unreadable)
 
     def tree_hash(self, url: str, *, commit: str, path: str = "./",
                   consumer: str | None = None) -> str:

@@ -21,6 +21,9 @@ What a tree may contain is checked here, with errors that name the offending pat
   link.  Keeping targets inside ``path`` also means the Git tree id of
   ``path`` (:func:`subtree_id`) changes whenever anything we would read changes, which is
   what lets callers skip re-rendering an unchanged subtree.
+* A *lenient* read (``unreadable=`` a dict) records submodules and unsafe symlinks with the
+  reason instead of raising, and leaves them out: a build reads a whole source root, and one
+  submodule or stray link somewhere in a monorepo must fail only the builds that need it.
 * :class:`~sources.limits.Limits` bound the number of files and the bytes of each file and
   of the whole read (:class:`LimitExceededError`), after ignore rules are applied, and the
   tree entries visited and the nesting depth whether ignored or not (Git stores a subtree
@@ -326,12 +329,19 @@ class CommitTree:
     # -- reading -----------------------------------------------------------------------
 
     def read(self, path: str, *, ignore: str | None, limits: Limits,
-             cache: IgnoreCache | None = None) -> dict[str, bytes]:
-        """Every file under ``path`` that the ignore rules keep: relative POSIX path -> content."""
+             cache: IgnoreCache | None = None, unreadable: dict[str, str] | None = None
+             ) -> dict[str, bytes]:
+        """Every file under ``path`` that the ignore rules keep: relative POSIX path -> content.
+
+        With ``unreadable``, entries that cannot be read safely (submodules, symlinks that
+        leave ``path``, dangle or loop) are recorded there (relative path -> why) and left out
+        instead of failing the whole read: a caller reading a whole source root decides whether
+        anything it needs is among them.  Limits still fail the read.
+        """
         tree_id, real = self.subtree(path)
         budget = _Budget(limits)
         matcher = (cache or IgnoreCache()).matcher(self, ignore=ignore, budget=budget)
-        walk = _Walk(tree=self, within=real, matcher=matcher, budget=budget)
+        walk = _Walk(tree=self, within=real, matcher=matcher, budget=budget, unreadable=unreadable)
         walk.directory(tree_id, real=real, out=(), stack=(real,))
         return walk.files
 
@@ -409,10 +419,17 @@ class _Walk:
     within: Parts
     matcher: Matcher
     budget: _Budget
+    unreadable: dict[str, str] | None = None
     files: dict[str, bytes] = field(default_factory=dict)
 
     def _repo_path(self, out: Parts) -> str:
         return "/".join((*self.within, *out))
+
+    def _refuse(self, out: Parts, error: UnsafePathError | PathNotFoundError) -> None:
+        """Fail the read, or (a lenient read) record why ``out`` was left out."""
+        if self.unreadable is None:
+            raise error
+        self.unreadable["/".join(out)] = str(error)
 
     def directory(self, tree_id: ObjectID, *, real: Parts, out: Parts,
                   stack: tuple[Parts, ...]) -> None:
@@ -435,15 +452,20 @@ class _Walk:
         if S_ISGITLINK(mode):
             if self.matcher.excluded(repo_path, is_dir=False):
                 return
-            raise UnsafePathError(f"{repo_path!r} is a submodule, which is not supported")
+            self._refuse(out, UnsafePathError(f"{repo_path!r} is a submodule, which is not supported"))
+            return
         if stat.S_ISLNK(mode):
             if self.matcher.excluded(repo_path, is_dir=False):
                 return
-            mode, sha, real = self.tree.lookup(real, within=self.within,
-                                               origin=f"symlink {repo_path!r}")
-            if stat.S_ISDIR(mode) and any(real == s[: len(real)] for s in stack):
-                raise UnsafePathError(f"symlink {repo_path!r} points to its own parent "
-                                      f"directory {_show(real)!r} (a loop)")
+            try:
+                mode, sha, real = self.tree.lookup(real, within=self.within,
+                                                   origin=f"symlink {repo_path!r}")
+                if stat.S_ISDIR(mode) and any(real == s[: len(real)] for s in stack):
+                    raise UnsafePathError(f"symlink {repo_path!r} points to its own parent "
+                                          f"directory {_show(real)!r} (a loop)")
+            except (UnsafePathError, PathNotFoundError) as error:
+                self._refuse(out, error)
+                return
         if stat.S_ISDIR(mode):
             if self.matcher.prunes(repo_path):
                 return
@@ -475,9 +497,12 @@ class _Walk:
 
 
 def read_tree(store: BaseObjectStore, *, commit: str, path: str, ignore: str | None,
-              limits: Limits, cache: IgnoreCache | None = None) -> dict[str, bytes]:
-    """Files under ``path`` at ``commit`` that the ignore rules keep: relative path -> bytes."""
-    return CommitTree(store, commit).read(path, ignore=ignore, limits=limits, cache=cache)
+              limits: Limits, cache: IgnoreCache | None = None,
+              unreadable: dict[str, str] | None = None) -> dict[str, bytes]:
+    """Files under ``path`` at ``commit`` that the ignore rules keep: relative path -> bytes
+    (see :meth:`CommitTree.read` for ``unreadable``)."""
+    return CommitTree(store, commit).read(path, ignore=ignore, limits=limits, cache=cache,
+                                          unreadable=unreadable)
 
 
 def subtree_id(store: BaseObjectStore, *, commit: str, path: str) -> str:

@@ -354,6 +354,10 @@ def kustomize_build(files: Mapping[str, bytes], directories: Sequence[str], *, l
         # reserves ~1.5 GiB of address space it never touches.
         limit = limits.kustomize_memory_bytes + _GO_RUNTIME_DATA
         resource.prlimit(process.pid, resource.RLIMIT_DATA, (limit, limit))
+    with contextlib.suppress(OSError):
+        # If the container's memory runs out anyway (builds of several workers at once), the
+        # kernel kills a builder, never the shared controller: the build fails, the process stays.
+        Path(f"/proc/{process.pid}/oom_score_adj").write_text("1000")
     out = _Capped(process.stdout, limits.max_stage_bytes, process.kill)  # type: ignore[arg-type]
     err = _Capped(process.stderr, 64 * 1024)  # type: ignore[arg-type]
     feeder = threading.Thread(target=_feed, args=(process.stdin, payload), daemon=True)

@@ -311,15 +311,17 @@ class Prepared:
         return hashlib.sha256(material.encode()).hexdigest()
 
 
-def prepare(files: Mapping[str, bytes], *, path: str = ".", limits: BuildLimits | None = None) -> Prepared:
+def prepare(files: Mapping[str, bytes], *, path: str = ".", limits: BuildLimits | None = None,
+            unreadable: Mapping[str, str] | None = None) -> Prepared:
     """Check the stage at ``path`` of the root ``files`` and find what its build reads.
 
     Raises :class:`BuildError` for a missing path, refused references (escapes, absolute
-    paths, remote bases, Helm, KRM functions) and limits.
+    paths, remote bases, Helm, KRM functions), a needed entry in ``unreadable`` (what the
+    source left out as unsafe: path -> why) and limits.
     """
     limits = limits or BuildLimits()
     budget = StageBudget(limits)
-    tree, plan = plan_build(files, path, limits=limits, budget=budget)
+    tree, plan = plan_build(files, path, limits=limits, budget=budget, unreadable=unreadable)
     return Prepared(path=path, tree=tree, plan=plan, limits=limits, budget=budget)
 
 

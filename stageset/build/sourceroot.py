@@ -96,8 +96,11 @@ def _join(directory: str, entry: str) -> str | None:
 class SourceTree:
     """The files of a source root (relative POSIX path -> content), with directory look-ups."""
 
-    def __init__(self, files: Mapping[str, bytes]):
+    def __init__(self, files: Mapping[str, bytes], unreadable: Mapping[str, str] | None = None):
         self.files = files
+        # Entries the source could not read safely (submodules, links leaving the root): path ->
+        # why.  Only a build that would load one of them fails, with that reason.
+        self.unreadable = dict(unreadable or {})
         self._sorted = sorted(files)
         self._children: dict[str, list[str]] = defaultdict(list)
         self._dirs: set[str] = {""}
@@ -126,6 +129,20 @@ class SourceTree:
         prefix = f"{directory}/"
         start = bisect.bisect_left(self._sorted, prefix)
         return itertools.takewhile(lambda name: name.startswith(prefix), self._sorted[start:])
+
+    def unreadable_at(self, path: str) -> str | None:
+        """Why ``path`` (or a directory above it) could not be read, if so."""
+        parts = path.split("/") if path else []
+        for depth in range(len(parts), 0, -1):
+            reason = self.unreadable.get("/".join(parts[:depth]))
+            if reason is not None:
+                return reason
+        return None
+
+    def unreadable_under(self, directory: str) -> list[str]:
+        """Unreadable entries at or below ``directory``."""
+        prefix = f"{directory}/" if directory else ""
+        return sorted(p for p in self.unreadable if p == directory or p.startswith(prefix))
 
     def kustomization(self, directory: str) -> str | None:
         """The kustomization file of ``directory``, if it has one."""
@@ -331,6 +348,9 @@ class _Closure:
         resolved = _join(directory, target)
         if resolved is None:
             raise BuildError(f"{referrer}: {field}: {target!r} escapes the artifact root")
+        reason = self.tree.unreadable_at(resolved)
+        if reason is not None:
+            raise BuildError(f"{referrer}: {field}: {target!r} cannot be read: {reason}")
         if self.tree.is_file(resolved):
             self.inputs.add(resolved)
             outer = self.plugin_dirs.get(directory)
@@ -356,11 +376,19 @@ class _Closure:
                          f"{'' if resolved == target else f' (looked for {resolved!r})'}")
 
 
-def plan_build(files: Mapping[str, bytes], path: str, *, limits: BuildLimits, budget: StageBudget
-               ) -> tuple[SourceTree, Plan]:
-    """The plan of the stage at ``path`` in the root ``files``; raises :class:`BuildError`."""
-    tree = SourceTree(files)
+def plan_build(files: Mapping[str, bytes], path: str, *, limits: BuildLimits, budget: StageBudget,
+               unreadable: Mapping[str, str] | None = None) -> tuple[SourceTree, Plan]:
+    """The plan of the stage at ``path`` in the root ``files``; raises :class:`BuildError`.
+
+    ``unreadable`` names entries of the root the source left out as unsafe (path -> why): the
+    stage path itself, anything below a path without a kustomization, and anything a
+    kustomization names fail the build with that reason; entries nothing loads are no error.
+    """
+    tree = SourceTree(files, unreadable)
     stage_dir = normalize_stage_path(path)
+    reason = tree.unreadable_at(stage_dir) if stage_dir else None
+    if reason is not None:
+        raise BuildError(f"path {path!r} cannot be read: {reason}")
     if not tree.is_dir(stage_dir):
         if tree.is_file(stage_dir):
             raise BuildError(f"path {path!r} is a file, not a directory")
@@ -371,6 +399,9 @@ def plan_build(files: Mapping[str, bytes], path: str, *, limits: BuildLimits, bu
     if tree.kustomization(stage_dir) is not None:
         units.append(stage_dir)
     else:
+        # Every file below a path without a kustomization is read: none may be missing.
+        for entry in tree.unreadable_under(stage_dir):
+            raise BuildError(f"path {path!r}: {tree.unreadable[entry]}")
         inside: str | None = None  # the unit the walk is currently inside of
         prefix_len = len(stage_dir) + 1 if stage_dir else 0
         for name in tree.under(stage_dir):

@@ -34,12 +34,21 @@ import json
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from stageset.build import BuildLimits, prepare, render
 from stageset.kube.types import KubeObject
 
 MiB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class SourceRoot:
+    """A source root as read for builds: its files, and what was left out as unsafe (path -> why)."""
+
+    files: Mapping[str, bytes]
+    unreadable: Mapping[str, str] = field(default_factory=dict)
 
 
 def _variables_material(variables: Mapping[str, str] | None) -> list[list[str]] | None:
@@ -69,7 +78,7 @@ class RenderCache:
         self._entries: OrderedDict[str, list[KubeObject]] = OrderedDict()
         self._sources: OrderedDict[str, str] = OrderedDict()
         self._max_tree_bytes = max_tree_bytes
-        self._trees: OrderedDict[tuple[str, str, str | None], tuple[Mapping[str, bytes], int]] = OrderedDict()
+        self._trees: OrderedDict[tuple[str, str, str | None], tuple[SourceRoot, int]] = OrderedDict()
         self._tree_bytes = 0
         self._lock = threading.Lock()
         self.hits = 0
@@ -112,8 +121,7 @@ class RenderCache:
             while len(self._sources) > 4 * self._max:
                 self._sources.popitem(last=False)
 
-    def tree(self, tree_id: tuple[str, str, str | None], read: Callable[[], Mapping[str, bytes]]
-             ) -> Mapping[str, bytes]:
+    def tree(self, tree_id: tuple[str, str, str | None], read: Callable[[], SourceRoot]) -> SourceRoot:
         """The files of ``(url, commit, ignore)``: from the cache, or ``read()`` and keep it if it fits."""
         with self._lock:
             found = self._trees.get(tree_id)
@@ -121,7 +129,7 @@ class RenderCache:
                 self._trees.move_to_end(tree_id)
                 return found[0]
         files = read()
-        size = sum(len(content) for content in files.values())
+        size = sum(len(content) for content in files.files.values())
         with self._lock:
             self.tree_reads += 1
             if size <= self._max_tree_bytes and tree_id not in self._trees:
@@ -134,20 +142,20 @@ class RenderCache:
 
 
 def render_stage(cache: RenderCache, *, url: str, commit: str, ignore: str | None, path: str,
-                 variables: Mapping[str, str] | None, read_tree: Callable[[], Mapping[str, bytes]],
+                 variables: Mapping[str, str] | None, read_tree: Callable[[], SourceRoot],
                  limits: BuildLimits, kustomize: Path | None = None) -> list[KubeObject]:
     """The objects of the stage at ``path`` of ``url`` at ``commit``, built at most once per input.
 
     ``read_tree`` returns the whole source root at ``commit`` (``MirrorStore.read_tree(url,
-    commit=commit, path="./", ignore=ignore)``); it is called only when the source key
-    misses.  Raises what it raises (Git errors) and :class:`~stageset.build.BuildError`.
+    commit=commit, path="./", ignore=ignore, unreadable=...)``); it is called only when the
+    source key misses.  Raises what it raises (Git errors) and :class:`~stageset.build.BuildError`.
     """
     source = source_key(url=url, commit=commit, ignore=ignore, path=path, variables=variables)
     cached = cache.resolve(source)
     if cached is not None:
         return cached
-    files = cache.tree((url, commit, ignore), read_tree)
-    prepared = prepare(files, path=path, limits=limits)
+    root = cache.tree((url, commit, ignore), read_tree)
+    prepared = prepare(root.files, path=path, limits=limits, unreadable=root.unreadable)
     key = render_key(url=url, tree=prepared.digest(), ignore=ignore, variables=variables)
     objects = cache.get(key)
     if objects is None:

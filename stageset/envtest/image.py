@@ -14,7 +14,8 @@ ingredients by other means:
 2. **Application layer** -- a virtualenv at ``/opt/stageset`` created by the image's own
    ``python3`` (under ``chroot``), filled by ``uv pip install --target`` from ``uv.lock``
    (hash-checked wheels for the image's platform) plus the project's wheel, byte-compiled
-   by the image's interpreter; kustomize from the cache (:mod:`stageset.build.kustomize`);
+   by the image's interpreter; the ``stageset-kustomize`` builder from the cache
+   (:mod:`stageset.build.kustomize`);
    the numeric non-root user.
 3. **Assembly** -- ``umoci`` (Debian's package) writes an OCI layout with the two layers and
    the config the Containerfile declares (``ENV``, ``LABEL``, ``USER``, ``WORKDIR``,
@@ -22,7 +23,7 @@ ingredients by other means:
 
 Settings come from the Containerfile itself (:func:`containerfile_settings`), so the two
 builds cannot drift.  The archive's key hashes everything that goes into it (Containerfile,
-this module, ``uv.lock``, ``pyproject.toml``, the package sources, the kustomize pin), so
+this module, ``uv.lock``, ``pyproject.toml``, the package sources, the builder's module), so
 a warm run with unchanged sources costs one hash of the tree.
 
 Needs root (``mmdebstrap --mode=root``, ``chroot``) and the Debian packages ``mmdebstrap``
@@ -47,7 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stageset.build.kustomize import KUSTOMIZE_VERSION, cache_root, ensure_kustomize
+from stageset.build.kustomize import KUSTOMIZE_VERSION, cache_root, ensure_builder
 
 ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = ROOT / "Containerfile"
@@ -69,7 +70,7 @@ _SOURCE_FILES = ("pyproject.toml", "uv.lock", "README.md", "Containerfile")
 # kubernetes client's asyncio twin (68 MB with its byte code; we use the synchronous client as a
 # transport only) and test suites.  tests/image runs the controller's imports inside the image.
 _PRUNE = ("kubernetes/aio", "kubernetes/test", "kubernetes/e2e_test", "*/tests", "*/*/tests", "*/*/*/tests")
-_APP_PATHS = ("opt/stageset", "usr/local/bin/kustomize", "etc/passwd", "etc/group", "home/stageset")
+_APP_PATHS = ("opt/stageset", "usr/local/bin/stageset-kustomize", "etc/passwd", "etc/group", "home/stageset")
 
 
 class ImageBuildError(RuntimeError):
@@ -186,8 +187,9 @@ def _source_files() -> list[Path]:
 
 
 def image_key(settings: ContainerfileSettings) -> str:
-    parts = [base_key(settings).encode(), KUSTOMIZE_VERSION.encode(),
-             (ROOT / "hack" / "kustomize" / "go.sum").read_bytes(), Path(__file__).read_bytes()]
+    builder = sorted((ROOT / "hack" / "kustomize").rglob("*"))
+    parts = [base_key(settings).encode(), KUSTOMIZE_VERSION.encode(), Path(__file__).read_bytes(),
+             *(p.read_bytes() for p in builder if p.is_file())]
     for path in _source_files():
         parts += [str(path.relative_to(ROOT)).encode(), path.read_bytes()]
     return _digest(*parts)
@@ -286,7 +288,7 @@ if __name__ == "__main__":
 
 
 def build_app(settings: ContainerfileSettings, *, base: Path, work: Path, out: Path, log: bool) -> None:
-    """The application layer: the locked virtualenv, stageset, kustomize and the user."""
+    """The application layer: the locked virtualenv, stageset, the kustomize builder and the user."""
     rootfs = work / "rootfs"
     rootfs.mkdir()
     _run(["tar", "--extract", "--file", str(base), "--directory", str(rootfs), "--numeric-owner",
@@ -318,10 +320,10 @@ def build_app(settings: ContainerfileSettings, *, base: Path, work: Path, out: P
     launcher.chmod(0o755)
     _run(["chroot", str(rootfs), "/opt/stageset/bin/python", "-m", "compileall", "-q",
           "--invalidation-mode", "unchecked-hash", "/opt/stageset"], log=log)
-    kustomize = rootfs / "usr" / "local" / "bin" / "kustomize"
-    kustomize.parent.mkdir(parents=True, exist_ok=True)
-    shutil.copy2(ensure_kustomize(log=log), kustomize)
-    kustomize.chmod(0o755)
+    builder = rootfs / "usr" / "local" / "bin" / "stageset-kustomize"
+    builder.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy2(ensure_builder(log=log), builder)
+    builder.chmod(0o755)
     uid = settings.uid
     with (rootfs / "etc" / "passwd").open("a") as passwd:
         passwd.write(f"stageset:x:{uid}:{uid}:stageset:/home/stageset:/usr/sbin/nologin\n")
@@ -380,7 +382,7 @@ def build(settings: ContainerfileSettings, out: Path, *, log: bool = True) -> No
         build_app(settings, base=base, work=work, out=app, log=log)
         layout = work / "oci"
         assemble(settings, layers=[(base, f"Debian {settings.suite}: {' '.join(settings.packages)}"),
-                                   (app, "stageset, its locked environment, kustomize, the user")],
+                                   (app, "stageset, its locked environment, the builder, the user")],
                  layout=layout)
         summary = image_summary(layout)
         staged = work / "image.oci.tar"
@@ -388,11 +390,18 @@ def build(settings: ContainerfileSettings, out: Path, *, log: bool = True) -> No
         summary["archive_bytes"] = staged.stat().st_size
         out.with_suffix(".json").write_text(json.dumps(summary, indent=2) + "\n")
         staged.rename(out)
-    # Older archives of other content are not needed any more: keep the cache bounded.
-    for stale in out.parent.glob("stageset-*.oci.tar"):
-        if stale != out:
-            stale.unlink(missing_ok=True)
-            stale.with_suffix(".json").unlink(missing_ok=True)
+    # Keep the cache bounded, but not to one entry: checkouts of different content (worktrees,
+    # branches) build side by side and must not delete each other's archive under their tests.
+    _prune(out.parent, "stageset-*.oci.tar", keep=out, newest=3)
+    _prune(out.parent, "base-*.tar", keep=base, newest=2)
+
+
+def _prune(directory: Path, pattern: str, *, keep: Path, newest: int) -> None:
+    """Delete all but ``keep`` and the ``newest`` most recently written files matching ``pattern``."""
+    found = sorted(directory.glob(pattern), key=lambda p: p.stat().st_mtime, reverse=True)
+    for stale in [p for p in found if p != keep][newest - 1:]:
+        stale.unlink(missing_ok=True)
+        stale.with_suffix(".json").unlink(missing_ok=True)
 
 
 def ensure_image(*, log: bool = True) -> Path:

@@ -19,7 +19,7 @@ import yaml
 
 from stageset.api import StageSet
 from stageset.build import BuildLimits, build_stage
-from stageset.controller.rendercache import RenderCache, render_stage
+from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
 
 LAYOUTS = Path(__file__).resolve().parents[1] / "fixtures" / "layouts"
 
@@ -168,7 +168,8 @@ def rebuilt(cache: RenderCache, builder: Path, layout: str, commit: str,
     for path in STAGES[layout]:
         before = cache.builds
         render_stage(cache, url=f"https://git.example/{layout}.git", commit=commit, ignore=None, path=path,
-                     variables=None, read_tree=lambda: files, limits=BuildLimits(), kustomize=builder)
+                     variables=None, read_tree=lambda: SourceRoot(files=files), limits=BuildLimits(),
+                     kustomize=builder)
         if cache.builds > before:
             built.append(path)
     return built

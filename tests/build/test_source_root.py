@@ -12,10 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from sources import Limits, MirrorStore, RefSelector, SourceError, UrlPolicy
+from sources import Limits, MirrorStore, RefSelector, UrlPolicy
 from stageset.build import BuildError, BuildLimits
-from stageset.controller.rendercache import RenderCache, render_stage
-from tests.gitserver import FileValue, GitServer, Symlink
+from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
+from tests.gitserver import FileValue, GitServer, Submodule, Symlink
 
 CM = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s}\ndata: {v: '%s'}\n"
 
@@ -46,11 +46,15 @@ class Source:
         self.server.commit("app", files)
         self.fetch()
 
+    def root(self) -> SourceRoot:
+        unreadable: dict[str, str] = {}
+        files = self.store.read_tree(self.url, commit=self.commit, path="./", unreadable=unreadable)
+        return SourceRoot(files=files, unreadable=unreadable)
+
     def render(self, path: str, builder: Path) -> list[str]:
         objects = render_stage(
             self.cache, url=self.url, commit=self.commit, ignore=None, path=path, variables=None,
-            read_tree=lambda: self.store.read_tree(self.url, commit=self.commit, path="./"),
-            limits=BuildLimits(), kustomize=builder)
+            read_tree=self.root, limits=BuildLimits(), kustomize=builder)
         return [f"{o['metadata']['name']}={o['data']['v']}" for o in objects]
 
 
@@ -90,8 +94,29 @@ def test_a_symlink_leaving_the_root_fails_the_stage_naming_it(
         "apps/prod/cm.yaml": CM % ("app", "1"),
         "apps/prod/token": Symlink(link),
     })
-    with pytest.raises(SourceError, match=message):
+    with pytest.raises(BuildError, match=r"apps/prod/kustomization\.yaml: resources: 'token' cannot be read: "
+                       + message):
         source.render("apps/prod", builder_binary)
+
+
+def test_a_submodule_or_stray_link_elsewhere_fails_only_the_builds_that_load_it(
+        git_server: GitServer, store: MirrorStore, builder_binary: Path) -> None:
+    # A monorepo with a submodule and a link out of the repository in one team's corner.
+    source = Source(git_server, store, {
+        "apps/prod/kustomization.yaml": "resources: [cm.yaml]\n",
+        "apps/prod/cm.yaml": CM % ("app", "1"),
+        "legacy/vendor": Submodule(),
+        "legacy/plain/cm.yaml": CM % ("legacy", "1"),
+        "legacy/plain/hosts": Symlink("/etc/hosts"),
+        "uses-legacy/kustomization.yaml": "resources: [../legacy/vendor]\n",
+    })
+    assert source.render("apps/prod", builder_binary) == ["app=1"]
+    with pytest.raises(BuildError,
+                       match=r"path 'legacy/plain': symlink 'legacy/plain/hosts' -> .* is absolute"):
+        source.render("legacy/plain", builder_binary)
+    with pytest.raises(BuildError,
+                       match=r"resources: '\.\./legacy/vendor' cannot be read: .* is a submodule"):
+        source.render("uses-legacy", builder_binary)
 
 
 def test_a_reference_to_a_file_the_commit_does_not_hold_is_not_found_in_artifact(

@@ -6,6 +6,7 @@ cluster; ``test_install.py`` installs the chart into a real apiserver.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from stageset.api.rbac import CONTROLLER_RULES, LEADER_ELECTION_RULES, aggregated_cluster_roles
+from stageset.build import BuildLimits
 from stageset.cli.main import main as cli
 from tests.helm.chart import CHART, Helm, controller_args, controller_container, find, one
 
@@ -216,6 +218,19 @@ def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> Non
         assert context.params["workers"] == 4
         assert context.params["leader_elect"] is True
         assert context.params["probe_address"] == ":8081"
+    # Every build limit the schema knows reaches the controller under the name it takes.
+    limits = {"maxDepth": "50", "maxDocumentNodes": "1000", "maxAliases": "10", "maxDocumentsPerFile": "5",
+              "maxFileBytes": "1Mi", "maxStageNodes": "5000", "maxStageObjects": "50000",
+              "maxStageBytes": "64Mi", "kustomizeTimeout": "2m", "kustomizeMemory": "512Mi"}
+    values = [item for key, value in limits.items() for item in ("--set", f"controller.build.{key}={value}")]
+    args = controller_args(helm.render(*values, "--set", "controller.sourceWorkers=2",
+                                       "--set", "controller.git.maxFiles=50"))
+    params = controller.make_context("controller", list(args)).params
+    built = BuildLimits.with_overrides(params["build_limits"])
+    assert (built.max_depth, built.max_stage_objects, built.kustomize_timeout) == (50, 50000, 120.0)
+    assert built.kustomize_memory_bytes == 512 * 2**20
+    assert len(params["build_limits"]) == len(dataclasses.fields(BuildLimits))
+    assert (params["source_workers"], params["git_max_files"]) == (2, 50)
 
 
 def test_notes_name_the_mode(helm: Helm) -> None:
@@ -243,6 +258,10 @@ INVALID = [
     ("--set-string", "controller.maxTeardownWait=5", "/controller/maxTeardownWait"),
     ("--set-string", "controller.maxTeardownWait=5 minutes", "/controller/maxTeardownWait"),
     ("--set", "controller.mirrors.maxSize=2GB", "/controller/mirrors/maxSize"),
+    ("--set", "controller.git.maxFetchSize=500m", "/controller/git/maxFetchSize"),
+    ("--set", "controller.build.maxStageObjects=many", "/controller/build/maxStageObjects"),
+    ("--set", "controller.build.maxObjects=5", "'maxObjects'"),
+    ("--set", "controller.sourceWorkers=0", "/controller/sourceWorkers"),
     ("--set", "controller.watchNamespaces={Team_A}", "/controller/watchNamespaces/0"),
     ("--set", "controller.watchNamespaces={a,a}", "/controller/watchNamespaces"),
     ("--set", "controller.leaderElection.enabled=maybe", "/controller/leaderElection/enabled"),

@@ -15,11 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 def test_the_settings_the_daemonless_build_reads() -> None:
     settings = containerfile_settings()
     assert settings.suite == "bookworm"
-    assert set(settings.packages) == {"python3", "openssh-client", "ca-certificates", "libstdc++6"}
+    assert set(settings.packages) == {"python3", "libstdc++6", "openssh-client", "ca-certificates"}
     assert settings.uid == 65532
     assert settings.user == "65532:65532"
     assert settings.entrypoint == ("/opt/stageset/bin/stageset", "controller")
-    assert settings.env["STAGESET_KUSTOMIZE"] == "/usr/local/bin/kustomize"
+    assert settings.env["STAGESET_KUSTOMIZE_BUILDER"] == "/usr/local/bin/stageset-kustomize"
     assert settings.env["PYTHONDONTWRITEBYTECODE"] == "1"  # read-only root filesystem
 
 

@@ -99,21 +99,37 @@ def test_the_entrypoint_loads_the_whole_controller(image: Unpacked) -> None:
     result = image.run("stageset", "controller", "--help")
     assert result.returncode == 0, result.stderr
     modules = image.run("python3", "-c", "import stageset.controller.manager, stageset.cli.main, "
-                        "sources, kubernetes.client, dulwich.client, pydantic, networkx, cryptography; "
+                        "sources, kubernetes.client, dulwich.client, pydantic, networkx, cryptography, re2; "
                         "import sys; print(sys.prefix)")
     assert modules.returncode == 0, modules.stderr
     assert modules.stdout.strip() == "/opt/stageset"
 
 
-def test_kustomize_and_ssh_as_the_image_user(image: Unpacked) -> None:
-    kustomize = image.run("kustomize", "version")
-    assert kustomize.returncode == 0, kustomize.stderr
-    assert kustomize.stdout.strip() == KUSTOMIZE_VERSION
+def test_the_kustomize_builder_and_ssh_as_the_image_user(image: Unpacked) -> None:
+    builder = image.run("stageset-kustomize", "--version")
+    assert builder.returncode == 0, builder.stderr
+    assert builder.stdout.strip() == KUSTOMIZE_VERSION
     ssh = image.run("ssh", "-V")
     assert ssh.returncode == 0
     assert ssh.stderr.startswith("OpenSSH_")  # ssh -V prints to stderr
-    # The controller finds the same kustomize through STAGESET_KUSTOMIZE.
-    assert image.settings.env["STAGESET_KUSTOMIZE"] == "/usr/local/bin/kustomize"
+    # The controller finds the builder through STAGESET_KUSTOMIZE_BUILDER.
+    assert image.settings.env["STAGESET_KUSTOMIZE_BUILDER"] == "/usr/local/bin/stageset-kustomize"
+
+
+def test_a_stage_with_a_shared_base_builds_as_the_image_user(image: Unpacked) -> None:
+    # The controller's own build path, in the image, under its limits: an overlay loading a
+    # base from outside the stage path (../base) is built by the in-memory kustomize builder.
+    script = (
+        "from stageset.build import BuildLimits, prepare, render\n"
+        "files = {'base/kustomization.yaml': b'resources: [cm.yaml]\\n',\n"
+        "         'base/cm.yaml': b'apiVersion: v1\\nkind: ConfigMap\\nmetadata: {name: app}\\n',\n"
+        "         'prod/kustomization.yaml': b'resources: [../base]\\nnamePrefix: prod-\\n'}\n"
+        "objects = render(prepare(files, path='./prod', limits=BuildLimits()), variables=None)\n"
+        "print(','.join(o['metadata']['name'] for o in objects))\n"
+    )
+    result = image.run("python3", "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "prod-app"
 
 
 def test_nothing_is_writable_by_the_user_but_its_home(image: Unpacked) -> None:

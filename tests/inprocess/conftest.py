@@ -126,10 +126,9 @@ class World:
                 }
             )
         self.cluster.set_status(path, {"artifact": {"revision": self.sources.revision(url)}})
-        # As the GitRepository's own fetch would: the mirror serves the commit to it.
-        live = self.cluster.get(path)
-        assert live is not None
-        self.sources.served.add((url, sha, artifact_consumer(live["metadata"])))
+        # As the GitRepository reconciler's fetch would: the commit is served to this object.
+        metadata = (self.cluster.get(path) or {})["metadata"]
+        self.sources.served.add((url, sha, artifact_consumer(metadata)))
         return sha
 
     # -- StageSets --------------------------------------------------------------------------

@@ -532,6 +532,9 @@ class FakeSources:
         return hashlib.sha1(json.dumps(files, sort_keys=True).encode()).hexdigest()  # noqa: S324
 
     def read_tree(
-        self, url: str, *, commit: str, path: str = "./", ignore: str | None = None  # noqa: ARG002
+        self, url: str, *, commit: str, path: str = "./", ignore: str | None = None,  # noqa: ARG002
+        consumer: str | None = None, unreadable: dict[str, str] | None = None,  # noqa: ARG002
     ) -> dict[str, bytes]:
+        if consumer is not None and not self.is_served(url, commit=commit, consumer=consumer):
+            raise RefNotFoundError(f"commit {commit} of {url} was not served to {consumer}")
         return {p: text.encode() for p, text in self._files(url, commit, path).items()}

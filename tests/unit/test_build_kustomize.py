@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from stageset.build import BuildError, KustomizeNotFoundError, locate_builder
+from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError, locate_builder
 from stageset.build import kustomize as kz
 
 
@@ -98,3 +98,13 @@ def test_the_environment_has_no_path_home_or_route_out() -> None:
     assert env["HTTPS_PROXY"] == env["HTTP_PROXY"] == env["ALL_PROXY"] == "http://127.0.0.1:0"
     assert env["GOMEMLIMIT"] == str(kz.BuildLimits().kustomize_memory_bytes)
     assert not any(key.startswith(("KUBE", "GIT_", "AWS_", "GOOGLE_")) for key in env)
+
+
+def test_the_builder_is_the_first_process_the_kernel_kills_when_memory_runs_out(tmp_path: Path) -> None:
+    # A stand-in builder that reports what the kernel would weigh it by once its input arrived.
+    builder = tmp_path / "builder"
+    builder.write_text("#!/bin/sh\n/bin/cat >/dev/null\necho \"adj: $(/bin/cat /proc/self/oom_score_adj)\"\n")
+    builder.chmod(0o755)
+    out = kz.kustomize_build({"kustomization.yaml": b"resources: []\n"}, ["."], limits=BuildLimits(),
+                          binary=builder)
+    assert out.strip() == "adj: 1000"

@@ -11,7 +11,7 @@ from collections.abc import Callable, Mapping
 import pytest
 
 from stageset.build import BuildError, BuildLimits
-from stageset.controller.rendercache import RenderCache, render_key, render_stage, source_key
+from stageset.controller.rendercache import RenderCache, SourceRoot, render_key, render_stage, source_key
 
 URL = "https://git.example/x.git"
 CM = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s}\ndata: {v: '%s'}\n"
@@ -60,10 +60,10 @@ class Repo:
         self.commits[name] = {path: content.encode() for path, content in files.items()}
         return name
 
-    def reader(self, commit: str) -> Callable[[], Mapping[str, bytes]]:
-        def read() -> Mapping[str, bytes]:
+    def reader(self, commit: str) -> Callable[[], SourceRoot]:
+        def read() -> SourceRoot:
             self.reads += 1
-            return self.commits[commit]
+            return SourceRoot(files=self.commits[commit])
         return read
 
 

@@ -6,6 +6,7 @@ tested quickly; ``tests/sources`` repeats the important ones through a real serv
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 
 import pytest
@@ -124,6 +125,34 @@ def test_unsafe_trees_are_refused_naming_the_path(files: Mapping[str, FileValue]
                                                   message: str) -> None:
     with pytest.raises(UnsafePathError, match=message):
         _read(files, "d")
+
+
+@pytest.mark.parametrize(
+    ("files", "unreadable", "message"),
+    [
+        ({"d/x": Symlink("/etc/passwd")}, {"x"}, r"symlink 'd/x' -> '/etc/passwd' is absolute"),
+        ({"d/x": Symlink("../../etc/passwd")}, {"x"}, r"leaves the repository"),
+        ({"d/x": Symlink("y"), "d/y": Symlink("x")}, {"x", "y"}, r"too many levels of symbolic links"),
+        ({"d/sub/up": Symlink("..")}, {"sub/up"}, r"points to its own parent"),
+        ({"d/vendor": Submodule()}, {"vendor"}, r"'d/vendor' is a submodule"),
+        ({"d/x": Symlink("missing")}, {"x"}, r"does not exist"),
+    ],
+)
+def test_a_lenient_read_leaves_unsafe_entries_out_and_says_why(
+        files: Mapping[str, FileValue], unreadable: set[str], message: str) -> None:
+    store, commit = _commit({**files, "d/ok.yaml": "ok", "d/deep/also.yaml": "also"})
+    found: dict[str, str] = {}
+    read = read_tree(store, commit=commit, path="d", ignore=None, limits=Limits(), unreadable=found)
+    assert read == {"ok.yaml": b"ok", "deep/also.yaml": b"also"}
+    assert set(found) == unreadable
+    assert all(re.search(message, why) for why in found.values())
+
+
+def test_a_lenient_read_still_fails_on_limits() -> None:
+    store, commit = _commit({"d/vendor": Submodule(), "d/a": "x" * 100})
+    with pytest.raises(LimitExceededError):
+        read_tree(store, commit=commit, path="d", ignore=None, limits=Limits(max_file_bytes=10),
+                  unreadable={})
 
 
 def test_symlink_into_submodule_is_refused() -> None:

@@ -71,3 +71,12 @@ app.kubernetes.io/part-of: stageset
 {{- end -}}
 {{- $total -}}
 {{- end -}}
+
+{{/* A controller.build key as --build-limit names it: maxStageObjects -> max_stage_objects,
+kustomizeMemory -> kustomize_memory_bytes. */}}
+{{- define "stageset.buildLimitName" -}}
+{{- $name := snakecase . -}}
+{{- if eq $name "kustomize_memory" -}}kustomize_memory_bytes
+{{- else -}}{{ $name }}
+{{- end -}}
+{{- end -}}

@@ -24,7 +24,7 @@ from stageset.apply.errors import StageError
 from stageset.apply.inventory import ObjectId, object_id
 from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
 from stageset.controller.redact import Redactor
-from stageset.controller.rendercache import RenderCache, render_stage
+from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
 from stageset.controller.stageset.reads import TenantReads
 from stageset.controller.stageset.targets import Target
 from stageset.kube.client import ClientPool, Identity
@@ -38,7 +38,8 @@ class SourceTrees(Protocol):
 
     def is_served(self, url: str, *, commit: str, consumer: str) -> bool: ...
 
-    def read_tree(self, url: str, *, commit: str, path: str = "./", ignore: str | None = None
+    def read_tree(self, url: str, *, commit: str, path: str = "./", ignore: str | None = None,
+                  consumer: str | None = None, unreadable: dict[str, str] | None = None
                   ) -> dict[str, bytes]: ...
 
 
@@ -78,11 +79,18 @@ class Renderer:
             raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: GitRepository "
                              f"{source.name}: revision {source.revision} has not been "
                              "fetched for it (yet)")
+
+        def read_root() -> SourceRoot:
+            # The whole root, as the GitRepository was served it; a submodule or a link leaving
+            # the root fails only a build that loads it.
+            unreadable: dict[str, str] = {}
+            files = self._store.read_tree(url, commit=commit, path="./", ignore=ignore,
+                                          consumer=source.consumer, unreadable=unreadable)
+            return SourceRoot(files=files, unreadable=unreadable)
+
         try:
-            objects = render_stage(
-                self._cache, url=url, commit=commit, ignore=ignore, path=stage.path, variables=variables,
-                read_tree=lambda: self._store.read_tree(url, commit=commit, path="./", ignore=ignore),
-                limits=self._limits)
+            objects = render_stage(self._cache, url=url, commit=commit, ignore=ignore, path=stage.path,
+                                   variables=variables, read_tree=read_root, limits=self._limits)
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.
             raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {error}") from error

@@ -3,6 +3,7 @@
 // Usage:
 //
 //	stageset-kustomize DIR...   < tree.tar
+//	stageset-kustomize --version   (the kustomize release it links)
 //
 // The controller sends the files a stage's build may read as a tar stream on stdin (regular
 // files, and directories, which are skipped; names are clean paths relative to the source root).  They are placed under
@@ -34,6 +35,7 @@ import (
 	"strings"
 
 	"sigs.k8s.io/kustomize/api/krusty"
+	"sigs.k8s.io/kustomize/api/provenance"
 	"sigs.k8s.io/kustomize/api/types"
 	"sigs.k8s.io/kustomize/kyaml/filesys"
 )
@@ -107,6 +109,10 @@ func relative(message string) string {
 func main() {
 	http.DefaultTransport = refuse{}
 	dirs := os.Args[1:]
+	if len(dirs) == 1 && dirs[0] == "--version" {
+		fmt.Println(provenance.GetProvenance().Version)
+		return
+	}
 	if len(dirs) == 0 {
 		fmt.Fprintln(os.Stderr, "usage: stageset-kustomize DIR... < tree.tar")
 		os.Exit(2)
