@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import signal
 import sys
@@ -18,8 +17,9 @@ from sources import Limits
 from stageset.api import duration_seconds
 from stageset.build import BuildLimits
 from stageset.cli import process
+from stageset.controller import logs
 from stageset.controller.manager import Manager
-from stageset.controller.redact import install_log_filter
+from stageset.controller.metrics import Metrics
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ClientPool
 
@@ -53,15 +53,8 @@ def _namespaces(value: str | None) -> tuple[str, ...] | None:
     return names or None
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Secret values (substituted into manifests, echoed by apiservers) never reach the log.
-    install_log_filter()
-    # The kubernetes client logs request bodies at DEBUG, which may include Secrets.
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    logging.getLogger("dulwich").setLevel(logging.WARNING)
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    logs.setup(level=level, fmt=fmt)
 
 
 def run_controller(manager: Manager, *, early_stop: threading.Event | None = None) -> None:
@@ -121,8 +114,10 @@ def main() -> None:
               help="Override one limit of a stage's build, e.g. max_stage_objects=50000 "
               "(see docs/layouts.md).")
 @click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
-@click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]))
+              type=click.Choice(logs.LEVELS, case_sensitive=False))
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(logs.FORMATS),
+              help="json: one object per line, with the StageSet, stage, revision, identity kind and "
+              "reconcile id as fields.")
 @process.lifecycle_options
 def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
                no_cross_namespace_refs: bool, workers: int, source_workers: int,
@@ -133,13 +128,12 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
                log_level: str, log_format: str, lifecycle: process.LifecycleSettings) -> None:
     """Run the controller against a cluster."""
     early_stop = process.stop_on_signals()
-    _setup_logging(log_level)
-    if log_format == "json":
-        process.use_json_logs()
+    _setup_logging(log_level, log_format)
     try:
         limits = BuildLimits.with_overrides(build_limits)
     except ValueError as error:
         raise click.BadParameter(str(error), param_hint="--build-limit") from None
+    metrics = Metrics()
     settings = ControllerSettings(
         build_limits=limits,
         watch_namespaces=_namespaces(watch_namespaces),
@@ -160,8 +154,9 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
     )
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:
-        run_controller(Manager(clients=clients, settings=settings,
-                               lifecycle=process.make_lifecycle(lifecycle, clients)), early_stop=early_stop)
+        run_controller(Manager(clients=clients, settings=settings, metrics=metrics,
+                               lifecycle=process.make_lifecycle(lifecycle, clients, metrics)),
+                       early_stop=early_stop)
     finally:
         clients.close()
 
