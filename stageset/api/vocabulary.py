@@ -74,8 +74,11 @@ class EventType(StrEnum):
 
 
 class EventReason(StrEnum):
-    """Reasons of the Events the controller records."""
+    """Reasons of the Events the controller records (besides a Ready reason on a Warning when
+    Ready turns False)."""
 
+    RECONCILIATION_SUCCEEDED = "ReconciliationSucceeded"
+    NEW_ARTIFACT = "NewArtifact"
     DRIFT_CORRECTED = "DriftCorrected"
     PRUNE_FAILED = "PruneFailed"
     TEARDOWN_FORCED = "TeardownForced"

@@ -349,10 +349,12 @@ class StageApplier:
         return Preview(objects=items, pending=pending)
 
     def wait_ready(self, *, client: KubeClient, applied: list[AppliedObject], timeout: float,
-                   stop: threading.Event) -> Readiness:
+                   stop: threading.Event, progress: Callable[[Readiness], None] | None = None) -> Readiness:
         """Poll until every object is Current, one Failed, or ``timeout`` passes.
 
-        An object that cannot be read (other than not found) is a :class:`StageError`."""
+        ``progress`` hears what is still awaited after each round that leaves something to wait
+        for (the first object not ready, and how many more).  An object that cannot be read
+        (other than not found) is a :class:`StageError`."""
         deadline = time.monotonic() + timeout
         # First round: judge each object from what we already hold — the apply response for an
         # object we wrote, the preview for one we did not — and read it only if that says wait.
@@ -361,7 +363,7 @@ class StageApplier:
         pending = list(applied)
         while True:
             still: list[AppliedObject] = []
-            last = Readiness(Status.CURRENT)
+            waiting: list[str] = []
             for item in pending:
                 live = known.pop(id(item), None)
                 if live is None:
@@ -371,17 +373,21 @@ class StageApplier:
                         if not error.not_found:
                             raise _read_error(item, error, client.identity.describe()) from error
                         still.append(item)
-                        last = Readiness(Status.IN_PROGRESS, f"{describe(item.manifest)} not found")
+                        waiting.append(f"{describe(item.manifest)} not found")
                         continue
                 verdict = readiness(live)
                 if verdict.status is Status.FAILED:
                     return Readiness(Status.FAILED, f"{describe(item.manifest)}: {verdict.message}")
                 if verdict.status is Status.IN_PROGRESS:
                     still.append(item)
-                    last = Readiness(Status.IN_PROGRESS, f"{describe(item.manifest)}: {verdict.message}")
+                    waiting.append(f"{describe(item.manifest)}: {verdict.message}")
             if not still:
                 return Readiness(Status.CURRENT)
+            more = f" (and {len(waiting) - 1} more not ready)" if len(waiting) > 1 else ""
+            last = Readiness(Status.IN_PROGRESS, waiting[0] + more)
             if time.monotonic() >= deadline or stop.is_set():
                 return last
+            if progress is not None:
+                progress(last)
             pending = still
             stop.wait(self._settings.poll_interval)

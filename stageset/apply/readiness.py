@@ -51,7 +51,7 @@ def _deployment(obj: KubeObject) -> Readiness:
                          ("availableReplicas", "available")):
         have = status.get(field, 0)
         if have < wanted:
-            return Readiness(Status.IN_PROGRESS, f"{label} replicas: {have}/{wanted}")
+            return Readiness(Status.IN_PROGRESS, f"{have}/{wanted} replicas {label}")
     if status.get("replicas", 0) > wanted:
         return Readiness(Status.IN_PROGRESS, "old replicas are pending termination")
     return Readiness(Status.CURRENT)
@@ -61,7 +61,7 @@ def _statefulset(obj: KubeObject) -> Readiness:
     spec, status = obj.get("spec", {}), obj.get("status", {})
     wanted = spec.get("replicas", 1)
     if status.get("readyReplicas", 0) < wanted:
-        return Readiness(Status.IN_PROGRESS, f"ready replicas: {status.get('readyReplicas', 0)}/{wanted}")
+        return Readiness(Status.IN_PROGRESS, f"{status.get('readyReplicas', 0)}/{wanted} replicas ready")
     if spec.get("updateStrategy", {}).get("type", "RollingUpdate") == "RollingUpdate" and \
             status.get("updateRevision") and status.get("currentRevision") != status.get("updateRevision"):
         return Readiness(Status.IN_PROGRESS, "rolling update in progress")
@@ -73,9 +73,10 @@ def _daemonset(obj: KubeObject) -> Readiness:
     wanted = status.get("desiredNumberScheduled")
     if wanted is None:
         return Readiness(Status.IN_PROGRESS, "not yet scheduled")
-    for field in ("currentNumberScheduled", "updatedNumberScheduled", "numberAvailable", "numberReady"):
+    for field, label in (("currentNumberScheduled", "scheduled"), ("updatedNumberScheduled", "updated"),
+                         ("numberAvailable", "available"), ("numberReady", "ready")):
         if status.get(field, 0) < wanted:
-            return Readiness(Status.IN_PROGRESS, f"{field}: {status.get(field, 0)}/{wanted}")
+            return Readiness(Status.IN_PROGRESS, f"{status.get(field, 0)}/{wanted} pods {label}")
     return Readiness(Status.CURRENT)
 
 
@@ -83,7 +84,8 @@ def _replicaset(obj: KubeObject) -> Readiness:
     wanted = obj.get("spec", {}).get("replicas", 1)
     status = obj.get("status", {})
     if status.get("availableReplicas", 0) < wanted or status.get("readyReplicas", 0) < wanted:
-        return Readiness(Status.IN_PROGRESS, f"ready replicas: {status.get('readyReplicas', 0)}/{wanted}")
+        available = status.get("availableReplicas", 0)
+        return Readiness(Status.IN_PROGRESS, f"{available}/{wanted} replicas available")
     return Readiness(Status.CURRENT)
 
 

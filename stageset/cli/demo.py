@@ -40,6 +40,7 @@ from stageset.cli.process import LifecycleSettings, make_lifecycle
 from stageset.cli.session import CliError
 from stageset.controller.conditions import READY, find_condition
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS, Manager
+from stageset.controller.metrics import Metrics
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset.plan import WAITING_FOR_SOURCE
 from stageset.envtest import build, gitserve, install, server
@@ -187,9 +188,10 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event, settings: Con
         controller_config = install.controller_kubeconfig(
             admin, url=plane.url, ca=plane.pki.ca_cert, path=plane.workdir / "controller.kubeconfig")
         controller_clients = ClientPool.from_kubeconfig(str(controller_config))
+        metrics = Metrics()
         manager = Manager(clients=controller_clients, settings=dataclasses.replace(
-            settings, allow_insecure_sources=True, mirror_dir=plane.workdir / "mirrors"),
-            lifecycle=None if lifecycle is None else make_lifecycle(lifecycle, controller_clients))
+            settings, allow_insecure_sources=True, mirror_dir=plane.workdir / "mirrors"), metrics=metrics,
+            lifecycle=None if lifecycle is None else make_lifecycle(lifecycle, controller_clients, metrics))
         _on_signals(stop)
         controller = threading.Thread(target=manager.run, name="controller", daemon=True)
         controller.start()

@@ -40,23 +40,17 @@ from stageset.cli.params import (
 from stageset.cli.preview import build, diff
 from stageset.cli.session import StagesetGroup, echo
 from stageset.cli.steer import reconcile, resume, suspend
+from stageset.controller import logs
 from stageset.controller.manager import Manager
-from stageset.controller.redact import install_log_filter
+from stageset.controller.metrics import Metrics
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL, ControllerSettings
 from stageset.kube.client import ClientPool
 
 __all__ = ["controller", "main", "parse_duration_option", "parse_size"]
 
 
-def _setup_logging(level: str) -> None:
-    logging.basicConfig(level=getattr(logging, level.upper()), stream=sys.stderr,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    # Secret values (substituted into manifests, echoed by apiservers) never reach the log.
-    install_log_filter()
-    # The kubernetes client logs request bodies at DEBUG, which may include Secrets.
-    logging.getLogger("urllib3").setLevel(logging.WARNING)
-    logging.getLogger("kubernetes").setLevel(logging.WARNING)
-    logging.getLogger("dulwich").setLevel(logging.WARNING)
+def _setup_logging(level: str, fmt: str = "text") -> None:
+    logs.setup(level=level, fmt=fmt)
 
 
 def run_controller(manager: Manager, *, early_stop: threading.Event | None = None) -> None:
@@ -155,21 +149,23 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
               envvar="STAGESET_RUNBOOK_BASE_URL",
               help="Non-ready condition messages end with <this>/<reason>/; empty: no links.")
 @click.option("--log-level", default="info", show_default=True,
-              type=click.Choice(["debug", "info", "warning", "error"], case_sensitive=False))
-@click.option("--log-format", default="text", show_default=True, type=click.Choice(["text", "json"]))
+              type=click.Choice(logs.LEVELS, case_sensitive=False))
+@click.option("--log-format", default="text", show_default=True, type=click.Choice(logs.FORMATS),
+              help="json: one object per line, with the StageSet, stage, revision, identity kind and "
+              "reconcile id as fields.")
 @process.lifecycle_options
 def controller(kubeconfig: str | None, log_level: str, log_format: str, lifecycle: process.LifecycleSettings,
                **params: Any) -> None:
     """Run the controller against a cluster."""
     early_stop = process.stop_on_signals()
-    _setup_logging(log_level)
-    if log_format == "json":
-        process.use_json_logs()
+    _setup_logging(log_level, log_format)
     settings = controller_settings(params)
+    metrics = Metrics()
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:
-        run_controller(Manager(clients=clients, settings=settings,
-                               lifecycle=process.make_lifecycle(lifecycle, clients)), early_stop=early_stop)
+        run_controller(Manager(clients=clients, settings=settings, metrics=metrics,
+                               lifecycle=process.make_lifecycle(lifecycle, clients, metrics)),
+                       early_stop=early_stop)
     finally:
         clients.close()
 
@@ -202,11 +198,10 @@ def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: 
         controller.main(args=passed, prog_name="stageset run", standalone_mode=False)
         return
     params.pop("kubeconfig", None)
-    params.pop("log_format", None)
+    fmt = str(params.pop("log_format", None) or "text")
     level = str(params.pop("log_level", None) or "warning")
-    _setup_logging(os.environ.get("STAGESET_LOG_LEVEL", level if "--log-level" in ctx.args else "warning"))
-    # The demo's Git server does not do partial clones; dulwich's note about it is not for a new user.
-    logging.getLogger("dulwich").setLevel(logging.ERROR)
+    level = level if "--log-level" in ctx.args else "warning"
+    _setup_logging(os.environ.get("STAGESET_LOG_LEVEL", level), fmt)
     lifecycle = process.lifecycle_settings(**{name: params.pop(name) for name in _LIFECYCLE})
     directory = Path(examples) if examples else Path(__file__).resolve().parents[2] / "examples"
     sys.exit(demo.run_demo(examples=directory, once=once, stop=threading.Event(),

@@ -1,4 +1,4 @@
-"""Process-level options of ``stageset controller``: probes, metrics, leader election, logs, signals.
+"""Process-level options of ``stageset controller``: probes, metrics, leader election, signals.
 
 Kept apart from :mod:`stageset.cli.main` so the command's own options stay readable:
 :func:`lifecycle_options` adds the flags below to a click command and hands the command one
@@ -11,11 +11,9 @@ the controller's own identity.
 from __future__ import annotations
 
 import functools
-import json
 import logging
 import os
 import signal
-import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -25,9 +23,10 @@ import click
 from stageset.api import duration_seconds
 from stageset.controller.health import Lifecycle, LifecycleSettings, parse_address
 from stageset.controller.leader import LeaderElectionConfig, default_identity, default_namespace
+from stageset.controller.metrics import Metrics
 from stageset.kube.client import ClientPool
 
-__all__ = ["LifecycleSettings", "lifecycle_options", "make_lifecycle", "stop_on_signals", "use_json_logs"]
+__all__ = ["LifecycleSettings", "lifecycle_options", "make_lifecycle", "stop_on_signals"]
 
 log = logging.getLogger(__name__)
 
@@ -112,11 +111,11 @@ def lifecycle_options(command: F) -> F:
     return decorated  # type: ignore[no-any-return]
 
 
-def make_lifecycle(settings: LifecycleSettings,
-                   clients: ClientPool) -> Callable[[threading.Event], Lifecycle]:
-    """The factory the Manager calls with its stop event."""
+def make_lifecycle(settings: LifecycleSettings, clients: ClientPool,
+                   metrics: Metrics | None = None) -> Callable[[threading.Event], Lifecycle]:
+    """The factory the Manager calls with its stop event; ``/metrics`` serves ``metrics``."""
     return lambda stop: Lifecycle(settings=settings, client=clients.client(), stop=stop,
-                                  on_leadership_lost=exit_leadership_lost)
+                                  on_leadership_lost=exit_leadership_lost, metrics=metrics)
 
 
 def exit_leadership_lost() -> None:
@@ -136,23 +135,3 @@ def stop_on_signals() -> threading.Event:
     signal.signal(signal.SIGINT, handle)
     signal.signal(signal.SIGTERM, handle)
     return requested
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message (and the exception, if any)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {"time": self.formatTime(record), "level": record.levelname.lower(),
-                                 "logger": record.name, "message": record.getMessage()}
-        if record.exc_info:
-            entry["exception"] = self.formatException(record.exc_info)
-        return json.dumps(entry, ensure_ascii=False)
-
-
-def use_json_logs() -> None:
-    for handler in logging.getLogger().handlers:
-        handler.setFormatter(JsonFormatter())
-    if not logging.getLogger().handlers:
-        handler = logging.StreamHandler(sys.stderr)
-        handler.setFormatter(JsonFormatter())
-        logging.getLogger().addHandler(handler)

@@ -1,55 +1,178 @@
-"""Kubernetes Events about our objects (``kubectl describe`` shows them).
+"""Kubernetes Events about our objects (``events.k8s.io/v1``; ``kubectl describe`` and
+``kubectl events`` show them).
 
-Identity: events are created with the controller's own identity (the chart lets
-it create Events).  Messages name objects and reasons; every message passes the
-caller's redactor, so Secret values never leave through an event.  A failure to
-record an event is logged and otherwise ignored — events are advisory.
+Identity: events are created and patched with the controller's own identity (the chart's
+ClusterRole may create and patch Events).  Messages name objects and reasons; every message
+passes the caller's redactor, so Secret values never leave through an event.  A failure to
+record an event is logged and otherwise ignored -- events are advisory.
+
+Repeats are aggregated as client-go's event recorder does: an event equal to one recorded in
+the last :data:`SERIES_WINDOW` seconds (same object, type, reason, action and note) does not
+create an Event object; it patches the first one's ``series`` (``count``, ``lastObservedTime``).
+After a quiet window a repeat starts a new Event.  The cache of recent events is bounded
+(least recently used entries go first).
+
+What the controller records (reasons in :mod:`stageset.api.vocabulary`):
+
+- a Warning with the Ready reason whenever an object's Ready condition turns ``False`` or
+  changes its reason while ``False`` (:func:`ready_transition`);
+- a Normal ``ReconciliationSucceeded`` when a StageSet is Ready after a change, naming what
+  changed (:func:`change_summary`), and a Normal ``NewArtifact`` for a new Git revision;
+- Warnings ``DriftCorrected``, ``PruneFailed`` and ``TeardownForced``.
 """
 
 from __future__ import annotations
 
+import datetime
 import logging
+import socket
+import threading
 import uuid
-from collections.abc import Callable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
 
-from stageset.api import format_time
-from stageset.api.vocabulary import EventReason, EventType
+from stageset.api.vocabulary import EventReason, EventType, Reason
+from stageset.apply.changeset import WRITES, Change
 from stageset.controller.clock import Clock, system_clock
-from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.client import ApiError, KubeClient, UnreachableError
 from stageset.kube.types import KubeObject, metadata
 
 log = logging.getLogger(__name__)
 
-MAX_MESSAGE = 1024
+MAX_NOTE = 1024  # the apiserver refuses longer notes
+SERIES_WINDOW = 6 * 60.0  # client-go's: a series not seen for this long is finished
+CACHE_SIZE = 4096
+CONTROLLER = "stages.metio.wtf/stageset-controller"
+LISTED = 10  # objects named in a summary before "and N more"
+
+Redact = Callable[[str], str]
+
+
+def micro_time(moment: datetime.datetime) -> str:
+    """Kubernetes' MicroTime: RFC 3339 in UTC with microseconds."""
+    return moment.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+
+
+def subject(change: Change) -> str:
+    """``Kind/namespace/name`` (``Kind/name`` when cluster-scoped), as Flux's change sets name objects."""
+    oid = change.id
+    return "/".join(part for part in (oid.kind, oid.namespace, oid.name) if part)
+
+
+def change_summary(changes: Iterable[Change], *, pruned: int = 0) -> str:
+    """``ConfigMap/shop/x configured, Deployment/shop/web created, 2 pruned`` ("" when nothing changed)."""
+    written = sorted((c for c in changes if c.action in WRITES), key=subject)
+    parts = [f"{subject(c)} {c.action.value.lower()}" for c in written[:LISTED]]
+    if len(written) > LISTED:
+        parts.append(f"and {len(written) - LISTED} more")
+    if pruned:
+        parts.append(f"{pruned} pruned")
+    return ", ".join(parts)
+
+
+def ready_condition(obj: KubeObject) -> Mapping[str, str] | None:
+    conditions = (obj.get("status") or {}).get("conditions") or []
+    return next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), None)
+
+
+def ready_transition(before: Mapping[str, str] | None, after: Mapping[str, str] | None) -> bool:
+    """Did Ready turn ``False`` (or change its reason while ``False``)?"""
+    if after is None or after.get("status") != "False":
+        return False
+    return before is None or before.get("status") != "False" or before.get("reason") != after.get("reason")
+
+
+@dataclass
+class _Series:
+    name: str
+    namespace: str
+    count: int
+    last: datetime.datetime
 
 
 class EventRecorder:
-    def __init__(self, client: KubeClient, *, component: str = "stageset-controller",
-                 clock: Clock = system_clock):
+    def __init__(self, client: KubeClient, *, controller: str = CONTROLLER, instance: str | None = None,
+                 clock: Clock = system_clock, window: float = SERIES_WINDOW, cache_size: int = CACHE_SIZE):
         self._client = client
-        self._component = component
+        self._controller = controller
+        self._instance = (instance or f"stageset-controller-{socket.gethostname()}")[:128]
         self._clock = clock
+        self._window = window
+        self._size = cache_size
+        self._lock = threading.Lock()
+        self._recent: OrderedDict[tuple[str, ...], _Series] = OrderedDict()
 
-    def emit(self, obj: KubeObject, *, type_: EventType, reason: EventReason, message: str,
-             redact: Callable[[str], str] | None = None) -> None:
+    def emit(self, obj: KubeObject, *, type_: EventType, reason: EventReason | Reason, message: str,
+             action: str = "Reconcile", redact: Redact | None = None,
+             annotations: Mapping[str, str] | None = None) -> None:
         meta = metadata(obj)
         namespace = meta.get("namespace") or "default"
-        stamp = format_time(self._clock())
-        text = redact(message) if redact is not None else message
-        event = {
-            "apiVersion": "v1", "kind": "Event",
-            "metadata": {"name": f"{meta['name']}.{uuid.uuid4().hex[:16]}", "namespace": namespace},
-            "involvedObject": {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
-                               "name": meta["name"], "namespace": namespace,
-                               "uid": meta.get("uid"),
-                               "resourceVersion": meta.get("resourceVersion")},
-            "type": type_.value, "reason": reason.value, "message": text[:MAX_MESSAGE],
-            "source": {"component": self._component},
-            "firstTimestamp": stamp, "lastTimestamp": stamp, "count": 1,
-            "reportingComponent": self._component, "reportingInstance": self._component,
-        }
+        note = (redact(message) if redact is not None else message)[:MAX_NOTE]
+        key = (namespace, str(obj.get("kind")), meta["name"], str(meta.get("uid")), type_.value, reason.value,
+               action, note)
+        now = self._clock()
+        with self._lock:
+            series = self._recent.get(key)
+            if series is not None and (now - series.last).total_seconds() < self._window:
+                series.count += 1
+                series.last = now
+                self._recent.move_to_end(key)
+                repeat: _Series | None = _Series(series.name, namespace, series.count, now)
+            else:
+                repeat = None
         try:
-            self._client.request("POST", f"/api/v1/namespaces/{namespace}/events", body=event)
-        except ApiError as error:
+            if repeat is not None and self._patch_series(repeat):
+                return
+            name = self._create(obj, namespace=namespace, type_=type_, reason=reason, action=action,
+                                note=note, now=now, annotations=annotations)
+        except (ApiError, UnreachableError) as error:
             log.warning("could not record event %s on %s/%s: %s", reason.value, namespace, meta["name"],
                         error)
+            return
+        with self._lock:
+            self._recent[key] = _Series(name, namespace, 1, now)
+            self._recent.move_to_end(key)
+            while len(self._recent) > self._size:
+                self._recent.popitem(last=False)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The object is gone: its recent events no longer aggregate (and free their cache entries)."""
+        with self._lock:
+            for key in [k for k in self._recent if k[0] == namespace and k[2] == name]:
+                del self._recent[key]
+
+    def _path(self, namespace: str) -> str:
+        return f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"
+
+    def _patch_series(self, series: _Series) -> bool:
+        """Count a repeat on the Event already recorded; ``False`` when that Event is gone (expired)."""
+        try:
+            self._client.request("PATCH", f"{self._path(series.namespace)}/{series.name}",
+                                 content_type="application/merge-patch+json",
+                                 body={"series": {"count": series.count,
+                                                  "lastObservedTime": micro_time(series.last)}})
+        except ApiError as error:
+            if error.not_found:
+                return False
+            raise
+        return True
+
+    def _create(self, obj: KubeObject, *, namespace: str, type_: EventType, reason: EventReason | Reason,
+                action: str, note: str, now: datetime.datetime, annotations: Mapping[str, str] | None) -> str:
+        meta = metadata(obj)
+        # As client-go names events: the object's name and a unique suffix (within 253 characters).
+        name = f"{meta['name'][:236]}.{uuid.uuid4().hex[:16]}"
+        event_meta: dict[str, object] = {"name": name, "namespace": namespace}
+        if annotations:
+            event_meta["annotations"] = dict(annotations)
+        regarding = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta["name"],
+                     "namespace": namespace, "uid": meta.get("uid")}
+        self._client.request("POST", self._path(namespace), body={
+            "apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": event_meta,
+            "eventTime": micro_time(now), "reportingController": self._controller,
+            "reportingInstance": self._instance, "action": action, "reason": reason.value,
+            "type": type_.value, "note": note,
+            "regarding": {k: v for k, v in regarding.items() if v is not None},
+        })
+        return name

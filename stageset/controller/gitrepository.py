@@ -11,6 +11,10 @@ in the mirror: StageSets keep applying what they last had.
 Each commit is served to this GitRepository (by uid) only after the mirror proved it
 readable with this GitRepository's own credentials, and StageSets read only commits served
 to the GitRepository they name (:func:`artifact_consumer`; see :mod:`sources.mirror`).
+
+Each fetch is counted and timed per URL as shown without credentials (metrics), a new
+revision is told as a ``NewArtifact`` event, and failures are logged (the source layer's
+messages name the URL without credentials; the log filter redacts the Secret's values too).
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from __future__ import annotations
 import base64
 import logging
 import random
+import time
 from collections.abc import Callable, Mapping
 from typing import Any, Protocol
 
@@ -25,11 +30,15 @@ from pydantic import ValidationError
 
 from sources import Credentials, RefSelector, Snapshot, SourceError
 from sources import errors as source_errors
+from sources.urls import UrlPolicy, parse_url
 from stageset.api import Artifact, GitRepository, GitRepositoryStatus, duration_seconds
-from stageset.api.vocabulary import Reason
+from stageset.api.vocabulary import EventReason, EventType, Reason
 from stageset.apply.errors import StageError
+from stageset.controller import logs
 from stageset.controller.clock import Clock, system_clock
+from stageset.controller.events import EventRecorder
 from stageset.controller.identity import IdentityPolicy
+from stageset.controller.metrics import Metrics
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
@@ -102,9 +111,18 @@ def secret_values(data: dict[str, str]) -> list[str]:
     return [v for v in (_decode(data, key) for key in ("password", "bearerToken")) if v]
 
 
+def display_url(url: str) -> str:
+    """The URL as messages and metrics show it: no userinfo, query or fragment."""
+    try:
+        return parse_url(url, UrlPolicy(allow_http=True, allow_file=True)).display
+    except SourceError:
+        return "invalid"
+
+
 class GitRepositoryReconciler:
     def __init__(self, *, clients: ClientPool, store: Fetcher, resource: Resource,
                  on_revision: RevisionListener, identities: IdentityPolicy, clock: Clock = system_clock,
+                 events: EventRecorder | None = None, metrics: Metrics | None = None,
                  runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL):
         self._clients = clients
         self._runbooks = runbook_base_url
@@ -113,6 +131,8 @@ class GitRepositoryReconciler:
         self._on_revision = on_revision
         self._identities = identities
         self._clock = clock
+        self._events = events
+        self._metrics = metrics
 
     def _credentials(self, repo: GitRepository, redactor: Redactor) -> Credentials | None:
         if repo.spec.secret_ref is None:
@@ -150,6 +170,12 @@ class GitRepositoryReconciler:
         snapshot = self._fetch(repo, report, redactor)
         if snapshot is None:
             return Result(requeue_after=interval)
+        with logs.bind(revision=snapshot.revision):
+            return self._store_artifact(raw, repo, snapshot, report, redactor, interval)
+
+    def _store_artifact(self, raw: KubeObject, repo: GitRepository, snapshot: Snapshot,
+                        report: StatusReport[GitRepositoryStatus], redactor: Redactor, interval: float
+                        ) -> Result:
         previous = report.status.artifact.revision if report.status.artifact else None
         if previous != snapshot.revision:
             # The root tree id is a content digest of the whole tree, for free.
@@ -158,6 +184,9 @@ class GitRepositoryReconciler:
                                               last_update_time=report.now())
         report.conclude(ready=True, reason=Reason.SUCCEEDED,
                         message=f"stored artifact for revision '{snapshot.revision}'")
+        if previous != snapshot.revision and self._events is not None:
+            self._events.emit(raw, type_=EventType.NORMAL, reason=EventReason.NEW_ARTIFACT, action="Fetch",
+                              message=f"stored artifact for revision '{snapshot.revision}'", redact=redactor)
         if previous != snapshot.revision or snapshot.fetched:
             # Also after a fetch of a known revision: a restarted controller's fresh mirror
             # now holds it, so StageSets waiting for the artifact can go on.
@@ -174,19 +203,37 @@ class GitRepositoryReconciler:
             selector = RefSelector(branch=ref.branch, tag=ref.tag, semver=ref.semver, name=ref.name,
                                    commit=ref.commit) if ref else RefSelector()
             credentials = self._credentials(repo, redactor)
-            return self._store.fetch(repo.spec.url, ref=selector, credentials=credentials,
-                                     timeout=duration_seconds(repo.spec.timeout),
-                                     consumer=artifact_consumer(repo.metadata))
+            return self._timed_fetch(repo, selector, credentials)
         except StageError as error:
+            log.warning("denied: %s", error.message)
             report.conclude(ready=False, reason=error.reason, message=error.message)
         except ApiError as error:
             reason = Reason.RBAC_DENIED if error.forbidden else \
                 Reason.SECRET_NOT_FOUND if error.not_found else Reason.FAILED
             secret = repo.spec.secret_ref.name if repo.spec.secret_ref else ""
-            report.conclude(ready=False, reason=reason,
-                            message=f"reading secretRef {secret}: {error.message}")
+            message = f"reading secretRef {secret}: {error.message}"
+            log.warning("%s%s", "denied: " if error.forbidden else "", message)
+            report.conclude(ready=False, reason=reason, message=message)
         except SourceError as error:
             reason = source_reason(error)
+            log.warning("fetch failed (%s): %s", reason.value, error)
             report.conclude(ready=False, reason=reason, message=str(error),
                             stalled=reason is Reason.INVALID_SPEC)
         return None
+
+    def _timed_fetch(self, repo: GitRepository, selector: RefSelector, credentials: Credentials | None
+                     ) -> Snapshot:
+        started = time.monotonic()
+        result = "failed"
+        try:
+            snapshot = self._store.fetch(repo.spec.url, ref=selector, credentials=credentials,
+                                         timeout=duration_seconds(repo.spec.timeout),
+                                         consumer=artifact_consumer(repo.metadata))
+            result = "fetched" if snapshot.fetched else "unchanged"
+            return snapshot
+        finally:
+            if self._metrics is not None:
+                meta = repo.metadata
+                self._metrics.fetched(("GitRepository", str(meta["namespace"]), str(meta["name"])),
+                                      url=display_url(repo.spec.url), result=result,
+                                      seconds=time.monotonic() - started)

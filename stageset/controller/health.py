@@ -18,7 +18,7 @@ of ``run()``:
 ``/healthz`` answers 200 while the process runs (the probe server is a thread of it);
 ``/readyz`` answers 200 once the caches have synced -- a standby replica is ready too, so a
 rolling update can proceed and hand the Lease over.  ``/metrics`` (on its own address) serves
-a few gauges in the Prometheus text format until the metrics of issue 11 replace it.
+every series of :class:`~stageset.controller.metrics.Metrics` (``docs/operations.md#metrics``).
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from importlib import metadata
 
 from stageset.controller.leader import LeaderElectionConfig, LeaderElector
+from stageset.controller.metrics import Metrics
 from stageset.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
@@ -83,8 +83,9 @@ class LifecycleSettings:
 
 class Lifecycle:
     def __init__(self, *, settings: LifecycleSettings, client: KubeClient, stop: threading.Event,
-                 on_leadership_lost: Callable[[], None]):
+                 on_leadership_lost: Callable[[], None], metrics: Metrics | None = None):
         self.settings = settings
+        self.metrics = metrics or Metrics()
         self._stop = stop
         self.synced = threading.Event()
         self.elector = (LeaderElector(client=client, config=settings.leader_election, stop=stop,
@@ -102,23 +103,7 @@ class Lifecycle:
         return (200, "ok\n") if self.synced.is_set() else (503, "caches not synced\n")
 
     def _metrics(self) -> tuple[int, str]:
-        try:
-            version = metadata.version("stageset")
-        except metadata.PackageNotFoundError:
-            version = "unknown"
-        leading = 1 if self.elector is None or self.elector.leading.is_set() else 0
-        lines = [
-            "# HELP stageset_build_info The running stageset version.",
-            "# TYPE stageset_build_info gauge",
-            f'stageset_build_info{{version="{version}"}} 1',
-            "# HELP stageset_caches_synced 1 once every watch has listed its objects.",
-            "# TYPE stageset_caches_synced gauge",
-            f"stageset_caches_synced {1 if self.synced.is_set() else 0}",
-            "# HELP stageset_leader 1 while this process holds the release's Lease (or runs without one).",
-            "# TYPE stageset_leader gauge",
-            f"stageset_leader {leading}",
-        ]
-        return 200, "\n".join(lines) + "\n"
+        return 200, self.metrics.exposition().decode()
 
     def _serve(self, name: str, address: str, routes: dict[str, Callable[[], tuple[int, str]]]) -> None:
         server = _Server(parse_address(address), routes)

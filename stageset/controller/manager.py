@@ -6,6 +6,11 @@ per-tenant clients the reconcilers ask :class:`ClientPool` for.
 
 Watches are namespace-scoped when ``watch_namespaces`` is set (one list/watch per
 namespace), so a sharded release never needs cluster-wide list rights.
+
+Observability hooks live here once for both kinds: every watch event updates the object's
+metrics (and a deletion removes them), every reconcile runs with its log fields bound
+(:mod:`stageset.controller.logs`), is counted and timed (:mod:`stageset.controller.metrics`),
+and a Ready condition that turns False is told as a Warning event.
 """
 
 from __future__ import annotations
@@ -18,16 +23,19 @@ from typing import Any, Protocol
 
 from sources import MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
+from stageset.api.vocabulary import EventType, Reason
 from stageset.apply.engine import StageApplier
+from stageset.controller import logs
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, ready_condition, ready_transition
 from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
 from stageset.controller.health import Lifecycle
 from stageset.controller.identity import IdentityPolicy
+from stageset.controller.metrics import Metrics
 from stageset.controller.queue import Backoff, WorkQueue
-from stageset.controller.redact import REGISTRY
+from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import StageSetReconciler
@@ -66,13 +74,18 @@ def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
 
 class Manager:
     def __init__(self, *, clients: ClientPool, settings: ControllerSettings, store: Store | None = None,
-                 clock: Clock = system_clock,
+                 clock: Clock = system_clock, metrics: Metrics | None = None,
                  lifecycle: Callable[[threading.Event], Lifecycle] | None = None):
         self._clients = clients
         self._settings = settings
         self.stop = threading.Event()
+        self.metrics = metrics or Metrics()
+        clients.observe(self.metrics.request)
         # Probes, start-up waits and leader election (controller/health.py); None: none of them.
         self.lifecycle = lifecycle(self.stop) if lifecycle else None
+        if self.lifecycle is not None and self.lifecycle.elector is not None:
+            leading = self.lifecycle.elector.leading
+            self.metrics.leader.set_function(lambda: 1 if leading.is_set() else 0)
         # Separate pools for sources and StageSets, each capped per namespace: slow Git servers
         # cannot hold up applying, and one tenant cannot hold every worker of a pool.
         backoff = Backoff(base=settings.backoff_base, cap=settings.backoff_cap)
@@ -80,27 +93,37 @@ class Manager:
                                              max_per_shard=settings.namespace_cap(size)), size)
                        for kind, size in (("StageSet", settings.workers),
                                           ("GitRepository", settings.source_workers))}
+        for kind, (queue, size) in self._pools.items():
+            self.metrics.pool(kind, workers=size)
+            queue.observer = self.metrics.queue(kind, depth=queue.__len__,
+                                                unfinished=queue.unfinished_seconds,
+                                                longest=queue.longest_running_seconds)
         self._lock = threading.Lock()
         self._objects: dict[Key, KubeObject] = {}
         # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.
         self._seen: dict[Key, tuple[tuple[Any, Any, bool], bool]] = {}
         admin = clients.client()
         self._store: Store = store or self._mirror_store(settings)
+        if isinstance(self._store, MirrorStore):
+            self.metrics.mirror(self._store.disk_usage)
         identities = IdentityPolicy(cluster_admin=settings.cluster_admin)
+        self.events = EventRecorder(admin, clock=clock)
         self._git = GitRepositoryReconciler(clients=clients, store=self._store, resource=GITREPOSITORIES,
                                             on_revision=self._revision_changed, identities=identities,
-                                            clock=clock, runbook_base_url=settings.runbook_base_url)
+                                            clock=clock, events=self.events, metrics=self.metrics,
+                                            runbook_base_url=settings.runbook_base_url)
         self._index = DependencyIndex()
         self._stagesets = StageSetReconciler(
             clients=clients, store=self._store,
             applier=StageApplier(mapper=RestMapper(admin), settings=settings.apply),
             resource=STAGESETS, source_resource=GITREPOSITORIES, settings=settings,
-            events=EventRecorder(admin, clock=clock), index=self._index, stop=self.stop, clock=clock)
+            events=self.events, index=self._index, stop=self.stop, clock=clock, metrics=self.metrics)
         self._reflectors: list[Reflector] = []
         for namespace in settings.watch_namespaces or (None,):
             for resource in (STAGESETS, GITREPOSITORIES):
                 self._reflectors.append(Reflector(client=admin, resource=resource, namespace=namespace,
                                                   handler=self._handler(resource.kind), stop=self.stop))
+        self.metrics.caches_synced.set_function(lambda: all(r.synced.is_set() for r in self._reflectors))
 
     @staticmethod
     def _mirror_store(settings: ControllerSettings) -> MirrorStore:
@@ -120,8 +143,14 @@ class Manager:
                 ref = (key[1], key[2])
                 if event == "DELETED":
                     self._index.remove(ref)
+                    self._stagesets.forget(key[1], key[2])
                 else:
                     self._index.update(ref, self._dependencies(key[1], obj))
+            if event == "DELETED":
+                self.metrics.forget(key)
+                self.events.forget(key[1], key[2])
+            else:
+                self.metrics.observe(key, obj)
             with self._lock:
                 before = self._seen.get(key)
                 if event == "DELETED":
@@ -181,6 +210,32 @@ class Manager:
                 queue.done(key)
 
     def _reconcile(self, queue: WorkQueue[Key], key: Key, obj: KubeObject) -> None:
+        before = dict(ready_condition(obj) or {}) or None
+        self.metrics.working(key[0], 1)
+        started = time.monotonic()
+        outcome = "error"
+        try:
+            with logs.bind(**{key[0].lower(): f"{key[1]}/{key[2]}"}, reconcileID=logs.new_reconcile_id()):
+                outcome = self._reconcile_once(queue, key, obj)
+        finally:
+            self.metrics.working(key[0], -1)
+            self.metrics.reconciled(key, result=outcome, seconds=time.monotonic() - started)
+            self._tell_transition(key, obj, before)
+
+    def _tell_transition(self, key: Key, obj: KubeObject, before: dict[str, str] | None) -> None:
+        """A Warning event (reason: Ready's) when this reconcile turned Ready False."""
+        after = ready_condition(obj)
+        if after is None or not ready_transition(before, after):
+            return
+        try:
+            reason = Reason(after.get("reason", ""))
+        except ValueError:
+            return
+        self.events.emit(obj, type_=EventType.WARNING, reason=reason, message=str(after.get("message", "")),
+                         redact=Redactor(REGISTRY.of(key)))
+
+    def _reconcile_once(self, queue: WorkQueue[Key], key: Key, obj: KubeObject) -> str:
+        """One reconcile; returns controller-runtime's result word for the metrics."""
         reconciler: Reconciler = self._stagesets if key[0] == "StageSet" else self._git
         started = time.monotonic()
         try:
@@ -188,7 +243,7 @@ class Manager:
         except TerminalError as error:
             log.warning("%s %s/%s: %s; not retried until it changes", *key, error)
             queue.forget(key)
-            return
+            return "terminal"
         except Exception as error:
             # Never crash on user data: log (the traceback once per failure streak), back off.
             failures = queue.failures(key)
@@ -198,7 +253,7 @@ class Manager:
             else:
                 log.warning("reconciling %s %s/%s failed again (%d in a row): %s: %s; retrying in %.1fs",
                             *key, failures + 1, type(error).__name__, error, delay)
-            return
+            return "error"
         elapsed = time.monotonic() - started
         if result.backoff:
             # The failure is in the object's status; one log line per failure streak.
@@ -206,12 +261,13 @@ class Manager:
             delay = queue.add_rate_limited(key)
             log.log(logging.WARNING if failures == 0 else logging.DEBUG,
                     "reconciling %s %s/%s failed (see its status); retrying in %.1fs", *key, delay)
-            return
+            return "error"
         queue.forget(key)
         log.debug("reconciled %s %s/%s in %.2fs; next in %s", *key, elapsed,
                   "-" if result.requeue_after is None else f"{result.requeue_after:.0f}s")
         if result.requeue_after is not None and not self.stop.is_set():
             queue.add_after(key, result.requeue_after)
+        return "success" if result.requeue_after is None else "requeue_after"
 
     def run(self) -> None:
         """Run until :attr:`stop` is set."""

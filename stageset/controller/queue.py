@@ -10,6 +10,10 @@ Failures back off per key (:meth:`WorkQueue.add_rate_limited`): ``base`` doublin
 Fairness: keys are grouped into shards (namespaces); shards take turns, and with
 ``max_per_shard`` a shard never has more keys in processing than that, so one tenant's
 slow work cannot occupy every worker.
+
+Metrics as client-go's workqueue counts them (:class:`QueueObserver`): an add of a key not
+yet waiting, a retry, how long a key waited before a worker took it and how long the
+worker took; depth, unfinished work and the longest running worker are read on demand.
 """
 
 from __future__ import annotations
@@ -22,9 +26,33 @@ import time
 from collections import deque
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass
-from typing import Generic, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 K = TypeVar("K", bound=Hashable)
+
+
+class QueueObserver(Protocol):
+    def added(self) -> None: ...
+
+    def retried(self) -> None: ...
+
+    def waited(self, seconds: float) -> None: ...
+
+    def worked(self, seconds: float) -> None: ...
+
+
+class _Unobserved:
+    def added(self) -> None:
+        return None
+
+    def retried(self) -> None:
+        return None
+
+    def waited(self, seconds: float) -> None:
+        del seconds
+
+    def worked(self, seconds: float) -> None:
+        del seconds
 
 
 @dataclass(frozen=True)
@@ -48,8 +76,13 @@ class WorkQueue(Generic[K]):
     at most its share of the workers, however many it queues."""
 
     def __init__(self, *, backoff: Backoff | None = None, rng: random.Random | None = None,
-                 shard: Callable[[K], Hashable] | None = None, max_per_shard: int | None = None) -> None:
+                 shard: Callable[[K], Hashable] | None = None, max_per_shard: int | None = None,
+                 observer: QueueObserver | None = None) -> None:
         self._backoff = backoff or Backoff()
+        self.observer: QueueObserver = observer or _Unobserved()
+        # When each waiting key was added, and when each key in processing was taken (monotonic).
+        self._added_at: dict[K, float] = {}
+        self._taken_at: dict[K, float] = {}
         self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         self._shard = shard or (lambda _key: None)
         self._max_per_shard = max_per_shard
@@ -76,13 +109,24 @@ class WorkQueue(Generic[K]):
         self._ready[shard].append(key)
         self._cond.notify()
 
+    def _add(self, key: K) -> None:
+        """Queue ``key`` now, or again once its worker is done (the caller holds the lock)."""
+        if key in self._processing:
+            if key not in self._dirty:
+                self._dirty.add(key)
+                self._counted(key)
+            return
+        if key not in self._queued:
+            self._counted(key)
+            self._enqueue(key)
+
+    def _counted(self, key: K) -> None:
+        self._added_at.setdefault(key, time.monotonic())
+        self.observer.added()
+
     def add(self, key: K) -> None:
         with self._cond:
-            if key in self._processing:
-                self._dirty.add(key)
-                return
-            if key not in self._queued:
-                self._enqueue(key)
+            self._add(key)
 
     def add_after(self, key: K, delay: float) -> None:
         if delay <= 0:
@@ -98,6 +142,7 @@ class WorkQueue(Generic[K]):
             failures = self._failures.get(key, 0)
             self._failures[key] = failures + 1
             delay = self._backoff.delay(failures, draw=self._rng.random())
+        self.observer.retried()
         self.add_after(key, delay)
         return delay
 
@@ -115,10 +160,7 @@ class WorkQueue(Generic[K]):
         now = time.monotonic()
         while self._delayed and self._delayed[0][0] <= now:
             _, _, key = heapq.heappop(self._delayed)
-            if key in self._processing:
-                self._dirty.add(key)
-            elif key not in self._queued:
-                self._enqueue(key)
+            self._add(key)
         return self._delayed[0][0] - now if self._delayed else None
 
     def _take(self) -> K | None:
@@ -136,6 +178,9 @@ class WorkQueue(Generic[K]):
             self._queued.discard(key)
             self._processing.add(key)
             self._active[shard] = self._active.get(shard, 0) + 1
+            now = time.monotonic()
+            self._taken_at[key] = now
+            self.observer.waited(now - self._added_at.pop(key, now))
             return key
         return None
 
@@ -154,6 +199,9 @@ class WorkQueue(Generic[K]):
     def done(self, key: K) -> None:
         with self._cond:
             self._processing.discard(key)
+            taken = self._taken_at.pop(key, None)
+            if taken is not None:
+                self.observer.worked(time.monotonic() - taken)
             shard = self._shard(key)
             remaining = self._active.get(shard, 1) - 1
             if remaining > 0:
@@ -176,6 +224,19 @@ class WorkQueue(Generic[K]):
         """Keys ready to be processed (whether or not their shard is at its cap)."""
         with self._cond:
             return sum(len(ready) for ready in self._ready.values())
+
+    def unfinished_seconds(self) -> float:
+        """Seconds of work in progress, summed over the keys being processed (client-go's
+        ``unfinished_work_seconds``)."""
+        now = time.monotonic()
+        with self._cond:
+            return sum(now - taken for taken in self._taken_at.values())
+
+    def longest_running_seconds(self) -> float:
+        """How long the longest running worker has held its key."""
+        now = time.monotonic()
+        with self._cond:
+            return max((now - taken for taken in self._taken_at.values()), default=0.0)
 
     def in_processing(self, shard: Hashable) -> int:
         with self._cond:

@@ -26,7 +26,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Hashable, Iterable
+from collections.abc import Callable, Hashable, Iterable
 
 import yaml
 
@@ -92,13 +92,17 @@ def _pattern(values: Iterable[str]) -> re.Pattern[str] | None:
 
 class Redactor:
     """The Secret values of one StageSet; calling it redacts a text.  Thread-safe (stages of a
-    pass render concurrently and add their values)."""
+    pass render concurrently and add their values).  ``on_add`` hears every new set of values
+    as soon as one is read (the reconciler registers them for the log filter at once, so a line
+    logged later in the same pass is redacted too)."""
 
-    def __init__(self, values: Iterable[str] = ()):
+    def __init__(self, values: Iterable[str] = (), *,
+                 on_add: Callable[[frozenset[str]], None] | None = None):
         self._lock = threading.Lock()
         self._values: set[str] = {v for v in values if v}
         self._added: set[str] = set()
         self._pattern: re.Pattern[str] | None = _pattern(self._values)
+        self._on_add = on_add
 
     def add(self, values: Iterable[str]) -> None:
         fresh = {v for v in values if v}
@@ -108,6 +112,9 @@ class Redactor:
                 return
             self._values |= fresh
             self._pattern = _pattern(self._values)
+            known = frozenset(self._values)
+        if self._on_add is not None:
+            self._on_add(known)
 
     @property
     def added(self) -> frozenset[str]:

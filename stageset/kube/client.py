@@ -3,13 +3,18 @@
 We use the official client's configuration loading, TLS set-up and urllib3 pool,
 but build requests ourselves so that server-side apply, dry-run, watch streaming
 and impersonation all go through the same small function.
+
+Every request is reported to the pool's observer (metrics), if one is set, as a
+:class:`RequestRecord`: the verb, the identity, the cluster and the answer's status code —
+never a path, a body or a message.
 """
 
 from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator, Mapping
+import time
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -98,13 +103,63 @@ def _why(error: BaseException) -> str:
     return "the connection failed"
 
 
+@dataclass(frozen=True)
+class ClusterKey:
+    """Names a cluster for client caching: ``local`` or a remote kubeconfig's identity."""
+
+    name: str
+
+
+LOCAL = ClusterKey("local")
+
+
+@dataclass(frozen=True)
+class RequestRecord:
+    """One request, as the pool's observer sees it (no path, body or message)."""
+
+    verb: str
+    """Kubernetes' verb: get, list, watch, create, apply, patch, update, delete, or discovery."""
+    dry_run: bool
+    identity: Identity
+    cluster: ClusterKey
+    code: int | None
+    """The HTTP status; ``None`` when no answer came."""
+    seconds: float
+
+
+RequestObserver = Callable[[RequestRecord], None]
+
+
+def request_verb(method: str, path: str, *, content_type: str | None = None, stream: bool = False) -> str:
+    """The Kubernetes verb of a request (as the audit log names it): ``GET`` of a collection is a
+    ``list``, of an object a ``get``; an apply patch is ``apply``; a GET of ``/api``, ``/apis``
+    or a group version is ``discovery``."""
+    method = method.upper()
+    if stream:
+        return "watch"
+    if method == "PATCH":
+        return "apply" if content_type == "application/apply-patch+yaml" else "patch"
+    if method != "GET":
+        return {"POST": "create", "PUT": "update", "DELETE": "delete"}.get(method, method.lower())
+    parts = [p for p in path.split("?", 1)[0].split("/") if p]
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:] if parts[:1] == ["apis"] else []
+    if not rest:
+        return "discovery"
+    if rest[0] == "namespaces" and len(rest) >= 3:
+        rest = rest[2:]
+    return "list" if len(rest) == 1 else "get"
+
+
 class KubeClient:
     """Requests to one cluster as one identity.  Thread-safe (urllib3 pools are)."""
 
-    def __init__(self, *, api_client: k8s.ApiClient, identity: Identity, timeout: float = 30.0):
+    def __init__(self, *, api_client: k8s.ApiClient, identity: Identity, timeout: float = 30.0,
+                 cluster: ClusterKey = LOCAL, observer: RequestObserver | None = None):
         self._api = api_client
         self.identity = identity
         self._timeout = timeout
+        self._cluster_key = cluster
+        self.observer = observer
         self._headers: dict[str, str] = {}
         if identity.user:
             self._headers["Impersonate-User"] = identity.user
@@ -133,13 +188,17 @@ class KubeClient:
         headers = {"Content-Type": content_type} if body is not None else {}
         url, headers = self._prepare(method, path, query, headers)
         payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        started = time.monotonic()
         try:
             response = self._api.rest_client.pool_manager.request(
                 method, url, body=payload, headers=headers,
                 timeout=urllib3.Timeout(total=timeout or self._timeout), preload_content=True,
             )
         except (urllib3.exceptions.HTTPError, OSError) as error:
+            self._observe(method, path, query, content_type if body is not None else None, None, started)
             raise UnreachableError(server=self.server, why=_why(error)) from None
+        self._observe(method, path, query, content_type if body is not None else None, response.status,
+                      started)
         data = response.data
         if response.status >= 300:
             raise _api_error(response.status, data)
@@ -153,10 +212,16 @@ class KubeClient:
     ) -> Iterator[KubeObject]:
         """Yield each JSON line of a streaming GET (a watch)."""
         url, headers = self._prepare("GET", path, query, {})
-        response = self._api.rest_client.pool_manager.request(
-            "GET", url, headers=headers, preload_content=False,
-            timeout=urllib3.Timeout(connect=10.0, read=timeout),
-        )
+        started = time.monotonic()
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                "GET", url, headers=headers, preload_content=False,
+                timeout=urllib3.Timeout(connect=10.0, read=timeout),
+            )
+        except (urllib3.exceptions.HTTPError, OSError):
+            self._observe("GET", path, query, None, None, started, stream=True)
+            raise
+        self._observe("GET", path, query, None, response.status, started, stream=True)
         try:
             if response.status >= 300:
                 raise _api_error(response.status, response.read())
@@ -169,6 +234,15 @@ class KubeClient:
                         yield json.loads(line)
         finally:
             response.release_conn()
+
+    def _observe(self, method: str, path: str, query: Mapping[str, QueryValue] | None,
+                 content_type: str | None, code: int | None, started: float, *, stream: bool = False) -> None:
+        observer = self.observer
+        if observer is None:
+            return
+        observer(RequestRecord(verb=request_verb(method, path, content_type=content_type, stream=stream),
+                               dry_run=bool(query and query.get("dryRun")), identity=self.identity,
+                               cluster=self._cluster_key, code=code, seconds=time.monotonic() - started))
 
     @property
     def server(self) -> str:
@@ -213,16 +287,6 @@ def _api_error(status: int, data: bytes) -> ApiError:
                     message=str(body.get("message") or "no message"), body=body)
 
 
-@dataclass(frozen=True)
-class ClusterKey:
-    """Names a cluster for client caching: ``local`` or a remote kubeconfig's identity."""
-
-    name: str
-
-
-LOCAL = ClusterKey("local")
-
-
 class ClientPool:
     """One cached :class:`KubeClient` per (cluster, identity); never rebuilt per reconcile."""
 
@@ -231,6 +295,14 @@ class ClientPool:
         self._timeout = timeout
         self._clients: dict[tuple[ClusterKey, Identity], KubeClient] = {}
         self._lock = threading.Lock()
+        self._observer: RequestObserver | None = None
+
+    def observe(self, observer: RequestObserver | None) -> None:
+        """Report every request of every client (made now or later) to ``observer``."""
+        with self._lock:
+            self._observer = observer
+            for client in self._clients.values():
+                client.observer = observer
 
     @classmethod
     def from_kubeconfig(cls, path: str | None, *, context: str | None = None) -> ClientPool:
@@ -261,7 +333,8 @@ class ClientPool:
             found = self._clients.get(key)
             if found is None:
                 api = k8s.ApiClient(configuration=self._configurations[cluster])
-                found = KubeClient(api_client=api, identity=identity, timeout=self._timeout)
+                found = KubeClient(api_client=api, identity=identity, timeout=self._timeout, cluster=cluster,
+                                   observer=self._observer)
                 self._clients[key] = found
             return found
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import re
 import socket
 import subprocess
 import sys
@@ -166,8 +167,8 @@ def test_probes_a_clean_stop_exits_0_and_releases_the_lease(
              what="the Lease held")
     status, text = http_get(f"http://127.0.0.1:{metrics}/metrics")
     assert status == 200
-    assert "stageset_leader 1" in text
-    assert "stageset_caches_synced 1" in text
+    assert re.search(r"^stageset_leader 1(\.0)?$", text, re.MULTILINE)
+    assert re.search(r"^stageset_caches_synced 1(\.0)?$", text, re.MULTILINE)
     assert http_get(f"http://127.0.0.1:{probes}/nope")[0] == 404
 
     started = time.monotonic()

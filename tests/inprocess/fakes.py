@@ -38,6 +38,7 @@ KINDS = [
     ("v1", "Secret", "secrets", True),
     ("v1", "Namespace", "namespaces", False),
     ("v1", "Event", "events", True),
+    ("events.k8s.io/v1", "Event", "events", True),
     ("v1", "ServiceAccount", "serviceaccounts", True),
     ("apps/v1", "Deployment", "deployments", True),
     ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
@@ -185,7 +186,7 @@ class FakeCluster:
             return (
                 self.controller_prefixes is None
                 or path.startswith(self.controller_prefixes)
-                or (parsed.plural == "events" and verb == "create")
+                or (parsed.plural == "events" and verb in ("create", "patch"))
             )
         for who, scope, verbs in self.grants:
             if who != user or verb not in verbs:
@@ -455,6 +456,7 @@ class FakeClientPool(ClientPool):
         self._clients: dict[tuple[ClusterKey, Identity], KubeClient] = {}
         self._lock = threading.Lock()
         self.registered: list[ClusterKey] = []
+        self._observer = None
 
     def register(self, cluster: ClusterKey, configuration: Any) -> None:
         # A remote named by its server URL's host (tests create FakeClusters named after them).

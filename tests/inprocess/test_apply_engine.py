@@ -78,3 +78,30 @@ def test_one_action_per_object_across_passes() -> None:
         ("get", False),
         ("apply", False),
     ]
+
+
+def test_waiting_tells_progress_naming_the_first_object_not_ready_and_how_many_more() -> None:
+    import threading
+
+    from stageset.apply.readiness import Readiness, Status
+    from stageset.apply.settings import ApplySettings
+
+    cluster = FakeCluster()
+    cluster.grant_namespace(TENANT, NS)
+    pool = FakeClientPool(cluster)
+    applier = StageApplier(mapper=RestMapper(pool.client()), settings=ApplySettings(poll_interval=0.01))
+    client = pool.client(Identity.service_account(namespace=NS, name=SA))
+
+    def deploy(name: str) -> dict[str, object]:
+        return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+                "spec": {"replicas": 3}}
+
+    result = applier.apply(client=client, owner=OWNER, objects=[deploy("a"), deploy("b")],
+                           default_namespace=NS)
+    heard: list[Readiness] = []
+    final = applier.wait_ready(client=client, applied=result.objects, timeout=0.1, stop=threading.Event(),
+                               progress=heard.append)
+    assert heard, "progress is told while waiting"
+    assert {r.message for r in heard} == {f"Deployment {NS}/a: 0/3 replicas updated (and 1 more not ready)"}
+    assert final.status is Status.IN_PROGRESS
+    assert final.message == heard[0].message

@@ -34,9 +34,14 @@ def test_a_cold_apply_dry_runs_then_writes_as_the_tenant(world: World) -> None:
         ("apply", f"{CM}/a", False),
         ("apply", f"{CM}/b", False),
     ]
-    # Everything else is the controller's: discovery, finalizer, status.
+    # Everything else is the controller's: discovery, finalizer, status, the success event.
     controller_writes = world.cluster.by(CONTROLLER, writes_only=True)
-    assert {r.path for r in controller_writes} <= {stageset_path("shop"), stageset_path("shop") + "/status"}
+    events = f"/apis/events.k8s.io/v1/namespaces/{NS}/events"
+    assert {r.path for r in controller_writes} <= {stageset_path("shop"), stageset_path("shop") + "/status",
+                                                   events}
+    [event] = [o for p, o in world.cluster.objects.items() if p.startswith(events)]
+    assert (event["type"], event["reason"]) == ("Normal", "ReconciliationSucceeded")
+    assert event["note"] == f"ConfigMap/{NS}/a created, ConfigMap/{NS}/b created"
     status = world.get("shop")["status"]
     assert [e["id"] for e in status["inventory"][0]["entries"]] == [
         f"{NS}_a__ConfigMap",
@@ -173,7 +178,7 @@ def test_an_object_that_cannot_be_pruned_stays_tracked(world: World) -> None:
     assert world.ready("shop")["status"] == "True"
     tracked = [e["id"] for i in world.get("shop")["status"]["inventory"] for e in i["entries"]]
     assert f"{NS}_old__ConfigMap" in tracked
-    events = [o for p, o in world.cluster.objects.items() if "/events/" in p]
+    events = [o for p, o in world.cluster.objects.items() if "/events/" in p and o["type"] == "Warning"]
     assert [e["reason"] for e in events] == ["PruneFailed"]
 
 
@@ -267,7 +272,7 @@ def test_a_teardown_that_cannot_finish_is_forced_by_the_clock(world: World) -> N
     world.clock.advance(world.settings.max_teardown_wait)
     assert world.reconcile("shop").requeue_after is None
     assert world.cluster.get(stageset_path("shop")) is None
-    events = [o for p, o in world.cluster.objects.items() if "/events/" in p]
+    events = [o for p, o in world.cluster.objects.items() if "/events/" in p and o["type"] == "Warning"]
     assert [e["reason"] for e in events] == ["TeardownForced"]
 
 
@@ -343,9 +348,9 @@ def test_a_drifted_object_is_restored_and_reported(world: World) -> None:
         world.cluster.objects[f"{CM}/edited"]["data"] = {"k": "by hand"}
     world.reconcile("shop")
     assert world.configmap("edited")["data"] == {"k": "git"}  # type: ignore[index]
-    events = [o for p, o in world.cluster.objects.items() if "/events/" in p]
+    events = [o for p, o in world.cluster.objects.items() if "/events/" in p and o["type"] == "Warning"]
     assert [(e["reason"], e["type"]) for e in events] == [("DriftCorrected", "Warning")]
-    assert "ConfigMap shop/edited" in events[0]["message"]
+    assert "ConfigMap shop/edited" in events[0]["note"]
 
 
 def test_a_stage_failure_reason_wins_by_priority_and_requeues_at_retry_interval(world: World) -> None:

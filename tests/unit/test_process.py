@@ -8,9 +8,10 @@ import logging
 import click
 import pytest
 
-from stageset.cli.process import JsonFormatter, lifecycle_settings
+from stageset.cli.process import lifecycle_settings
 from stageset.controller.health import parse_address
 from stageset.controller.leader import LeaderElectionConfig
+from stageset.controller.logs import JsonFormatter
 
 
 @pytest.mark.parametrize(("text", "expected"), [

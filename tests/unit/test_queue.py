@@ -114,3 +114,57 @@ def test_a_shard_under_its_cap_again_is_served() -> None:
     queue.done(("a", 1))
     waiter.join(timeout=5)
     assert got == [("a", 2)]
+
+
+class Counting:
+    """A :class:`QueueObserver` that remembers what it heard."""
+
+    def __init__(self) -> None:
+        self.adds = 0
+        self.retries = 0
+        self.waits: list[float] = []
+        self.works: list[float] = []
+
+    def added(self) -> None:
+        self.adds += 1
+
+    def retried(self) -> None:
+        self.retries += 1
+
+    def waited(self, seconds: float) -> None:
+        self.waits.append(seconds)
+
+    def worked(self, seconds: float) -> None:
+        self.works.append(seconds)
+
+
+def test_metrics_count_adds_as_client_go_does() -> None:
+    seen = Counting()
+    queue: WorkQueue[str] = WorkQueue(observer=seen)
+    queue.add("a")
+    queue.add("a")  # already waiting: not an add
+    queue.add("b")
+    assert seen.adds == 2
+    assert queue.get() == "a"
+    queue.add("a")  # while processing: counted once, queued again after done
+    queue.add("a")
+    assert seen.adds == 3
+    assert len(seen.waits) == 1
+    assert seen.waits[0] >= 0
+    time.sleep(0.02)
+    assert queue.longest_running_seconds() >= 0.02
+    assert queue.unfinished_seconds() >= 0.02
+    queue.done("a")
+    assert len(seen.works) == 1
+    assert seen.works[0] >= 0.02
+    assert queue.longest_running_seconds() == 0.0
+
+
+def test_metrics_count_retries_and_delayed_adds_when_they_arrive() -> None:
+    seen = Counting()
+    queue: WorkQueue[str] = WorkQueue(observer=seen, backoff=Backoff(base=0.01, cap=0.01))
+    queue.add_rate_limited("x")
+    assert (seen.retries, seen.adds) == (1, 0)  # not added until its delay passed
+    assert queue.get() == "x"
+    assert seen.adds == 1
+    assert seen.waits[0] < 1.0  # waiting is measured from the arrival, not from the request

@@ -110,3 +110,13 @@ def test_replicaset(status: dict[str, Any], expected: Status) -> None:
     obj = {"apiVersion": "apps/v1", "kind": "ReplicaSet", "metadata": {"name": "r", "generation": 1},
            "spec": {"replicas": 2}, "status": status}
     assert readiness(obj).status is expected
+
+
+@pytest.mark.parametrize(("status", "message"), [
+    ({"observedGeneration": 1}, "0/3 replicas updated"),
+    ({**FULL, "updatedReplicas": 3, "readyReplicas": 1}, "1/3 replicas ready"),
+    ({**FULL, "updatedReplicas": 3, "readyReplicas": 3, "availableReplicas": 2}, "2/3 replicas available"),
+])
+def test_a_waiting_deployment_says_how_far_it_got(status: dict[str, Any], message: str) -> None:
+    # What a waiting stage's message shows (docs/concepts.md#readiness).
+    assert readiness(deployment(status, replicas=3)).message == message

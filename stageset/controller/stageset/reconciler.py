@@ -11,11 +11,18 @@ Identity, per request (the rules: :mod:`stageset.controller.identity`):
   apply, readiness reads, prune and teardown: the stage's identity (the tenant);
 - the StageSets in ``spec.dependsOn`` and the ``spec.kubeConfig`` Secret: the StageSet's identity;
 - discovery, status, finalizers and events: the controller's own identity.
+
+What a pass tells (each one call here): the stages' phases as they change, throttled while
+they only wait (:class:`Pass`); per stage, what its apply did (metrics); drift, prune and a
+``ReconciliationSucceeded`` event naming every change since the StageSet was last Ready.
 """
 
 from __future__ import annotations
 
+import logging
 import threading
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import networkx as nx
@@ -23,15 +30,27 @@ from pydantic import ValidationError
 
 from stageset.api import StageInventory, StageSet, StageSetStatus, duration_seconds
 from stageset.api.vocabulary import EventReason, EventType, Reason, StagePhase
+from stageset.apply.changeset import WRITES, Change
 from stageset.apply.engine import StageApplier, StageResult
 from stageset.apply.errors import StageError
-from stageset.apply.inventory import Stale, duplicates, merged, ordered, stage_inventory, stale, with_kept
+from stageset.apply.inventory import (
+    ObjectId,
+    Stale,
+    duplicates,
+    merged,
+    ordered,
+    stage_inventory,
+    stale,
+    with_kept,
+)
 from stageset.apply.prune import Owner, prune
+from stageset.controller import logs
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.dependencies import DependencyIndex, spell_cycle
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, change_summary
 from stageset.controller.finalizers import set_finalizer
 from stageset.controller.identity import IdentityPolicy
+from stageset.controller.metrics import Metrics
 from stageset.controller.ordering import OrderingError, stage_graph
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
@@ -49,6 +68,10 @@ from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
 Report = StatusReport[StageSetStatus]
+log = logging.getLogger(__name__)
+
+# A stage that only waits updates its message in status at most this often (its phase at once).
+PROGRESS_INTERVAL = 5.0
 
 
 @dataclass
@@ -61,17 +84,50 @@ class Pass:
     current: dict[str, StageInventory]
     fresh: dict[str, StageInventory] = field(default_factory=dict)
     quiet: bool = False
+    # Stages publish from their own threads (waiting); one status write at a time.
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    published: float = 0.0
 
-    def publish(self, report: Report, message: str) -> None:
-        """Show progress (and record the merged inventory so far) — never in a quiet pass."""
+    def announce(self, report: Report, message: str) -> None:
+        """A pass begins: Ready=Unknown with ``message`` (never in a quiet pass)."""
         if self.quiet:
             return
-        self.record(report)
-        report.conclude(ready=None, reason=Reason.PROGRESSING, message=message)
+        with self.lock:
+            self.record(report)
+            report.conclude(ready=None, reason=Reason.PROGRESSING, message=message)
+            self.published = time.monotonic()
+
+    def publish(self, report: Report) -> None:
+        """Show the stages as they stand now (and the merged inventory so far) — never in a quiet
+        pass.  Conditions are left to :meth:`announce` and the conclusion, so a re-check pass
+        whose stages did not change writes nothing."""
+        if self.quiet:
+            return
+        with self.lock:
+            self.record(report)
+            if report.write():
+                self.published = time.monotonic()
+
+    def waiting(self, report: Report, outcome: plan.StageOutcome) -> None:
+        """A stage waits for readiness: its phase shows at once, a new message at most every
+        :data:`PROGRESS_INTERVAL` seconds."""
+        with self.lock:
+            before = self.outcomes[outcome.name]
+            self.outcomes[outcome.name] = outcome
+            if before.phase is outcome.phase and (before.message == outcome.message or
+                                                  time.monotonic() - self.published < PROGRESS_INTERVAL):
+                return
+        self.publish(report)
 
     def record(self, report: Report) -> None:
         report.status.stages = [self.outcomes[s.name].status() for s in self.stageset.spec.stages]
         report.status.inventory = ordered(self.current)
+
+
+def log_denial(error: StageError) -> None:
+    """Every RBACDenied is logged (the message names the identity and what it may not do)."""
+    if error.reason is Reason.RBAC_DENIED:
+        log.warning("denied: %s", error.message)
 
 
 def unreachable(target: Target, error: UnreachableError | ApiError) -> str:
@@ -86,13 +142,18 @@ def unreachable(target: Target, error: UnreachableError | ApiError) -> str:
 class StageSetReconciler:
     def __init__(self, *, clients: ClientPool, store: SourceTrees, applier: StageApplier, resource: Resource,
                  source_resource: Resource, settings: ControllerSettings, events: EventRecorder,
-                 index: DependencyIndex, stop: threading.Event, clock: Clock = system_clock):
+                 index: DependencyIndex, stop: threading.Event, clock: Clock = system_clock,
+                 metrics: Metrics | None = None):
         self._clients = clients
         self._resource = resource
         self._settings = settings
         self._events = events
         self._index = index
         self._clock = clock
+        self._metrics = metrics or Metrics()
+        # Per StageSet: what its passes changed since it was last Ready (for the success event).
+        self._changes: dict[tuple[str, str], dict[ObjectId, Change]] = {}
+        self._changes_lock = threading.Lock()
         self._identities = IdentityPolicy(cluster_admin=settings.cluster_admin)
         self._reads = TenantReads(stagesets=resource, sources=source_resource,
                                   no_cross_namespace_refs=settings.no_cross_namespace_refs)
@@ -105,11 +166,28 @@ class StageSetReconciler:
                                   events=events, resource=resource, clock=clock,
                                   max_wait=settings.max_teardown_wait)
 
+    def forget(self, namespace: str, name: str) -> None:
+        """The StageSet is gone: drop what this reconciler remembers of it."""
+        with self._changes_lock:
+            self._changes.pop((namespace, name), None)
+
+    def _remember(self, stageset: tuple[str, str], changes: Iterable[Change]) -> None:
+        with self._changes_lock:
+            known = self._changes.setdefault(stageset, {})
+            for change in changes:
+                if change.action in WRITES:
+                    known.setdefault(change.id, change)  # "created" stays created when changed again
+
+    def _take_changes(self, stageset: tuple[str, str]) -> list[Change]:
+        with self._changes_lock:
+            return list(self._changes.pop(stageset, {}).values())
+
     def reconcile(self, raw: KubeObject) -> Result:
         """Reconcile one StageSet (``raw``, from the watch cache)."""
         key = ("StageSet", str(raw["metadata"]["namespace"]), str(raw["metadata"]["name"]))
-        # This StageSet's own Secret values (from earlier passes too); never another's.
-        redactor = Redactor(REGISTRY.of(key))
+        # This StageSet's own Secret values (from earlier passes too); never another's.  New ones
+        # reach the log filter as soon as they are read.
+        redactor = Redactor(REGISTRY.of(key), on_add=lambda values: REGISTRY.set(key, values))
         try:
             return self._reconcile(raw, redactor)
         finally:
@@ -135,6 +213,7 @@ class StageSetReconciler:
         try:
             graph, target = self._prepare(raw, stageset)
         except StageError as error:
+            log_denial(error)
             failure = plan.before_stages(error.reason, retry=retry)
             report.conclude(ready=False, reason=error.reason, message=error.message, stalled=failure.stalled)
             return Result(requeue_after=failure.requeue_after)
@@ -206,10 +285,14 @@ class StageSetReconciler:
             return Result()
         revisions = {n: r.revision for n, r in rendered.items()}
         state.quiet = plan.quiet(previous, revisions, stages=len(stageset.spec.stages))
+        rechecks = plan.rechecks(previous, revisions)
+        for name in rechecks:
+            # Applied already and still waiting: it stays Waiting (re-checked, not applied again).
+            outcome = state.outcomes[name]
+            outcome.phase, outcome.message = StagePhase.WAITING, previous.stages[name].message or ""
         if plan.announce(previous, is_quiet=state.quiet):
-            state.publish(report, "applying stages")
-        self._apply_all(report, state, graph, rendered, rechecks=plan.rechecks(previous, revisions),
-                        redactor=redactor)
+            state.announce(report, "applying stages")
+        self._apply_all(report, state, graph, rendered, rechecks=rechecks, redactor=redactor)
         verdict = plan.verdict(list(state.outcomes.values()),
                                interval=duration_seconds(stageset.spec.interval), retry=retry,
                                readiness_requeue=self._settings.readiness_requeue)
@@ -219,41 +302,56 @@ class StageSetReconciler:
         rendered: dict[str, Rendered] = {}
         namespace = str(state.stageset.metadata["namespace"])
         for stage in state.stageset.spec.stages:
-            try:
-                identity = self._identities.for_stage(state.stageset, stage)
-                rendered[stage.name] = self._renderer.render(
-                    stage=stage, identity=identity, namespace=namespace, target=target, redactor=redactor)
-            except StageError as error:
-                state.outcomes[stage.name] = state.outcomes[stage.name].failed(error.reason, error.message)
+            kind = "tenant" if self._identities.stage_account(state.stageset, stage) else "controller"
+            with logs.bind(stage=stage.name, identity=kind):
+                try:
+                    identity = self._identities.for_stage(state.stageset, stage)
+                    rendered[stage.name] = self._renderer.render(
+                        stage=stage, identity=identity, namespace=namespace, target=target, redactor=redactor)
+                except StageError as error:
+                    log_denial(error)
+                    outcome = state.outcomes[stage.name]
+                    state.outcomes[stage.name] = outcome.failed(error.reason, error.message)
         return rendered
 
     def _apply_all(self, report: Report, state: Pass, graph: nx.DiGraph, rendered: dict[str, Rendered], *,
                    rechecks: set[str], redactor: Redactor) -> None:
         stageset = state.stageset
         stages = {s.name: s for s in stageset.spec.stages}
+        ref = (str(stageset.metadata["namespace"]), str(stageset.metadata["name"]))
 
         def started(name: str) -> None:
-            state.outcomes[name].phase = StagePhase.APPLYING
+            if name not in rechecks:
+                with state.lock:
+                    outcome = state.outcomes[name]
+                    outcome.phase, outcome.message = StagePhase.APPLYING, ""
 
         def work(name: str) -> tuple[plan.StageOutcome, StageResult | None]:
             return self._stages.run(StageRun(
                 stageset=stageset, rendered=rendered[name], before=state.outcomes[name],
-                previous=state.previous.inventories.get(name), recheck=name in rechecks))
+                previous=state.previous.inventories.get(name), recheck=name in rechecks,
+                waiting=lambda outcome: state.waiting(report, outcome)))
 
         def finished(name: str, done: tuple[plan.StageOutcome, StageResult | None]) -> bool:
             outcome, result = done
-            state.outcomes[name] = outcome
+            with state.lock:
+                state.outcomes[name] = outcome
+                if result is not None:
+                    account = self._identities.stage_account(stageset, stages[name])
+                    state.fresh[name] = stage_inventory(name, account, (o.entry() for o in result.objects))
+                    state.current[name] = merged(state.previous.inventories.get(name), state.fresh[name])
             if result is not None:
-                account = self._identities.stage_account(stageset, stages[name])
-                state.fresh[name] = stage_inventory(name, account, (o.entry() for o in result.objects))
-                state.current[name] = merged(state.previous.inventories.get(name), state.fresh[name])
+                self._metrics.applied(ref, name, result.changes)
+                self._remember(ref, result.changes)
                 self._report_drift(report.obj, name, result, redactor)
             return outcome.phase is StagePhase.READY
 
         scheduler: StageScheduler[tuple[plan.StageOutcome, StageResult | None]] = StageScheduler(
             graph=graph, parallelism=self._settings.stage_parallelism, name=str(stageset.metadata["name"]))
+
         def progress(done: int) -> None:
-            state.publish(report, f"stages ready: {done}/{len(state.outcomes)}")
+            del done
+            state.publish(report)
 
         scheduler.run(skip=[n for n in state.outcomes if n not in rendered], work=work, started=started,
                       finished=finished, progress=progress)
@@ -262,13 +360,30 @@ class StageSetReconciler:
                   redactor: Redactor) -> Result:
         state.record(report)
         if verdict.prune:
-            kept = self._prune(report, state, target, redactor)
+            kept, pruned = self._prune(report, state, target, redactor)
             report.status.inventory = ordered(with_kept(state.fresh, kept))
             report.status.last_applied_revision = verdict.revision
+            self._succeeded(report, state, pruned=pruned, revision=verdict.revision or "", redactor=redactor)
         report.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message)
         return Result(requeue_after=verdict.requeue_after)
 
-    def _prune(self, report: Report, state: Pass, target: Target, redactor: Redactor) -> list[Stale]:
+    def _succeeded(self, report: Report, state: Pass, *, pruned: int, revision: str,
+                   redactor: Redactor) -> None:
+        """Ready: a Normal event naming what changed since the StageSet was last Ready (none when a
+        Ready StageSet's pass changed nothing)."""
+        ref = (str(report.obj["metadata"]["namespace"]), str(report.obj["metadata"]["name"]))
+        summary = change_summary(self._take_changes(ref), pruned=pruned)
+        if not summary and state.previous.ready:
+            return
+        message = summary or f"no changes; {len(state.outcomes)} stage(s) ready at {revision}"
+        self._events.emit(report.obj, type_=EventType.NORMAL, reason=EventReason.RECONCILIATION_SUCCEEDED,
+                          message=message, redact=redactor,
+                          annotations={"stages.metio.wtf/revision": revision})
+
+    def _prune(self, report: Report, state: Pass, target: Target, redactor: Redactor
+               ) -> tuple[list[Stale], int]:
+        """Delete what no stage renders any more; returns what could not be deleted, and how many
+        objects were."""
         namespace, name = str(report.obj["metadata"]["namespace"]), str(report.obj["metadata"]["name"])
 
         def client_for(account: str | None) -> KubeClient | None:
@@ -278,13 +393,17 @@ class StageSetReconciler:
         disabled = [s.name for s in state.stageset.spec.stages if not s.prune]
         result = prune(stale=stale(old=state.previous.inventories, new=state.fresh, prune_disabled=disabled),
                        client_for=client_for, applier=target.applier, owner=Owner(namespace, name))
+        deleted = [c for c in result.changes if c.action in WRITES]
+        for change in deleted:
+            log.info("pruned %s: no longer in Git", change.id.describe())
+        self._metrics.pruned((namespace, name), deleted=len(deleted), failed=len(result.kept))
         if result.kept:
             names = ", ".join(sorted(i.id.describe() for i in result.kept)[:10])
+            log.warning("could not prune %d object(s) no longer in Git: %s", len(result.kept), names)
             self._events.emit(report.obj, type_=EventType.WARNING, reason=EventReason.PRUNE_FAILED,
                               message=f"could not delete {len(result.kept)} object(s) no longer in Git: "
-                              f"{names}",
-                              redact=redactor)
-        return result.kept
+                              f"{names}", action="Prune", redact=redactor)
+        return result.kept, len(deleted)
 
     def _report_drift(self, obj: KubeObject, stage: str, result: StageResult, redactor: Redactor) -> None:
         drifted = result.changes.drifted
@@ -292,5 +411,6 @@ class StageSetReconciler:
             return
         names = ", ".join(sorted(c.id.describe() for c in drifted)[:10])
         more = f" and {len(drifted) - 10} more" if len(drifted) > 10 else ""
+        log.info("drift corrected in stage %s: restored %s%s", stage, names, more)
         self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.DRIFT_CORRECTED,
-                          message=f"stage {stage!r}: restored {names}{more}", redact=redactor)
+                          message=f"stage {stage!r}: restored {names}{more}", action="Apply", redact=redactor)

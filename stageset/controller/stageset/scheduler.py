@@ -3,11 +3,12 @@
 A stage starts once every stage it depends on finished Ready in this pass; a stage that
 is skipped (it could not be rendered) or does not end Ready blocks its dependents.  No
 I/O of its own: the work and the bookkeeping are the caller's callbacks, all called on
-the caller's thread except ``work``.
+the caller's thread except ``work``, which runs in the caller's context (log fields).
 """
 
 from __future__ import annotations
 
+import contextvars
 from collections.abc import Callable, Iterable
 from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from typing import Generic, TypeVar
@@ -42,7 +43,7 @@ class StageScheduler(Generic[T]):
                 for stage in ready_to_start(self._graph, done=done, started=begun):
                     begun.add(stage)
                     started(stage)
-                    futures[pool.submit(work, stage)] = stage
+                    futures[pool.submit(contextvars.copy_context().run, work, stage)] = stage
                 if not futures:
                     return done
                 completed, _ = wait(list(futures), return_when=FIRST_COMPLETED)

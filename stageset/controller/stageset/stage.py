@@ -3,13 +3,19 @@
 Identity: every request goes through the client for the stage's identity on the stage's
 target cluster (the tenant's ServiceAccount, impersonated; the controller itself only in
 single-tenant mode).  ``readyChecks.objects`` are read as the same identity.
+
+While the stage waits for readiness its outcome is ``Waiting`` with what it waits for, told to
+``StageRun.waiting`` as the wait goes (the reconciler publishes it).  Logged at info: every
+apply that wrote (what it wrote); at warning every denial and failure.  The stage, its revision
+and the identity kind are bound to every line logged meanwhile.
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 
 from stageset.api import InventoryEntry, Stage, StageInventory, StageSet, duration_seconds, format_time
 from stageset.api.vocabulary import Reason, StagePhase
@@ -17,7 +23,10 @@ from stageset.apply.engine import AppliedObject, StageApplier, StageResult
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import ObjectId, by_id
 from stageset.apply.ownership import StageOwner
+from stageset.apply.readiness import Readiness
+from stageset.controller import logs
 from stageset.controller.clock import Clock
+from stageset.controller.events import change_summary
 from stageset.controller.stageset.plan import StageOutcome, judge_readiness, readiness_window
 from stageset.controller.stageset.rendering import Rendered
 from stageset.kube.client import ApiError, ClientPool
@@ -36,6 +45,8 @@ class StageRun:
     previous: StageInventory | None
     recheck: bool
     """Applied at this revision already and waiting: only re-check readiness."""
+    waiting: Callable[[StageOutcome], None] | None = None
+    """Hears the stage's ``Waiting`` outcome (what it waits for) while it waits."""
 
 
 class StageApply:
@@ -46,6 +57,11 @@ class StageApply:
         self._stop = stop
 
     def run(self, run: StageRun) -> tuple[StageOutcome, StageResult | None]:
+        identity = "controller" if run.rendered.identity.user is None else "tenant"
+        with logs.bind(stage=run.rendered.stage.name, revision=run.rendered.revision, identity=identity):
+            return self._run(run)
+
+    def _run(self, run: StageRun) -> tuple[StageOutcome, StageResult | None]:
         stage, rendered = run.rendered.stage, run.rendered
         namespace = str(run.stageset.metadata["namespace"])
         client = self._clients.client(rendered.identity, rendered.target.cluster)
@@ -59,12 +75,18 @@ class StageApply:
                                        default_namespace=namespace, force=stage.force,
                                        previous=_entries(run.previous))
         except StageError as error:
+            # One line per denial or failure, with the stage's fields; the message may echo
+            # substituted values: the log filter redacts them (as status does).
+            log.warning("%s: %s", "denied" if error.reason is Reason.RBAC_DENIED else "failed", error.message)
             return StageOutcome(stage.name, StagePhase.FAILED, error.reason, error.message), None
         except ApiError as error:
             message = f"stage {stage.name!r}: apiserver error {error.status}: {error.message}"
+            log.warning("failed: %s", message)
             return StageOutcome(stage.name, StagePhase.FAILED, Reason.STAGE_FAILED, message), None
-        log.debug("stage %s/%s %s: %s", namespace, stage.name, "re-checked" if run.recheck else "applied",
-                  result.changes.summary())
+        if result.writes:
+            log.info("applied: %s (%s)", change_summary(result.changes), result.changes.summary())
+        else:
+            log.debug("%s: %s", "re-checked" if run.recheck else "applied", result.changes.summary())
         # The time the stage last changed the cluster: a pass that wrote nothing keeps it.
         now = self._clock()
         applied_at = format_time(now) if result.writes or run.before.applied_at is None \
@@ -74,10 +96,18 @@ class StageApply:
         timeout = duration_seconds(stage.timeout or run.stageset.spec.timeout)
         window = readiness_window(now=now, waiting_since=run.before.waiting_since, wrote=bool(result.writes),
                                   timeout=timeout, slice_seconds=self._slice)
+        waiting = replace(applied, phase=StagePhase.WAITING, reason=Reason.PROGRESSING,
+                          waiting_since=format_time(window.started))
+
+        def progress(readiness: Readiness) -> None:
+            if run.waiting is not None:
+                run.waiting(replace(waiting, message=readiness.message))
+
         try:
             extra = references(stage, namespace, applier)
             readiness = applier.wait_ready(client=client, applied=[*result.objects, *extra],
-                                           timeout=window.wait, stop=self._stop) if _waits(stage) else None
+                                           timeout=window.wait, stop=self._stop,
+                                           progress=progress) if _waits(stage) else None
         except StageError as error:
             return StageOutcome(stage.name, StagePhase.FAILED, error.reason, error.message), result
         return judge_readiness(applied, window=window, now=self._clock(), readiness=readiness), result

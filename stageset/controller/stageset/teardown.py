@@ -17,7 +17,7 @@ import logging
 from stageset.api import StageSet, StageSetStatus
 from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.errors import StageError
-from stageset.apply.inventory import ordered, stage_inventory
+from stageset.apply.inventory import entry_id, ordered, stage_inventory
 from stageset.apply.prune import Owner, teardown_stage
 from stageset.controller.clock import Clock
 from stageset.controller.events import EventRecorder
@@ -66,7 +66,9 @@ class Teardown:
         owner = Owner(namespace, name)
         expired = teardown_expired(now=self._clock(), deleted_at=meta.get("deletionTimestamp"),
                                    max_wait=self._max_wait)
-        for stage in teardown_order(stage_nodes(stageset) if stageset else None, inventories):
+        order = teardown_order(stage_nodes(stageset) if stageset else None, inventories)
+        log.debug("tearing down stages in order: %s", ", ".join(order) or "none left")
+        for stage in order:
             inv = inventories[stage]
             identity = self._identities.for_inventory_of(inv, namespace)
             client = None if identity is None or target is None else \
@@ -78,15 +80,21 @@ class Teardown:
                 log.warning("teardown of StageSet %s/%s: the cluster at %s cannot be used: %s",
                             namespace, name, error.server, error.why)
                 remaining = list(inv.entries)
+            kept = {entry.id for entry in remaining}
+            for entry in inv.entries:
+                if entry.id not in kept:
+                    log.info("teardown of stage %s: %s deleted", stage, entry_id(entry).describe())
             if remaining:
                 inventories[stage] = stage_inventory(inv.name, inv.service_account_name, remaining)
                 status.inventory = ordered(inventories)
                 report.write()
                 if not expired:
                     return Result(requeue_after=AGAIN)
+                message = (f"stage {stage!r} still has {len(remaining)} object(s) after "
+                           f"{self._max_wait:.0f}s; releasing the StageSet anyway")
+                log.warning("teardown forced: %s", message)
                 self._events.emit(report.obj, type_=EventType.WARNING, reason=EventReason.TEARDOWN_FORCED,
-                                  message=f"stage {stage!r} still has {len(remaining)} object(s) after "
-                                  f"{self._max_wait:.0f}s; releasing the StageSet anyway")
+                                  message=message, action="Teardown")
                 break
             del inventories[stage]
             status.inventory = ordered(inventories)
@@ -95,4 +103,5 @@ class Teardown:
             set_finalizer(self._clients.client(), resource=self._resource, obj=report.obj, present=False)
         except StageError:
             return Result(requeue_after=AGAIN)  # changed under us: read it again and retry
+        log.info("teardown finished: finalizer removed")
         return Result()

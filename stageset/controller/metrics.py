@@ -1,0 +1,352 @@
+"""Prometheus metrics: controller-runtime's names for the shared parts, ``stageset_*`` for ours.
+
+Identity: none.  The metrics count what this process did and saw; serving ``/metrics``
+(:mod:`stageset.controller.health`, ``--metrics-address``) makes no request to any cluster.
+
+Metrics are a tenant-isolation surface (the platform team scrapes them; tenants may see
+dashboards).  Label values are only names the platform team can already list:
+kinds, namespaces, object and stage names, a Git URL as shown without credentials,
+HTTP verbs and status codes, and words of our own vocabulary (phases, condition
+statuses, change actions).  Never a Secret value, a message, a ServiceAccount name, or
+anything a server sent.  A request's identity is only its kind: ``controller`` or
+``tenant``.
+
+Series that name an object (``kind``/``namespace``/``name``) live as long as the object:
+:meth:`Metrics.observe` (every watch event) keeps them, :meth:`Metrics.forget` (its
+deletion) removes every one of them, and a reconcile that finishes after the deletion
+records nothing.  Git series (per URL) go when no GitRepository fetches the URL any more.
+
+Names and meanings are listed in ``docs/operations.md``; the dashboard and alert rules in
+``helm/stageset/files/`` use them, and a test checks those against a real scrape.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterable, Mapping
+from importlib import metadata
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
+
+from stageset.api.vocabulary import ConditionStatus, ConditionType, StagePhase
+from stageset.apply.changeset import Action, ChangeSet
+from stageset.kube.client import LOCAL, RequestRecord
+from stageset.kube.types import KubeObject
+
+__all__ = ["CONTENT_TYPE_LATEST", "Metrics"]
+
+# controller-runtime exposes no ``*_created`` series; neither do we.
+disable_created_metrics()  # type: ignore[no-untyped-call]
+
+ObjectKey = tuple[str, str, str]  # (kind, namespace, name)
+
+# controller-runtime's buckets for reconcile time, and client-go's for the work queue.
+RECONCILE_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.15, 0.2, 0.25, 0.3, 0.35, 0.4, 0.45, 0.5, 0.6, 0.7,
+                     0.8, 0.9, 1.0, 1.25, 1.5, 1.75, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5, 5, 6, 7, 8, 9, 10, 15, 20,
+                     25, 30, 40, 50, 60)
+QUEUE_BUCKETS = tuple(1e-8 * 10**i for i in range(12))
+# Per object (Flux's gotk_reconcile_duration_seconds): few buckets, there is one set per object.
+OBJECT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+FETCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+
+# Actions a stage's apply counts (deletions are prune's, skips are readyChecks references).
+APPLY_ACTIONS = (Action.CREATED, Action.CONFIGURED, Action.RECREATED, Action.UNCHANGED)
+
+
+def controller_name(kind: str) -> str:
+    """controller-runtime names a controller after its kind, lowercased."""
+    return kind.lower()
+
+
+def _version() -> str:
+    try:
+        return metadata.version("stageset")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+class QueueMetrics:
+    """client-go's workqueue metrics for one queue (``name``); what :class:`WorkQueue` reports to.
+
+    Depth, unfinished work and the longest running processor are read from the queue when
+    scraped (:meth:`Metrics.queue`); the rest is counted as it happens.
+    """
+
+    def __init__(self, metrics: Metrics, name: str):
+        self._adds = metrics.queue_adds.labels(name)
+        self._retries = metrics.queue_retries.labels(name)
+        self._waited = metrics.queue_duration.labels(name)
+        self._worked = metrics.work_duration.labels(name)
+
+    def added(self) -> None:
+        self._adds.inc()
+
+    def retried(self) -> None:
+        self._retries.inc()
+
+    def waited(self, seconds: float) -> None:
+        self._waited.observe(seconds)
+
+    def worked(self, seconds: float) -> None:
+        self._worked.observe(seconds)
+
+
+class Metrics:
+    """Every series this process exposes, in one registry (injected, so tests get their own)."""
+
+    def __init__(self, registry: CollectorRegistry | None = None):
+        self.registry = registry or CollectorRegistry()
+        r = self.registry
+        # -- controller-runtime -----------------------------------------------------------
+        self.reconcile_total = Counter(
+            "controller_runtime_reconcile_total", "Reconciles per controller and result "
+            "(success, error, requeue, requeue_after).", ["controller", "result"], registry=r)
+        self.reconcile_errors = Counter(
+            "controller_runtime_reconcile_errors_total", "Reconciles that failed (retried with backoff).",
+            ["controller"], registry=r)
+        self.terminal_errors = Counter(
+            "controller_runtime_terminal_reconcile_errors_total",
+            "Reconciles that failed and are not retried until the object changes.", ["controller"],
+            registry=r)
+        self.reconcile_time = Histogram(
+            "controller_runtime_reconcile_time_seconds", "How long reconciles took.", ["controller"],
+            buckets=RECONCILE_BUCKETS, registry=r)
+        self.active_workers = Gauge(
+            "controller_runtime_active_workers", "Workers reconciling right now.", ["controller"], registry=r)
+        self.max_concurrent = Gauge(
+            "controller_runtime_max_concurrent_reconciles", "Workers of the controller's pool.",
+            ["controller"], registry=r)
+        # -- client-go workqueue ------------------------------------------------------------
+        self.queue_depth = Gauge("workqueue_depth", "Keys waiting in the queue.", ["name"], registry=r)
+        self.queue_adds = Counter("workqueue_adds_total", "Keys added to the queue.", ["name"], registry=r)
+        self.queue_duration = Histogram(
+            "workqueue_queue_duration_seconds", "How long a key waited in the queue before a worker took it.",
+            ["name"], buckets=QUEUE_BUCKETS, registry=r)
+        self.work_duration = Histogram(
+            "workqueue_work_duration_seconds", "How long a worker took over a key.", ["name"],
+            buckets=QUEUE_BUCKETS, registry=r)
+        self.unfinished_work = Gauge(
+            "workqueue_unfinished_work_seconds", "Seconds of work in progress not yet done (sum over keys).",
+            ["name"], registry=r)
+        self.longest_running = Gauge(
+            "workqueue_longest_running_processor_seconds", "Seconds the longest running worker has held "
+            "its key.", ["name"], registry=r)
+        self.queue_retries = Counter(
+            "workqueue_retries_total", "Keys re-added with backoff after a failure.", ["name"], registry=r)
+        # -- the process --------------------------------------------------------------------
+        self.build_info = Gauge("stageset_build_info", "The running stageset version (always 1).",
+                                ["version"], registry=r)
+        self.build_info.labels(_version()).set(1)
+        self.caches_synced = Gauge("stageset_caches_synced", "1 once every watch has listed its objects.",
+                                   registry=r)
+        self.leader = Gauge("stageset_leader", "1 while this process may reconcile (holds the release's "
+                            "Lease, or runs without leader election).", registry=r)
+        self.leader.set(1)
+        # -- per object (Flux's gotk_* series) ---------------------------------------------
+        self.object_duration = Histogram(
+            "stageset_reconcile_duration_seconds", "How long each object's reconciles took.",
+            ["kind", "namespace", "name"], buckets=OBJECT_BUCKETS, registry=r)
+        self.condition = Gauge(
+            "stageset_reconcile_condition", "1 for the status each condition of an object has now, 0 for "
+            "the others.", ["kind", "namespace", "name", "type", "status"], registry=r)
+        self.suspended = Gauge("stageset_suspended", "1 while the object's spec.suspend is true.",
+                               ["kind", "namespace", "name"], registry=r)
+        self.stage_phase = Gauge(
+            "stageset_stage_phase", "1 for the phase each stage of a StageSet is in now, 0 for the others.",
+            ["namespace", "name", "stage", "phase"], registry=r)
+        self.stage_objects = Gauge("stageset_stage_objects", "Objects each stage applied last.",
+                                   ["namespace", "name", "stage"], registry=r)
+        self.objects_applied = Counter(
+            "stageset_objects_applied_total", "Objects a stage's apply handled, by what it did "
+            "(created, configured, recreated, unchanged).", ["namespace", "name", "stage", "action"],
+            registry=r)
+        self.objects_pruned = Counter(
+            "stageset_objects_pruned_total", "Objects no longer in Git, by what prune did (deleted, failed).",
+            ["namespace", "name", "result"], registry=r)
+        self.drift = Counter("stageset_drift_corrections_total", "Objects changed by someone else and "
+                             "restored.", ["namespace", "name", "stage"], registry=r)
+        # -- Git ------------------------------------------------------------------------------
+        self.git_fetches = Counter(
+            "stageset_git_fetches_total", "Git fetches per repository URL (shown without credentials) and "
+            "result (fetched: objects transferred, unchanged: the mirror had the commit, failed).",
+            ["url", "result"], registry=r)
+        self.git_duration = Histogram("stageset_git_fetch_duration_seconds", "How long Git fetches took.",
+                                      ["url"], buckets=FETCH_BUCKETS, registry=r)
+        self.mirror_bytes = Gauge("stageset_git_mirror_bytes", "Disk used by the Git mirrors.", registry=r)
+        # -- the apiserver ----------------------------------------------------------------------
+        self.requests = Counter(
+            "stageset_apiserver_requests_total", "Requests to apiservers by verb, identity kind (controller "
+            "or tenant), cluster (local or remote) and HTTP status code (<error>: no answer).",
+            ["verb", "identity", "cluster", "code"], registry=r)
+        self.request_duration = Histogram(
+            "stageset_apiserver_request_duration_seconds", "How long requests took until the answer began.",
+            ["verb", "identity"], buckets=REQUEST_BUCKETS, registry=r)
+
+        self._lock = threading.Lock()
+        self._alive: set[ObjectKey] = set()
+        self._stages: dict[ObjectKey, set[str]] = {}
+        self._urls: dict[str, set[ObjectKey]] = {}
+        self._url_of: dict[ObjectKey, str] = {}
+
+    # -- serving ---------------------------------------------------------------------------
+
+    def exposition(self) -> bytes:
+        """The text format, as ``/metrics`` serves it."""
+        return generate_latest(self.registry)
+
+    # -- controllers and queues ------------------------------------------------------------
+
+    def pool(self, kind: str, *, workers: int) -> None:
+        self.max_concurrent.labels(controller_name(kind)).set(workers)
+        self.active_workers.labels(controller_name(kind)).set(0)
+
+    def queue(self, kind: str, *, depth: Callable[[], int], unfinished: Callable[[], float],
+              longest: Callable[[], float]) -> QueueMetrics:
+        """The queue of ``kind``'s controller: gauges read from it at scrape time."""
+        name = controller_name(kind)
+        self.queue_depth.labels(name).set_function(depth)
+        self.unfinished_work.labels(name).set_function(unfinished)
+        self.longest_running.labels(name).set_function(longest)
+        return QueueMetrics(self, name)
+
+    def mirror(self, disk_usage: Callable[[], int]) -> None:
+        self.mirror_bytes.set_function(disk_usage)
+
+    def working(self, kind: str, delta: int) -> None:
+        self.active_workers.labels(controller_name(kind)).inc(delta)
+
+    def reconciled(self, key: ObjectKey, *, result: str, seconds: float) -> None:
+        """One reconcile: ``result`` is controller-runtime's (success, error, requeue, requeue_after)
+        or ``terminal`` (an error not retried)."""
+        controller = controller_name(key[0])
+        self.reconcile_time.labels(controller).observe(seconds)
+        if result == "terminal":
+            self.terminal_errors.labels(controller).inc()
+            self.reconcile_errors.labels(controller).inc()
+            result = "error"
+        elif result == "error":
+            self.reconcile_errors.labels(controller).inc()
+        self.reconcile_total.labels(controller, result).inc()
+        with self._lock:
+            if key in self._alive:
+                self.object_duration.labels(*key).observe(seconds)
+
+    # -- per object ------------------------------------------------------------------------
+
+    def observe(self, key: ObjectKey, obj: KubeObject) -> None:
+        """An object as the watch sees it: its conditions, suspension and (StageSets) stage phases."""
+        kind, namespace, name = key
+        status = obj.get("status") or {}
+        conditions = {str(c.get("type")): str(c.get("status")) for c in status.get("conditions") or []
+                      if isinstance(c, Mapping)}
+        with self._lock:
+            self._alive.add(key)
+            for type_ in (ConditionType.READY, ConditionType.STALLED, ConditionType.RECONCILING):
+                current = conditions.get(type_.value)
+                for value in ConditionStatus:
+                    # Before a first status every value is 0: the object is known, nothing judged yet.
+                    self.condition.labels(kind, namespace, name, type_.value, value.value).set(
+                        1 if current == value.value else 0)
+            suspended = bool((obj.get("spec") or {}).get("suspend"))
+            self.suspended.labels(kind, namespace, name).set(1 if suspended else 0)
+            if kind == "StageSet":
+                self._observe_stages(key, status.get("stages") or [])
+
+    def _observe_stages(self, key: ObjectKey, stages: Iterable[Any]) -> None:
+        _, namespace, name = key
+        seen: set[str] = set()
+        for stage in stages:
+            if not isinstance(stage, Mapping) or not stage.get("name"):
+                continue
+            stage_name = str(stage["name"])
+            seen.add(stage_name)
+            phase = str(stage.get("phase") or "")
+            for value in StagePhase:
+                self.stage_phase.labels(namespace, name, stage_name, value.value).set(
+                    1 if phase == value.value else 0)
+            if isinstance(stage.get("objects"), int):
+                self.stage_objects.labels(namespace, name, stage_name).set(stage["objects"])
+        # A stage removed from the spec (and so from status) takes its series with it.
+        for gone in self._stages.get(key, set()) - seen:
+            for metric in (self.stage_phase, self.stage_objects):
+                metric.remove_by_labels({"namespace": namespace, "name": name, "stage": gone})
+        self._stages[key] = seen
+
+    def forget(self, key: ObjectKey) -> None:
+        """The object is deleted: every series naming it goes (and its URL's, if no one else uses it)."""
+        kind, namespace, name = key
+        with self._lock:
+            self._alive.discard(key)
+            self._stages.pop(key, None)
+            by_kind: tuple[Histogram | Gauge, ...] = (self.object_duration, self.condition, self.suspended)
+            for metric in by_kind:
+                metric.remove_by_labels({"kind": kind, "namespace": namespace, "name": name})
+            if kind == "StageSet":
+                stageset: tuple[Gauge | Counter, ...] = (
+                    self.stage_phase, self.stage_objects, self.objects_applied, self.objects_pruned,
+                    self.drift)
+                for each in stageset:
+                    each.remove_by_labels({"namespace": namespace, "name": name})
+            self._release_url(key)
+
+    def applied(self, stageset: tuple[str, str], stage: str, changes: ChangeSet) -> None:
+        """What one stage's apply did to each object."""
+        key: ObjectKey = ("StageSet", *stageset)
+        counts = {action: changes.count(action) for action in APPLY_ACTIONS}
+        drifted = len(changes.drifted)
+        with self._lock:
+            if key not in self._alive:
+                return
+            for action, count in counts.items():
+                # Created at 0 too, so rate() sees the first increase.
+                self.objects_applied.labels(*stageset, stage, action.value.lower()).inc(count)
+            self.drift.labels(*stageset, stage).inc(drifted)
+
+    def pruned(self, stageset: tuple[str, str], *, deleted: int, failed: int) -> None:
+        key: ObjectKey = ("StageSet", *stageset)
+        with self._lock:
+            if key not in self._alive:
+                return
+            self.objects_pruned.labels(*stageset, "deleted").inc(deleted)
+            self.objects_pruned.labels(*stageset, "failed").inc(failed)
+
+    # -- Git ---------------------------------------------------------------------------------
+
+    def fetched(self, repository: ObjectKey, *, url: str, result: str, seconds: float) -> None:
+        """One fetch for GitRepository ``repository`` of ``url`` (its display form: no credentials)."""
+        with self._lock:
+            if repository not in self._alive:
+                return
+            if self._url_of.get(repository) != url:
+                self._release_url(repository)
+                self._url_of[repository] = url
+                self._urls.setdefault(url, set()).add(repository)
+            for value in ("fetched", "unchanged", "failed"):
+                self.git_fetches.labels(url, value).inc(1 if value == result else 0)
+            self.git_duration.labels(url).observe(seconds)
+
+    def _release_url(self, repository: ObjectKey) -> None:
+        url = self._url_of.pop(repository, None)
+        if url is None:
+            return
+        users = self._urls.get(url, set())
+        users.discard(repository)
+        if users:
+            return
+        self._urls.pop(url, None)
+        for value in ("fetched", "unchanged", "failed"):
+            self.git_fetches.remove(url, value)
+        self.git_duration.remove(url)
+
+    # -- the apiserver ---------------------------------------------------------------------
+
+    def request(self, record: RequestRecord) -> None:
+        """A :class:`~stageset.kube.client.ClientPool` observer: one request made."""
+        identity = "controller" if record.identity.user is None else "tenant"
+        cluster = "local" if record.cluster == LOCAL else "remote"
+        code = "<error>" if record.code is None else str(record.code)
+        self.requests.labels(record.verb, identity, cluster, code).inc()
+        self.request_duration.labels(record.verb, identity).observe(record.seconds)

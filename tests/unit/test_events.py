@@ -1,0 +1,146 @@
+"""Events: the change-set summary, Ready transitions, and series aggregation as client-go's."""
+
+from __future__ import annotations
+
+import datetime
+from typing import Any
+
+import pytest
+
+from stageset.api.vocabulary import EventReason, EventType, Reason
+from stageset.apply.changeset import Action, Change
+from stageset.apply.inventory import ObjectId
+from stageset.controller.events import EventRecorder, change_summary, ready_transition
+from stageset.kube.client import ApiError
+
+
+def change(kind: str, name: str, action: Action, namespace: str = "shop") -> Change:
+    return Change(ObjectId(namespace=namespace, name=name, group="", kind=kind), action)
+
+
+def test_the_summary_names_what_was_written_then_counts_prunes() -> None:
+    changes = [
+        change("Deployment", "web", Action.CREATED),
+        change("ConfigMap", "x", Action.CONFIGURED),
+        change("ConfigMap", "same", Action.UNCHANGED),
+        change("Namespace", "shop", Action.CREATED, ""),
+    ]
+    assert (
+        change_summary(changes, pruned=2)
+        == "ConfigMap/shop/x configured, Deployment/shop/web created, Namespace/shop created, 2 pruned"
+    )
+    assert change_summary([change("ConfigMap", "same", Action.UNCHANGED)]) == ""
+    many = [change("ConfigMap", f"c{i:02}", Action.CREATED) for i in range(12)]
+    assert change_summary(many).endswith("ConfigMap/shop/c09 created, and 2 more")
+
+
+@pytest.mark.parametrize(
+    ("before", "after", "told"),
+    [
+        (None, {"status": "False", "reason": "RBACDenied"}, True),
+        ({"status": "True", "reason": "Succeeded"}, {"status": "False", "reason": "StageFailed"}, True),
+        ({"status": "Unknown", "reason": "Progressing"}, {"status": "False", "reason": "StageFailed"}, True),
+        ({"status": "False", "reason": "StageFailed"}, {"status": "False", "reason": "StageFailed"}, False),
+        ({"status": "False", "reason": "StageFailed"}, {"status": "False", "reason": "RBACDenied"}, True),
+        ({"status": "False", "reason": "StageFailed"}, {"status": "True", "reason": "Succeeded"}, False),
+        ({"status": "True", "reason": "Succeeded"}, None, False),
+    ],
+)
+def test_a_warning_is_told_when_ready_turns_false(before: Any, after: Any, told: bool) -> None:
+    assert ready_transition(before, after) is told
+
+
+class Recording:
+    """A client that records requests and answers as an apiserver would."""
+
+    def __init__(self) -> None:
+        self.requests: list[tuple[str, str, Any]] = []
+        self.gone: set[str] = set()
+
+    def request(self, method: str, path: str, *, body: Any = None, **_: Any) -> dict[str, Any]:
+        self.requests.append((method, path, body))
+        if method == "PATCH" and path.rsplit("/", 1)[1] in self.gone:
+            raise ApiError(status=404, reason="NotFound", message="gone")
+        return {}
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
+
+    def __call__(self) -> datetime.datetime:
+        return self.now
+
+
+OBJ = {
+    "apiVersion": "stages.metio.wtf/v1",
+    "kind": "StageSet",
+    "metadata": {"name": "web", "namespace": "shop", "uid": "u-1"},
+}
+
+
+def test_repeats_patch_one_events_series_until_the_window_passes() -> None:
+    client, clock = Recording(), Clock()
+    recorder = EventRecorder(client, clock=clock, instance="test")  # type: ignore[arg-type]
+    for _ in range(3):
+        recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="boom")
+        clock.now += datetime.timedelta(minutes=1)
+    creates = [r for r in client.requests if r[0] == "POST"]
+    patches = [r for r in client.requests if r[0] == "PATCH"]
+    assert len(creates) == 1
+    assert [p[2]["series"]["count"] for p in patches] == [2, 3]
+    created = creates[0][2]
+    assert created["regarding"] == {
+        "apiVersion": "stages.metio.wtf/v1",
+        "kind": "StageSet",
+        "name": "web",
+        "namespace": "shop",
+        "uid": "u-1",
+    }
+    assert (created["type"], created["reason"], created["note"], created["action"]) == (
+        "Warning",
+        "StageFailed",
+        "boom",
+        "Reconcile",
+    )
+    assert created["eventTime"] == "2026-01-01T00:00:00.000000Z"
+    assert all(p[1].endswith("/" + created["metadata"]["name"]) for p in patches)
+    # A different note is another event; a quiet window starts a new one.
+    recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="other")
+    clock.now += datetime.timedelta(minutes=7)
+    recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="boom")
+    assert len([r for r in client.requests if r[0] == "POST"]) == 3
+
+
+def test_an_expired_event_is_created_again_and_notes_are_redacted_and_bounded() -> None:
+    client, clock = Recording(), Clock()
+    recorder = EventRecorder(client, clock=clock, instance="test")  # type: ignore[arg-type]
+    recorder.emit(
+        OBJ,
+        type_=EventType.NORMAL,
+        reason=EventReason.RECONCILIATION_SUCCEEDED,
+        message="value=s3cr3t " + "x" * 2000,
+        redact=lambda text: text.replace("s3cr3t", "***"),
+    )
+    first = client.requests[0][2]
+    assert first["note"].startswith("value=*** ")
+    assert len(first["note"]) == 1024
+    client.gone.add(first["metadata"]["name"])
+    recorder.emit(
+        OBJ,
+        type_=EventType.NORMAL,
+        reason=EventReason.RECONCILIATION_SUCCEEDED,
+        message="value=s3cr3t " + "x" * 2000,
+        redact=lambda text: text.replace("s3cr3t", "***"),
+    )
+    assert [r[0] for r in client.requests] == ["POST", "PATCH", "POST"]
+    assert "s3cr3t" not in str(client.requests)
+
+
+def test_forget_ends_an_objects_series() -> None:
+    client, clock = Recording(), Clock()
+    recorder = EventRecorder(client, clock=clock, instance="test")  # type: ignore[arg-type]
+    recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="boom")
+    recorder.forget("shop", "web")
+    recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="boom")
+    assert [r[0] for r in client.requests] == ["POST", "POST"]
