@@ -1,11 +1,17 @@
 # The two commands a new machine needs (both install everything they use):
 #   make run    the main job: the controller reconciling examples/ on a local control plane
 #   make test   the whole test suite, linters and contracts included (what CI runs)
-.PHONY: run test lint crds bench image helm docs
+.PHONY: run demo-change test lint crds docs bench image helm
 
 
 run:
 	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen stageset run $(ARGS)
+
+# While `make run` runs: toggle the example ConfigMap's currency (EUR <-> USD) in examples/; the
+# GitRepository's next poll (15s) fetches it as a new commit and the StageSet applies it.
+# Run it again to switch back.
+demo-change:
+	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m stageset.cli.demo change
 
 test:
 	@./hack/test.sh
@@ -25,9 +31,12 @@ image:
 helm:
 	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m stageset.envtest.helm
 
-# docs/install.md's value reference, from helm/stageset/values.schema.json.
+# The generated docs pages (API, CLI, runbook index, Helm values from values.schema.json) and the
+# site, built offline into site/ (mkdocs --strict: a broken link or anchor fails).  `make test`
+# checks both.
 docs:
-	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m stageset.envtest.chartdocs
+	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m stageset.envtest.docs && \
+		$$uv run --frozen mkdocs build --strict --site-dir site
 
 # Benchmarks (numbers go to docs/benchmarks.md and docs/sources.md)
 bench:

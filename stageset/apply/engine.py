@@ -82,6 +82,20 @@ class StageResult:
         return [o for o in self.objects if o.drifted]
 
 
+@dataclass
+class Preview:
+    """What applying a stage would do (:meth:`StageApplier.preview`)."""
+
+    objects: list[AppliedObject]
+    pending: list[KubeObject]
+    """Manifests that cannot be dry-run before an earlier phase of the stage is written (their
+    kind's CRD, or their Namespace, is in the same stage): they would be created then."""
+
+    @property
+    def changes(self) -> ChangeSet:
+        return ChangeSet([o.change() for o in self.objects])
+
+
 def _comparable(obj: KubeObject | None) -> Any:
     """The object minus what changes without meaning (managedFields timestamps)."""
     if obj is None:
@@ -162,12 +176,12 @@ class StageApplier:
                 future.result()
 
     def _preview(self, client: KubeClient, items: list[AppliedObject], *, force: bool,
-                 previous: Mapping[ObjectId, InventoryEntry], created: frozenset[str] = frozenset()
-                 ) -> list[AppliedObject]:
-        """Dry-run each object's apply (and read the live one if we applied it before);
-        raise on the first kind of failure.  Returns the objects that could not be dry-run
-        because their namespace is one of ``created`` (Namespaces of this very stage, not
-        written yet): they are previewed again in their phase, once it exists."""
+                 previous: Mapping[ObjectId, InventoryEntry], created: frozenset[str] = frozenset(),
+                 read_live: bool = False) -> list[AppliedObject]:
+        """Dry-run each object's apply (and read the live one if we applied it before, or
+        ``read_live``); raise on the first kind of failure.  Returns the objects that could not
+        be dry-run because their namespace is one of ``created`` (Namespaces of this very stage,
+        not written yet): they are previewed again in their phase, once it exists."""
         failures: list[StageError] = []
         deferred: list[AppliedObject] = []
         lock = threading.Lock()
@@ -176,7 +190,7 @@ class StageApplier:
             # Only an object we applied before can be unchanged: reading the others would
             # only tell us to write them anyway (saves a read per object on first apply).
             try:
-                item.live = client.get(item.path) if item.id in previous else None
+                item.live = client.get(item.path) if read_live or item.id in previous else None
             except ApiError as error:
                 if not error.not_found:
                     with lock:
@@ -304,6 +318,35 @@ class StageApplier:
             self._wait_established(client, items)
             result.objects.extend(items)
         return result
+
+    def preview(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
+                default_namespace: str, force: bool = False) -> Preview:
+        """What :meth:`apply` would change, writing nothing (``stageset diff``).
+
+        The same preview step as :meth:`apply` — labelled, bound, every object read and
+        server-side dry-run as ``client``'s identity — then each object's planned action:
+        ``UNCHANGED`` when the dry-run equals the live object, ``CREATED``, ``CONFIGURED``, or
+        ``RECREATED`` (an immutable change under ``force``).  Raises :class:`StageError` as
+        :meth:`apply` does (a denial fails the whole stage)."""
+        labelled = [label_object(obj, owner) for obj in objects]
+        bound = [(obj, self._bind(obj, default_namespace)) for obj in labelled]
+        created = frozenset(str(o["metadata"]["name"]) for o in labelled
+                            if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1")
+        deferred = {id(item) for item in self._preview(
+            client, [item for _, item in bound if item is not None], force=force, previous={},
+            created=created, read_live=True)}
+        items = [item for _, item in bound if item is not None and id(item) not in deferred]
+        pending = [obj for obj, item in bound if item is None or id(item) in deferred]
+        for item in items:
+            if item.action is Action.RECREATED:
+                continue
+            if item.live is None:
+                item.action = Action.CREATED
+            elif _comparable(item.dry_run) == _comparable(item.live):
+                item.action = Action.UNCHANGED
+            else:
+                item.action = Action.CONFIGURED
+        return Preview(objects=items, pending=pending)
 
     def wait_ready(self, *, client: KubeClient, applied: list[AppliedObject], timeout: float,
                    stop: threading.Event, progress: Callable[[Readiness], None] | None = None) -> Readiness:

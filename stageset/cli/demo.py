@@ -1,13 +1,27 @@
-"""``stageset run`` with no cluster: the whole product on one laptop, in the foreground.
+"""``stageset run``: the whole product on one laptop, in the foreground — and how to look around.
 
-Starts a local etcd + kube-apiserver (built on first use), serves ``examples/`` as
-a Git repository on loopback, installs the CRDs and a tenant (namespace ``shop``,
-ServiceAccount ``shop-deployer`` bound to ``edit``), applies the example StageSet
-and runs the controller, printing each stage as it changes.  Ctrl-C stops it all.
+With no ``--kubeconfig``: starts a local etcd + kube-apiserver (built on first use), serves
+``examples/`` as a Git repository on loopback — a *working copy*: an edit saved under it is
+committed by the demo's Git server at the next fetch, so the next poll applies it — installs the
+CRDs and a tenant (namespace ``shop``, ServiceAccount ``shop-deployer`` bound to ``edit``),
+applies the example StageSet and runs the controller, printing each stage as it changes and the
+commands to look around.  The admin kubeconfig is kept at a fixed path while it runs.
+
+With ``--kubeconfig``: installs the CRDs when the cluster lacks them (or says clearly that it
+may not), then runs the controller with the given flags.
+
+Identity: the local control plane's admin (``system:masters``) installs the CRDs and the tenant
+and applies the example; the controller runs as a ServiceAccount with exactly the Helm chart's
+ClusterRole, so every tenant write goes through impersonation as in a real multi-tenant install.
+Against ``--kubeconfig``, everything runs as that kubeconfig's user.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
+import re
+import shutil
 import signal
 import string
 import sys
@@ -19,19 +33,36 @@ from types import FrameType
 import click
 import yaml
 
+from stageset.api.crd import KINDS, custom_resource_definition
+from stageset.api.vocabulary import ConditionStatus, Reason
+from stageset.build.kustomize import cache_root
+from stageset.cli.process import LifecycleSettings, make_lifecycle
+from stageset.cli.session import CliError
 from stageset.controller.conditions import READY, find_condition
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS, Manager
+from stageset.controller.metrics import Metrics
 from stageset.controller.settings import ControllerSettings
+from stageset.controller.stageset.plan import WAITING_FOR_SOURCE
 from stageset.envtest import build, gitserve, install, server
-from stageset.kube.client import ClientPool, KubeClient
+from stageset.kube.client import ApiError, ClientPool, KubeClient
 from stageset.kube.types import KubeObject
 from stageset.kube.watch import Reflector
 
 TENANT, ACCOUNT = "shop", "shop-deployer"
+_CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+# Reasons that mean "not yet", not "broken", while a demo starts: its source is being fetched.
+_WAITING = {*WAITING_FOR_SOURCE, Reason.DEPENDENCY_NOT_READY}
 
 
 def _say(message: str) -> None:
     click.echo(f"[{time.strftime('%H:%M:%S')}] {message}")
+
+
+def run_dir() -> Path:
+    """Where ``make run`` keeps its kubeconfig while it runs (``~/.cache/stageset/run``;
+    ``$STAGESET_RUN_DIR`` moves it, e.g. for a second demo)."""
+    configured = os.environ.get("STAGESET_RUN_DIR")
+    return Path(configured) if configured else cache_root() / "run"
 
 
 def _apply_examples(admin: KubeClient, *, examples: Path, git_url: str) -> tuple[str, str]:
@@ -47,8 +78,46 @@ def _apply_examples(admin: KubeClient, *, examples: Path, git_url: str) -> tuple
     return stageset
 
 
+def _command() -> str:
+    """How to call this CLI from the user's shell (the venv's script when there is one)."""
+    script = Path(sys.executable).parent / "stageset"
+    if script.exists():
+        try:
+            return str(script.relative_to(Path.cwd()))
+        except ValueError:
+            return str(script)
+    return "stageset"
+
+
+def look_around(*, kubeconfig: Path, namespace: str, name: str, demo: bool) -> str:
+    """The commands a new user runs next, in another terminal."""
+    cli = _command()
+    lines = [
+        "Look around in another terminal:",
+        f"  export KUBECONFIG={kubeconfig}",
+        f"  {cli} get -n {namespace}                # StageSets: ready state, stages, revisions",
+        f"  {cli} tree {name} -n {namespace}           # stages -> objects, with their readiness",
+        f"  {cli} diff {name} -n {namespace}           # what applying would change now (exit 1 if anything)",
+        f"  {cli} events {name} -n {namespace}         # what the controller did",
+        f"  kubectl get stages,configmaps,services -n {namespace}   # with kubectl, if you have it",
+    ]
+    if demo:
+        lines += [
+            "See GitOps happen: edit a file under examples/app/ (or run `make demo-change`); the",
+            "demo's Git server commits it when the GitRepository next polls (every 15s), and the",
+            f"StageSet applies the new revision. Now instead: {cli} reconcile {name} -n {namespace} "
+            "--with-source",
+        ]
+    lines.append("Ctrl-C stops it all.")
+    return "\n".join(lines)
+
+
 class _Progress:
-    """Prints each change of the StageSet's status, fed by a watch (so no change is missed)."""
+    """Prints each change of the StageSet's status, fed by a watch (so no change is missed).
+
+    A source that has no artifact yet is shown as waiting: at start the StageSet is reconciled
+    before its GitRepository's first fetch, and that is not a failure.
+    """
 
     def __init__(self, *, stop: threading.Event, once: bool):
         self._stop = stop
@@ -58,49 +127,72 @@ class _Progress:
     def __call__(self, _event: str, obj: KubeObject) -> None:
         status = obj.get("status") or {}
         for stage in status.get("stages", []):
-            line = f"stage {stage['name']:<10} {stage['phase']:<12} {stage.get('message', '')}"
+            message = stage.get("message", "")
+            line = f"stage {stage['name']:<10} {stage['phase']:<12} {message}".rstrip()
             if self._shown.get(stage["name"]) != line:
                 self._shown[stage["name"]] = line
                 _say(line)
         ready = find_condition(status.get("conditions"), READY)
         if ready:
             meta = obj["metadata"]
-            line = (f"StageSet {meta['namespace']}/{meta['name']}: Ready={ready['status']} "
-                    f"({ready['reason']}) {ready.get('message', '')}")
+            what = f"StageSet {meta['namespace']}/{meta['name']}"
+            message = re.sub(r";? ?runbook: \S+$", "", ready.get("message", ""))
+            if ready["status"] == ConditionStatus.FALSE and ready.get("reason") in _WAITING:
+                line = f"{what}: waiting ({ready['reason']}): {message}"
+            else:
+                line = f"{what}: Ready={ready['status']} ({ready['reason']}) {message}".rstrip()
             if self._shown.get("") != line:
                 self._shown[""] = line
                 _say(line)
-            if self._once and ready["status"] == "True":
+            if self._once and ready["status"] == ConditionStatus.TRUE:
                 self._stop.set()
 
 
-def run_demo(*, examples: Path, once: bool, stop: threading.Event) -> int:
+def _keep_kubeconfig(source: Path) -> Path:
+    """A copy of the admin kubeconfig at a fixed path, for the user's other terminals."""
+    target = run_dir() / "kubeconfig"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    shutil.copyfile(source, target)
+    target.chmod(0o600)
+    return target
+
+
+def _on_signals(stop: threading.Event) -> None:
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGINT, interrupt)
+    signal.signal(signal.SIGTERM, interrupt)
+
+
+def run_demo(*, examples: Path, once: bool, stop: threading.Event, settings: ControllerSettings,
+             lifecycle: LifecycleSettings | None = None) -> int:
     if not build.assets_dir().exists():
         _say("building etcd and kube-apiserver from the Go module proxy (first run only, a few minutes)")
     assets = build.ensure_assets()
     _say("starting a local control plane")
-    with server.start(assets=assets) as plane, gitserve.serve_directory(examples) as git_url:
-        _say(f"kube-apiserver at {plane.url} (kubeconfig: {plane.kubeconfig})")
-        _say(f"serving {examples} as {git_url}")
-        clients = ClientPool.from_kubeconfig(str(plane.kubeconfig))
+    with server.start(assets=assets) as plane, \
+            gitserve.serve_directory(examples, live=True) as git_url:
+        kubeconfig = _keep_kubeconfig(plane.kubeconfig)
+        _say(f"kube-apiserver at {plane.url}; kubeconfig (kept while this runs): {kubeconfig}")
+        _say(f"serving {examples} as {git_url} (a working copy: saved edits become new commits)")
+        clients = ClientPool.from_kubeconfig(str(kubeconfig))
         admin = clients.client()
         install.install(admin)
         install.create_tenant(admin, namespace=TENANT, service_account=ACCOUNT)
         namespace, name = _apply_examples(admin, examples=examples, git_url=git_url)
-        _say(f"applied StageSet {namespace}/{name}; running the controller (Ctrl-C stops)")
+        _say(f"applied StageSet {namespace}/{name}; running the controller")
+        click.echo(look_around(kubeconfig=kubeconfig, namespace=namespace, name=name, demo=True))
         # The controller runs as a multi-tenant install would: a ServiceAccount with the
         # chart's ClusterRole, so every tenant write in the demo goes through impersonation.
         controller_config = install.controller_kubeconfig(
             admin, url=plane.url, ca=plane.pki.ca_cert, path=plane.workdir / "controller.kubeconfig")
         controller_clients = ClientPool.from_kubeconfig(str(controller_config))
-        manager = Manager(clients=controller_clients, settings=ControllerSettings(
-            allow_insecure_sources=True, mirror_dir=plane.workdir / "mirrors"))
-
-        def interrupt(_signum: int, _frame: FrameType | None) -> None:
-            stop.set()
-
-        signal.signal(signal.SIGINT, interrupt)
-        signal.signal(signal.SIGTERM, interrupt)
+        metrics = Metrics()
+        manager = Manager(clients=controller_clients, settings=dataclasses.replace(
+            settings, allow_insecure_sources=True, mirror_dir=plane.workdir / "mirrors"), metrics=metrics,
+            lifecycle=None if lifecycle is None else make_lifecycle(lifecycle, controller_clients, metrics))
+        _on_signals(stop)
         controller = threading.Thread(target=manager.run, name="controller", daemon=True)
         controller.start()
         progress = Reflector(client=admin, resource=STAGESETS, namespace=namespace,
@@ -114,9 +206,90 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event) -> int:
             controller.join(timeout=30)
             controller_clients.close()
             clients.close()
-            _say("stopped the controller and the control plane")
+            kubeconfig.unlink(missing_ok=True)
+            _say("stopped the controller and the control plane (and removed the kubeconfig)")
     return 0
 
 
+# -- against a cluster ---------------------------------------------------------------------------
+
+def _served(admin: KubeClient) -> set[str]:
+    try:
+        return {r["name"] for r in admin.get("/apis/stages.metio.wtf/v1").get("resources", [])}
+    except ApiError as error:
+        if error.not_found:
+            return set()
+        raise
+
+
+def ensure_crds(admin: KubeClient, *, timeout: float = 60.0) -> list[str]:
+    """Install our CRDs when the cluster does not serve them; the names installed."""
+    missing = [kind for kind in KINDS if kind.plural not in _served(admin)]
+    for kind in missing:
+        crd = custom_resource_definition(kind)
+        try:
+            admin.apply(f"{_CRDS}/{kind.crd_name}", crd, field_manager="stageset-run")
+        except ApiError as error:
+            if error.forbidden:
+                raise CliError(
+                    f"the cluster has no {kind.crd_name} CRD and your kubeconfig may not create it "
+                    f"({error.message}). Ask a cluster admin to run `stageset crds | kubectl apply "
+                    "--server-side -f -` (or install the Helm chart), then try again") from None
+            raise
+    deadline = time.monotonic() + timeout
+    while missing and any(kind.plural not in _served(admin) for kind in missing):
+        if time.monotonic() > deadline:
+            raise CliError(f"the CRDs were created but are not served after {timeout:.0f}s")
+        time.sleep(0.2)
+    return [kind.crd_name for kind in missing]
+
+
+def prepare_cluster(*, kubeconfig: Path, cluster_admin: bool) -> None:
+    """Before ``stageset controller`` runs against ``kubeconfig``: the CRDs, and what to run next."""
+    clients = ClientPool.from_kubeconfig(str(kubeconfig))
+    try:
+        installed = ensure_crds(clients.client())
+        _say(f"installed the CRDs: {', '.join(installed)}" if installed else "the CRDs are installed")
+        mode = "cluster-admin (single-tenant)" if cluster_admin else "multi-tenant"
+        _say(f"running the controller in {mode} mode against {clients.client().server}")
+    finally:
+        clients.close()
+    click.echo(look_around(kubeconfig=kubeconfig.resolve(), namespace="<namespace>", name="<name>",
+                           demo=False))
+
+
+# -- make demo-change -----------------------------------------------------------------------------
+
+_CURRENCY = re.compile(r"^(\s*currency:\s*)(\S+)\s*$", re.MULTILINE)
+
+
+def demo_change(examples: Path) -> str:
+    """Toggle the example ConfigMap's ``currency`` (EUR <-> USD); running it twice restores the file."""
+    path = examples / "app" / "config" / "settings.yaml"
+    text = path.read_text()
+    match = _CURRENCY.search(text)
+    if match is None:
+        raise CliError(f"{path} has no `currency:` line to change")
+    new = "USD" if match.group(2) == "EUR" else "EUR"
+    path.write_text(text[:match.start(2)] + new + text[match.end(2):])
+    return f"{path}: currency {match.group(2)} -> {new}"
+
+
+def main(argv: list[str]) -> int:
+    if argv[:1] == ["change"]:
+        examples = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[2] / "examples"
+        click.echo(demo_change(examples))
+        kubeconfig = run_dir() / "kubeconfig"
+        if kubeconfig.exists():
+            click.echo(f"`make run` is running: the GitRepository's next poll (within 15s) fetches it.\n"
+                       f"Watch: KUBECONFIG={kubeconfig} {_command()} get shop -n shop")
+        else:
+            click.echo("`make run` is not running: start it to see the change applied.")
+        return 0
+    click.echo("usage: python -m stageset.cli.demo change [EXAMPLES_DIR]", err=True)
+    return 2
+
+
 if __name__ == "__main__":
-    sys.exit(run_demo(examples=Path("examples"), once=True, stop=threading.Event()))
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main(sys.argv[1:]))

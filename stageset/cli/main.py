@@ -1,7 +1,18 @@
-"""click commands.  Each command builds its settings once and injects them."""
+"""click commands.  Each command builds its settings once and injects them.
+
+``controller`` runs the controller (production); ``run`` is the local demo (or the controller
+against ``--kubeconfig``); the user commands (``get``, ``tree``, ``graph``, ``events``,
+``build``, ``diff``, ``reconcile``, ``suspend``, ``resume``, ``crds``) live in their own
+modules and are registered here.  Exit codes: 0 ok, 1 differences (``diff``), 2 usage,
+3 runtime error (:mod:`stageset.cli.session`).
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import json
+import logging
 import os
 import signal
 import sys
@@ -9,48 +20,33 @@ import tempfile
 import threading
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import click
-from kubernetes.utils import parse_quantity
 
 from sources import Limits
-from stageset.api import duration_seconds
+from stageset.api.crd import KINDS, custom_resource_definition, render
 from stageset.build import BuildLimits
 from stageset.cli import process
+from stageset.cli.inspect import events, get, graph, tree
+from stageset.cli.params import (
+    BASE_URL,
+    DURATION,
+    NAMESPACES,
+    SIZE,
+    parse_duration_option,
+    parse_size,
+)
+from stageset.cli.preview import build, diff
+from stageset.cli.session import StagesetGroup, echo
+from stageset.cli.steer import reconcile, resume, suspend
 from stageset.controller import logs
 from stageset.controller.manager import Manager
 from stageset.controller.metrics import Metrics
-from stageset.controller.settings import ControllerSettings
+from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL, ControllerSettings
 from stageset.kube.client import ClientPool
 
-
-def parse_size(value: str) -> int:
-    """A Kubernetes quantity as whole bytes: ``2Gi``, ``500M``, ``1048576``.
-
-    ``500m`` is 0.5 (milli), not 500 megabytes: a fraction of a byte is refused.
-    """
-    try:
-        quantity = parse_quantity(value.strip())  # type: ignore[no-untyped-call]
-    except ValueError as error:
-        raise click.BadParameter(f"not a size: {value!r} (use e.g. 2Gi, 500Mi, 1000000)") from error
-    if quantity < 0 or quantity != quantity.to_integral_value():
-        raise click.BadParameter(f"not a whole number of bytes: {value!r} (m means milli; use M or Mi)")
-    return int(quantity)
-
-
-def parse_duration_option(value: str) -> float:
-    """A duration flag (``30s``, ``5m``, ``1h30m``) in seconds."""
-    try:
-        return duration_seconds(value)
-    except ValueError as error:
-        raise click.BadParameter(str(error)) from error
-
-
-def _namespaces(value: str | None) -> tuple[str, ...] | None:
-    if not value:
-        return None
-    names = tuple(n.strip() for n in value.split(",") if n.strip())
-    return names or None
+__all__ = ["controller", "main", "parse_duration_option", "parse_size"]
 
 
 def _setup_logging(level: str, fmt: str = "text") -> None:
@@ -70,16 +66,52 @@ def run_controller(manager: Manager, *, early_stop: threading.Event | None = Non
     manager.run()
 
 
-@click.group()
+@click.group(cls=StagesetGroup)
 @click.version_option(package_name="stageset", prog_name="stageset")
 def main() -> None:
-    """stageset: staged GitOps for Kubernetes, applied as the tenant."""
+    """stageset: staged GitOps for Kubernetes, applied as the tenant.
+
+    Exit codes: 0 ok, 1 differences found (diff), 2 usage error, 3 runtime error.
+    """
+    # Library chatter (dulwich's protocol notes) is not for the user of a command.
+    logging.getLogger("dulwich").setLevel(logging.ERROR)
+
+
+def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = True) -> ControllerSettings:
+    """The controller's settings from its flags (``controller``, and ``run``'s pass-through);
+    without ``--mirror-dir``, a fresh temporary directory (``temporary_mirrors``) or the default."""
+    try:
+        limits = BuildLimits.with_overrides(params.get("build_limits") or ())
+    except ValueError as error:
+        raise click.BadParameter(str(error), param_hint="--build-limit") from None
+    mirror_dir = params.get("mirror_dir") or (tempfile.mkdtemp(prefix="stageset-mirrors-")
+                                              if temporary_mirrors else None)
+    known = Limits()
+    settings = ControllerSettings(
+        build_limits=limits,
+        watch_namespaces=params.get("watch_namespaces"),
+        cluster_admin=bool(params.get("cluster_admin")),
+        no_cross_namespace_refs=bool(params.get("no_cross_namespace_refs")),
+        workers=int(params.get("workers", 4)),
+        source_workers=int(params.get("source_workers", 4)),
+        max_workers_per_namespace=int(params.get("max_workers_per_namespace", 0)),
+        allow_insecure_sources=bool(params.get("allow_insecure_sources")),
+        allow_local_sources=bool(params.get("allow_local_sources")),
+        source_limits=Limits(max_file_bytes=int(params.get("git_max_file_size") or known.max_file_bytes),
+                             max_total_bytes=int(params.get("git_max_read_size") or known.max_total_bytes),
+                             max_files=int(params.get("git_max_files") or known.max_files),
+                             max_fetch_bytes=int(params.get("git_max_fetch_size") or known.max_fetch_bytes)),
+        mirror_max_bytes=params.get("mirror_max_size"),
+        max_teardown_wait=float(params.get("max_teardown_wait", 300.0)),
+        runbook_base_url=str(params.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL)),
+    )
+    return dataclasses.replace(settings, mirror_dir=Path(mirror_dir)) if mirror_dir else settings
 
 
 @main.command()
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), envvar="KUBECONFIG",
               help="Kubeconfig to use; in-cluster configuration when omitted.")
-@click.option("--watch-namespaces", envvar="STAGESET_WATCH_NAMESPACES", default="",
+@click.option("--watch-namespaces", envvar="STAGESET_WATCH_NAMESPACES", default="", type=NAMESPACES,
               help="Comma-separated namespaces to watch (namespace-scoped watches); all when empty.")
 @click.option("--cluster-admin/--no-cluster-admin", default=False,
               help="Single-tenant mode: StageSets without serviceAccountName apply as the controller.")
@@ -93,65 +125,42 @@ def main() -> None:
               help="Workers of each pool one namespace may hold at once; 0: half of each pool.")
 @click.option("--mirror-dir", type=click.Path(file_okay=False), default=None,
               help="Where Git mirrors are kept (default: a temporary directory).")
-@click.option("--mirror-max-size", default="", help="Evict least recently used Git mirrors past "
-              "this size, e.g. 2Gi (default: unbounded).")
+@click.option("--mirror-max-size", default="", type=SIZE, help="Evict least recently used Git mirrors "
+              "past this size, a Kubernetes quantity such as 2Gi (default: unbounded).")
 @click.option("--allow-insecure-sources", is_flag=True, default=False,
               help="Development only: allow plain http:// Git URLs (credentials in clear text).")
 @click.option("--allow-local-sources", is_flag=True, default=False,
               help="Single-tenant only: allow file:// Git URLs and local paths (never the "
               "controller's own mirrors or system paths).")
-@click.option("--git-max-file-size", default="10Mi", show_default=True,
+@click.option("--git-max-file-size", default="10Mi", show_default=True, type=SIZE,
               help="Largest file a source may hold (also the largest object a fetch accepts).")
-@click.option("--git-max-read-size", default="100Mi", show_default=True,
+@click.option("--git-max-read-size", default="100Mi", show_default=True, type=SIZE,
               help="Most bytes one read of a source returns (a stage path or the whole source).")
 @click.option("--git-max-files", default=10_000, show_default=True, type=click.IntRange(min=1),
               help="Most files one read of a source returns.")
-@click.option("--git-max-fetch-size", default="512Mi", show_default=True,
+@click.option("--git-max-fetch-size", default="512Mi", show_default=True, type=SIZE,
               help="Most bytes (unpacked) one Git fetch may bring.")
-@click.option("--max-teardown-wait", default="5m", show_default=True,
+@click.option("--max-teardown-wait", default="5m", show_default=True, type=DURATION,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
 @click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",
               help="Override one limit of a stage's build, e.g. max_stage_objects=50000 "
               "(see docs/layouts.md).")
+@click.option("--runbook-base-url", default=DEFAULT_RUNBOOK_BASE_URL, show_default=True, type=BASE_URL,
+              envvar="STAGESET_RUNBOOK_BASE_URL",
+              help="Non-ready condition messages end with <this>/<reason>/; empty: no links.")
 @click.option("--log-level", default="info", show_default=True,
               type=click.Choice(logs.LEVELS, case_sensitive=False))
 @click.option("--log-format", default="text", show_default=True, type=click.Choice(logs.FORMATS),
               help="json: one object per line, with the StageSet, stage, revision, identity kind and "
               "reconcile id as fields.")
 @process.lifecycle_options
-def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: bool,
-               no_cross_namespace_refs: bool, workers: int, source_workers: int,
-               max_workers_per_namespace: int, mirror_dir: str | None, mirror_max_size: str,
-               allow_insecure_sources: bool, allow_local_sources: bool, git_max_file_size: str,
-               git_max_read_size: str, git_max_files: int, git_max_fetch_size: str,
-               max_teardown_wait: str, build_limits: tuple[str, ...],
-               log_level: str, log_format: str, lifecycle: process.LifecycleSettings) -> None:
+def controller(kubeconfig: str | None, log_level: str, log_format: str, lifecycle: process.LifecycleSettings,
+               **params: Any) -> None:
     """Run the controller against a cluster."""
     early_stop = process.stop_on_signals()
     _setup_logging(log_level, log_format)
-    try:
-        limits = BuildLimits.with_overrides(build_limits)
-    except ValueError as error:
-        raise click.BadParameter(str(error), param_hint="--build-limit") from None
+    settings = controller_settings(params)
     metrics = Metrics()
-    settings = ControllerSettings(
-        build_limits=limits,
-        watch_namespaces=_namespaces(watch_namespaces),
-        cluster_admin=cluster_admin,
-        no_cross_namespace_refs=no_cross_namespace_refs,
-        workers=workers,
-        source_workers=source_workers,
-        max_workers_per_namespace=max_workers_per_namespace,
-        mirror_dir=Path(mirror_dir) if mirror_dir else Path(tempfile.mkdtemp(prefix="stageset-mirrors-")),
-        allow_insecure_sources=allow_insecure_sources,
-        allow_local_sources=allow_local_sources,
-        source_limits=Limits(max_file_bytes=parse_size(git_max_file_size),
-                             max_total_bytes=parse_size(git_max_read_size),
-                             max_files=git_max_files,
-                             max_fetch_bytes=parse_size(git_max_fetch_size)),
-        mirror_max_bytes=parse_size(mirror_max_size) if mirror_max_size else None,
-        max_teardown_wait=parse_duration_option(max_teardown_wait),
-    )
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:
         run_controller(Manager(clients=clients, settings=settings, metrics=metrics,
@@ -161,25 +170,55 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
         clients.close()
 
 
-@main.command()
+_LIFECYCLE = tuple(inspect.signature(process.lifecycle_settings).parameters)
+
+
+@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
-              help="Run the controller against this cluster instead of a local control plane.")
+              help="Run the controller against this cluster instead of a local control plane "
+              "(the CRDs are installed when missing).")
 @click.option("--examples", type=click.Path(exists=True, file_okay=False), default=None,
               help="Directory served as the demo Git repository (default: the repo's examples/).")
 @click.option("--once", is_flag=True, default=False,
               help="Exit once the example StageSet is Ready (for scripted runs).")
-def run(kubeconfig: str | None, examples: str | None, once: bool) -> None:
-    """The main job: reconcile the example on a local control plane (or run against --kubeconfig)."""
-    from stageset.cli.demo import run_demo
+@click.pass_context
+def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: bool) -> None:
+    """The main job: reconcile the example on a local control plane (or run against --kubeconfig).
 
-    _setup_logging(os.environ.get("STAGESET_LOG_LEVEL", "warning"))
+    Any `stageset controller` flag may follow (e.g. --workers 2, --cluster-admin); `make run`
+    passes ARGS here.
+    """
+    from stageset.cli import demo
+
+    passed = [*(["--kubeconfig", kubeconfig] if kubeconfig else []), *ctx.args]
+    # Parsed (and refused, exit 2) exactly as `stageset controller` parses them.
+    params = controller.make_context("stageset run", list(passed), parent=ctx).params
     if kubeconfig:
-        clients = ClientPool.from_kubeconfig(kubeconfig)
-        try:
-            run_controller(Manager(clients=clients, settings=ControllerSettings(
-                mirror_dir=Path(tempfile.mkdtemp(prefix="stageset-mirrors-")))))
-        finally:
-            clients.close()
+        demo.prepare_cluster(kubeconfig=Path(kubeconfig), cluster_admin=bool(params.get("cluster_admin")))
+        controller.main(args=passed, prog_name="stageset run", standalone_mode=False)
         return
+    params.pop("kubeconfig", None)
+    fmt = str(params.pop("log_format", None) or "text")
+    level = str(params.pop("log_level", None) or "warning")
+    level = level if "--log-level" in ctx.args else "warning"
+    _setup_logging(os.environ.get("STAGESET_LOG_LEVEL", level), fmt)
+    lifecycle = process.lifecycle_settings(**{name: params.pop(name) for name in _LIFECYCLE})
     directory = Path(examples) if examples else Path(__file__).resolve().parents[2] / "examples"
-    sys.exit(run_demo(examples=directory, once=once, stop=threading.Event()))
+    sys.exit(demo.run_demo(examples=directory, once=once, stop=threading.Event(),
+                           settings=controller_settings(params, temporary_mirrors=False),
+                           lifecycle=lifecycle))
+
+
+@main.command("crds")
+@click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
+def crds(output: str) -> None:
+    """Print the CustomResourceDefinitions (apply them with `kubectl apply --server-side -f -`)."""
+    if output == "json":
+        items = [custom_resource_definition(kind) for kind in KINDS]
+        echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2) + "\n")
+        return
+    echo("---\n".join(render(kind) for kind in KINDS))
+
+
+for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume):
+    main.add_command(_command)

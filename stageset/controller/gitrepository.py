@@ -41,6 +41,7 @@ from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
+from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
 from stageset.controller.status import StatusReport, validation_message
 from stageset.kube.client import ApiError, ClientPool
 from stageset.kube.mapping import Resource
@@ -93,6 +94,23 @@ def _decode(data: dict[str, str], key: str) -> str | None:
     return value.decode() if value is not None else None
 
 
+def credentials_from(data: dict[str, str]) -> Credentials:
+    """Git credentials from a ``secretRef`` Secret's (base64) data, as Flux reads them."""
+    return Credentials(
+        username=_decode(data, "username"),
+        password=_decode(data, "password"),
+        bearer_token=_decode(data, "bearerToken"),
+        ca_pem=_raw(data, "caFile") or _raw(data, "ca.crt"),
+        identity=_raw(data, "identity"),
+        known_hosts=_raw(data, "known_hosts"),
+    )
+
+
+def secret_values(data: dict[str, str]) -> list[str]:
+    """The values of a ``secretRef`` Secret that must never appear in a message."""
+    return [v for v in (_decode(data, key) for key in ("password", "bearerToken")) if v]
+
+
 def display_url(url: str) -> str:
     """The URL as messages and metrics show it: no userinfo, query or fragment."""
     try:
@@ -104,8 +122,10 @@ def display_url(url: str) -> str:
 class GitRepositoryReconciler:
     def __init__(self, *, clients: ClientPool, store: Fetcher, resource: Resource,
                  on_revision: RevisionListener, identities: IdentityPolicy, clock: Clock = system_clock,
-                 events: EventRecorder | None = None, metrics: Metrics | None = None):
+                 events: EventRecorder | None = None, metrics: Metrics | None = None,
+                 runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL):
         self._clients = clients
+        self._runbooks = runbook_base_url
         self._store = store
         self._resource = resource
         self._on_revision = on_revision
@@ -122,17 +142,9 @@ class GitRepositoryReconciler:
             f"/api/v1/namespaces/{namespace}/secrets/{repo.spec.secret_ref.name}")
         data: dict[str, str] = secret.get("data") or {}
         # A server or a library may echo a credential in an error: it never reaches status or logs.
-        secrets = [_decode(data, key) for key in ("password", "bearerToken")]
-        redactor.add(v for v in secrets if v)
+        redactor.add(secret_values(data))
         REGISTRY.set(("GitRepository", namespace, repo.metadata["name"]), redactor.values)
-        return Credentials(
-            username=_decode(data, "username"),
-            password=_decode(data, "password"),
-            bearer_token=_decode(data, "bearerToken"),
-            ca_pem=_raw(data, "caFile") or _raw(data, "ca.crt"),
-            identity=_raw(data, "identity"),
-            known_hosts=_raw(data, "known_hosts"),
-        )
+        return credentials_from(data)
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Fetch the ref; returns when to poll again."""
@@ -140,7 +152,8 @@ class GitRepositoryReconciler:
         redactor = Redactor(REGISTRY.of(("GitRepository", meta["namespace"], meta["name"])))
         try:
             report = StatusReport(client=self._clients.client(), resource=self._resource, obj=raw,
-                                  model=GitRepositoryStatus, clock=self._clock, redact=redactor)
+                                  model=GitRepositoryStatus, clock=self._clock, redact=redactor,
+                                  runbook_base_url=self._runbooks)
         except ValidationError as error:
             raise TerminalError(f"cannot read the GitRepository's status ({validation_message(error)})") \
                 from error

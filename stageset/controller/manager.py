@@ -110,7 +110,8 @@ class Manager:
         self.events = EventRecorder(admin, clock=clock)
         self._git = GitRepositoryReconciler(clients=clients, store=self._store, resource=GITREPOSITORIES,
                                             on_revision=self._revision_changed, identities=identities,
-                                            clock=clock, events=self.events, metrics=self.metrics)
+                                            clock=clock, events=self.events, metrics=self.metrics,
+                                            runbook_base_url=settings.runbook_base_url)
         self._index = DependencyIndex()
         self._stagesets = StageSetReconciler(
             clients=clients, store=self._store,

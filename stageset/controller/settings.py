@@ -14,6 +14,11 @@ from sources import Limits
 from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
 
+# Where each condition reason's runbook lives: ``<base>/<reason in lower case>/`` (the docs site's
+# runbooks/ section, built by ``make docs``).  Operators who host the docs elsewhere set
+# ``--runbook-base-url``; an empty base leaves messages without links.
+DEFAULT_RUNBOOK_BASE_URL = "https://stages.metio.wtf/runbooks/"
+
 
 @dataclass(frozen=True)
 class ControllerSettings:
@@ -52,6 +57,8 @@ class ControllerSettings:
     # A reconcile that fails is retried after backoff_base seconds, doubling up to backoff_cap.
     backoff_base: float = 0.5
     backoff_cap: float = 300.0
+    # Every non-ready condition message ends with ``runbook: <base><reason>/``.
+    runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
     # The apply engine's own settings (parallelism within a stage, polling, CRD and delete waits).
     apply: ApplySettings = field(default_factory=ApplySettings)
 

@@ -6,7 +6,9 @@ controller's ClusterRole may write.  A write that would change nothing is skippe
 warm no-op reconcile makes no status write either.
 
 Every message that leaves through status passes :meth:`StatusReport.write`, which runs
-it through the report's redactor (Secret values never reach status).
+it through the report's redactor (Secret values never reach status).  Every message of a
+condition that is not ``Ready=True`` ends with the runbook link of its reason
+(:func:`with_runbook`), as the reference controller's do: ``…; runbook: <base>/<reason>/``.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from stageset.api import Condition, GitRepositoryStatus, StageSetStatus, format_
 from stageset.api.vocabulary import ConditionType, Reason
 from stageset.controller.clock import Clock
 from stageset.controller.conditions import MAX_MESSAGE, find, summarize
+from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject, metadata
@@ -77,6 +80,22 @@ def _identity(text: str) -> str:
     return text
 
 
+def runbook_url(base: str, reason: Reason) -> str:
+    """The runbook page of ``reason`` under ``base`` (``https://…/runbooks/`` -> ``…/rbacdenied/``)."""
+    return f"{base.rstrip('/')}/{reason.value.lower()}/"
+
+
+def with_runbook(message: str, reason: Reason, base: str) -> str:
+    """``message`` ending with its runbook link (cut first, so the link always survives the bound)."""
+    if not base:
+        return message[:MAX_MESSAGE]
+    link = f"runbook: {runbook_url(base, reason)}"
+    if not message:
+        return link
+    suffix = f"; {link}"
+    return message[:MAX_MESSAGE - len(suffix)] + suffix
+
+
 class StatusReport(Generic[S]):
     """The status one reconcile builds for one object; :meth:`conclude` and :meth:`write` write it.
 
@@ -86,8 +105,10 @@ class StatusReport(Generic[S]):
     """
 
     def __init__(self, *, client: KubeClient, resource: Resource, obj: KubeObject, model: type[S],
-                 clock: Clock, redact: Callable[[str], str] = _identity):
+                 clock: Clock, redact: Callable[[str], str] = _identity,
+                 runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL):
         self._client = client
+        self._runbooks = runbook_base_url
         self._resource = resource
         self._clock = clock
         self.redact = redact
@@ -106,11 +127,14 @@ class StatusReport(Generic[S]):
         return format_time(self._clock())
 
     def conclude(self, *, ready: bool | None, reason: Reason, message: str, stalled: bool = False) -> None:
-        """Set the conditions for this outcome and write."""
+        """Set the conditions for this outcome and write; a non-ready message gets its runbook link."""
         self.status.observed_generation = self.generation
         # Redacted before it is cut to length: a cut must never leave half a Secret value.
+        text = self.redact(message)
+        if ready is not True:
+            text = with_runbook(text, reason, self._runbooks)
         self.status.conditions = summarize(self._conditions, ready=ready, reason=reason,
-                                           message=self.redact(message),
+                                           message=text,
                                            generation=self.generation, now=self.now(), stalled=stalled)
         self.write()
 

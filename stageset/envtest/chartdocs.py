@@ -1,4 +1,4 @@
-"""Generate the chart's value reference in docs/install.md from ``values.schema.json``.
+"""Generate the chart's value reference, docs/reference/helm-values.md, from ``values.schema.json``.
 
 ``python -m stageset.envtest.chartdocs`` rewrites the block between
 ``<!-- values:begin -->`` and ``<!-- values:end -->``; ``--check`` exits 1 when the page is
@@ -18,7 +18,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 SCHEMA = ROOT / "helm" / "stageset" / "values.schema.json"
-PAGE = ROOT / "docs" / "install.md"
+PAGE = ROOT / "docs" / "reference" / "helm-values.md"
 BEGIN, END = "<!-- values:begin -->\n", "<!-- values:end -->"
 
 

@@ -2,7 +2,10 @@
 
 The directory's files are committed into a fresh bare repository with dulwich
 (no ``git`` CLI needed) and served by dulwich's WSGI smart-HTTP server in a
-background thread.  Development only: plain HTTP, no authentication.
+background thread.  With ``live=True`` the directory is a working copy: every ref
+advertisement (the start of each fetch) first commits the directory again if its
+content changed, so an edit saved under it is the next poll's new revision.
+Development only: plain HTTP, no authentication.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
 from dulwich.objects import Blob, Commit, ObjectID, Tree
@@ -59,14 +63,42 @@ def commit_directory(repo: Repo, directory: Path, *, branch: str = "main",
     return commit.id.decode()
 
 
+def refresh(repo: Repo, directory: Path, *, branch: str = "main") -> str | None:
+    """Commit ``directory`` again if its content differs from the tip of ``branch``; the new
+    commit id, or ``None`` when nothing changed."""
+    ref = Ref(f"refs/heads/{branch}".encode())
+    tree = _tree_for(repo, directory)
+    if ref in repo.refs:
+        tip = repo[repo.refs[ref]]
+        if isinstance(tip, Commit) and tip.tree == tree:
+            return None
+    return commit_directory(repo, directory, branch=branch,
+                            message=f"{directory.name}/ as of {time.strftime('%H:%M:%S')}")
+
+
+def _live(app: Any, repo: Repo, directory: Path) -> Any:
+    """WSGI middleware: before each ref advertisement, commit the directory if it changed."""
+    lock = threading.Lock()
+
+    def middleware(environ: dict[str, Any], start_response: Any) -> Any:
+        if str(environ.get("PATH_INFO", "")).endswith("/info/refs"):
+            with lock:
+                refresh(repo, directory)
+        return app(environ, start_response)
+
+    return middleware
+
+
 @contextlib.contextmanager
-def serve_directory(directory: Path, *, name: str = "examples") -> Iterator[str]:
-    """Yield the clone URL of ``directory`` served over smart HTTP on 127.0.0.1."""
+def serve_directory(directory: Path, *, name: str = "examples", live: bool = False) -> Iterator[str]:
+    """Yield the clone URL of ``directory`` served over smart HTTP on 127.0.0.1 (``live``: see above)."""
     with tempfile.TemporaryDirectory(prefix="stageset-git-") as tmp:
         repo = Repo.init_bare(tmp, mkdir=False)
         commit_directory(repo, directory)
         repos: dict[str, BackendRepo] = {f"/{name}.git": repo}
         app = make_wsgi_chain(DictBackend(repos))
+        if live:
+            app = _live(app, repo, directory)
         server: WSGIServer = make_server("127.0.0.1", 0, app, handler_class=_QuietHandler)
         thread = threading.Thread(target=server.serve_forever, name="git-http", daemon=True)
         thread.start()

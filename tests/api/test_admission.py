@@ -83,7 +83,9 @@ def test_crds_are_established_with_our_names(crds: list[dict[str, Any]],
     assert served["StageSet"]["plural"] == "stagesets"
     assert served["StageSet"]["shortNames"] == ["ss"]
     assert served["GitRepository"]["plural"] == "gitrepositories"
-    assert served["GitRepository"]["shortNames"] == ["gitrepo"]
+    # Not Flux's ``gitrepo``: ours must not shadow source.toolkit.fluxcd.io's GitRepository.
+    assert served["GitRepository"]["shortNames"] == ["ssgitrepo", "ssgr"]
+    assert served["StageSet"]["categories"] == served["GitRepository"]["categories"] == ["stages"]
 
 
 @pytest.mark.parametrize("index", [0, 1, 2], ids=["payments", "platform", "payments-remote"])

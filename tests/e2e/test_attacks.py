@@ -281,12 +281,13 @@ def test_a_failing_remote_cluster_gets_a_short_condition_backs_off_and_logs_no_t
     handle = shard([s.ns])
     s.stageset("refused", [{"name": "app", "path": "./app"}], kubeConfig={"secretRef": {"name": "refused"}})
     s.stageset("gateway", [{"name": "app", "path": "./app"}], kubeConfig={"secretRef": {"name": "gateway"}})
+    runbook = "; runbook: https://stages.metio.wtf/runbooks/clusterunreachable/"
     assert message(s, "refused", "ClusterUnreachable") == (
         f"spec.kubeConfig: the cluster at {closed_url} cannot be used: connection refused; "
-        "retrying with backoff")
+        "retrying with backoff" + runbook)
     assert message(s, "gateway", "ClusterUnreachable") == (
         f"spec.kubeConfig: the cluster at {gateway_url} cannot be used: answered HTTP 502; "
-        "retrying with backoff")
+        "retrying with backoff" + runbook)
     # Backoff: over 8 seconds the broken remote is asked a handful of times, not once per worker loop.
     start = len(hits)
     time.sleep(8)

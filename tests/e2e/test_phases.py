@@ -80,7 +80,8 @@ def test_a_waiting_stage_reads_waiting_with_what_it_waits_for_and_costs_no_write
         what="the first pass concluded",
     )
     assert concluded["status"] == "Unknown"
-    assert concluded["message"] == f"waiting for readiness: stage 'web': {first['message']}"
+    assert concluded["message"] == f"waiting for readiness: stage 'web': {first['message']}; " \
+        "runbook: https://stages.metio.wtf/runbooks/progressing/"
 
     # Sampled through several re-check passes (3 s slices, 1 s apart): always Waiting.
     start = len(control_plane.audit_events())

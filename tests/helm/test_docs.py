@@ -1,4 +1,4 @@
-"""docs/install.md's value reference is generated from the schema; the schema's defaults are values.yaml's."""
+"""docs/reference/helm-values.md is generated from the schema; the schema's defaults are values.yaml's."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from tests.helm.chart import CHART
 def test_the_value_reference_is_current() -> None:
     page = chartdocs.PAGE.read_text()
     assert chartdocs.updated(page, json.loads(chartdocs.SCHEMA.read_text())) == page, \
-        "docs/install.md is not current: run `make docs`"
+        "docs/reference/helm-values.md is not current: run `make docs`"
 
 
 def test_the_reference_lists_every_value() -> None:

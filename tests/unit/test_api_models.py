@@ -269,7 +269,11 @@ def test_crd_envelope(kind: crdgen.Kind) -> None:
     (version,) = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1", True, True)
     assert version["subresources"] == {"status": {}}
-    assert [c["name"] for c in version["additionalPrinterColumns"]] == ["Ready", "Status", "Age"]
+    columns = ["Ready", "Status", "Revision", "Suspended", "Age"]
+    if kind.kind == "GitRepository":
+        columns = ["URL", *columns]
+    assert [c["name"] for c in version["additionalPrinterColumns"]] == columns
+    assert spec["names"]["categories"] == ["stages"]
 
 
 def test_recursive_models_are_refused() -> None:

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from pytest_mock import MockerFixture
 
 from sources import Limits
-from stageset.cli.main import parse_duration_option, parse_size
+from stageset.cli.params import parse_duration_option, parse_size
 from stageset.controller.settings import ControllerSettings
 
 

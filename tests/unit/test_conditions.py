@@ -55,3 +55,24 @@ def test_ready_at_generation_of_raw_objects() -> None:
     assert not ready_at_generation(obj("True", 1))
     assert not ready_at_generation(obj("False", 2))
     assert find_condition(None, "Ready") == {}
+
+
+# -- runbook links (the one place status is written) -----------------------------------------
+
+def test_a_non_ready_message_ends_with_its_reasons_runbook() -> None:
+    from stageset.controller.status import with_runbook
+
+    assert with_runbook("denied", Reason.RBAC_DENIED, "https://docs.example/runbooks/") == \
+        "denied; runbook: https://docs.example/runbooks/rbacdenied/"
+    assert with_runbook("", Reason.SOURCE_NOT_READY, "https://docs.example/runbooks") == \
+        "runbook: https://docs.example/runbooks/sourcenotready/"
+    assert with_runbook("denied", Reason.RBAC_DENIED, "") == "denied"
+
+
+def test_the_runbook_link_survives_the_length_bound() -> None:
+    from stageset.controller.conditions import MAX_MESSAGE
+    from stageset.controller.status import with_runbook
+
+    long = with_runbook("x" * (MAX_MESSAGE + 100), Reason.STAGE_FAILED, "https://d/")
+    assert len(long) == MAX_MESSAGE
+    assert long.endswith("; runbook: https://d/stagefailed/")

@@ -222,7 +222,8 @@ class StageSetReconciler:
     def _report(self, raw: KubeObject, redactor: Redactor) -> Report:
         try:
             return StatusReport(client=self._clients.client(), resource=self._resource, obj=raw,
-                                model=StageSetStatus, clock=self._clock, redact=redactor)
+                                model=StageSetStatus, clock=self._clock, redact=redactor,
+                                runbook_base_url=self._settings.runbook_base_url)
         except ValidationError as error:
             # Never guess at an inventory: without it, prune and teardown could orphan objects.
             raise TerminalError(f"cannot read the StageSet's status ({validation_message(error)}); "

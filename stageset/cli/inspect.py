@@ -1,0 +1,378 @@
+"""``get``, ``tree``, ``graph``, ``events``: what a StageSet is doing, read as the user.
+
+Identity: every request is the user's own (the kubeconfig's credentials): these commands
+never impersonate, so they show exactly what the user may read.  An object the user may not
+read is shown as such, never guessed at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import click
+
+from stageset.api import API_VERSION
+from stageset.api.vocabulary import ConditionType, StagePhase
+from stageset.apply.inventory import ObjectId
+from stageset.apply.readiness import readiness
+from stageset.cli.session import (
+    CliError,
+    Session,
+    age,
+    cluster_options,
+    dump,
+    echo,
+    short_revision,
+    table,
+)
+from stageset.controller.conditions import find_condition
+from stageset.controller.manager import GITREPOSITORIES, STAGESETS
+from stageset.controller.ordering import OrderingError, StageNode, stage_graph
+from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.mapping import RestMapper, UnknownKindError
+from stageset.kube.types import KubeObject
+
+
+def read_stageset(session: Session, name: str) -> KubeObject:
+    """The StageSet ``name`` in the session's namespace, read as the user."""
+    namespace = session.namespace
+    try:
+        return session.client().get(STAGESETS.object_path(name=name, namespace=namespace))
+    except ApiError as error:
+        if error.not_found:
+            raise CliError(f"StageSet {namespace}/{name} not found") from None
+        if error.forbidden:
+            raise CliError(f"you may not read StageSet {namespace}/{name}: {error.message}") from None
+        raise
+
+
+def summary(obj: KubeObject) -> dict[str, Any]:
+    """What ``get`` shows of one StageSet (also its -o yaml/json form)."""
+    meta, spec, status = obj["metadata"], obj.get("spec") or {}, obj.get("status") or {}
+    ready = find_condition(status.get("conditions"), ConditionType.READY)
+    stages = {s.get("name"): s for s in status.get("stages") or []}
+    return {
+        "namespace": meta.get("namespace"),
+        "name": meta.get("name"),
+        "ready": ready.get("status", "Unknown"),
+        "reason": ready.get("reason", ""),
+        "message": ready.get("message", ""),
+        "observedGeneration": status.get("observedGeneration"),
+        "generation": meta.get("generation"),
+        "revision": status.get("lastAppliedRevision"),
+        "suspended": bool(spec.get("suspend", False)),
+        "created": meta.get("creationTimestamp"),
+        "stages": [{
+            "name": stage.get("name"),
+            "phase": (stages.get(stage.get("name")) or {}).get("phase", StagePhase.PENDING.value),
+            "revision": (stages.get(stage.get("name")) or {}).get("revision"),
+            "objects": (stages.get(stage.get("name")) or {}).get("objects"),
+            "message": (stages.get(stage.get("name")) or {}).get("message", ""),
+        } for stage in spec.get("stages") or []],
+    }
+
+
+def _stages_ready(view: dict[str, Any]) -> str:
+    stages = view["stages"]
+    return f"{sum(1 for s in stages if s['phase'] == StagePhase.READY.value)}/{len(stages)}"
+
+
+def _first_line(text: str, limit: int = 100) -> str:
+    line = text.splitlines()[0] if text else ""
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+@click.command("get")
+@click.argument("name", required=False)
+@cluster_options(all_namespaces=True)
+def get(session: Session, name: str | None) -> None:
+    """Show StageSets: ready state, each stage's phase and revision.
+
+    Without NAME, every StageSet of the namespace (-A: of every namespace); with NAME,
+    that StageSet and a line per stage.
+    """
+    if name is not None:
+        if session.all_namespaces:
+            raise click.UsageError("NAME and --all-namespaces cannot be combined")
+        view = summary(read_stageset(session, name))
+        if session.output != "table":
+            echo(dump(view, session.output))
+            return
+        echo(f"StageSet {view['namespace']}/{view['name']}: Ready={view['ready']}"
+             + (f" ({view['reason']})" if view["reason"] else "")
+             + (" [suspended]" if view["suspended"] else "") + "\n")
+        if view["message"]:
+            echo(f"  {view['message']}\n")
+        echo(f"  revision: {view['revision'] or '-'}\n\n")
+        echo(table(["STAGE", "PHASE", "REVISION", "OBJECTS", "MESSAGE"],
+                   [[s["name"], s["phase"], short_revision(s["revision"]),
+                     "-" if s["objects"] is None else str(s["objects"]), _first_line(s["message"])]
+                    for s in view["stages"]]))
+        return
+    namespace = None if session.all_namespaces else session.namespace
+    listed = session.client().get(STAGESETS.collection_path(namespace)).get("items", [])
+    views = sorted((summary(obj) for obj in listed), key=lambda v: (v["namespace"], v["name"]))
+    if session.output != "table":
+        echo(dump(views, session.output))
+        return
+    if not views:
+        where = "any namespace" if namespace is None else f"namespace {namespace}"
+        click.echo(f"No StageSets found in {where}.", err=True)
+        return
+    headers = ["NAME", "READY", "REASON", "STAGES", "REVISION", "SUSPENDED", "AGE", "MESSAGE"]
+    rows = [[v["name"], v["ready"], v["reason"] or "-", _stages_ready(v), short_revision(v["revision"]),
+             str(v["suspended"]).lower(), age(v["created"]), _first_line(v["message"], 80)] for v in views]
+    if namespace is None:
+        headers = ["NAMESPACE", *headers]
+        rows = [[v["namespace"], *row] for v, row in zip(views, rows, strict=True)]
+    echo(table(headers, rows))
+
+
+# -- tree -----------------------------------------------------------------------------------------
+
+def object_state(client: KubeClient, mapper: RestMapper, oid: ObjectId, api_version: str) -> tuple[str, str]:
+    """(state, message) of one inventoried object, read as ``client``'s identity."""
+    try:
+        resource = mapper.resolve(api_version, oid.kind)
+    except UnknownKindError:
+        return "Gone", f"the cluster serves no {oid.kind} in {api_version}"
+    try:
+        live = client.get(resource.object_path(name=oid.name, namespace=oid.namespace or None))
+    except ApiError as error:
+        if error.not_found:
+            return "NotFound", ""
+        if error.forbidden:
+            return "Unknown", "you may not read it"
+        raise
+    verdict = readiness(live)
+    return verdict.status.value, verdict.message
+
+
+def _object_name(oid: ObjectId) -> str:
+    return f"{oid.kind}/{oid.namespace}/{oid.name}" if oid.namespace else f"{oid.kind}/{oid.name}"
+
+
+def tree_view(session: Session, obj: KubeObject) -> dict[str, Any]:
+    """Stages -> objects from the inventory, each with its readiness (read as the user)."""
+    client = session.client()
+    mapper = RestMapper(client)
+    view = summary(obj)
+    inventories = {inv.get("name"): inv for inv in (obj.get("status") or {}).get("inventory") or []}
+    stages: list[dict[str, Any]] = []
+    names = [s["name"] for s in view["stages"]]
+    # A stage removed from the spec keeps its inventory until prune or teardown ran.
+    for name in [*names, *sorted(n for n in inventories if n not in names)]:
+        stage = next((s for s in view["stages"] if s["name"] == name),
+                     {"name": name, "phase": "Removed", "revision": None, "message": "no longer in the spec"})
+        objects = []
+        inventory = inventories.get(name) or {}
+        for entry in inventory.get("entries") or []:
+            oid = ObjectId.decode(str(entry["id"]))
+            state, message = object_state(client, mapper, oid, str(entry["v"]))
+            objects.append({"apiVersion": entry["v"], "kind": oid.kind, "namespace": oid.namespace or None,
+                            "name": oid.name, "status": state, "message": message})
+        stages.append({**stage, "serviceAccountName": inventory.get("serviceAccountName"),
+                       "objects": objects})
+    return {"namespace": view["namespace"], "name": view["name"], "ready": view["ready"],
+            "reason": view["reason"], "revision": view["revision"], "stages": stages}
+
+
+def render_tree(view: dict[str, Any]) -> str:
+    lines = [f"StageSet/{view['namespace']}/{view['name']}  Ready={view['ready']}"
+             + (f" ({view['reason']})" if view["reason"] else "")]
+    stages = view["stages"]
+    for i, stage in enumerate(stages):
+        last_stage = i == len(stages) - 1
+        branch, indent = ("└── ", "    ") if last_stage else ("├── ", "│   ")
+        revision = f"  {short_revision(stage.get('revision'))}" if stage.get("revision") else ""
+        lines.append(f"{branch}stage {stage['name']}  {stage['phase']}{revision}")
+        objects = stage["objects"]
+        if not objects:
+            lines.append(f"{indent}└── (no objects applied yet)")
+        for j, item in enumerate(objects):
+            leaf = "└── " if j == len(objects) - 1 else "├── "
+            where = f"{item['namespace']}/" if item["namespace"] else ""
+            note = f"  {item['message']}" if item["message"] else ""
+            lines.append(f"{indent}{leaf}{item['kind']}/{where}{item['name']}  {item['status']}{note}")
+    return "\n".join(lines) + "\n"
+
+
+@click.command("tree")
+@click.argument("name")
+@cluster_options()
+def tree(session: Session, name: str) -> None:
+    """Show a StageSet's stages and the objects each one applied, with their readiness.
+
+    Objects come from the StageSet's inventory and are read as you, so an object you may not
+    read shows as Unknown.
+    """
+    view = tree_view(session, read_stageset(session, name))
+    echo(render_tree(view) if session.output == "table" else dump(view, session.output))
+
+
+# -- graph ----------------------------------------------------------------------------------------
+
+def _dependency_state(client: KubeClient, namespace: str, name: str) -> str:
+    try:
+        other = client.get(STAGESETS.object_path(name=name, namespace=namespace))
+    except ApiError as error:
+        if error.not_found:
+            return "NotFound"
+        if error.forbidden:
+            return "Unknown"
+        raise
+    ready = find_condition((other.get("status") or {}).get("conditions"), ConditionType.READY)
+    return f"Ready={ready.get('status', 'Unknown')}"
+
+
+def graph_view(session: Session, obj: KubeObject) -> dict[str, Any]:
+    view = summary(obj)
+    spec = obj.get("spec") or {}
+    nodes = [StageNode(str(s["name"]), None if s.get("dependsOn") is None else tuple(s["dependsOn"]))
+             for s in spec.get("stages") or []]
+    try:
+        graph = stage_graph(nodes)
+    except OrderingError as error:
+        raise CliError(f"StageSet {view['namespace']}/{view['name']}: {error}") from None
+    phases = {s["name"]: s["phase"] for s in view["stages"]}
+    namespace = str(view["namespace"])
+    client = session.client()
+    dependencies = [{"namespace": d.get("namespace") or namespace, "name": d["name"]}
+                    for d in spec.get("dependsOn") or []]
+    for dependency in dependencies:
+        dependency["state"] = _dependency_state(client, dependency["namespace"], dependency["name"])
+    return {
+        "namespace": namespace, "name": view["name"],
+        "stages": [{"name": n.name, "phase": phases.get(n.name, "Pending"),
+                    "after": sorted(graph.predecessors(n.name))} for n in nodes],
+        "dependsOn": dependencies,
+    }
+
+
+def _dot_id(text: str) -> str:
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def render_dot(view: dict[str, Any]) -> str:
+    """Graphviz: stage edges point from a dependency to its dependent; StageSet dependencies
+    point at the stages that start first."""
+    me = f"{view['namespace']}/{view['name']}"
+    lines = [f"digraph {_dot_id(me)} {{", "  rankdir=LR;", "  node [shape=box, style=rounded];",
+             f"  subgraph {_dot_id('cluster_' + me)} {{", f"    label={_dot_id('StageSet ' + me)};"]
+    for stage in view["stages"]:
+        lines.append(f"    {_dot_id('stage/' + stage['name'])} "
+                     f"[label={_dot_id(stage['name'] + chr(10) + stage['phase'])}];")
+    lines.append("  }")
+    for stage in view["stages"]:
+        for before in stage["after"]:
+            lines.append(f"  {_dot_id('stage/' + before)} -> {_dot_id('stage/' + stage['name'])};")
+    roots = [s["name"] for s in view["stages"] if not s["after"]]
+    for dependency in view["dependsOn"]:
+        node = f"stageset/{dependency['namespace']}/{dependency['name']}"
+        label = f"StageSet {dependency['namespace']}/{dependency['name']}\n{dependency['state']}"
+        lines.append(f"  {_dot_id(node)} [label={_dot_id(label)}, style=dashed];")
+        lines.extend(f"  {_dot_id(node)} -> {_dot_id('stage/' + root)} [style=dashed];" for root in roots)
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def render_graph_table(view: dict[str, Any]) -> str:
+    text = table(["STAGE", "PHASE", "AFTER"],
+                 [[s["name"], s["phase"], ", ".join(s["after"]) or "-"] for s in view["stages"]])
+    if view["dependsOn"]:
+        text += "\n" + table(["DEPENDS ON STAGESET", "STATE"],
+                             [[f"{d['namespace']}/{d['name']}", d["state"]] for d in view["dependsOn"]])
+    return text
+
+
+@click.command("graph")
+@click.argument("name")
+@cluster_options(outputs=("table", "dot", "yaml", "json"))
+def graph(session: Session, name: str) -> None:
+    """Show the stage graph (which stage runs after which) and the StageSets this one waits for.
+
+    ``-o dot`` prints Graphviz: ``stageset graph shop -o dot | dot -Tsvg > shop.svg``.
+    """
+    view = graph_view(session, read_stageset(session, name))
+    if session.output == "dot":
+        echo(render_dot(view))
+    elif session.output == "table":
+        echo(render_graph_table(view))
+    else:
+        echo(dump(view, session.output))
+
+
+# -- events ---------------------------------------------------------------------------------------
+
+def _events_for(client: KubeClient, namespace: str, kind: str, name: str) -> list[KubeObject]:
+    # apiVersion too: Flux's GitRepository of the same name is not ours.
+    selector = (f"involvedObject.apiVersion={API_VERSION},involvedObject.kind={kind},"
+                f"involvedObject.name={name}")
+    try:
+        found: list[KubeObject] = client.request(
+            "GET", f"/api/v1/namespaces/{namespace}/events", query={"fieldSelector": selector}
+        ).get("items", [])
+    except ApiError as error:
+        if error.forbidden:
+            raise CliError(f"you may not list events in namespace {namespace}: {error.message}") from None
+        raise
+    return found
+
+
+def _event_row(event: KubeObject) -> dict[str, Any]:
+    involved = event.get("involvedObject") or {}
+    series = event.get("series") or {}
+    last = (series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime")
+            or (event.get("metadata") or {}).get("creationTimestamp"))
+    return {"lastSeen": last, "type": event.get("type", ""), "reason": event.get("reason", ""),
+            "object": f"{involved.get('kind')}/{involved.get('name')}",
+            "count": series.get("count") or event.get("count") or 1, "message": event.get("message", "")}
+
+
+def sources_of(obj: KubeObject) -> list[tuple[str, str]]:
+    """The GitRepositories the StageSet's stages name (namespace, name), in stage order."""
+    namespace = str(obj["metadata"]["namespace"])
+    found: list[tuple[str, str]] = []
+    for stage in (obj.get("spec") or {}).get("stages") or []:
+        ref = stage.get("sourceRef") or {}
+        key = (str(ref.get("namespace") or namespace), str(ref.get("name")))
+        if ref.get("kind", "GitRepository") == "GitRepository" and key not in found:
+            found.append(key)
+    return found
+
+
+def collect_events(session: Session, obj: KubeObject, *, with_sources: bool) -> list[dict[str, Any]]:
+    client = session.client()
+    namespace, name = str(obj["metadata"]["namespace"]), str(obj["metadata"]["name"])
+    events = _events_for(client, namespace, "StageSet", name)
+    if with_sources:
+        for source_ns, source in sources_of(obj):
+            try:
+                events += _events_for(client, source_ns, GITREPOSITORIES.kind, source)
+            except CliError:
+                continue  # another namespace's events the user may not list: leave them out
+    rows = [_event_row(e) for e in events]
+    return sorted(rows, key=lambda r: str(r["lastSeen"] or ""))
+
+
+def render_events(rows: Iterable[dict[str, Any]]) -> str:
+    return table(["LAST SEEN", "TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"],
+                 [[age(r["lastSeen"]), r["type"], r["reason"], r["object"], str(r["count"]), r["message"]]
+                  for r in rows])
+
+
+@click.command("events")
+@click.argument("name")
+@click.option("--with-sources/--no-sources", default=True, show_default=True,
+              help="Also show the events of the GitRepositories its stages use.")
+@cluster_options()
+def events(session: Session, name: str, with_sources: bool) -> None:
+    """Show the events of a StageSet (and of its sources), oldest first."""
+    rows = collect_events(session, read_stageset(session, name), with_sources=with_sources)
+    if session.output != "table":
+        echo(dump(rows, session.output))
+    elif not rows:
+        click.echo(f"No events for StageSet {session.namespace}/{name}.", err=True)
+    else:
+        echo(render_events(rows))

@@ -1,0 +1,94 @@
+"""click parameter types: a bad flag value is a usage error (exit 2) naming the flag, never a traceback."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import click
+from kubernetes.utils import parse_quantity
+
+from stageset.api import duration_seconds
+from stageset.api.common import DNS_LABEL_PATTERN
+
+
+def parse_size(value: str) -> int:
+    """A Kubernetes quantity as whole bytes: ``2Gi``, ``500M``, ``1048576``.
+
+    ``500m`` is 0.5 (milli), not 500 megabytes: a fraction of a byte is refused.
+    """
+    try:
+        quantity = parse_quantity(value.strip())  # type: ignore[no-untyped-call]
+    except ValueError as error:
+        raise click.BadParameter(f"not a size: {value!r} (use e.g. 2Gi, 500Mi, 1000000)") from error
+    if quantity < 0 or quantity != quantity.to_integral_value():
+        raise click.BadParameter(f"not a whole number of bytes: {value!r} (m means milli; use M or Mi)")
+    return int(quantity)
+
+
+def parse_duration_option(value: str) -> float:
+    """A duration flag (``30s``, ``5m``, ``1h30m``) in seconds."""
+    try:
+        return duration_seconds(value)
+    except ValueError as error:
+        raise click.BadParameter(str(error)) from error
+
+
+class SizeType(click.ParamType[int | None]):
+    name = "size"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int | None:
+        if isinstance(value, int) or value is None:
+            return value
+        if value == "":
+            return None
+        try:
+            return parse_size(str(value))
+        except click.BadParameter as error:
+            self.fail(error.message, param, ctx)
+
+
+class DurationType(click.ParamType[float]):
+    name = "duration"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> float:
+        if isinstance(value, float):
+            return value
+        try:
+            return parse_duration_option(str(value))
+        except click.BadParameter as error:
+            self.fail(error.message, param, ctx)
+
+
+class NamespaceListType(click.ParamType[tuple[str, ...] | None]):
+    """``a,b,c``: namespace names (RFC 1123 labels); empty means "all"."""
+
+    name = "namespaces"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> tuple[str, ...] | None:
+        if value is None or isinstance(value, tuple):
+            return value
+        names = tuple(n.strip() for n in str(value).split(",") if n.strip())
+        bad = [n for n in names if len(n) > 63 or re.fullmatch(DNS_LABEL_PATTERN, n) is None]
+        if bad:
+            self.fail(f"not namespace names: {', '.join(repr(b) for b in bad)}", param, ctx)
+        return names or None
+
+
+class BaseUrlType(click.ParamType[str]):
+    """An ``http(s)://`` URL, or empty (no links)."""
+
+    name = "url"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        text = str(value).strip()
+        if text and re.fullmatch(r"https?://[^\s/]+(/\S*)?", text) is None:
+            self.fail(f"not an http(s) URL: {text!r}", param, ctx)
+        return text
+
+
+SIZE = SizeType()
+DURATION = DurationType()
+NAMESPACES = NamespaceListType()
+BASE_URL = BaseUrlType()

@@ -1,0 +1,218 @@
+"""The CLI without a cluster: usage errors are exit 2 and name the flag, runtime errors exit 3 in one
+line, never a traceback; ``build -f --source-dir`` needs no cluster; ``crds`` prints the CRDs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from stageset.api.crd import DEFAULT_OUTPUT_DIR, KINDS
+from tests.cli.conftest import run_cli
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def stageset(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The real process, as a user's shell runs it: exit code and stderr exactly as they see them."""
+    import os
+
+    return subprocess.run(
+        [sys.executable, "-m", "stageset.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, **(env or {})},
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize(
+    ("args", "flag"),
+    [
+        (["controller", "--workers", "0"], "--workers"),
+        (["controller", "--mirror-max-size", "500m"], "--mirror-max-size"),
+        (["controller", "--mirror-max-size", "lots"], "--mirror-max-size"),
+        (["controller", "--max-teardown-wait", "5 minutes"], "--max-teardown-wait"),
+        (["controller", "--watch-namespaces", "shop,Not_A_Namespace"], "--watch-namespaces"),
+        (["controller", "--log-level", "loud"], "--log-level"),
+        (["controller", "--runbook-base-url", "ftp://docs"], "--runbook-base-url"),
+        (["get", "-n", "Bad_Namespace"], "--namespace"),
+        (["graph", "shop", "-o", "png"], "--output"),
+        (["reconcile", "shop", "--timeout", "soon"], "--timeout"),
+        (["run", "--workers", "0"], "--workers"),
+    ],
+)
+def test_bad_values_are_usage_errors_naming_the_flag(args: list[str], flag: str) -> None:
+    result = run_cli(*args)  # any exception but click's own would fail this test
+    assert result.exit_code == 2, result.output
+    assert flag in result.stderr, result.stderr
+
+
+def test_a_bad_value_in_the_real_process_is_no_traceback() -> None:
+    result = stageset("controller", "--mirror-max-size", "500m")
+    assert result.returncode == 2
+    assert "not a whole number of bytes" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_missing_arguments_are_usage_errors() -> None:
+    for args in (["tree"], ["graph"], ["diff"], ["reconcile"], ["nonsense"]):
+        result = run_cli(*args)
+        assert result.exit_code == 2, (args, result.output)
+
+
+def test_version() -> None:
+    result = stageset("--version")
+    assert result.returncode == 0
+    assert result.stdout.startswith("stageset, version ")
+
+
+def test_no_kubeconfig_is_a_runtime_error_in_one_line(no_cluster: dict[str, str]) -> None:
+    result = stageset("get", env=no_cluster)
+    assert result.returncode == 3, result.stderr
+    assert "no kubeconfig" in result.stderr
+    assert "--kubeconfig" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_an_unreachable_cluster_is_a_runtime_error(tmp_path: Path) -> None:
+    config = tmp_path / "kubeconfig"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [
+                    {
+                        "name": "c",
+                        "cluster": {"server": "https://127.0.0.1:9", "insecure-skip-tls-verify": True},
+                    }
+                ],
+                "users": [{"name": "u", "user": {"token": "t"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u", "namespace": "shop"}}],
+            }
+        )
+    )
+    result = stageset("get", "--kubeconfig", str(config))
+    assert result.returncode == 3, result.stderr
+    assert "cannot reach the cluster at https://127.0.0.1:9" in result.stderr
+    assert "Traceback" not in result.stderr
+    unknown = stageset("get", "--kubeconfig", str(config), "--context", "nope")
+    assert unknown.returncode == 3
+    assert "nope" in unknown.stderr
+    assert "Traceback" not in unknown.stderr
+
+
+def test_crds_prints_what_crds_holds() -> None:
+    result = run_cli("crds")
+    assert result.exit_code == 0
+    printed = [d for d in yaml.safe_load_all(result.stdout) if d]
+    on_disk = [yaml.safe_load((DEFAULT_OUTPUT_DIR / kind.filename).read_text()) for kind in KINDS]
+    assert printed == on_disk
+    listed = json.loads(run_cli("crds", "-o", "json").stdout)
+    assert listed["kind"] == "List"
+    assert listed["items"] == on_disk
+
+
+SECRET_SOURCE = {
+    "app/secret.yaml": """\
+apiVersion: v1
+kind: Secret
+metadata: {name: db}
+stringData:
+  password: ${DB_PASSWORD:=hunter2-default}
+""",
+    "app/config.yaml": """\
+apiVersion: v1
+kind: ConfigMap
+metadata: {name: app}
+data:
+  mode: ${MODE}
+""",
+}
+LOCAL_STAGESET = """\
+apiVersion: stages.metio.wtf/v1
+kind: GitRepository
+metadata: {name: app, namespace: shop}
+spec: {url: "https://git.example.invalid/app.git"}
+---
+apiVersion: stages.metio.wtf/v1
+kind: StageSet
+metadata: {name: shop, namespace: shop}
+spec:
+  serviceAccountName: deployer
+  stages:
+    - name: app
+      sourceRef: {name: app}
+      path: ./app
+      postBuild:
+        substitute: {MODE: fast}
+        substituteFrom: [{kind: Secret, name: vars}]
+"""
+
+
+def test_a_local_build_needs_no_cluster_and_masks_secrets(tmp_path: Path, no_cluster: dict[str, str]) -> None:
+    for name, text in SECRET_SOURCE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "stageset.yaml").write_text(LOCAL_STAGESET)
+    args = ["build", "-f", str(tmp_path / "stageset.yaml"), "--source-dir", str(tmp_path)]
+    result = stageset(*args, env=no_cluster)
+    assert result.returncode == 0, result.stderr
+    objects = [d for d in yaml.safe_load_all(result.stdout) if d]
+    assert {o["kind"] for o in objects} == {"Secret", "ConfigMap"}
+    config = next(o for o in objects if o["kind"] == "ConfigMap")
+    assert config["data"] == {"mode": "fast"}  # postBuild.substitute applied
+    secret = next(o for o in objects if o["kind"] == "Secret")
+    assert secret["stringData"] == {"password": "***"}
+    assert "hunter2" not in result.stdout
+    assert "substituteFrom (Secret/vars) not read" in result.stderr
+    shown = stageset(*args, "--show-secrets", env=no_cluster)
+    assert "hunter2-default" in shown.stdout
+    as_json = json.loads(stageset(*args, "-o", "json", env=no_cluster).stdout)
+    assert [s["stage"] for s in as_json] == ["app"]
+
+
+def test_a_local_build_of_the_example(no_cluster: dict[str, str]) -> None:
+    examples = ROOT / "examples"
+    result = stageset(
+        "build", "-f", str(examples / "stageset.yaml"), "--source-dir", str(examples), env=no_cluster
+    )
+    assert result.returncode == 0, result.stderr
+    names = [d["metadata"]["name"] for d in yaml.safe_load_all(result.stdout) if d]
+    assert names == ["shop-settings", "shop-backend", "shop-backend-schema", "shop-frontend"]
+    assert "# stage frontend: path ./app/frontend" in result.stdout
+
+
+def test_a_build_that_fails_exits_3(tmp_path: Path, no_cluster: dict[str, str]) -> None:
+    (tmp_path / "stageset.yaml").write_text(LOCAL_STAGESET)
+    result = stageset(
+        "build", "-f", str(tmp_path / "stageset.yaml"), "--source-dir", str(tmp_path), env=no_cluster
+    )
+    assert result.returncode == 3
+    assert "stage app" in result.stderr
+    assert "Traceback" not in result.stderr
+
+
+def test_a_link_elsewhere_in_a_local_checkout_fails_only_a_build_that_loads_it(
+    tmp_path: Path, no_cluster: dict[str, str]
+) -> None:
+    for name, text in SECRET_SOURCE.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    (tmp_path / "stageset.yaml").write_text(LOCAL_STAGESET)
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "passwd.yaml").symlink_to("/etc/passwd")
+    args = ["build", "-f", str(tmp_path / "stageset.yaml"), "--source-dir", str(tmp_path)]
+    assert run_cli(*args, env=no_cluster).exit_code == 0
+    (tmp_path / "app" / "leak.yaml").symlink_to("/etc/passwd")
+    result = run_cli(*args, env=no_cluster)
+    assert result.exit_code == 3
+    assert "root:" not in result.output
