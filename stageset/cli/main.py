@@ -194,6 +194,7 @@ def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: 
     # Parsed (and refused, exit 2) exactly as `stageset controller` parses them.
     params = controller.make_context("stageset run", list(passed), parent=ctx).params
     if kubeconfig:
+        process.stop_on_signals()  # a signal while the CRDs are installed still stops cleanly
         demo.prepare_cluster(kubeconfig=Path(kubeconfig), cluster_admin=bool(params.get("cluster_admin")))
         controller.main(args=passed, prog_name="stageset run", standalone_mode=False)
         return

@@ -124,9 +124,18 @@ def exit_leadership_lost() -> None:
     os._exit(1)
 
 
+_requested: threading.Event | None = None
+
+
 def stop_on_signals() -> threading.Event:
-    """Catch SIGTERM/SIGINT from the first moment; the event is handed to the manager later."""
-    requested = threading.Event()
+    """Catch SIGTERM/SIGINT from the first moment; the event is handed to the manager later.
+
+    One event per process: a command that prepares something before it starts the controller
+    (``run --kubeconfig`` installs CRDs first) calls this early, and the controller's own call
+    returns the same event, so a signal in between still stops it cleanly.
+    """
+    global _requested
+    requested = _requested = _requested or threading.Event()
 
     def handle(signum: int, _frame: object) -> None:
         log.info("received %s during start-up; stopping", signal.Signals(signum).name)

@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import signal
 
 import click
 import pytest
 
+from stageset.cli import process
 from stageset.cli.process import lifecycle_settings
 from stageset.controller.health import parse_address
 from stageset.controller.leader import LeaderElectionConfig
@@ -70,3 +73,19 @@ def test_json_logs_are_one_object_per_line() -> None:
     assert "\n" not in line
     entry = json.loads(line)
     assert (entry["level"], entry["logger"], entry["message"]) == ("warning", "stageset.x", "a message\nb")
+
+
+def test_a_signal_before_the_controller_starts_is_kept_for_it() -> None:
+    # `run --kubeconfig` catches signals before it installs the CRDs; the controller's own call
+    # must hand back the same event, or a Ctrl-C in between would be lost (or kill the process).
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        early = process.stop_on_signals()
+        os.kill(os.getpid(), signal.SIGTERM)
+        later = process.stop_on_signals()
+        assert later is early
+        assert later.wait(timeout=5)
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
+        process._requested = None
