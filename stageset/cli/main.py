@@ -117,6 +117,9 @@ def main() -> None:
               help="Most bytes (unpacked) one Git fetch may bring.")
 @click.option("--max-teardown-wait", default="5m", show_default=True,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
+@click.option("--resync-period", default="5m", show_default=True,
+              help="List every watched kind again this often, whatever the watches said (recovers "
+              "events a broken connection lost).")
 @click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",
               help="Override one limit of a stage's build, e.g. max_stage_objects=50000 "
               "(see docs/layouts.md).")
@@ -129,7 +132,7 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
                max_workers_per_namespace: int, mirror_dir: str | None, mirror_max_size: str,
                allow_insecure_sources: bool, allow_local_sources: bool, git_max_file_size: str,
                git_max_read_size: str, git_max_files: int, git_max_fetch_size: str,
-               max_teardown_wait: str, build_limits: tuple[str, ...],
+               max_teardown_wait: str, resync_period: str, build_limits: tuple[str, ...],
                log_level: str, log_format: str, lifecycle: process.LifecycleSettings) -> None:
     """Run the controller against a cluster."""
     early_stop = process.stop_on_signals()
@@ -157,6 +160,7 @@ def controller(kubeconfig: str | None, watch_namespaces: str, cluster_admin: boo
                              max_fetch_bytes=parse_size(git_max_fetch_size)),
         mirror_max_bytes=parse_size(mirror_max_size) if mirror_max_size else None,
         max_teardown_wait=parse_duration_option(max_teardown_wait),
+        resync_period=max(1.0, parse_duration_option(resync_period)),
     )
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:

@@ -100,7 +100,8 @@ class Manager:
         for namespace in settings.watch_namespaces or (None,):
             for resource in (STAGESETS, GITREPOSITORIES):
                 self._reflectors.append(Reflector(client=admin, resource=resource, namespace=namespace,
-                                                  handler=self._handler(resource.kind), stop=self.stop))
+                                                  handler=self._handler(resource.kind), stop=self.stop,
+                                                  resync=settings.resync_period))
 
     @staticmethod
     def _mirror_store(settings: ControllerSettings) -> MirrorStore:
@@ -192,7 +193,7 @@ class Manager:
         except Exception as error:
             # Never crash on user data: log (the traceback once per failure streak), back off.
             failures = queue.failures(key)
-            delay = queue.add_rate_limited(key)
+            delay = queue.add_rate_limited(key, at_least=getattr(error, "retry_after", None) or 0.0)
             if failures == 0:
                 log.exception("reconciling %s %s/%s failed; retrying in %.1fs", *key, delay)
             else:

@@ -3,12 +3,22 @@
 We use the official client's configuration loading, TLS set-up and urllib3 pool,
 but build requests ourselves so that server-side apply, dry-run, watch streaming
 and impersonation all go through the same small function.
+
+Overload: an apiserver that sheds load (API Priority and Fairness, max-in-flight) answers
+429 with ``Retry-After``; the official client does not honour it.  :meth:`KubeClient.request`
+waits at least that long (capped, jittered) and tries again, up to :data:`THROTTLE_RETRIES`
+times within the request's own timeout; a 429 that outlasts them reaches the caller as an
+:class:`ApiError` carrying ``retry_after``, which the work queue's backoff and the watch
+loop respect.  A 429 was not acted on by the server, so every verb may be retried.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import random
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,6 +31,12 @@ from kubernetes import config as k8s_config
 from stageset.kube.types import KubeObject
 
 QueryValue = str | int | bool
+
+log = logging.getLogger(__name__)
+
+# 429 answers retried within one request, and the longest single wait a Retry-After may ask for.
+THROTTLE_RETRIES = 5
+MAX_RETRY_AFTER = 10.0
 
 
 @dataclass(frozen=True)
@@ -40,12 +56,15 @@ class Identity:
 class ApiError(Exception):
     """A non-2xx answer from the apiserver, with the Status body's reason and message."""
 
-    def __init__(self, *, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None):
+    def __init__(self, *, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None,
+                 retry_after: float | None = None):
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.body: Mapping[str, Any] = body or {}
+        self.retry_after = retry_after
+        """Seconds the server asked us to wait (``Retry-After``), if it did."""
 
     @property
     def not_found(self) -> bool:
@@ -66,6 +85,22 @@ class ApiError(Exception):
     @property
     def invalid(self) -> bool:
         return self.status == 422
+
+    @property
+    def throttled(self) -> bool:
+        """Shed by the server before it acted (429), or unavailable with a ``Retry-After``."""
+        return self.status == 429 or (self.status == 503 and self.retry_after is not None)
+
+
+def retry_after(headers: Mapping[str, str] | Any) -> float | None:
+    """The ``Retry-After`` header in seconds (delta-seconds form, as the apiserver sends it)."""
+    value = headers.get("Retry-After") if headers is not None else None
+    if value is None:
+        return None
+    try:
+        return max(0.0, min(float(value), MAX_RETRY_AFTER))
+    except ValueError:
+        return 1.0  # an HTTP date: not worth parsing, wait a little
 
 
 class UnreachableError(Exception):
@@ -133,16 +168,29 @@ class KubeClient:
         headers = {"Content-Type": content_type} if body is not None else {}
         url, headers = self._prepare(method, path, query, headers)
         payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-        try:
-            response = self._api.rest_client.pool_manager.request(
-                method, url, body=payload, headers=headers,
-                timeout=urllib3.Timeout(total=timeout or self._timeout), preload_content=True,
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            raise UnreachableError(server=self.server, why=_why(error)) from None
-        data = response.data
-        if response.status >= 300:
-            raise _api_error(response.status, data)
+        budget = timeout or self._timeout
+        deadline = time.monotonic() + budget
+        attempt = 0
+        while True:
+            try:
+                left = max(1.0, deadline - time.monotonic())
+                response = self._api.rest_client.pool_manager.request(
+                    method, url, body=payload, headers=headers, timeout=urllib3.Timeout(total=left),
+                    preload_content=True,
+                )
+            except (urllib3.exceptions.HTTPError, OSError) as error:
+                raise UnreachableError(server=self.server, why=_why(error)) from None
+            data = response.data
+            if response.status < 300:
+                break
+            failed = _api_error(response.status, data, retry_after(response.headers))
+            wait = _throttle_wait(failed, attempt=attempt)
+            if wait is None or attempt >= THROTTLE_RETRIES or time.monotonic() + wait >= deadline:
+                raise failed
+            attempt += 1
+            THROTTLED.add()
+            log.debug("%s %s: %s; retrying in %.1fs (Retry-After)", method, path, failed.status, wait)
+            time.sleep(wait)
         if not data:
             return {}
         parsed: KubeObject = json.loads(data)
@@ -153,13 +201,16 @@ class KubeClient:
     ) -> Iterator[KubeObject]:
         """Yield each JSON line of a streaming GET (a watch)."""
         url, headers = self._prepare("GET", path, query, {})
-        response = self._api.rest_client.pool_manager.request(
-            "GET", url, headers=headers, preload_content=False,
-            timeout=urllib3.Timeout(connect=10.0, read=timeout),
-        )
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                "GET", url, headers=headers, preload_content=False,
+                timeout=urllib3.Timeout(connect=10.0, read=timeout),
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise UnreachableError(server=self.server, why=_why(error)) from None
         try:
             if response.status >= 300:
-                raise _api_error(response.status, response.read())
+                raise _api_error(response.status, response.read(), retry_after(response.headers))
             buffer = b""
             for chunk in response.stream(64 * 1024):
                 buffer += chunk
@@ -198,7 +249,7 @@ class KubeClient:
         return self.request("DELETE", path, query=query)
 
 
-def _api_error(status: int, data: bytes) -> ApiError:
+def _api_error(status: int, data: bytes, after: float | None = None) -> ApiError:
     """An error from the response; only a Kubernetes ``Status`` body is read (a proxy's HTML
     page or a hostile server's text never reaches messages or logs)."""
     try:
@@ -207,10 +258,36 @@ def _api_error(status: int, data: bytes) -> ApiError:
         body = {}
     if not isinstance(body, dict) or body.get("kind") != "Status":
         return ApiError(status=status, reason="", message=f"HTTP {status} with an answer that is not a "
-                        f"Kubernetes Status ({len(data)} bytes, not shown)")
+                        f"Kubernetes Status ({len(data)} bytes, not shown)", retry_after=after)
     reason = str(body.get("reason", ""))
     return ApiError(status=status, reason=reason if reason.isalnum() else "",
-                    message=str(body.get("message") or "no message"), body=body)
+                    message=str(body.get("message") or "no message"), body=body, retry_after=after)
+
+
+def _throttle_wait(error: ApiError, *, attempt: int) -> float | None:
+    """How long to wait before retrying a throttled request (``None``: not throttled).
+
+    At least the server's ``Retry-After``; each further attempt doubles it, with jitter so
+    that requests shed together do not come back together."""
+    if not error.throttled:
+        return None
+    base = error.retry_after if error.retry_after is not None else 1.0
+    return float(min(MAX_RETRY_AFTER, max(base, 0.1) * 2 ** attempt) * (1 + 0.25 * random.random()))  # noqa: S311
+
+
+class _Counter:
+    """A thread-safe count (requests retried after a 429), for logs, tests and benchmarks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.value = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.value += 1
+
+
+THROTTLED = _Counter()
 
 
 @dataclass(frozen=True)
