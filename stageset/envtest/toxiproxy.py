@@ -174,7 +174,8 @@ class Toxiproxy:
     def proxy(self, name: str, *, upstream: str) -> Proxy:
         """A new proxy on a free loopback port forwarding to ``upstream`` (``host:port``)."""
         listen = f"127.0.0.1:{free_port()}"
-        self._call("POST", "/proxies", {"name": name, "listen": listen, "upstream": upstream, "enabled": True})
+        self._call("POST", "/proxies",
+                   {"name": name, "listen": listen, "upstream": upstream, "enabled": True})
         return Proxy(name=name, listen=listen, upstream=upstream)
 
     def set_enabled(self, proxy: Proxy, enabled: bool) -> None:
@@ -254,7 +255,7 @@ def start(*, workdir: Path, binary: Path | None = None) -> Toxiproxy:
             [str(binary), "-host", "127.0.0.1", "-port", str(port)],
             stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True,
             env={**os.environ, "LOG_LEVEL": "info"},
-            preexec_fn=_die_with_parent,  # noqa: PLW1509 - no threads are started before fork here
+            preexec_fn=_die_with_parent,  # no threads are started before fork here
         )
     proxy = Toxiproxy(api=f"http://127.0.0.1:{port}", log=log, _process=process)
     deadline = time.monotonic() + 20

@@ -244,3 +244,16 @@ def teardown_expired(*, now: datetime.datetime, deleted_at: str | None, max_wait
     """Has a teardown that cannot finish waited long enough to be given up?"""
     started = parse_time(deleted_at) or now
     return (now - started).total_seconds() >= max_wait
+
+
+# A teardown whose cluster fails is retried after a tenth of the time it has been failing,
+# between these bounds, and never later than its expiry: it backs off, yet is released on time.
+TEARDOWN_RETRY_MIN, TEARDOWN_RETRY_MAX = 1.0, 30.0
+
+
+def teardown_retry(*, now: datetime.datetime, deleted_at: str | None, max_wait: float) -> float:
+    """When to look again at a teardown whose cluster could not be used."""
+    started = parse_time(deleted_at) or now
+    waited = max(0.0, (now - started).total_seconds())
+    delay = min(TEARDOWN_RETRY_MAX, max(TEARDOWN_RETRY_MIN, waited / 10))
+    return max(TEARDOWN_RETRY_MIN / 10, min(delay, max_wait - waited + 0.1))
