@@ -24,6 +24,7 @@ from stageset.api import StageInventory, StageSet, StageSetStatus, StageStatus, 
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason, StagePhase
 from stageset.apply.inventory import ObjectId, by_stage
 from stageset.apply.readiness import Readiness, Status
+from stageset.apply.record import Record
 from stageset.controller.conditions import find, holds_at
 from stageset.controller.ordering import OrderingError, StageNode, stage_graph
 
@@ -222,6 +223,24 @@ def before_stages(reason: Reason, *, retry: float) -> Failure:
     if reason in (Reason.INVALID_SPEC, Reason.STALLED):
         return Failure(stalled=True, requeue_after=None)
     return Failure(stalled=False, requeue_after=1.0 if reason is Reason.PROGRESSING else retry)
+
+
+# -- a lost inventory -------------------------------------------------------------------------
+
+def needs_rebuild(inventories: Mapping[str, StageInventory], record: Record) -> bool:
+    """Status holds no inventory though the durable record names stages (status was lost:
+    restored from a backup, re-created), or the last rebuild could not see everything."""
+    return record.rebuild or (not inventories and bool(record.stages))
+
+
+def without_prune(verdict: Verdict, problem: str, *, retry: float) -> Verdict:
+    """A pass that would prune, over an inventory rebuilt from a partial view: prune nothing,
+    say why, and try again soon (the rebuild is retried on every pass until it is complete)."""
+    if not verdict.prune:
+        return verdict
+    return Verdict(False, Reason.INVENTORY_INCOMPLETE,
+                   f"applied, but nothing is pruned until the lost inventory can be rebuilt: {problem}",
+                   requeue_after=min(retry, SOON))
 
 
 # -- teardown ----------------------------------------------------------------------------------

@@ -36,6 +36,7 @@ from stageset.controller.finalizers import set_finalizer
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.result import Result
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
+from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.status import StatusReport
 from stageset.kube.client import ApiError, ClientPool, UnreachableError
@@ -60,8 +61,9 @@ class Attempt:
 
 class Teardown:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, targets: Targets,
-                 events: EventRecorder, resource: Resource, clock: Clock, max_wait: float):
+                 events: EventRecorder, resource: Resource, clock: Clock, max_wait: float, records: Records):
         self._clients = clients
+        self._records = records
         self._identities = identities
         self._targets = targets
         self._events = events
@@ -111,6 +113,19 @@ class Teardown:
         expired = teardown_expired(now=now, deleted_at=deleted_at, max_wait=self._max_wait)
         target, failure = self._target(stageset)
         owner = Owner(namespace, name)
+        if target is not None:
+            # Status lost its inventory (restored without status): find the objects by their labels.
+            try:
+                inventories, problem = self._records.recover(report.obj, inventories=inventories, wanted={},
+                                                             target=target)
+            except _CLUSTER_ERRORS as error:
+                problem = f"rebuilding the inventory failed: {_why(error)}"
+            if problem:
+                failure = problem
+                if not expired:
+                    log.warning("teardown of StageSet %s/%s waits: %s", namespace, name, problem)
+                    return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
+                                                               max_wait=self._max_wait))
         for stage in teardown_order(stage_nodes(stageset) if stageset else None, inventories):
             inv = inventories[stage]
             progress, failed = self._stage(inv, target=target, namespace=namespace, owner=owner)
