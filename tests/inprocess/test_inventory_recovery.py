@@ -43,7 +43,8 @@ def test_wiped_status_then_a_file_removed_prunes_exactly_that_object(world: Worl
     ready_with(world, {"app/a.json": configmap("a"), "app/b.json": configmap("b"),
                        "web/web.json": deployment("web")})
     # Someone else's ConfigMap in the same namespace, and one labelled for another StageSet.
-    world.cluster.put({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "mine", "namespace": NS}})
+    world.cluster.put({"apiVersion": "v1", "kind": "ConfigMap",
+                       "metadata": {"name": "mine", "namespace": NS}})
     world.cluster.put({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {
         "name": "other", "namespace": NS, "labels": {"stages.metio.wtf/name": "other",
                                                       "stages.metio.wtf/namespace": NS,
@@ -83,7 +84,8 @@ def test_a_denied_list_prunes_nothing_until_the_view_is_complete(world: World) -
                        "web/web.json": deployment("web")})
     wipe_status(world)
     world.commit({"app/a.json": configmap("a"), "web/web.json": deployment("web")})
-    world.cluster.failures[("list", DEPLOYMENTS, None)] = ApiError(status=403, reason="Forbidden", message="no")
+    denied = ApiError(status=403, reason="Forbidden", message="no")
+    world.cluster.failures[("list", DEPLOYMENTS, None)] = denied
 
     world.reconcile("shop")
 
