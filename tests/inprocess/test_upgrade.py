@@ -46,7 +46,9 @@ def _cases() -> list[tuple[str, bool]]:
 
 
 @pytest.mark.parametrize(("fixture", "status_lost"), _cases())
-def test_the_new_controller_prunes_from_what_was_stored(world: World, fixture: str, status_lost: bool) -> None:
+def test_the_new_controller_prunes_from_what_was_stored(
+    world: World, fixture: str, status_lost: bool
+) -> None:
     stored = json.loads((FIXTURES / fixture).read_text())
     # The cluster as the old controller left it: its objects, labelled, and the StageSet.
     for name, stage in (("a", "app"), ("b", "app")):
