@@ -204,7 +204,7 @@ class Manager:
         if result.backoff:
             # The failure is in the object's status; one log line per failure streak.
             failures = queue.failures(key)
-            delay = queue.add_rate_limited(key)
+            delay = queue.add_rate_limited(key, at_most=result.requeue_after)
             log.log(logging.WARNING if failures == 0 else logging.DEBUG,
                     "reconciling %s %s/%s failed (see its status); retrying in %.1fs", *key, delay)
             return
