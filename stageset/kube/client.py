@@ -189,7 +189,8 @@ class KubeClient:
                 raise failed
             attempt += 1
             THROTTLED.add()
-            log.debug("%s %s: %s; retrying in %.1fs (Retry-After)", method, path, failed.status, wait)
+            log.debug("%s %s: %s (Retry-After %s); retrying in %.1fs", method, path, failed.status,
+                      "none" if failed.retry_after is None else f"{failed.retry_after:g}s", wait)
             time.sleep(wait)
         if not data:
             return {}
