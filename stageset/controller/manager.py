@@ -33,7 +33,7 @@ from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import StageSetReconciler
 from stageset.controller.stageset.rendering import SourceTrees
 from stageset.controller.status import requested_at
-from stageset.kube.client import ClientPool
+from stageset.kube.client import ClientPool, UnreachableError
 from stageset.kube.mapping import Resource, RestMapper
 from stageset.kube.types import KubeObject
 from stageset.kube.watch import Reflector, wait_synced
@@ -189,6 +189,15 @@ class Manager:
         except TerminalError as error:
             log.warning("%s %s/%s: %s; not retried until it changes", *key, error)
             queue.forget(key)
+            return
+        except UnreachableError as error:
+            # The apiserver itself cannot be reached (it restarts, the network drops): no bug, no
+            # traceback; retried with the key's backoff.
+            failures = queue.failures(key)
+            delay = queue.add_rate_limited(key)
+            log.log(logging.WARNING if failures == 0 else logging.DEBUG,
+                    "reconciling %s %s/%s: the apiserver cannot be reached (%s); retrying in %.1fs",
+                    *key, error.why, delay)
             return
         except Exception as error:
             # Never crash on user data: log (the traceback once per failure streak), back off.

@@ -34,6 +34,10 @@ QueryValue = str | int | bool
 
 log = logging.getLogger(__name__)
 
+# urllib3 may retry a failed *connection* at once (nothing was sent); never a read that timed out or
+# broke — that costs another full timeout, and the caller's backoff decides when to try again.
+_RETRIES = urllib3.Retry(total=2, connect=2, read=0, redirect=0, status=0, other=0)
+
 # 429 answers retried within one request, and the longest single wait a Retry-After may ask for.
 THROTTLE_RETRIES = 5
 MAX_RETRY_AFTER = 10.0
@@ -133,13 +137,29 @@ def _why(error: BaseException) -> str:
     return "the connection failed"
 
 
+class PathHealth:
+    """Shared by every client of one cluster: a connection failure seen by one of them makes the
+    others drop their idle connections too (they went down the same path)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.epoch = 0
+
+    def failed(self) -> None:
+        with self._lock:
+            self.epoch += 1
+
+
 class KubeClient:
     """Requests to one cluster as one identity.  Thread-safe (urllib3 pools are)."""
 
-    def __init__(self, *, api_client: k8s.ApiClient, identity: Identity, timeout: float = 30.0):
+    def __init__(self, *, api_client: k8s.ApiClient, identity: Identity, timeout: float = 30.0,
+                 health: PathHealth | None = None):
         self._api = api_client
         self.identity = identity
         self._timeout = timeout
+        self._health = health or PathHealth()
+        self._epoch = self._health.epoch
         self._headers: dict[str, str] = {}
         if identity.user:
             self._headers["Impersonate-User"] = identity.user
@@ -170,15 +190,19 @@ class KubeClient:
         payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
         budget = timeout or self._timeout
         deadline = time.monotonic() + budget
+        if self._epoch != self._health.epoch:
+            self._epoch = self._health.epoch
+            self._api.rest_client.pool_manager.clear()
         attempt = 0
         while True:
             try:
                 left = max(1.0, deadline - time.monotonic())
                 response = self._api.rest_client.pool_manager.request(
                     method, url, body=payload, headers=headers, timeout=urllib3.Timeout(total=left),
-                    preload_content=True,
+                    preload_content=True, retries=_RETRIES,
                 )
             except (urllib3.exceptions.HTTPError, OSError) as error:
+                self._drop_idle_connections()
                 raise UnreachableError(server=self.server, why=_why(error)) from None
             data = response.data
             if response.status < 300:
@@ -221,6 +245,14 @@ class KubeClient:
                         yield json.loads(line)
         finally:
             response.release_conn()
+
+    def _drop_idle_connections(self) -> None:
+        """After a connection failed (timed out, broke): the idle ones in the pool most likely went
+        down the same path — a middlebox that silently dropped them all, an apiserver that
+        restarted — and each would cost a full timeout to find out.  Open fresh ones instead."""
+        self._api.rest_client.pool_manager.clear()
+        self._health.failed()
+        self._epoch = self._health.epoch
 
     @property
     def server(self) -> str:
@@ -308,6 +340,7 @@ class ClientPool:
         self._configurations: dict[ClusterKey, k8s.Configuration] = {LOCAL: configuration}
         self._timeout = timeout
         self._clients: dict[tuple[ClusterKey, Identity], KubeClient] = {}
+        self._health: dict[ClusterKey, PathHealth] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -339,7 +372,8 @@ class ClientPool:
             found = self._clients.get(key)
             if found is None:
                 api = k8s.ApiClient(configuration=self._configurations[cluster])
-                found = KubeClient(api_client=api, identity=identity, timeout=self._timeout)
+                found = KubeClient(api_client=api, identity=identity, timeout=self._timeout,
+                                   health=self._health.setdefault(cluster, PathHealth()))
                 self._clients[key] = found
             return found
 

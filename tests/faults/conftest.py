@@ -106,7 +106,8 @@ class Lab:
                 "apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
                 "metadata": {"name": name, "namespace": namespace},
                 "spec": {"serviceAccountName": "deployer", "interval": "10m", "retryInterval": "5s",
-                         "stages": [{"name": "first", "sourceRef": {"name": "app"}, "path": f"./{name}/first"},
+                         "stages": [{"name": "first", "sourceRef": {"name": "app"},
+                                     "path": f"./{name}/first"},
                                     {"name": "second", "sourceRef": {"name": "app"},
                                      "path": f"./{name}/second"}]}}, field_manager="faults")
         return Scenario(lab=self, namespace=namespace, names=names)
@@ -161,7 +162,8 @@ class Scenario:
         def done() -> bool:
             return all(self.ready_at(n, sha) for n in self.names) and self.owned() == expected
 
-        wait_for(done, timeout=timeout, what=f"{self.namespace} converged at {sha[:8]} with {sorted(expected)}")
+        wait_for(done, timeout=timeout,
+                 what=f"{self.namespace} converged at {sha[:8]} with {sorted(expected)}")
         return time.monotonic() - started
 
     def deleted(self) -> list[str]:
@@ -191,7 +193,8 @@ def etcd_call(plane: envtest.ControlPlane, path: str, body: dict[str, Any]) -> d
 
 def compact(plane: envtest.ControlPlane) -> int:
     """Compact etcd at its current revision (physically): every older revision is gone."""
-    revision = int(etcd_call(plane, "/v3/kv/range", {"key": base64.b64encode(b"/").decode()})["header"]["revision"])
+    header = etcd_call(plane, "/v3/kv/range", {"key": base64.b64encode(b"/").decode()})["header"]
+    revision = int(header["revision"])
     etcd_call(plane, "/v3/kv/compaction", {"revision": str(revision), "physical": True})
     return revision
 

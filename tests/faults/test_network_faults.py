@@ -63,7 +63,8 @@ def ready_scenario(lab: Lab, prefix: str, sets: int = 2) -> Scenario:
 def change(s: Scenario) -> str:
     """Change every ``a``, remove every ``b``."""
     sets = len(s.names)
-    return s.commit({**files(sets, "v2", with_b=False), **{f"set{i}/first/b.json": None for i in range(sets)}})
+    removed: dict[str, str | None] = {f"set{i}/first/b.json": None for i in range(sets)}
+    return s.commit({**files(sets, "v2", with_b=False), **removed})
 
 
 def survive(lab: Lab, name: str, s: Scenario, fault: Callable[[], Any], *, bound: float) -> float:
@@ -197,14 +198,16 @@ def test_the_git_server_flapping(clean: Lab) -> None:
 def _apf(lab: Lab, namespace: str, *, present: bool) -> None:
     base = "/apis/flowcontrol.apiserver.k8s.io/v1"
     if not present:
-        for path in (f"{base}/flowschemas/stageset-tiny", f"{base}/prioritylevelconfigurations/stageset-tiny"):
+        for kind in ("flowschemas", "prioritylevelconfigurations"):
+            path = f"{base}/{kind}/stageset-tiny"
             lab.admin.request("DELETE", path)
         return
     lab.admin.apply(f"{base}/prioritylevelconfigurations/stageset-tiny", {
         "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "PriorityLevelConfiguration",
         "metadata": {"name": "stageset-tiny"},
         "spec": {"type": "Limited", "limited": {"nominalConcurrencyShares": 1, "lendablePercent": 0,
-                                                "limitResponse": {"type": "Reject"}}}}, field_manager="faults")
+                                                "limitResponse": {"type": "Reject"}}}},
+        field_manager="faults")
     lab.admin.apply(f"{base}/flowschemas/stageset-tiny", {
         "apiVersion": "flowcontrol.apiserver.k8s.io/v1", "kind": "FlowSchema",
         "metadata": {"name": "stageset-tiny"},
@@ -295,7 +298,8 @@ def test_apiserver_overload_429_with_retry_after(clean: Lab) -> None:
     gaps = []
     for rejected in [e for e in shed if e["verb"] in ("create", "patch", "update", "delete")]:
         key = (rejected["verb"], rejected["requestURI"], acting(rejected))
-        later = [at(e) for e in events if (e["verb"], e["requestURI"], acting(e)) == key and at(e) > at(rejected)]
+        later = [at(e) for e in events
+                 if (e["verb"], e["requestURI"], acting(e)) == key and at(e) > at(rejected)]
         if later:
             gaps.append(min(later) - at(rejected))
     assert gaps, "no shed request was retried"
@@ -308,11 +312,14 @@ def test_apiserver_overload_429_with_retry_after(clean: Lab) -> None:
     del least
 
 
+_BUMPS = iter(range(6, 10_000))
+
+
 def _bump(s: Scenario, name: str) -> int:
     """A spec change (a new generation) made by the test directly, not through the proxy."""
     obj = s.lab.admin.request("PATCH", f"{STAGESETS.format(ns=s.namespace)}/{name}",
                               content_type="application/merge-patch+json",
-                              body={"spec": {"retryInterval": f"{int(time.time()) % 50 + 6}s"}})
+                              body={"spec": {"retryInterval": f"{next(_BUMPS)}s"}})
     return int(obj["metadata"]["generation"])
 
 
@@ -325,11 +332,8 @@ def test_410_gone_after_an_etcd_compaction_is_recovered(clean: Lab) -> None:
     before = clean.controller.output().count("expired (410); relisting")
     clean.proxy.set_enabled(clean.api, False)  # every connection cut; watches must reconnect
     try:
-        generation = _bump(s, "set0")
-        for i in range(3):
-            _bump(s, "set0")
-            generation += 1
-            del i
+        for _ in range(4):
+            generation = _bump(s, "set0")
         compact(clean.plane)
     finally:
         clean.proxy.set_enabled(clean.api, True)

@@ -13,10 +13,10 @@ import posixpath
 from typing import Any
 
 import yaml
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
 from dulwich.object_store import MemoryObjectStore
 from dulwich.objects import Blob, Commit, ObjectID, Tree
+from hypothesis import HealthCheck, event, given, settings
+from hypothesis import strategies as st
 
 from sources import Limits, SourceError
 from sources.tree import read_tree
@@ -55,7 +55,8 @@ def git_tree(draw: st.DrawFn, store: MemoryObjectStore, depth: int = 0) -> Objec
 
 
 @settings(suppress_health_check=[HealthCheck.too_slow])
-@given(data=st.data(), path=st.sampled_from(["./", "", "a", "./a/b", "../a", "/etc", "b.yaml", "a/../..", "é.yaml"]),
+@given(data=st.data(),
+       path=st.sampled_from(["./", "", "a", "./a/b", "../a", "/etc", "b.yaml", "a/../..", "é.yaml"]),
        ignore=st.none() | st.sampled_from(["*.json", "/a", "!b.yaml\n*", "[", "**/**/**", "\\"]),
        files=st.integers(1, 50))
 def test_the_tree_reader_returns_files_inside_the_tree_or_refuses(data: st.DataObject, path: str,
@@ -73,7 +74,8 @@ def test_the_tree_reader_returns_files_inside_the_tree_or_refuses(data: st.DataO
         found = read_tree(store, commit=commit.id.decode(), path=path, ignore=ignore, limits=limits)
     except SourceError as error:
         event(f"refused: {type(error).__name__}")
-        assert str(error)
+        message = str(error)
+        assert message
         return
     event("read")
     assert len(found) <= files
@@ -96,8 +98,9 @@ RESOURCES = st.sampled_from(["a.yaml", "base", "../base", "../../../etc", "/etc/
 def yaml_text(draw: st.DrawFn) -> bytes:
     shape = draw(st.sampled_from(["object"] * 5 + ["objects", "value", "noise", "anchors", "deep"]))
     if shape == "object":
-        return yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": draw(
-            st.from_regex(r"[a-z]{1,6}", fullmatch=True))}, "data": {"k": draw(st.text(max_size=6))}}).encode()
+        name = draw(st.from_regex(r"[a-z]{1,6}", fullmatch=True))
+        return yaml.safe_dump({"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": name},
+                               "data": {"k": draw(st.text(max_size=6))}}).encode()
     if shape == "objects":
         return yaml.safe_dump_all(draw(st.lists(VALUES, max_size=3))).encode()
     if shape == "value":
@@ -149,11 +152,13 @@ def test_the_build_returns_objects_or_a_build_error(files: dict[str, bytes], pat
         objects = build_stage(files, path=path, limits=limits)
     except BuildError as error:
         event("refused")
-        assert str(error).strip()
+        message = str(error).strip()
+        assert message
         return
     event("built")
     assert objects
     for obj in objects:
         assert isinstance(obj, dict)
-        assert obj.get("kind") and obj.get("apiVersion")
+        assert obj.get("kind")
+        assert obj.get("apiVersion")
         assert isinstance(obj.get("metadata"), dict)

@@ -10,7 +10,6 @@ condition with a message, and return a result.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -53,7 +52,8 @@ def manifest(draw: st.DrawFn) -> Any:
         return {"apiVersion": draw(st.sampled_from(["v1", "apps/v1", "x.example/v1", "", "v1/v2/v3"])),
                 "kind": draw(st.sampled_from(["ConfigMap", "Deployment", "Widget", "", "List"])),
                 "metadata": draw(st.one_of(VALUES, st.fixed_dictionaries({"name": NAMES}))),
-                **draw(st.dictionaries(st.sampled_from(["spec", "data", "items", "status"]), VALUES, max_size=2))}
+                **draw(st.dictionaries(st.sampled_from(["spec", "data", "items", "status"]), VALUES,
+                                       max_size=2))}
     return draw(VALUES)
 
 
@@ -73,7 +73,7 @@ def tree(draw: st.DrawFn) -> dict[str, str]:
                                           max_size=2),
                     "namePrefix": st.text(max_size=5)})))
             else:
-                text = draw(st.sampled_from(["yaml", "raw"])) == "raw" and draw(st.text(max_size=40)) \
+                text = (draw(st.sampled_from(["yaml", "raw"])) == "raw" and draw(st.text(max_size=40))) \
                     or yaml.safe_dump_all(docs)
             files[f"{directory}/{name}".removeprefix("./")] = text
     return files
@@ -109,13 +109,8 @@ def admitted(model: type[StageSet] | type[GitRepository], body: dict[str, Any]) 
     return True
 
 
-@pytest.fixture
-def fresh() -> Iterator[World]:
-    """A new fake cluster per example (hypothesis reuses function fixtures across examples)."""
-    yield _world()
-
-
 def _world() -> World:
+    """A new fake cluster per example (hypothesis would reuse a function fixture across examples)."""
     cluster = FakeCluster()
     cluster.grant_namespace(TENANT, NS)
     cluster.controller_prefixes = ("/apis/stages.metio.wtf/",)
@@ -174,7 +169,9 @@ def git_spec(draw: st.DrawFn) -> dict[str, Any]:
 
 @settings(suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much])
 @given(spec=git_spec(), files=tree())
-def test_any_admitted_gitrepository_ends_with_a_condition(spec: dict[str, Any], files: dict[str, str]) -> None:
+def test_any_admitted_gitrepository_ends_with_a_condition(
+    spec: dict[str, Any], files: dict[str, str]
+) -> None:
     body = {"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
             "metadata": {"name": "app", "namespace": NS}, "spec": spec}
     if not admitted(GitRepository, body):
