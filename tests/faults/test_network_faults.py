@@ -230,8 +230,14 @@ def _stamp(value: str) -> float:
 class Flood:
     """Other clients of the same priority level keep it busy (GETs as the tenant, no retries)."""
 
-    def __init__(self, lab: Lab, namespace: str, threads: int = 12):
+    def __init__(self, lab: Lab, namespace: str, threads: int = 16):
         from stageset.kube.client import Identity
+
+        # Lists that take the apiserver a while (about 2 MiB each), so the flood really overlaps.
+        filler = "x" * 32_768
+        for i in range(64):
+            lab.admin.request("POST", f"/api/v1/namespaces/{namespace}/configmaps",
+                              body={"metadata": {"name": f"filler-{i}"}, "data": {"k": filler}})
 
         self.client = lab.admin_pool.client(Identity.service_account(namespace=namespace, name="deployer"))
         self.path = f"/api/v1/namespaces/{namespace}/configmaps"
@@ -270,7 +276,7 @@ def test_apiserver_overload_429_with_retry_after(clean: Lab) -> None:
     try:
         with Flood(clean, s.namespace) as flood:
             # Once the apiserver's APF configuration controller applied the objects, the level sheds.
-            wait_for(lambda: flood.retry_after, timeout=30, what="the priority level shedding load")
+            wait_for(lambda: flood.retry_after, timeout=60, what="the priority level shedding load")
             sha = change(s)
             taken = s.converge(sha, expected(4, "v2", with_b=False), timeout=150)
     finally:
@@ -341,7 +347,7 @@ def test_410_gone_after_an_etcd_compaction_is_recovered(clean: Lab) -> None:
     wait_for(lambda: _observed(s, "set0", generation), timeout=RESYNC + 40, what="the change seen after 410")
     RECOVERY["410 Gone after an etcd compaction"] = time.monotonic() - started
     assert clean.controller.output().count("expired (410); relisting") > before, "no 410 was seen"
-    assert s.ready_at("set0", None)
+    wait_for(lambda: s.ready_at("set0", None), timeout=30, what="Ready after the 410")
     clean.controller.check_alive()
 
 

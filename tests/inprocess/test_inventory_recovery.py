@@ -126,3 +126,18 @@ def test_teardown_after_status_was_lost_deletes_what_the_labels_say(world: World
     assert world.cluster.get(stageset_path("shop")) is None
     assert world.configmap("a") is None
     assert world.cluster.get(f"{DEPLOYMENTS}/web") is None
+
+
+def test_a_stageset_that_never_applied_anything_is_not_rebuilt(world: World) -> None:
+    # First pass denied (a ClusterRole the tenant may not write): the record was grown, nothing applied.
+    role = ('{"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", '
+            '"metadata": {"name": "escalate"}, "rules": []}')
+    world.commit({"app/a.json": configmap("a"), "app/role.json": role})
+    world.stageset("shop", [{"name": "app", "path": "./app"}])
+    world.reconcile("shop")
+    assert world.ready("shop")["reason"] == "RBACDenied"
+    world.cluster.clear()
+    world.commit({"app/a.json": configmap("a")})
+    world.reconcile("shop")
+    assert world.ready("shop")["status"] == "True"
+    assert not [r for r in world.cluster.requests if r.verb == "list"], "no rebuild: status was not lost"

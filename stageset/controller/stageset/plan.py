@@ -227,10 +227,18 @@ def before_stages(reason: Reason, *, retry: float) -> Failure:
 
 # -- a lost inventory -------------------------------------------------------------------------
 
-def needs_rebuild(inventories: Mapping[str, StageInventory], record: Record) -> bool:
-    """Status holds no inventory though the durable record names stages (status was lost:
-    restored from a backup, re-created), or the last rebuild could not see everything."""
-    return record.rebuild or (not inventories and bool(record.stages))
+def needs_rebuild(inventories: Mapping[str, StageInventory], record: Record, *, status_lost: bool) -> bool:
+    """Status was lost (restored from a backup without it, re-created: no inventory, no condition
+    at all) though the durable record names stages, or the last rebuild could not see everything.
+
+    A status that has conditions but no inventory is a StageSet that never applied anything (its
+    first stage was denied, say): nothing to look for."""
+    return record.rebuild or (status_lost and not inventories and bool(record.stages))
+
+
+def status_lost(status: Mapping[str, object] | None) -> bool:
+    """No trace of any pass in status: neither a condition nor an observed generation."""
+    return not status or not (status.get("conditions") or status.get("observedGeneration"))
 
 
 def without_prune(verdict: Verdict, problem: str, *, retry: float) -> Verdict:

@@ -48,7 +48,7 @@ class Records:
         """``inventories`` (from status) with what the cluster holds when status lost them, and
         why that view is incomplete (``None``: complete, or nothing to rebuild)."""
         record = parse(obj)
-        if not plan.needs_rebuild(inventories, record):
+        if not plan.needs_rebuild(inventories, record, status_lost=plan.status_lost(obj.get("status"))):
             return dict(inventories), None
         namespace = str(metadata(obj)["namespace"])
         stages = Record(record.stages).grown(wanted).stages
