@@ -36,7 +36,8 @@ log = logging.getLogger(__name__)
 
 # urllib3 may retry a failed *connection* at once (nothing was sent); never a read that timed out or
 # broke — that costs another full timeout, and the caller's backoff decides when to try again.
-_RETRIES = urllib3.Retry(total=2, connect=2, read=0, redirect=0, status=0, other=0)
+_RETRIES = urllib3.Retry(total=2, connect=2, read=0, redirect=0, status=0, other=0,
+                         respect_retry_after_header=False)
 
 # 429 answers retried within one request, and the longest single wait a Retry-After may ask for.
 THROTTLE_RETRIES = 5
