@@ -24,6 +24,8 @@ echo "== kustomize (built once, cached in ~/.cache/stageset)"
 run python -m stageset.build
 echo "== helm (built once, cached in ~/.cache/stageset)"
 run python -m stageset.envtest.helm
+echo "== toxiproxy (built once, cached in ~/.cache/stageset; the fault suite's proxy)"
+run python -m stageset.envtest.toxiproxy
 echo "== container image (built daemonlessly, cached by content in ~/.cache/stageset/image)"
 if [ "$(id -u)" -eq 0 ]; then
     step=$(date +%s)

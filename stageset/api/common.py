@@ -18,7 +18,7 @@ import re
 from typing import Annotated, Final
 
 import durationpy
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from pydantic.alias_generators import to_camel
 
 from stageset.api.vocabulary import ConditionStatus
@@ -40,7 +40,16 @@ DNSLabel = Annotated[str, Field(min_length=1, max_length=63, pattern=DNS_LABEL_P
 DNSSubdomain = Annotated[str, Field(min_length=1, max_length=253, pattern=DNS_SUBDOMAIN_PATTERN)]
 """An RFC 1123 subdomain: the names of most Kubernetes objects."""
 
-Duration = Annotated[str, Field(max_length=64, pattern=DURATION_PATTERN)]
+# Go's time.Duration tops out at about 2562047h; anything longer is no duration Go tooling reads.
+MAX_DURATION_SECONDS = 2562047 * 3600.0
+
+
+def _bounded_duration(value: str) -> str:
+    duration_seconds(value)  # raises ValueError past MAX_DURATION_SECONDS
+    return value
+
+
+Duration = Annotated[str, Field(max_length=64, pattern=DURATION_PATTERN), AfterValidator(_bounded_duration)]
 """A Go duration string such as ``30s``, ``5m`` or ``1h30m``; see :func:`duration_seconds`."""
 
 Time = Annotated[str, Field(json_schema_extra={"format": "date-time"})]
@@ -57,7 +66,12 @@ def duration_seconds(value: str) -> float:
     """
     if re.fullmatch(DURATION_PATTERN, value) is None and value != "0":
         raise ValueError(f"invalid duration {value!r}: use e.g. 30s, 5m, 1h30m")
-    seconds: float = durationpy.from_str(value).total_seconds()
+    try:
+        seconds: float = durationpy.from_str(value).total_seconds()
+    except (durationpy.DurationError, OverflowError) as error:
+        raise ValueError(f"duration {value!r} is out of range (at most 2562047h)") from error
+    if seconds > MAX_DURATION_SECONDS:
+        raise ValueError(f"duration {value!r} is out of range (at most 2562047h)")
     return seconds
 
 

@@ -42,6 +42,8 @@ class Reason(StrEnum):
     STAGE_FAILED = "StageFailed"
     STAGE_PROGRESSING = "StageProgressing"
     CLUSTER_UNREACHABLE = "ClusterUnreachable"
+    INVENTORY_INCOMPLETE = "InventoryIncomplete"
+    """Status had no inventory and the cluster could not be searched completely: nothing pruned."""
     # GitRepository
     AUTHENTICATION_FAILED = "AuthenticationFailed"
     REF_NOT_FOUND = "RefNotFound"

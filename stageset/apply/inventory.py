@@ -149,3 +149,19 @@ def with_kept(inventories: Mapping[str, StageInventory], kept: Iterable[Stale]) 
         result[item.stage] = stage_inventory(holder.name, holder.service_account_name,
                                              [*holder.entries, item.entry])
     return result
+
+
+def left_behind(inventories: Iterable[StageInventory]) -> str:
+    """What a forced teardown leaves: counts per kind and namespace (``ConfigMap in shop: 2``).
+
+    Only kinds and namespaces, which the tenant's own manifests named: the message goes into
+    an Event the tenant can read, and names no object of anyone else."""
+    counts: dict[tuple[str, str], int] = {}
+    for inv in inventories:
+        for item in inv.entries:
+            oid = entry_id(item)
+            kind = f"{oid.kind}.{oid.group}" if oid.group else oid.kind
+            counts[(kind, oid.namespace)] = counts.get((kind, oid.namespace), 0) + 1
+    parts = [f"{kind} in {namespace}: {n}" if namespace else f"{kind} (cluster-scoped): {n}"
+             for (kind, namespace), n in sorted(counts.items())]
+    return ", ".join(parts)

@@ -117,15 +117,32 @@ def prune(*, stale: Iterable[Stale], client_for: ClientFor, applier: StageApplie
     return result
 
 
-def teardown_stage(*, inventory: StageInventory, client: KubeClient | None, applier: StageApplier | None,
-                   owner: Owner) -> list[InventoryEntry]:
-    """Delete one stage's objects; returns those still there (being deleted, or not deletable).
+@dataclass(frozen=True)
+class TeardownProgress:
+    """What one teardown attempt of a stage left."""
 
-    Without a client (identity no longer allowed) or an applier (cluster unreachable),
-    nothing is deleted and everything remains.
+    remaining: list[InventoryEntry]
+    """Objects still there: being deleted (finalizers pending), or not deletable now."""
+    failed: int = 0
+    """Of those, how many could not be read or deleted (the cluster or the tenant's rights failed)."""
+
+
+def teardown_stage(*, inventory: StageInventory, client: KubeClient | None, applier: StageApplier | None,
+                   owner: Owner) -> TeardownProgress:
+    """Delete one stage's objects as ``client``'s identity.
+
+    Without a client (identity no longer allowed) or an applier (cluster unknown), nothing is
+    deleted and everything remains, failed.  A cluster that cannot be reached at all raises
+    :class:`~stageset.kube.client.UnreachableError` (the caller stops trying this pass).
     """
     if client is None or applier is None:
-        return list(inventory.entries)
-    return [item for item in by_id(inventory).values()
-            if delete_owned(client=client, applier=applier, item=item, owner=owner)
-            not in (Deletion.GONE, Deletion.RELEASED)]
+        return TeardownProgress(remaining=list(inventory.entries), failed=len(inventory.entries))
+    remaining: list[InventoryEntry] = []
+    failed = 0
+    for item in by_id(inventory).values():
+        outcome = delete_owned(client=client, applier=applier, item=item, owner=owner)
+        if outcome in (Deletion.GONE, Deletion.RELEASED):
+            continue
+        remaining.append(item)
+        failed += outcome is Deletion.FAILED
+    return TeardownProgress(remaining=remaining, failed=failed)

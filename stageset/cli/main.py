@@ -103,6 +103,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
                              max_fetch_bytes=int(params.get("git_max_fetch_size") or known.max_fetch_bytes)),
         mirror_max_bytes=params.get("mirror_max_size"),
         max_teardown_wait=float(params.get("max_teardown_wait", 300.0)),
+        resync_period=max(1.0, float(params.get("resync_period", 300.0))),
         runbook_base_url=str(params.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL)),
     )
     return dataclasses.replace(settings, mirror_dir=Path(mirror_dir)) if mirror_dir else settings
@@ -142,6 +143,9 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
               help="Most bytes (unpacked) one Git fetch may bring.")
 @click.option("--max-teardown-wait", default="5m", show_default=True, type=DURATION,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
+@click.option("--resync-period", default="5m", show_default=True, type=DURATION,
+              help="List every watched kind again this often, whatever the watches said (recovers "
+              "events a broken connection lost).")
 @click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",
               help="Override one limit of a stage's build, e.g. max_stage_objects=50000 "
               "(see docs/layouts.md).")

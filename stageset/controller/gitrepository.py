@@ -169,7 +169,9 @@ class GitRepositoryReconciler:
         interval = duration_seconds(repo.spec.interval)
         snapshot = self._fetch(repo, report, redactor)
         if snapshot is None:
-            return Result(requeue_after=interval)
+            # Retried with the key's backoff (a flapping server is fetched again within seconds,
+            # a dead one less and less often), never later than the interval.
+            return Result(backoff=True, requeue_after=interval)
         with logs.bind(revision=snapshot.revision):
             return self._store_artifact(raw, repo, snapshot, report, redactor, interval)
 

@@ -41,7 +41,7 @@ from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import StageSetReconciler
 from stageset.controller.stageset.rendering import SourceTrees
 from stageset.controller.status import requested_at
-from stageset.kube.client import ClientPool
+from stageset.kube.client import ClientPool, UnreachableError
 from stageset.kube.mapping import Resource, RestMapper
 from stageset.kube.types import KubeObject
 from stageset.kube.watch import Reflector, wait_synced
@@ -122,7 +122,8 @@ class Manager:
         for namespace in settings.watch_namespaces or (None,):
             for resource in (STAGESETS, GITREPOSITORIES):
                 self._reflectors.append(Reflector(client=admin, resource=resource, namespace=namespace,
-                                                  handler=self._handler(resource.kind), stop=self.stop))
+                                                  handler=self._handler(resource.kind), stop=self.stop,
+                                                  resync=settings.resync_period))
         self.metrics.caches_synced.set_function(lambda: all(r.synced.is_set() for r in self._reflectors))
 
     @staticmethod
@@ -244,10 +245,19 @@ class Manager:
             log.warning("%s %s/%s: %s; not retried until it changes", *key, error)
             queue.forget(key)
             return "terminal"
+        except UnreachableError as error:
+            # The apiserver itself cannot be reached (it restarts, the network drops): no bug, no
+            # traceback; retried with the key's backoff.
+            failures = queue.failures(key)
+            delay = queue.add_rate_limited(key)
+            log.log(logging.WARNING if failures == 0 else logging.DEBUG,
+                    "reconciling %s %s/%s: the apiserver cannot be reached (%s); retrying in %.1fs",
+                    *key, error.why, delay)
+            return "error"
         except Exception as error:
             # Never crash on user data: log (the traceback once per failure streak), back off.
             failures = queue.failures(key)
-            delay = queue.add_rate_limited(key)
+            delay = queue.add_rate_limited(key, at_least=getattr(error, "retry_after", None) or 0.0)
             if failures == 0:
                 log.exception("reconciling %s %s/%s failed; retrying in %.1fs", *key, delay)
             else:
@@ -258,7 +268,7 @@ class Manager:
         if result.backoff:
             # The failure is in the object's status; one log line per failure streak.
             failures = queue.failures(key)
-            delay = queue.add_rate_limited(key)
+            delay = queue.add_rate_limited(key, at_most=result.requeue_after)
             log.log(logging.WARNING if failures == 0 else logging.DEBUG,
                     "reconciling %s %s/%s failed (see its status); retrying in %.1fs", *key, delay)
             return "error"

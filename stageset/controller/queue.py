@@ -136,12 +136,16 @@ class WorkQueue(Generic[K]):
             heapq.heappush(self._delayed, (time.monotonic() + delay, next(self._counter), key))
             self._cond.notify()
 
-    def add_rate_limited(self, key: K) -> float:
-        """Add ``key`` after its backoff (which then grows); returns the delay chosen."""
+    def add_rate_limited(self, key: K, *, at_least: float = 0.0, at_most: float | None = None) -> float:
+        """Add ``key`` after its backoff (which then grows), no sooner than ``at_least`` (a server's
+        ``Retry-After``) and no later than ``at_most`` (the object's own interval); returns the delay."""
         with self._cond:
             failures = self._failures.get(key, 0)
             self._failures[key] = failures + 1
             delay = self._backoff.delay(failures, draw=self._rng.random())
+            if at_most is not None:
+                delay = min(delay, at_most)
+            delay = max(at_least, delay)
         self.observer.retried()
         self.add_after(key, delay)
         return delay

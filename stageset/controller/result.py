@@ -3,7 +3,8 @@
 - return ``Result(requeue_after=s)``: done; come back in ``s`` seconds (``None``: only
   when the object changes).  The key's error backoff is forgotten.
 - return ``Result(backoff=True)``: a failure already reported in status (e.g. a remote
-  cluster that does not answer); retry with the key's exponential backoff.
+  cluster that does not answer); retry with the key's exponential backoff — never later than
+  ``requeue_after`` when that is set too (a source keeps polling at least at its interval).
 - raise :class:`TerminalError`: retrying cannot help until the object changes; not
   requeued.
 - raise anything else: a bug or an unexpected failure; logged and retried with backoff.

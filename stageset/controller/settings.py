@@ -50,6 +50,8 @@ class ControllerSettings:
     readiness_requeue: float = 1.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway.
     max_teardown_wait: float = 300.0
+    # Every watched kind is listed again this often (seconds): events a watch lost are seen.
+    resync_period: float = 300.0
     # What one stage's build may read, parse and produce (depth, nodes, bytes, objects, time).
     build_limits: BuildLimits = field(default_factory=BuildLimits)
     # On stop, in-flight reconciles get this long (all workers together) to finish or give up.

@@ -20,7 +20,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -57,6 +57,8 @@ class ControlPlane:
     kubeconfig: Path
     _processes: list[subprocess.Popen[bytes]] = field(default_factory=list, repr=False)
     _owns_workdir: bool = True
+    etcd_url: str = ""
+    """etcd's client URL (plain HTTP on loopback): the fault tests compact it."""
 
     def admin_ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
@@ -144,8 +146,12 @@ def write_kubeconfig(*, path: Path, url: str, pki: Pki, context: str = "envtest"
     path.chmod(0o600)
 
 
-def start(*, assets: Assets | None = None, workdir: Path | None = None) -> ControlPlane:
-    """Start a fresh control plane; the caller must ``stop()`` it (or use it as a context manager)."""
+def start(*, assets: Assets | None = None, workdir: Path | None = None,
+          apiserver_flags: Sequence[str] = ()) -> ControlPlane:
+    """Start a fresh control plane; the caller must ``stop()`` it (or use it as a context manager).
+
+    ``apiserver_flags`` come after the defaults, so they win (the fault tests turn API Priority
+    and Fairness on, for example)."""
     assets = assets or ensure_assets()
     owns = workdir is None
     root = Path(tempfile.mkdtemp(prefix="stageset-envtest-")) if workdir is None else workdir
@@ -154,7 +160,7 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None) -> Contr
     etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
     url = f"https://127.0.0.1:{api_port}"
     plane = ControlPlane(workdir=root, url=url, pki=pki, kubeconfig=root / "kubeconfig",
-                         _owns_workdir=owns)
+                         _owns_workdir=owns, etcd_url=f"http://127.0.0.1:{etcd_port}")
     write_kubeconfig(path=plane.kubeconfig, url=url, pki=pki)
     logs = [root / "etcd.log", root / "kube-apiserver.log"]
     # Metadata-level audit of every request: tests and benchmarks count writes from it.
@@ -198,6 +204,7 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None) -> Contr
             "--audit-log-format=json",
             "--audit-log-maxbackup=0",
             "--v=1",
+            *apiserver_flags,
         ], log=logs[1]))
         _wait_ready(plane, logs=logs)
     except BaseException:

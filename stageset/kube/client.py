@@ -7,11 +7,20 @@ and impersonation all go through the same small function.
 Every request is reported to the pool's observer (metrics), if one is set, as a
 :class:`RequestRecord`: the verb, the identity, the cluster and the answer's status code —
 never a path, a body or a message.
+
+Overload: an apiserver that sheds load (API Priority and Fairness, max-in-flight) answers
+429 with ``Retry-After``; the official client does not honour it.  :meth:`KubeClient.request`
+waits at least that long (capped, jittered) and tries again, up to :data:`THROTTLE_RETRIES`
+times within the request's own timeout; a 429 that outlasts them reaches the caller as an
+:class:`ApiError` carrying ``retry_after``, which the work queue's backoff and the watch
+loop respect.  A 429 was not acted on by the server, so every verb may be retried.
 """
 
 from __future__ import annotations
 
 import json
+import logging
+import random
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -26,6 +35,17 @@ from kubernetes import config as k8s_config
 from stageset.kube.types import KubeObject
 
 QueryValue = str | int | bool
+
+log = logging.getLogger(__name__)
+
+# urllib3 may retry a failed *connection* at once (nothing was sent); never a read that timed out or
+# broke — that costs another full timeout, and the caller's backoff decides when to try again.
+_RETRIES = urllib3.Retry(total=2, connect=2, read=0, redirect=0, status=0, other=0,
+                         respect_retry_after_header=False)
+
+# 429 answers retried within one request, and the longest single wait a Retry-After may ask for.
+THROTTLE_RETRIES = 5
+MAX_RETRY_AFTER = 10.0
 
 
 @dataclass(frozen=True)
@@ -45,12 +65,15 @@ class Identity:
 class ApiError(Exception):
     """A non-2xx answer from the apiserver, with the Status body's reason and message."""
 
-    def __init__(self, *, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None):
+    def __init__(self, *, status: int, reason: str, message: str, body: Mapping[str, Any] | None = None,
+                 retry_after: float | None = None):
         super().__init__(f"{status} {reason}: {message}")
         self.status = status
         self.reason = reason
         self.message = message
         self.body: Mapping[str, Any] = body or {}
+        self.retry_after = retry_after
+        """Seconds the server asked us to wait (``Retry-After``), if it did."""
 
     @property
     def not_found(self) -> bool:
@@ -71,6 +94,22 @@ class ApiError(Exception):
     @property
     def invalid(self) -> bool:
         return self.status == 422
+
+    @property
+    def throttled(self) -> bool:
+        """Shed by the server before it acted (429), or unavailable with a ``Retry-After``."""
+        return self.status == 429 or (self.status == 503 and self.retry_after is not None)
+
+
+def retry_after(headers: Mapping[str, str] | Any) -> float | None:
+    """The ``Retry-After`` header in seconds (delta-seconds form, as the apiserver sends it)."""
+    value = headers.get("Retry-After") if headers is not None else None
+    if value is None:
+        return None
+    try:
+        return max(0.0, min(float(value), MAX_RETRY_AFTER))
+    except ValueError:
+        return 1.0  # an HTTP date: not worth parsing, wait a little
 
 
 class UnreachableError(Exception):
@@ -150,16 +189,32 @@ def request_verb(method: str, path: str, *, content_type: str | None = None, str
     return "list" if len(rest) == 1 else "get"
 
 
+class PathHealth:
+    """Shared by every client of one cluster: a connection failure seen by one of them makes the
+    others drop their idle connections too (they went down the same path)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.epoch = 0
+
+    def failed(self) -> None:
+        with self._lock:
+            self.epoch += 1
+
+
 class KubeClient:
     """Requests to one cluster as one identity.  Thread-safe (urllib3 pools are)."""
 
     def __init__(self, *, api_client: k8s.ApiClient, identity: Identity, timeout: float = 30.0,
-                 cluster: ClusterKey = LOCAL, observer: RequestObserver | None = None):
+                 cluster: ClusterKey = LOCAL, observer: RequestObserver | None = None,
+                 health: PathHealth | None = None):
         self._api = api_client
         self.identity = identity
         self._timeout = timeout
         self._cluster_key = cluster
         self.observer = observer
+        self._health = health or PathHealth()
+        self._epoch = self._health.epoch
         self._headers: dict[str, str] = {}
         if identity.user:
             self._headers["Impersonate-User"] = identity.user
@@ -188,20 +243,38 @@ class KubeClient:
         headers = {"Content-Type": content_type} if body is not None else {}
         url, headers = self._prepare(method, path, query, headers)
         payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
-        started = time.monotonic()
-        try:
-            response = self._api.rest_client.pool_manager.request(
-                method, url, body=payload, headers=headers,
-                timeout=urllib3.Timeout(total=timeout or self._timeout), preload_content=True,
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            self._observe(method, path, query, content_type if body is not None else None, None, started)
-            raise UnreachableError(server=self.server, why=_why(error)) from None
-        self._observe(method, path, query, content_type if body is not None else None, response.status,
-                      started)
-        data = response.data
-        if response.status >= 300:
-            raise _api_error(response.status, data)
+        budget = timeout or self._timeout
+        deadline = time.monotonic() + budget
+        if self._epoch != self._health.epoch:
+            self._epoch = self._health.epoch
+            self._api.rest_client.pool_manager.clear()
+        observed_type = content_type if body is not None else None
+        attempt = 0
+        while True:
+            started = time.monotonic()
+            try:
+                left = max(1.0, deadline - time.monotonic())
+                response = self._api.rest_client.pool_manager.request(
+                    method, url, body=payload, headers=headers, timeout=urllib3.Timeout(total=left),
+                    preload_content=True, retries=_RETRIES,
+                )
+            except (urllib3.exceptions.HTTPError, OSError) as error:
+                self._observe(method, path, query, observed_type, None, started)
+                self._drop_idle_connections()
+                raise UnreachableError(server=self.server, why=_why(error)) from None
+            self._observe(method, path, query, observed_type, response.status, started)
+            data = response.data
+            if response.status < 300:
+                break
+            failed = _api_error(response.status, data, retry_after(response.headers))
+            wait = _throttle_wait(failed, attempt=attempt)
+            if wait is None or attempt >= THROTTLE_RETRIES or time.monotonic() + wait >= deadline:
+                raise failed
+            attempt += 1
+            THROTTLED.add()
+            log.debug("%s %s: %s (Retry-After %s); retrying in %.1fs", method, path, failed.status,
+                      "none" if failed.retry_after is None else f"{failed.retry_after:g}s", wait)
+            time.sleep(wait)
         if not data:
             return {}
         parsed: KubeObject = json.loads(data)
@@ -218,13 +291,13 @@ class KubeClient:
                 "GET", url, headers=headers, preload_content=False,
                 timeout=urllib3.Timeout(connect=10.0, read=timeout),
             )
-        except (urllib3.exceptions.HTTPError, OSError):
+        except (urllib3.exceptions.HTTPError, OSError) as error:
             self._observe("GET", path, query, None, None, started, stream=True)
-            raise
+            raise UnreachableError(server=self.server, why=_why(error)) from None
         self._observe("GET", path, query, None, response.status, started, stream=True)
         try:
             if response.status >= 300:
-                raise _api_error(response.status, response.read())
+                raise _api_error(response.status, response.read(), retry_after(response.headers))
             buffer = b""
             for chunk in response.stream(64 * 1024):
                 buffer += chunk
@@ -243,6 +316,14 @@ class KubeClient:
         observer(RequestRecord(verb=request_verb(method, path, content_type=content_type, stream=stream),
                                dry_run=bool(query and query.get("dryRun")), identity=self.identity,
                                cluster=self._cluster_key, code=code, seconds=time.monotonic() - started))
+
+    def _drop_idle_connections(self) -> None:
+        """After a connection failed (timed out, broke): the idle ones in the pool most likely went
+        down the same path — a middlebox that silently dropped them all, an apiserver that
+        restarted — and each would cost a full timeout to find out.  Open fresh ones instead."""
+        self._api.rest_client.pool_manager.clear()
+        self._health.failed()
+        self._epoch = self._health.epoch
 
     @property
     def server(self) -> str:
@@ -272,7 +353,7 @@ class KubeClient:
         return self.request("DELETE", path, query=query)
 
 
-def _api_error(status: int, data: bytes) -> ApiError:
+def _api_error(status: int, data: bytes, after: float | None = None) -> ApiError:
     """An error from the response; only a Kubernetes ``Status`` body is read (a proxy's HTML
     page or a hostile server's text never reaches messages or logs)."""
     try:
@@ -281,10 +362,36 @@ def _api_error(status: int, data: bytes) -> ApiError:
         body = {}
     if not isinstance(body, dict) or body.get("kind") != "Status":
         return ApiError(status=status, reason="", message=f"HTTP {status} with an answer that is not a "
-                        f"Kubernetes Status ({len(data)} bytes, not shown)")
+                        f"Kubernetes Status ({len(data)} bytes, not shown)", retry_after=after)
     reason = str(body.get("reason", ""))
     return ApiError(status=status, reason=reason if reason.isalnum() else "",
-                    message=str(body.get("message") or "no message"), body=body)
+                    message=str(body.get("message") or "no message"), body=body, retry_after=after)
+
+
+def _throttle_wait(error: ApiError, *, attempt: int) -> float | None:
+    """How long to wait before retrying a throttled request (``None``: not throttled).
+
+    At least the server's ``Retry-After``; each further attempt doubles it, with jitter so
+    that requests shed together do not come back together."""
+    if not error.throttled:
+        return None
+    base = error.retry_after if error.retry_after is not None else 1.0
+    return float(min(MAX_RETRY_AFTER, max(base, 0.1) * 2 ** attempt) * (1 + 0.25 * random.random()))  # noqa: S311
+
+
+class _Counter:
+    """A thread-safe count (requests retried after a 429), for logs, tests and benchmarks."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.value = 0
+
+    def add(self) -> None:
+        with self._lock:
+            self.value += 1
+
+
+THROTTLED = _Counter()
 
 
 class ClientPool:
@@ -294,6 +401,7 @@ class ClientPool:
         self._configurations: dict[ClusterKey, k8s.Configuration] = {LOCAL: configuration}
         self._timeout = timeout
         self._clients: dict[tuple[ClusterKey, Identity], KubeClient] = {}
+        self._health: dict[ClusterKey, PathHealth] = {}
         self._lock = threading.Lock()
         self._observer: RequestObserver | None = None
 
@@ -334,7 +442,8 @@ class ClientPool:
             if found is None:
                 api = k8s.ApiClient(configuration=self._configurations[cluster])
                 found = KubeClient(api_client=api, identity=identity, timeout=self._timeout, cluster=cluster,
-                                   observer=self._observer)
+                                   observer=self._observer,
+                                   health=self._health.setdefault(cluster, PathHealth()))
                 self._clients[key] = found
             return found
 

@@ -1,30 +1,45 @@
-"""Our own list/watch loop: resourceVersion tracking, bookmarks, 410 Gone -> relist.
+"""Our own list/watch loop: resourceVersion tracking, bookmarks, 410 Gone -> relist, periodic resync.
 
 The official ``Watch`` helper loses track of resourceVersion across reconnects, so
 we own the loop.  A :class:`Reflector` lists once, emits every object as ``ADDED``
 (a relist emits ``DELETED`` for objects that vanished meanwhile), then watches from
-the list's resourceVersion with bookmarks; on a timeout it re-watches from the last
+the list's resourceVersion with bookmarks; when a watch ends it re-watches from the last
 seen version; on 410 it relists.  ``namespace`` scopes both calls to one namespace,
 so sharding by namespace never issues a cluster-wide watch.
+
+Watches that cannot be lost: every ``resync`` seconds (``--resync-period``, default 5m)
+the reflector lists again, whatever the watch said.  A relist re-emits every object, so an
+event a watch never delivered (a proxy that silently stopped forwarding, a compaction
+that outran us) is seen within one period; the handler decides what is new.  Each watch
+asks the server to end it at the next resync, and a stream that stays silent past that
+(the server's end never arrived: the connection is dead) is abandoned by the read
+timeout.  Failures back off exponentially (0.5 s doubling to 30 s, with jitter), a
+``Retry-After`` the server sent counting as the least wait.
+
+Identity: whatever ``client`` is — the controller's own, for our kinds.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
 
 import urllib3
 
-from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.client import ApiError, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject, WatchEvent
 
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, KubeObject], None]
-_WATCH_SECONDS = 290
+DEFAULT_RESYNC = 300.0
+# How long past the requested end a silent stream is still waited for.
+_GRACE = 10.0
+_BACKOFF_BASE, _BACKOFF_CAP = 0.5, 30.0
 
 
 def object_key(obj: KubeObject) -> tuple[str, str]:
@@ -36,20 +51,27 @@ class Reflector:
     """Keeps ``handler`` informed of every change to one resource (optionally in one namespace)."""
 
     def __init__(self, *, client: KubeClient, resource: Resource, namespace: str | None,
-                 handler: Handler, stop: threading.Event):
+                 handler: Handler, stop: threading.Event, resync: float = DEFAULT_RESYNC,
+                 rng: random.Random | None = None):
         self._client = client
         self._resource = resource
         self._namespace = namespace
         self._handler = handler
         self._stop = stop
+        self._resync = resync
+        self._rng = rng or random.Random()  # noqa: S311 - jitter, not crypto
         # Only the keys: the handler keeps the objects; a relist needs just what vanished.
         self._known: set[tuple[str, str]] = set()
         self.synced = threading.Event()
+        # Counters, for tests and logs: lists made (the first included) and why.
+        self.lists = 0
+        self.relists_after_gone = 0
 
     def _path(self) -> str:
         return self._resource.collection_path(self._namespace)
 
     def _list(self) -> str:
+        self.lists += 1
         listing = self._client.request("GET", self._path(), query={"limit": 500})
         items = list(listing.get("items", []))
         while listing.get("metadata", {}).get("continue"):
@@ -69,11 +91,15 @@ class Reflector:
             self._handler("ADDED", item)
         return str(listing.get("metadata", {}).get("resourceVersion", ""))
 
-    def _watch(self, resource_version: str) -> str:
+    def _watch(self, resource_version: str, *, until: float) -> str:
+        """Watch from ``resource_version`` until the monotonic time ``until`` (the next resync)."""
+        seconds = max(1, int(until - time.monotonic()))
         query: dict[str, str | int | bool] = {
             "watch": True, "resourceVersion": resource_version, "allowWatchBookmarks": True,
-            "timeoutSeconds": _WATCH_SECONDS}
-        for line in self._client.stream(self._path(), query=query, timeout=_WATCH_SECONDS + 30):
+            "timeoutSeconds": seconds}
+        # The read timeout is per read: a healthy watch is ended by the server at ``seconds``; one
+        # silent for longer than that (plus grace) is a dead connection.
+        for line in self._client.stream(self._path(), query=query, timeout=seconds + _GRACE):
             if self._stop.is_set():
                 break
             event: WatchEvent = {"type": str(line.get("type", "")), "object": line.get("object") or {}}
@@ -93,38 +119,59 @@ class Reflector:
             self._handler(kind, obj)
         return resource_version
 
+    def _next_resync(self) -> float:
+        # Jittered down by up to 10%: reflectors started together do not relist together.
+        return time.monotonic() + self._resync * (1 - 0.1 * self._rng.random())
+
+    def _backoff(self, failures: int, *, at_least: float = 0.0) -> float:
+        exact = min(_BACKOFF_CAP, _BACKOFF_BASE * 2.0 ** min(failures, 16))
+        return max(at_least, exact * (0.9 + 0.2 * self._rng.random()))
+
     def run(self) -> None:
         resource_version = ""
-        backoff = 0.5
+        resync_at = 0.0
+        failures = 0
         while not self._stop.is_set():
             try:
-                if not resource_version:
+                if not resource_version or time.monotonic() >= resync_at:
                     resource_version = self._list()
+                    resync_at = self._next_resync()
                     self.synced.set()
-                resource_version = self._watch(resource_version)
-                backoff = 0.5
+                resource_version = self._watch(resource_version, until=resync_at)
+                failures = 0
             except ApiError as error:
                 if self._stop.is_set():
                     return
                 if error.gone:
                     log.info("watch of %s expired (410); relisting", self._resource.plural)
+                    self.relists_after_gone += 1
                     resource_version = ""
                     continue
-                log.warning("watch of %s failed: %s", self._resource.plural, error)
+                delay = self._backoff(failures, at_least=error.retry_after or 0.0)
+                failures += 1
+                log.warning("watch of %s failed: %s; retrying in %.1fs", self._resource.plural, error, delay)
                 resource_version = "" if error.status in (403, 404) else resource_version
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
-            except (urllib3.exceptions.HTTPError, OSError, ValueError) as error:
+                self._stop.wait(delay)
+            except (UnreachableError, urllib3.exceptions.HTTPError, OSError, ValueError) as error:
                 if self._stop.is_set():
                     return
-                log.warning("watch of %s interrupted: %s", self._resource.plural, error)
-                self._stop.wait(backoff)
-                backoff = min(backoff * 2, 30.0)
+                delay = self._backoff(failures)
+                failures += 1
+                log.log(logging.WARNING if failures == 1 else logging.DEBUG,
+                        "watch of %s interrupted (%s); retrying in %.1fs", self._resource.plural,
+                        _short(error), delay)
+                self._stop.wait(delay)
 
     def start(self) -> threading.Thread:
         thread = threading.Thread(target=self.run, name=f"watch-{self._resource.plural}", daemon=True)
         thread.start()
         return thread
+
+
+def _short(error: BaseException) -> str:
+    if isinstance(error, UnreachableError):
+        return error.why
+    return type(error).__name__
 
 
 def wait_synced(reflectors: list[Reflector], *, timeout: float) -> bool:

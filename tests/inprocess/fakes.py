@@ -228,7 +228,7 @@ class FakeCluster:
             if parsed is None:
                 return self._discovery(path)
             if verb == "list":
-                return self._list(parsed)
+                return self._list(parsed, str(query.get("labelSelector") or ""))
             if verb == "get":
                 return self._read(parsed)
             if verb == "apply":
@@ -258,12 +258,14 @@ class FakeCluster:
             raise ApiError(status=404, reason="NotFound", message=f"{path} not found")
         return {"kind": "APIResourceList", "groupVersion": api_version, "resources": resources}
 
-    def _list(self, parsed: Parsed) -> KubeObject:
+    def _list(self, parsed: Parsed, selector: str = "") -> KubeObject:
+        wanted = dict(term.split("=", 1) for term in selector.split(",") if term)  # equality terms only
         items = [
             copy.deepcopy(o)
             for p, o in sorted(self.objects.items())
             if (parse_path(p) or parsed).plural == parsed.plural
             and (parsed.namespace is None or (o.get("metadata") or {}).get("namespace") == parsed.namespace)
+            and all(((o.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
         ]
         return {"items": items, "metadata": {"resourceVersion": str(self._current())}}
 

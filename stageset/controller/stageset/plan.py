@@ -24,6 +24,7 @@ from stageset.api import StageInventory, StageSet, StageSetStatus, StageStatus, 
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason, StagePhase
 from stageset.apply.inventory import ObjectId, by_stage
 from stageset.apply.readiness import Readiness, Status
+from stageset.apply.record import Record
 from stageset.controller.conditions import find, holds_at
 from stageset.controller.ordering import OrderingError, StageNode, stage_graph
 
@@ -224,6 +225,32 @@ def before_stages(reason: Reason, *, retry: float) -> Failure:
     return Failure(stalled=False, requeue_after=1.0 if reason is Reason.PROGRESSING else retry)
 
 
+# -- a lost inventory -------------------------------------------------------------------------
+
+def needs_rebuild(inventories: Mapping[str, StageInventory], record: Record, *, status_lost: bool) -> bool:
+    """Status was lost (restored from a backup without it, re-created: no inventory, no condition
+    at all) though the durable record names stages, or the last rebuild could not see everything.
+
+    A status that has conditions but no inventory is a StageSet that never applied anything (its
+    first stage was denied, say): nothing to look for."""
+    return record.rebuild or (status_lost and not inventories and bool(record.stages))
+
+
+def status_lost(status: Mapping[str, object] | None) -> bool:
+    """No trace of any pass in status: neither a condition nor an observed generation."""
+    return not status or not (status.get("conditions") or status.get("observedGeneration"))
+
+
+def without_prune(verdict: Verdict, problem: str, *, retry: float) -> Verdict:
+    """A pass that would prune, over an inventory rebuilt from a partial view: prune nothing,
+    say why, and try again soon (the rebuild is retried on every pass until it is complete)."""
+    if not verdict.prune:
+        return verdict
+    return Verdict(False, Reason.INVENTORY_INCOMPLETE,
+                   f"applied, but nothing is pruned until the lost inventory can be rebuilt: {problem}",
+                   requeue_after=min(retry, SOON))
+
+
 # -- teardown ----------------------------------------------------------------------------------
 
 def teardown_order(nodes: Sequence[StageNode] | None, inventories: Iterable[str]) -> list[str]:
@@ -244,3 +271,16 @@ def teardown_expired(*, now: datetime.datetime, deleted_at: str | None, max_wait
     """Has a teardown that cannot finish waited long enough to be given up?"""
     started = parse_time(deleted_at) or now
     return (now - started).total_seconds() >= max_wait
+
+
+# A teardown whose cluster fails is retried after a tenth of the time it has been failing,
+# between these bounds, and never later than its expiry: it backs off, yet is released on time.
+TEARDOWN_RETRY_MIN, TEARDOWN_RETRY_MAX = 1.0, 30.0
+
+
+def teardown_retry(*, now: datetime.datetime, deleted_at: str | None, max_wait: float) -> float:
+    """When to look again at a teardown whose cluster could not be used."""
+    started = parse_time(deleted_at) or now
+    waited = max(0.0, (now - started).total_seconds())
+    delay = min(TEARDOWN_RETRY_MAX, max(TEARDOWN_RETRY_MIN, waited / 10))
+    return max(TEARDOWN_RETRY_MIN / 10, min(delay, max_wait - waited + 0.1))

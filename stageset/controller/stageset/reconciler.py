@@ -23,7 +23,7 @@ import logging
 import threading
 import time
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import networkx as nx
 from pydantic import ValidationError
@@ -57,6 +57,7 @@ from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import plan
 from stageset.controller.stageset.reads import TenantReads
+from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.rendering import Rendered, Renderer, SourceTrees
 from stageset.controller.stageset.scheduler import StageScheduler
 from stageset.controller.stageset.stage import StageApply, StageRun
@@ -87,6 +88,8 @@ class Pass:
     # Stages publish from their own threads (waiting); one status write at a time.
     lock: threading.Lock = field(default_factory=threading.Lock)
     published: float = 0.0
+    partial: str | None = None
+    """Status had lost the inventory and the cluster could not be searched completely: why."""
 
     def announce(self, report: Report, message: str) -> None:
         """A pass begins: Ready=Unknown with ``message`` (never in a quiet pass)."""
@@ -162,9 +165,10 @@ class StageSetReconciler:
                                   limits=settings.build_limits)
         self._stages = StageApply(clients=clients, clock=clock, readiness_slice=settings.readiness_slice,
                                   stop=stop)
+        self._records = Records(clients=clients, identities=self._identities, resource=resource)
         self._teardown = Teardown(clients=clients, identities=self._identities, targets=self._targets,
                                   events=events, resource=resource, clock=clock,
-                                  max_wait=settings.max_teardown_wait)
+                                  max_wait=settings.max_teardown_wait, records=self._records)
 
     def forget(self, namespace: str, name: str) -> None:
         """The StageSet is gone: drop what this reconciler remembers of it."""
@@ -276,13 +280,22 @@ class StageSetReconciler:
 
     def _run(self, report: Report, state: Pass, graph: nx.DiGraph, target: Target, *, redactor: Redactor,
              retry: float) -> Result:
-        stageset, previous = state.stageset, state.previous
+        stageset = state.stageset
         rendered = self._render_all(state, target, redactor)
         clash = plan.clash_message(duplicates({n: r.ids for n, r in rendered.items()}))
         if clash:
             state.record(report)
             report.conclude(ready=False, reason=Reason.INVALID_SPEC, message=clash, stalled=True)
             return Result()
+        # Before anything is written or pruned: an inventory status lost is rebuilt from the
+        # cluster, and the durable record covers whatever is about to be applied.
+        wanted = self._records.wanted(stageset, rendered)
+        inventories, state.partial = self._records.recover(
+            report.obj, inventories=state.previous.inventories, wanted=wanted, target=target)
+        state.previous = replace(state.previous, inventories=inventories)
+        state.current = {**inventories, **state.current}
+        self._records.grow(report.obj, wanted)
+        previous = state.previous
         revisions = {n: r.revision for n, r in rendered.items()}
         state.quiet = plan.quiet(previous, revisions, stages=len(stageset.spec.stages))
         rechecks = plan.rechecks(previous, revisions)
@@ -296,6 +309,8 @@ class StageSetReconciler:
         verdict = plan.verdict(list(state.outcomes.values()),
                                interval=duration_seconds(stageset.spec.interval), retry=retry,
                                readiness_requeue=self._settings.readiness_requeue)
+        if state.partial:
+            verdict = plan.without_prune(verdict, state.partial, retry=retry)
         return self._conclude(report, state, verdict, target, redactor=redactor)
 
     def _render_all(self, state: Pass, target: Target, redactor: Redactor) -> dict[str, Rendered]:
@@ -363,6 +378,7 @@ class StageSetReconciler:
             kept, pruned = self._prune(report, state, target, redactor)
             report.status.inventory = ordered(with_kept(state.fresh, kept))
             report.status.last_applied_revision = verdict.revision
+            self._records.settle(report.obj, report.status.inventory)
             self._succeeded(report, state, pruned=pruned, revision=verdict.revision or "", redactor=redactor)
         report.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message)
         return Result(requeue_after=verdict.requeue_after)

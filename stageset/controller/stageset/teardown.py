@@ -2,43 +2,68 @@
 
 Identity: each stage's objects are deleted as the identity that applied them (recorded in
 its inventory; see :mod:`stageset.controller.identity`), on the StageSet's target cluster
-(the kubeConfig Secret read as the StageSet's identity).  Status and the finalizer are
-written as the controller.
+(the kubeConfig Secret read as the StageSet's identity).  Status, the finalizer and events
+are written as the controller.
 
-A stage's objects must be gone before the next stage's are deleted.  A teardown that
-cannot finish is given up after ``max_teardown_wait`` with a ``TeardownForced`` event, so
-the StageSet (and its namespace) can still go.
+A stage's objects must be gone before the next stage's are deleted.
+
+Teardown always ends: whatever keeps objects from going — a finalizer that never clears, a
+ServiceAccount that lost its rights, a remote cluster that refuses connections, fails TLS,
+times out or answers 5xx, a kubeConfig Secret that is gone — counts toward
+``--max-teardown-wait`` from the StageSet's ``deletionTimestamp``.  Meanwhile a cluster that
+fails is retried with a growing delay (:func:`~stageset.controller.stageset.plan.teardown_retry`).
+Past the wait the finalizer is removed anyway, with a ``TeardownForced`` event that counts what
+was left behind per kind and namespace (names the tenant's own manifests gave, nothing else);
+those objects keep their owner labels, so they can be found (``-l stages.metio.wtf/name=…``)
+and adopted or deleted later.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
-from stageset.api import StageSet, StageSetStatus
+import urllib3
+
+from stageset.api import StageInventory, StageSet, StageSetStatus
 from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.errors import StageError
-from stageset.apply.inventory import entry_id, ordered, stage_inventory
-from stageset.apply.prune import Owner, teardown_stage
+from stageset.apply.inventory import entry_id, left_behind, ordered, stage_inventory
+from stageset.apply.prune import Owner, TeardownProgress, teardown_stage
 from stageset.controller.clock import Clock
 from stageset.controller.events import EventRecorder
 from stageset.controller.finalizers import set_finalizer
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.result import Result
-from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order
+from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
+from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.status import StatusReport
-from stageset.kube.client import ClientPool, UnreachableError
+from stageset.kube.client import ApiError, ClientPool, UnreachableError
 from stageset.kube.mapping import Resource
 
 log = logging.getLogger(__name__)
 
 AGAIN = 1.0  # seconds between looks while objects are going
 
+# What reaching a cluster can raise besides our own errors: broken connections, bodies that
+# are not JSON.  All of it is a cluster failing, which counts toward the wait.
+_CLUSTER_ERRORS = (UnreachableError, ApiError, urllib3.exceptions.HTTPError, OSError, ValueError)
+
+
+@dataclass(frozen=True)
+class Attempt:
+    """One stage's teardown attempt: what is left, and why the cluster failed (if it did)."""
+
+    remaining: list[StageInventory]
+    failure: str | None = None
+
 
 class Teardown:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, targets: Targets,
-                 events: EventRecorder, resource: Resource, clock: Clock, max_wait: float):
+                 events: EventRecorder, resource: Resource, clock: Clock, max_wait: float, records: Records):
         self._clients = clients
+        self._records = records
         self._identities = identities
         self._targets = targets
         self._events = events
@@ -46,62 +71,114 @@ class Teardown:
         self._clock = clock
         self._max_wait = max_wait
 
-    def _target(self, stageset: StageSet | None, namespace: str, name: str) -> Target | None:
+    def _target(self, stageset: StageSet | None) -> tuple[Target | None, str | None]:
         if stageset is None:
-            return self._targets.local
+            return self._targets.local, None
         try:
             identity = self._identities.for_stageset(stageset, what="reading spec.kubeConfig")
-            return self._targets.resolve(self._clients.client(identity), stageset)
+            return self._targets.resolve(self._clients.client(identity), stageset), None
         except StageError as error:
-            log.warning("cannot reach the cluster of StageSet %s/%s for teardown: %s", namespace, name,
-                        error.message)
-            return None
+            return None, error.message
+        except _CLUSTER_ERRORS as error:
+            return None, f"reading spec.kubeConfig failed: {_why(error)}"
+
+    def _stage(self, inventory: StageInventory, *, target: Target | None, namespace: str,
+               owner: Owner) -> tuple[TeardownProgress, str | None]:
+        """Try to delete one stage's objects; never raises for a failing cluster."""
+        identity = self._identities.for_inventory_of(inventory, namespace)
+        if identity is None:
+            return teardown_stage(inventory=inventory, client=None, applier=None, owner=owner), \
+                "its objects were applied as the controller, which multi-tenant mode no longer allows"
+        if target is None:
+            return teardown_stage(inventory=inventory, client=None, applier=None, owner=owner), None
+        client = self._clients.client(identity, target.cluster)
+        try:
+            progress = teardown_stage(inventory=inventory, client=client, owner=owner, applier=target.applier)
+        except _CLUSTER_ERRORS as error:
+            where = f"the cluster at {target.server}" if target.remote else "the cluster"
+            return TeardownProgress(remaining=list(inventory.entries), failed=len(inventory.entries)), \
+                f"{where} cannot be used: {_why(error)}"
+        if progress.failed:
+            return progress, (f"{progress.failed} object(s) could not be read or deleted as "
+                              f"{identity.describe()}")
+        return progress, None
 
     def run(self, report: StatusReport[StageSetStatus], stageset: StageSet | None) -> Result:
         meta = report.obj["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
         status = report.status
         inventories = {inv.name: inv for inv in status.inventory}
-        target = self._target(stageset, namespace, name)
+        now = self._clock()
+        deleted_at = meta.get("deletionTimestamp")
+        expired = teardown_expired(now=now, deleted_at=deleted_at, max_wait=self._max_wait)
+        target, failure = self._target(stageset)
         owner = Owner(namespace, name)
-        expired = teardown_expired(now=self._clock(), deleted_at=meta.get("deletionTimestamp"),
-                                   max_wait=self._max_wait)
+        if target is not None:
+            # Status lost its inventory (restored without status): find the objects by their labels.
+            try:
+                inventories, problem = self._records.recover(report.obj, inventories=inventories, wanted={},
+                                                             target=target)
+            except _CLUSTER_ERRORS as error:
+                problem = f"rebuilding the inventory failed: {_why(error)}"
+            if problem:
+                failure = problem
+                if not expired:
+                    log.warning("teardown of StageSet %s/%s waits: %s", namespace, name, problem)
+                    return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
+                                                               max_wait=self._max_wait))
         order = teardown_order(stage_nodes(stageset) if stageset else None, inventories)
         log.debug("tearing down stages in order: %s", ", ".join(order) or "none left")
         for stage in order:
             inv = inventories[stage]
-            identity = self._identities.for_inventory_of(inv, namespace)
-            client = None if identity is None or target is None else \
-                self._clients.client(identity, target.cluster)
-            try:
-                remaining = teardown_stage(inventory=inv, client=client, owner=owner,
-                                           applier=target.applier if target else None)
-            except UnreachableError as error:
-                log.warning("teardown of StageSet %s/%s: the cluster at %s cannot be used: %s",
-                            namespace, name, error.server, error.why)
-                remaining = list(inv.entries)
-            kept = {entry.id for entry in remaining}
+            progress, failed = self._stage(inv, target=target, namespace=namespace, owner=owner)
+            failure = failed or failure
+            kept = {entry.id for entry in progress.remaining}
             for entry in inv.entries:
                 if entry.id not in kept:
                     log.info("teardown of stage %s: %s deleted", stage, entry_id(entry).describe())
-            if remaining:
-                inventories[stage] = stage_inventory(inv.name, inv.service_account_name, remaining)
-                status.inventory = ordered(inventories)
-                report.write()
-                if not expired:
-                    return Result(requeue_after=AGAIN)
-                message = (f"stage {stage!r} still has {len(remaining)} object(s) after "
-                           f"{self._max_wait:.0f}s; releasing the StageSet anyway")
-                log.warning("teardown forced: %s", message)
-                self._events.emit(report.obj, type_=EventType.WARNING, reason=EventReason.TEARDOWN_FORCED,
-                                  message=message, action="Teardown")
-                break
-            del inventories[stage]
+            if progress.remaining:
+                inventories[stage] = stage_inventory(inv.name, inv.service_account_name, progress.remaining)
+            else:
+                del inventories[stage]
             status.inventory = ordered(inventories)
             report.write()
+            if not progress.remaining:
+                continue
+            if failure:
+                log.warning("teardown of StageSet %s/%s, stage %s: %s", namespace, name, stage, failure)
+            if not expired:
+                if failure is None:
+                    return Result(requeue_after=AGAIN)
+                return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
+                                                           max_wait=self._max_wait))
+            break
+        if inventories:
+            self._forced(report, list(inventories.values()), failure)
         try:
             set_finalizer(self._clients.client(), resource=self._resource, obj=report.obj, present=False)
         except StageError:
             return Result(requeue_after=AGAIN)  # changed under us: read it again and retry
         log.info("teardown finished: finalizer removed")
         return Result()
+
+    def _forced(self, report: StatusReport[StageSetStatus], left: list[StageInventory], failure: str | None
+                ) -> None:
+        count = sum(len(inv.entries) for inv in left)
+        why = f" (last failure: {failure})" if failure else ""
+        message = (f"gave up after {self._max_wait:.0f}s: {count} object(s) left behind{why}: "
+                   f"{left_behind(left)}; they keep their stages.metio.wtf owner labels")
+        log.warning("StageSet %s/%s released: %s", report.obj["metadata"]["namespace"],
+                    report.obj["metadata"]["name"], message)
+        self._events.emit(report.obj, type_=EventType.WARNING, reason=EventReason.TEARDOWN_FORCED,
+                          message=message, action="Teardown")
+
+
+def _why(error: BaseException) -> str:
+    """How a cluster failed, in our words (nothing it sent)."""
+    if isinstance(error, UnreachableError):
+        return error.why
+    if isinstance(error, ApiError):
+        return f"answered HTTP {error.status}" + (f" {error.reason}" if error.reason else "")
+    if isinstance(error, ValueError):
+        return "answered with something that is not JSON"
+    return "the connection failed"
