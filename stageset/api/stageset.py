@@ -255,7 +255,8 @@ class Json6902Operation(ApiModel):
     """The operation."""
     path: Annotated[str, Field(max_length=1024, pattern=r"^(/.*)?$")]
     """JSON pointer to the field, e.g. ``/spec/replicas``."""
-    from_: Annotated[str, Field(max_length=1024, pattern=r"^(/.*)?$")] | None = Field(default=None, alias="from")
+    from_: Annotated[str, Field(max_length=1024, pattern=r"^(/.*)?$")] | None = Field(
+        default=None, alias="from")
     """Source pointer of ``move`` and ``copy``."""
     value: Annotated[Any, WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True})] = None
     """The value of ``add``, ``replace`` and ``test`` (any JSON)."""
@@ -386,7 +387,8 @@ class Stage(ApiModel):
                 },
                 {
                     "rule": "!(has(self.force) && self.force && has(self.conflictPolicy)"
-                            " && has(self.conflictPolicy.default) && self.conflictPolicy.default != 'Recreate')",
+                            " && has(self.conflictPolicy.default)"
+                            " && self.conflictPolicy.default != 'Recreate')",
                     "message": "force: true means conflictPolicy.default: Recreate; "
                                "set one or the other",
                     "fieldPath": ".conflictPolicy.default",

@@ -2,7 +2,14 @@
 
 Identity: every request goes through the client for the stage's identity on the stage's
 target cluster (the tenant's ServiceAccount, impersonated; the controller itself only in
-single-tenant mode).  ``readyChecks.objects`` are read as the same identity.
+single-tenant mode).  ``readyChecks.objects`` are read as the same identity.  After a denial,
+whether the ServiceAccount exists is asked as :class:`~stageset.controller.stageset.reads.AccountCheck`
+says.
+
+The stage's settings used here: ``conflictPolicy`` (and ``force``) for immutable-field
+conflicts; ``readyChecks.timeout`` > ``timeout`` > ``spec.timeout`` for the readiness wait,
+``wait``/``disableWait`` whether to wait at all, ``exprs`` for CEL health checks; every
+failure message starts with the stage's name.
 """
 
 from __future__ import annotations
@@ -13,14 +20,18 @@ from dataclasses import dataclass
 
 from stageset.api import InventoryEntry, Stage, StageInventory, StageSet, duration_seconds, format_time
 from stageset.api.vocabulary import Reason, StagePhase
+from stageset.apply.cel import CelSandbox
+from stageset.apply.conflicts import ConflictResolver
 from stageset.apply.engine import AppliedObject, StageApplier, StageResult
 from stageset.apply.errors import StageError
+from stageset.apply.health import HealthChecks, rules_of
 from stageset.apply.inventory import ObjectId, by_id
 from stageset.apply.ownership import StageOwner
 from stageset.controller.clock import Clock
-from stageset.controller.stageset.plan import StageOutcome, judge_readiness, readiness_window
+from stageset.controller.stageset.plan import StageOutcome, judge_readiness, on_timeout, readiness_window
+from stageset.controller.stageset.reads import AccountCheck
 from stageset.controller.stageset.rendering import Rendered
-from stageset.kube.client import ApiError, ClientPool
+from stageset.kube.client import ApiError, ClientPool, KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -39,11 +50,22 @@ class StageRun:
 
 
 class StageApply:
-    def __init__(self, *, clients: ClientPool, clock: Clock, readiness_slice: float, stop: threading.Event):
+    def __init__(self, *, clients: ClientPool, clock: Clock, readiness_slice: float, stop: threading.Event,
+                 sandbox: CelSandbox | None = None, accounts: AccountCheck | None = None):
         self._clients = clients
         self._clock = clock
         self._slice = readiness_slice
         self._stop = stop
+        self._sandbox = sandbox or CelSandbox()
+        self._accounts = accounts
+
+    def _failed(self, stage: Stage, error: StageError, client: KubeClient) -> StageOutcome:
+        """The stage failed: its name first, and for a denial whether the ServiceAccount exists."""
+        message = error.message if error.message.startswith("stage ") \
+            else f"stage {stage.name!r}: {error.message}"
+        if error.reason is Reason.RBAC_DENIED and self._accounts is not None:
+            message += self._accounts.explain(client)
+        return StageOutcome(stage.name, StagePhase.FAILED, error.reason, message)
 
     def run(self, run: StageRun) -> tuple[StageOutcome, StageResult | None]:
         stage, rendered = run.rendered.stage, run.rendered
@@ -56,10 +78,10 @@ class StageApply:
                                   default_namespace=namespace) if run.recheck else None
             if result is None:
                 result = applier.apply(client=client, owner=owner, objects=rendered.objects,
-                                       default_namespace=namespace, force=stage.force,
+                                       default_namespace=namespace, conflicts=ConflictResolver.of(stage),
                                        previous=_entries(run.previous))
         except StageError as error:
-            return StageOutcome(stage.name, StagePhase.FAILED, error.reason, error.message), None
+            return self._failed(stage, error, client), None
         except ApiError as error:
             message = f"stage {stage.name!r}: apiserver error {error.status}: {error.message}"
             return StageOutcome(stage.name, StagePhase.FAILED, Reason.STAGE_FAILED, message), None
@@ -71,20 +93,23 @@ class StageApply:
             else run.before.applied_at
         applied = StageOutcome(stage.name, StagePhase.READY, Reason.SUCCEEDED, "", rendered.revision,
                                len(result.objects), applied_at)
-        timeout = duration_seconds(stage.timeout or run.stageset.spec.timeout)
+        timeout = duration_seconds(stage.ready_timeout(run.stageset.spec.timeout))
         window = readiness_window(now=now, waiting_since=run.before.waiting_since, wrote=bool(result.writes),
                                   timeout=timeout, slice_seconds=self._slice)
+        health = HealthChecks(rules=rules_of(stage), sandbox=self._sandbox, stage=stage.name)
         try:
             extra = references(stage, namespace, applier)
             readiness = applier.wait_ready(client=client, applied=[*result.objects, *extra],
-                                           timeout=window.wait, stop=self._stop) if _waits(stage) else None
+                                           timeout=window.wait, stop=self._stop,
+                                           health=health) if _waits(stage) else None
         except StageError as error:
-            return StageOutcome(stage.name, StagePhase.FAILED, error.reason, error.message), result
-        return judge_readiness(applied, window=window, now=self._clock(), readiness=readiness), result
+            return self._failed(stage, error, client), result
+        return judge_readiness(applied, window=window, now=self._clock(), readiness=readiness,
+                               on_timeout=on_timeout(run.stageset, stage)), result
 
 
 def _waits(stage: Stage) -> bool:
-    return stage.ready_checks is None or stage.ready_checks.wait
+    return stage.ready_checks is None or stage.ready_checks.waits
 
 
 def _entries(inventory: StageInventory | None) -> dict[ObjectId, InventoryEntry] | None:

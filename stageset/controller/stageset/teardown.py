@@ -5,6 +5,10 @@ its inventory; see :mod:`stageset.controller.identity`), on the StageSet's targe
 (the kubeConfig Secret read as the StageSet's identity).  Status and the finalizer are
 written as the controller.
 
+A stage with ``prune: false`` is not deleted: its objects are released instead — our owner
+labels removed, so a later StageSet can adopt them — and an ``Orphaned`` event names what
+was left behind (:mod:`stageset.apply.orphan`).
+
 A stage's objects must be gone before the next stage's are deleted.  A teardown that
 cannot finish is given up after ``max_teardown_wait`` with a ``TeardownForced`` event, so
 the StageSet (and its namespace) can still go.
@@ -14,10 +18,11 @@ from __future__ import annotations
 
 import logging
 
-from stageset.api import StageSet, StageSetStatus
+from stageset.api import InventoryEntry, StageInventory, StageSet, StageSetStatus
 from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import ordered, stage_inventory
+from stageset.apply.orphan import release_stage
 from stageset.apply.prune import Owner, teardown_stage
 from stageset.controller.clock import Clock
 from stageset.controller.events import EventRecorder
@@ -27,7 +32,7 @@ from stageset.controller.result import Result
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order
 from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.status import StatusReport
-from stageset.kube.client import ClientPool, UnreachableError
+from stageset.kube.client import ClientPool, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource
 
 log = logging.getLogger(__name__)
@@ -66,14 +71,18 @@ class Teardown:
         owner = Owner(namespace, name)
         expired = teardown_expired(now=self._clock(), deleted_at=meta.get("deletionTimestamp"),
                                    max_wait=self._max_wait)
+        kept = {s.name for s in stageset.spec.stages if not s.prune} if stageset else set()
         for stage in teardown_order(stage_nodes(stageset) if stageset else None, inventories):
             inv = inventories[stage]
             identity = self._identities.for_inventory_of(inv, namespace)
             client = None if identity is None or target is None else \
                 self._clients.client(identity, target.cluster)
             try:
-                remaining = teardown_stage(inventory=inv, client=client, owner=owner,
-                                           applier=target.applier if target else None)
+                if stage in kept:
+                    remaining = self._leave_behind(report, stage, inv, client, target, owner)
+                else:
+                    remaining = teardown_stage(inventory=inv, client=client, owner=owner,
+                                               applier=target.applier if target else None)
             except UnreachableError as error:
                 log.warning("teardown of StageSet %s/%s: the cluster at %s cannot be used: %s",
                             namespace, name, error.server, error.why)
@@ -96,3 +105,16 @@ class Teardown:
         except StageError:
             return Result(requeue_after=AGAIN)  # changed under us: read it again and retry
         return Result()
+
+    def _leave_behind(self, report: StatusReport[StageSetStatus], stage: str, inventory: StageInventory,
+                      client: KubeClient | None, target: Target | None, owner: Owner) -> list[InventoryEntry]:
+        """``prune: false``: release the stage's objects (owner labels removed) instead of deleting them."""
+        result = release_stage(inventory=inventory, client=client, owner=owner,
+                               applier=target.applier if target else None)
+        if result.released:
+            names = ", ".join(sorted(oid.describe() for oid in result.released)[:10])
+            more = f" and {len(result.released) - 10} more" if len(result.released) > 10 else ""
+            self._events.emit(report.obj, type_=EventType.NORMAL, reason=EventReason.ORPHANED,
+                              message=f"stage {stage!r} has prune: false: left {len(result.released)} "
+                              f"object(s) in place without owner labels: {names}{more}")
+        return result.remaining
