@@ -68,7 +68,9 @@ class _Worker:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "stageset.apply.celworker", str(os.getpid())],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env={"PATH": "", "HOME": "/nonexistent", "LANG": "C", "PYTHONPATH": os.pathsep.join(sys.path)},
+            # The parent's import path, minus "" (the working directory: "/" for the child).
+            env={"PATH": "", "HOME": "/nonexistent", "LANG": "C",
+                 "PYTHONPATH": os.pathsep.join(p for p in sys.path if p)},
             cwd="/", start_new_session=True)
         with contextlib.suppress(OSError, ValueError):
             limit = (limits.memory_bytes, limits.memory_bytes)

@@ -260,8 +260,9 @@ def _apply_patches(manifests: list[_Manifest], patches: Sequence[Mapping[str, An
         patched.extend(_objects(f"after patches: document {index + 1}", document,
                                 node if keep_nodes else None))
     for manifest in patched:
-        if manifest.node is not None and (paths := quoted.get(_identity(manifest.value))):
-            _requote(manifest.node, paths)
+        requote = quoted.get(_identity(manifest.value))
+        if manifest.node is not None and requote:
+            _requote(manifest.node, requote)
     budget.charge_objects(len(patched), where)
     if not patched:
         raise BuildError("patches left no object in the stage")
