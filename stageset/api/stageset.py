@@ -152,10 +152,10 @@ class HealthCheckExpr(ApiModel):
     """CEL expressions that judge the readiness of every object of one kind, as Flux's
     ``healthCheckExprs``.
 
-    The object's top-level fields are the variables (``apiVersion``, ``kind``, ``metadata``,
-    ``spec``, ``status``, and any other, e.g. ``data``); a field the object lacks is an empty
-    map.  First, as kstatus does, an object whose ``status.observedGeneration`` is behind its
-    ``metadata.generation`` is in progress.  Then ``failed`` wins over ``current``, which wins
+    The variables are the object's ``apiVersion``, ``kind``, ``metadata``, ``spec`` and
+    ``status`` (one the object lacks is an empty map), and ``self``, the whole object (for other
+    top-level fields: ``self.data``).  First, as kstatus does, an object whose
+    ``status.observedGeneration`` is behind its ``metadata.generation`` is in progress.  Then ``failed`` wins over ``current``, which wins
     over ``inProgress``; none true means in progress.  An expression that fails to evaluate
     (e.g. a missing key) counts as not true and its error is shown while the stage waits.
     """
