@@ -155,8 +155,8 @@ class HealthCheckExpr(ApiModel):
     The variables are the object's ``apiVersion``, ``kind``, ``metadata``, ``spec`` and
     ``status`` (one the object lacks is an empty map), and ``self``, the whole object (for other
     top-level fields: ``self.data``).  First, as kstatus does, an object whose
-    ``status.observedGeneration`` is behind its ``metadata.generation`` is in progress.  Then ``failed`` wins over ``current``, which wins
-    over ``inProgress``; none true means in progress.  An expression that fails to evaluate
+    ``status.observedGeneration`` is behind its ``metadata.generation`` is in progress.  Then
+    ``failed`` wins over ``current``, which wins over ``inProgress``; none true means in progress.  An expression that fails to evaluate
     (e.g. a missing key) counts as not true and its error is shown while the stage waits.
     """
 
