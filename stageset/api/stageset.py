@@ -156,8 +156,9 @@ class HealthCheckExpr(ApiModel):
     ``status`` (one the object lacks is an empty map), and ``self``, the whole object (for other
     top-level fields: ``self.data``).  First, as kstatus does, an object whose
     ``status.observedGeneration`` is behind its ``metadata.generation`` is in progress.  Then
-    ``failed`` wins over ``current``, which wins over ``inProgress``; none true means in progress.  An expression that fails to evaluate
-    (e.g. a missing key) counts as not true and its error is shown while the stage waits.
+    ``failed`` wins over ``current``, which wins over ``inProgress``; none true means in progress.
+    An expression that fails to evaluate (e.g. a missing key) counts as not true and its error is
+    shown while the stage waits.
     """
 
     api_version: Annotated[str, Field(min_length=1, max_length=253)]
