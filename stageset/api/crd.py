@@ -231,6 +231,10 @@ def custom_resource_definition(kind: Kind) -> dict[str, Any]:
 class _Dumper(yaml.SafeDumper):
     """Block style for multi-line strings, so descriptions read like the docstrings they are."""
 
+    def ignore_aliases(self, data: Any) -> bool:  # noqa: ARG002 - the same answer for every node
+        # A schema piece used twice (an enum) is written out twice, never as a YAML anchor.
+        return True
+
 
 def _represent_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     style = "|" if "\n" in value else None

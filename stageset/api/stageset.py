@@ -13,6 +13,7 @@ that field.
 
 from __future__ import annotations
 
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
@@ -29,10 +30,21 @@ from stageset.api.common import (
     SecretKeyRef,
     StatusModel,
     Time,
+    duration_seconds,
 )
 from stageset.api.vocabulary import StagePhase
 
 MAX_STAGES = 64
+MAX_PATCHES = 32
+"""Patches per stage."""
+MAX_PATCH_BYTES = 32768
+"""Bytes of one inline ``patch``."""
+MAX_JSON6902_OPERATIONS = 64
+MAX_CONFLICT_RULES = 32
+MAX_HEALTH_EXPRS = 16
+"""``readyChecks.exprs`` entries per stage (one per kind)."""
+MAX_CEL_EXPRESSION = 2048
+"""Characters of one health-check expression: a first bound on what a tenant's expression may cost."""
 
 _SHORT = Annotated[str, Field(min_length=1, max_length=253)]
 
@@ -105,15 +117,261 @@ class ObjectRef(ApiModel):
     """Namespace of the object; leave out for cluster-scoped objects."""
 
 
+class OnTimeout(StrEnum):
+    """What a stage whose readiness wait runs out of time does."""
+
+    HOLD = "Hold"
+    """The stage holds (phase ``Progressing``, reason ``StageProgressing``): its objects stay as
+    applied, its dependents wait, and it is checked again at ``retryInterval``."""
+    ROLLBACK = "Rollback"
+    """Restore the last applied revision: **not supported yet**, refused with a message saying so."""
+
+
+_ON_TIMEOUT_SCHEMA: JsonDict = {
+    "x-kubernetes-validations": [{
+        "rule": "self == 'Hold'",
+        "message": "onTimeout: Rollback is not supported yet; use Hold (the default) and raise the "
+                   "stage's timeout instead",
+    }],
+}
+_ROLLBACK_REFUSED = ("onTimeout: Rollback is not supported yet; use Hold (the default) and raise the "
+                     "stage's timeout instead")
+
+
+def _hold_only(value: OnTimeout | None) -> OnTimeout | None:
+    if value is OnTimeout.ROLLBACK:
+        raise ValueError(_ROLLBACK_REFUSED)
+    return value
+
+
+CelExpression = Annotated[str, Field(min_length=1, max_length=MAX_CEL_EXPRESSION)]
+"""A CEL expression over the object's top-level fields (``metadata``, ``spec``, ``status`` ...)."""
+
+
+class HealthCheckExpr(ApiModel):
+    """CEL expressions that judge the readiness of every object of one kind, as Flux's
+    ``healthCheckExprs``.
+
+    The variables are the object's ``apiVersion``, ``kind``, ``metadata``, ``spec`` and
+    ``status`` (one the object lacks is an empty map), and ``self``, the whole object (for other
+    top-level fields: ``self.data``).  First, as kstatus does, an object whose
+    ``status.observedGeneration`` is behind its ``metadata.generation`` is in progress.  Then
+    ``failed`` wins over ``current``, which wins over ``inProgress``; none true means in progress.
+    An expression that fails to evaluate (e.g. a missing key) counts as not true and its error is
+    shown while the stage waits.
+    """
+
+    api_version: Annotated[str, Field(min_length=1, max_length=253)]
+    """API version of the kind, e.g. ``cert-manager.io/v1`` (the group is what is matched)."""
+    kind: Annotated[str, Field(min_length=1, max_length=63)]
+    """Kind the expressions apply to, e.g. ``Certificate``."""
+    current: CelExpression
+    """True when the object reached its desired state (ready)."""
+    in_progress: CelExpression | None = None
+    """True while the object is still converging."""
+    failed: CelExpression | None = None
+    """True when the object failed: the stage fails at once instead of waiting for its timeout."""
+
+
+_UNIQUE_EXPR_KINDS: JsonDict = {
+    "rule": "self.all(e, self.exists_one(f, f.apiVersion == e.apiVersion && f.kind == e.kind))",
+    "message": "readyChecks.exprs may name each apiVersion and kind only once",
+}
+
+
 class ReadyChecks(ApiModel):
     """How a stage decides it is ready before its dependents start."""
 
     wait: bool = True
     """Wait for the applied objects to become ready; ``false`` disables waiting."""
+    disable_wait: bool = False
+    """Do not wait for the applied objects (the reference controller's spelling of ``wait: false``)."""
+    timeout: Duration | None = None
+    """How long the readiness wait may take; wins over the stage's and the StageSet's ``timeout``.
+    Zero falls through to those."""
     objects: list[ObjectRef] = Field(
         default_factory=list, json_schema_extra={"x-kubernetes-list-type": "atomic"}
     )
     """Further objects (not necessarily applied by this stage) to wait for."""
+    exprs: list[HealthCheckExpr] = Field(
+        default_factory=list, max_length=MAX_HEALTH_EXPRS,
+        json_schema_extra={"x-kubernetes-list-type": "atomic",
+                           "x-kubernetes-validations": [_UNIQUE_EXPR_KINDS]},
+    )
+    """CEL health checks per kind (see ``HealthCheckExpr``); kinds without one use the kstatus rules."""
+
+    @property
+    def waits(self) -> bool:
+        return self.wait and not self.disable_wait
+
+    @model_validator(mode="after")
+    def _unique_kinds(self) -> ReadyChecks:
+        seen: set[tuple[str, str]] = set()
+        for expr in self.exprs:
+            key = (expr.api_version, expr.kind)
+            if key in seen:
+                raise ValueError("readyChecks.exprs may name each apiVersion and kind only once")
+            seen.add(key)
+        return self
+
+
+# -- patches -------------------------------------------------------------------------------------
+
+_SELECTOR = Annotated[str, Field(max_length=1024)]
+
+
+class PatchTarget(ApiModel):
+    """Which built objects a patch applies to, as kustomize selects them; unset fields match any.
+
+    ``name`` and ``namespace`` are regular expressions anchored at both ends (kustomize's
+    rule); ``labelSelector`` and ``annotationSelector`` use label-selector syntax
+    (``app=web,tier!=db``).
+    """
+
+    group: Annotated[str, Field(max_length=253)] | None = None
+    """API group (empty string: the core group)."""
+    version: Annotated[str, Field(max_length=63)] | None = None
+    """API version, e.g. ``v1``."""
+    kind: Annotated[str, Field(max_length=63)] | None = None
+    """Kind, e.g. ``Deployment``."""
+    name: _SELECTOR | None = None
+    """Name (a regular expression)."""
+    namespace: _SELECTOR | None = None
+    """Namespace as written in the manifests (a regular expression)."""
+    label_selector: _SELECTOR | None = None
+    """Label selector, e.g. ``app=web``."""
+    annotation_selector: _SELECTOR | None = None
+    """Annotation selector."""
+
+
+class Json6902Operation(ApiModel):
+    """One RFC 6902 operation."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "!(self.op in ['move', 'copy']) || has(self.from)",
+         "message": "move and copy operations need from"},
+    ]})
+
+    op: Literal["add", "remove", "replace", "move", "copy", "test"]
+    """The operation."""
+    path: Annotated[str, Field(max_length=1024, pattern=r"^(/.*)?$")]
+    """JSON pointer to the field, e.g. ``/spec/replicas``."""
+    from_: Annotated[str, Field(max_length=1024, pattern=r"^(/.*)?$")] | None = Field(
+        default=None, alias="from")
+    """Source pointer of ``move`` and ``copy``."""
+    value: Annotated[Any, WithJsonSchema({"x-kubernetes-preserve-unknown-fields": True})] = None
+    """The value of ``add``, ``replace`` and ``test`` (any JSON)."""
+
+    @model_validator(mode="after")
+    def _operands(self) -> Json6902Operation:
+        # Only here: the CRD's CEL cannot see a field of any type (value), so the reconciler's
+        # re-check reports a missing value (InvalidSpec naming the patch).
+        if self.op in ("move", "copy") and self.from_ is None:
+            raise ValueError("move and copy operations need from")
+        if self.op in ("add", "replace", "test") and self.value is None:
+            raise ValueError("add, replace and test operations need value")
+        return self
+
+
+class Patch(ApiModel):
+    """A kustomize patch applied to the stage's built objects, after the build and before
+    ``postBuild`` substitution.
+
+    Exactly one of ``patch`` (a strategic merge patch or a JSON 6902 patch, as text, told apart
+    the way kustomize tells them apart) and ``json6902`` (JSON 6902 operations as structured
+    YAML).  Without ``target`` a strategic merge patch applies to the object it names; a JSON
+    6902 patch always needs a ``target``.
+    """
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        {"rule": "has(self.patch) != has(self.json6902)",
+         "message": "a patch needs exactly one of patch and json6902"},
+        {"rule": "!has(self.json6902) || has(self.target)",
+         "message": "a json6902 patch needs a target"},
+    ]})
+
+    patch: Annotated[str, Field(min_length=1, max_length=MAX_PATCH_BYTES)] | None = None
+    """A strategic merge patch, or a JSON 6902 patch, as YAML or JSON text."""
+    json6902: list[Json6902Operation] | None = Field(
+        default=None, min_length=1, max_length=MAX_JSON6902_OPERATIONS,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"})
+    """JSON 6902 operations, applied in order."""
+    target: PatchTarget | None = None
+    """Which objects to patch; left out, a strategic merge patch patches the object it names."""
+
+    @model_validator(mode="after")
+    def _one_form(self) -> Patch:
+        if (self.patch is None) == (self.json6902 is None):
+            raise ValueError("a patch needs exactly one of patch and json6902")
+        if self.json6902 is not None and self.target is None:
+            raise ValueError("a json6902 patch needs a target")
+        return self
+
+
+# -- conflict policies ---------------------------------------------------------------------------
+
+class ConflictAction(StrEnum):
+    """What to do with an object whose change the apiserver refuses as immutable."""
+
+    FAIL = "Fail"
+    """Fail the stage, naming the object and the field (the default)."""
+    RECREATE = "Recreate"
+    """Delete the object, wait until it is gone, and create it again (``force: true``)."""
+    KEEP_EXISTING = "KeepExisting"
+    """Leave the live object exactly as it is (it is created when absent, never updated)."""
+
+
+_DATA_KINDS = ("PersistentVolumeClaim", "PersistentVolume")
+
+
+class ConflictTarget(ApiModel):
+    """The objects a rule governs; unset fields match any object."""
+
+    api_version: Annotated[str, Field(max_length=253)] | None = None
+    """API version, e.g. ``batch/v1`` (the group is what is matched)."""
+    kind: Annotated[str, Field(min_length=1, max_length=63)]
+    """Kind, e.g. ``Job``."""
+    name: Annotated[str, Field(max_length=253)] | None = None
+    """Name."""
+    namespace: Annotated[str, Field(max_length=63)] | None = None
+    """Namespace (after the StageSet's namespace is defaulted)."""
+
+
+class ConflictRule(ApiModel):
+    """An action for the immutable-field conflicts of the objects ``target`` matches."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
+        "rule": "!(self.action == 'Recreate' && (self.target.kind == 'PersistentVolumeClaim'"
+                " || self.target.kind == 'PersistentVolume')) || self.allowDataLoss",
+        "message": "recreating a PersistentVolumeClaim or PersistentVolume deletes its data; "
+                   "set allowDataLoss: true on the rule to allow it",
+    }]})
+
+    target: ConflictTarget
+    """The objects this rule governs."""
+    action: ConflictAction
+    """What to do on a conflict."""
+    allow_data_loss: bool = False
+    """Required to ``Recreate`` a PersistentVolumeClaim or PersistentVolume."""
+
+    @model_validator(mode="after")
+    def _data_loss(self) -> ConflictRule:
+        if self.action is ConflictAction.RECREATE and self.target.kind in _DATA_KINDS \
+                and not self.allow_data_loss:
+            raise ValueError("recreating a PersistentVolumeClaim or PersistentVolume deletes its data; "
+                             "set allowDataLoss: true on the rule to allow it")
+        return self
+
+
+class ConflictPolicy(ApiModel):
+    """Per-object answers to immutable-field conflicts (a Job's template, a Service's ``clusterIP``)."""
+
+    default: ConflictAction | None = None
+    """The action for objects no rule matches; left out: ``Recreate`` with ``force: true``, else ``Fail``."""
+    rules: list[ConflictRule] = Field(
+        default_factory=list, max_length=MAX_CONFLICT_RULES,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"})
+    """Rules, first match wins."""
 
 
 class Stage(ApiModel):
@@ -127,6 +385,14 @@ class Stage(ApiModel):
                     "message": "a stage may not depend on itself",
                     "messageExpression": "'stage \"' + self.name + '\" may not depend on itself'",
                     "fieldPath": ".dependsOn",
+                },
+                {
+                    "rule": "!(has(self.force) && self.force && has(self.conflictPolicy)"
+                            " && has(self.conflictPolicy.default)"
+                            " && self.conflictPolicy.default != 'Recreate')",
+                    "message": "force: true means conflictPolicy.default: Recreate; "
+                               "set one or the other",
+                    "fieldPath": ".conflictPolicy.default",
                 },
             ],
         },
@@ -153,11 +419,39 @@ class Stage(ApiModel):
     timeout: Duration | None = None
     """How long applying and waiting may take; defaults to the StageSet's ``timeout``."""
     force: bool = False
-    """Recreate objects whose immutable fields changed."""
+    """Recreate objects whose immutable fields changed (``conflictPolicy.default: Recreate``)."""
+    conflict_policy: ConflictPolicy | None = None
+    """What to do, object by object, when the apiserver refuses a change as immutable."""
+    patches: list[Patch] = Field(
+        default_factory=list, max_length=MAX_PATCHES, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+    )
+    """kustomize patches applied, in order, to the built objects before ``postBuild`` substitution."""
     post_build: PostBuild | None = None
-    """Variable substitution applied to the built manifests."""
+    """Variable substitution applied to the built (and patched) manifests."""
     ready_checks: ReadyChecks | None = None
     """What to wait for before the stage counts as ready."""
+    on_timeout: Annotated[OnTimeout, WithJsonSchema(
+        {"type": "string", "enum": ["Hold", "Rollback"], **_ON_TIMEOUT_SCHEMA})] | None = None
+    """What a readiness wait that runs out of time does; defaults to the StageSet's ``onTimeout``."""
+
+    @field_validator("on_timeout")
+    @classmethod
+    def _hold_only(cls, value: OnTimeout | None) -> OnTimeout | None:
+        return _hold_only(value)
+
+    def conflict_default(self) -> ConflictAction:
+        """The action for conflicts no rule matches."""
+        if self.conflict_policy is not None and self.conflict_policy.default is not None:
+            return self.conflict_policy.default
+        return ConflictAction.RECREATE if self.force else ConflictAction.FAIL
+
+    def ready_timeout(self, spec_timeout: str) -> str:
+        """The readiness wait's timeout: ``readyChecks.timeout``, else the stage's, else ``spec_timeout``
+        (a zero value falls through)."""
+        for value in (self.ready_checks.timeout if self.ready_checks else None, self.timeout):
+            if value and duration_seconds(value) > 0:
+                return value
+        return spec_timeout
 
     @model_validator(mode="after")
     def _dependencies(self) -> Stage:
@@ -170,6 +464,14 @@ class Stage(ApiModel):
         if repeated:
             names = ", ".join(repeated)
             raise ValueError(f'stage "{self.name}" lists {names} more than once in dependsOn')
+        return self
+
+    @model_validator(mode="after")
+    def _force_or_policy(self) -> Stage:
+        if self.force and self.conflict_policy is not None and self.conflict_policy.default is not None \
+                and self.conflict_policy.default is not ConflictAction.RECREATE:
+            raise ValueError(f'stage "{self.name}": force: true means conflictPolicy.default: Recreate; '
+                             "set one or the other")
         return self
 
 
@@ -229,12 +531,32 @@ class StageSetSpec(ApiModel):
     """Apply to the remote cluster this kubeconfig points at."""
     interval: Duration = "10m"
     """How often to reconcile, correcting drift."""
+    drift_detection_interval: Duration | None = None
+    """How often to re-apply a Ready StageSet to correct drift, when more often than ``interval``
+    (a longer value has no effect)."""
     retry_interval: Duration | None = None
     """How soon to retry after a failure; defaults to ``interval``."""
     timeout: Duration = "5m"
     """Default per-stage timeout for applying and waiting."""
+    on_timeout: Annotated[OnTimeout, WithJsonSchema(
+        {"type": "string", "enum": ["Hold", "Rollback"], "default": "Hold", **_ON_TIMEOUT_SCHEMA})] \
+        = OnTimeout.HOLD
+    """What a stage whose readiness wait runs out of time does: ``Hold`` (the only action supported)."""
     suspend: bool = False
     """Stop reconciling; objects already applied stay as they are."""
+
+    @field_validator("on_timeout")
+    @classmethod
+    def _hold_only(cls, value: OnTimeout | None) -> OnTimeout | None:
+        return _hold_only(value)
+
+    def requeue_when_ready(self) -> float:
+        """Seconds until a Ready StageSet is applied again: ``interval``, or
+        ``driftDetectionInterval`` when shorter."""
+        interval = duration_seconds(self.interval)
+        if self.drift_detection_interval and duration_seconds(self.drift_detection_interval) > 0:
+            return min(interval, duration_seconds(self.drift_detection_interval))
+        return interval
 
     @model_validator(mode="after")
     def _stage_graph_names(self) -> StageSetSpec:

@@ -37,6 +37,7 @@ class Reason(StrEnum):
     # StageSet
     SOURCE_NOT_READY = "SourceNotReady"
     ARTIFACT_NOT_FOUND = "ArtifactNotFound"
+    RESOLVE_FAILED = "ResolveFailed"
     DEPENDENCY_NOT_READY = "DependencyNotReady"
     STALLED = "Stalled"
     STAGE_FAILED = "StageFailed"
@@ -84,3 +85,5 @@ class EventReason(StrEnum):
     DRIFT_CORRECTED = "DriftCorrected"
     PRUNE_FAILED = "PruneFailed"
     TEARDOWN_FORCED = "TeardownForced"
+    ORPHANED = "Orphaned"
+    """A deleted StageSet left a ``prune: false`` stage's objects in place (owner labels removed)."""

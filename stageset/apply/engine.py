@@ -13,6 +13,8 @@ Invariants:
   no-op reconcile writes nothing.
 - A changed object whose manifest is the one we applied last time was changed by
   someone else: that is drift, corrected and reported.  A new manifest is not drift.
+- A change the apiserver refuses as immutable gets the stage's conflict policy
+  (:mod:`stageset.apply.conflicts`): fail, recreate, or keep the live object untouched.
 
 The result is a :class:`~stageset.apply.changeset.ChangeSet`: one action per object.
 """
@@ -24,11 +26,13 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from stageset.api import InventoryEntry
+from stageset.api.stageset import ConflictAction
 from stageset.api.vocabulary import Reason
 from stageset.apply.changeset import WRITES, Action, Change, ChangeSet
+from stageset.apply.conflicts import ConflictResolver
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import ObjectId, describe, entry, manifest_hash, object_id
 from stageset.apply.ownership import FIELD_MANAGER, StageOwner, label_object
@@ -49,8 +53,9 @@ class AppliedObject:
     digest: str
     live: KubeObject | None = None
     dry_run: KubeObject | None = None
-    # Planned by the preview (RECREATED: an immutable change under ``force``), final after
-    # the write.  A reference (readyChecks) is never written: SKIPPED.
+    # Planned by the preview (RECREATED: an immutable change the conflict policy recreates;
+    # SKIPPED: one it keeps as it is), final after the write.  A reference (readyChecks) is
+    # never written: SKIPPED.
     action: Action = Action.UNCHANGED
     drifted: bool = False
 
@@ -116,7 +121,8 @@ def _error_for(item: AppliedObject, error: ApiError, identity: str) -> StageErro
         return StageError(Reason.RBAC_DENIED, f"{identity} may not apply {what}: {error.message}")
     if _is_immutable_error(error):
         return StageError(Reason.STAGE_FAILED, f"{what} changed an immutable field ({error.message}); "
-                          "set force: true on the stage to recreate it")
+                          "set force: true on the stage to recreate it, or a conflictPolicy "
+                          "(Recreate or KeepExisting) for it")
     if error.invalid:
         return StageError(Reason.STAGE_FAILED, f"{what} is invalid: {error.message}")
     return StageError(Reason.STAGE_FAILED, f"applying {what} failed: {error.status} {error.message}")
@@ -127,6 +133,14 @@ def _read_error(item: AppliedObject, error: ApiError, identity: str) -> StageErr
     if error.forbidden:
         return StageError(Reason.RBAC_DENIED, f"{identity} may not read {what}")
     return StageError(Reason.STAGE_FAILED, f"reading {what} failed: {error.status} {error.message}")
+
+
+class HealthJudge(Protocol):
+    """Readiness by the stage's own rules (:class:`stageset.apply.health.HealthChecks`)."""
+
+    def __bool__(self) -> bool: ...
+
+    def judge(self, live: KubeObject, *, what: str) -> Readiness | None: ...
 
 
 class StageApplier:
@@ -175,7 +189,7 @@ class StageApplier:
             for future in [pool.submit(step, item) for item in items]:
                 future.result()
 
-    def _preview(self, client: KubeClient, items: list[AppliedObject], *, force: bool,
+    def _preview(self, client: KubeClient, items: list[AppliedObject], *, conflicts: ConflictResolver,
                  previous: Mapping[ObjectId, InventoryEntry], created: frozenset[str] = frozenset(),
                  read_live: bool = False) -> list[AppliedObject]:
         """Dry-run each object's apply (and read the live one if we applied it before, or
@@ -201,9 +215,19 @@ class StageApplier:
                 item.dry_run = client.apply(item.path, item.manifest, field_manager=FIELD_MANAGER,
                                             dry_run=True)
             except ApiError as error:
-                if force and _is_immutable_error(error):
-                    item.action = Action.RECREATED
-                    return
+                if _is_immutable_error(error):
+                    resolution = conflicts.resolve(item.manifest)
+                    if resolution.action is ConflictAction.RECREATE:
+                        item.action = Action.RECREATED
+                        return
+                    if resolution.action is ConflictAction.KEEP_EXISTING:
+                        item.action = Action.SKIPPED  # left exactly as it is; still waited for
+                        return
+                    if resolution.refusal:
+                        with lock:
+                            failures.append(StageError(Reason.STAGE_FAILED, f"{describe(item.manifest)} "
+                                                       f"changed an immutable field: {resolution.refusal}"))
+                        return
                 details = error.body.get("details") or {}
                 if error.not_found and details.get("kind") == "namespaces" and details.get("name") in created:
                     with lock:
@@ -242,6 +266,8 @@ class StageApplier:
     def _write(self, client: KubeClient, items: list[AppliedObject],
                previous: Mapping[ObjectId, InventoryEntry]) -> None:
         def write(item: AppliedObject) -> None:
+            if item.action is Action.SKIPPED:
+                return  # conflictPolicy KeepExisting: the live object stays as it is
             recreate = item.action is Action.RECREATED
             if not recreate and item.id in previous and item.dry_run is not None and \
                     _comparable(item.dry_run) == _comparable(item.live):
@@ -285,17 +311,20 @@ class StageApplier:
         return StageResult(objects=[item for item in bound if item is not None])
 
     def apply(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
-              default_namespace: str, force: bool = False,
+              default_namespace: str, force: bool = False, conflicts: ConflictResolver | None = None,
               previous: Mapping[ObjectId, InventoryEntry] | None = None) -> StageResult:
-        """Apply ``objects`` as ``client``'s identity; raise :class:`StageError` on failure."""
+        """Apply ``objects`` as ``client``'s identity; raise :class:`StageError` on failure.
+
+        ``conflicts`` answers immutable-field conflicts (default: fail, or recreate with ``force``)."""
         previous = previous or {}
+        conflicts = conflicts or ConflictResolver.forcing(force)
         labelled = [label_object(obj, owner) for obj in objects]
         bound = [self._bind(obj, default_namespace) for obj in labelled]
         created = frozenset(str(o["metadata"]["name"]) for o in labelled
                             if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1")
         previewed = [b for b in bound if b is not None]
-        deferred = {id(item) for item in self._preview(client, previewed, force=force, previous=previous,
-                                                        created=created)}
+        deferred = {id(item) for item in self._preview(client, previewed, conflicts=conflicts,
+                                                        previous=previous, created=created)}
         result = StageResult()
         bound_by_object = {id(obj): item for obj, item in zip(labelled, bound, strict=True)}
         for phase in phases(labelled):
@@ -313,32 +342,33 @@ class StageApplier:
                 elif id(item) in deferred:
                     late.append(item)  # its namespace is written by an earlier phase of this stage
                 items.append(item)
-            self._preview(client, late, force=force, previous=previous)
+            self._preview(client, late, conflicts=conflicts, previous=previous)
             self._write(client, items, previous)
             self._wait_established(client, items)
             result.objects.extend(items)
         return result
 
     def preview(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
-                default_namespace: str, force: bool = False) -> Preview:
+                default_namespace: str, conflicts: ConflictResolver | None = None) -> Preview:
         """What :meth:`apply` would change, writing nothing (``stageset diff``).
 
         The same preview step as :meth:`apply` — labelled, bound, every object read and
         server-side dry-run as ``client``'s identity — then each object's planned action:
         ``UNCHANGED`` when the dry-run equals the live object, ``CREATED``, ``CONFIGURED``, or
-        ``RECREATED`` (an immutable change under ``force``).  Raises :class:`StageError` as
-        :meth:`apply` does (a denial fails the whole stage)."""
+        ``RECREATED`` / ``SKIPPED`` (an immutable change the stage's conflict policy recreates or
+        keeps).  Raises :class:`StageError` as :meth:`apply` does (a denial fails the whole stage)."""
         labelled = [label_object(obj, owner) for obj in objects]
         bound = [(obj, self._bind(obj, default_namespace)) for obj in labelled]
         created = frozenset(str(o["metadata"]["name"]) for o in labelled
                             if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1")
         deferred = {id(item) for item in self._preview(
-            client, [item for _, item in bound if item is not None], force=force, previous={},
-            created=created, read_live=True)}
+            client, [item for _, item in bound if item is not None],
+            conflicts=conflicts or ConflictResolver.forcing(False), previous={}, created=created,
+            read_live=True)}
         items = [item for _, item in bound if item is not None and id(item) not in deferred]
         pending = [obj for obj, item in bound if item is None or id(item) in deferred]
         for item in items:
-            if item.action is Action.RECREATED:
+            if item.action in (Action.RECREATED, Action.SKIPPED):
                 continue
             if item.live is None:
                 item.action = Action.CREATED
@@ -349,12 +379,14 @@ class StageApplier:
         return Preview(objects=items, pending=pending)
 
     def wait_ready(self, *, client: KubeClient, applied: list[AppliedObject], timeout: float,
-                   stop: threading.Event, progress: Callable[[Readiness], None] | None = None) -> Readiness:
+                   stop: threading.Event, progress: Callable[[Readiness], None] | None = None,
+                   health: HealthJudge | None = None) -> Readiness:
         """Poll until every object is Current, one Failed, or ``timeout`` passes.
 
-        ``progress`` hears what is still awaited after each round that leaves something to wait
-        for (the first object not ready, and how many more).  An object that cannot be read
-        (other than not found) is a :class:`StageError`."""
+        ``health`` judges the kinds it has expressions for (``readyChecks.exprs``); kstatus the
+        rest.  ``progress`` hears what is still awaited after each round that leaves something
+        to wait for (the first object not ready, and how many more).  An object that cannot be
+        read (other than not found) is a :class:`StageError`."""
         deadline = time.monotonic() + timeout
         # First round: judge each object from what we already hold — the apply response for an
         # object we wrote, the preview for one we did not — and read it only if that says wait.
@@ -375,7 +407,8 @@ class StageApplier:
                         still.append(item)
                         waiting.append(f"{describe(item.manifest)} not found")
                         continue
-                verdict = readiness(live)
+                verdict = (health.judge(live, what=describe(item.manifest)) if health else None) \
+                    or readiness(live)
                 if verdict.status is Status.FAILED:
                     return Readiness(Status.FAILED, f"{describe(item.manifest)}: {verdict.message}")
                 if verdict.status is Status.IN_PROGRESS:

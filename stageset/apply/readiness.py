@@ -167,13 +167,19 @@ _RULES: dict[tuple[str, str], Callable[[KubeObject], Readiness]] = {
 }
 
 
-def readiness(obj: KubeObject) -> Readiness:
-    """Judge one live object."""
+def preconditions(obj: KubeObject) -> Readiness | None:
+    """What holds for every kind, before its own rule: being deleted, or a generation its controller
+    has not observed yet, is in progress.  ``None``: go on to the kind's rule."""
     if obj.get("metadata", {}).get("deletionTimestamp"):
         return Readiness(Status.IN_PROGRESS, "being deleted")
-    unobserved = _generation_observed(obj)
-    if unobserved is not None:
-        return unobserved
+    return _generation_observed(obj)
+
+
+def readiness(obj: KubeObject) -> Readiness:
+    """Judge one live object."""
+    early = preconditions(obj)
+    if early is not None:
+        return early
     group = str(obj.get("apiVersion", "")).rpartition("/")[0]
     rule = _RULES.get((group, str(obj.get("kind", ""))), _generic)
     return rule(obj)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from stageset.apply.cel import CelLimits
 
 
 @dataclass(frozen=True)
@@ -15,3 +17,5 @@ class ApplySettings:
     crd_timeout: float = 60.0
     # How long ``force: true`` waits for an object to go before creating it again.
     delete_timeout: float = 60.0
+    # What evaluating tenant CEL (readyChecks.exprs) may cost: time per request, memory, workers.
+    cel: CelLimits = field(default_factory=CelLimits)

@@ -48,6 +48,7 @@ import fcntl
 import functools
 import hashlib
 import io
+import json
 import os
 import re
 import resource
@@ -336,9 +337,27 @@ def kustomize_build(files: Mapping[str, bytes], directories: Sequence[str], *, l
     stream of all builds in order.  Raises :class:`BuildError` for kustomize failures,
     timeouts, memory and output limits; :class:`KustomizeNotFoundError` when no builder runs.
     """
+    arguments = [directory or "." for directory in directories]
+    return _run_builder(arguments, files, limits=limits, binary=binary, failed="kustomize build failed: ")
+
+
+def kustomize_patch(resources: str, patches: Sequence[Mapping[str, object]], *, limits: BuildLimits,
+                    binary: Path | None = None) -> str:
+    """Apply ``patches`` (kustomize ``Patch`` entries: ``{"patch": text, "target": {...}}``), in
+    order, to the objects of the YAML stream ``resources``; returns the patched stream.
+
+    Runs ``stageset-kustomize --patch``: each patch is applied by kustomize itself, so strategic
+    merge and JSON 6902 patches and target selectors mean what they mean in a kustomization.
+    A failure is a :class:`BuildError` whose message starts with ``patches[<index>]:``."""
+    files = {"resources.yaml": resources.encode(), "patches.json": json.dumps(list(patches)).encode()}
+    return _run_builder(["--patch"], files, limits=limits, binary=binary, failed="")
+
+
+def _run_builder(arguments: Sequence[str], files: Mapping[str, bytes], *, limits: BuildLimits,
+                 binary: Path | None, failed: str) -> str:
     executable = binary or locate_builder()
     payload = _tar(files)
-    command = [str(executable), *[directory or "." for directory in directories]]
+    command = [str(executable), *arguments]
     try:
         process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=_environment(limits), cwd="/",
@@ -388,7 +407,7 @@ def kustomize_build(files: Mapping[str, bytes], directories: Sequence[str], *, l
                              f"{limits.kustomize_memory_bytes // (1024 * 1024)} MiB)")
         if process.returncode < 0:
             raise BuildError(f"kustomize build was killed by signal {-process.returncode}")
-        raise BuildError(f"kustomize build failed: {_trim(stderr)}")
+        raise BuildError(f"{failed}{_trim(stderr)}")
     try:
         return out.data.decode("utf-8")
     except UnicodeDecodeError as error:

@@ -18,7 +18,13 @@ what may be loaded from where is :mod:`stageset.build.sourceroot`'s business.
    ``config.kubernetes.io/local-config: "true"`` are left out, as kustomize leaves them out.
 2. **Bounds.**  Everything is parsed under :class:`~stageset.build.limits.BuildLimits`
    (:mod:`stageset.build.parse`): depth, nodes, aliases, documents, bytes and objects.
-3. **Substitution** (only when ``variables`` is given, i.e. the stage has ``postBuild``),
+3. **Patches** (the stage's ``patches``, when it has any): applied to the built objects —
+   plain files and kustomize output alike — in order, by kustomize itself
+   (:func:`~stageset.build.kustomize.kustomize_patch`), after the build and before
+   substitution, as Flux applies ``spec.patches``.  A failure names the patch
+   (``patches[1]: ...``).  Scalar styles survive the round trip, so a quoted ``"${PORT}"`` is
+   still a string when it is substituted.
+4. **Substitution** (only when ``variables`` is given, i.e. the stage has ``postBuild``),
    applied to the rendered objects as Flux does after ``kustomize build``: ``${var}``,
    ``${var:=default}``, ``$${var}`` escapes (:mod:`stageset.build.variables`).  It works
    on YAML scalars, not on raw text: an unquoted scalar is typed again after expansion
@@ -39,7 +45,7 @@ from __future__ import annotations
 import hashlib
 import json
 import posixpath
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -48,7 +54,7 @@ import yaml
 from yaml.resolver import Resolver
 
 from stageset.build.errors import BuildError
-from stageset.build.kustomize import kustomize_build
+from stageset.build.kustomize import kustomize_build, kustomize_patch
 from stageset.build.limits import BuildLimits
 from stageset.build.parse import StageBudget, construct, load_json, load_yaml, precheck
 from stageset.build.sourceroot import KUSTOMIZATION_FILES, MANIFEST_SUFFIXES, Plan, SourceTree, plan_build
@@ -185,6 +191,82 @@ def _read_kustomize_output(text: str, *, limits: BuildLimits, budget: StageBudge
                                   node if keep_nodes else None))
     budget.charge_objects(len(manifests), where)
     return manifests
+
+
+_Path = tuple[str | int, ...]
+
+
+def _quoted_expansions(root: yaml.Node) -> set[_Path]:
+    """Where ``root`` holds a quoted scalar with a ``${...}``: kustomize drops quotes it does not need,
+    and substitution types an unquoted scalar by its value, so these are quoted again after the
+    patches (a quoted ``"${PORT}"`` must stay a string)."""
+    found: set[_Path] = set()
+    pending: list[tuple[yaml.Node, _Path]] = [(root, ())]
+    seen: set[int] = set()
+    while pending:
+        node, path = pending.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, yaml.ScalarNode):
+            if node.style in ("'", '"') and has_expansion(node.value):
+                found.add(path)
+        elif isinstance(node, yaml.SequenceNode):
+            pending.extend((item, (*path, index)) for index, item in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            pending.extend((item, (*path, str(key.value))) for key, item in node.value
+                           if isinstance(key, yaml.ScalarNode))
+    return found
+
+
+def _requote(root: yaml.Node, paths: set[_Path]) -> None:
+    for path in paths:
+        node: yaml.Node | None = root
+        for step in path:
+            if isinstance(node, yaml.MappingNode) and isinstance(step, str):
+                node = next((item for key, item in node.value
+                             if isinstance(key, yaml.ScalarNode) and key.value == step), None)
+            elif isinstance(node, yaml.SequenceNode) and isinstance(step, int) and step < len(node.value):
+                node = node.value[step]
+            else:
+                node = None
+            if node is None:
+                break
+        if isinstance(node, yaml.ScalarNode) and not node.style and node.tag == _STR \
+                and has_expansion(node.value):
+            node.style = '"'
+
+
+def _identity(value: KubeObject) -> tuple[str, str, str, str]:
+    metadata = value.get("metadata") or {}
+    return (str(value.get("apiVersion")), str(value.get("kind")), str(metadata.get("namespace") or ""),
+            str(metadata.get("name")))
+
+
+def _apply_patches(manifests: list[_Manifest], patches: Sequence[Mapping[str, Any]], *, limits: BuildLimits,
+                   keep_nodes: bool, kustomize: Path | None) -> list[_Manifest]:
+    """The manifests with ``patches`` applied by kustomize (see :func:`kustomize_patch`)."""
+    documents = [yaml.serialize(manifest.node) if manifest.node is not None
+                 else json.dumps(manifest.value) + "\n" for manifest in manifests]
+    quoted = {_identity(m.value): paths for m in manifests
+              if m.node is not None and (paths := _quoted_expansions(m.node))}
+    text = kustomize_patch("---\n".join(documents), patches, limits=limits, binary=kustomize)
+    # Bounded afresh: the patched output, not the build before it, is what the stage is made of.
+    budget = StageBudget(limits)
+    where = "patched objects"
+    budget.charge_bytes(len(text.encode()), where, per_file=False)
+    patched: list[_Manifest] = []
+    for index, (node, document) in enumerate(load_yaml(text, where=where, limits=limits, budget=budget)):
+        patched.extend(_objects(f"after patches: document {index + 1}", document,
+                                node if keep_nodes else None))
+    for manifest in patched:
+        requote = quoted.get(_identity(manifest.value))
+        if manifest.node is not None and requote:
+            _requote(manifest.node, requote)
+    budget.charge_objects(len(patched), where)
+    if not patched:
+        raise BuildError("patches left no object in the stage")
+    return patched
 
 
 def _check_duplicates(manifests: list[_Manifest]) -> None:
@@ -326,11 +408,12 @@ def prepare(files: Mapping[str, bytes], *, path: str = ".", limits: BuildLimits 
 
 
 def render(prepared: Prepared, *, variables: Mapping[str, str] | None = None,
-           kustomize: Path | None = None) -> list[KubeObject]:
-    """The objects of a prepared stage: kustomize units and plain files, then substitution.
+           kustomize: Path | None = None, patches: Sequence[Mapping[str, Any]] = ()) -> list[KubeObject]:
+    """The objects of a prepared stage: kustomize units and plain files, patches, then substitution.
 
     ``variables`` is ``None`` when the stage has no ``postBuild`` (nothing is substituted)
-    or the result of :func:`~stageset.build.variables.merge_variables`.  ``kustomize``
+    or the result of :func:`~stageset.build.variables.merge_variables`.  ``patches`` are
+    kustomize ``Patch`` entries (``{"patch": text, "target": {...}}``).  ``kustomize``
     overrides :func:`~stageset.build.kustomize.locate_builder`.  Never an empty list.
     Raises :class:`BuildError` (:class:`~stageset.build.kustomize.KustomizeNotFoundError`
     when the builder is missing).
@@ -359,12 +442,18 @@ def render(prepared: Prepared, *, variables: Mapping[str, str] | None = None,
         raise BuildError(f"path {path!r} holds no manifests (.yaml, .yml or .json files with "
                          "Kubernetes objects)")
     _check_duplicates(manifests)
+    if patches:
+        manifests = _apply_patches(manifests, patches, limits=limits, keep_nodes=keep_nodes,
+                                   kustomize=kustomize)
+        _check_duplicates(manifests)
     if variables is None:
         return [manifest.value for manifest in manifests]
     return [_substituted(manifest, variables) for manifest in manifests]
 
 
 def build_stage(files: Mapping[str, bytes], *, path: str = ".", variables: Mapping[str, str] | None = None,
-                kustomize: Path | None = None, limits: BuildLimits | None = None) -> list[KubeObject]:
+                kustomize: Path | None = None, limits: BuildLimits | None = None,
+                patches: Sequence[Mapping[str, Any]] = ()) -> list[KubeObject]:
     """:func:`prepare` then :func:`render`: the objects of the stage at ``path`` of the root ``files``."""
-    return render(prepare(files, path=path, limits=limits), variables=variables, kustomize=kustomize)
+    return render(prepare(files, path=path, limits=limits), variables=variables, kustomize=kustomize,
+                  patches=patches)

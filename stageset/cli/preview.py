@@ -28,6 +28,7 @@ import yaml
 
 from stageset.api import StageInventory, StageSet, StageSetStatus
 from stageset.apply.changeset import WRITES, Action
+from stageset.apply.conflicts import ConflictResolver
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import by_stage, describe, entry, manifest_hash, stage_inventory, stale
@@ -224,7 +225,8 @@ class Differ:
         try:
             client = self._client(target, rendered.identity)
             preview = target.applier.preview(client=client, owner=owner, objects=rendered.objects,
-                                             default_namespace=self._namespace, force=stage.force)
+                                             default_namespace=self._namespace,
+                                             conflicts=ConflictResolver.of(stage))
         except (StageError, CliError) as error:
             result.error = f"{error.reason.value}: {error.message}" if isinstance(error, StageError) \
                 else str(error)

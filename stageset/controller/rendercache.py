@@ -33,9 +33,10 @@ import hashlib
 import json
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from stageset.build import BuildLimits, prepare, render
 from stageset.kube.types import KubeObject
@@ -56,17 +57,20 @@ def _variables_material(variables: Mapping[str, str] | None) -> list[list[str]] 
     return None if variables is None else [[k, v] for k, v in sorted(variables.items())]
 
 
-def render_key(*, url: str, tree: str, ignore: str | None, variables: Mapping[str, str] | None) -> str:
-    """The render cache key: ``tree`` is the digest of the build's inputs (:meth:`Prepared.digest`)."""
-    material = json.dumps([url, tree, ignore, _variables_material(variables)], separators=(",", ":"))
+def render_key(*, url: str, tree: str, ignore: str | None, variables: Mapping[str, str] | None,
+               patches: Sequence[Mapping[str, Any]] = ()) -> str:
+    """The render cache key: ``tree`` is the digest of the build's inputs (:meth:`Prepared.digest`);
+    the stage's ``patches`` are part of it."""
+    material = json.dumps([url, tree, ignore, _variables_material(variables), list(patches)],
+                          separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
 
 
 def source_key(*, url: str, commit: str, ignore: str | None, path: str,
-               variables: Mapping[str, str] | None) -> str:
+               variables: Mapping[str, str] | None, patches: Sequence[Mapping[str, Any]] = ()) -> str:
     """What a stage renders from, before anything is read: equal keys render equal objects."""
-    material = json.dumps(["source", url, commit, ignore, path, _variables_material(variables)],
-                          separators=(",", ":"))
+    material = json.dumps(["source", url, commit, ignore, path, _variables_material(variables),
+                           list(patches)], separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
 
 
@@ -143,23 +147,25 @@ class RenderCache:
 
 def render_stage(cache: RenderCache, *, url: str, commit: str, ignore: str | None, path: str,
                  variables: Mapping[str, str] | None, read_tree: Callable[[], SourceRoot],
-                 limits: BuildLimits, kustomize: Path | None = None) -> list[KubeObject]:
+                 limits: BuildLimits, kustomize: Path | None = None,
+                 patches: Sequence[Mapping[str, Any]] = ()) -> list[KubeObject]:
     """The objects of the stage at ``path`` of ``url`` at ``commit``, built at most once per input.
 
     ``read_tree`` returns the whole source root at ``commit`` (``MirrorStore.read_tree(url,
     commit=commit, path="./", ignore=ignore, unreadable=...)``); it is called only when the
     source key misses.  Raises what it raises (Git errors) and :class:`~stageset.build.BuildError`.
     """
-    source = source_key(url=url, commit=commit, ignore=ignore, path=path, variables=variables)
+    source = source_key(url=url, commit=commit, ignore=ignore, path=path, variables=variables,
+                        patches=patches)
     cached = cache.resolve(source)
     if cached is not None:
         return cached
     root = cache.tree((url, commit, ignore), read_tree)
     prepared = prepare(root.files, path=path, limits=limits, unreadable=root.unreadable)
-    key = render_key(url=url, tree=prepared.digest(), ignore=ignore, variables=variables)
+    key = render_key(url=url, tree=prepared.digest(), ignore=ignore, variables=variables, patches=patches)
     objects = cache.get(key)
     if objects is None:
-        objects = render(prepared, variables=variables, kustomize=kustomize)
+        objects = render(prepared, variables=variables, kustomize=kustomize, patches=patches)
         cache.put(key, objects, built=True)
     cache.remember(source, key)
     return objects

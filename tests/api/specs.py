@@ -124,6 +124,67 @@ INVALID = [
             stageset({"stages": [stage("app", postBuild={
                 "substituteFrom": [{"kind": "Pod", "name": "vars"}]})]}),
             "spec.stages[0].postBuild.substituteFrom[0].kind", 'Unsupported value: "Pod"'),
+    # StageSet: patches
+    Invalid("patch-with-both-forms",
+            stageset({"stages": [stage("app", patches=[{
+                "patch": "kind: Deployment", "json6902": [{"op": "remove", "path": "/spec"}],
+                "target": {"kind": "Deployment"}}])]}),
+            "spec.stages[0].patches[0]", "a patch needs exactly one of patch and json6902"),
+    Invalid("patch-with-neither-form",
+            stageset({"stages": [stage("app", patches=[{"target": {"kind": "Deployment"}}])]}),
+            "spec.stages[0].patches[0]", "a patch needs exactly one of patch and json6902"),
+    Invalid("json6902-without-target",
+            stageset({"stages": [stage("app", patches=[{
+                "json6902": [{"op": "remove", "path": "/spec/replicas"}]}])]}),
+            "spec.stages[0].patches[0]", "a json6902 patch needs a target"),
+    Invalid("json6902-unknown-op",
+            stageset({"stages": [stage("app", patches=[{
+                "json6902": [{"op": "merge", "path": "/spec"}], "target": {"kind": "Deployment"}}])]}),
+            "spec.stages[0].patches[0].json6902[0].op", 'Unsupported value: "merge"'),
+    Invalid("json6902-move-without-from",
+            stageset({"stages": [stage("app", patches=[{
+                "json6902": [{"op": "move", "path": "/spec/a"}], "target": {"kind": "Deployment"}}])]}),
+            "spec.stages[0].patches[0].json6902[0]", "move and copy operations need from"),
+    # StageSet: conflict policies
+    Invalid("conflict-rule-without-kind",
+            stageset({"stages": [stage("app", conflictPolicy={
+                "rules": [{"target": {"name": "migrate"}, "action": "Recreate"}]})]}),
+            "spec.stages[0].conflictPolicy.rules[0].target.kind", "Required value"),
+    Invalid("conflict-unknown-action",
+            stageset({"stages": [stage("app", conflictPolicy={"default": "Overwrite"})]}),
+            "spec.stages[0].conflictPolicy.default", 'Unsupported value: "Overwrite"'),
+    Invalid("conflict-recreate-pvc-without-allow-data-loss",
+            stageset({"stages": [stage("app", conflictPolicy={
+                "rules": [{"target": {"kind": "PersistentVolumeClaim"}, "action": "Recreate"}]})]}),
+            "spec.stages[0].conflictPolicy.rules[0]", "set allowDataLoss: true"),
+    Invalid("force-with-conflict-default-fail",
+            stageset({"stages": [stage("app", force=True, conflictPolicy={"default": "Fail"})]}),
+            "spec.stages[0].conflictPolicy.default", "force: true means conflictPolicy.default: Recreate"),
+    # StageSet: readiness and timeouts
+    Invalid("on-timeout-rollback",
+            stageset({"onTimeout": "Rollback", "stages": [stage("app")]}),
+            "spec.onTimeout", "onTimeout: Rollback is not supported yet"),
+    Invalid("stage-on-timeout-rollback",
+            stageset({"stages": [stage("app", onTimeout="Rollback")]}),
+            "spec.stages[0].onTimeout", "onTimeout: Rollback is not supported yet"),
+    Invalid("on-timeout-unknown",
+            stageset({"onTimeout": "Retry", "stages": [stage("app")]}),
+            "spec.onTimeout", 'Unsupported value: "Retry"'),
+    Invalid("health-expr-without-current",
+            stageset({"stages": [stage("app", readyChecks={"exprs": [
+                {"apiVersion": "example.com/v1", "kind": "Widget", "failed": "true"}]})]}),
+            "spec.stages[0].readyChecks.exprs[0].current", "Required value"),
+    Invalid("health-exprs-same-kind-twice",
+            stageset({"stages": [stage("app", readyChecks={"exprs": [
+                {"apiVersion": "example.com/v1", "kind": "Widget", "current": "true"},
+                {"apiVersion": "example.com/v1", "kind": "Widget", "current": "false"}]})]}),
+            "spec.stages[0].readyChecks.exprs", "may name each apiVersion and kind only once"),
+    Invalid("ready-timeout-not-duration",
+            stageset({"stages": [stage("app", readyChecks={"timeout": "soon"})]}),
+            "spec.stages[0].readyChecks.timeout", "should match"),
+    Invalid("drift-detection-interval-not-duration",
+            stageset({"driftDetectionInterval": "often", "stages": [stage("app")]}),
+            "spec.driftDetectionInterval", "should match"),
     # GitRepository
     Invalid("git-url-ftp",
             gitrepository({"url": "ftp://git.example.com/repo.git"}),
@@ -182,6 +243,34 @@ VALID = {
             readyChecks={"wait": False, "objects": [
                 {"apiVersion": "apps/v1", "kind": "Deployment", "name": "api", "namespace": "x"}]},
         )],
+    }),
+    "every-parity-field": stageset({
+        "driftDetectionInterval": "1m", "onTimeout": "Hold",
+        "stages": [stage(
+            "app", onTimeout="Hold",
+            conflictPolicy={"default": "KeepExisting", "rules": [
+                {"target": {"apiVersion": "batch/v1", "kind": "Job", "name": "migrate", "namespace": "db"},
+                 "action": "Recreate"},
+                {"target": {"kind": "PersistentVolumeClaim"}, "action": "Recreate", "allowDataLoss": True},
+                {"target": {"kind": "Service"}, "action": "Fail"}]},
+            patches=[
+                {"patch": "apiVersion: apps/v1\nkind: Deployment\nmetadata: {name: web}\n"
+                          "spec: {replicas: 2}\n"},
+                {"patch": '[{"op": "replace", "path": "/spec/replicas", "value": 3}]',
+                 "target": {"group": "apps", "version": "v1", "kind": "Deployment", "name": "web.*",
+                            "namespace": "prod", "labelSelector": "app=web",
+                            "annotationSelector": "team=payments"}},
+                {"json6902": [{"op": "add", "path": "/metadata/labels/x", "value": "y"},
+                              {"op": "move", "from": "/spec/a", "path": "/spec/b"},
+                              {"op": "test", "path": "/spec/c", "value": {"nested": [1, 2]}},
+                              {"op": "remove", "path": "/spec/d"}],
+                 "target": {"kind": "ConfigMap"}}],
+            readyChecks={"timeout": "30s", "disableWait": False, "exprs": [
+                {"apiVersion": "cert-manager.io/v1", "kind": "Certificate",
+                 "current": "status.conditions.filter(e, e.type == 'Ready').all(e, e.status == 'True')",
+                 "inProgress": "status.conditions.exists(e, e.type == 'Issuing')",
+                 "failed": "status.conditions.filter(e, e.type == 'Ready').all(e, e.status == 'False')"}]},
+        ), stage("jobs", force=True, conflictPolicy={"default": "Recreate"})],
     }),
     "git-https-branch": gitrepository({"url": HTTPS, "ref": {"branch": "main"}}),
     "git-scp-like": gitrepository({"url": "git@github.com:org/repo.git", "ref": {"tag": "v1.2.3"}}),

@@ -135,7 +135,12 @@ def test_apiserver_applies_defaults_but_never_to_stage_depends_on(
         assert explicit_none["dependsOn"] == []
         assert tuned["postBuild"]["substituteFrom"] == [
             {"kind": "Secret", "name": "vars", "optional": False}]
-        assert tuned["readyChecks"] == {"wait": True}
+        assert tuned["readyChecks"] == {"wait": True, "disableWait": False}
+        assert stored["spec"]["onTimeout"] == "Hold"
+        for each in (implicit, explicit_none, tuned):
+            # Per-stage overrides stay absent: they inherit the StageSet's.
+            assert "onTimeout" not in each
+            assert "conflictPolicy" not in each
         assert stored["spec"]["kubeConfig"]["secretRef"]["key"] == "value"
 
         parsed = StageSet.model_validate(stored).spec.stages

@@ -423,7 +423,7 @@ def test_a_cycle_message_names_no_stageset_of_another_namespace(
     mine.stageset("ping", [{"name": "app", "path": "./app"}], dependsOn=[{"name": "pong"}])
     mine.stageset("pong", [{"name": "app", "path": "./app"}],
                   dependsOn=[{"name": secret_name, "namespace": theirs.ns}])
-    refused = message(mine, "pong", "InvalidSpec")
+    refused = message(mine, "pong", "DependencyNotReady")
     assert "another namespace" in refused
     waiting = message(mine, "ping", "DependencyNotReady")
     assert f"{mine.ns}/pong" in waiting

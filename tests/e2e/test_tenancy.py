@@ -29,10 +29,13 @@ def test_references_into_other_namespaces_are_refused_without_reading_them(
     s = scenario(installed, git_server, make_tenant("thief"), {"app/cm.yaml": cm("mine")})
     s.stageset("steal", [{"name": "app", "path": "./app",
                           "sourceRef": {"name": "app", "namespace": owner.ns}}])
-    refused = s.wait_reason("steal", "InvalidSpec")
+    refused = s.wait_reason("steal", "ResolveFailed")
     assert "another namespace" in refused["message"]
+    assert owner.ns not in refused["message"]
     assert "secret-plan" not in str(s.get("steal"))
     s.stageset("wait-on-other", [{"name": "app", "path": "./app"}],
                dependsOn=[{"name": "anything", "namespace": owner.ns}])
-    assert "another namespace" in s.wait_reason("wait-on-other", "InvalidSpec")["message"]
+    waiting = s.wait_reason("wait-on-other", "DependencyNotReady")
+    assert "another namespace" in waiting["message"]
+    assert owner.ns not in waiting["message"]
     assert s.configmap("mine") is None

@@ -132,6 +132,18 @@ def test_a_stage_with_a_shared_base_builds_as_the_image_user(image: Unpacked) ->
     assert result.stdout.strip() == "prod-app"
 
 
+def test_the_cel_worker_runs_as_the_image_user(image: Unpacked) -> None:
+    # readyChecks.exprs are evaluated in a child process (cel-expr-python's native runtime).
+    script = ("from stageset.apply.cel import CelSandbox\n"
+              "box = CelSandbox()\n"
+              "expr = 'status.phase == \"Running\"'\n"
+              "answer = box.evaluate([expr], {'status': {'phase': 'Running'}})[0]\n"
+              "print(box.check([expr])[0].type, answer.value)\n")
+    result = image.run("python3", "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "bool True"
+
+
 def test_nothing_is_writable_by_the_user_but_its_home(image: Unpacked) -> None:
     # readOnlyRootFilesystem: the image must not need to write anywhere (the chart mounts /tmp and
     # the mirror volume); byte code is precompiled, so no __pycache__ is written on start.

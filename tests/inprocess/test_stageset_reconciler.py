@@ -294,14 +294,25 @@ def test_references_into_other_namespaces_are_refused_unread(world: World) -> No
         "shop", [{"name": "app", "path": "./app", "sourceRef": {"name": "app", "namespace": "other"}}]
     )
     world.reconcile("shop")
-    assert world.ready("shop")["reason"] == "InvalidSpec"
+    # The reference's wire strings: a refused sourceRef is ResolveFailed, a refused dependsOn
+    # DependencyNotReady (not Stalled: a controller started without the flag would accept it);
+    # both with a fixed text that names nothing of the other namespace.
+    refused = world.ready("shop")
+    assert (refused["reason"], refused["status"]) == ("ResolveFailed", "False")
+    assert "other" not in refused["message"].replace("another", "")
+    assert "--no-cross-namespace-refs" in refused["message"]
     assert not [r for r in world.cluster.requests if "/namespaces/other/" in r.path]
 
     world.stageset(
         "deps", [{"name": "app", "path": "./app"}], dependsOn=[{"name": "x", "namespace": "other"}]
     )
-    world.reconcile("deps")
-    assert "another namespace" in world.ready("deps")["message"]
+    result = world.reconcile("deps")
+    waiting = world.ready("deps")
+    assert (waiting["reason"], "another namespace" in waiting["message"]) == ("DependencyNotReady", True)
+    assert "other" not in waiting["message"].replace("another", "")
+    assert result.requeue_after is not None, "not stalled: retried at retryInterval"
+    stalled = [c for c in world.get("deps")["status"]["conditions"] if c["type"] == "Stalled"]
+    assert all(c["status"] != "True" for c in stalled)
     assert not [r for r in world.cluster.requests if "/namespaces/other/" in r.path]
 
 

@@ -377,3 +377,56 @@ def test_teardown_order(
 )
 def test_teardown_expires_after_the_maximum_wait(deleted_at: str | None, now: float, expired: bool) -> None:
     assert plan.teardown_expired(now=at(now), deleted_at=deleted_at, max_wait=300) is expired
+
+
+# -- parity: timeouts, onTimeout, drift cadence ----------------------------------------------------
+
+
+def _stageset(spec: dict[str, object], **stage: object) -> object:
+    from stageset.api import StageSet
+
+    return StageSet.model_validate({"metadata": {"name": "s", "namespace": "ns"}, "spec": {
+        "stages": [{"name": "app", "sourceRef": {"name": "r"}, **stage}], **spec}})
+
+
+@pytest.mark.parametrize(("case", "spec", "stage", "expected"), [
+    ("StageSet's timeout", {"timeout": "4m"}, {}, "4m"),
+    ("the stage's wins", {"timeout": "4m"}, {"timeout": "2m"}, "2m"),
+    ("readyChecks.timeout wins", {"timeout": "4m"},
+     {"timeout": "2m", "readyChecks": {"timeout": "30s"}}, "30s"),
+    ("zero falls through", {"timeout": "4m"}, {"timeout": "0s", "readyChecks": {"timeout": "0s"}}, "4m"),
+])
+def test_readiness_timeout_ladder(case: str, spec: dict[str, object], stage: dict[str, object],
+                                  expected: str) -> None:
+    stageset = _stageset(spec, **stage)
+    assert stageset.spec.stages[0].ready_timeout(stageset.spec.timeout) == expected, case  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(("spec", "expected"), [
+    ({}, 600.0),
+    ({"interval": "10m", "driftDetectionInterval": "1m"}, 60.0),
+    ({"interval": "1m", "driftDetectionInterval": "10m"}, 60.0),
+    ({"interval": "10m", "driftDetectionInterval": "0s"}, 600.0),
+])
+def test_a_ready_stageset_is_applied_again_at_the_drift_detection_interval(spec: dict[str, object],
+                                                                          expected: float) -> None:
+    stageset = _stageset(spec)
+    requeue = stageset.spec.requeue_when_ready()  # type: ignore[attr-defined]
+    outcomes = [StageOutcome("app", StagePhase.READY, revision=REV)]
+    assert plan.verdict(outcomes, interval=requeue, retry=5, readiness_requeue=1).requeue_after == expected
+
+
+def test_on_timeout_hold_is_explicit_and_per_stage_overrides_inherit() -> None:
+    from stageset.api.stageset import OnTimeout
+
+    stageset = _stageset({})
+    assert plan.on_timeout(stageset, stageset.spec.stages[0]) is OnTimeout.HOLD  # type: ignore[attr-defined]
+    window = plan.Window(started=T0, wait=0, timeout=10)
+    held = plan.judge_readiness(StageOutcome("app", StagePhase.READY), window=window, now=at(11),
+                                readiness=Readiness(Status.IN_PROGRESS, "Widget w: not yet"),
+                                on_timeout=OnTimeout.HOLD)
+    assert (held.phase, held.reason) == (StagePhase.PROGRESSING, Reason.STAGE_PROGRESSING)
+    failed = plan.judge_readiness(StageOutcome("app", StagePhase.READY), window=window, now=at(1),
+                                  readiness=Readiness(Status.FAILED, "readyChecks.exprs[0].failed is true"),
+                                  on_timeout=OnTimeout.HOLD)
+    assert (failed.phase, failed.reason) == (StagePhase.FAILED, Reason.STAGE_FAILED)

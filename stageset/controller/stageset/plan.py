@@ -20,7 +20,8 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
-from stageset.api import StageInventory, StageSet, StageSetStatus, StageStatus, format_time, parse_time
+from stageset.api import Stage, StageInventory, StageSet, StageSetStatus, StageStatus, format_time, parse_time
+from stageset.api.stageset import OnTimeout
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason, StagePhase
 from stageset.apply.inventory import ObjectId, by_stage
 from stageset.apply.readiness import Readiness, Status
@@ -29,9 +30,9 @@ from stageset.controller.conditions import find, holds_at
 from stageset.controller.ordering import OrderingError, StageNode, stage_graph
 
 # Which failure wins the StageSet's Ready reason when several stages fail.
-REASON_PRIORITY = [Reason.RBAC_DENIED, Reason.INVALID_SPEC, Reason.CLUSTER_UNREACHABLE, Reason.STAGE_FAILED,
-                   Reason.DEPENDENCY_NOT_READY, Reason.SOURCE_NOT_READY, Reason.ARTIFACT_NOT_FOUND,
-                   Reason.STAGE_PROGRESSING]
+REASON_PRIORITY = [Reason.RBAC_DENIED, Reason.INVALID_SPEC, Reason.RESOLVE_FAILED, Reason.CLUSTER_UNREACHABLE,
+                   Reason.STAGE_FAILED, Reason.DEPENDENCY_NOT_READY, Reason.SOURCE_NOT_READY,
+                   Reason.ARTIFACT_NOT_FOUND, Reason.STAGE_PROGRESSING]
 # Reasons that clear up by themselves soon (a source being fetched, a stage still rolling
 # out): retried within this many seconds even when ``retryInterval`` is longer.
 SOON = 30.0
@@ -150,9 +151,20 @@ def readiness_window(*, now: datetime.datetime, waiting_since: str | None, wrote
     return Window(started=started, wait=max(0.0, min(timeout - waited, slice_seconds)), timeout=timeout)
 
 
+def on_timeout(stageset: StageSet, stage: Stage) -> OnTimeout:
+    """The stage's ``onTimeout``, else the StageSet's (``Hold``)."""
+    return stage.on_timeout or stageset.spec.on_timeout
+
+
 def judge_readiness(outcome: StageOutcome, *, window: Window, now: datetime.datetime,
-                    readiness: Readiness | None) -> StageOutcome:
-    """``outcome`` (applied, Ready) adjusted by what the wait found (``None``: not waited for)."""
+                    readiness: Readiness | None, on_timeout: OnTimeout = OnTimeout.HOLD) -> StageOutcome:
+    """``outcome`` (applied, Ready) adjusted by what the wait found (``None``: not waited for).
+
+    Past its timeout a stage still in progress **holds** (``onTimeout: Hold``, the only action the
+    models admit): phase Progressing, reason StageProgressing, objects as applied, dependents
+    waiting.  A terminal failure fails the stage whatever ``onTimeout`` says."""
+    if on_timeout is not OnTimeout.HOLD:  # pragma: no cover - refused by the CRD and the models
+        raise ValueError(f"onTimeout {on_timeout} is not supported")
     if readiness is None or readiness.status is Status.CURRENT:
         return outcome
     if readiness.status is Status.FAILED:

@@ -7,7 +7,15 @@ stage's source and variables, the StageSet's for ``spec.dependsOn``).  A 403 is
 the tenant could have read it, since the apiserver authorizes before it looks — so no
 message tells a tenant whether something exists in a namespace it cannot read.
 
-``--no-cross-namespace-refs`` is enforced here, before anything in another namespace is read.
+``--no-cross-namespace-refs`` is enforced here, before anything in another namespace is read:
+a refused ``sourceRef`` is ``ResolveFailed``, a refused ``dependsOn`` ``DependencyNotReady``
+(as the reference reports them), each with a fixed text that names nothing of the other
+namespace.
+
+After a denial, :class:`AccountCheck` says whether the ServiceAccount exists: read as the
+controller where its role allows (single-tenant mode), else as the ServiceAccount itself (its
+own object, in its own namespace); when neither may tell, the message asks the user to check
+both the account and its rights.
 """
 
 from __future__ import annotations
@@ -22,30 +30,77 @@ from stageset.apply.errors import StageError
 from stageset.build import BuildError, VariableSource, merge_variables
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.gitrepository import artifact_consumer
-from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
-CROSS_NAMESPACE = "is not allowed on this controller (--no-cross-namespace-refs)"
+CROSS_NAMESPACE_SOURCE = ("sourceRef names a source in another namespace, and this controller does not "
+                          "allow cross-namespace references (--no-cross-namespace-refs); use a source in "
+                          "the StageSet's own namespace")
+CROSS_NAMESPACE_DEPENDENCY = ("dependsOn names a StageSet in another namespace, and this controller does not "
+                              "allow cross-namespace references (--no-cross-namespace-refs); depend only on "
+                              "StageSets of this namespace")
+_SA_PREFIX = "system:serviceaccount:"
 
 
-def read_optional(client: KubeClient, path: str, *, what: str) -> KubeObject | None:
+def service_account_of(identity: Identity) -> tuple[str, str] | None:
+    """``(namespace, name)`` of an impersonated ServiceAccount; ``None`` for the controller itself."""
+    if not identity.user or not identity.user.startswith(_SA_PREFIX):
+        return None
+    namespace, _, name = identity.user.removeprefix(_SA_PREFIX).partition(":")
+    return (namespace, name) if namespace and name else None
+
+
+class AccountCheck:
+    """After a denial: does the ServiceAccount exist?  Two reads at most, only on the failure path.
+
+    Identity: the controller's own (``/api/v1/.../serviceaccounts/<name>``) only where its role
+    allows it (``controller_reads_accounts``: single-tenant mode); otherwise the ServiceAccount
+    itself, reading its own object.  A denied look-up says nothing either way.
+    """
+
+    def __init__(self, *, clients: ClientPool | None, controller_reads_accounts: bool):
+        self._clients = clients
+        self._controller = controller_reads_accounts
+
+    def explain(self, denied: KubeClient) -> str:
+        """A clause to append to a denial of ``denied``'s identity ("" when it adds nothing)."""
+        account = service_account_of(denied.identity)
+        if account is None:
+            return ""
+        namespace, name = account
+        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
+        asker = self._clients.client() if self._controller and self._clients is not None else denied
+        try:
+            asker.get(path)
+        except ApiError as error:
+            if error.not_found:
+                return (f"; ServiceAccount {namespace}/{name} does not exist: create it, or name an "
+                        "existing one in serviceAccountName")
+            return (f"; check that ServiceAccount {namespace}/{name} exists and that a RoleBinding or "
+                    "ClusterRoleBinding grants it these rights")
+        return f"; ServiceAccount {namespace}/{name} exists but is not granted these rights"
+
+
+def read_optional(client: KubeClient, path: str, *, what: str,
+                  accounts: AccountCheck | None = None) -> KubeObject | None:
     """Read an object the StageSet names as ``client``'s identity; ``None`` if absent."""
     try:
         return client.get(path)
     except ApiError as error:
         if error.forbidden:
+            why = accounts.explain(client) if accounts is not None else ""
             raise StageError(Reason.RBAC_DENIED,
-                             f"{client.identity.describe()} may not read {what}") from error
+                             f"{client.identity.describe()} may not read {what}{why}") from error
         if error.not_found:
             return None
         raise
 
 
 def read_named(client: KubeClient, path: str, *, what: str, missing_reason: Reason,
-               missing_message: str = "") -> KubeObject:
+               missing_message: str = "", accounts: AccountCheck | None = None) -> KubeObject:
     """As :func:`read_optional`, but a missing object is a :class:`StageError` with ``missing_reason``."""
-    found = read_optional(client, path, what=what)
+    found = read_optional(client, path, what=what, accounts=accounts)
     if found is None:
         raise StageError(missing_reason, missing_message or f"{what} not found")
     return found
@@ -66,24 +121,25 @@ class Source:
 
 
 class TenantReads:
-    def __init__(self, *, stagesets: Resource, sources: Resource, no_cross_namespace_refs: bool):
+    def __init__(self, *, stagesets: Resource, sources: Resource, no_cross_namespace_refs: bool,
+                 accounts: AccountCheck | None = None):
         self._stagesets = stagesets
         self._sources = sources
         self._no_cross = no_cross_namespace_refs
+        self.accounts = accounts or AccountCheck(clients=None, controller_reads_accounts=False)
 
     def source(self, client: KubeClient, stage: Stage, namespace: str) -> Source:
         """The stage's GitRepository, read as the stage's identity."""
         ref = stage.source_ref
         source_ns = ref.namespace or namespace
         if source_ns != namespace and self._no_cross:
-            raise StageError(Reason.INVALID_SPEC, f"stage {stage.name!r}: sourceRef into another namespace "
-                             f"{CROSS_NAMESPACE}")
+            raise StageError(Reason.RESOLVE_FAILED, f"stage {stage.name!r}: {CROSS_NAMESPACE_SOURCE}")
         if ref.kind != "GitRepository" or (ref.api_version or API_VERSION) != API_VERSION:
             raise StageError(Reason.INVALID_SPEC, f"stage {stage.name!r}: unsupported source kind {ref.kind}")
         what = f"GitRepository {source_ns}/{ref.name}"
         found = read_named(client, self._sources.object_path(name=ref.name, namespace=source_ns),
                            what=f"{what} (stage {stage.name!r})", missing_reason=Reason.SOURCE_NOT_READY,
-                           missing_message=f"stage {stage.name!r}: {what} not found")
+                           missing_message=f"stage {stage.name!r}: {what} not found", accounts=self.accounts)
         revision = ((found.get("status") or {}).get("artifact") or {}).get("revision")
         if not revision:
             raise StageError(Reason.SOURCE_NOT_READY, f"stage {stage.name!r}: {what} has no artifact yet")
@@ -103,7 +159,8 @@ class TenantReads:
             plural = "configmaps" if ref.kind == "ConfigMap" else "secrets"
             # Only "not found" is tolerated (and only when optional): a denied read fails the stage.
             obj = read_optional(client, f"/api/v1/namespaces/{namespace}/{plural}/{ref.name}",
-                                what=f"{ref.kind} {namespace}/{ref.name} (stage {stage.name!r})")
+                                what=f"{ref.kind} {namespace}/{ref.name} (stage {stage.name!r})",
+                                accounts=self.accounts)
             data: dict[str, str] | None = None if obj is None else (obj.get("data") or {})
             sources.append(VariableSource(ref.kind, ref.name, data, ref.optional))
         try:
@@ -120,8 +177,8 @@ class TenantReads:
         for ref in stageset.spec.depends_on:
             ref_ns = ref.namespace or namespace
             found.append(read_named(client, self._stagesets.object_path(name=ref.name, namespace=ref_ns),
-                                    what=f"StageSet {ref_ns}/{ref.name}",
-                                    missing_reason=Reason.DEPENDENCY_NOT_READY))
+                                    what=f"StageSet {ref_ns}/{ref.name} (spec.dependsOn)",
+                                    missing_reason=Reason.DEPENDENCY_NOT_READY, accounts=self.accounts))
         return found
 
     @staticmethod
@@ -139,7 +196,7 @@ class TenantReads:
             return
         namespace = str(stageset.metadata["namespace"])
         if any((ref.namespace or namespace) != namespace for ref in stageset.spec.depends_on):
-            raise StageError(Reason.INVALID_SPEC, f"dependsOn into another namespace {CROSS_NAMESPACE}")
+            raise StageError(Reason.DEPENDENCY_NOT_READY, CROSS_NAMESPACE_DEPENDENCY)
 
 
 def _secret_values(sources: list[VariableSource]) -> list[str]:

@@ -30,9 +30,11 @@ from pydantic import ValidationError
 
 from stageset.api import StageInventory, StageSet, StageSetStatus, duration_seconds
 from stageset.api.vocabulary import EventReason, EventType, Reason, StagePhase
+from stageset.apply.cel import CelSandbox
 from stageset.apply.changeset import WRITES, Change
 from stageset.apply.engine import StageApplier, StageResult
 from stageset.apply.errors import StageError
+from stageset.apply.health import ExpressionChecker
 from stageset.apply.inventory import (
     ObjectId,
     Stale,
@@ -56,7 +58,7 @@ from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import plan
-from stageset.controller.stageset.reads import TenantReads
+from stageset.controller.stageset.reads import AccountCheck, TenantReads
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.rendering import Rendered, Renderer, SourceTrees
 from stageset.controller.stageset.scheduler import StageScheduler
@@ -159,12 +161,16 @@ class StageSetReconciler:
         self._changes_lock = threading.Lock()
         self._identities = IdentityPolicy(cluster_admin=settings.cluster_admin)
         self._reads = TenantReads(stagesets=resource, sources=source_resource,
-                                  no_cross_namespace_refs=settings.no_cross_namespace_refs)
+                                  no_cross_namespace_refs=settings.no_cross_namespace_refs,
+                                  accounts=AccountCheck(clients=clients,
+                                                        controller_reads_accounts=settings.cluster_admin))
+        self._cel = CelSandbox(settings.apply.cel)
+        self._expressions = ExpressionChecker(self._cel)
         self._targets = Targets(clients=clients, settings=settings.apply, local=applier)
         self._renderer = Renderer(clients=clients, store=store, reads=self._reads,
                                   limits=settings.build_limits)
         self._stages = StageApply(clients=clients, clock=clock, readiness_slice=settings.readiness_slice,
-                                  stop=stop)
+                                  stop=stop, sandbox=self._cel, accounts=self._reads.accounts)
         self._records = Records(clients=clients, identities=self._identities, resource=resource)
         self._teardown = Teardown(clients=clients, identities=self._identities, targets=self._targets,
                                   events=events, resource=resource, clock=clock,
@@ -241,6 +247,7 @@ class StageSetReconciler:
         except OrderingError as error:
             reason = Reason.INVALID_SPEC if error.cycle is None else Reason.STALLED
             raise StageError(reason, str(error)) from error
+        self._expressions.check(stageset)  # readyChecks.exprs compile and return bool: before any apply
         self._reads.refuse_cross_namespace(stageset)
         client = self._stageset_client(stageset, what="reading spec.dependsOn") \
             if stageset.spec.depends_on else None
@@ -307,7 +314,7 @@ class StageSetReconciler:
             state.announce(report, "applying stages")
         self._apply_all(report, state, graph, rendered, rechecks=rechecks, redactor=redactor)
         verdict = plan.verdict(list(state.outcomes.values()),
-                               interval=duration_seconds(stageset.spec.interval), retry=retry,
+                               interval=stageset.spec.requeue_when_ready(), retry=retry,
                                readiness_requeue=self._settings.readiness_requeue)
         if state.partial:
             verdict = plan.without_prune(verdict, state.partial, retry=retry)

@@ -14,8 +14,9 @@ change in a shared base re-renders every stage that uses it and nothing else.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Protocol
 
 from sources import RefNotFoundError, SourceError
 from stageset.api import Stage
@@ -90,7 +91,8 @@ class Renderer:
 
         try:
             objects = render_stage(self._cache, url=url, commit=commit, ignore=ignore, path=stage.path,
-                                   variables=variables, read_tree=read_root, limits=self._limits)
+                                   variables=variables, read_tree=read_root, limits=self._limits,
+                                   patches=kustomize_patches(stage))
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.
             raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {error}") from error
@@ -103,6 +105,19 @@ class Renderer:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
                         target=target, ids={identify(obj, namespace, target) for obj in objects})
+
+
+def kustomize_patches(stage: Stage) -> list[dict[str, Any]]:
+    """``stage.patches`` as kustomize ``Patch`` entries: a ``json6902`` list becomes JSON patch text."""
+    entries: list[dict[str, Any]] = []
+    for patch in stage.patches:
+        text = patch.patch if patch.patch is not None else json.dumps(
+            [op.model_dump(mode="json", by_alias=True, exclude_none=True) for op in patch.json6902 or []])
+        entry: dict[str, Any] = {"patch": text}
+        if patch.target is not None:
+            entry["target"] = patch.target.model_dump(mode="json", by_alias=True, exclude_none=True)
+        entries.append(entry)
+    return entries
 
 
 def identify(obj: KubeObject, namespace: str, target: Target) -> ObjectId:

@@ -2,7 +2,14 @@
 
 Identity: every request goes through the client for the stage's identity on the stage's
 target cluster (the tenant's ServiceAccount, impersonated; the controller itself only in
-single-tenant mode).  ``readyChecks.objects`` are read as the same identity.
+single-tenant mode).  ``readyChecks.objects`` are read as the same identity.  After a denial,
+whether the ServiceAccount exists is asked as :class:`~stageset.controller.stageset.reads.AccountCheck`
+says.
+
+The stage's settings used here: ``conflictPolicy`` (and ``force``) for immutable-field
+conflicts; ``readyChecks.timeout`` > ``timeout`` > ``spec.timeout`` for the readiness wait,
+``wait``/``disableWait`` whether to wait at all, ``exprs`` for CEL health checks; every
+failure message starts with the stage's name.
 
 While the stage waits for readiness its outcome is ``Waiting`` with what it waits for, told to
 ``StageRun.waiting`` as the wait goes (the reconciler publishes it).  Logged at info: every
@@ -19,17 +26,21 @@ from dataclasses import dataclass, replace
 
 from stageset.api import InventoryEntry, Stage, StageInventory, StageSet, duration_seconds, format_time
 from stageset.api.vocabulary import Reason, StagePhase
+from stageset.apply.cel import CelSandbox
+from stageset.apply.conflicts import ConflictResolver
 from stageset.apply.engine import AppliedObject, StageApplier, StageResult
 from stageset.apply.errors import StageError
+from stageset.apply.health import HealthChecks, rules_of
 from stageset.apply.inventory import ObjectId, by_id
 from stageset.apply.ownership import StageOwner
 from stageset.apply.readiness import Readiness
 from stageset.controller import logs
 from stageset.controller.clock import Clock
 from stageset.controller.events import change_summary
-from stageset.controller.stageset.plan import StageOutcome, judge_readiness, readiness_window
+from stageset.controller.stageset.plan import StageOutcome, judge_readiness, on_timeout, readiness_window
+from stageset.controller.stageset.reads import AccountCheck
 from stageset.controller.stageset.rendering import Rendered
-from stageset.kube.client import ApiError, ClientPool
+from stageset.kube.client import ApiError, ClientPool, KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -50,11 +61,22 @@ class StageRun:
 
 
 class StageApply:
-    def __init__(self, *, clients: ClientPool, clock: Clock, readiness_slice: float, stop: threading.Event):
+    def __init__(self, *, clients: ClientPool, clock: Clock, readiness_slice: float, stop: threading.Event,
+                 sandbox: CelSandbox | None = None, accounts: AccountCheck | None = None):
         self._clients = clients
         self._clock = clock
         self._slice = readiness_slice
         self._stop = stop
+        self._sandbox = sandbox or CelSandbox()
+        self._accounts = accounts
+
+    def _failed(self, stage: Stage, error: StageError, client: KubeClient) -> StageOutcome:
+        """The stage failed: its name first, and for a denial whether the ServiceAccount exists."""
+        message = error.message if error.message.startswith("stage ") \
+            else f"stage {stage.name!r}: {error.message}"
+        if error.reason is Reason.RBAC_DENIED and self._accounts is not None:
+            message += self._accounts.explain(client)
+        return StageOutcome(stage.name, StagePhase.FAILED, error.reason, message)
 
     def run(self, run: StageRun) -> tuple[StageOutcome, StageResult | None]:
         identity = "controller" if run.rendered.identity.user is None else "tenant"
@@ -72,13 +94,15 @@ class StageApply:
                                   default_namespace=namespace) if run.recheck else None
             if result is None:
                 result = applier.apply(client=client, owner=owner, objects=rendered.objects,
-                                       default_namespace=namespace, force=stage.force,
+                                       default_namespace=namespace, conflicts=ConflictResolver.of(stage),
                                        previous=_entries(run.previous))
         except StageError as error:
+            outcome = self._failed(stage, error, client)
             # One line per denial or failure, with the stage's fields; the message may echo
             # substituted values: the log filter redacts them (as status does).
-            log.warning("%s: %s", "denied" if error.reason is Reason.RBAC_DENIED else "failed", error.message)
-            return StageOutcome(stage.name, StagePhase.FAILED, error.reason, error.message), None
+            log.warning("%s: %s", "denied" if error.reason is Reason.RBAC_DENIED else "failed",
+                        outcome.message)
+            return outcome, None
         except ApiError as error:
             message = f"stage {stage.name!r}: apiserver error {error.status}: {error.message}"
             log.warning("failed: %s", message)
@@ -93,7 +117,7 @@ class StageApply:
             else run.before.applied_at
         applied = StageOutcome(stage.name, StagePhase.READY, Reason.SUCCEEDED, "", rendered.revision,
                                len(result.objects), applied_at)
-        timeout = duration_seconds(stage.timeout or run.stageset.spec.timeout)
+        timeout = duration_seconds(stage.ready_timeout(run.stageset.spec.timeout))
         window = readiness_window(now=now, waiting_since=run.before.waiting_since, wrote=bool(result.writes),
                                   timeout=timeout, slice_seconds=self._slice)
         waiting = replace(applied, phase=StagePhase.WAITING, reason=Reason.PROGRESSING,
@@ -103,18 +127,20 @@ class StageApply:
             if run.waiting is not None:
                 run.waiting(replace(waiting, message=readiness.message))
 
+        health = HealthChecks(rules=rules_of(stage), sandbox=self._sandbox, stage=stage.name)
         try:
             extra = references(stage, namespace, applier)
             readiness = applier.wait_ready(client=client, applied=[*result.objects, *extra],
                                            timeout=window.wait, stop=self._stop,
-                                           progress=progress) if _waits(stage) else None
+                                           progress=progress, health=health) if _waits(stage) else None
         except StageError as error:
-            return StageOutcome(stage.name, StagePhase.FAILED, error.reason, error.message), result
-        return judge_readiness(applied, window=window, now=self._clock(), readiness=readiness), result
+            return self._failed(stage, error, client), result
+        return judge_readiness(applied, window=window, now=self._clock(), readiness=readiness,
+                               on_timeout=on_timeout(run.stageset, stage)), result
 
 
 def _waits(stage: Stage) -> bool:
-    return stage.ready_checks is None or stage.ready_checks.wait
+    return stage.ready_checks is None or stage.ready_checks.waits
 
 
 def _entries(inventory: StageInventory | None) -> dict[ObjectId, InventoryEntry] | None:

@@ -5,6 +5,10 @@ its inventory; see :mod:`stageset.controller.identity`), on the StageSet's targe
 (the kubeConfig Secret read as the StageSet's identity).  Status, the finalizer and events
 are written as the controller.
 
+A stage with ``prune: false`` is not deleted: its objects are released instead — our owner
+labels removed, so a later StageSet can adopt them — and an ``Orphaned`` event names what
+was left behind (:mod:`stageset.apply.orphan`).
+
 A stage's objects must be gone before the next stage's are deleted.
 
 Teardown always ends: whatever keeps objects from going — a finalizer that never clears, a
@@ -20,15 +24,18 @@ and adopted or deleted later.
 
 from __future__ import annotations
 
+import functools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import urllib3
 
-from stageset.api import StageInventory, StageSet, StageSetStatus
+from stageset.api import InventoryEntry, StageInventory, StageSet, StageSetStatus
 from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import entry_id, left_behind, ordered, stage_inventory
+from stageset.apply.orphan import release_stage
 from stageset.apply.prune import Owner, TeardownProgress, teardown_stage
 from stageset.controller.clock import Clock
 from stageset.controller.events import EventRecorder
@@ -39,7 +46,7 @@ from stageset.controller.stageset.plan import stage_nodes, teardown_expired, tea
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.status import StatusReport
-from stageset.kube.client import ApiError, ClientPool, UnreachableError
+from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource
 
 log = logging.getLogger(__name__)
@@ -83,8 +90,10 @@ class Teardown:
             return None, f"reading spec.kubeConfig failed: {_why(error)}"
 
     def _stage(self, inventory: StageInventory, *, target: Target | None, namespace: str,
-               owner: Owner) -> tuple[TeardownProgress, str | None]:
-        """Try to delete one stage's objects; never raises for a failing cluster."""
+               owner: Owner, release: Callable[[KubeClient, Target], list[InventoryEntry]] | None = None
+               ) -> tuple[TeardownProgress, str | None]:
+        """Try to delete one stage's objects (or ``release`` them: ``prune: false``); never raises
+        for a failing cluster."""
         identity = self._identities.for_inventory_of(inventory, namespace)
         if identity is None:
             return teardown_stage(inventory=inventory, client=None, applier=None, owner=owner), \
@@ -93,7 +102,12 @@ class Teardown:
             return teardown_stage(inventory=inventory, client=None, applier=None, owner=owner), None
         client = self._clients.client(identity, target.cluster)
         try:
-            progress = teardown_stage(inventory=inventory, client=client, owner=owner, applier=target.applier)
+            if release is not None:
+                left = release(client, target)
+                progress = TeardownProgress(remaining=left, failed=len(left))
+            else:
+                progress = teardown_stage(inventory=inventory, client=client, owner=owner,
+                                          applier=target.applier)
         except _CLUSTER_ERRORS as error:
             where = f"the cluster at {target.server}" if target.remote else "the cluster"
             return TeardownProgress(remaining=list(inventory.entries), failed=len(inventory.entries)), \
@@ -126,16 +140,21 @@ class Teardown:
                     log.warning("teardown of StageSet %s/%s waits: %s", namespace, name, problem)
                     return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
                                                                max_wait=self._max_wait))
+        released = {s.name for s in stageset.spec.stages if not s.prune} if stageset else set()
         order = teardown_order(stage_nodes(stageset) if stageset else None, inventories)
         log.debug("tearing down stages in order: %s", ", ".join(order) or "none left")
         for stage in order:
             inv = inventories[stage]
-            progress, failed = self._stage(inv, target=target, namespace=namespace, owner=owner)
+            release = None if stage not in released else \
+                functools.partial(self._leave_behind, report, stage, inv, owner=owner)
+            progress, failed = self._stage(inv, target=target, namespace=namespace, owner=owner,
+                                           release=release)
             failure = failed or failure
-            kept = {entry.id for entry in progress.remaining}
+            still_there = {entry.id for entry in progress.remaining}
             for entry in inv.entries:
-                if entry.id not in kept:
-                    log.info("teardown of stage %s: %s deleted", stage, entry_id(entry).describe())
+                if entry.id not in still_there:
+                    log.info("teardown of stage %s: %s %s", stage, entry_id(entry).describe(),
+                             "released (prune: false)" if stage in released else "deleted")
             if progress.remaining:
                 inventories[stage] = stage_inventory(inv.name, inv.service_account_name, progress.remaining)
             else:
@@ -160,6 +179,19 @@ class Teardown:
             return Result(requeue_after=AGAIN)  # changed under us: read it again and retry
         log.info("teardown finished: finalizer removed")
         return Result()
+
+    def _leave_behind(self, report: StatusReport[StageSetStatus], stage: str, inventory: StageInventory,
+                      client: KubeClient, target: Target, *, owner: Owner) -> list[InventoryEntry]:
+        """``prune: false``: release the stage's objects (owner labels removed, as the stage's
+        identity) instead of deleting them; returns what could not be released."""
+        result = release_stage(inventory=inventory, client=client, owner=owner, applier=target.applier)
+        if result.released:
+            names = ", ".join(sorted(oid.describe() for oid in result.released)[:10])
+            more = f" and {len(result.released) - 10} more" if len(result.released) > 10 else ""
+            self._events.emit(report.obj, type_=EventType.NORMAL, reason=EventReason.ORPHANED,
+                              message=f"stage {stage!r} has prune: false: left {len(result.released)} "
+                              f"object(s) in place without owner labels: {names}{more}", action="Teardown")
+        return result.remaining
 
     def _forced(self, report: StatusReport[StageSetStatus], left: list[StageInventory], failure: str | None
                 ) -> None:

@@ -3,6 +3,7 @@
 // Usage:
 //
 //	stageset-kustomize DIR...   < tree.tar
+//	stageset-kustomize --patch  < patch.tar
 //	stageset-kustomize --version   (the kustomize release it links)
 //
 // The controller sends the files a stage's build may read as a tar stream on stdin (regular
@@ -21,11 +22,19 @@
 //
 // Output: the YAML of each build in turn, separated by "---" lines.  On failure: the error on
 // stderr (paths relative to the source root) and exit status 1; bad input: exit status 2.
+//
+// --patch applies a stage's `patches` to objects already built: the tar holds resources.yaml
+// (the objects) and patches.json (a list of {"patch": "...", "target": {...}} in kustomize's
+// Patch shape).  Each patch in turn is applied by kustomize itself, as the only entry of a
+// kustomization whose one resource is the output so far, so strategic merge and JSON 6902
+// patches and target selectors behave exactly as in a kustomization, and a failure names the
+// patch: "patches[2]: ...".  The objects keep their order.
 package main
 
 import (
 	"archive/tar"
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -102,6 +111,74 @@ func build(fs filesys.FileSystem, dir string) (out []byte, err error) {
 	return resources.AsYaml()
 }
 
+// stagePatch is one entry of a stage's `patches`, as the controller sends it.
+type stagePatch struct {
+	Patch  string          `json:"patch"`
+	Target *types.Selector `json:"target,omitempty"`
+}
+
+const patchDir = "/patch"
+
+func applyPatches(fs filesys.FileSystem) ([]byte, error) {
+	resources, err := fs.ReadFile(path.Join(root, "resources.yaml"))
+	if err != nil {
+		return nil, fmt.Errorf("no resources.yaml: %w", err)
+	}
+	raw, err := fs.ReadFile(path.Join(root, "patches.json"))
+	if err != nil {
+		return nil, fmt.Errorf("no patches.json: %w", err)
+	}
+	var patches []stagePatch
+	if err := json.Unmarshal(raw, &patches); err != nil {
+		return nil, fmt.Errorf("patches.json: %w", err)
+	}
+	if err := fs.MkdirAll(patchDir); err != nil {
+		return nil, err
+	}
+	current := resources
+	for i, p := range patches {
+		kustomization := types.Kustomization{
+			TypeMeta:  types.TypeMeta{APIVersion: types.KustomizationVersion, Kind: types.KustomizationKind},
+			Resources: []string{"resources.yaml"},
+			Patches:   []types.Patch{{Patch: p.Patch, Target: p.Target}},
+		}
+		// JSON is YAML: kustomize reads the kustomization as it reads any other.
+		content, err := json.Marshal(kustomization)
+		if err != nil {
+			return nil, err
+		}
+		if err := fs.WriteFile(path.Join(patchDir, "kustomization.yaml"), content); err != nil {
+			return nil, err
+		}
+		if err := fs.WriteFile(path.Join(patchDir, "resources.yaml"), current); err != nil {
+			return nil, err
+		}
+		out, err := patchOnce(fs)
+		if err != nil {
+			return nil, fmt.Errorf("patches[%d]: %s", i, strings.ReplaceAll(err.Error(), patchDir+"/", ""))
+		}
+		current = out
+	}
+	return current, nil
+}
+
+func patchOnce(fs filesys.FileSystem) (out []byte, err error) {
+	defer func() {
+		if r := recover(); r != nil {
+			err = fmt.Errorf("kustomize failed unexpectedly: %v", r)
+		}
+	}()
+	options := krusty.MakeDefaultOptions()
+	options.LoadRestrictions = types.LoadRestrictionsRootOnly
+	options.PluginConfig = types.DisabledPluginConfig()
+	options.Reorder = krusty.ReorderOptionNone
+	resources, err := krusty.MakeKustomizer(options).Run(fs, patchDir)
+	if err != nil {
+		return nil, err
+	}
+	return resources.AsYaml()
+}
+
 func relative(message string) string {
 	return strings.ReplaceAll(strings.ReplaceAll(message, root+"/", ""), root, ".")
 }
@@ -114,13 +191,22 @@ func main() {
 		return
 	}
 	if len(dirs) == 0 {
-		fmt.Fprintln(os.Stderr, "usage: stageset-kustomize DIR... < tree.tar")
+		fmt.Fprintln(os.Stderr, "usage: stageset-kustomize DIR... < tree.tar | --patch < patch.tar")
 		os.Exit(2)
 	}
 	fs, err := readTree(os.Stdin)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		os.Exit(2)
+	}
+	if len(dirs) == 1 && dirs[0] == "--patch" {
+		out, err := applyPatches(fs)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, err)
+			os.Exit(1)
+		}
+		os.Stdout.Write(out)
+		return
 	}
 	stdout := bufio.NewWriter(os.Stdout)
 	for i, dir := range dirs {
