@@ -76,10 +76,11 @@ def test_prune_false_stages_are_released_on_delete_not_deleted(world: World) -> 
     kept = world.configmap("kept")
     assert kept is not None
     assert not {LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE} & set(kept["metadata"].get("labels") or {})
-    events = [o for p, o in world.cluster.objects.items() if "/events/" in p]
     # (The pass before the delete said it succeeded; the teardown says what it left.)
-    assert [e["reason"] for e in events if e["reason"] != "ReconciliationSucceeded"] == ["Orphaned"]
-    assert f"ConfigMap {NS}/kept" in events[0]["message"]
+    events = [o for p, o in world.cluster.objects.items()
+              if "/events/" in p and o["reason"] != "ReconciliationSucceeded"]
+    assert [e["reason"] for e in events] == ["Orphaned"]
+    assert f"ConfigMap {NS}/kept" in events[0]["note"]
 
 
 def test_a_bad_health_expression_stops_the_stageset_before_any_stage_request(world: World) -> None:
