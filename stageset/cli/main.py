@@ -10,6 +10,7 @@ modules and are registered here.  Exit codes: 0 ok, 1 differences (``diff``), 2 
 from __future__ import annotations
 
 import dataclasses
+import faulthandler
 import inspect
 import json
 import logging
@@ -162,6 +163,8 @@ def controller(kubeconfig: str | None, log_level: str, log_format: str, lifecycl
                **params: Any) -> None:
     """Run the controller against a cluster."""
     early_stop = process.stop_on_signals()
+    # `kill -USR1` prints every thread's stack: what a report of a stuck controller needs.
+    faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)  # fd 2: stderr, the log stream
     _setup_logging(log_level, log_format)
     settings = controller_settings(params)
     metrics = Metrics()
@@ -172,6 +175,7 @@ def controller(kubeconfig: str | None, log_level: str, log_format: str, lifecycl
                        early_stop=early_stop)
     finally:
         clients.close()
+    process.exit_stopped()
 
 
 _LIFECYCLE = tuple(inspect.signature(process.lifecycle_settings).parameters)

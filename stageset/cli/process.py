@@ -26,7 +26,7 @@ from stageset.controller.leader import LeaderElectionConfig, default_identity, d
 from stageset.controller.metrics import Metrics
 from stageset.kube.client import ClientPool
 
-__all__ = ["LifecycleSettings", "lifecycle_options", "make_lifecycle", "stop_on_signals"]
+__all__ = ["LifecycleSettings", "exit_stopped", "lifecycle_options", "make_lifecycle", "stop_on_signals"]
 
 log = logging.getLogger(__name__)
 
@@ -122,6 +122,16 @@ def exit_leadership_lost() -> None:
     """Leave at once: another process may hold the Lease soon, and we must not write after it."""
     logging.shutdown()
     os._exit(1)
+
+
+def exit_stopped() -> None:
+    """Leave once the controller has stopped (workers joined or their deadline passed, Lease
+    released): a stage thread still in a request (a remote cluster that accepts connections and
+    never answers holds one for its whole 30 s timeout) must not hold the process past the
+    grace period.  What it was doing is abandoned safely: every write is an idempotent
+    server-side apply or delete, and the next pass (or leader) does it again."""
+    logging.shutdown()
+    os._exit(0)
 
 
 _requested: threading.Event | None = None

@@ -15,6 +15,7 @@ and a Ready condition that turns False is told as a Warning event.
 
 from __future__ import annotations
 
+import copy
 import logging
 import threading
 import time
@@ -66,6 +67,13 @@ class Reconciler(Protocol):
     def reconcile(self, raw: KubeObject) -> Result: ...
 
 
+def _version(obj: KubeObject) -> int | None:
+    """``metadata.resourceVersion`` as a number (etcd's revisions are; ``None`` otherwise).
+    Compared only to tell whether the watch cache has seen one of our own writes yet."""
+    value = str(obj.get("metadata", {}).get("resourceVersion") or "")
+    return int(value) if value.isdigit() else None
+
+
 def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
     """What, when changed, calls for a reconcile (status writes alone do not)."""
     metadata = obj.get("metadata", {})
@@ -102,6 +110,9 @@ class Manager:
         self._objects: dict[Key, KubeObject] = {}
         # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.
         self._seen: dict[Key, tuple[tuple[Any, Any, bool], bool]] = {}
+        # Per object: the status our last reconcile left, at the resourceVersion it made, until
+        # the watch catches up (see :meth:`_with_own_status`).
+        self._written: dict[Key, tuple[int, Any]] = {}
         admin = clients.client()
         self._store: Store = store or self._mirror_store(settings)
         if isinstance(self._store, MirrorStore):
@@ -154,6 +165,9 @@ class Manager:
                 self.metrics.observe(key, obj)
             with self._lock:
                 before = self._seen.get(key)
+                if event == "DELETED" or ((written := self._written.get(key)) and \
+                        written[0] <= (_version(obj) or 0)):
+                    self._written.pop(key, None)  # the cache has caught up with our own writes
                 if event == "DELETED":
                     self._objects.pop(key, None)
                     self._seen.pop(key, None)
@@ -205,10 +219,34 @@ class Manager:
             try:
                 with self._lock:
                     obj = self._objects.get(key)
+                    obj = None if obj is None else self._with_own_status(key, obj)
                 if obj is not None:
                     self._reconcile(queue, key, obj)
+                    self._remember_status(key, obj)
             finally:
                 queue.done(key)
+
+    def _with_own_status(self, key: Key, obj: KubeObject) -> KubeObject:
+        """``obj`` from the watch cache, with the status our last reconcile of it wrote if the
+        cache has not seen that write yet (its watch event can lag behind the next reconcile under
+        load).  Only the controller writes status, so its last write is the truth; a reconcile
+        that read an older status would re-announce progress and write it again.  The spec and
+        metadata stay the cache's: a change there arrives as its own event."""
+        written = self._written.get(key)
+        version = _version(obj)
+        if written is None or version is None or version >= written[0]:
+            return obj
+        return {**obj, "status": copy.deepcopy(written[1])}
+
+    def _remember_status(self, key: Key, obj: KubeObject) -> None:
+        """After a reconcile: the status it left (``obj`` carries our writes and the version the
+        last one made; see :func:`~stageset.controller.status.write_status`)."""
+        version = _version(obj)
+        if version is None:
+            return
+        with self._lock:
+            if key in self._objects:  # not deleted meanwhile
+                self._written[key] = (version, copy.deepcopy(obj.get("status")))
 
     def _reconcile(self, queue: WorkQueue[Key], key: Key, obj: KubeObject) -> None:
         before = dict(ready_condition(obj) or {}) or None

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -45,6 +46,17 @@ class ControllerProcess:
     def check_alive(self) -> None:
         if self.process.poll() is not None:
             raise RuntimeError(f"controller exited with {self.process.returncode}:\n{self.output()[-4000:]}")
+
+    def exit_code(self, *, timeout: float) -> int:
+        """Wait for the process to end; if it does not, its threads' stacks (SIGUSR1) reach
+        :meth:`output` before the timeout is raised."""
+        try:
+            return self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            if self.process.poll() is None:
+                self.process.send_signal(signal.SIGUSR1)
+                time.sleep(1.0)
+            raise
 
     def stop(self, *, timeout: float = 30.0) -> None:
         """SIGTERM (a clean shutdown), then SIGKILL if it does not exit in time."""

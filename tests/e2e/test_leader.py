@@ -173,7 +173,7 @@ def test_probes_a_clean_stop_exits_0_and_releases_the_lease(
 
     started = time.monotonic()
     handle.process.terminate()
-    assert handle.process.wait(timeout=20) == 0
+    assert handle.exit_code(timeout=20) == 0
     sys.stderr.write(f"\nSIGTERM of a running leader: exit 0 after {time.monotonic() - started:.1f}s\n")
     lease = installed.get(lease_path)
     assert lease["spec"]["holderIdentity"] == ""  # released, not left to expire

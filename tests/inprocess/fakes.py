@@ -129,10 +129,13 @@ class FakeCluster:
     events: list[tuple[int, str, KubeObject]] = field(default_factory=list)
     # Set to make every request fail as a cluster that does not answer would.
     down: Exception | None = None
+    # Seconds a watch event waits before it is delivered (a loaded apiserver's watch lags).
+    watch_lag: float = 0.0
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
         self._versions = itertools.count(1)
+        self._recorded: dict[int, float] = {}  # event version -> when it happened
 
     # -- set-up -------------------------------------------------------------------------
 
@@ -379,6 +382,7 @@ class FakeCluster:
         if kind == "DELETED":
             version = next(self._versions)
         self.events.append((version, kind, copy.deepcopy(obj)))
+        self._recorded[version] = time.monotonic()
         self._lock.notify_all()
 
     def watch(self, path: str, *, since: int, idle: float, stop: Callable[[], bool]) -> Iterator[KubeObject]:
@@ -390,6 +394,10 @@ class FakeCluster:
         while not stop() and time.monotonic() < deadline:
             with self._lock:
                 fresh = [(v, k, o) for v, k, o in self.events if v > seen]
+                if fresh and self.watch_lag:
+                    due = time.monotonic() - self.watch_lag
+                    fresh = [e for e in fresh if self._recorded.get(e[0], 0.0) <= due]
+                    fresh = fresh[:1] if fresh else []  # in order: one at a time, each when due
                 if not fresh:
                     self._lock.wait(timeout=0.05)
                     continue

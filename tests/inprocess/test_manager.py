@@ -13,7 +13,7 @@ import pytest
 from stageset.controller.manager import Manager
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.client import ApiError
-from tests.inprocess.conftest import NS, TENANT, URL, World, configmap, deployment
+from tests.inprocess.conftest import NS, TENANT, URL, World, configmap, deployment, stageset_path
 from tests.inprocess.fakes import CONTROLLER
 
 
@@ -36,7 +36,7 @@ def running(world: World) -> Iterator[Callable[..., Manager]]:
             clients=world.pool,
             store=world.sources,
             clock=world.clock,
-            settings=ControllerSettings(readiness_slice=0.0, readiness_requeue=0.05, **settings),
+            settings=ControllerSettings(**{"readiness_slice": 0.0, "readiness_requeue": 0.05, **settings}),
         )
         thread = threading.Thread(target=manager.run, daemon=True)
         thread.start()
@@ -172,3 +172,29 @@ def test_one_namespaces_blocked_sources_cannot_hold_every_worker(
         assert len(blocked) == 2, "the tarpit namespace holds half the source workers, no more"
     finally:
         released.set()
+
+
+def test_a_lagging_watch_does_not_make_passes_rewrite_the_status_they_already_wrote(
+    world: World, running: Callable[..., Manager]
+) -> None:
+    # A loaded apiserver's watch delivers our own status writes late: each re-check pass starts
+    # before the cache has seen what the last pass wrote.  It must start from what was written.
+    world.commit({"web/d.json": deployment("web"), "config/cm.json": configmap("config")})
+    world.stageset("shop", [{"name": "config", "path": "./config", "dependsOn": []},
+                            {"name": "web", "path": "./web", "dependsOn": []}])
+    # Events of a pass's first writes arrive while it waits (0.3 s); its last one arrives only
+    # after the next pass (0.05 s later) has begun.
+    world.cluster.watch_lag = 0.2
+    running(readiness_slice=0.3)
+    eventually(lambda: world.ready("shop").get("message", "").startswith("waiting for readiness"),
+               what="the first pass concluded: web waits")
+    status = f"{stageset_path('shop')}/status"
+    deployment_path = f"/apis/apps/v1/namespaces/{NS}/deployments/web"
+    start = len(world.cluster.requests)
+    time.sleep(2.0)
+    window = world.cluster.requests[start:]
+    rechecks = [r for r in window if r.user == TENANT and r.verb == "get" and r.path == deployment_path]
+    assert len(rechecks) >= 5, "re-check passes ran meanwhile"  # the evidence for what follows
+    writes = [r.path for r in window if r.user == CONTROLLER and r.path == status and r.verb != "get"]
+    assert writes == [], "nothing changed, yet the status was written again"
+    assert world.phases("shop") == {"config": "Ready", "web": "Waiting"}

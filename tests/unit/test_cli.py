@@ -48,6 +48,7 @@ def test_source_flags_reach_the_settings(mocker: MockerFixture) -> None:
 
     mocker.patch.object(cli, "Manager", FakeManager)
     mocker.patch.object(cli, "run_controller", return_value=None)
+    mocker.patch.object(cli.process, "exit_stopped", return_value=None)  # the real one ends the process
     mocker.patch.object(cli.ClientPool, "from_kubeconfig", return_value=mocker.Mock())
     result = CliRunner().invoke(cli.main, [
         "controller", "--allow-insecure-sources", "--git-max-file-size", "1Mi",

@@ -60,6 +60,9 @@ def status(
         ("waiting at this revision", status(stages={"a": (StagePhase.WAITING, REV)}), {"a": REV}, {"a"}),
         ("waiting, new revision", status(stages={"a": (StagePhase.WAITING, REV)}), {"a": NEW}, set()),
         ("ready is applied again", status(stages={"a": (StagePhase.READY, REV)}), {"a": REV}, set()),
+        ("held past its timeout", status(stages={"a": (StagePhase.PROGRESSING, REV)}), {"a": REV}, {"a"}),
+        ("held, new revision", status(stages={"a": (StagePhase.PROGRESSING, REV)}), {"a": NEW}, set()),
+        ("failed is applied again", status(stages={"a": (StagePhase.FAILED, REV)}), {"a": REV}, set()),
         (
             "spec changed since",
             status(observed=1, stages={"a": (StagePhase.WAITING, REV)}),
@@ -114,6 +117,8 @@ def test_a_pass_announces_itself_only_when_not_visibly_in_progress(
 ) -> None:
     state = Previous.from_status(status(ready=ready), generation=1)
     assert plan.announce(state, is_quiet=quiet) is announce
+    # A pass that only re-checks stages applies nothing: it never announces itself.
+    assert plan.announce(state, is_quiet=quiet, only_rechecks=True) is False
 
 
 # -- the readiness window ------------------------------------------------------------------------

@@ -99,12 +99,17 @@ class Previous:
                     observed=status.observed_generation == generation)
 
 
+# Phases of a stage applied at its revision and not ready yet: waiting, or held past its timeout.
+_UNSETTLED = {StagePhase.WAITING, StagePhase.PROGRESSING}
+
+
 def rechecks(previous: Previous, revisions: Mapping[str, str]) -> set[str]:
-    """Stages already applied at this revision and generation, waiting for readiness: only
-    re-checked (one read per object, no dry-runs, no writes)."""
+    """Stages already applied at this revision and generation, waiting for readiness or held
+    past their timeout: only re-checked (one read per object, no dry-runs, no writes), and
+    shown in the phase they had until the re-check says otherwise."""
     return {name for name, revision in revisions.items()
             if previous.observed and (before := previous.stages.get(name)) is not None
-            and before.phase is StagePhase.WAITING and before.revision == revision}
+            and before.phase in _UNSETTLED and before.revision == revision}
 
 
 def quiet(previous: Previous, revisions: Mapping[str, str], *, stages: int) -> bool:
@@ -115,10 +120,11 @@ def quiet(previous: Previous, revisions: Mapping[str, str], *, stages: int) -> b
         for name, revision in revisions.items())
 
 
-def announce(previous: Previous, *, is_quiet: bool) -> bool:
+def announce(previous: Previous, *, is_quiet: bool, only_rechecks: bool = False) -> bool:
     """Whether to say "applying stages" first: status writes are the costliest requests of a
-    pass, and one already visibly in progress has nothing new to say."""
-    return not is_quiet and not previous.in_progress
+    pass, and one already visibly in progress, or one that only re-checks stages (applies
+    nothing), has nothing new to say."""
+    return not is_quiet and not previous.in_progress and not only_rechecks
 
 
 def clash_message(clashes: Mapping[ObjectId, Sequence[str]]) -> str | None:

@@ -307,10 +307,11 @@ class StageSetReconciler:
         state.quiet = plan.quiet(previous, revisions, stages=len(stageset.spec.stages))
         rechecks = plan.rechecks(previous, revisions)
         for name in rechecks:
-            # Applied already and still waiting: it stays Waiting (re-checked, not applied again).
-            outcome = state.outcomes[name]
-            outcome.phase, outcome.message = StagePhase.WAITING, previous.stages[name].message or ""
-        if plan.announce(previous, is_quiet=state.quiet):
+            # Applied already, waiting or held: it keeps its phase (re-checked, not applied again).
+            outcome, before = state.outcomes[name], previous.stages[name]
+            outcome.phase, outcome.message = before.phase, before.message or ""
+        if plan.announce(previous, is_quiet=state.quiet, only_rechecks=rechecks == set(rendered)
+                         and len(rendered) == len(stageset.spec.stages)):
             state.announce(report, "applying stages")
         self._apply_all(report, state, graph, rendered, rechecks=rechecks, redactor=redactor)
         verdict = plan.verdict(list(state.outcomes.values()),
