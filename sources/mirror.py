@@ -67,8 +67,13 @@ used mirrors (by last fetch or read) are removed until the total fits again.  A 
 never evicted while it is being fetched into (its lock is held) or read, nor the one just
 fetched.  Removal is atomic (rename aside, then delete), so a reader that comes later gets
 :class:`~sources.errors.NotFetchedError` — the next ``fetch`` brings the commit back —
-rather than a half-deleted repository.  History force-pushed away stays in a mirror until
-it is evicted.
+rather than a half-deleted repository.
+
+A mirror does not grow with its history either: after a fetch that leaves it with more than
+:data:`sources.compact.COMPACT_AFTER_PACKS` packs, it is rebuilt aside with only the
+commits still served to someone or named by its refs (trees included, history not) and
+swapped in atomically, under its fetch lock and only while nobody reads it
+(:mod:`sources.compact`).
 """
 
 from __future__ import annotations
@@ -91,6 +96,7 @@ from dulwich.objects import Commit, ObjectID, Tag
 from dulwich.refs import Ref
 from dulwich.repo import Repo
 
+from sources.compact import compacted_copy, needs_compaction
 from sources.credentials import Credentials
 from sources.errors import GitOperationError, NotFetchedError, RefNotFoundError, UrlPolicyError
 from sources.limits import Limits
@@ -234,6 +240,8 @@ class MirrorStore:
         self._ignores = IgnoreCache()
         self.evictions = 0
         """How many mirrors were evicted by this store (for metrics and tests)."""
+        self.compactions = 0
+        """How many times a mirror was compacted (:mod:`sources.compact`)."""
         self._adopt_existing()
 
     # -- public API --------------------------------------------------------------------
@@ -279,6 +287,8 @@ class MirrorStore:
             if consumer is not None:
                 self._record_served(name, consumer, commit)
             self._touch(name, persist=True)
+            if fetched and needs_compaction(path):
+                self._compact(name, path)
             if fetched or name not in self._sizes:
                 self._sizes[name] = _disk_usage(path)
         finally:
@@ -446,6 +456,9 @@ class MirrorStore:
         except OSError:
             served = []
         if served and served[-1] == commit:
+            # Still in use: keeps the record from expiring (sources.compact.SERVED_TTL).
+            with contextlib.suppress(OSError):
+                os.utime(path)
             return
         served = [*[c for c in served if c != commit][-(_SERVED_KEEP - 1):], commit]
         directory.mkdir(exist_ok=True)
@@ -483,6 +496,25 @@ class MirrorStore:
         if persist:
             with contextlib.suppress(OSError):
                 (self._root / name / _USED_MARKER).touch()
+
+    def _compact(self, name: str, path: Path) -> bool:
+        """Replace mirror ``name`` by its compacted copy (:mod:`sources.compact`); the caller
+        holds its fetch lock.  Skipped (False) while someone reads it: the next fetch tries
+        again."""
+        with self._locks_guard:
+            if self._readers.get(name, 0):
+                return False
+        staging = compacted_copy(path, served_dir_name=SERVED_DIR, keep_files=[_USED_MARKER])
+        aside = self._root / f".evict-{name}-{os.getpid()}-{threading.get_ident()}"
+        with self._locks_guard:
+            if self._readers.get(name, 0):
+                shutil.rmtree(staging, ignore_errors=True)
+                return False
+            os.rename(path, aside)
+            os.rename(staging, path)
+        shutil.rmtree(aside, ignore_errors=True)
+        self.compactions += 1
+        return True
 
     def _detach(self, name: str) -> tuple[Path, int] | None:
         """Atomically move mirror ``name`` aside if nobody uses it; None if busy.

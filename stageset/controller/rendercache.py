@@ -74,6 +74,10 @@ def source_key(*, url: str, commit: str, ignore: str | None, path: str,
     return hashlib.sha256(material.encode()).hexdigest()
 
 
+_FILE_OVERHEAD = 200
+"""Bytes a cached file costs beyond its path and content (CPython objects and dict slot)."""
+
+
 class RenderCache:
     """Objects by render key, render keys by source key, and recently read trees (bounded in bytes)."""
 
@@ -133,7 +137,9 @@ class RenderCache:
                 self._trees.move_to_end(tree_id)
                 return found[0]
         files = read()
-        size = sum(len(content) for content in files.files.values())
+        # What the files cost in memory, not only their bytes: in a tree of many small files
+        # the path strings, bytes headers and dict slots outweigh the contents.
+        size = sum(len(path) + len(content) + _FILE_OVERHEAD for path, content in files.files.items())
         with self._lock:
             self.tree_reads += 1
             if size <= self._max_tree_bytes and tree_id not in self._trees:

@@ -116,7 +116,9 @@ def test_a_failed_build_is_not_cached_and_reports_each_time() -> None:
 
 
 def test_the_tree_cache_is_bounded_in_bytes() -> None:
-    cache, repo = RenderCache(max_tree_bytes=100), Repo()
+    # Each file counts its path, its content and a fixed overhead (about 270 bytes for the
+    # small tree here); the big tree's 200-byte blob pushes it past 500.
+    cache, repo = RenderCache(max_tree_bytes=500), Repo()
     small = repo.commit("small", {"a/app.yaml": CM % ("a", "1")})
     big = repo.commit("big", {"a/app.yaml": CM % ("a", "1"), "blob.bin": "x" * 200})
     render(cache, repo, small, "a")
