@@ -1,11 +1,11 @@
 """Toxiproxy: a real TCP proxy that injects network faults, built from the Go module proxy.
 
-Build, like helm (:mod:`stageset.envtest.helm`) and kustomize: the checked-in wrapper module
-``hack/toxiproxy`` (go.mod + go.sum + tools.go) requires ``github.com/Shopify/toxiproxy/v2``
-at :data:`TOXIPROXY_VERSION`, and ``go build -mod=readonly`` builds ``cmd/server`` into
-``<cache>/tools/toxiproxy-<version>/toxiproxy-server`` once, under a file lock.  Nothing
-prebuilt is downloaded; ``--update`` regenerates the wrapper after a version bump;
-``STAGESET_TOXIPROXY`` naming an executable uses that binary instead.
+Build, as every Go tool of the tests (:mod:`stageset.envtest.gotool`): the checked-in wrapper
+module ``hack/toxiproxy`` requires ``github.com/Shopify/toxiproxy/v2`` at
+:data:`TOXIPROXY_VERSION`, and ``cmd/server`` is built into
+``<cache>/tools/toxiproxy-<version>/toxiproxy-server`` once.  Nothing prebuilt is downloaded;
+``--update`` regenerates the wrapper after a version bump; ``STAGESET_TOXIPROXY`` naming an
+executable uses that binary instead.
 
 Run: :func:`start` runs ``toxiproxy-server`` on a free loopback port (it dies with its parent,
 like the control plane) and returns a :class:`Toxiproxy` that speaks its HTTP API: create
@@ -22,15 +22,11 @@ address is on 127.0.0.1.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import json
 import os
-import re
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -39,101 +35,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from stageset.build.kustomize import cache_root
+from stageset.envtest.gotool import GoTool
 from stageset.envtest.server import _die_with_parent, free_port
 
 TOXIPROXY_VERSION = "v2.5.0"
 TOXIPROXY_MODULE = "github.com/Shopify/toxiproxy/v2"
-TOXIPROXY_PACKAGE = f"{TOXIPROXY_MODULE}/cmd/server"
-ENV_OVERRIDE = "STAGESET_TOXIPROXY"
-WRAPPER = Path(__file__).resolve().parents[2] / "hack" / "toxiproxy"
-
-_CHECKSUM_FAILURE = re.compile(r"verifying ([\w.\-/]+)@|sum\.golang\.org|checksum database")
-
-
-class GoError(RuntimeError):
-    pass
-
-
-def cached_binary() -> Path:
-    return cache_root() / "tools" / f"toxiproxy-{TOXIPROXY_VERSION}" / "toxiproxy-server"
-
-
-def _executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
-
-
-def _go(args: list[str], *, cwd: Path, extra_env: dict[str, str] | None = None) -> str:
-    env = dict(os.environ)
-    env["CGO_ENABLED"] = "0"
-    env.pop("GOFLAGS", None)
-    env.update(extra_env or {})
-    result = subprocess.run(["go", *args], cwd=cwd, env=env, check=False, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise GoError(f"go {' '.join(args)} failed in {cwd}:\n{result.stderr[-4000:]}")
-    return result.stdout
-
-
-def _build_into(target: Path, *, log: bool) -> None:
-    ldflags = f"-s -w -X {TOXIPROXY_MODULE}.Version={TOXIPROXY_VERSION}"
-    with tempfile.TemporaryDirectory(prefix="stageset-build-", dir=target.parent) as tmp:
-        staged = Path(tmp) / "bin"
-        staged.mkdir()
-        if log:
-            print(f"building toxiproxy {TOXIPROXY_VERSION} from the Go module proxy ...", file=sys.stderr,
-                  flush=True)
-        command = ["build", "-mod=readonly", "-trimpath", "-buildvcs=false", "-ldflags", ldflags,
-                   "-o", str(staged / "toxiproxy-server"), TOXIPROXY_PACKAGE]
-        try:
-            _go(command, cwd=WRAPPER)
-        except GoError as error:
-            # go.sum is checked in, so the checksum database is normally never asked; should a proxy
-            # fail to relay a look-up anyway, retry with verification scoped off for this module.
-            if not _CHECKSUM_FAILURE.search(str(error)):
-                raise
-            _go(command, cwd=WRAPPER, extra_env={"GONOSUMDB": "github.com/Shopify"})
-        # Publish atomically so a half-built directory is never mistaken for a cache hit.
-        if target.exists():
-            shutil.rmtree(target)
-        staged.rename(target)
+TOXIPROXY = GoTool(name="toxiproxy", version=TOXIPROXY_VERSION, module=TOXIPROXY_MODULE,
+                   package=f"{TOXIPROXY_MODULE}/cmd/server", binary="toxiproxy-server",
+                   env_override="STAGESET_TOXIPROXY",
+                   ldflags=f"-X {TOXIPROXY_MODULE}.Version={TOXIPROXY_VERSION}", nosumdb="github.com/Shopify")
 
 
 def ensure_toxiproxy(*, log: bool = True) -> Path:
     """The toxiproxy-server binary, building it once into the cache if needed."""
-    override = os.environ.get(ENV_OVERRIDE)
-    if override:
-        if _executable(Path(override)):
-            return Path(override)
-        raise RuntimeError(f"{ENV_OVERRIDE}={override} is not an executable file")
-    binary = cached_binary()
-    if _executable(binary):
-        return binary
-    if shutil.which("go") is None:
-        raise RuntimeError(f"the Go toolchain is needed to build toxiproxy; install go or set {ENV_OVERRIDE}")
-    target = binary.parent
-    target.parent.mkdir(parents=True, exist_ok=True)
-    with (target.parent / f".toxiproxy-{TOXIPROXY_VERSION}.lock").open("w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if not _executable(binary):
-            _build_into(target, log=log)
-    return binary
-
-
-def update_wrapper() -> None:
-    """Regenerate ``hack/toxiproxy`` (go.mod, go.sum, tools.go) for :data:`TOXIPROXY_VERSION`."""
-    WRAPPER.mkdir(parents=True, exist_ok=True)
-    (WRAPPER / "go.mod").write_text(
-        "// Generated by `python -m stageset.envtest.toxiproxy --update`; do not edit.\n"
-        "module stageset.local/tools/toxiproxy\n\ngo 1.24\n\n"
-        f"require {TOXIPROXY_MODULE} {TOXIPROXY_VERSION}\n"
-    )
-    (WRAPPER / "tools.go").write_text(
-        "//go:build tools\n\n"
-        "// Package tools pins the command this module builds, so `go mod tidy` keeps go.sum whole.\n"
-        "package tools\n\n"
-        f'import _ "{TOXIPROXY_PACKAGE}"\n'
-    )
-    _go(["mod", "tidy"], cwd=WRAPPER)
+    return TOXIPROXY.ensure(log=log)
 
 
 # -- running it --------------------------------------------------------------------------------
@@ -273,12 +188,5 @@ def start(*, workdir: Path, binary: Path | None = None) -> Toxiproxy:
             time.sleep(0.1)
 
 
-def main(argv: list[str]) -> int:
-    if "--update" in argv:
-        update_wrapper()
-    print(ensure_toxiproxy())
-    return 0
-
-
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(TOXIPROXY.main(sys.argv[1:], generator="python -m stageset.envtest.toxiproxy"))
