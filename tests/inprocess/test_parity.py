@@ -92,3 +92,15 @@ def test_a_bad_health_expression_stops_the_stageset_before_any_stage_request(wor
     assert ready["reason"] == "InvalidSpec"
     assert ready["message"].startswith("stage 'app': readyChecks.exprs[0].current does not compile")
     assert world.cluster.by(TENANT) == []
+
+
+def test_a_denied_kube_config_secret_says_whether_the_account_exists(world: World) -> None:
+    world.commit({"app/a.json": configmap("a")})
+    world.stageset("shop", [{"name": "app", "path": "./app"}], serviceAccountName="ghost",
+                   kubeConfig={"secretRef": {"name": "prod"}})
+    world.reconcile("shop")
+    message = world.ready("shop")["message"]
+    assert world.ready("shop")["reason"] == "RBACDenied"
+    assert f"{GHOST} may not read Secret {NS}/prod (spec.kubeConfig)" in message
+    assert f"check that ServiceAccount {NS}/ghost exists and that a RoleBinding" in message
+    assert [r.path for r in world.cluster.by(GHOST) if "serviceaccounts" in r.path] == [GHOST_SA]

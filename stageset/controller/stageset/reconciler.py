@@ -166,7 +166,8 @@ class StageSetReconciler:
                                                         controller_reads_accounts=settings.cluster_admin))
         self._cel = CelSandbox(settings.apply.cel)
         self._expressions = ExpressionChecker(self._cel)
-        self._targets = Targets(clients=clients, settings=settings.apply, local=applier)
+        self._targets = Targets(clients=clients, settings=settings.apply, local=applier,
+                                accounts=self._reads.accounts)
         self._renderer = Renderer(clients=clients, store=store, reads=self._reads,
                                   limits=settings.build_limits)
         self._stages = StageApply(clients=clients, clock=clock, readiness_slice=settings.readiness_slice,

@@ -22,7 +22,7 @@ from stageset.api.vocabulary import Reason
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
 from stageset.apply.settings import ApplySettings
-from stageset.controller.stageset.reads import read_named
+from stageset.controller.stageset.reads import AccountCheck, read_named
 from stageset.kube.client import LOCAL, ClientPool, ClusterKey, Identity, KubeClient
 from stageset.kube.mapping import RestMapper
 from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
@@ -43,8 +43,10 @@ class Target:
 
 
 class Targets:
-    def __init__(self, *, clients: ClientPool, settings: ApplySettings, local: StageApplier):
+    def __init__(self, *, clients: ClientPool, settings: ApplySettings, local: StageApplier,
+                 accounts: AccountCheck | None = None):
         self._clients = clients
+        self._accounts = accounts
         self._settings = settings
         self.local = Target(LOCAL, local)
         self._remotes: dict[ClusterKey, Target] = {}
@@ -60,7 +62,8 @@ class Targets:
         secret = read_named(client, f"/api/v1/namespaces/{namespace}/secrets/{secret_name}",
                             what=f"Secret {namespace}/{secret_name} (spec.kubeConfig)",
                             missing_reason=Reason.STAGE_FAILED,
-                            missing_message=f"spec.kubeConfig: Secret {namespace}/{secret_name} not found")
+                            missing_message=f"spec.kubeConfig: Secret {namespace}/{secret_name} not found",
+                            accounts=self._accounts)
         encoded = (secret.get("data") or {}).get(key)
         if not encoded:
             raise StageError(Reason.INVALID_SPEC, f"spec.kubeConfig: Secret {namespace}/{secret_name} has no "
