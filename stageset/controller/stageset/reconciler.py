@@ -13,43 +13,37 @@ Identity, per request (the rules: :mod:`stageset.controller.identity`):
 - discovery, status, finalizers and events: the controller's own identity.
 
 What a pass tells (each one call here): the stages' phases as they change, throttled while
-they only wait (:class:`Pass`); per stage, what its apply did (metrics); drift, prune and a
-``ReconciliationSucceeded`` event naming every change since the StageSet was last Ready.
+they only wait (:class:`~stageset.controller.stageset.progress.Pass`); per stage, what its
+apply did (metrics), drift, prune and a ``ReconciliationSucceeded`` event naming every change
+since the StageSet was last Ready (:mod:`stageset.controller.stageset.changes`).
 """
 
 from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import networkx as nx
 from pydantic import ValidationError
 
-from stageset.api import StageInventory, StageSet, StageSetStatus, duration_seconds
-from stageset.api.vocabulary import EventReason, EventType, Reason, StagePhase
+from stageset.api import StageSet, StageSetStatus, duration_seconds
+from stageset.api.vocabulary import Reason, StagePhase
 from stageset.apply.cel import CelSandbox
-from stageset.apply.changeset import WRITES, Change
 from stageset.apply.engine import StageApplier, StageResult
 from stageset.apply.errors import StageError
 from stageset.apply.health import ExpressionChecker
 from stageset.apply.inventory import (
-    ObjectId,
-    Stale,
     duplicates,
     merged,
     ordered,
     stage_inventory,
-    stale,
     with_kept,
 )
-from stageset.apply.prune import Owner, prune
 from stageset.controller import logs
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.dependencies import DependencyIndex, spell_cycle
-from stageset.controller.events import EventRecorder, change_summary
+from stageset.controller.events import EventRecorder
 from stageset.controller.finalizers import set_finalizer
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
@@ -58,6 +52,8 @@ from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import plan
+from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.progress import Pass, Report
 from stageset.controller.stageset.reads import AccountCheck, TenantReads
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.rendering import Rendered, Renderer, SourceTrees
@@ -70,63 +66,8 @@ from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableEr
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
-Report = StatusReport[StageSetStatus]
 log = logging.getLogger(__name__)
 
-# A stage that only waits updates its message in status at most this often (its phase at once).
-PROGRESS_INTERVAL = 5.0
-
-
-@dataclass
-class Pass:
-    """What one pass knows so far: stage outcomes and inventories (old, merged, fresh)."""
-
-    stageset: StageSet
-    previous: plan.Previous
-    outcomes: dict[str, plan.StageOutcome]
-    current: dict[str, StageInventory]
-    fresh: dict[str, StageInventory] = field(default_factory=dict)
-    quiet: bool = False
-    # Stages publish from their own threads (waiting); one status write at a time.
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    published: float = 0.0
-    partial: str | None = None
-    """Status had lost the inventory and the cluster could not be searched completely: why."""
-
-    def announce(self, report: Report, message: str) -> None:
-        """A pass begins: Ready=Unknown with ``message`` (never in a quiet pass)."""
-        if self.quiet:
-            return
-        with self.lock:
-            self.record(report)
-            report.conclude(ready=None, reason=Reason.PROGRESSING, message=message)
-            self.published = time.monotonic()
-
-    def publish(self, report: Report) -> None:
-        """Show the stages as they stand now (and the merged inventory so far) — never in a quiet
-        pass.  Conditions are left to :meth:`announce` and the conclusion, so a re-check pass
-        whose stages did not change writes nothing."""
-        if self.quiet:
-            return
-        with self.lock:
-            self.record(report)
-            if report.write():
-                self.published = time.monotonic()
-
-    def waiting(self, report: Report, outcome: plan.StageOutcome) -> None:
-        """A stage waits for readiness: its phase shows at once, a new message at most every
-        :data:`PROGRESS_INTERVAL` seconds."""
-        with self.lock:
-            before = self.outcomes[outcome.name]
-            self.outcomes[outcome.name] = outcome
-            if before.phase is outcome.phase and (before.message == outcome.message or
-                                                  time.monotonic() - self.published < PROGRESS_INTERVAL):
-                return
-        self.publish(report)
-
-    def record(self, report: Report) -> None:
-        report.status.stages = [self.outcomes[s.name].status() for s in self.stageset.spec.stages]
-        report.status.inventory = ordered(self.current)
 
 
 def log_denial(error: StageError) -> None:
@@ -157,8 +98,6 @@ class StageSetReconciler:
         self._clock = clock
         self._metrics = metrics or Metrics()
         # Per StageSet: what its passes changed since it was last Ready (for the success event).
-        self._changes: dict[tuple[str, str], dict[ObjectId, Change]] = {}
-        self._changes_lock = threading.Lock()
         self._identities = IdentityPolicy(cluster_admin=settings.cluster_admin)
         self._reads = TenantReads(stagesets=resource, sources=source_resource,
                                   no_cross_namespace_refs=settings.no_cross_namespace_refs,
@@ -176,22 +115,12 @@ class StageSetReconciler:
         self._teardown = Teardown(clients=clients, identities=self._identities, targets=self._targets,
                                   events=events, resource=resource, clock=clock,
                                   max_wait=settings.max_teardown_wait, records=self._records)
+        self._changes = Changes(clients=clients, identities=self._identities, events=events,
+                                metrics=self._metrics)
 
     def forget(self, namespace: str, name: str) -> None:
         """The StageSet is gone: drop what this reconciler remembers of it."""
-        with self._changes_lock:
-            self._changes.pop((namespace, name), None)
-
-    def _remember(self, stageset: tuple[str, str], changes: Iterable[Change]) -> None:
-        with self._changes_lock:
-            known = self._changes.setdefault(stageset, {})
-            for change in changes:
-                if change.action in WRITES:
-                    known.setdefault(change.id, change)  # "created" stays created when changed again
-
-    def _take_changes(self, stageset: tuple[str, str]) -> list[Change]:
-        with self._changes_lock:
-            return list(self._changes.pop(stageset, {}).values())
+        self._changes.forget(namespace, name)
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Reconcile one StageSet (``raw``, from the watch cache)."""
@@ -342,7 +271,6 @@ class StageSetReconciler:
                    rechecks: set[str], redactor: Redactor) -> None:
         stageset = state.stageset
         stages = {s.name: s for s in stageset.spec.stages}
-        ref = (str(stageset.metadata["namespace"]), str(stageset.metadata["name"]))
 
         def started(name: str) -> None:
             if name not in rechecks:
@@ -365,9 +293,7 @@ class StageSetReconciler:
                     state.fresh[name] = stage_inventory(name, account, (o.entry() for o in result.objects))
                     state.current[name] = merged(state.previous.inventories.get(name), state.fresh[name])
             if result is not None:
-                self._metrics.applied(ref, name, result.changes)
-                self._remember(ref, result.changes)
-                self._report_drift(report.obj, name, result, redactor)
+                self._changes.applied(report.obj, name, result, redactor)
             return outcome.phase is StagePhase.READY
 
         scheduler: StageScheduler[tuple[plan.StageOutcome, StageResult | None]] = StageScheduler(
@@ -384,58 +310,11 @@ class StageSetReconciler:
                   redactor: Redactor) -> Result:
         state.record(report)
         if verdict.prune:
-            kept, pruned = self._prune(report, state, target, redactor)
+            kept, pruned = self._changes.prune(report, state, target, redactor)
             report.status.inventory = ordered(with_kept(state.fresh, kept))
             report.status.last_applied_revision = verdict.revision
             self._records.settle(report.obj, report.status.inventory)
-            self._succeeded(report, state, pruned=pruned, revision=verdict.revision or "", redactor=redactor)
+            self._changes.succeeded(report, state, pruned=pruned, revision=verdict.revision or "",
+                                   redactor=redactor)
         report.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message)
         return Result(requeue_after=verdict.requeue_after)
-
-    def _succeeded(self, report: Report, state: Pass, *, pruned: int, revision: str,
-                   redactor: Redactor) -> None:
-        """Ready: a Normal event naming what changed since the StageSet was last Ready (none when a
-        Ready StageSet's pass changed nothing)."""
-        ref = (str(report.obj["metadata"]["namespace"]), str(report.obj["metadata"]["name"]))
-        summary = change_summary(self._take_changes(ref), pruned=pruned)
-        if not summary and state.previous.ready:
-            return
-        message = summary or f"no changes; {len(state.outcomes)} stage(s) ready at {revision}"
-        self._events.emit(report.obj, type_=EventType.NORMAL, reason=EventReason.RECONCILIATION_SUCCEEDED,
-                          message=message, redact=redactor,
-                          annotations={"stages.metio.wtf/revision": revision})
-
-    def _prune(self, report: Report, state: Pass, target: Target, redactor: Redactor
-               ) -> tuple[list[Stale], int]:
-        """Delete what no stage renders any more; returns what could not be deleted, and how many
-        objects were."""
-        namespace, name = str(report.obj["metadata"]["namespace"]), str(report.obj["metadata"]["name"])
-
-        def client_for(account: str | None) -> KubeClient | None:
-            identity = self._identities.for_inventory(account, namespace)
-            return None if identity is None else self._clients.client(identity, target.cluster)
-
-        disabled = [s.name for s in state.stageset.spec.stages if not s.prune]
-        result = prune(stale=stale(old=state.previous.inventories, new=state.fresh, prune_disabled=disabled),
-                       client_for=client_for, applier=target.applier, owner=Owner(namespace, name))
-        deleted = [c for c in result.changes if c.action in WRITES]
-        for change in deleted:
-            log.info("pruned %s: no longer in Git", change.id.describe())
-        self._metrics.pruned((namespace, name), deleted=len(deleted), failed=len(result.kept))
-        if result.kept:
-            names = ", ".join(sorted(i.id.describe() for i in result.kept)[:10])
-            log.warning("could not prune %d object(s) no longer in Git: %s", len(result.kept), names)
-            self._events.emit(report.obj, type_=EventType.WARNING, reason=EventReason.PRUNE_FAILED,
-                              message=f"could not delete {len(result.kept)} object(s) no longer in Git: "
-                              f"{names}", action="Prune", redact=redactor)
-        return result.kept, len(deleted)
-
-    def _report_drift(self, obj: KubeObject, stage: str, result: StageResult, redactor: Redactor) -> None:
-        drifted = result.changes.drifted
-        if not drifted:
-            return
-        names = ", ".join(sorted(c.id.describe() for c in drifted)[:10])
-        more = f" and {len(drifted) - 10} more" if len(drifted) > 10 else ""
-        log.info("drift corrected in stage %s: restored %s%s", stage, names, more)
-        self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.DRIFT_CORRECTED,
-                          message=f"stage {stage!r}: restored {names}{more}", action="Apply", redact=redactor)
