@@ -3,7 +3,7 @@
 #   - uv (pinned, from PyPI) into the user cache, outside the checkout;
 #   - the locked Python environment (.venv) from uv.lock;
 #   - OpenSSH's server and client (Debian packages) for the SSH Git tests, when sshd is missing;
-#   - mmdebstrap and umoci (Debian packages) for the daemonless image build, when missing;
+#   - mmdebstrap, umoci and binutils (Debian packages) for the daemonless image build, when missing;
 # The control-plane binaries are built on first use by stageset.envtest.build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -76,7 +76,8 @@ if [ ! -x /usr/sbin/sshd ] && command -v apt-get >/dev/null; then
     install_openssh >&2
 fi
 # The container image is built without a container engine (stageset.envtest.image).
-if { ! command -v mmdebstrap >/dev/null || ! command -v umoci >/dev/null; } && command -v apt-get >/dev/null; then
-    apt_install "the daemonless image build" mmdebstrap umoci >&2
+if { ! command -v mmdebstrap >/dev/null || ! command -v umoci >/dev/null || ! command -v strip >/dev/null; } \
+        && command -v apt-get >/dev/null; then
+    apt_install "the daemonless image build" mmdebstrap umoci binutils >&2
 fi
 echo "$UV"

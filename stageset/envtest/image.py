@@ -54,7 +54,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONTAINERFILE = ROOT / "Containerfile"
 TAG = "stageset"
 # Bumped when the recipe below changes in a way the hashed inputs do not show.
-_RECIPE = "3"
+_RECIPE = "4"
 # Debian's slim images leave these out; so do we (copyright files stay).
 _DPKG_EXCLUDES = (
     "path-exclude=/usr/share/man/*", "path-exclude=/usr/share/doc/*",
@@ -236,10 +236,10 @@ def _debian_sources(suite: str) -> list[Path]:
 def _require_tools() -> None:
     if os.geteuid() != 0:
         raise ImageBuildError("the daemonless image build needs root (mmdebstrap --mode=root, chroot)")
-    missing = [tool for tool in ("mmdebstrap", "umoci", "tar") if shutil.which(tool) is None]
+    missing = [tool for tool in ("mmdebstrap", "umoci", "tar", "strip") if shutil.which(tool) is None]
     if missing:
         raise ImageBuildError(f"missing {', '.join(missing)}: run ./hack/bootstrap.sh (installs the "
-                              "Debian packages mmdebstrap and umoci)")
+                              "Debian packages mmdebstrap, umoci and binutils)")
 
 
 def build_base(settings: ContainerfileSettings, out: Path, *, log: bool) -> None:
@@ -304,9 +304,12 @@ def build_app(settings: ContainerfileSettings, *, base: Path, work: Path, out: P
     wheels = work / "wheel"
     _run([uv, "build", "--wheel", "--quiet", "--out-dir", str(wheels)], cwd=ROOT, log=log)
     # The image's platform (glibc of the Debian suite; manylinux_2_36 covers bookworm), not the host's.
+    # Copies, never hard links into uv's cache: files of the image are changed below (stripped),
+    # and a change through a link would change every virtualenv sharing the file, under running
+    # processes.
     target = ["--target", str(site), "--python-version", version,
               "--python-platform", "x86_64-manylinux_2_36", "--only-binary", ":all:", "--no-deps",
-              "--quiet"]
+              "--link-mode", "copy", "--quiet"]
     _run([uv, "pip", "install", *target, "--require-hashes", "-r", str(requirements)], cwd=ROOT, log=log)
     _run([uv, "pip", "install", *target, *map(str, sorted(wheels.glob("*.whl")))], cwd=ROOT, log=log)
     # --target leaves host-specific launchers in site-packages/bin: the venv gets its own.
@@ -315,6 +318,14 @@ def build_app(settings: ContainerfileSettings, *, base: Path, work: Path, out: P
         for pruned in site.glob(pattern):
             if pruned.is_dir() and pruned.relative_to(site).parts[0] not in _SOURCE_DIRS:
                 shutil.rmtree(pruned)
+    # Wheels ship their extension modules with symbol tables; nothing at run time reads them.
+    # Each is stripped into a new file that replaces it (GNU strip rewrites a hard-linked file in
+    # place, through every link).
+    for library in sorted(p for p in site.rglob("*.so*") if p.is_file() and not p.is_symlink()):
+        stripped = library.with_name(library.name + ".stripped")
+        _run(["strip", "--strip-unneeded", "-o", str(stripped), str(library)])
+        stripped.chmod(library.stat().st_mode)
+        os.replace(stripped, library)
     launcher = venv / "bin" / "stageset"
     launcher.write_text(_LAUNCHER)
     launcher.chmod(0o755)
