@@ -307,7 +307,8 @@ class MirrorStore:
             return False  # never fetched, so never served
         path = self._path_for(remote_url) / SERVED_DIR / _consumer_file(consumer)
         try:
-            served = path.read_text().split()
+            with self._locks_guard:  # never between the two renames of a compaction's swap
+                served = path.read_text().split()
         except OSError:
             return False
         return commit in served
