@@ -74,6 +74,16 @@ def _version(obj: KubeObject) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def wait_until_set(event: threading.Event) -> None:
+    """Block until ``event`` is set, waking twice a second.
+
+    A signal the kernel delivers to another thread runs its Python handler only when the main
+    thread next runs bytecode; a wait without a timeout may never return to let it (SIGTERM was
+    seen to go unanswered that way)."""
+    while not event.wait(0.5):
+        pass
+
+
 def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
     """What, when changed, calls for a reconcile (status writes alone do not)."""
     metadata = obj.get("metadata", {})
@@ -330,7 +340,7 @@ class Manager:
                     queue.shutdown()
                 self.lifecycle.after_workers()
                 return
-        elif not wait_synced(self._reflectors, timeout=60):
+        elif not wait_synced(self._reflectors, timeout=60, stop=self.stop) and not self.stop.is_set():
             log.warning("caches not synced after 60s; starting workers anyway")
         workers = [threading.Thread(target=self._work, args=(queue,), name=f"{kind.lower()}-worker-{i}",
                                     daemon=True)
@@ -342,7 +352,7 @@ class Manager:
                  self._settings.namespace_cap(self._settings.workers),
                  self._settings.namespace_cap(self._settings.source_workers),
                  ", ".join(self._settings.watch_namespaces or ("all",)))
-        self.stop.wait()
+        wait_until_set(self.stop)
         for queue, _ in self._pools.values():
             queue.shutdown()
         # One deadline for all workers: in-flight passes finish or are abandoned within it.

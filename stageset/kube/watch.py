@@ -174,6 +174,15 @@ def _short(error: BaseException) -> str:
     return type(error).__name__
 
 
-def wait_synced(reflectors: list[Reflector], *, timeout: float) -> bool:
+def wait_synced(reflectors: list[Reflector], *, timeout: float, stop: threading.Event | None = None) -> bool:
+    """Whether every reflector listed within ``timeout`` (False at once when ``stop`` is set).
+
+    Polls in short sleeps rather than blocking on one event: called on the main thread, it must
+    return to the interpreter often enough for signal handlers to run."""
     deadline = time.monotonic() + timeout
-    return all(r.synced.wait(max(0.0, deadline - time.monotonic())) for r in reflectors)
+    while not all(r.synced.is_set() for r in reflectors):
+        left = deadline - time.monotonic()
+        if left <= 0 or (stop is not None and stop.is_set()):
+            return False
+        time.sleep(min(0.1, left))
+    return True
