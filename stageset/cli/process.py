@@ -10,10 +10,12 @@ the controller's own identity.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -131,6 +133,9 @@ def exit_stopped() -> None:
     grace period.  What it was doing is abandoned safely: every write is an idempotent
     server-side apply or delete, and the next pass (or leader) does it again."""
     logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(OSError, ValueError):
+            stream.flush()
     os._exit(0)
 
 
