@@ -19,6 +19,8 @@ import signal
 import sys
 import tempfile
 import threading
+import time
+import tracemalloc
 from pathlib import Path
 from types import FrameType
 from typing import Any
@@ -165,6 +167,8 @@ def controller(kubeconfig: str | None, log_level: str, log_format: str, lifecycl
     early_stop = process.stop_on_signals()
     # `kill -USR1` prints every thread's stack: what a report of a stuck controller needs.
     faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)  # fd 2: stderr, the log stream
+    if tracemalloc.is_tracing():  # PYTHONTRACEMALLOC=25: `kill -USR2` writes a heap snapshot
+        signal.signal(signal.SIGUSR2, _dump_heap)
     _setup_logging(log_level, log_format)
     settings = controller_settings(params)
     metrics = Metrics()
@@ -176,6 +180,14 @@ def controller(kubeconfig: str | None, log_level: str, log_format: str, lifecycl
     finally:
         clients.close()
     process.exit_stopped()
+
+
+def _dump_heap(_signum: int, _frame: FrameType | None) -> None:
+    """Write a tracemalloc snapshot to the temporary directory (compare two with
+    ``Snapshot.load(a).compare_to(Snapshot.load(b), "traceback")``)."""
+    path = Path(tempfile.gettempdir()) / f"stageset-{os.getpid()}-{int(time.time())}.tracemalloc"
+    tracemalloc.take_snapshot().dump(str(path))
+    logging.getLogger(__name__).warning("heap snapshot written to %s", path)
 
 
 _LIFECYCLE = tuple(inspect.signature(process.lifecycle_settings).parameters)
