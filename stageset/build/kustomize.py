@@ -170,7 +170,8 @@ class GoError(RuntimeError):
     pass
 
 
-def _go(args: list[str], *, cwd: Path, extra_env: Mapping[str, str] | None = None) -> str:
+def run_go(args: list[str], *, cwd: Path, extra_env: Mapping[str, str] | None = None) -> str:
+    """``go args`` in ``cwd`` without cgo or inherited GOFLAGS; its stdout, or :class:`GoError`."""
     env = dict(os.environ)
     env["CGO_ENABLED"] = "0"
     env.pop("GOFLAGS", None)
@@ -181,7 +182,7 @@ def _go(args: list[str], *, cwd: Path, extra_env: Mapping[str, str] | None = Non
     return result.stdout
 
 
-_CHECKSUM_FAILURE = re.compile(r"verifying ([\w.\-/]+)@|sum\.golang\.org|checksum database")
+CHECKSUM_FAILURE = re.compile(r"verifying ([\w.\-/]+)@|sum\.golang\.org|checksum database")
 
 
 def _build_into(target: Path, *, package: str, name: str, log: bool) -> None:
@@ -195,13 +196,13 @@ def _build_into(target: Path, *, package: str, name: str, log: bool) -> None:
                   file=sys.stderr, flush=True)
         command = [*args, "-o", str(staged / name), package]
         try:
-            _go(command, cwd=WRAPPER)
+            run_go(command, cwd=WRAPPER)
         except GoError as error:
             # go.sum is checked in, so the checksum database is normally never asked; if a proxy
             # still fails to relay a look-up, retry with verification scoped off for kustomize only.
-            if not _CHECKSUM_FAILURE.search(str(error)):
+            if not CHECKSUM_FAILURE.search(str(error)):
                 raise
-            _go(command, cwd=WRAPPER, extra_env={"GONOSUMDB": "sigs.k8s.io"})
+            run_go(command, cwd=WRAPPER, extra_env={"GONOSUMDB": "sigs.k8s.io"})
         # Publish atomically so a half-built directory is never mistaken for a cache hit.
         if target.exists():
             shutil.rmtree(target)
@@ -255,7 +256,7 @@ def update_wrapper() -> None:
         f'import _ "{KUSTOMIZE_MODULE}"\n'
     )
     # Adds the kustomize library modules cmd/stageset-kustomize imports.
-    _go(["mod", "tidy"], cwd=WRAPPER)
+    run_go(["mod", "tidy"], cwd=WRAPPER)
 
 
 # --------------------------------------------------------------------------- running

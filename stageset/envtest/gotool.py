@@ -17,24 +17,16 @@ from __future__ import annotations
 
 import fcntl
 import os
-import re
 import shutil
-import subprocess
 import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from stageset.build.kustomize import cache_root
+from stageset.build.kustomize import CHECKSUM_FAILURE, GoError, cache_root, run_go
 
 HACK = Path(__file__).resolve().parents[2] / "hack"
 
-# A go.sum look-up the proxy failed to relay (go.sum is checked in, so this is rare).
-_CHECKSUM_FAILURE = re.compile(r"verifying ([\w.\-/]+)@|sum\.golang\.org|checksum database")
-
-
-class GoError(RuntimeError):
-    pass
 
 
 @dataclass(frozen=True)
@@ -91,11 +83,11 @@ class GoTool:
             command = ["build", "-mod=readonly", "-trimpath", "-buildvcs=false", "-ldflags",
                        f"-s -w {self.ldflags}", "-o", str(staged / self.binary), self.package]
             try:
-                _go(command, cwd=self.wrapper)
+                run_go(command, cwd=self.wrapper)
             except GoError as error:
-                if not _CHECKSUM_FAILURE.search(str(error)):
+                if not CHECKSUM_FAILURE.search(str(error)):
                     raise
-                _go(command, cwd=self.wrapper, extra_env={"GONOSUMDB": self.nosumdb})
+                run_go(command, cwd=self.wrapper, extra_env={"GONOSUMDB": self.nosumdb})
             if target.exists():
                 shutil.rmtree(target)
             staged.rename(target)
@@ -114,7 +106,7 @@ class GoTool:
             "package tools\n\n"
             f'import _ "{self.package}"\n'
         )
-        _go(["mod", "tidy"], cwd=self.wrapper)
+        run_go(["mod", "tidy"], cwd=self.wrapper)
 
     def main(self, argv: list[str], *, generator: str) -> int:
         """``python -m <module> [--update]``: print the binary's path (building it if needed)."""
@@ -126,14 +118,3 @@ class GoTool:
 
 def _executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
-
-
-def _go(args: list[str], *, cwd: Path, extra_env: dict[str, str] | None = None) -> str:
-    env = dict(os.environ)
-    env["CGO_ENABLED"] = "0"
-    env.pop("GOFLAGS", None)
-    env.update(extra_env or {})
-    result = subprocess.run(["go", *args], cwd=cwd, env=env, check=False, capture_output=True, text=True)
-    if result.returncode != 0:
-        raise GoError(f"go {' '.join(args)} failed in {cwd}:\n{result.stderr[-4000:]}")
-    return result.stdout
