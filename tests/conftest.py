@@ -24,8 +24,8 @@ from stageset.envtest import server as envtest
 from stageset.kube.client import ClientPool, KubeClient
 
 
-@pytest.fixture(scope="session")
-def control_plane() -> Iterator[envtest.ControlPlane]:
+def started_control_plane() -> Iterator[envtest.ControlPlane]:
+    """A fresh control plane for a fixture to yield (skipped where none can start, failed under CI)."""
     try:
         plane = envtest.start()
     except Exception as error:
@@ -36,6 +36,11 @@ def control_plane() -> Iterator[envtest.ControlPlane]:
         yield plane
     finally:
         plane.stop()
+
+
+@pytest.fixture(scope="session")
+def control_plane() -> Iterator[envtest.ControlPlane]:
+    yield from started_control_plane()
 
 
 @pytest.fixture(scope="session")

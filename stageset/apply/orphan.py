@@ -19,7 +19,7 @@ from stageset.api import InventoryEntry, StageInventory
 from stageset.apply.engine import StageApplier
 from stageset.apply.inventory import ObjectId, by_id, entry_id
 from stageset.apply.ownership import FIELD_MANAGER, LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE, owned_by
-from stageset.apply.prune import Owner
+from stageset.apply.prune import Owner, entry_path
 from stageset.kube.client import ApiError, KubeClient
 
 log = logging.getLogger(__name__)
@@ -46,16 +46,13 @@ def release_stage(*, inventory: StageInventory, client: KubeClient | None, appli
         return result
     for item in by_id(inventory).values():
         oid = entry_id(item)
-        stub = {"apiVersion": item.v, "kind": oid.kind,
-                "metadata": {"name": oid.name, "namespace": oid.namespace}}
         try:
-            resource = applier.resolve(stub, owner.namespace)[1]
+            path = entry_path(applier, item, owner.namespace)
         except ApiError:
             result.remaining.append(item)
             continue
-        if resource is None:
+        if path is None:
             continue  # the kind is gone, and the object with it
-        path = resource.object_path(name=oid.name, namespace=oid.namespace or None)
         try:
             live = client.get(path)
             if not owned_by(live, namespace=owner.namespace, name=owner.name):

@@ -49,19 +49,26 @@ class Owner:
     name: str
 
 
+def entry_path(applier: StageApplier, item: InventoryEntry, namespace: str) -> str | None:
+    """The API path of an inventoried object (``None``: the cluster no longer serves its kind,
+    so the object is gone with it); discovery failures raise :class:`ApiError`."""
+    oid = entry_id(item)
+    stub = {"apiVersion": item.v, "kind": oid.kind,
+            "metadata": {"name": oid.name, "namespace": oid.namespace}}
+    resource = applier.resolve(stub, namespace)[1]
+    return None if resource is None else resource.object_path(name=oid.name, namespace=oid.namespace or None)
+
+
 def delete_owned(*, client: KubeClient, applier: StageApplier, item: InventoryEntry, owner: Owner
                  ) -> Deletion:
     """Delete one inventoried object as ``client``'s identity, if it is still ours."""
     oid = entry_id(item)
-    stub = {"apiVersion": item.v, "kind": oid.kind,
-            "metadata": {"name": oid.name, "namespace": oid.namespace}}
     try:
-        resource = applier.resolve(stub, owner.namespace)[1]
+        path = entry_path(applier, item, owner.namespace)
     except ApiError:
         return Deletion.FAILED
-    if resource is None:
+    if path is None:
         return Deletion.GONE  # the kind itself is gone, and with it the object
-    path = resource.object_path(name=oid.name, namespace=oid.namespace or None)
     try:
         live = client.get(path)
     except ApiError as error:

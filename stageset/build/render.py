@@ -181,13 +181,14 @@ def _read_plain(tree: SourceTree, name: str, *, limits: BuildLimits, budget: Sta
     return manifests
 
 
-def _read_kustomize_output(text: str, *, limits: BuildLimits, budget: StageBudget,
-                           keep_nodes: bool) -> list[_Manifest]:
-    where = "kustomize build output"
+def _read_kustomize_output(text: str, *, limits: BuildLimits, budget: StageBudget, keep_nodes: bool,
+                           where: str = "kustomize build output", label: str = "kustomize build"
+                           ) -> list[_Manifest]:
+    """The objects of a kustomize output stream, charged to ``budget`` (bytes, then objects)."""
     budget.charge_bytes(len(text.encode()), where, per_file=False)
     manifests: list[_Manifest] = []
     for index, (node, document) in enumerate(load_yaml(text, where=where, limits=limits, budget=budget)):
-        manifests.extend(_objects(f"kustomize build: document {index + 1}", document,
+        manifests.extend(_objects(f"{label}: document {index + 1}", document,
                                   node if keep_nodes else None))
     budget.charge_objects(len(manifests), where)
     return manifests
@@ -252,18 +253,12 @@ def _apply_patches(manifests: list[_Manifest], patches: Sequence[Mapping[str, An
               if m.node is not None and (paths := _quoted_expansions(m.node))}
     text = kustomize_patch("---\n".join(documents), patches, limits=limits, binary=kustomize)
     # Bounded afresh: the patched output, not the build before it, is what the stage is made of.
-    budget = StageBudget(limits)
-    where = "patched objects"
-    budget.charge_bytes(len(text.encode()), where, per_file=False)
-    patched: list[_Manifest] = []
-    for index, (node, document) in enumerate(load_yaml(text, where=where, limits=limits, budget=budget)):
-        patched.extend(_objects(f"after patches: document {index + 1}", document,
-                                node if keep_nodes else None))
+    patched = _read_kustomize_output(text, limits=limits, budget=StageBudget(limits), keep_nodes=keep_nodes,
+                                     where="patched objects", label="after patches")
     for manifest in patched:
         requote = quoted.get(_identity(manifest.value))
         if manifest.node is not None and requote:
             _requote(manifest.node, requote)
-    budget.charge_objects(len(patched), where)
     if not patched:
         raise BuildError("patches left no object in the stage")
     return patched

@@ -293,8 +293,10 @@ STAGE = {"kustomization.yaml": b"resources: []\n"}
 
 
 def test_the_builder_runs_with_no_path_no_home_a_dead_proxy_and_a_memory_limit(tmp_path: Path) -> None:
-    # PATH is empty, so only shell builtins work here.
-    fake = _script(tmp_path, 'echo "$@" >&2; echo "ulimit=$(ulimit -d)" >&2; export -p >&2; exit 1\n')
+    # PATH is empty, so only shell builtins work here.  Like the real builder, the script reads
+    # its input first: the limit is set on the process before the input is fed.
+    fake = _script(tmp_path, 'while read -r _; do :; done; echo "$@" >&2; echo "ulimit=$(ulimit -d)" >&2; '
+                             'export -p >&2; exit 1\n')
     limits = BuildLimits(kustomize_memory_bytes=256 * 1024 * 1024)
     with pytest.raises(BuildError) as caught:
         build_stage(STAGE, kustomize=fake, limits=limits)

@@ -28,6 +28,7 @@ from stageset.cli.demo import demo_change
 from stageset.envtest import server
 from stageset.kube.client import ClientPool
 from tests.cli.conftest import run_cli, user_kubeconfig
+from tests.conftest import started_control_plane
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
 
@@ -162,16 +163,7 @@ def test_the_first_run_teaches(tmp_path: Path, examples: Path) -> None:
 @pytest.fixture(scope="module")
 def bare_plane() -> Iterator[server.ControlPlane]:
     """A control plane without our CRDs (the shared one has them installed)."""
-    try:
-        plane = server.start()
-    except Exception as error:
-        if os.environ.get("CI") == "true":
-            pytest.fail(f"the control plane could not start under CI: {error}", pytrace=False)
-        pytest.skip(f"control plane unavailable: {error}")
-    try:
-        yield plane
-    finally:
-        plane.stop()
+    yield from started_control_plane()
 
 
 def test_run_against_a_cluster_says_clearly_when_it_may_not_install_the_crds(

@@ -21,7 +21,7 @@ import base64
 import json
 import time
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,6 +33,7 @@ from stageset.envtest import install, toxiproxy
 from stageset.envtest import server as envtest
 from stageset.envtest.controller import ControllerProcess
 from stageset.kube.client import ApiError, ClientPool, KubeClient
+from tests.e2e.conftest import wait_for
 from tests.gitserver import GitServer
 
 STAGESETS = "/apis/stages.metio.wtf/v1/namespaces/{ns}/stagesets"
@@ -49,17 +50,6 @@ APISERVER_FLAGS = (
     "--max-mutating-requests-inflight=10",
     "--watch-cache-sizes=stagesets.stages.metio.wtf#0,gitrepositories.stages.metio.wtf#0",
 )
-
-
-def wait_for(condition: Callable[[], Any], *, timeout: float, what: str, interval: float = 0.25) -> Any:
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = condition()
-        if last:
-            return last
-        time.sleep(interval)
-    pytest.fail(f"timed out after {timeout:.0f}s waiting for {what} (last: {last!r})")
 
 
 def cm(name: str, value: str = "v") -> str:
