@@ -37,7 +37,7 @@ def install(admin: KubeClient, *, timeout: float = 60.0) -> None:
     for crd in crds:
         while True:
             live = admin.get(f"{_CRDS}/{crd['metadata']['name']}")
-            conditions = {c["type"]: c["status"] for c in live.get("status", {}).get("conditions", [])}
+            conditions = {c["type"]: c["status"] for c in (live.get("status") or {}).get("conditions") or []}
             if conditions.get("Established") == "True":
                 break
             if time.monotonic() > deadline:

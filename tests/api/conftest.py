@@ -47,7 +47,7 @@ def wait_established(ext: k8s.ApiextensionsV1Api, name: str, *, timeout: float) 
     deadline = time.monotonic() + timeout
     while True:
         live = _raw(ext.read_custom_resource_definition(name, _preload_content=False))
-        conditions = {c["type"]: c for c in live.get("status", {}).get("conditions", [])}
+        conditions = {c["type"]: c for c in (live.get("status") or {}).get("conditions") or []}
         if conditions.get("Established", {}).get("status") == "True":
             return
         if time.monotonic() > deadline:

@@ -190,7 +190,7 @@ def widgets(installed: KubeClient) -> None:
         crd = installed.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
                             "widgets.parity.example.com")
         return any(c["type"] == "Established" and c["status"] == "True"
-                   for c in (crd.get("status") or {}).get("conditions", []))
+                   for c in (crd.get("status") or {}).get("conditions") or [])
 
     wait_for(established, what="the Widget CRD established")
 
