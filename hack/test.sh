@@ -15,7 +15,7 @@ echo "== import contracts"; run lint-imports
 echo "== CRDs are current"; run python -m stageset.api.crd --check
 echo "== docs: generated pages current (API, CLI, Helm values, runbooks), site builds offline, no broken link"
 run python -m stageset.envtest.docs --check
-site="$(mktemp -d)"; run mkdocs build --strict --quiet --site-dir "$site"; rm -rf "$site"
+site="$(mktemp -d)"; run mkdocs build --strict --site-dir "$site"; rm -rf "$site"
 [ "${1:-}" = "--lint-only" ] && exit 0
 
 echo "== control plane (built once, cached in ~/.cache/stageset)"

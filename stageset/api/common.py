@@ -15,12 +15,15 @@ from __future__ import annotations
 
 import datetime
 import re
-from typing import Annotated, Final
+from typing import Annotated, Any, Final
 
 import durationpy
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, GetJsonSchemaHandler, model_validator
 from pydantic.alias_generators import to_camel
+from pydantic.json_schema import JsonSchemaValue
+from pydantic_core import CoreSchema
 
+from stageset.api import unsupported
 from stageset.api.vocabulary import ConditionStatus
 
 GROUP: Final = "stages.metio.wtf"
@@ -107,6 +110,20 @@ class ApiModel(BaseModel):
         extra="forbid",
         use_attribute_docstrings=True,
     )
+
+    # The reference's fields this controller refuses (stageset.api.unsupported): declared in the
+    # schema with a CEL rule each, and refused here for objects the apiserver did not check.
+    @classmethod
+    def __get_pydantic_json_schema__(cls, core_schema: CoreSchema,
+                                     handler: GetJsonSchemaHandler) -> JsonSchemaValue:
+        schema = handler(core_schema)
+        unsupported.declare(cls.__name__, handler.resolve_ref_schema(schema))
+        return schema
+
+    @model_validator(mode="before")
+    @classmethod
+    def _refuse_unsupported(cls, data: Any) -> Any:
+        return unsupported.refuse(cls.__name__, data)
 
 
 class StatusModel(ApiModel):

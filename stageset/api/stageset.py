@@ -35,12 +35,16 @@ from stageset.api.common import (
 from stageset.api.vocabulary import StagePhase
 
 MAX_STAGES = 64
+DEFAULT_TIMEOUT = "15m"
+"""``spec.timeout`` when left out, as in the reference."""
 MAX_PATCHES = 32
 """Patches per stage."""
 MAX_PATCH_BYTES = 32768
 """Bytes of one inline ``patch``."""
 MAX_JSON6902_OPERATIONS = 64
 MAX_CONFLICT_RULES = 32
+MAX_CHECKS = 64
+"""``readyChecks.checks`` entries per stage."""
 MAX_HEALTH_EXPRS = 16
 """``readyChecks.exprs`` entries per stage (one per kind)."""
 MAX_CEL_EXPRESSION = 2048
@@ -71,12 +75,32 @@ class StageSetRef(ApiModel):
     """Namespace of the StageSet; defaults to this StageSet's namespace."""
 
 
+def _secret_ref_by_rule(schema: JsonDict) -> None:
+    # ``secretRef`` is required, but said by a rule rather than the schema's ``required``: a
+    # missing required field stops the apiserver before the CEL rules run, and then a reference
+    # StageSet with ``configMapRef`` would be told "secretRef: Required value" instead of why
+    # ``configMapRef`` is refused.
+    required = schema.get("required")
+    assert isinstance(required, list)
+    required.remove("secretRef")
+    if not required:
+        del schema["required"]
+    rules = schema.get("x-kubernetes-validations", [])
+    assert isinstance(rules, list)
+    schema["x-kubernetes-validations"] = [*rules, {
+        "rule": "has(self.secretRef) || has(self.configMapRef)",
+        "message": "kubeConfig needs secretRef: the Secret (and key) holding the kubeconfig",
+        "fieldPath": ".secretRef", "reason": "FieldValueRequired"}]
+
+
 class KubeConfigRef(ApiModel):
     """Apply to a remote cluster, with the kubeconfig stored in a Secret of this namespace.
 
     The Secret is read as the tenant; the kubeconfig may not run commands or read
     local files.
     """
+
+    model_config = ConfigDict(json_schema_extra=_secret_ref_by_rule)
 
     secret_ref: SecretKeyRef
     """The Secret and key holding the kubeconfig; the key defaults to ``value``."""
@@ -107,14 +131,19 @@ class PostBuild(ApiModel):
 class ObjectRef(ApiModel):
     """An object, by API version, kind and name."""
 
-    api_version: _SHORT
-    """API version of the object, e.g. ``apps/v1``."""
+    api_version: _SHORT | None = None
+    """API version of the object, e.g. ``apps/v1``; left out, the core group (``v1``)."""
     kind: _SHORT
     """Kind of the object."""
     name: _SHORT
     """Name of the object."""
     namespace: DNSLabel | None = None
-    """Namespace of the object; leave out for cluster-scoped objects."""
+    """Namespace of a namespaced object; defaults to the StageSet's.  Ignored for a cluster-scoped
+    kind (a CustomResourceDefinition, a Namespace ...), which the target cluster's discovery tells."""
+
+    @property
+    def api_version_or_core(self) -> str:
+        return self.api_version or "v1"
 
 
 class OnTimeout(StrEnum):
@@ -124,24 +153,8 @@ class OnTimeout(StrEnum):
     """The stage holds (phase ``Progressing``, reason ``StageProgressing``): its objects stay as
     applied, its dependents wait, and it is checked again at ``retryInterval``."""
     ROLLBACK = "Rollback"
-    """Restore the last applied revision: **not supported yet**, refused with a message saying so."""
-
-
-_ON_TIMEOUT_SCHEMA: JsonDict = {
-    "x-kubernetes-validations": [{
-        "rule": "self == 'Hold'",
-        "message": "onTimeout: Rollback is not supported yet; use Hold (the default) and raise the "
-                   "stage's timeout instead",
-    }],
-}
-_ROLLBACK_REFUSED = ("onTimeout: Rollback is not supported yet; use Hold (the default) and raise the "
-                     "stage's timeout instead")
-
-
-def _hold_only(value: OnTimeout | None) -> OnTimeout | None:
-    if value is OnTimeout.ROLLBACK:
-        raise ValueError(_ROLLBACK_REFUSED)
-    return value
+    """Restore the last applied revision: **not supported yet**, refused with a message saying so
+    (:mod:`stageset.api.unsupported`)."""
 
 
 CelExpression = Annotated[str, Field(min_length=1, max_length=MAX_CEL_EXPRESSION)]
@@ -165,8 +178,9 @@ class HealthCheckExpr(ApiModel):
     """API version of the kind, e.g. ``cert-manager.io/v1`` (the group is what is matched)."""
     kind: Annotated[str, Field(min_length=1, max_length=63)]
     """Kind the expressions apply to, e.g. ``Certificate``."""
-    current: CelExpression
-    """True when the object reached its desired state (ready)."""
+    current: CelExpression | None = None
+    """True when the object reached its desired state (ready).  Left out, as in the reference: the
+    object is ready when the kstatus rules say so (``failed`` still fails it)."""
     in_progress: CelExpression | None = None
     """True while the object is still converging."""
     failed: CelExpression | None = None
@@ -179,30 +193,61 @@ _UNIQUE_EXPR_KINDS: JsonDict = {
 }
 
 
+_CHECKS_OR_OBJECTS: JsonDict = {
+    "rule": "!has(self.checks) || !has(self.objects) || size(self.checks) == 0 || size(self.objects) == 0",
+    "message": "readyChecks.objects is the old name of readyChecks.checks; set only checks",
+    "fieldPath": ".objects",
+}
+
+
 class ReadyChecks(ApiModel):
-    """How a stage decides it is ready before its dependents start."""
+    """How a stage decides it is ready before its dependents start.
+
+    The wait set is every object the stage applied plus ``checks``; with ``disableWait: true``
+    (or ``wait: false``) only ``checks``.
+    """
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_CHECKS_OR_OBJECTS]})
 
     wait: bool = True
-    """Wait for the applied objects to become ready; ``false`` disables waiting."""
+    """Wait for the applied objects to become ready; ``false`` waits only for ``checks``."""
     disable_wait: bool = False
-    """Do not wait for the applied objects (the reference controller's spelling of ``wait: false``)."""
+    """Do not wait for the applied objects, only for ``checks`` (the reference's spelling of
+    ``wait: false``)."""
     timeout: Duration | None = None
     """How long the readiness wait may take; wins over the stage's and the StageSet's ``timeout``.
     Zero falls through to those."""
-    objects: list[ObjectRef] = Field(
-        default_factory=list, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+    checks: list[ObjectRef] = Field(
+        default_factory=list, max_length=MAX_CHECKS, json_schema_extra={"x-kubernetes-list-type": "atomic"}
     )
-    """Further objects (not necessarily applied by this stage) to wait for."""
+    """Further objects to wait for, applied by this stage or not (another release's Deployment,
+    the CustomResourceDefinition an operator installs), judged like the applied ones."""
+    objects: list[ObjectRef] = Field(
+        default_factory=list, max_length=MAX_CHECKS, json_schema_extra={"x-kubernetes-list-type": "atomic"}
+    )
+    """Deprecated: the old name of ``checks``, with the same meaning; may not be set together with it."""
+
+    @property
+    def waits_for_applied(self) -> bool:
+        """Whether the applied objects are waited for (``checks`` always are)."""
+        return self.wait and not self.disable_wait
+
+    @property
+    def references(self) -> list[ObjectRef]:
+        """``checks`` (or their old name ``objects``)."""
+        return self.checks or self.objects
+
+    @model_validator(mode="after")
+    def _one_name(self) -> ReadyChecks:
+        if self.checks and self.objects:
+            raise ValueError(_CHECKS_OR_OBJECTS["message"])
+        return self
     exprs: list[HealthCheckExpr] = Field(
         default_factory=list, max_length=MAX_HEALTH_EXPRS,
         json_schema_extra={"x-kubernetes-list-type": "atomic",
                            "x-kubernetes-validations": [_UNIQUE_EXPR_KINDS]},
     )
     """CEL health checks per kind (see ``HealthCheckExpr``); kinds without one use the kstatus rules."""
-
-    @property
-    def waits(self) -> bool:
-        return self.wait and not self.disable_wait
 
     @model_validator(mode="after")
     def _unique_kinds(self) -> ReadyChecks:
@@ -329,7 +374,7 @@ class ConflictTarget(ApiModel):
 
     api_version: Annotated[str, Field(max_length=253)] | None = None
     """API version, e.g. ``batch/v1`` (the group is what is matched)."""
-    kind: Annotated[str, Field(min_length=1, max_length=63)]
+    kind: Annotated[str, Field(min_length=1, max_length=63)] | None = None
     """Kind, e.g. ``Job``."""
     name: Annotated[str, Field(max_length=253)] | None = None
     """Name."""
@@ -341,8 +386,9 @@ class ConflictRule(ApiModel):
     """An action for the immutable-field conflicts of the objects ``target`` matches."""
 
     model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [{
-        "rule": "!(self.action == 'Recreate' && (self.target.kind == 'PersistentVolumeClaim'"
-                " || self.target.kind == 'PersistentVolume')) || self.allowDataLoss",
+        "rule": "!(self.action == 'Recreate' && has(self.target.kind)"
+                " && (self.target.kind == 'PersistentVolumeClaim' || self.target.kind == 'PersistentVolume'))"
+                " || self.allowDataLoss",
         "message": "recreating a PersistentVolumeClaim or PersistentVolume deletes its data; "
                    "set allowDataLoss: true on the rule to allow it",
     }]})
@@ -430,14 +476,11 @@ class Stage(ApiModel):
     """Variable substitution applied to the built (and patched) manifests."""
     ready_checks: ReadyChecks | None = None
     """What to wait for before the stage counts as ready."""
-    on_timeout: Annotated[OnTimeout, WithJsonSchema(
-        {"type": "string", "enum": ["Hold", "Rollback"], **_ON_TIMEOUT_SCHEMA})] | None = None
+    on_timeout: OnTimeout | None = None
     """What a readiness wait that runs out of time does; defaults to the StageSet's ``onTimeout``."""
-
-    @field_validator("on_timeout")
-    @classmethod
-    def _hold_only(cls, value: OnTimeout | None) -> OnTimeout | None:
-        return _hold_only(value)
+    apply_helm_hook_resources: bool | None = None
+    """Objects with ``helm.sh/hook`` annotations are applied as ordinary objects (``true``, the
+    reference's default); ``false``, which would leave them out, is not supported."""
 
     def conflict_default(self) -> ConflictAction:
         """The action for conflicts no rule matches."""
@@ -529,31 +572,34 @@ class StageSetSpec(ApiModel):
     """
     kube_config: KubeConfigRef | None = None
     """Apply to the remote cluster this kubeconfig points at."""
-    interval: Duration = "10m"
-    """How often to reconcile, correcting drift."""
+    interval: Duration | None = None
+    """How often to reconcile, correcting drift; defaults to the controller's ``--default-interval``
+    (10m unless the platform team changed it)."""
     drift_detection_interval: Duration | None = None
     """How often to re-apply a Ready StageSet to correct drift, when more often than ``interval``
     (a longer value has no effect)."""
     retry_interval: Duration | None = None
     """How soon to retry after a failure; defaults to ``interval``."""
-    timeout: Duration = "5m"
-    """Default per-stage timeout for applying and waiting."""
-    on_timeout: Annotated[OnTimeout, WithJsonSchema(
-        {"type": "string", "enum": ["Hold", "Rollback"], "default": "Hold", **_ON_TIMEOUT_SCHEMA})] \
-        = OnTimeout.HOLD
+    timeout: Duration = DEFAULT_TIMEOUT
+    """Default per-stage timeout for applying and waiting (the reference's default, 15m)."""
+    on_timeout: OnTimeout = OnTimeout.HOLD
     """What a stage whose readiness wait runs out of time does: ``Hold`` (the only action supported)."""
     suspend: bool = False
     """Stop reconciling; objects already applied stay as they are."""
 
-    @field_validator("on_timeout")
-    @classmethod
-    def _hold_only(cls, value: OnTimeout | None) -> OnTimeout | None:
-        return _hold_only(value)
+    def interval_seconds(self, default: float) -> float:
+        """``interval`` in seconds; ``default`` (the controller's ``--default-interval``) when unset."""
+        return duration_seconds(self.interval) if self.interval else default
 
-    def requeue_when_ready(self) -> float:
-        """Seconds until a Ready StageSet is applied again: ``interval``, or
+    def retry_seconds(self, default: float) -> float:
+        """How soon to retry after a failure: ``retryInterval``, else the interval."""
+        return duration_seconds(self.retry_interval) if self.retry_interval \
+            else self.interval_seconds(default)
+
+    def requeue_when_ready(self, default: float) -> float:
+        """Seconds until a Ready StageSet is applied again: the interval, or
         ``driftDetectionInterval`` when shorter."""
-        interval = duration_seconds(self.interval)
+        interval = self.interval_seconds(default)
         if self.drift_detection_interval and duration_seconds(self.drift_detection_interval) > 0:
             return min(interval, duration_seconds(self.drift_detection_interval))
         return interval

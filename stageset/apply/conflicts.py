@@ -30,7 +30,7 @@ def matches(rule: ConflictRule, manifest: KubeObject) -> bool:
     """Does ``rule`` govern ``manifest`` (namespace already defaulted)?  Unset fields match any."""
     target = rule.target
     metadata = manifest.get("metadata") or {}
-    return (target.kind == manifest.get("kind")
+    return ((target.kind is None or target.kind == manifest.get("kind"))
             and (target.api_version is None
                  or _group(target.api_version) == _group(str(manifest.get("apiVersion", ""))))
             and (target.name is None or target.name == metadata.get("name"))

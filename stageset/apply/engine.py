@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -164,7 +164,7 @@ class StageApplier:
         return manifest, resource
 
     def reference(self, obj: KubeObject, default_namespace: str) -> AppliedObject | None:
-        """An object the stage waits for but does not apply (``readyChecks.objects``);
+        """An object the stage waits for but does not apply (``readyChecks.checks``);
         ``None`` when the cluster serves no such kind."""
         item = self._bind(obj, default_namespace)
         if item is not None:
@@ -380,22 +380,32 @@ class StageApplier:
 
     def wait_ready(self, *, client: KubeClient, applied: list[AppliedObject], timeout: float,
                    stop: threading.Event, progress: Callable[[Readiness], None] | None = None,
-                   health: HealthJudge | None = None) -> Readiness:
+                   health: HealthJudge | None = None, references: Sequence[KubeObject] = (),
+                   default_namespace: str = "") -> Readiness:
         """Poll until every object is Current, one Failed, or ``timeout`` passes.
 
-        ``health`` judges the kinds it has expressions for (``readyChecks.exprs``); kstatus the
-        rest.  ``progress`` hears what is still awaited after each round that leaves something
-        to wait for (the first object not ready, and how many more).  An object that cannot be
-        read (other than not found) is a :class:`StageError`."""
+        ``references`` (``readyChecks.checks``, as ``{apiVersion, kind, metadata}`` stubs) are
+        waited for too, as the reference waits for them: a namespaced one without a namespace is
+        in ``default_namespace``, a cluster-scoped one has none, and one whose kind the cluster
+        does not serve (yet: its CRD may come from another release) is waited for, its kind
+        looked up again each round.  ``health`` judges the kinds it has expressions for
+        (``readyChecks.exprs``); kstatus the rest.  ``progress`` hears what is still awaited
+        after each round that leaves something to wait for (the first object not ready, and how
+        many more).  An object that cannot be read (other than not found) is a
+        :class:`StageError`."""
         deadline = time.monotonic() + timeout
         # First round: judge each object from what we already hold — the apply response for an
         # object we wrote, the preview for one we did not — and read it only if that says wait.
         known: dict[int, KubeObject | None] = {
             id(item): (item.live if item.wrote else item.dry_run) for item in applied}
         pending = list(applied)
+        unserved = list(references)
         while True:
             still: list[AppliedObject] = []
             waiting: list[str] = []
+            bound = [(stub, self.reference(stub, default_namespace)) for stub in unserved]
+            pending.extend(item for _, item in bound if item is not None)
+            unserved = [stub for stub, item in bound if item is None]
             for item in pending:
                 live = known.pop(id(item), None)
                 if live is None:
@@ -414,7 +424,9 @@ class StageApplier:
                 if verdict.status is Status.IN_PROGRESS:
                     still.append(item)
                     waiting.append(f"{describe(item.manifest)}: {verdict.message}")
-            if not still:
+            waiting.extend(f"{describe(stub)}: the cluster does not serve {stub['apiVersion']} "
+                           f"{stub['kind']} (yet)" for stub in unserved)
+            if not still and not unserved:
                 return Readiness(Status.CURRENT)
             more = f" (and {len(waiting) - 1} more not ready)" if len(waiting) > 1 else ""
             last = Readiness(Status.IN_PROGRESS, waiting[0] + more)

@@ -11,6 +11,9 @@ Rules, in order (pure: :func:`judge`):
 5. none true: in progress.  An expression that fails to evaluate (a missing key) counts as not
    true; its error is part of the message the stage shows while it waits.
 
+An entry without ``current`` (the reference allows that) only adds ``failed``: unless it is true,
+the kstatus rules decide, as the reference's kstatus wait does before its expressions.
+
 An expression whose result is not a bool is ``InvalidSpec``: refused before anything is applied
 when the type checker knows it (:func:`spec_problems`), else when it is evaluated.  Kinds
 without an expression keep the kstatus rules (:mod:`stageset.apply.readiness`).
@@ -67,6 +70,11 @@ class HealthRule:
         sources = {"failed": spec.failed, "current": spec.current, "inProgress": spec.in_progress}
         return cls(index, _group(spec.api_version), spec.kind,
                    tuple((name, source) for name, _ in PRIORITY if (source := sources[name])))
+
+    @property
+    def judges_current(self) -> bool:
+        """Whether ``current`` is set: without it, kstatus decides what ``failed`` does not."""
+        return any(field == "current" for field, _ in self.exprs)
 
     def where(self, field: str) -> str:
         return f"readyChecks.exprs[{self.index}].{field}"
@@ -182,6 +190,11 @@ class HealthChecks:
     def __bool__(self) -> bool:
         return bool(self._rules)
 
+    def gates(self, obj: KubeObject) -> bool:
+        """Whether a ``current`` expression judges ``obj``: the reference evaluates those even for a
+        stage with ``disableWait``."""
+        return any(rule.governs(obj) and rule.judges_current for rule in self._rules)
+
     def judge(self, live: KubeObject, *, what: str) -> Readiness | None:
         """``None`` when no expression governs the object's kind (kstatus then decides)."""
         rule = next((r for r in self._rules if r.governs(live)), None)
@@ -201,4 +214,7 @@ class HealthChecks:
         except CelUnavailableError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {self._stage!r}: cannot evaluate "
                              f"readyChecks.exprs: {error}") from error
-        return judge(rule, answers, stage=self._stage, what=what)
+        verdict = judge(rule, answers, stage=self._stage, what=what)
+        if verdict.status is not Status.FAILED and not rule.judges_current:
+            return None
+        return verdict

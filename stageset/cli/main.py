@@ -105,7 +105,8 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
                              max_files=int(params.get("git_max_files") or known.max_files),
                              max_fetch_bytes=int(params.get("git_max_fetch_size") or known.max_fetch_bytes)),
         mirror_max_bytes=params.get("mirror_max_size"),
-        max_teardown_wait=float(params.get("max_teardown_wait", 300.0)),
+        default_interval=max(1.0, float(params.get("default_interval", 600.0))),
+        max_teardown_wait=float(params.get("max_teardown_wait", 3600.0)),
         resync_period=max(1.0, float(params.get("resync_period", 300.0))),
         runbook_base_url=str(params.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL)),
     )
@@ -144,7 +145,9 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
               help="Most files one read of a source returns.")
 @click.option("--git-max-fetch-size", default="512Mi", show_default=True, type=SIZE,
               help="Most bytes (unpacked) one Git fetch may bring.")
-@click.option("--max-teardown-wait", default="5m", show_default=True, type=DURATION,
+@click.option("--default-interval", default="10m", show_default=True, type=DURATION,
+              help="How often to reconcile a StageSet that leaves spec.interval out.")
+@click.option("--max-teardown-wait", default="1h", show_default=True, type=DURATION,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
 @click.option("--resync-period", default="5m", show_default=True, type=DURATION,
               help="List every watched kind again this often, whatever the watches said (recovers "

@@ -45,7 +45,7 @@ _VARS: dict[str, contextvars.ContextVar[str | None]] = {
     field: contextvars.ContextVar(f"stageset_log_{field}", default=None) for field in FIELDS}
 
 FORMATS = ("json", "text")
-LEVELS = ("debug", "info", "warning", "error")
+LEVELS = ("debug", "info", "warn", "warning", "error")  # warn: the reference's spelling
 
 
 def new_reconcile_id() -> str:

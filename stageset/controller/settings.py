@@ -48,8 +48,11 @@ class ControllerSettings:
     # ``readiness_requeue``; the stage timeout spans reconciles.
     readiness_slice: float = 3.0
     readiness_requeue: float = 1.0
-    # After this long, a deleted StageSet whose objects cannot be removed is released anyway.
-    max_teardown_wait: float = 300.0
+    # How often a StageSet without spec.interval is reconciled (seconds; the reference's default).
+    default_interval: float = 600.0
+    # After this long, a deleted StageSet whose objects cannot be removed is released anyway
+    # (the reference's default: an hour, so a target that is down for a while orphans nothing).
+    max_teardown_wait: float = 3600.0
     # Every watched kind is listed again this often (seconds): events a watch lost are seen.
     resync_period: float = 300.0
     # What one stage's build may read, parse and produce (depth, nodes, bytes, objects, time).

@@ -146,10 +146,6 @@ INVALID = [
                 "json6902": [{"op": "move", "path": "/spec/a"}], "target": {"kind": "Deployment"}}])]}),
             "spec.stages[0].patches[0].json6902[0]", "move and copy operations need from"),
     # StageSet: conflict policies
-    Invalid("conflict-rule-without-kind",
-            stageset({"stages": [stage("app", conflictPolicy={
-                "rules": [{"target": {"name": "migrate"}, "action": "Recreate"}]})]}),
-            "spec.stages[0].conflictPolicy.rules[0].target.kind", "Required value"),
     Invalid("conflict-unknown-action",
             stageset({"stages": [stage("app", conflictPolicy={"default": "Overwrite"})]}),
             "spec.stages[0].conflictPolicy.default", 'Unsupported value: "Overwrite"'),
@@ -163,17 +159,24 @@ INVALID = [
     # StageSet: readiness and timeouts
     Invalid("on-timeout-rollback",
             stageset({"onTimeout": "Rollback", "stages": [stage("app")]}),
-            "spec.onTimeout", "onTimeout: Rollback is not supported yet"),
+            "spec.onTimeout", "onTimeout: Rollback (rolling back when a readiness wait runs out of time) "
+                              "is not supported by this controller yet (planned: issue 21)"),
     Invalid("stage-on-timeout-rollback",
             stageset({"stages": [stage("app", onTimeout="Rollback")]}),
-            "spec.stages[0].onTimeout", "onTimeout: Rollback is not supported yet"),
+            "spec.stages[0].onTimeout", "onTimeout: Rollback (rolling back when the readiness wait runs "
+                                        "out of time) is not supported by this controller yet"),
     Invalid("on-timeout-unknown",
             stageset({"onTimeout": "Retry", "stages": [stage("app")]}),
             "spec.onTimeout", 'Unsupported value: "Retry"'),
-    Invalid("health-expr-without-current",
-            stageset({"stages": [stage("app", readyChecks={"exprs": [
-                {"apiVersion": "example.com/v1", "kind": "Widget", "failed": "true"}]})]}),
-            "spec.stages[0].readyChecks.exprs[0].current", "Required value"),
+    Invalid("ready-checks-and-their-old-name",
+            stageset({"stages": [stage("app", readyChecks={
+                "checks": [{"kind": "Namespace", "name": "a"}],
+                "objects": [{"apiVersion": "v1", "kind": "Namespace", "name": "b"}]})]}),
+            "spec.stages[0].readyChecks.objects",
+            "readyChecks.objects is the old name of readyChecks.checks; set only checks"),
+    Invalid("ready-check-without-kind",
+            stageset({"stages": [stage("app", readyChecks={"checks": [{"name": "a"}]})]}),
+            "spec.stages[0].readyChecks.checks[0].kind", "Required value"),
     Invalid("health-exprs-same-kind-twice",
             stageset({"stages": [stage("app", readyChecks={"exprs": [
                 {"apiVersion": "example.com/v1", "kind": "Widget", "current": "true"},
@@ -271,6 +274,22 @@ VALID = {
                  "inProgress": "status.conditions.exists(e, e.type == 'Issuing')",
                  "failed": "status.conditions.filter(e, e.type == 'Ready').all(e, e.status == 'False')"}]},
         ), stage("jobs", force=True, conflictPolicy={"default": "Recreate"})],
+    }),
+    # What the reference allows and we took over: checks with a core kind and no apiVersion, a
+    # health check with only failed, a conflict rule without kind, the helm-hook default, and the
+    # "left out" values of refused fields.
+    "reference-shapes": stageset({
+        "rollbackOnFailure": False, "updateWindows": [], "migrations": [], "onRollback": [],
+        "windowScope": "", "dependsOn": [{"name": "db", "minVersion": ""}],
+        "stages": [stage(
+            "app", applyHelmHookResources=True, migrationAnchor="",
+            readyChecks={"disableWait": True, "checks": [
+                {"kind": "Namespace", "name": "payments"},
+                {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+                 "name": "ledgers.payments.example"}],
+                "exprs": [{"apiVersion": "db.example/v1", "kind": "Database",
+                           "failed": "status.phase == 'Failed'"}]},
+            conflictPolicy={"rules": [{"target": {"name": "migrate"}, "action": "Recreate"}]})],
     }),
     "git-https-branch": gitrepository({"url": HTTPS, "ref": {"branch": "main"}}),
     "git-scp-like": gitrepository({"url": "git@github.com:org/repo.git", "ref": {"tag": "v1.2.3"}}),

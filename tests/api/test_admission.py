@@ -104,7 +104,9 @@ def test_design_stagesets_are_accepted_verbatim(crds: list[dict[str, Any]],
     assert app["prune"] is True
     assert app["sourceRef"]["kind"] == "GitRepository"
     assert "dependsOn" not in app
-    assert (spec["interval"], spec["timeout"], spec["suspend"]) == ("10m", "5m", False)
+    # No interval default: the controller's --default-interval; the reference's 15m timeout.
+    assert "interval" not in spec
+    assert (spec["timeout"], spec["suspend"]) == ("15m", False)
     if "kubeConfig" in original["spec"]:
         assert spec["kubeConfig"]["secretRef"] == {"name": "prod-eu-kubeconfig", "key": "value"}
     # Server defaults and model defaults agree: the stored object parses to the same spec.

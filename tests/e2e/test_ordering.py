@@ -111,3 +111,69 @@ def test_ready_checks_wait_for_objects_the_stage_does_not_apply(
     assert "external" in held["message"]
     roll_out(s, "external")
     s.wait_ready("checks", timeout=60)
+
+
+def _ledger_crd(group: str) -> dict[str, Any]:
+    return {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+            "metadata": {"name": f"ledgers.{group}"},
+            "spec": {"group": group, "scope": "Namespaced",
+                     "names": {"plural": "ledgers", "singular": "ledger", "kind": "Ledger"},
+                     "versions": [{"name": "v1", "served": True, "storage": True, "schema": {
+                         "openAPIV3Schema": {"type": "object",
+                                             "x-kubernetes-preserve-unknown-fields": True}}}]}}
+
+
+def test_a_ported_stage_waits_for_its_checks_before_its_dependent_starts(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    """The reference's spelling: ``readyChecks.checks`` on a cluster-scoped CRD (no namespace) and
+    another release's Deployment, with ``disableWait`` (its own ConfigMap is not waited for)."""
+    tenant = make_tenant("ported")
+    group = f"{tenant.namespace}.example"
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    # The checks are read as the tenant: it may read CustomResourceDefinitions, nothing more.
+    installed.request("POST", f"{rbac}/clusterroles", body={
+        "metadata": {"name": f"{tenant.namespace}-crd-reader"},
+        "rules": [{"apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+                   "verbs": ["get", "list", "watch"]}]})
+    installed.request("POST", f"{rbac}/clusterrolebindings", body={
+        "metadata": {"name": f"{tenant.namespace}-crd-reader"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                    "name": f"{tenant.namespace}-crd-reader"},
+        "subjects": [{"kind": "ServiceAccount", "name": tenant.service_account,
+                      "namespace": tenant.namespace}]})
+    s = scenario(installed, git_server, tenant, {"operator/cm.yaml": cm("operator"),
+                                                 "app/cm.yaml": cm("app")})
+    installed.request("POST", f"/apis/apps/v1/namespaces/{s.ns}/deployments",
+                      body=yaml.safe_load(deployment("ledger-db")))
+    s.stageset("ported", [
+        {"name": "operator", "path": "./operator", "readyChecks": {"disableWait": True, "checks": [
+            {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+             "name": f"ledgers.{group}"},
+            {"apiVersion": "apps/v1", "kind": "Deployment", "name": "ledger-db"}]}},
+        {"name": "app", "path": "./app"}])
+
+    def operator_message() -> str:
+        stages = (s.get("ported").get("status") or {}).get("stages", [])
+        return next((str(st.get("message", "")) for st in stages if st["name"] == "operator"), "")
+
+    crd_path = f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/ledgers.{group}"
+    try:
+        # Resolved without a namespace (cluster-scoped), waited for while it does not exist.
+        wait_for(lambda: f"CustomResourceDefinition ledgers.{group} not found" in operator_message(),
+                 what="the stage waiting for the CRD")
+        assert s.configmap("operator") is not None
+        assert s.configmap("app") is None
+        installed.request("POST", "/apis/apiextensions.k8s.io/v1/customresourcedefinitions",
+                          body=_ledger_crd(group))
+        # The CRD turns Established (the apiserver does that); the Deployment is still not rolled out.
+        wait_for(lambda: operator_message().startswith(f"Deployment {s.ns}/ledger-db"),
+                 what="the stage waiting for the Deployment only")
+        assert s.configmap("app") is None
+        roll_out(s, "ledger-db")
+        s.wait_ready("ported")
+        assert s.configmap("app") is not None
+    finally:
+        installed.request("DELETE", crd_path)
+        for kind in ("clusterrolebindings", "clusterroles"):
+            installed.request("DELETE", f"{rbac}/{kind}/{tenant.namespace}-crd-reader")

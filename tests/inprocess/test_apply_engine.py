@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from stageset.apply.changeset import Action
 from stageset.apply.engine import StageApplier, StageResult
 from stageset.apply.inventory import by_id, stage_inventory
@@ -105,3 +107,41 @@ def test_waiting_tells_progress_naming_the_first_object_not_ready_and_how_many_m
     assert {r.message for r in heard} == {f"Deployment {NS}/a: 0/3 replicas updated (and 1 more not ready)"}
     assert final.status is Status.IN_PROGRESS
     assert final.message == heard[0].message
+
+
+def test_ready_checks_resolve_scope_from_discovery_and_wait_for_a_kind_not_served_yet(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """``readyChecks.checks`` as the reference reads them: a cluster-scoped kind is read without a
+    namespace (even when one is given); a kind the cluster does not serve yet is waited for."""
+    import threading
+
+    from stageset.apply.readiness import Status
+    from stageset.apply.settings import ApplySettings
+    from tests.inprocess import fakes
+
+    cluster = FakeCluster()
+    cluster.grant(TENANT, "/api/v1/namespaces/payments", "get")
+    cluster.grant_namespace(TENANT, NS)
+    pool = FakeClientPool(cluster)
+    applier = StageApplier(mapper=RestMapper(pool.client()), settings=ApplySettings(poll_interval=0.01))
+    client = pool.client(Identity.service_account(namespace=NS, name=SA))
+    ledger = {"apiVersion": "ledger.example/v1", "kind": "Ledger",
+              "metadata": {"name": "main", "namespace": NS}}
+    checks = [{"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "payments", "namespace": NS}},
+              ledger]
+
+    def wait() -> tuple[Status, str]:
+        final = applier.wait_ready(client=client, applied=[], references=checks, default_namespace=NS,
+                                   timeout=0.05, stop=threading.Event())
+        return final.status, final.message
+
+    assert wait() == (Status.IN_PROGRESS, "Namespace payments not found (and 1 more not ready)")
+    assert ("get", "/api/v1/namespaces/payments") in {(r.verb, r.path) for r in cluster.by(TENANT)}
+    cluster.put({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "payments"},
+                 "status": {"phase": "Active"}})
+    assert wait() == (Status.IN_PROGRESS,
+                      f"Ledger {NS}/main: the cluster does not serve ledger.example/v1 Ledger (yet)")
+    # Another release installs the CRD, then the object: the next round finds both.
+    monkeypatch.setattr(fakes, "KINDS", [*fakes.KINDS, ("ledger.example/v1", "Ledger", "ledgers", True)])
+    cluster.put(ledger)
+    assert wait() == (Status.CURRENT, "")

@@ -56,8 +56,11 @@ def test_design_stagesets_parse_verbatim() -> None:
 
 def test_defaults() -> None:
     spec = StageSet.model_validate(design_stagesets()[0]).spec
-    assert (spec.interval, spec.retry_interval, spec.timeout, spec.suspend) == ("10m", None, "5m",
+    # interval: the controller's --default-interval; timeout: the reference's 15m.
+    assert (spec.interval, spec.retry_interval, spec.timeout, spec.suspend) == (None, None, "15m",
                                                                                 False)
+    assert spec.interval_seconds(600.0) == 600.0
+    assert spec.retry_seconds(120.0) == 120.0
     assert spec.depends_on == []
     (app,) = spec.stages
     assert app.path == "./"
@@ -244,7 +247,8 @@ def test_stage_depends_on_has_no_default_but_other_fields_do() -> None:
     secret = spec["kubeConfig"]["properties"]["secretRef"]
     assert secret["required"] == ["name"]
     assert secret["properties"]["key"]["default"] == "value"
-    assert (spec["interval"]["default"], spec["timeout"]["default"]) == ("10m", "5m")
+    assert "default" not in spec["interval"]  # the controller's --default-interval
+    assert spec["timeout"]["default"] == "15m"
 
 
 def test_rules_sit_next_to_the_fields_they_guard() -> None:

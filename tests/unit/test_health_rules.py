@@ -117,6 +117,24 @@ def test_kinds_without_an_expression_are_left_to_kstatus(sandbox: CelSandbox) ->
                         what="ConfigMap c") is None
 
 
+FAILED_ONLY = HealthCheckExpr(api_version="example.com/v1", kind="Widget", failed="status.phase == 'Broken'")
+
+
+@pytest.mark.parametrize(("case", "obj", "verdict"), [
+    ("failed is true: failed", widget({"phase": "Broken"}), Status.FAILED),
+    ("otherwise kstatus decides", widget({"phase": "Up"}), None),
+    ("even with no status", widget(), None),
+])
+def test_an_entry_without_current_only_adds_failed(sandbox: CelSandbox, case: str, obj: dict[str, Any],
+                                                   verdict: Status | None) -> None:
+    # The reference's rule: its kstatus wait runs first, then an entry without `current` can only fail.
+    checks = HealthChecks(rules=[HealthRule.of(0, FAILED_ONLY)], sandbox=sandbox, stage="app")
+    judged = checks.judge(obj, what="Widget ns/w")
+    assert (judged.status if judged else None) is verdict, case
+    assert not checks.gates(obj)  # nothing for a stage with disableWait to wait for
+    assert HealthChecks(rules=[HealthRule.of(0, FLUX_STYLE)], sandbox=sandbox, stage="app").gates(obj)
+
+
 def stageset_with(exprs: list[dict[str, Any]]) -> StageSet:
     return StageSet.model_validate({"metadata": {"name": "s", "namespace": "ns"}, "spec": {"stages": [
         {"name": "first", "sourceRef": {"name": "r"}},

@@ -409,6 +409,8 @@ def test_readiness_timeout_ladder(case: str, spec: dict[str, object], stage: dic
 
 @pytest.mark.parametrize(("spec", "expected"), [
     ({}, 600.0),
+    ({"driftDetectionInterval": "1m"}, 60.0),
+    ({"driftDetectionInterval": "20m"}, 600.0),
     ({"interval": "10m", "driftDetectionInterval": "1m"}, 60.0),
     ({"interval": "1m", "driftDetectionInterval": "10m"}, 60.0),
     ({"interval": "10m", "driftDetectionInterval": "0s"}, 600.0),
@@ -416,7 +418,7 @@ def test_readiness_timeout_ladder(case: str, spec: dict[str, object], stage: dic
 def test_a_ready_stageset_is_applied_again_at_the_drift_detection_interval(spec: dict[str, object],
                                                                           expected: float) -> None:
     stageset = _stageset(spec)
-    requeue = stageset.spec.requeue_when_ready()  # type: ignore[attr-defined]
+    requeue = stageset.spec.requeue_when_ready(600.0)  # type: ignore[attr-defined]  # --default-interval
     outcomes = [StageOutcome("app", StagePhase.READY, revision=REV)]
     assert plan.verdict(outcomes, interval=requeue, retry=5, readiness_requeue=1).requeue_after == expected
 

@@ -27,7 +27,7 @@ from dataclasses import replace
 import networkx as nx
 from pydantic import ValidationError
 
-from stageset.api import StageSet, StageSetStatus, duration_seconds
+from stageset.api import StageSet, StageSetStatus
 from stageset.api.vocabulary import Reason, StagePhase
 from stageset.apply.cel import CelSandbox
 from stageset.apply.engine import StageApplier, StageResult
@@ -149,7 +149,7 @@ class StageSetReconciler:
         if stageset.spec.suspend:
             report.conclude(ready=False, reason=Reason.SUSPENDED, message="reconciliation is suspended")
             return Result()
-        retry = duration_seconds(stageset.spec.retry_interval or stageset.spec.interval)
+        retry = stageset.spec.retry_seconds(self._settings.default_interval)
         try:
             graph, target = self._prepare(raw, stageset)
         except StageError as error:
@@ -244,8 +244,8 @@ class StageSetReconciler:
                          and len(rendered) == len(stageset.spec.stages)):
             state.announce(report, "applying stages")
         self._apply_all(report, state, graph, rendered, rechecks=rechecks, redactor=redactor)
-        verdict = plan.verdict(list(state.outcomes.values()),
-                               interval=stageset.spec.requeue_when_ready(), retry=retry,
+        interval = stageset.spec.requeue_when_ready(self._settings.default_interval)
+        verdict = plan.verdict(list(state.outcomes.values()), interval=interval, retry=retry,
                                readiness_requeue=self._settings.readiness_requeue)
         if state.partial:
             verdict = plan.without_prune(verdict, state.partial, retry=retry)

@@ -2,14 +2,14 @@
 
 Identity: every request goes through the client for the stage's identity on the stage's
 target cluster (the tenant's ServiceAccount, impersonated; the controller itself only in
-single-tenant mode).  ``readyChecks.objects`` are read as the same identity.  After a denial,
+single-tenant mode).  ``readyChecks.checks`` are read as the same identity.  After a denial,
 whether the ServiceAccount exists is asked as :class:`~stageset.controller.stageset.reads.AccountCheck`
 says.
 
 The stage's settings used here: ``conflictPolicy`` (and ``force``) for immutable-field
 conflicts; ``readyChecks.timeout`` > ``timeout`` > ``spec.timeout`` for the readiness wait,
-``wait``/``disableWait`` whether to wait at all, ``exprs`` for CEL health checks; every
-failure message starts with the stage's name.
+``wait``/``disableWait`` whether to wait for the applied objects (``checks`` are always waited
+for), ``exprs`` for CEL health checks; every failure message starts with the stage's name.
 
 While the stage waits for readiness its outcome is ``Waiting`` with what it waits for, told to
 ``StageRun.waiting`` as the wait goes (the reconciler publishes it).  Logged at info: every
@@ -28,7 +28,7 @@ from stageset.api import InventoryEntry, Stage, StageInventory, StageSet, durati
 from stageset.api.vocabulary import Reason, StagePhase
 from stageset.apply.cel import CelSandbox
 from stageset.apply.conflicts import ConflictResolver
-from stageset.apply.engine import AppliedObject, StageApplier, StageResult
+from stageset.apply.engine import StageResult
 from stageset.apply.errors import StageError
 from stageset.apply.health import HealthChecks, rules_of
 from stageset.apply.inventory import ObjectId, by_id
@@ -41,6 +41,7 @@ from stageset.controller.stageset.plan import StageOutcome, judge_readiness, on_
 from stageset.controller.stageset.reads import AccountCheck
 from stageset.controller.stageset.rendering import Rendered
 from stageset.kube.client import ApiError, ClientPool, KubeClient
+from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
 
@@ -128,36 +129,35 @@ class StageApply:
                 run.waiting(replace(waiting, message=readiness.message))
 
         health = HealthChecks(rules=rules_of(stage), sandbox=self._sandbox, stage=stage.name)
+        checks = references(stage, namespace)
+        # disableWait drops the kstatus wait for the applied objects, not their expressions (as in
+        # the reference); ``checks`` are always waited for.
+        waited = [o for o in result.objects if _waits_for_applied(stage) or health.gates(o.manifest)]
         try:
-            extra = references(stage, namespace, applier)
-            readiness = applier.wait_ready(client=client, applied=[*result.objects, *extra],
-                                           timeout=window.wait, stop=self._stop,
-                                           progress=progress, health=health) if _waits(stage) else None
+            readiness = applier.wait_ready(client=client, applied=waited, references=checks,
+                                           default_namespace=namespace, timeout=window.wait,
+                                           stop=self._stop, progress=progress,
+                                           health=health) if waited or checks else None
         except StageError as error:
             return self._failed(stage, error, client), result
         return judge_readiness(applied, window=window, now=self._clock(), readiness=readiness,
                                on_timeout=on_timeout(run.stageset, stage)), result
 
 
-def _waits(stage: Stage) -> bool:
-    return stage.ready_checks is None or stage.ready_checks.waits
+def _waits_for_applied(stage: Stage) -> bool:
+    return stage.ready_checks is None or stage.ready_checks.waits_for_applied
 
 
 def _entries(inventory: StageInventory | None) -> dict[ObjectId, InventoryEntry] | None:
     return by_id(inventory) if inventory else None
 
 
-def references(stage: Stage, namespace: str, applier: StageApplier) -> list[AppliedObject]:
-    """``readyChecks.objects``: more objects (not applied by the stage) to wait for."""
+def references(stage: Stage, namespace: str) -> list[KubeObject]:
+    """``readyChecks.checks`` (or their old name ``objects``): more objects to wait for, as stubs.
+    A namespaced one without a namespace is in the StageSet's; the engine drops the namespace of
+    a cluster-scoped kind."""
     if stage.ready_checks is None:
         return []
-    found: list[AppliedObject] = []
-    for ref in stage.ready_checks.objects:
-        stub = {"apiVersion": ref.api_version, "kind": ref.kind,
-                "metadata": {"name": ref.name, "namespace": ref.namespace or namespace}}
-        item = applier.reference(stub, namespace)
-        if item is None:
-            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: readyChecks names {ref.kind} "
-                             f"{ref.name}, a kind the cluster does not serve")
-        found.append(item)
-    return found
+    return [{"apiVersion": ref.api_version_or_core, "kind": ref.kind,
+             "metadata": {"name": ref.name, "namespace": ref.namespace or namespace}}
+            for ref in stage.ready_checks.references]
