@@ -23,8 +23,8 @@ import base64
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from pydantic import ValidationError
 
@@ -35,6 +35,7 @@ from stageset.api import Artifact, GitRepository, GitRepositoryStatus, duration_
 from stageset.api.vocabulary import EventReason, EventType, Reason
 from stageset.apply.errors import StageError
 from stageset.controller import logs
+from stageset.controller.artifacts import artifact_consumer as artifact_consumer  # re-exported
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.events import EventRecorder
 from stageset.controller.identity import IdentityPolicy
@@ -69,12 +70,6 @@ class Fetcher(Protocol):
               timeout: float = 60.0, consumer: str | None = None) -> Snapshot: ...
 
     def tree_hash(self, url: str, *, commit: str, path: str = "./") -> str: ...
-
-
-def artifact_consumer(metadata: Mapping[str, Any]) -> str:
-    """Who a GitRepository's commits are served to in the shared mirror: this object (by
-    uid), so a reader can only read what this GitRepository itself was served."""
-    return f"{metadata['namespace']}/{metadata['name']}/{metadata.get('uid', '')}"
 
 
 def source_reason(error: SourceError) -> Reason:

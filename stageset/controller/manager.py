@@ -39,7 +39,7 @@ from stageset.controller.queue import Backoff, WorkQueue
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.stageset import StageSetReconciler
+from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.rendering import SourceTrees
 from stageset.controller.status import requested_at
 from stageset.kube.client import ClientPool, UnreachableError

@@ -17,13 +17,13 @@ from typing import Any
 import pytest
 
 from stageset.apply.engine import StageApplier
+from stageset.controller.artifacts import artifact_consumer
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
-from stageset.controller.gitrepository import artifact_consumer
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.stageset import StageSetReconciler
+from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.kube.mapping import RestMapper
 from stageset.kube.types import KubeObject
 from tests.inprocess.fakes import FakeClientPool, FakeCluster, FakeSources

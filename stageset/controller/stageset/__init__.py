@@ -13,7 +13,3 @@
 Who acts as whom: :mod:`stageset.controller.identity`.  Deleting objects, owner checks,
 the opt-out: :mod:`stageset.apply.prune`.
 """
-
-from stageset.controller.stageset.reconciler import StageSetReconciler
-
-__all__ = ["StageSetReconciler"]
