@@ -40,6 +40,7 @@ from stageset.apply.inventory import (
     stage_inventory,
     with_kept,
 )
+from stageset.apply.prune import Owner, candidates, prune
 from stageset.controller import logs
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.dependencies import DependencyIndex, spell_cycle
@@ -59,7 +60,7 @@ from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.rendering import Rendered, Renderer, SourceTrees
 from stageset.controller.stageset.scheduler import StageScheduler
 from stageset.controller.stageset.stage import StageApply, StageRun
-from stageset.controller.stageset.targets import Target, Targets
+from stageset.controller.stageset.targets import Target, Targets, inventory_clients
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.status import StatusReport, validation_message
 from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
@@ -115,8 +116,7 @@ class StageSetReconciler:
         self._teardown = Teardown(clients=clients, identities=self._identities, targets=self._targets,
                                   events=events, resource=resource, clock=clock,
                                   max_wait=settings.max_teardown_wait, records=self._records)
-        self._changes = Changes(clients=clients, identities=self._identities, events=events,
-                                metrics=self._metrics)
+        self._changes = Changes(events=events, metrics=self._metrics)
 
     def forget(self, namespace: str, name: str) -> None:
         """The StageSet is gone: drop what this reconciler remembers of it."""
@@ -270,7 +270,6 @@ class StageSetReconciler:
     def _apply_all(self, report: Report, state: Pass, graph: nx.DiGraph, rendered: dict[str, Rendered], *,
                    rechecks: set[str], redactor: Redactor) -> None:
         stageset = state.stageset
-        stages = {s.name: s for s in stageset.spec.stages}
 
         def started(name: str) -> None:
             if name not in rechecks:
@@ -289,8 +288,8 @@ class StageSetReconciler:
             with state.lock:
                 state.outcomes[name] = outcome
                 if result is not None:
-                    account = self._identities.stage_account(stageset, stages[name])
-                    state.fresh[name] = stage_inventory(name, account, (o.entry() for o in result.objects))
+                    state.fresh[name] = stage_inventory(name, rendered[name].account,
+                                                        (o.entry() for o in result.objects))
                     state.current[name] = merged(state.previous.inventories.get(name), state.fresh[name])
             if result is not None:
                 self._changes.applied(report.obj, name, result, redactor)
@@ -310,11 +309,17 @@ class StageSetReconciler:
                   redactor: Redactor) -> Result:
         state.record(report)
         if verdict.prune:
-            kept, pruned = self._changes.prune(report, state, target, redactor)
-            report.status.inventory = ordered(with_kept(state.fresh, kept))
+            namespace, name = str(report.obj["metadata"]["namespace"]), str(report.obj["metadata"]["name"])
+            stale = candidates(old=state.previous.inventories, new=state.fresh, stageset=state.stageset)
+            result = prune(stale=stale,
+                           client_for=inventory_clients(clients=self._clients, identities=self._identities,
+                                                        namespace=namespace, target=target),
+                           applier=target.applier, owner=Owner(namespace, name))
+            pruned = self._changes.pruned(report.obj, result, redactor)
+            report.status.inventory = ordered(with_kept(state.fresh, result.kept))
             report.status.last_applied_revision = verdict.revision
             self._records.settle(report.obj, report.status.inventory)
-            self._changes.succeeded(report, state, pruned=pruned, revision=verdict.revision or "",
-                                   redactor=redactor)
+            self._changes.succeeded(report.obj, was_ready=state.previous.ready, stages=len(state.outcomes),
+                                    pruned=pruned, revision=verdict.revision or "", redactor=redactor)
         report.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message)
         return Result(requeue_after=verdict.requeue_after)

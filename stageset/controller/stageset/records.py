@@ -28,8 +28,8 @@ from stageset.apply.record import ANNOTATION, Record, StageRecord, of_inventorie
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.stageset import plan
 from stageset.controller.stageset.rendering import Rendered
-from stageset.controller.stageset.targets import Target
-from stageset.kube.client import ApiError, ClientPool, KubeClient
+from stageset.controller.stageset.targets import Target, inventory_clients
+from stageset.kube.client import ApiError, ClientPool
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject, metadata
 
@@ -52,13 +52,10 @@ class Records:
             return dict(inventories), None
         namespace = str(metadata(obj)["namespace"])
         stages = Record(record.stages).grown(wanted).stages
-
-        def client_for(account: str | None) -> KubeClient | None:
-            identity = self._identities.for_inventory(account, namespace)
-            return None if identity is None else self._clients.client(identity, target.cluster)
-
         found = rebuild(stages=stages, owner=Owner(namespace, str(metadata(obj)["name"])),
-                        applier=target.applier, client_for=client_for)
+                        applier=target.applier, client_for=inventory_clients(
+                            clients=self._clients, identities=self._identities, namespace=namespace,
+                            target=target))
         log.info("StageSet %s/%s: status had no inventory; rebuilt %d object(s) of %d stage(s) from the "
                  "cluster with %d list(s)%s", namespace, metadata(obj)["name"],
                  sum(len(i.entries) for i in found.inventories.values()), len(found.inventories), found.lists,
@@ -76,14 +73,13 @@ class Records:
         namespace = str(stageset.metadata["namespace"])
         wanted: dict[str, StageRecord] = {}
         for name, item in rendered.items():
-            account = self._identities.stage_account(stageset, item.stage)
             pairs = []
             for manifest in item.objects:
                 resolved, resource = item.target.applier.resolve(manifest, namespace)
                 ns = str((resolved.get("metadata") or {}).get("namespace") or "") if resource is not None \
                     else str((manifest.get("metadata") or {}).get("namespace") or namespace)
                 pairs.append((ns, manifest))
-            wanted[name] = of_objects(account, pairs)
+            wanted[name] = of_objects(item.account, pairs)
         return wanted
 
     def grow(self, obj: KubeObject, wanted: Mapping[str, StageRecord]) -> None:

@@ -21,7 +21,9 @@ from stageset.api import StageSet
 from stageset.api.vocabulary import Reason
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
+from stageset.apply.prune import ClientFor
 from stageset.apply.settings import ApplySettings
+from stageset.controller.identity import IdentityPolicy
 from stageset.controller.stageset.reads import AccountCheck, read_named
 from stageset.kube.client import LOCAL, ClientPool, ClusterKey, Identity, KubeClient
 from stageset.kube.mapping import RestMapper
@@ -40,6 +42,16 @@ class Target:
     @property
     def remote(self) -> bool:
         return self.cluster != LOCAL
+
+
+def inventory_clients(*, clients: ClientPool, identities: IdentityPolicy, namespace: str, target: Target
+                      ) -> ClientFor:
+    """The client for the identity an inventory records, on ``target`` (prune, rebuild, teardown);
+    ``None`` where that identity may no longer be used (:meth:`IdentityPolicy.for_inventory`)."""
+    def client_for(account: str | None) -> KubeClient | None:
+        identity = identities.for_inventory(account, namespace)
+        return None if identity is None else clients.client(identity, target.cluster)
+    return client_for
 
 
 class Targets:

@@ -36,7 +36,7 @@ from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import entry_id, left_behind, ordered, stage_inventory
 from stageset.apply.orphan import release_stage
-from stageset.apply.prune import Owner, TeardownProgress, teardown_stage
+from stageset.apply.prune import Owner, TeardownProgress, teardown_stage, unpruned_stages
 from stageset.controller.clock import Clock
 from stageset.controller.events import EventRecorder
 from stageset.controller.finalizers import set_finalizer
@@ -140,7 +140,7 @@ class Teardown:
                     log.warning("teardown of StageSet %s/%s waits: %s", namespace, name, problem)
                     return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
                                                                max_wait=self._max_wait))
-        released = {s.name for s in stageset.spec.stages if not s.prune} if stageset else set()
+        released = set(unpruned_stages(stageset)) if stageset else set()
         order = teardown_order(stage_nodes(stageset) if stageset else None, inventories)
         log.debug("tearing down stages in order: %s", ", ".join(order) or "none left")
         for stage in order:
