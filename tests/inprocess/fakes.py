@@ -466,6 +466,7 @@ class FakeClientPool(ClientPool):
         self._clients: dict[tuple[ClusterKey, Identity], KubeClient] = {}
         self._lock = threading.Lock()
         self.registered: list[ClusterKey] = []
+        self.forgotten: list[ClusterKey] = []
         self._observer = None
 
     def register(self, cluster: ClusterKey, configuration: Any) -> None:
@@ -477,6 +478,12 @@ class FakeClientPool(ClientPool):
 
     def knows(self, cluster: ClusterKey) -> bool:
         return cluster.name in self.clusters
+
+    def forget(self, cluster: ClusterKey) -> None:
+        with self._lock:
+            self.forgotten.append(cluster)
+            self.clusters.pop(cluster.name, None)
+            self._clients = {k: c for k, c in self._clients.items() if k[0] != cluster}
 
     def client(self, identity: Identity = Identity(), cluster: ClusterKey = LOCAL) -> KubeClient:  # noqa: B008
         with self._lock:
