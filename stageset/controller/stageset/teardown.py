@@ -125,14 +125,7 @@ class Teardown:
         target, failure = self._target(stageset)
         owner = Owner(namespace, name)
         if target is not None:
-            # Status lost its inventory (restored without status): find the objects by their labels.
-            try:
-                recovered = self._records.recover(writer.obj, inventories=inventories, wanted={},
-                                                  target=target)
-                writer.record(recovered.record)
-                inventories, problem = recovered.inventories, recovered.problem
-            except _CLUSTER_ERRORS as error:
-                problem = f"rebuilding the inventory failed: {_why(error)}"
+            inventories, problem = self._recover(writer, inventories, target)
             if problem:
                 failure = problem
                 if not expired:
@@ -177,6 +170,16 @@ class Teardown:
             return Result(requeue_after=AGAIN)  # changed under us: read it again and retry
         log.info("teardown finished: finalizer removed")
         return Result()
+
+    def _recover(self, writer: PassWriter, inventories: dict[str, StageInventory], target: Target
+                 ) -> tuple[dict[str, StageInventory], str | None]:
+        """Status lost its inventory (restored without status): find the objects by their labels."""
+        try:
+            recovered = self._records.recover(writer.obj, inventories=inventories, wanted={}, target=target)
+            writer.record(recovered.record)
+        except _CLUSTER_ERRORS as error:
+            return inventories, f"rebuilding the inventory failed: {_why(error)}"
+        return recovered.inventories, recovered.problem
 
     def _leave_behind(self, obj: KubeObject, stage: str, inventory: StageInventory,
                       client: KubeClient, target: Target, *, owner: Owner) -> list[InventoryEntry]:
