@@ -1,7 +1,8 @@
 """The user's own kubeconfig, as the CLI reads it: its contexts, and the error a bad one raises.
 
 The official client's loader behind our own names, so that nothing outside ``stageset.kube``
-imports ``kubernetes``.  A tenant's kubeconfig (``spec.kubeConfig``) is never read here:
+imports ``kubernetes``.  Identity: none — it reads the user's own kubeconfig file and makes no
+request.  A tenant's kubeconfig (``spec.kubeConfig``) is never read here:
 :mod:`stageset.kube.remote` makes that one harmless.
 """
 
