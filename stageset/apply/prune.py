@@ -5,25 +5,37 @@ inventory being deleted — the identity that applied those objects (the stage's
 ServiceAccount, or the controller in single-tenant mode).  Discovery goes through the
 applier's mapper (controller identity, or the remote kubeconfig's).
 
-Rules (see :mod:`stageset.apply.ownership`): an object is deleted only while it still
-carries this StageSet's owner labels and has not opted out; an object that cannot be
-read or deleted is reported :attr:`Deletion.FAILED`, so the caller keeps it tracked and
-tries again — never silently orphaned.
+Every prune rule lives here, for the controller, teardown and the CLI's ``diff`` alike:
+
+- :func:`candidates` — what a complete pass may delete: in the old inventory, rendered by no
+  stage now, not in a ``prune: false`` stage (:func:`unpruned_stages`);
+- :func:`deletable` — an object is deleted only while it still carries this StageSet's owner
+  labels and has not opted out (:mod:`stageset.apply.ownership`);
+- delete or orphan: teardown deletes a stage's objects, except a ``prune: false`` stage's,
+  which it releases instead (:func:`unpruned_stages`; the release is
+  :mod:`stageset.apply.orphan`);
+- :func:`entry_path` — the one API path of an inventoried object.
+
+*When* prune runs is the pass plan's verdict (every stage Ready, the inventory complete:
+:func:`stageset.controller.stageset.plan.verdict`).  An object that cannot be read or
+deleted is reported :attr:`Deletion.FAILED`, so the caller keeps it tracked and tries
+again — never silently orphaned.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from stageset.api import InventoryEntry, StageInventory
+from stageset.api import InventoryEntry, StageInventory, StageSet
 from stageset.apply.changeset import Action, Change, ChangeSet
 from stageset.apply.engine import StageApplier
-from stageset.apply.inventory import Stale, by_id, entry_id
+from stageset.apply.inventory import Stale, by_id, entry_id, stale
 from stageset.apply.ownership import owned_by, prune_disabled
 from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +59,24 @@ class Owner:
 
     namespace: str
     name: str
+
+
+def unpruned_stages(stageset: StageSet) -> list[str]:
+    """Stages with ``prune: false``: nothing of theirs is ever deleted — prune drops their
+    objects from the inventory, teardown releases them (owner labels removed)."""
+    return [s.name for s in stageset.spec.stages if not s.prune]
+
+
+def candidates(*, old: Mapping[str, StageInventory], new: Mapping[str, StageInventory], stageset: StageSet
+               ) -> list[Stale]:
+    """What the prune after a complete pass may delete: inventoried before (``old``), rendered
+    by no stage now (``new``), outside ``prune: false`` stages."""
+    return stale(old=old, new=new, prune_disabled=unpruned_stages(stageset))
+
+
+def deletable(live: KubeObject, owner: Owner) -> bool:
+    """Is the live object still ours to delete: this StageSet's owner labels, and no opt-out?"""
+    return owned_by(live, namespace=owner.namespace, name=owner.name) and not prune_disabled(live)
 
 
 def entry_path(applier: StageApplier, item: InventoryEntry, namespace: str) -> str | None:
@@ -77,7 +107,7 @@ def delete_owned(*, client: KubeClient, applier: StageApplier, item: InventoryEn
         log.warning("cannot read %s for deletion as %s: %s", oid.describe(), client.identity.describe(),
                     error)
         return Deletion.FAILED
-    if not owned_by(live, namespace=owner.namespace, name=owner.name) or prune_disabled(live):
+    if not deletable(live, owner):
         return Deletion.RELEASED
     if live["metadata"].get("deletionTimestamp"):
         return Deletion.DELETING

@@ -27,9 +27,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from kubernetes.utils import parse_quantity
-
 from stageset.api import duration_seconds
+from stageset.kube.quantity import parse_quantity
 
 MiB = 1024 * 1024
 
@@ -78,7 +77,7 @@ class BuildLimits:
             try:
                 if name.endswith("_bytes"):
                     # A Kubernetes quantity (64Mi, 1Gi, 100M); a fraction of a byte ("500m") is refused.
-                    quantity = parse_quantity(raw)  # type: ignore[no-untyped-call]
+                    quantity = parse_quantity(raw)
                     if quantity != int(quantity):
                         raise ValueError(raw)
                     changes[name] = int(quantity)

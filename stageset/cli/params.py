@@ -6,10 +6,10 @@ import re
 from typing import Any
 
 import click
-from kubernetes.utils import parse_quantity
 
 from stageset.api import duration_seconds
 from stageset.api.common import DNS_LABEL_PATTERN
+from stageset.kube.quantity import parse_quantity
 
 
 def parse_size(value: str) -> int:
@@ -18,7 +18,7 @@ def parse_size(value: str) -> int:
     ``500m`` is 0.5 (milli), not 500 megabytes: a fraction of a byte is refused.
     """
     try:
-        quantity = parse_quantity(value.strip())  # type: ignore[no-untyped-call]
+        quantity = parse_quantity(value.strip())
     except ValueError as error:
         raise click.BadParameter(f"not a size: {value!r} (use e.g. 2Gi, 500Mi, 1000000)") from error
     if quantity < 0 or quantity != quantity.to_integral_value():

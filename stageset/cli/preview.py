@@ -31,8 +31,9 @@ from stageset.apply.changeset import WRITES, Action
 from stageset.apply.conflicts import ConflictResolver
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
-from stageset.apply.inventory import by_stage, describe, entry, manifest_hash, stage_inventory, stale
-from stageset.apply.ownership import StageOwner, owned_by, prune_disabled
+from stageset.apply.inventory import by_stage, describe, entry, manifest_hash, stage_inventory
+from stageset.apply.ownership import StageOwner
+from stageset.apply.prune import Owner, candidates, deletable, entry_path
 from stageset.apply.settings import ApplySettings
 from stageset.build.kustomize import cache_root
 from stageset.cli.inspect import read_stageset
@@ -260,27 +261,23 @@ class Differ:
         if live is None:
             return []
         status = StageSetStatus.model_validate(live.get("status") or {})
-        candidates = stale(old=by_stage(status.inventory), new=fresh,
-                           prune_disabled=[s.name for s in self._stageset.spec.stages if not s.prune])
+        owner = Owner(self._namespace, str(self._stageset.metadata["name"]))
         found: list[ObjectDiff] = []
-        for candidate in candidates:
+        for candidate in candidates(old=by_stage(status.inventory), new=fresh, stageset=self._stageset):
             oid = candidate.id
-            stub = {"apiVersion": candidate.entry.v, "kind": oid.kind,
-                    "metadata": {"name": oid.name, "namespace": oid.namespace}}
-            _, resource = target.applier.resolve(stub, self._namespace)
-            if resource is None:
+            path = entry_path(target.applier, candidate.entry, self._namespace)
+            if path is None:
                 continue
             identity = POLICY.for_inventory(candidate.service_account, self._namespace)
             assert identity is not None  # the CLI's policy always has one (the user's own)
             client = self._client(target, identity)
             try:
-                obj = client.get(resource.object_path(name=oid.name, namespace=oid.namespace or None))
+                obj = client.get(path)
             except ApiError as error:
                 if error.not_found:
                     continue
                 raise
-            if not owned_by(obj, namespace=self._namespace, name=str(self._stageset.metadata["name"])) \
-                    or prune_disabled(obj):
+            if not deletable(obj, owner):
                 continue
             name = oid.describe().replace(" ", "/")
             found.append(ObjectDiff(object=name, action=Action.DELETED.value,

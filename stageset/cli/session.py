@@ -28,11 +28,10 @@ from typing import Any, TypeVar
 
 import click
 import yaml
-from kubernetes import config as k8s_config
-from kubernetes.config.config_exception import ConfigException
 
 from stageset.api import parse_time
 from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient, UnreachableError
+from stageset.kube.kubeconfig import ConfigException, list_contexts
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -96,7 +95,7 @@ def context_namespace(path: str | None, context: str | None) -> str:
     if path is None:
         service_account = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
         return service_account.read_text().strip() if service_account.is_file() else "default"
-    contexts, current = k8s_config.list_kube_config_contexts(config_file=path)  # type: ignore[no-untyped-call]
+    contexts, current = list_contexts(path)
     chosen = current if context is None else next((c for c in contexts if c.get("name") == context), None)
     if chosen is None:
         raise CliError(f"kubeconfig: no context named {context!r} in {path}")

@@ -4,15 +4,24 @@
 writes that only restate the same facts stay no-ops.  Conditions are the
 :class:`stageset.api.Condition` model; raw objects (other StageSets, benchmarks) are
 read with :func:`find_condition` / :func:`ready_at_generation`.
+
+The status values a reconcile writes are made here too, as new values (nothing is changed in
+place): :func:`concluded` (the conditions of an outcome, each non-ready message ending with its
+runbook link: :func:`with_runbook`) and :func:`redacted` (every message redacted and bounded).
+The one writer is :class:`stageset.controller.status.StatusWriter`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from typing import TypeVar
 
-from stageset.api import Condition
+from stageset.api import Condition, GitRepositoryStatus, StageSetStatus
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason
 from stageset.kube.types import ConditionDict, KubeObject, conditions, metadata
+
+S = TypeVar("S", StageSetStatus, GitRepositoryStatus)
+Redact = Callable[[str], str]
 
 READY = ConditionType.READY
 RECONCILING = ConditionType.RECONCILING
@@ -81,3 +90,45 @@ def ready_at_generation(obj: KubeObject) -> bool:
     ready = find_condition(conditions(obj), READY)
     return ready.get("status") == ConditionStatus.TRUE and \
         ready.get("observedGeneration") == metadata(obj).get("generation")
+
+
+# -- the status values a reconcile writes ---------------------------------------------------
+
+def runbook_url(base: str, reason: Reason) -> str:
+    """The runbook page of ``reason`` under ``base`` (``https://…/runbooks/`` -> ``…/rbacdenied/``)."""
+    return f"{base.rstrip('/')}/{reason.value.lower()}/"
+
+
+def with_runbook(message: str, reason: Reason, base: str) -> str:
+    """``message`` ending with its runbook link (cut first, so the link always survives the bound)."""
+    if not base:
+        return message[:MAX_MESSAGE]
+    link = f"runbook: {runbook_url(base, reason)}"
+    if not message:
+        return link
+    suffix = f"; {link}"
+    return message[:MAX_MESSAGE - len(suffix)] + suffix
+
+
+def concluded(status: S, *, start: Sequence[Condition], generation: int, ready: bool | None, reason: Reason,
+              message: str, now: str, redact: Redact, runbook_base_url: str, stalled: bool = False) -> S:
+    """``status`` with the conditions of this outcome, summarized from ``start`` (the conditions
+    the reconcile began with, so a transition time moves only when the status really changed)."""
+    # Redacted before it is cut to length: a cut must never leave half a Secret value.
+    text = redact(message)
+    if ready is not True:
+        text = with_runbook(text, reason, runbook_base_url)
+    return status.model_copy(update={
+        "observed_generation": generation,
+        "conditions": summarize(start, ready=ready, reason=reason, message=text, generation=generation,
+                                now=now, stalled=stalled)})
+
+
+def redacted(status: S, redact: Redact) -> S:
+    """``status`` with every message (conditions, stages) redacted and bounded: what may leave."""
+    update: dict[str, object] = {"conditions": [
+        c.model_copy(update={"message": redact(c.message)[:MAX_MESSAGE]}) for c in status.conditions]}
+    if isinstance(status, StageSetStatus):
+        update["stages"] = [s.model_copy(update={"message": redact(s.message)[:MAX_MESSAGE]}) if s.message
+                            else s for s in status.stages]
+    return status.model_copy(update=update)

@@ -14,13 +14,15 @@ from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject, metadata
 
 
-def set_finalizer(client: KubeClient, *, resource: Resource, obj: KubeObject, present: bool) -> None:
-    """Make :data:`FINALIZER` present or absent; :class:`StageError` (Progressing) when the
-    object changed meanwhile (the caller reads it again and retries)."""
+def set_finalizer(client: KubeClient, *, resource: Resource, obj: KubeObject, present: bool
+                  ) -> KubeObject | None:
+    """Make :data:`FINALIZER` present or absent; returns the object as written (a new value; ``obj``
+    is left as it was), ``None`` when there was nothing to do.  :class:`StageError` (Progressing)
+    when the object changed meanwhile (the caller reads it again and retries)."""
     meta = metadata(obj)
     finalizers = list(meta.get("finalizers") or [])
     if (FINALIZER in finalizers) == present:
-        return
+        return None
     finalizers = [*finalizers, FINALIZER] if present else [f for f in finalizers if f != FINALIZER]
     path = resource.object_path(name=meta["name"], namespace=meta.get("namespace"))
     try:
@@ -33,5 +35,6 @@ def set_finalizer(client: KubeClient, *, resource: Resource, obj: KubeObject, pr
         if not (error.not_found or error.conflict or error.invalid):
             raise
         raise StageError(Reason.PROGRESSING, "object changed while updating finalizers; retrying") from error
-    obj["metadata"]["finalizers"] = finalizers
-    obj["metadata"]["resourceVersion"] = metadata(written).get("resourceVersion", meta.get("resourceVersion"))
+    return {**obj, "metadata": {**meta, "finalizers": finalizers,
+                                "resourceVersion": metadata(written).get("resourceVersion",
+                                                                         meta.get("resourceVersion"))}}

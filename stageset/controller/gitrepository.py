@@ -5,6 +5,9 @@ Identity: the GitRepository's ``secretRef`` is read as its ``serviceAccountName`
 controller; multi-tenant mode fails closed with ``RBACDenied``).  Status is written as the
 controller.
 
+Status is written by one :class:`~stageset.controller.status.StatusWriter` per reconcile, on
+a copy of the object handed over (the watch cache's objects are read-only).
+
 When the remote is down or the ref vanishes, the last artifact stays in status and
 in the mirror: StageSets keep applying what they last had.
 
@@ -20,11 +23,12 @@ messages name the URL without credentials; the log filter redacts the Secret's v
 from __future__ import annotations
 
 import base64
+import copy
 import logging
 import random
 import time
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Protocol
 
 from pydantic import ValidationError
 
@@ -35,6 +39,7 @@ from stageset.api import Artifact, GitRepository, GitRepositoryStatus, duration_
 from stageset.api.vocabulary import EventReason, EventType, Reason
 from stageset.apply.errors import StageError
 from stageset.controller import logs
+from stageset.controller.artifacts import artifact_consumer as artifact_consumer  # re-exported
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.events import EventRecorder
 from stageset.controller.identity import IdentityPolicy
@@ -42,7 +47,7 @@ from stageset.controller.metrics import Metrics
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
-from stageset.controller.status import StatusReport, validation_message
+from stageset.controller.status import StatusWriter, WriteListener, validation_message
 from stageset.kube.client import ApiError, ClientPool
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
@@ -69,12 +74,6 @@ class Fetcher(Protocol):
               timeout: float = 60.0, consumer: str | None = None) -> Snapshot: ...
 
     def tree_hash(self, url: str, *, commit: str, path: str = "./") -> str: ...
-
-
-def artifact_consumer(metadata: Mapping[str, Any]) -> str:
-    """Who a GitRepository's commits are served to in the shared mirror: this object (by
-    uid), so a reader can only read what this GitRepository itself was served."""
-    return f"{metadata['namespace']}/{metadata['name']}/{metadata.get('uid', '')}"
 
 
 def source_reason(error: SourceError) -> Reason:
@@ -123,8 +122,9 @@ class GitRepositoryReconciler:
     def __init__(self, *, clients: ClientPool, store: Fetcher, resource: Resource,
                  on_revision: RevisionListener, identities: IdentityPolicy, clock: Clock = system_clock,
                  events: EventRecorder | None = None, metrics: Metrics | None = None,
-                 runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL):
+                 runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL, on_write: WriteListener | None = None):
         self._clients = clients
+        self._on_write = on_write
         self._runbooks = runbook_base_url
         self._store = store
         self._resource = resource
@@ -147,13 +147,14 @@ class GitRepositoryReconciler:
         return credentials_from(data)
 
     def reconcile(self, raw: KubeObject) -> Result:
-        """Fetch the ref; returns when to poll again."""
+        """Fetch the ref; returns when to poll again (``raw``, from the watch cache: read, never changed)."""
+        raw = copy.deepcopy(raw)
         meta = raw["metadata"]
         redactor = Redactor(REGISTRY.of(("GitRepository", meta["namespace"], meta["name"])))
         try:
-            report = StatusReport(client=self._clients.client(), resource=self._resource, obj=raw,
+            report = StatusWriter(client=self._clients.client(), resource=self._resource, obj=raw,
                                   model=GitRepositoryStatus, clock=self._clock, redact=redactor,
-                                  runbook_base_url=self._runbooks)
+                                  runbook_base_url=self._runbooks, on_write=self._on_write)
         except ValidationError as error:
             raise TerminalError(f"cannot read the GitRepository's status ({validation_message(error)})") \
                 from error
@@ -176,16 +177,17 @@ class GitRepositoryReconciler:
             return self._store_artifact(raw, repo, snapshot, report, redactor, interval)
 
     def _store_artifact(self, raw: KubeObject, repo: GitRepository, snapshot: Snapshot,
-                        report: StatusReport[GitRepositoryStatus], redactor: Redactor, interval: float
+                        report: StatusWriter[GitRepositoryStatus], redactor: Redactor, interval: float
                         ) -> Result:
-        previous = report.status.artifact.revision if report.status.artifact else None
+        status = report.status
+        previous = status.artifact.revision if status.artifact else None
         if previous != snapshot.revision:
             # The root tree id is a content digest of the whole tree, for free.
             tree = self._store.tree_hash(repo.spec.url, commit=snapshot.commit, path="./")
-            report.status.artifact = Artifact(revision=snapshot.revision, digest=f"sha1:{tree}",
-                                              last_update_time=report.now())
+            status = status.model_copy(update={"artifact": Artifact(
+                revision=snapshot.revision, digest=f"sha1:{tree}", last_update_time=report.now())})
         report.conclude(ready=True, reason=Reason.SUCCEEDED,
-                        message=f"stored artifact for revision '{snapshot.revision}'")
+                        message=f"stored artifact for revision '{snapshot.revision}'", status=status)
         if previous != snapshot.revision and self._events is not None:
             self._events.emit(raw, type_=EventType.NORMAL, reason=EventReason.NEW_ARTIFACT, action="Fetch",
                               message=f"stored artifact for revision '{snapshot.revision}'", redact=redactor)
@@ -196,7 +198,7 @@ class GitRepositoryReconciler:
             self._on_revision(str(meta["namespace"]), str(meta["name"]), snapshot.revision)
         return Result(requeue_after=interval * random.uniform(0.9, 1.1))  # noqa: S311 - jitter, not crypto
 
-    def _fetch(self, repo: GitRepository, report: StatusReport[GitRepositoryStatus], redactor: Redactor
+    def _fetch(self, repo: GitRepository, report: StatusWriter[GitRepositoryStatus], redactor: Redactor
                ) -> Snapshot | None:
         """The fetched snapshot, or ``None`` with the failure reported (the last artifact kept:
         dependents go on using the last good revision)."""

@@ -1,4 +1,4 @@
-"""Wires watches, the work queue and the reconcilers into one running controller.
+"""Runs the controller: watches, the work queue and the reconcilers (built in :mod:`.wiring`).
 
 Identity: watches of StageSets and GitRepositories and all status writes use the
 controller's own identity; everything a StageSet applies goes through the
@@ -6,6 +6,9 @@ per-tenant clients the reconcilers ask :class:`ClientPool` for.
 
 Watches are namespace-scoped when ``watch_namespaces`` is set (one list/watch per
 namespace), so a sharded release never needs cluster-wide list rights.
+
+Objects in the watch cache are read-only: each reconcile works on its own copy, and its own
+writes reach the manager as values (``on_write``), kept until the watch has caught up with them.
 
 Observability hooks live here once for both kinds: every watch event updates the object's
 metrics (and a deletion removes them), every reconcile runs with its log fields bound
@@ -25,25 +28,21 @@ from typing import Any, Protocol
 from sources import MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
 from stageset.api.vocabulary import EventType, Reason
-from stageset.apply.engine import StageApplier
 from stageset.controller import logs
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder, ready_condition, ready_transition
-from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
 from stageset.controller.health import Lifecycle
-from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
 from stageset.controller.queue import Backoff, WorkQueue
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.stageset import StageSetReconciler
-from stageset.controller.stageset.rendering import SourceTrees
 from stageset.controller.status import requested_at
+from stageset.controller.wiring import Shared, Store, reconcilers
 from stageset.kube.client import ClientPool, UnreachableError
-from stageset.kube.mapping import Resource, RestMapper
+from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 from stageset.kube.watch import Reflector, wait_synced
 
@@ -57,10 +56,6 @@ Key = tuple[str, str, str]  # (kind, namespace, name)
 
 def _namespace(key: Key) -> str:
     return key[1]
-
-
-class Store(Fetcher, SourceTrees, Protocol):
-    """The Git mirror as the reconcilers use it (:class:`sources.MirrorStore`)."""
 
 
 class Reconciler(Protocol):
@@ -127,18 +122,14 @@ class Manager:
         self._store: Store = store or self._mirror_store(settings)
         if isinstance(self._store, MirrorStore):
             self.metrics.mirror(self._store.disk_usage)
-        identities = IdentityPolicy(cluster_admin=settings.cluster_admin)
         self.events = EventRecorder(admin, clock=clock)
-        self._git = GitRepositoryReconciler(clients=clients, store=self._store, resource=GITREPOSITORIES,
-                                            on_revision=self._revision_changed, identities=identities,
-                                            clock=clock, events=self.events, metrics=self.metrics,
-                                            runbook_base_url=settings.runbook_base_url)
         self._index = DependencyIndex()
-        self._stagesets = StageSetReconciler(
-            clients=clients, store=self._store,
-            applier=StageApplier(mapper=RestMapper(admin), settings=settings.apply),
-            resource=STAGESETS, source_resource=GITREPOSITORIES, settings=settings,
-            events=self.events, index=self._index, stop=self.stop, clock=clock, metrics=self.metrics)
+        shared = Shared(clients=clients, settings=settings, events=self.events, metrics=self.metrics,
+                        clock=clock, on_write=self._wrote)
+        wired = reconcilers(shared,
+                            store=self._store, stagesets=STAGESETS, gitrepositories=GITREPOSITORIES,
+                            index=self._index, stop=self.stop, on_revision=self._revision_changed)
+        self._stagesets, self._git = wired.stagesets, wired.gitrepositories
         self._reflectors: list[Reflector] = []
         for namespace in settings.watch_namespaces or (None,):
             for resource in (STAGESETS, GITREPOSITORIES):
@@ -232,7 +223,6 @@ class Manager:
                     obj = None if obj is None else self._with_own_status(key, obj)
                 if obj is not None:
                     self._reconcile(queue, key, obj)
-                    self._remember_status(key, obj)
             finally:
                 queue.done(key)
 
@@ -248,15 +238,23 @@ class Manager:
             return obj
         return {**obj, "status": copy.deepcopy(written[1])}
 
-    def _remember_status(self, key: Key, obj: KubeObject) -> None:
-        """After a reconcile: the status it left (``obj`` carries our writes and the version the
-        last one made; see :func:`~stageset.controller.status.write_status`)."""
+    def _wrote(self, obj: KubeObject) -> None:
+        """A reconcile wrote ``obj`` (its status, record or finalizer): remember the status it left,
+        at the version the write made, until the watch cache shows it."""
         version = _version(obj)
+        meta = obj.get("metadata") or {}
+        key: Key = (str(obj.get("kind")), str(meta.get("namespace", "")), str(meta.get("name", "")))
         if version is None:
             return
         with self._lock:
             if key in self._objects:  # not deleted meanwhile
                 self._written[key] = (version, copy.deepcopy(obj.get("status")))
+
+    def _latest(self, key: Key, obj: KubeObject) -> KubeObject:
+        """The object as the cache and our own writes know it now (``obj`` once it is gone)."""
+        with self._lock:
+            cached = self._objects.get(key)
+            return obj if cached is None else self._with_own_status(key, cached)
 
     def _reconcile(self, queue: WorkQueue[Key], key: Key, obj: KubeObject) -> None:
         before = dict(ready_condition(obj) or {}) or None
@@ -273,7 +271,7 @@ class Manager:
 
     def _tell_transition(self, key: Key, obj: KubeObject, before: dict[str, str] | None) -> None:
         """A Warning event (reason: Ready's) when this reconcile turned Ready False."""
-        after = ready_condition(obj)
+        after = ready_condition(self._latest(key, obj))
         if after is None or not ready_transition(before, after):
             return
         try:

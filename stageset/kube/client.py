@@ -435,12 +435,26 @@ class ClientPool:
         with self._lock:
             return cluster in self._configurations
 
+    def forget(self, cluster: ClusterKey) -> None:
+        """Drop a remote cluster and its clients (a request in flight on one of them finishes)."""
+        if cluster == LOCAL:
+            return
+        with self._lock:
+            self._configurations.pop(cluster, None)
+            self._health.pop(cluster, None)
+            for key in [k for k in self._clients if k[0] == cluster]:
+                del self._clients[key]
+
     def client(self, identity: Identity = Identity(), cluster: ClusterKey = LOCAL) -> KubeClient:
         key = (cluster, identity)
         with self._lock:
             found = self._clients.get(key)
             if found is None:
-                api = k8s.ApiClient(configuration=self._configurations[cluster])
+                configuration = self._configurations.get(cluster)
+                if configuration is None:
+                    raise UnreachableError(server=cluster.name, why="no longer among the remote clusters "
+                                           "kept (evicted meanwhile); retrying")
+                api = k8s.ApiClient(configuration=configuration)
                 found = KubeClient(api_client=api, identity=identity, timeout=self._timeout, cluster=cluster,
                                    observer=self._observer,
                                    health=self._health.setdefault(cluster, PathHealth()))

@@ -16,15 +16,16 @@ from typing import Any
 
 import pytest
 
-from stageset.apply.engine import StageApplier
+from stageset.controller.artifacts import artifact_consumer
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
-from stageset.controller.gitrepository import artifact_consumer
+from stageset.controller.identity import IdentityPolicy
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS
+from stageset.controller.metrics import Metrics
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.stageset import StageSetReconciler
-from stageset.kube.mapping import RestMapper
+from stageset.controller.stageset.reconciler import StageSetReconciler
+from stageset.controller.wiring import Shared, stageset_reconciler
 from stageset.kube.types import KubeObject
 from tests.inprocess.fakes import FakeClientPool, FakeCluster, FakeSources
 
@@ -96,19 +97,12 @@ class World:
     def make_reconciler(self, **settings: Any) -> StageSetReconciler:
         if settings:
             self.settings = ControllerSettings(**{**self.settings.__dict__, **settings})
-        admin = self.pool.client()
-        return StageSetReconciler(
-            clients=self.pool,
-            store=self.sources,
-            applier=StageApplier(mapper=RestMapper(admin), settings=self.settings.apply),
-            resource=STAGESETS,
-            source_resource=GITREPOSITORIES,
-            settings=self.settings,
-            events=EventRecorder(admin, clock=self.clock),
-            index=self.index,
-            stop=self.stop,
-            clock=self.clock,
-        )
+        shared = Shared(clients=self.pool, settings=self.settings, metrics=Metrics(), clock=self.clock,
+                        events=EventRecorder(self.pool.client(), clock=self.clock))
+        identities = IdentityPolicy(cluster_admin=self.settings.cluster_admin)
+        return stageset_reconciler(shared, identities=identities,
+                                   store=self.sources, resource=STAGESETS, source_resource=GITREPOSITORIES,
+                                   index=self.index, stop=self.stop)
 
     # -- Git --------------------------------------------------------------------------------
 

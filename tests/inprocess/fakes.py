@@ -29,6 +29,7 @@ from sources import RefNotFoundError, RefSelector, Snapshot
 from sources.credentials import Credentials
 from stageset.kube.client import LOCAL, ApiError, ClientPool, ClusterKey, Identity, KubeClient, QueryValue
 from stageset.kube.types import KubeObject
+from tests.recording import merge
 
 CONTROLLER = "controller"  # how requests made as the controller's own identity are recorded
 
@@ -52,7 +53,6 @@ _VOLATILE = ("resourceVersion", "managedFields", "generation", "uid", "creationT
 @dataclass(frozen=True)
 class Request:
     user: str
-    cluster: str
     verb: str  # get, list, watch, create, apply, patch, delete
     path: str
     dry_run: bool = False
@@ -86,29 +86,13 @@ def parse_path(path: str) -> Parsed | None:
         api_version, rest = f"{parts[1]}/{parts[2]}", parts[3:]
     if not rest:
         return None
-    if rest[0] == "namespaces" and len(rest) >= 3:
-        return Parsed(
-            api_version,
-            rest[1],
-            rest[2],
-            rest[3] if len(rest) > 3 else None,
-            rest[4] if len(rest) > 4 else None,
-        )
-    return Parsed(
-        api_version, None, rest[0], rest[1] if len(rest) > 1 else None, rest[2] if len(rest) > 2 else None
-    )
+    namespace = rest[1] if rest[0] == "namespaces" and len(rest) >= 3 else None
+    rest = rest[2:] if namespace is not None else rest
+    return Parsed(api_version, namespace, rest[0], *(rest[i] if len(rest) > i else None for i in (1, 2)))
 
 
-def _merge_patch(target: Any, patch: Any) -> Any:
-    if not isinstance(patch, dict):
-        return patch
-    result = dict(target) if isinstance(target, dict) else {}
-    for key, value in patch.items():
-        if value is None:
-            result.pop(key, None)
-        else:
-            result[key] = _merge_patch(result.get(key), value)
-    return result
+def _not_found(parsed: Parsed) -> ApiError:
+    return ApiError(status=404, reason="NotFound", message=f'{parsed.plural} "{parsed.name}" not found')
 
 
 def _content(obj: KubeObject) -> KubeObject:
@@ -160,7 +144,7 @@ class FakeCluster:
     def set_status(self, path: str, status: KubeObject) -> None:
         with self._lock:
             obj = self.objects[path]
-            obj["status"] = _merge_patch(obj.get("status") or {}, status)
+            obj["status"] = merge(obj.get("status") or {}, status)
             self._store(path, obj, event="MODIFIED")
 
     def remove(self, path: str) -> None:
@@ -201,33 +185,22 @@ class FakeCluster:
                 return True
         return False
 
-    def handle(
-        self,
-        *,
-        user: str,
-        method: str,
-        path: str,
-        query: Mapping[str, QueryValue] | None,
-        body: Any,
-        content_type: str,
-    ) -> KubeObject:
+    def handle(self, *, user: str, method: str, path: str, query: Mapping[str, QueryValue] | None, body: Any,
+               content_type: str) -> KubeObject:
         query = query or {}
         dry_run = query.get("dryRun") == "All"
         parsed = parse_path(path)
         verb = self._verb(method, content_type, parsed)
         with self._lock:
-            self.requests.append(Request(user=user, cluster=self.name, verb=verb, path=path, dry_run=dry_run))
+            self.requests.append(Request(user=user, verb=verb, path=path, dry_run=dry_run))
             if self.down is not None:
                 raise self.down
             for key in ((verb, path, dry_run), (verb, path, None)):
                 if key in self.failures:
                     raise self.failures[key]
             if not self._allowed(user, verb, path):
-                raise ApiError(
-                    status=403,
-                    reason="Forbidden",
-                    message=f'{path} is forbidden: User "{user}" cannot {verb} it',
-                )
+                raise ApiError(status=403, reason="Forbidden",
+                               message=f'{path} is forbidden: User "{user}" cannot {verb} it')
             if parsed is None:
                 return self._discovery(path)
             if verb == "list":
@@ -252,32 +225,27 @@ class FakeCluster:
 
     def _discovery(self, path: str) -> KubeObject:
         api_version = path.removeprefix("/api/").removeprefix("/apis/")
-        resources = [
-            {"name": plural, "kind": kind, "namespaced": namespaced}
-            for version, kind, plural, namespaced in KINDS
-            if version == api_version
-        ]
+        resources = [{"name": plural, "kind": kind, "namespaced": namespaced}
+                     for version, kind, plural, namespaced in KINDS if version == api_version]
         if not resources:
             raise ApiError(status=404, reason="NotFound", message=f"{path} not found")
         return {"kind": "APIResourceList", "groupVersion": api_version, "resources": resources}
 
     def _list(self, parsed: Parsed, selector: str = "") -> KubeObject:
         wanted = dict(term.split("=", 1) for term in selector.split(",") if term)  # equality terms only
-        items = [
-            copy.deepcopy(o)
-            for p, o in sorted(self.objects.items())
-            if (parse_path(p) or parsed).plural == parsed.plural
-            and (parsed.namespace is None or (o.get("metadata") or {}).get("namespace") == parsed.namespace)
-            and all(((o.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
-        ]
+        def listed(path: str, meta: KubeObject) -> bool:
+            return (parse_path(path) or parsed).plural == parsed.plural \
+                and parsed.namespace in (None, meta.get("namespace")) \
+                and all((meta.get("labels") or {}).get(k) == v for k, v in wanted.items())
+
+        items = [copy.deepcopy(o) for p, o in sorted(self.objects.items())
+                 if listed(p, o.get("metadata") or {})]
         return {"items": items, "metadata": {"resourceVersion": str(self._current())}}
 
     def _read(self, parsed: Parsed) -> KubeObject:
         found = self.objects.get(parsed.object_path)
         if found is None:
-            raise ApiError(
-                status=404, reason="NotFound", message=f'{parsed.plural} "{parsed.name}" not found'
-            )
+            raise _not_found(parsed)
         return copy.deepcopy(found)
 
     def _apply(self, parsed: Parsed, body: Any, *, dry_run: bool) -> KubeObject:
@@ -308,9 +276,7 @@ class FakeCluster:
     def _patch(self, parsed: Parsed, body: Any, content_type: str) -> KubeObject:
         obj = self.objects.get(parsed.object_path)
         if obj is None:
-            raise ApiError(
-                status=404, reason="NotFound", message=f'{parsed.plural} "{parsed.name}" not found'
-            )
+            raise _not_found(parsed)
         obj = copy.deepcopy(obj)
         if content_type == "application/json-patch+json":
             for op in body:
@@ -324,23 +290,19 @@ class FakeCluster:
                 self._record_event("DELETED", obj)
                 return obj
         elif parsed.subresource == "status":
-            obj["status"] = _merge_patch(obj.get("status") or {}, body.get("status") or {})
+            obj["status"] = merge(obj.get("status") or {}, body.get("status") or {})
         else:
-            obj = _merge_patch(obj, body)
+            obj = merge(obj, body)
         return self._store(parsed.object_path, obj, event="MODIFIED")
 
     def _delete(self, parsed: Parsed, *, dry_run: bool) -> KubeObject:
         obj = self.objects.get(parsed.object_path)
         if obj is None:
-            raise ApiError(
-                status=404, reason="NotFound", message=f'{parsed.plural} "{parsed.name}" not found'
-            )
+            raise _not_found(parsed)
         if dry_run:
             return copy.deepcopy(obj)
         if obj["metadata"].get("finalizers"):
-            obj["metadata"]["deletionTimestamp"] = (
-                obj["metadata"].get("deletionTimestamp") or "2000-01-01T00:00:00Z"
-            )
+            obj["metadata"].setdefault("deletionTimestamp", "2000-01-01T00:00:00Z")
             return self._store(parsed.object_path, obj, event="MODIFIED")
         self.objects.pop(parsed.object_path)
         self._record_event("DELETED", obj)
@@ -361,9 +323,8 @@ class FakeCluster:
         version, kind = obj["apiVersion"], obj["kind"]
         plural, namespaced = next((p, n) for v, k, p, n in KINDS if v == version and k == kind)
         metadata = obj["metadata"]
-        return Parsed(
-            version, metadata.get("namespace") if namespaced else None, plural, metadata["name"], None
-        ).object_path
+        return Parsed(version, metadata.get("namespace") if namespaced else None, plural, metadata["name"],
+                      None).object_path
 
     def _current(self) -> int:
         return self.events[-1][0] if self.events else 0
@@ -405,11 +366,8 @@ class FakeCluster:
                 seen = max(seen, version)
                 target = self._path_of(obj)
                 found = parse_path(target)
-                if (
-                    found is None
-                    or found.plural != parsed.plural
-                    or (parsed.namespace and found.namespace != parsed.namespace)
-                ):
+                if found is None or found.plural != parsed.plural or \
+                        (parsed.namespace and found.namespace != parsed.namespace):
                     continue
                 deadline = time.monotonic() + idle
                 yield {"type": kind, "object": copy.deepcopy(obj)}
@@ -426,31 +384,17 @@ class FakeKubeClient(KubeClient):
     def user(self) -> str:
         return self.identity.user or CONTROLLER
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        query: Mapping[str, QueryValue] | None = None,
-        body: Any = None,
-        content_type: str = "application/json",
-        timeout: float | None = None,  # noqa: ARG002 - the fake answers at once
-    ) -> KubeObject:
-        return self._cluster.handle(
-            user=self.user, method=method, path=path, query=query, body=body, content_type=content_type
-        )
+    def request(self, method: str, path: str, *, query: Mapping[str, QueryValue] | None = None,
+                body: Any = None, content_type: str = "application/json", timeout: float | None = None
+                ) -> KubeObject:
+        del timeout  # the fake answers at once
+        return self._cluster.handle(user=self.user, method=method, path=path, query=query, body=body,
+                                    content_type=content_type)
 
-    def stream(
-        self, path: str, *, query: Mapping[str, QueryValue], timeout: float  # noqa: ARG002
-    ) -> Iterator[KubeObject]:
-        self._cluster.requests.append(
-            Request(
-                user=self.user,
-                cluster=self._cluster.name,
-                verb="watch",
-                path=f"{path}?{urlencode(dict(query))}",
-            )
-        )
+    def stream(self, path: str, *, query: Mapping[str, QueryValue], timeout: float) -> Iterator[KubeObject]:
+        del timeout
+        watch = Request(user=self.user, verb="watch", path=f"{path}?{urlencode(dict(query))}")
+        self._cluster.requests.append(watch)
         since = int(str(query.get("resourceVersion") or 0))
         yield from self._cluster.watch(path, since=since, idle=0.5, stop=lambda: False)
 
@@ -465,18 +409,20 @@ class FakeClientPool(ClientPool):
         self.clusters: dict[str, FakeCluster] = {"local": local, **remotes}
         self._clients: dict[tuple[ClusterKey, Identity], KubeClient] = {}
         self._lock = threading.Lock()
-        self.registered: list[ClusterKey] = []
+        self.forgotten: list[ClusterKey] = []
         self._observer = None
 
     def register(self, cluster: ClusterKey, configuration: Any) -> None:
         # A remote named by its server URL's host (tests create FakeClusters named after them).
         with self._lock:
-            self.registered.append(cluster)
             host = str(configuration.host).removeprefix("https://").split(":")[0]
             self.clusters.setdefault(cluster.name, self.clusters.get(host) or FakeCluster(name=host))
 
-    def knows(self, cluster: ClusterKey) -> bool:
-        return cluster.name in self.clusters
+    def forget(self, cluster: ClusterKey) -> None:
+        with self._lock:
+            self.forgotten.append(cluster)
+            self.clusters.pop(cluster.name, None)
+            self._clients = {k: c for k, c in self._clients.items() if k[0] != cluster}
 
     def client(self, identity: Identity = Identity(), cluster: ClusterKey = LOCAL) -> KubeClient:  # noqa: B008
         with self._lock:
@@ -509,15 +455,9 @@ class FakeSources:
     def revision(self, url: str) -> str:
         return f"main@sha1:{self.heads[url]}"
 
-    def fetch(
-        self,
-        url: str,
-        *,
-        ref: RefSelector | None = None,  # noqa: ARG002 - always "main"
-        credentials: Credentials | None = None,
-        timeout: float = 60.0,  # noqa: ARG002
-        consumer: str | None = None,
-    ) -> Snapshot:
+    def fetch(self, url: str, *, ref: RefSelector | None = None, credentials: Credentials | None = None,
+              timeout: float = 60.0, consumer: str | None = None) -> Snapshot:
+        del ref, timeout  # always "main", at once
         self.fetches.append((url, credentials))
         if url not in self.heads:
             raise RefNotFoundError(f"{url}: no branch main")
@@ -541,10 +481,9 @@ class FakeSources:
         files = self._files(url, commit, path)
         return hashlib.sha1(json.dumps(files, sort_keys=True).encode()).hexdigest()  # noqa: S324
 
-    def read_tree(
-        self, url: str, *, commit: str, path: str = "./", ignore: str | None = None,  # noqa: ARG002
-        consumer: str | None = None, unreadable: dict[str, str] | None = None,  # noqa: ARG002
-    ) -> dict[str, bytes]:
+    def read_tree(self, url: str, *, commit: str, path: str = "./", ignore: str | None = None,
+                  consumer: str | None = None, unreadable: dict[str, str] | None = None) -> dict[str, bytes]:
+        del ignore, unreadable
         if consumer is not None and not self.is_served(url, commit=commit, consumer=consumer):
             raise RefNotFoundError(f"commit {commit} of {url} was not served to {consumer}")
         return {p: text.encode() for p, text in self._files(url, commit, path).items()}

@@ -1,19 +1,25 @@
-"""The StageSet reconciler, as small named parts.
+"""The StageSet reconciler, as small named parts.  A picture of one pass: docs/architecture.md.
 
-- ``reconciler`` — orchestration only: the reconcile and the pass as a list of named steps;
+- ``reconciler`` — orchestration only: copy what the cache handed over, read the spec
+  (teardown, suspend), prepare (finalizer, stage graph, dependencies, target), run one pass;
+- ``passes`` — one pass as named steps: render, refuse clashes, recover the inventory, apply
+  over the graph, verdict, prune, conclude;
 - ``plan`` — the pure pass plan: rechecks, the quiet-pass rule, the readiness window, the
-  verdict (Ready reason, requeue, when prune runs), teardown order.  No I/O; clock injected;
+  verdict (Ready reason, requeue, *when* prune runs), teardown order.  No I/O; clock injected;
+- ``progress`` — what a pass knows so far as one value, and the status it shows (pure);
+- ``writer`` — **everything a reconcile writes to its StageSet, and when**: finalizer,
+  inventory record, announce, progress, throttled waiting messages, conclusion;
 - ``reads`` — what a StageSet names, read as the tenant (sources, variables, dependencies);
-- ``targets`` — the cluster it applies to (``spec.kubeConfig``);
-- ``rendering`` — a stage's manifests, built and cached by content;
+- ``targets`` — the cluster it applies to (``spec.kubeConfig``), a bounded cache of remotes;
+- ``rendering`` — a stage's manifests, built and cached by content; ``Rendered`` carries the
+  stage's identity;
 - ``stage`` — applying one stage and judging its readiness within one slice;
-- ``scheduler`` — running stages over the dependency graph, branches concurrently;
+- ``scheduler`` — running stages over the dependency graph, branches concurrently, every
+  callback on the reconcile's thread;
+- ``records`` — the durable inventory record and rebuilding a lost inventory (reads only);
+- ``changes`` — what a pass changed, told: metrics, drift and prune events, the success event;
 - ``teardown`` — deleting a deleted StageSet's objects, dependents first.
 
-Who acts as whom: :mod:`stageset.controller.identity`.  Deleting objects, owner checks,
-the opt-out: :mod:`stageset.apply.prune`.
+Who acts as whom: :mod:`stageset.controller.identity`.  What prune deletes, the owner checks,
+the opt-out, ``prune: false``: :mod:`stageset.apply.prune`.
 """
-
-from stageset.controller.stageset.reconciler import StageSetReconciler
-
-__all__ = ["StageSetReconciler"]

@@ -1,10 +1,8 @@
 """What a StageSet's passes changed, told once: metrics per apply, drift and prune events, and a
 ``ReconciliationSucceeded`` event naming every change since the StageSet was last Ready.
 
-Identity: prune deletes as the identity each inventory entry records
-(:meth:`~stageset.controller.identity.IdentityPolicy.for_inventory`: the stage's
-ServiceAccount, or the controller in single-tenant mode), on the StageSet's target cluster;
-events are written as the controller (:class:`~stageset.controller.events.EventRecorder`).
+This module reports; it decides and deletes nothing (prune: :mod:`stageset.apply.prune`).
+Identity: events are written as the controller (:class:`~stageset.controller.events.EventRecorder`).
 Every message passes the StageSet's redactor.
 
 Memory: per StageSet, the changes since it was last Ready (one entry per object), dropped when
@@ -20,15 +18,11 @@ from collections.abc import Iterable
 from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.changeset import WRITES, Change
 from stageset.apply.engine import StageResult
-from stageset.apply.inventory import ObjectId, Stale, stale
-from stageset.apply.prune import Owner, prune
+from stageset.apply.inventory import ObjectId
+from stageset.apply.prune import PruneResult
 from stageset.controller.events import EventRecorder, change_summary
-from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
 from stageset.controller.redact import Redactor
-from stageset.controller.stageset.progress import Pass, Report
-from stageset.controller.stageset.targets import Target
-from stageset.kube.client import ClientPool, KubeClient
 from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
@@ -42,10 +36,7 @@ def ref_of(obj: KubeObject) -> StageSetRef:
 
 
 class Changes:
-    def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, events: EventRecorder,
-                 metrics: Metrics):
-        self._clients = clients
-        self._identities = identities
+    def __init__(self, *, events: EventRecorder, metrics: Metrics):
         self._events = events
         self._metrics = metrics
         self._changes: dict[StageSetRef, dict[ObjectId, Change]] = {}
@@ -81,39 +72,30 @@ class Changes:
         with self._lock:
             return list(self._changes.pop(ref, {}).values())
 
-    def succeeded(self, report: Report, state: Pass, *, pruned: int, revision: str,
+    def succeeded(self, obj: KubeObject, *, was_ready: bool, stages: int, pruned: int, revision: str,
                   redactor: Redactor) -> None:
         """Ready: a Normal event naming what changed since the StageSet was last Ready (none when a
         Ready StageSet's pass changed nothing)."""
-        summary = change_summary(self._take(ref_of(report.obj)), pruned=pruned)
-        if not summary and state.previous.ready:
+        summary = change_summary(self._take(ref_of(obj)), pruned=pruned)
+        if not summary and was_ready:
             return
-        message = summary or f"no changes; {len(state.outcomes)} stage(s) ready at {revision}"
-        self._events.emit(report.obj, type_=EventType.NORMAL, reason=EventReason.RECONCILIATION_SUCCEEDED,
+        message = summary or f"no changes; {stages} stage(s) ready at {revision}"
+        self._events.emit(obj, type_=EventType.NORMAL, reason=EventReason.RECONCILIATION_SUCCEEDED,
                           message=message, redact=redactor,
                           annotations={"stages.metio.wtf/revision": revision})
 
-    def prune(self, report: Report, state: Pass, target: Target, redactor: Redactor
-              ) -> tuple[list[Stale], int]:
-        """Delete what no stage renders any more; returns what could not be deleted, and how many
-        objects were."""
-        namespace, name = ref_of(report.obj)
-
-        def client_for(account: str | None) -> KubeClient | None:
-            identity = self._identities.for_inventory(account, namespace)
-            return None if identity is None else self._clients.client(identity, target.cluster)
-
-        disabled = [s.name for s in state.stageset.spec.stages if not s.prune]
-        result = prune(stale=stale(old=state.previous.inventories, new=state.fresh, prune_disabled=disabled),
-                       client_for=client_for, applier=target.applier, owner=Owner(namespace, name))
+    def pruned(self, obj: KubeObject, result: PruneResult, redactor: Redactor) -> int:
+        """Prune ran (:func:`stageset.apply.prune.prune`): log and count what it deleted, and tell
+        what it could not delete (a ``PruneFailed`` event); returns how many objects it deleted."""
+        ref = ref_of(obj)
         deleted = [c for c in result.changes if c.action in WRITES]
         for change in deleted:
             log.info("pruned %s: no longer in Git", change.id.describe())
-        self._metrics.pruned((namespace, name), deleted=len(deleted), failed=len(result.kept))
+        self._metrics.pruned(ref, deleted=len(deleted), failed=len(result.kept))
         if result.kept:
             names = ", ".join(sorted(i.id.describe() for i in result.kept)[:LISTED])
             log.warning("could not prune %d object(s) no longer in Git: %s", len(result.kept), names)
-            self._events.emit(report.obj, type_=EventType.WARNING, reason=EventReason.PRUNE_FAILED,
+            self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.PRUNE_FAILED,
                               message=f"could not delete {len(result.kept)} object(s) no longer in Git: "
                               f"{names}", action="Prune", redact=redactor)
-        return result.kept, len(deleted)
+        return len(deleted)

@@ -46,9 +46,10 @@ def stage_nodes(stageset: StageSet) -> list[StageNode]:
             for s in stageset.spec.stages]
 
 
-@dataclass
+@dataclass(frozen=True)
 class StageOutcome:
-    """Where one stage stands after (this part of) a pass; becomes ``status.stages[]``."""
+    """Where one stage stands after (this part of) a pass; becomes ``status.stages[]``.  A value:
+    a stage's work returns a new one, nothing changes one in place."""
 
     name: str
     phase: StagePhase

@@ -1,79 +1,101 @@
-"""What one pass knows so far, and how it shows in status while the pass runs.
+"""What one pass knows so far, as a value, and the status it shows.  Pure: no I/O, no clock.
 
-Identity: status writes go through the :class:`~stageset.controller.status.StatusReport`,
-which writes as the controller's own identity.
+- :class:`Progress` — every stage's outcome and the inventories (before the pass, shown, fresh);
+  each change makes a new value;
+- :func:`shown` — the status showing the stages and inventory as they stand (while a pass runs);
+- :func:`concluded` — the status a pass ends with, before its conditions: after a prune only
+  what is still owned, and the revision applied;
+- :func:`waiting_due` — the throttle: a waiting stage's phase shows at once, a new message at
+  most every :data:`PROGRESS_INTERVAL` seconds.
 
-Invariants: a quiet pass (a routine pass over a Ready StageSet, :func:`plan.quiet`) writes
-nothing until its conclusion; stages publish from their own threads, one status write at a
-time; a waiting stage's phase shows at once, a new message at most every
-:data:`PROGRESS_INTERVAL` seconds.
+What is written, and when, is :class:`~stageset.controller.stageset.writer.PassWriter`'s.
 """
 
 from __future__ import annotations
 
-import threading
-import time
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 
-from stageset.api import StageInventory, StageSet, StageSetStatus
-from stageset.api.vocabulary import Reason
-from stageset.apply.inventory import ordered
-from stageset.controller.stageset import plan
-from stageset.controller.status import StatusReport
-
-Report = StatusReport[StageSetStatus]
+from stageset.api import StageInventory, StageSet, StageSetStatus, StageStatus
+from stageset.api.vocabulary import StagePhase
+from stageset.apply.inventory import Stale, merged, ordered, with_kept
+from stageset.controller.stageset.plan import Previous, StageOutcome, Verdict
 
 # A stage that only waits updates its message in status at most this often (its phase at once).
 PROGRESS_INTERVAL = 5.0
 
 
-@dataclass
-class Pass:
-    """What one pass knows so far: stage outcomes and inventories (old, merged, fresh)."""
+@dataclass(frozen=True)
+class Progress:
+    """What one pass knows so far.  ``current`` is what status shows: the inventory before the
+    pass merged with what this pass applied (``fresh``), so nothing is forgotten before prune."""
 
-    stageset: StageSet
-    previous: plan.Previous
-    outcomes: dict[str, plan.StageOutcome]
-    current: dict[str, StageInventory]
-    fresh: dict[str, StageInventory] = field(default_factory=dict)
-    quiet: bool = False
-    # Stages publish from their own threads (waiting); one status write at a time.
-    lock: threading.Lock = field(default_factory=threading.Lock)
-    published: float = 0.0
-    partial: str | None = None
-    """Status had lost the inventory and the cluster could not be searched completely: why."""
+    order: tuple[str, ...]
+    """The stages, in spec order."""
+    previous: Previous
+    outcomes: Mapping[str, StageOutcome]
+    current: Mapping[str, StageInventory]
+    fresh: Mapping[str, StageInventory] = field(default_factory=dict)
 
-    def announce(self, report: Report, message: str) -> None:
-        """A pass begins: Ready=Unknown with ``message`` (never in a quiet pass)."""
-        if self.quiet:
-            return
-        with self.lock:
-            self.record(report)
-            report.conclude(ready=None, reason=Reason.PROGRESSING, message=message)
-            self.published = time.monotonic()
+    @classmethod
+    def start(cls, stageset: StageSet, previous: Previous) -> Progress:
+        """Every stage Pending, keeping what the last pass knew of it."""
+        names = tuple(s.name for s in stageset.spec.stages)
+        return cls(order=names, previous=previous, current=dict(previous.inventories),
+                   outcomes={n: StageOutcome.carried(n, previous.stages.get(n)) for n in names})
 
-    def publish(self, report: Report) -> None:
-        """Show the stages as they stand now (and the merged inventory so far) — never in a quiet
-        pass.  Conditions are left to :meth:`announce` and the conclusion, so a re-check pass
-        whose stages did not change writes nothing."""
-        if self.quiet:
-            return
-        with self.lock:
-            self.record(report)
-            if report.write():
-                self.published = time.monotonic()
+    def recovered(self, inventories: Mapping[str, StageInventory]) -> Progress:
+        """The inventories before the pass, as rebuilt from the cluster when status had lost them
+        (what status still holds is shown as it was)."""
+        return replace(self, previous=replace(self.previous, inventories=dict(inventories)),
+                       current={**inventories, **self.current})
 
-    def waiting(self, report: Report, outcome: plan.StageOutcome) -> None:
-        """A stage waits for readiness: its phase shows at once, a new message at most every
-        :data:`PROGRESS_INTERVAL` seconds."""
-        with self.lock:
-            before = self.outcomes[outcome.name]
-            self.outcomes[outcome.name] = outcome
-            if before.phase is outcome.phase and (before.message == outcome.message or
-                                                  time.monotonic() - self.published < PROGRESS_INTERVAL):
-                return
-        self.publish(report)
+    def with_outcome(self, outcome: StageOutcome) -> Progress:
+        return replace(self, outcomes={**self.outcomes, outcome.name: outcome})
 
-    def record(self, report: Report) -> None:
-        report.status.stages = [self.outcomes[s.name].status() for s in self.stageset.spec.stages]
-        report.status.inventory = ordered(self.current)
+    def applying(self, name: str) -> Progress:
+        return self.with_outcome(replace(self.outcomes[name], phase=StagePhase.APPLYING, message=""))
+
+    def rechecked(self, names: Iterable[str]) -> Progress:
+        """Stages only re-checked keep the phase and message they had until the re-check says otherwise."""
+        outcomes = dict(self.outcomes)
+        for name in names:
+            before = self.previous.stages[name]
+            outcomes[name] = replace(outcomes[name], phase=before.phase, message=before.message or "")
+        return replace(self, outcomes=outcomes)
+
+    def applied(self, outcome: StageOutcome, inventory: StageInventory | None) -> Progress:
+        """A stage's work ended with ``outcome``; ``inventory``: what it applied (``None``: nothing)."""
+        done = self.with_outcome(outcome)
+        if inventory is None:
+            return done
+        name = outcome.name
+        return replace(done, fresh={**self.fresh, name: inventory},
+                       current={**self.current, name: merged(self.previous.inventories.get(name), inventory)})
+
+    def stages(self) -> list[StageStatus]:
+        return [self.outcomes[name].status() for name in self.order]
+
+
+def shown(status: StageSetStatus, progress: Progress) -> StageSetStatus:
+    """``status`` showing the stages and the merged inventory as they stand now."""
+    return status.model_copy(update={"stages": progress.stages(), "inventory": ordered(progress.current)})
+
+
+def concluded(status: StageSetStatus, progress: Progress, verdict: Verdict, *, kept: Sequence[Stale] = ()
+              ) -> StageSetStatus:
+    """The status a pass ends with (its conditions are the writer's to add).  After a prune
+    (every stage Ready): only the new inventory and what could not be deleted (still tracked,
+    so a later pass tries again), and the revision applied."""
+    ended = shown(status, progress)
+    if not verdict.prune:
+        return ended
+    return ended.model_copy(update={"inventory": ordered(with_kept(progress.fresh, kept)),
+                                    "last_applied_revision": verdict.revision})
+
+
+def waiting_due(before: StageOutcome, after: StageOutcome, *, since_published: float) -> bool:
+    """Should a stage that waits be shown now?  Its phase at once; a new message only when
+    :data:`PROGRESS_INTERVAL` seconds have passed since status was last written."""
+    return before.phase is not after.phase or (before.message != after.message
+                                               and since_published >= PROGRESS_INTERVAL)

@@ -28,8 +28,8 @@ from stageset.api import API_VERSION, Stage, StageSet
 from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.build import BuildError, VariableSource, merge_variables
+from stageset.controller.artifacts import artifact_consumer
 from stageset.controller.conditions import ready_at_generation
-from stageset.controller.gitrepository import artifact_consumer
 from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject

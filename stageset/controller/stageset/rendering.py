@@ -26,7 +26,7 @@ from stageset.apply.inventory import ObjectId, object_id
 from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
 from stageset.controller.redact import Redactor
 from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
-from stageset.controller.stageset.reads import TenantReads
+from stageset.controller.stageset.reads import TenantReads, service_account_of
 from stageset.controller.stageset.targets import Target
 from stageset.kube.client import ClientPool, Identity
 from stageset.kube.types import KubeObject
@@ -54,6 +54,12 @@ class Rendered:
     objects: list[KubeObject]
     target: Target
     ids: set[ObjectId] = field(default_factory=set)
+
+    @property
+    def account(self) -> str | None:
+        """The ServiceAccount the stage acts as, as its inventory records it (``None``: the controller)."""
+        found = service_account_of(self.identity)
+        return found[1] if found is not None else None
 
 
 class Renderer:

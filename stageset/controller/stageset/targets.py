@@ -6,8 +6,10 @@ credentials, impersonating the stage's ServiceAccount there exactly as here; dis
 on the remote uses the kubeconfig's own identity.  A kubeconfig is only ever accepted
 with inline data (:mod:`stageset.kube.remote`): no commands, files or proxies.
 
-One :class:`Target` (client configuration and discovery cache) per kubeconfig content,
-kept for the life of the process.
+One :class:`Target` (client configuration and discovery cache) per kubeconfig content, at
+most :data:`MAX_REMOTES` of them: the least recently used is dropped (with its clients) past
+that, and built again — the Secret read, discovery run — when a StageSet uses it next.  A
+rotated kubeconfig is new content, so the old one ages out instead of staying forever.
 """
 
 from __future__ import annotations
@@ -15,17 +17,23 @@ from __future__ import annotations
 import base64
 import hashlib
 import threading
+from collections import OrderedDict
 from dataclasses import dataclass
 
 from stageset.api import StageSet
 from stageset.api.vocabulary import Reason
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
+from stageset.apply.prune import ClientFor
 from stageset.apply.settings import ApplySettings
+from stageset.controller.identity import IdentityPolicy
 from stageset.controller.stageset.reads import AccountCheck, read_named
 from stageset.kube.client import LOCAL, ClientPool, ClusterKey, Identity, KubeClient
 from stageset.kube.mapping import RestMapper
 from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
+
+# Remote clusters (distinct kubeconfig contents) kept at once: discovery of each is cached.
+MAX_REMOTES = 64
 
 
 @dataclass(frozen=True)
@@ -42,15 +50,29 @@ class Target:
         return self.cluster != LOCAL
 
 
+def inventory_clients(*, clients: ClientPool, identities: IdentityPolicy, namespace: str, target: Target
+                      ) -> ClientFor:
+    """The client for the identity an inventory records, on ``target`` (prune, rebuild, teardown);
+    ``None`` where that identity may no longer be used (:meth:`IdentityPolicy.for_inventory`)."""
+    def client_for(account: str | None) -> KubeClient | None:
+        identity = identities.for_inventory(account, namespace)
+        return None if identity is None else clients.client(identity, target.cluster)
+    return client_for
+
+
 class Targets:
     def __init__(self, *, clients: ClientPool, settings: ApplySettings, local: StageApplier,
-                 accounts: AccountCheck | None = None):
+                 accounts: AccountCheck | None = None, capacity: int = MAX_REMOTES):
         self._clients = clients
         self._accounts = accounts
         self._settings = settings
+        self._capacity = capacity
         self.local = Target(LOCAL, local)
-        self._remotes: dict[ClusterKey, Target] = {}
+        self._remotes: OrderedDict[ClusterKey, Target] = OrderedDict()
         self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._remotes)
 
     def resolve(self, client: KubeClient, stageset: StageSet) -> Target:
         """``client`` is bound to the StageSet's identity (it reads the kubeConfig Secret)."""
@@ -73,6 +95,7 @@ class Targets:
         with self._lock:
             found = self._remotes.get(cluster)
             if found is not None:
+                self._remotes.move_to_end(cluster)
                 return found
             try:
                 remote = parse_remote_kubeconfig(raw)
@@ -83,4 +106,7 @@ class Targets:
             target = Target(cluster, StageApplier(mapper=RestMapper(discovery), settings=self._settings),
                             server=remote.server)
             self._remotes[cluster] = target
+            while len(self._remotes) > self._capacity:
+                evicted, _ = self._remotes.popitem(last=False)
+                self._clients.forget(evicted)
             return target

@@ -31,23 +31,22 @@ from dataclasses import dataclass
 
 import urllib3
 
-from stageset.api import InventoryEntry, StageInventory, StageSet, StageSetStatus
+from stageset.api import InventoryEntry, StageInventory, StageSet
 from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import entry_id, left_behind, ordered, stage_inventory
 from stageset.apply.orphan import release_stage
-from stageset.apply.prune import Owner, TeardownProgress, teardown_stage
+from stageset.apply.prune import Owner, TeardownProgress, teardown_stage, unpruned_stages
 from stageset.controller.clock import Clock
 from stageset.controller.events import EventRecorder
-from stageset.controller.finalizers import set_finalizer
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.result import Result
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.targets import Target, Targets
-from stageset.controller.status import StatusReport
+from stageset.controller.stageset.writer import PassWriter
 from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
-from stageset.kube.mapping import Resource
+from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
 
@@ -68,13 +67,12 @@ class Attempt:
 
 class Teardown:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, targets: Targets,
-                 events: EventRecorder, resource: Resource, clock: Clock, max_wait: float, records: Records):
+                 events: EventRecorder, clock: Clock, max_wait: float, records: Records):
         self._clients = clients
         self._records = records
         self._identities = identities
         self._targets = targets
         self._events = events
-        self._resource = resource
         self._clock = clock
         self._max_wait = max_wait
 
@@ -117,36 +115,30 @@ class Teardown:
                               f"{identity.describe()}")
         return progress, None
 
-    def run(self, report: StatusReport[StageSetStatus], stageset: StageSet | None) -> Result:
-        meta = report.obj["metadata"]
+    def run(self, writer: PassWriter, stageset: StageSet | None) -> Result:
+        meta = writer.obj["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
-        status = report.status
-        inventories = {inv.name: inv for inv in status.inventory}
+        inventories = {inv.name: inv for inv in writer.status.inventory}
         now = self._clock()
         deleted_at = meta.get("deletionTimestamp")
         expired = teardown_expired(now=now, deleted_at=deleted_at, max_wait=self._max_wait)
         target, failure = self._target(stageset)
         owner = Owner(namespace, name)
         if target is not None:
-            # Status lost its inventory (restored without status): find the objects by their labels.
-            try:
-                inventories, problem = self._records.recover(report.obj, inventories=inventories, wanted={},
-                                                             target=target)
-            except _CLUSTER_ERRORS as error:
-                problem = f"rebuilding the inventory failed: {_why(error)}"
+            inventories, problem = self._recover(writer, inventories, target)
             if problem:
                 failure = problem
                 if not expired:
                     log.warning("teardown of StageSet %s/%s waits: %s", namespace, name, problem)
                     return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
                                                                max_wait=self._max_wait))
-        released = {s.name for s in stageset.spec.stages if not s.prune} if stageset else set()
+        released = set(unpruned_stages(stageset)) if stageset else set()
         order = teardown_order(stage_nodes(stageset) if stageset else None, inventories)
         log.debug("tearing down stages in order: %s", ", ".join(order) or "none left")
         for stage in order:
             inv = inventories[stage]
             release = None if stage not in released else \
-                functools.partial(self._leave_behind, report, stage, inv, owner=owner)
+                functools.partial(self._leave_behind, writer.obj, stage, inv, owner=owner)
             progress, failed = self._stage(inv, target=target, namespace=namespace, owner=owner,
                                            release=release)
             failure = failed or failure
@@ -159,8 +151,7 @@ class Teardown:
                 inventories[stage] = stage_inventory(inv.name, inv.service_account_name, progress.remaining)
             else:
                 del inventories[stage]
-            status.inventory = ordered(inventories)
-            report.write()
+            writer.inventory(ordered(inventories))
             if not progress.remaining:
                 continue
             if failure:
@@ -172,15 +163,25 @@ class Teardown:
                                                            max_wait=self._max_wait))
             break
         if inventories:
-            self._forced(report, list(inventories.values()), failure)
+            self._forced(writer.obj, list(inventories.values()), failure)
         try:
-            set_finalizer(self._clients.client(), resource=self._resource, obj=report.obj, present=False)
+            writer.finalizer(present=False)
         except StageError:
             return Result(requeue_after=AGAIN)  # changed under us: read it again and retry
         log.info("teardown finished: finalizer removed")
         return Result()
 
-    def _leave_behind(self, report: StatusReport[StageSetStatus], stage: str, inventory: StageInventory,
+    def _recover(self, writer: PassWriter, inventories: dict[str, StageInventory], target: Target
+                 ) -> tuple[dict[str, StageInventory], str | None]:
+        """Status lost its inventory (restored without status): find the objects by their labels."""
+        try:
+            recovered = self._records.recover(writer.obj, inventories=inventories, wanted={}, target=target)
+            writer.record(recovered.record)
+        except _CLUSTER_ERRORS as error:
+            return inventories, f"rebuilding the inventory failed: {_why(error)}"
+        return recovered.inventories, recovered.problem
+
+    def _leave_behind(self, obj: KubeObject, stage: str, inventory: StageInventory,
                       client: KubeClient, target: Target, *, owner: Owner) -> list[InventoryEntry]:
         """``prune: false``: release the stage's objects (owner labels removed, as the stage's
         identity) instead of deleting them; returns what could not be released."""
@@ -188,20 +189,19 @@ class Teardown:
         if result.released:
             names = ", ".join(sorted(oid.describe() for oid in result.released)[:10])
             more = f" and {len(result.released) - 10} more" if len(result.released) > 10 else ""
-            self._events.emit(report.obj, type_=EventType.NORMAL, reason=EventReason.ORPHANED,
+            self._events.emit(obj, type_=EventType.NORMAL, reason=EventReason.ORPHANED,
                               message=f"stage {stage!r} has prune: false: left {len(result.released)} "
                               f"object(s) in place without owner labels: {names}{more}", action="Teardown")
         return result.remaining
 
-    def _forced(self, report: StatusReport[StageSetStatus], left: list[StageInventory], failure: str | None
-                ) -> None:
+    def _forced(self, obj: KubeObject, left: list[StageInventory], failure: str | None) -> None:
         count = sum(len(inv.entries) for inv in left)
         why = f" (last failure: {failure})" if failure else ""
         message = (f"gave up after {self._max_wait:.0f}s: {count} object(s) left behind{why}: "
                    f"{left_behind(left)}; they keep their stages.metio.wtf owner labels")
-        log.warning("StageSet %s/%s released: %s", report.obj["metadata"]["namespace"],
-                    report.obj["metadata"]["name"], message)
-        self._events.emit(report.obj, type_=EventType.WARNING, reason=EventReason.TEARDOWN_FORCED,
+        log.warning("StageSet %s/%s released: %s", obj["metadata"]["namespace"], obj["metadata"]["name"],
+                    message)
+        self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.TEARDOWN_FORCED,
                           message=message, action="Teardown")
 
 

@@ -1,0 +1,137 @@
+"""Everything a StageSet reconcile writes to its StageSet, and when: the one place.
+
+Identity: the controller's own — the status subresource, the finalizer and the inventory record
+annotation are the only parts of a StageSet its ClusterRole may write.
+
+What a reconcile writes, in the order a pass does:
+
+1. :meth:`PassWriter.finalizer` — present before anything is applied; removed at the end of a
+   teardown (an optimistic JSON patch that tests the resourceVersion);
+2. :meth:`PassWriter.record` — the inventory record: covering what the stages are about to apply
+   (before they apply it), rebuilt when status lost the inventory, settled to what is still owned
+   after a complete prune; skipped when the annotation already says so;
+3. :meth:`PassWriter.announce` — a pass begins: Ready=Unknown "applying stages" (never in a quiet
+   pass, nor when a pass is already visibly in progress: :func:`plan.announce`);
+4. :meth:`PassWriter.show` — the stages and the merged inventory as they stand, after each stage
+   that finishes while more remain (never in a quiet pass: :func:`plan.quiet`);
+5. :meth:`PassWriter.waiting` — a stage waits for readiness: its phase at once, a new message at
+   most every :data:`~stageset.controller.stageset.progress.PROGRESS_INTERVAL` seconds;
+6. :meth:`PassWriter.conclude` — every reconcile ends with its conditions (after teardown
+   steps, :meth:`PassWriter.inventory`).
+
+Every status written is a value made by pure functions (:mod:`~stageset.controller.stageset.progress`,
+:func:`~stageset.controller.conditions.concluded`) and written by one
+:class:`~stageset.controller.status.StatusWriter`, which redacts every message and skips a write
+that would change nothing.  Nothing here changes the object the reconcile was given; the object
+as written is :attr:`PassWriter.obj`.  Called from the reconcile's own thread only (stages tell
+the pass through the scheduler).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from stageset.api import StageInventory, StageSetStatus
+from stageset.api.vocabulary import Reason
+from stageset.apply.record import ANNOTATION, Record
+from stageset.controller.finalizers import set_finalizer
+from stageset.controller.stageset.plan import StageOutcome
+from stageset.controller.stageset.progress import Progress, shown, waiting_due
+from stageset.controller.status import StatusWriter, with_version
+from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.mapping import Resource
+from stageset.kube.types import KubeObject, metadata
+
+Ticks = Callable[[], float]  # seconds, monotonic: only ever compared with itself
+
+
+class PassWriter:
+    def __init__(self, *, status: StatusWriter[StageSetStatus], client: KubeClient, resource: Resource,
+                 ticks: Ticks = time.monotonic):
+        self._status = status
+        self._client = client
+        self._resource = resource
+        self._ticks = ticks
+        self._published = 0.0
+        self.quiet = False
+        """A routine pass over a Ready StageSet: nothing is written until its conclusion."""
+
+    @property
+    def obj(self) -> KubeObject:
+        return self._status.obj
+
+    @property
+    def status(self) -> StageSetStatus:
+        return self._status.status
+
+    @property
+    def generation(self) -> int:
+        return self._status.generation
+
+    # -- the object: finalizer and record ---------------------------------------------------
+
+    def finalizer(self, *, present: bool) -> None:
+        """Add or remove our finalizer; :class:`StageError` when the object changed meanwhile."""
+        written = set_finalizer(self._client, resource=self._resource, obj=self.obj, present=present)
+        if written is not None:
+            self._status.wrote(written)
+
+    def record(self, record: Record | None) -> None:
+        """The inventory record annotation (``None``: nothing to record now)."""
+        if record is None:
+            return
+        value = record.encode() if record.stages or record.rebuild else None
+        meta = metadata(self.obj)
+        annotations = dict(meta.get("annotations") or {})
+        if annotations.get(ANNOTATION) == value:
+            return
+        path = self._resource.object_path(name=meta["name"], namespace=meta.get("namespace"))
+        try:
+            written = self._client.request("PATCH", path, content_type="application/merge-patch+json",
+                                           body={"metadata": {"annotations": {ANNOTATION: value}}})
+        except ApiError as error:
+            if error.not_found:
+                return
+            raise
+        if value is None:
+            annotations.pop(ANNOTATION, None)
+        else:
+            annotations[ANNOTATION] = value
+        self._status.wrote(with_version(self.obj, written, annotations=annotations))
+
+    # -- status while a pass runs -------------------------------------------------------------
+
+    def announce(self, progress: Progress, message: str) -> None:
+        """A pass begins: Ready=Unknown with ``message`` (never in a quiet pass)."""
+        if self.quiet:
+            return
+        self._status.conclude(ready=None, reason=Reason.PROGRESSING, message=message,
+                              status=shown(self.status, progress))
+        self._published = self._ticks()
+
+    def show(self, progress: Progress) -> None:
+        """Show the stages as they stand now (and the merged inventory so far) — never in a quiet
+        pass.  Conditions are left to :meth:`announce` and the conclusion, so a re-check pass
+        whose stages did not change writes nothing."""
+        if self.quiet:
+            return
+        if self._status.write(shown(self.status, progress)):
+            self._published = self._ticks()
+
+    def waiting(self, before: StageOutcome, progress: Progress) -> None:
+        """A stage waits for readiness (its outcome in ``progress``; ``before``: what it was)."""
+        since = self._ticks() - self._published
+        if waiting_due(before, progress.outcomes[before.name], since_published=since):
+            self.show(progress)
+
+    # -- the end ------------------------------------------------------------------------------
+
+    def inventory(self, inventory: list[StageInventory]) -> None:
+        """Teardown: what is left of the inventory."""
+        self._status.write(self.status.model_copy(update={"inventory": inventory}))
+
+    def conclude(self, *, ready: bool | None, reason: Reason, message: str, stalled: bool = False,
+                 status: StageSetStatus | None = None) -> None:
+        """The reconcile's conditions (with ``status``: the status a pass ended with)."""
+        self._status.conclude(ready=ready, reason=reason, message=message, stalled=stalled, status=status)
