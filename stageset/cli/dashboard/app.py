@@ -191,7 +191,7 @@ def _page_response(dashboard: Dashboard, page: Page, *, status: int = 200) -> HT
 
 def _not_here(dashboard: Dashboard, namespace: str, name: str) -> HTMLResponse:
     html = dashboard.render("missing.html", title="not shown", namespace=namespace, name=name,
-                            scope=dashboard.scope)
+                            scope=dashboard.scope, live=None)
     return HTMLResponse(str(html), status_code=404)
 
 
