@@ -21,9 +21,16 @@ from pathlib import Path
 from playwright.sync_api import Browser, sync_playwright
 
 CHROMIUM = Path(os.environ.get("STAGESET_CHROMIUM", "/usr/bin/chromium"))
-FLAGS = ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-dev-shm-usage"]
+FLAGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-dev-shm-usage",
+]
 
 
 @contextmanager
@@ -49,15 +56,30 @@ class DashboardProcess:
 def dashboard(*args: str, kubeconfig: Path, timeout: float = 60.0) -> Iterator[DashboardProcess]:
     """``stageset dashboard --address 127.0.0.1:0 ARGS`` until the block ends (then Ctrl-C)."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "stageset.cli", "dashboard", "--address", "127.0.0.1:0",
-         "--kubeconfig", str(kubeconfig), *args],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        [
+            sys.executable,
+            "-m",
+            "stageset.cli",
+            "dashboard",
+            "--address",
+            "127.0.0.1:0",
+            "--kubeconfig",
+            str(kubeconfig),
+            *args,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+    )
     assert process.stdout is not None
     try:
         deadline = time.monotonic() + timeout
         while not select.select([process.stdout], [], [], 0.5)[0]:
             if process.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"stageset dashboard did not start: {process.stderr.read() if process.stderr else ''}")
+                raise RuntimeError(
+                    f"stageset dashboard did not start: {process.stderr.read() if process.stderr else ''}"
+                )
         first = process.stdout.readline()
         second = process.stdout.readline()
         url = first.strip().split()[-1]

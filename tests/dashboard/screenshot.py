@@ -23,8 +23,9 @@ def main() -> None:
     parser.add_argument("--full-page", action="store_true")
     options = parser.parse_args()
     with chromium() as browser:
-        page = browser.new_page(viewport={"width": options.width, "height": options.height},
-                                device_scale_factor=1)
+        page = browser.new_page(
+            viewport={"width": options.width, "height": options.height}, device_scale_factor=1
+        )
         page.goto(options.url)
         page.wait_for_selector("#live[data-state=on]", timeout=15_000)
         time.sleep(options.wait)

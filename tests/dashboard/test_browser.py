@@ -65,8 +65,12 @@ class World:
 
 def write_status(admin: KubeClient, namespace: str, name: str, status: dict[str, Any]) -> None:
     """As the controller writes it: the status subresource (a merge patch replaces the lists)."""
-    admin.request("PATCH", f"{API.format(ns=namespace)}/{name}/status", body={"status": status},
-                  content_type="application/merge-patch+json")
+    admin.request(
+        "PATCH",
+        f"{API.format(ns=namespace)}/{name}/status",
+        body={"status": status},
+        content_type="application/merge-patch+json",
+    )
 
 
 def apply(admin: KubeClient, path: str, obj: dict[str, Any]) -> None:
@@ -78,37 +82,70 @@ def stage_status(name: str, phase: str, **extra: Any) -> dict[str, Any]:
 
 
 def ready(status: str, reason: str, message: str = "") -> list[dict[str, Any]]:
-    return [{"type": "Ready", "status": status, "reason": reason, "message": message, "observedGeneration": 1,
-             "lastTransitionTime": "2026-01-01T00:00:00Z"}]
+    return [
+        {
+            "type": "Ready",
+            "status": status,
+            "reason": reason,
+            "message": message,
+            "observedGeneration": 1,
+            "lastTransitionTime": "2026-01-01T00:00:00Z",
+        }
+    ]
 
 
 def release_status(api_phase: str) -> dict[str, Any]:
     return {
         "observedGeneration": 1,
         "conditions": ready("False", "StageProgressing", "stage api: Deployment api: 0/1 replicas ready"),
-        "stages": [stage_status("db", "Ready", objects=1),
-                   stage_status("api", api_phase, objects=1,
-                                message="" if api_phase == "Ready" else "Deployment api: 0/1 replicas ready"),
-                   stage_status("web", "Ready", objects=0), stage_status("edge", "Pending")],
-        "inventory": [{"name": "db", "entries": [{"id": f"{TEAM}_db-settings__ConfigMap", "v": "v1"}]},
-                      {"name": "api", "entries": [{"id": f"{TEAM}_api_apps_Deployment", "v": "apps/v1"}]}],
+        "stages": [
+            stage_status("db", "Ready", objects=1),
+            stage_status(
+                "api",
+                api_phase,
+                objects=1,
+                message="" if api_phase == "Ready" else "Deployment api: 0/1 replicas ready",
+            ),
+            stage_status("web", "Ready", objects=0),
+            stage_status("edge", "Pending"),
+        ],
+        "inventory": [
+            {"name": "db", "entries": [{"id": f"{TEAM}_db-settings__ConfigMap", "v": "v1"}]},
+            {"name": "api", "entries": [{"id": f"{TEAM}_api_apps_Deployment", "v": "apps/v1"}]},
+        ],
     }
 
 
 def deployment() -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "api", "namespace": TEAM},
-            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "api"}},
-                     "template": {"metadata": {"labels": {"app": "api"}},
-                                  "spec": {"containers": [{"name": "api", "image": "example.invalid/api:1"}]}}}}
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "api", "namespace": TEAM},
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": {"app": "api"}},
+            "template": {
+                "metadata": {"labels": {"app": "api"}},
+                "spec": {"containers": [{"name": "api", "image": "example.invalid/api:1"}]},
+            },
+        },
+    }
 
 
 @pytest.fixture(scope="module")
-def world(installed: KubeClient, control_plane: ControlPlane, controller: ControllerProcess, git_server: GitServer,
-          tmp_path_factory: pytest.TempPathFactory) -> World:
+def world(
+    installed: KubeClient,
+    control_plane: ControlPlane,
+    controller: ControllerProcess,
+    git_server: GitServer,
+    tmp_path_factory: pytest.TempPathFactory,
+) -> World:
     admin = installed
     # The example, exactly as `make run` applies it, in its own namespace.
     install.create_tenant(admin, namespace=LIVE, service_account="shop-deployer")
-    files = {str(p.relative_to(EXAMPLES)): p.read_text() for p in (EXAMPLES / "app").rglob("*") if p.is_file()}
+    files = {
+        str(p.relative_to(EXAMPLES)): p.read_text() for p in (EXAMPLES / "app").rglob("*") if p.is_file()
+    }
     url = git_server.create_repo(f"{LIVE}-examples", files)
     text = string.Template((EXAMPLES / "stageset.yaml").read_text()).safe_substitute(GIT_URL=url)
     for doc in yaml.safe_load_all(text):
@@ -117,52 +154,132 @@ def world(installed: KubeClient, control_plane: ControlPlane, controller: Contro
         apply(admin, f"/apis/stages.metio.wtf/v1/namespaces/{LIVE}/{plural}/{doc['metadata']['name']}", doc)
 
     for namespace in (TEAM, OTHER):
-        apply(admin, f"/api/v1/namespaces/{namespace}",
-              {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        apply(
+            admin,
+            f"/api/v1/namespaces/{namespace}",
+            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+        )
     source = {"sourceRef": {"name": "app"}}
-    apply(admin, f"{API.format(ns=TEAM)}/release", {
-        "apiVersion": "stages.metio.wtf/v1", "kind": "StageSet", "metadata": {"name": "release", "namespace": TEAM},
-        "spec": {"dependsOn": [{"name": "plans", "namespace": OTHER}], "stages": [
-            {"name": "db", **source}, {"name": "api", **source},
-            {"name": "web", "dependsOn": ["db"], **source}, {"name": "edge", "dependsOn": ["api", "web"], **source}]}})
+    apply(
+        admin,
+        f"{API.format(ns=TEAM)}/release",
+        {
+            "apiVersion": "stages.metio.wtf/v1",
+            "kind": "StageSet",
+            "metadata": {"name": "release", "namespace": TEAM},
+            "spec": {
+                "dependsOn": [{"name": "plans", "namespace": OTHER}],
+                "stages": [
+                    {"name": "db", **source},
+                    {"name": "api", **source},
+                    {"name": "web", "dependsOn": ["db"], **source},
+                    {"name": "edge", "dependsOn": ["api", "web"], **source},
+                ],
+            },
+        },
+    )
     write_status(admin, TEAM, "release", release_status("Waiting"))
-    apply(admin, f"/api/v1/namespaces/{TEAM}/configmaps/db-settings",
-          {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "db-settings", "namespace": TEAM}})
+    apply(
+        admin,
+        f"/api/v1/namespaces/{TEAM}/configmaps/db-settings",
+        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "db-settings", "namespace": TEAM}},
+    )
     apply(admin, f"/apis/apps/v1/namespaces/{TEAM}/deployments/api", deployment())
 
-    apply(admin, f"{API.format(ns=TEAM)}/hostile", {
-        "apiVersion": "stages.metio.wtf/v1", "kind": "StageSet", "metadata": {"name": "hostile", "namespace": TEAM},
-        "spec": {"stages": [{"name": "only", **source}]}})
-    write_status(admin, TEAM, "hostile", {
-        "observedGeneration": 1, "conditions": ready("False", "StageFailed", HOSTILE_MESSAGE),
-        "stages": [stage_status("only", "Failed", message=HOSTILE_MESSAGE)],
-        "inventory": [{"name": "only", "entries": [{"id": f"{TEAM}_{HOSTILE_NAME}__ConfigMap", "v": "v1"}]}]})
-    admin.request("POST", f"/api/v1/namespaces/{TEAM}/events", body={
-        "apiVersion": "v1", "kind": "Event", "metadata": {"name": f"hostile.{SUFFIX}", "namespace": TEAM},
-        "involvedObject": {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet", "name": "hostile",
-                           "namespace": TEAM},
-        "type": "Warning", "reason": "Hostile", "message": HOSTILE_MESSAGE, "count": 1,
-        "firstTimestamp": "2026-01-01T00:00:00Z", "lastTimestamp": "2026-01-01T00:00:00Z",
-        "source": {"component": "dashboard-test"}})
+    apply(
+        admin,
+        f"{API.format(ns=TEAM)}/hostile",
+        {
+            "apiVersion": "stages.metio.wtf/v1",
+            "kind": "StageSet",
+            "metadata": {"name": "hostile", "namespace": TEAM},
+            "spec": {"stages": [{"name": "only", **source}]},
+        },
+    )
+    write_status(
+        admin,
+        TEAM,
+        "hostile",
+        {
+            "observedGeneration": 1,
+            "conditions": ready("False", "StageFailed", HOSTILE_MESSAGE),
+            "stages": [stage_status("only", "Failed", message=HOSTILE_MESSAGE)],
+            "inventory": [
+                {"name": "only", "entries": [{"id": f"{TEAM}_{HOSTILE_NAME}__ConfigMap", "v": "v1"}]}
+            ],
+        },
+    )
+    admin.request(
+        "POST",
+        f"/api/v1/namespaces/{TEAM}/events",
+        body={
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": f"hostile.{SUFFIX}", "namespace": TEAM},
+            "involvedObject": {
+                "apiVersion": "stages.metio.wtf/v1",
+                "kind": "StageSet",
+                "name": "hostile",
+                "namespace": TEAM,
+            },
+            "type": "Warning",
+            "reason": "Hostile",
+            "message": HOSTILE_MESSAGE,
+            "count": 1,
+            "firstTimestamp": "2026-01-01T00:00:00Z",
+            "lastTimestamp": "2026-01-01T00:00:00Z",
+            "source": {"component": "dashboard-test"},
+        },
+    )
 
-    apply(admin, f"{API.format(ns=OTHER)}/plans", {
-        "apiVersion": "stages.metio.wtf/v1", "kind": "StageSet", "metadata": {"name": "plans", "namespace": OTHER},
-        "spec": {"stages": [{"name": "secret", **source}]}})
-    write_status(admin, OTHER, "plans", {"observedGeneration": 1,
-                                         "conditions": ready("False", "StageFailed", MARKER),
-                                         "stages": [stage_status("secret", "Failed", message=MARKER)]})
+    apply(
+        admin,
+        f"{API.format(ns=OTHER)}/plans",
+        {
+            "apiVersion": "stages.metio.wtf/v1",
+            "kind": "StageSet",
+            "metadata": {"name": "plans", "namespace": OTHER},
+            "spec": {"stages": [{"name": "secret", **source}]},
+        },
+    )
+    write_status(
+        admin,
+        OTHER,
+        "plans",
+        {
+            "observedGeneration": 1,
+            "conditions": ready("False", "StageFailed", MARKER),
+            "stages": [stage_status("secret", "Failed", message=MARKER)],
+        },
+    )
 
     # A user who may read the team's namespace (ClusterRole view, bound there) and nothing else.
     viewer = "viewer"
-    kubeconfig = user_kubeconfig(admin, control_plane, namespace=TEAM, account=viewer,
-                                 path=tmp_path_factory.mktemp("viewer") / "kubeconfig", context_namespace=TEAM)
-    apply(admin, f"/apis/rbac.authorization.k8s.io/v1/namespaces/{TEAM}/rolebindings/viewer-view", {
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
-        "metadata": {"name": "viewer-view", "namespace": TEAM},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
-        "subjects": [{"kind": "ServiceAccount", "name": viewer, "namespace": TEAM}]})
-    return World(admin=admin, plane=control_plane, team_kubeconfig=kubeconfig,
-                 viewer=f"system:serviceaccount:{TEAM}:{viewer}")
+    kubeconfig = user_kubeconfig(
+        admin,
+        control_plane,
+        namespace=TEAM,
+        account=viewer,
+        path=tmp_path_factory.mktemp("viewer") / "kubeconfig",
+        context_namespace=TEAM,
+    )
+    apply(
+        admin,
+        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{TEAM}/rolebindings/viewer-view",
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": {"name": "viewer-view", "namespace": TEAM},
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
+            "subjects": [{"kind": "ServiceAccount", "name": viewer, "namespace": TEAM}],
+        },
+    )
+    return World(
+        admin=admin,
+        plane=control_plane,
+        team_kubeconfig=kubeconfig,
+        viewer=f"system:serviceaccount:{TEAM}:{viewer}",
+    )
 
 
 @pytest.fixture(scope="module")
@@ -194,8 +311,10 @@ def node(page: Page, name: str, *, picture: str = "wide") -> Any:
 
 def colour(page: Page, variable: str) -> str:
     """A CSS variable's colour as getComputedStyle reports fills: ``rgb(r, g, b)``."""
-    value = page.evaluate(f"getComputedStyle(document.documentElement).getPropertyValue('{variable}')").strip()
-    red, green, blue = (int(value[i:i + 2], 16) for i in (1, 3, 5))
+    value = page.evaluate(
+        f"getComputedStyle(document.documentElement).getPropertyValue('{variable}')"
+    ).strip()
+    red, green, blue = (int(value[i : i + 2], 16) for i in (1, 3, 5))
     return f"rgb({red}, {green}, {blue})"
 
 
@@ -210,7 +329,10 @@ def live(page: Page) -> None:
 
 # -- the example, reconciled by the real controller ----------------------------------------------------
 
-def test_the_list_shows_the_example_stagesets(world: World, admin_dashboard: DashboardProcess, page: Page) -> None:
+
+def test_the_list_shows_the_example_stagesets(
+    world: World, admin_dashboard: DashboardProcess, page: Page
+) -> None:
     page.goto(admin_dashboard.url)
     live(page)
     row = page.locator(f"tr[data-stageset='{LIVE}/shop']")
@@ -222,19 +344,27 @@ def test_the_list_shows_the_example_stagesets(world: World, admin_dashboard: Das
     expect(row.locator("code")).to_have_attribute("title", head)
     for name in ("release", "hostile"):
         expect(page.locator(f"tr[data-stageset='{TEAM}/{name}']")).to_be_visible()
-    expect(page.locator(f"tr[data-stageset='{TEAM}/release'] td.waits")).to_contain_text("stage api (Waiting)")
+    expect(page.locator(f"tr[data-stageset='{TEAM}/release'] td.waits")).to_contain_text(
+        "stage api (Waiting)"
+    )
 
 
-def test_the_example_s_graph_objects_and_last_change(world: World, admin_dashboard: DashboardProcess,
-                                                     page: Page) -> None:
-    wait_for(lambda: (c := condition(stageset(world.admin, LIVE, "shop"))) and c["status"] == "True",
-             timeout=90, what="the example Ready")
+def test_the_example_s_graph_objects_and_last_change(
+    world: World, admin_dashboard: DashboardProcess, page: Page
+) -> None:
+    wait_for(
+        lambda: (c := condition(stageset(world.admin, LIVE, "shop"))) and c["status"] == "True",
+        timeout=90,
+        what="the example Ready",
+    )
     page.goto(f"{admin_dashboard.url}stagesets/{LIVE}/shop")
     live(page)
     for name in ("config", "backend", "frontend"):
         expect(node(page, name)).to_have_attribute("data-phase", "Ready")
-    edges = {(e.get_attribute("data-from"), e.get_attribute("data-to"))
-             for e in page.locator("svg.graph.wide path.edge").all()}
+    edges = {
+        (e.get_attribute("data-from"), e.get_attribute("data-to"))
+        for e in page.locator("svg.graph.wide path.edge").all()
+    }
     # backend has no dependsOn: it runs after the stage listed before it; frontend names config.
     assert edges == {("config", "backend"), ("config", "frontend")}
     backend = page.locator("#stage-backend")
@@ -251,8 +381,10 @@ def test_the_example_s_graph_objects_and_last_change(world: World, admin_dashboa
 
 # -- the team's StageSets, their status written by the test ----------------------------------------------
 
+
 def test_the_graph_shows_every_stage_in_its_phase_and_who_holds_the_release(
-        team_dashboard: DashboardProcess, page: Page) -> None:
+    team_dashboard: DashboardProcess, page: Page
+) -> None:
     page.goto(f"{team_dashboard.url}stagesets/{TEAM}/release")
     live(page)
     phases = {"db": "Ready", "api": "Waiting", "web": "Ready", "edge": "Pending"}
@@ -266,11 +398,14 @@ def test_the_graph_shows_every_stage_in_its_phase_and_who_holds_the_release(
     # The StageSet it waits for is in a namespace this user may not read: shown as such.
     dependency = node(page, f"stageset:{OTHER}/plans")
     expect(dependency).to_have_attribute("data-phase", "Unknown")
-    expect(page.locator("ul.dependencies")).to_contain_text(f"you may not list stagesets in namespace {OTHER}")
+    expect(page.locator("ul.dependencies")).to_contain_text(
+        f"you may not list stagesets in namespace {OTHER}"
+    )
 
 
-def test_a_stage_turning_ready_changes_colour_without_a_reload(world: World, team_dashboard: DashboardProcess,
-                                                               page: Page) -> None:
+def test_a_stage_turning_ready_changes_colour_without_a_reload(
+    world: World, team_dashboard: DashboardProcess, page: Page
+) -> None:
     write_status(world.admin, TEAM, "release", release_status("Waiting"))
     apply(world.admin, f"/apis/apps/v1/namespaces/{TEAM}/deployments/api", deployment())
     navigations: list[str] = []
@@ -283,10 +418,20 @@ def test_a_stage_turning_ready_changes_colour_without_a_reload(world: World, tea
     expect(api.locator("table.objects .badge")).to_have_text("InProgress", timeout=WAIT)
 
     # The Deployment rolls out (as its controller would report it), then the controller marks the stage.
-    world.admin.request("PATCH", f"/apis/apps/v1/namespaces/{TEAM}/deployments/api/status",
-                        body={"status": {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1,
-                                         "readyReplicas": 1, "availableReplicas": 1}},
-                        content_type="application/merge-patch+json")
+    world.admin.request(
+        "PATCH",
+        f"/apis/apps/v1/namespaces/{TEAM}/deployments/api/status",
+        body={
+            "status": {
+                "observedGeneration": 1,
+                "replicas": 1,
+                "updatedReplicas": 1,
+                "readyReplicas": 1,
+                "availableReplicas": 1,
+            }
+        },
+        content_type="application/merge-patch+json",
+    )
     expect(api.locator("table.objects .badge")).to_have_text("Current", timeout=WAIT)
     write_status(world.admin, TEAM, "release", release_status("Ready"))
 
@@ -316,8 +461,9 @@ def test_hostile_names_and_messages_render_as_text(team_dashboard: DashboardProc
     assert page.evaluate("window.pwned") is None
 
 
-def test_a_user_who_may_read_one_namespace_sees_only_it(world: World, team_dashboard: DashboardProcess,
-                                                        page: Page) -> None:
+def test_a_user_who_may_read_one_namespace_sees_only_it(
+    world: World, team_dashboard: DashboardProcess, page: Page
+) -> None:
     assert f"namespace {TEAM}" in team_dashboard.banner
     page.goto(team_dashboard.url)
     live(page)
@@ -326,7 +472,8 @@ def test_a_user_who_may_read_one_namespace_sees_only_it(world: World, team_dashb
     assert {r.get_attribute("data-stageset").split("/")[0] for r in rows.all()} == {TEAM}  # type: ignore[union-attr]
     for path in (f"stagesets/{OTHER}/plans", f"stagesets/{LIVE}/shop"):
         answer = page.goto(team_dashboard.url + path)
-        assert answer is not None and answer.status == 404
+        assert answer is not None
+        assert answer.status == 404
         expect(page.locator("h1")).to_have_text("Not shown here")
     page.goto(f"{team_dashboard.url}stagesets/{TEAM}/release")
     live(page)
@@ -347,14 +494,18 @@ def test_the_dashboard_only_reads(world: World, team_dashboard: DashboardProcess
     mine = [e for e in world.plane.audit_events() if (e.get("user") or {}).get("username") == world.viewer]
     verbs = {e["verb"] for e in mine}
     assert {"list", "watch"} <= verbs, verbs  # the evidence is there: its lists and watches
-    assert verbs <= {"get", "list", "watch"}, [e["requestURI"] for e in mine if e["verb"] not in
-                                              {"get", "list", "watch"}]
+    assert verbs <= {"get", "list", "watch"}, [
+        e["requestURI"] for e in mine if e["verb"] not in {"get", "list", "watch"}
+    ]
     assert not any(e.get("impersonatedUser") for e in mine)
 
 
-def test_pages_answer_only_loopback_host_names_with_protective_headers(team_dashboard: DashboardProcess) -> None:
+def test_pages_answer_only_loopback_host_names_with_protective_headers(
+    team_dashboard: DashboardProcess,
+) -> None:
     port = team_dashboard.url.rstrip("/").rpartition(":")[2]
-    request = urllib.request.Request(team_dashboard.url, headers={"Host": f"rebound.example:{port}"})
+    rebound = {"Host": f"rebound.example:{port}"}  # what a DNS-rebinding page's request would say
+    request = urllib.request.Request(team_dashboard.url, headers=rebound)  # noqa: S310 - loopback
     with pytest.raises(urllib.error.HTTPError) as refused:
         urllib.request.urlopen(request, timeout=10)  # noqa: S310 - loopback
     assert refused.value.code == 400
@@ -362,7 +513,7 @@ def test_pages_answer_only_loopback_host_names_with_protective_headers(team_dash
         policy = answer.headers["Content-Security-Policy"]
     assert "script-src 'self'" in policy
     assert "unsafe-inline" not in policy
-    post = urllib.request.Request(team_dashboard.url, data=b"{}", method="POST")
+    post = urllib.request.Request(team_dashboard.url, data=b"{}", method="POST")  # noqa: S310 - loopback
     with pytest.raises(urllib.error.HTTPError) as not_allowed:
         urllib.request.urlopen(post, timeout=10)  # noqa: S310 - loopback
     assert not_allowed.value.code == 405
@@ -376,7 +527,9 @@ def test_a_phone_gets_the_graph_top_to_bottom(browser: Browser, team_dashboard: 
         expect(phone.locator("svg.graph.tall")).to_be_visible()
         expect(phone.locator("svg.graph.wide")).to_be_hidden()
         db, edge = (node(phone, n, picture="tall").bounding_box() for n in ("db", "edge"))
-        assert db is not None and edge is not None and db["y"] < edge["y"]
+        assert db is not None
+        assert edge is not None
+        assert db["y"] < edge["y"]
         assert phone.evaluate("document.documentElement.scrollWidth") <= 390
     finally:
         context.close()
@@ -389,4 +542,3 @@ def _get(url: str) -> str:
             return str(answer.read().decode())
     except urllib.error.HTTPError as error:
         return str(error.read().decode())
-

@@ -186,8 +186,10 @@ class Holding:
             what = f"stage {', '.join(self.nodes)} ({self.phase})"
         elif self.nodes:
             what = ", ".join("StageSet " + node.removeprefix(_DEPENDENCY) for node in self.nodes)
+        elif self.reason:
+            what = self.reason
         else:
-            what = self.reason or "?"
+            return first
         return f"{what}: {first}" if first else what
 
 
