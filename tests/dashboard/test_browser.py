@@ -15,6 +15,7 @@ namespace).  Waits are the browser's own (``expect``), never timed assertions.
 
 from __future__ import annotations
 
+import os
 import string
 import urllib.error
 import urllib.request
@@ -47,6 +48,8 @@ REVISION = "main@sha1:" + "1f" * 20
 MARKER = f"other-team-secret-{SUFFIX}"
 HOSTILE_MESSAGE = '<img src=x onerror="window.pwned=1"><script>window.pwned=2</script> & "quotes"'
 HOSTILE_NAME = "<svg onload=window.pwned=3>"
+# A directory to save the held release's page to (how docs/images/dashboard-held.png is made).
+SCREENSHOTS = os.environ.get("STAGESET_DASHBOARD_SCREENSHOTS")
 WAIT = 20_000  # ms: how long the browser waits for what the page should come to show
 
 
@@ -401,6 +404,13 @@ def test_the_graph_shows_every_stage_in_its_phase_and_who_holds_the_release(
     expect(page.locator("ul.dependencies")).to_contain_text(
         f"you may not list stagesets in namespace {OTHER}"
     )
+    if SCREENSHOTS:  # docs/images/dashboard-held.png is this page's summary and picture
+        top, bottom = page.locator("#summary").bounding_box(), page.locator("#graph").bounding_box()
+        assert top is not None
+        assert bottom is not None
+        height = bottom["y"] + bottom["height"] - top["y"] + 16
+        clip = {"x": 0, "y": top["y"] - 8, "width": 1200, "height": height}
+        page.screenshot(path=str(Path(SCREENSHOTS) / "dashboard-held.png"), clip=clip)  # type: ignore[arg-type]
 
 
 def test_a_stage_turning_ready_changes_colour_without_a_reload(

@@ -3,7 +3,6 @@ what the watch saw change, the address rule, and escaping in every template."""
 
 from __future__ import annotations
 
-import datetime
 from typing import Any
 
 import click
@@ -17,8 +16,6 @@ from stageset.cli.dashboard.command import Address, is_loopback, parse_address
 from stageset.cli.dashboard.diffs import EventRow, last_changes, parse_summary
 from stageset.controller.events import change_summary
 from stageset.controller.ordering import StageNode, stage_graph
-
-NOW = datetime.datetime(2026, 1, 1, 12, 0, tzinfo=datetime.UTC)
 
 
 def stageset(
@@ -238,11 +235,10 @@ def test_a_list_row() -> None:
             "lastAppliedRevision": "main@sha1:" + "a" * 40,
         },
     )
-    row = views.list_row(obj, now=NOW)
-    assert (row.ready, row.reason, row.done, row.total, row.age) == ("False", "StageProgressing", 2, 4, "1h")
+    row = views.list_row(obj)
+    assert (row.ready, row.reason, row.done, row.total) == ("False", "StageProgressing", 2, 4)
     assert row.message == "api waits"
-    assert row.revision == "main@sha1:aaaaaaaaaaaa"
-    assert row.revision_full.endswith("a" * 40)
+    assert row.revision == "main@sha1:" + "a" * 40
     assert row.waits_for == "stage api (Waiting): api says"
     assert row.href == "/stagesets/shop/shop"
 

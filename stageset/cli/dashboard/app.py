@@ -133,7 +133,7 @@ class ListPage(Page):
 
     def fragments(self) -> list[Fragment]:
         hub = self.dashboard.hub
-        rows = views.list_rows(hub.stagesets(), now=datetime.datetime.now(datetime.UTC))
+        rows = views.list_rows(hub.stagesets())
         return [Fragment("stagesets", self.dashboard.render(
             "fragments/stagesets.html", rows=rows, every=hub.namespace is None, scope=self.dashboard.scope,
             synced=hub.synced, problems=self.dashboard.problems()))]
@@ -162,7 +162,8 @@ class StageSetPage(Page):
             return [Fragment("summary", gone), *(Fragment(i, Markup("")) for i in
                                                  ("graph", "stages", "activity", "events"))]
         detail = views.detail(obj, lookup=hub.lookup, events=hub.events_for(obj),
-                              activity=hub.activity(self.namespace, self.name), linkable=hub.in_scope)
+                              activity=hub.activity(self.namespace, self.name), linkable=hub.in_scope,
+                              now=datetime.datetime.now(datetime.UTC))
         render = self.dashboard.render
         return [
             Fragment("summary", render("fragments/summary.html", d=detail,

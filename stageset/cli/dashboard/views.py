@@ -23,18 +23,18 @@ from urllib.parse import quote
 
 import networkx as nx
 
-from stageset.api import API_VERSION
+from stageset.api import API_VERSION, parse_time
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason, StagePhase
 from stageset.apply.inventory import ObjectId
 from stageset.cli.dashboard import layout
 from stageset.cli.dashboard.diffs import EventRow, StageChange, last_changes
-from stageset.cli.session import age, short_revision
 from stageset.controller.conditions import find_condition
 from stageset.controller.ordering import OrderingError, StageNode, stage_graph
 from stageset.kube.types import KubeObject
 
 STAGESET_KIND = "StageSet"
 EVENTS_SHOWN = 60
+RECENT = 8.0  # seconds a stage that just moved stays marked in the picture
 MAX_FIELD = 2000  # characters of an unknown status field shown
 _KNOWN_STAGE_FIELDS = {"name", "phase", "revision", "message", "lastAppliedTime", "objects", "waitingSince"}
 _PHASES = {phase.value for phase in StagePhase}
@@ -263,15 +263,13 @@ class Row:
     message: str
     done: int
     total: int
-    revision: str
-    revision_full: str
+    revision: str | None
     created: str | None
-    age: str
     suspended: bool
     waits_for: str
 
 
-def list_row(obj: KubeObject, *, now: datetime.datetime) -> Row:
+def list_row(obj: KubeObject) -> Row:
     meta, status = obj.get("metadata") or {}, _status(obj)
     ready = find_condition(status.get("conditions"), ConditionType.READY)
     phases = {s.get("name"): s.get("phase") for s in status.get("stages") or []}
@@ -284,13 +282,12 @@ def list_row(obj: KubeObject, *, now: datetime.datetime) -> Row:
         ready=str(ready.get("status", "Unknown")), reason=str(ready.get("reason", "")),
         message=_without_runbook(str(ready.get("message", ""))),
         done=sum(1 for n in names if phases.get(n) == StagePhase.READY), total=len(names),
-        revision=short_revision(revision), revision_full=str(revision or ""),
-        created=meta.get("creationTimestamp"), age=age(meta.get("creationTimestamp"), now=now),
+        revision=revision, created=meta.get("creationTimestamp"),
         suspended=bool(_spec(obj).get("suspend", False)), waits_for="" if held is None else held.text())
 
 
-def list_rows(objs: Iterable[KubeObject], *, now: datetime.datetime) -> list[Row]:
-    return sorted((list_row(o, now=now) for o in objs), key=lambda r: (r.namespace, r.name))
+def list_rows(objs: Iterable[KubeObject]) -> list[Row]:
+    return sorted((list_row(o) for o in objs), key=lambda r: (r.namespace, r.name))
 
 
 # -- one StageSet -----------------------------------------------------------------------------------
@@ -308,6 +305,8 @@ class Node:
     css: str
     href: str | None
     holding: bool
+    changed: bool = False
+    """Its phase or revision changed in the last :data:`RECENT` seconds (the picture marks it)."""
 
 
 @dataclass(frozen=True)
@@ -403,7 +402,7 @@ def _graph(obj: KubeObject, deps: Sequence[Ref]) -> tuple[nx.DiGraph, str | None
 
 
 def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activity: Sequence[Transition],
-           linkable: Callable[[str], bool]) -> Detail:
+           linkable: Callable[[str], bool], now: datetime.datetime) -> Detail:
     """The StageSet page.  ``linkable(namespace)``: whether this dashboard shows StageSets there."""
     meta, status = obj.get("metadata") or {}, _status(obj)
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
@@ -452,6 +451,8 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
                    if key not in _KNOWN_STAGE_FIELDS],
             holding=stage in held_nodes, removed=removed))
 
+    recent = {t.stage for t in activity
+              if (when := parse_time(t.when)) is not None and (now - when).total_seconds() < RECENT}
     views: dict[str, Node] = {}
     for stage_view in stages:
         if stage_view.removed:
@@ -462,16 +463,17 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
             id=stage_view.name, label=_label(stage_view.name),
             title=f"stage {stage_view.name}: {stage_view.phase}",
             phase=stage_view.phase, detail=detail_line, css=stage_view.css, href=f"#{stage_view.anchor}",
-            holding=stage_view.holding)
+            holding=stage_view.holding, changed=stage_view.name in recent)
     dependencies = []
     for ref in deps:
         node_id = dependency_id(ref)
         state = dep_states[node_id]
         href = stageset_href(ref.namespace, ref.name) if linkable(ref.namespace) else None
         dependencies.append((ref, state, href))
-        shown = ref.name if ref.namespace == namespace else f"{ref.namespace}/{ref.name}"
-        views[node_id] = Node(id=node_id, label=_label(shown), title=f"StageSet {ref.namespace}/{ref.name}",
-                              phase=state.status, detail=f"StageSet · {state.status}",
+        where = "StageSet" if ref.namespace == namespace else _label(ref.namespace, 12)
+        views[node_id] = Node(id=node_id, label=_label(ref.name),
+                              title=f"StageSet {ref.namespace}/{ref.name}",
+                              phase=state.status, detail=f"{where} · {state.status}",
                               css=f"dependency {status_class(state.status)}",
                               href=href, holding=node_id in held_nodes)
 
