@@ -510,6 +510,60 @@ def test_the_dashboard_only_reads(world: World, team_dashboard: DashboardProcess
     assert not any(e.get("impersonatedUser") for e in mine)
 
 
+def test_open_pages_share_one_watch_per_kind(
+    world: World, team_dashboard: DashboardProcess, browser: Browser
+) -> None:
+    # A StageSet whose stage applied a kind no other page of this module needs: ServiceAccounts.
+    apply(
+        world.admin,
+        f"{API.format(ns=TEAM)}/shared",
+        {
+            "apiVersion": "stages.metio.wtf/v1",
+            "kind": "StageSet",
+            "metadata": {"name": "shared", "namespace": TEAM},
+            "spec": {"stages": [{"name": "accounts", "sourceRef": {"name": "app"}}]},
+        },
+    )
+    write_status(
+        world.admin,
+        TEAM,
+        "shared",
+        {
+            "observedGeneration": 1,
+            "conditions": ready("True", "Succeeded"),
+            "stages": [stage_status("accounts", "Ready", objects=1)],
+            "inventory": [
+                {"name": "accounts", "entries": [{"id": f"{TEAM}_viewer__ServiceAccount", "v": "v1"}]}
+            ],
+        },
+    )
+
+    def watches() -> int:
+        return sum(
+            1
+            for e in world.plane.audit_events()
+            if (e.get("user") or {}).get("username") == world.viewer
+            and e.get("verb") == "watch"
+            and e.get("stage") == "ResponseStarted"  # the policy omits RequestReceived
+            and (e.get("objectRef") or {}).get("resource") == "serviceaccounts"
+        )
+
+    before = watches()
+    contexts = [browser.new_context() for _ in range(3)]
+    try:
+        for context in contexts:
+            opened = context.new_page()
+            opened.goto(f"{team_dashboard.url}stagesets/{TEAM}/shared")
+            live(opened)
+            expect(opened.locator("#stage-accounts table.objects .badge")).to_have_text(
+                "Current", timeout=WAIT
+            )
+        assert wait_for(lambda: watches() - before, timeout=30, what="the ServiceAccounts watch") == 1
+    finally:
+        for context in contexts:
+            context.close()
+
+
 def test_pages_answer_only_loopback_host_names_with_protective_headers(
     team_dashboard: DashboardProcess,
 ) -> None:
