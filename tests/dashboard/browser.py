@@ -97,4 +97,5 @@ def dashboard(*args: str, kubeconfig: Path, timeout: float = 60.0) -> Iterator[D
     running.stderr = process.stderr.read() if process.stderr else ""
     # A page that failed to render is a 500 to the browser and a traceback here: never acceptable.
     assert "Traceback" not in running.stderr, running.stderr
+    assert "ERROR" not in running.stderr, running.stderr  # e.g. a stream that did not complete
     assert process.returncode == 0, (process.returncode, running.stderr)

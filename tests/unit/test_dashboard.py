@@ -3,6 +3,7 @@ what the watch saw change, the address rule, and escaping in every template."""
 
 from __future__ import annotations
 
+import datetime
 from typing import Any
 
 import click
@@ -495,3 +496,42 @@ def test_autoescaping_is_on_for_svg_too() -> None:
     env = environment()
     assert env.from_string("{{ x }}").render(x="<b>") == "&lt;b&gt;"
     assert env.get_template("fragments/svg.html").environment.autoescape is True
+
+
+# -- sources of any kind, status fields a newer controller writes --------------------------------------------
+
+
+def test_a_flux_source_is_shown_by_the_kind_and_name_the_spec_gives() -> None:
+    flux = {
+        "apiVersion": "source.toolkit.fluxcd.io/v1",
+        "kind": "OCIRepository",
+        "name": "app",
+        "namespace": "ops",
+    }
+    obj = stageset([{"name": "one", "sourceRef": flux}, {"name": "two"}])
+    sources = views.stage_sources(obj)
+    assert sources["one"] == views.Ref("source.toolkit.fluxcd.io/v1", "OCIRepository", "ops", "app")
+    assert sources["two"] == views.Ref("stages.metio.wtf/v1", "GitRepository", "shop", "app")
+    # The page watches the events about each source's API group, in the source's namespace.
+    assert views.event_scopes(obj) == {
+        ("stages.metio.wtf/v1", "shop"),
+        ("source.toolkit.fluxcd.io/v1", "ops"),
+    }
+
+
+def test_stage_status_fields_this_dashboard_does_not_know_are_shown_as_they_are() -> None:
+    promotion = {"state": "Soaking", "until": "2026-01-01T12:00:00Z"}
+    obj = stageset(
+        [{"name": "db"}], status={"stages": [{"name": "db", "phase": "Ready", "promotionState": promotion}]}
+    )
+    page = views.detail(
+        obj,
+        lookup=lambda _ref: views.ObjectState("Current"),
+        events=[],
+        activity=[],
+        linkable=lambda _namespace: True,
+        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC),
+    )
+    assert page.stages[0].extra == [
+        ("promotionState", '{"state": "Soaking", "until": "2026-01-01T12:00:00Z"}')
+    ]

@@ -27,6 +27,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import anyio
 import jinja2
 from markupsafe import Markup
 from sse_starlette import EventSourceResponse
@@ -196,10 +197,18 @@ def _not_here(dashboard: Dashboard, namespace: str, name: str) -> HTMLResponse:
     return HTMLResponse(str(html), status_code=404)
 
 
-async def _stream(request: Request, page: Page, hub: Hub) -> AsyncIterator[dict[str, str]]:
-    """The page's fragments, each time one changes (its first message: all of them)."""
+async def _stream(request: Request, page: Page, hub: Hub,
+                  shutdown: anyio.Event) -> AsyncIterator[dict[str, str]]:
+    """The page's fragments, each time one changes (its first message: all of them).  Ends, so
+    that the response completes, when the server shuts down (``shutdown``)."""
     loop = asyncio.get_running_loop()
     woken = asyncio.Event()
+
+    async def relay_shutdown() -> None:
+        await shutdown.wait()
+        woken.set()
+
+    relay = asyncio.ensure_future(relay_shutdown())
 
     def wake() -> None:
         loop.call_soon_threadsafe(woken.set)
@@ -222,9 +231,10 @@ async def _stream(request: Request, page: Page, hub: Hub) -> AsyncIterator[dict[
             except TimeoutError:
                 pass
             woken.clear()
-            if await request.is_disconnected():
+            if shutdown.is_set() or await request.is_disconnected():
                 return
     finally:
+        relay.cancel()
         unsubscribe()
         if lease is not None:
             hub.release(lease)
@@ -267,14 +277,19 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None) -> 
         known = hub.stageset(page.namespace, page.name) is not None
         return _page_response(dashboard, page, status=200 if known or not hub.synced else 404)
 
+    def live(request: Request, page: Page) -> Response:
+        shutdown = anyio.Event()
+        return EventSourceResponse(_stream(request, page, hub, shutdown), ping=15, shutdown_event=shutdown,
+                                   shutdown_grace_period=1.0)
+
     async def live_index(request: Request) -> Response:
-        return EventSourceResponse(_stream(request, ListPage(dashboard), hub), ping=15)
+        return live(request, ListPage(dashboard))
 
     async def live_stageset(request: Request) -> Response:
         page = stageset_page(request)
         if page is None:
             return PlainTextResponse("not in this dashboard's namespace", status_code=404)
-        return EventSourceResponse(_stream(request, page, hub), ping=15)
+        return live(request, page)
 
     def healthz(_request: Request) -> Response:
         return PlainTextResponse("ok" if hub.synced else "listing", status_code=200 if hub.synced else 503)
