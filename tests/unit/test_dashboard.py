@@ -535,3 +535,16 @@ def test_stage_status_fields_this_dashboard_does_not_know_are_shown_as_they_are(
     assert page.stages[0].extra == [
         ("promotionState", '{"state": "Soaking", "until": "2026-01-01T12:00:00Z"}')
     ]
+
+
+def test_the_dashboard_s_client_refuses_every_verb_but_get(mocker: Any) -> None:
+    from stageset.cli.dashboard.hub import ReadOnlyClient
+
+    client = mocker.Mock()
+    reader = ReadOnlyClient(client)
+    for verb in ("POST", "PUT", "PATCH", "DELETE"):
+        with pytest.raises(PermissionError, match="read-only"):
+            reader.request(verb, "/api/v1/namespaces/shop/configmaps")
+    assert client.request.call_count == 0
+    reader.request("GET", "/api/v1/namespaces/shop/configmaps", query={"limit": 1})
+    client.request.assert_called_once_with("GET", "/api/v1/namespaces/shop/configmaps", query={"limit": 1})

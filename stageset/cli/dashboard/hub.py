@@ -63,6 +63,7 @@ EVENTS = Resource(group="", version="v1", kind="Event", plural="events", namespa
 MAX_EVENTS = 2000
 ACTIVITY = 100  # transitions kept per StageSet
 SYNC_WAIT = 5.0  # how long a page waits for a new watch's first list
+RETRY_KINDS = 30.0  # how long "no such kind" (or a failed discovery) stands before asking again
 
 
 class ReadOnlyClient:
@@ -167,7 +168,8 @@ class Hub:
         self._stagesets: dict[tuple[str, str], KubeObject] = {}
         self._activity: dict[tuple[str, str], collections.deque[Transition]] = {}
         self._watches: dict[WatchKey, _Watch] = {}
-        self._kinds: dict[tuple[str, str], Resource | str] = {}
+        # A kind's resource, or why there is none and until when that answer stands.
+        self._kinds: dict[tuple[str, str], tuple[Resource | str, float]] = {}
         self._listeners: list[Callable[[], None]] = []
         self._main = Reflector(client=self._client, resource=STAGESETS, namespace=namespace,
                                handler=self._on_stageset, stop=self._stop, resync=resync)
@@ -246,19 +248,22 @@ class Hub:
     # -- other objects ---------------------------------------------------------------------------
 
     def _resource(self, api_version: str, kind: str) -> Resource | str:
-        """The kind's REST resource (discovery, cached), or why there is none."""
+        """The kind's REST resource (discovery, cached), or why there is none: that answer is kept
+        for :data:`RETRY_KINDS` seconds (a CRD may be installed later; a failed discovery must not
+        be repeated by every render)."""
+        now = time.monotonic()
         with self._lock:
             known = self._kinds.get((api_version, kind))
-        if known is not None:
-            return known
+        if known is not None and (isinstance(known[0], Resource) or now < known[1]):
+            return known[0]
         try:
             found: Resource | str = self._mapper.resolve(api_version, kind)
         except UnknownKindError:
             found = f"the cluster serves no {kind} in {api_version}"
         except (ApiError, UnreachableError) as error:
-            return f"discovery failed: {error}"  # not cached: tried again on the next look
+            found = f"discovery of {api_version} failed: {error}"
         with self._lock:
-            self._kinds[(api_version, kind)] = found
+            self._kinds[(api_version, kind)] = (found, now + RETRY_KINDS)
         return found
 
     def _object_key(self, ref: Ref) -> WatchKey | None:
@@ -285,13 +290,15 @@ class Hub:
         with self._lock:
             fresh = [key for key in wanted if key not in self._watches]
             for key in wanted:
-                watch = self._watches.setdefault(key, _Watch(stop=threading.Event()))
-                watch.users += 1
+                self._watches.setdefault(key, _Watch(stop=threading.Event())).users += 1
         for key in fresh:
-            watch = self._watches[key]
-            reflector = wanted[key](watch.stop, watch)
             with self._lock:
-                watch.reflector = reflector
+                starting = self._watches.get(key)  # gone only when the hub closed meanwhile
+            if starting is None:
+                continue
+            reflector = wanted[key](starting.stop, starting)
+            with self._lock:
+                starting.reflector = reflector
             if reflector is not None:
                 started.append(reflector)
         if previous is not None:
