@@ -157,6 +157,9 @@ def dashboard(address: str, allow_remote: bool, open_browser: bool, kubeconfig: 
         try:
             if not hub.start():
                 click.echo("still listing StageSets; the pages fill in when the list arrives", err=True)
+            elif not hub.stagesets() and scope is not None:
+                click.echo(f"no StageSets in namespace {scope} (yet): -n NAMESPACE shows another namespace, "
+                           "-A every namespace you may list", err=True)
             hosts = [*LOOPBACK_HOSTS, where.host_header] if local else None
             app = create_app(hub, scope=shown, allowed_hosts=hosts)
             echo(f"stageset dashboard: {url}\n"
