@@ -4,6 +4,7 @@
 #   - the locked Python environment (.venv) from uv.lock;
 #   - OpenSSH's server and client (Debian packages) for the SSH Git tests, when sshd is missing;
 #   - mmdebstrap, umoci and binutils (Debian packages) for the daemonless image build, when missing;
+#   - chromium (Debian's, with a font) for the dashboard's browser tests, when missing;
 # The control-plane binaries are built on first use by stageset.envtest.build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,5 +80,10 @@ fi
 if { ! command -v mmdebstrap >/dev/null || ! command -v umoci >/dev/null || ! command -v strip >/dev/null; } \
         && command -v apt-get >/dev/null; then
     apt_install "the daemonless image build" mmdebstrap umoci binutils >&2
+fi
+# The dashboard's browser tests drive Debian's headless Chromium through Playwright: never a browser
+# that downloads itself.
+if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
+    apt_install "the dashboard's browser tests" chromium fonts-dejavu-core >&2
 fi
 echo "$UV"

@@ -1,5 +1,6 @@
-"""Command line: ``stageset controller`` (production) and ``stageset run`` (local demo)."""
+"""Command line: ``stageset controller`` (production), the user commands, and ``stageset run`` (local demo).
 
-from stageset.cli.main import main
-
-__all__ = ["main"]
+The entry point is :func:`stageset.cli.main.main`.  This package imports nothing itself, so that
+importing a pure module below it (the dashboard's views, say) does not load every command and the
+Kubernetes client with it.
+"""

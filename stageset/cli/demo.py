@@ -99,6 +99,7 @@ def look_around(*, kubeconfig: Path, namespace: str, name: str, demo: bool) -> s
         f"  {cli} tree {name} -n {namespace}           # stages -> objects, with their readiness",
         f"  {cli} diff {name} -n {namespace}           # what applying would change now (exit 1 if anything)",
         f"  {cli} events {name} -n {namespace}         # what the controller did",
+        f"  {cli} dashboard -n {namespace}          # all of it live in a browser: http://127.0.0.1:8090/",
         f"  kubectl get stages,configmaps,services -n {namespace}   # with kubectl, if you have it",
     ]
     if demo:

@@ -320,7 +320,7 @@ def _events_for(client: KubeClient, namespace: str, kind: str, name: str) -> lis
     return found
 
 
-def _event_row(event: KubeObject) -> dict[str, Any]:
+def event_row(event: KubeObject) -> dict[str, Any]:
     involved = event.get("involvedObject") or {}
     series = event.get("series") or {}
     last = (series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime")
@@ -352,7 +352,7 @@ def collect_events(session: Session, obj: KubeObject, *, with_sources: bool) -> 
                 events += _events_for(client, source_ns, GITREPOSITORIES.kind, source)
             except CliError:
                 continue  # another namespace's events the user may not list: leave them out
-    rows = [_event_row(e) for e in events]
+    rows = [event_row(e) for e in events]
     return sorted(rows, key=lambda r: str(r["lastSeen"] or ""))
 
 

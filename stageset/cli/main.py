@@ -31,6 +31,7 @@ from sources import Limits
 from stageset.api.crd import KINDS, custom_resource_definition, render
 from stageset.build import BuildLimits
 from stageset.cli import process
+from stageset.cli.dashboard.command import dashboard
 from stageset.cli.inspect import events, get, graph, tree
 from stageset.cli.params import (
     BASE_URL,
@@ -244,5 +245,5 @@ def crds(output: str) -> None:
     echo("---\n".join(render(kind) for kind in KINDS))
 
 
-for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume):
+for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, dashboard):
     main.add_command(_command)

@@ -280,7 +280,7 @@ def _python_version(rootfs: Path) -> str:
 _LAUNCHER = """#!/opt/stageset/bin/python
 import sys
 
-from stageset.cli import main
+from stageset.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -105,6 +105,19 @@ def test_the_entrypoint_loads_the_whole_controller(image: Unpacked) -> None:
     assert modules.stdout.strip() == "/opt/stageset"
 
 
+def test_the_dashboard_s_web_stack_and_templates_load_in_the_image(image: Unpacked) -> None:
+    result = image.run("stageset", "dashboard", "--help")
+    assert result.returncode == 0, result.stderr
+    script = ("import uvicorn, sse_starlette; from stageset.cli.dashboard.app import environment; "
+              "env = environment(); print(env.from_string('{{ x }}').render(x='<b>')); "
+              "print(len(env.list_templates()))")
+    rendered = image.run("python3", "-c", script)
+    assert rendered.returncode == 0, rendered.stderr
+    escaped, templates = rendered.stdout.split()
+    assert escaped == "&lt;b&gt;"
+    assert int(templates) >= 10
+
+
 def test_the_kustomize_builder_and_ssh_as_the_image_user(image: Unpacked) -> None:
     builder = image.run("stageset-kustomize", "--version")
     assert builder.returncode == 0, builder.stderr

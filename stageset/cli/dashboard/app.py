@@ -1,0 +1,310 @@
+"""The dashboard's web application: pages, their live streams, static files.  Starlette (ASGI).
+
+Rendering: every page is a few *fragments* (the list's table; a StageSet's summary, picture,
+stages, activity and events), each rendered by a Jinja2 template with autoescaping on for every
+template (SVG included), so tenant-written text — names, messages, events — is always text,
+never markup.  A page's first answer is the whole page; its script then opens a server-sent
+event stream (``/live/...``) which sends a fragment again, whole, whenever what it renders
+changed (a fragment's digest tells), which the script swaps in.  No JSON reaches the DOM except
+those server-rendered fragments, and the Content-Security-Policy allows only our own script and
+stylesheet, so even a mistake in escaping could not run a script.
+
+Streams wake on the hub's changes (its watches), wait :data:`SETTLE` seconds so a burst of
+changes renders once, and re-render every :data:`REFRESH` seconds regardless so ages stay true.
+
+Requests: only ``GET`` (and ``HEAD``) routes exist.  Hosts: on loopback, a request must name a
+loopback host (``Host: 127.0.0.1:8090``, ``localhost``, ``[::1]``), so a web page elsewhere cannot
+reach the dashboard through DNS rebinding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import hashlib
+import json
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+import jinja2
+from markupsafe import Markup
+from sse_starlette import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.middleware import Middleware
+from starlette.middleware.trustedhost import TrustedHostMiddleware
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.routing import Mount, Route
+from starlette.staticfiles import StaticFiles
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from stageset.cli.dashboard import layout, views
+from stageset.cli.dashboard.hub import Hub, Lease
+from stageset.cli.session import age, short_revision
+
+SETTLE = 0.15
+REFRESH = 10.0
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
+
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
+       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+SECURITY_HEADERS = [
+    (b"content-security-policy", CSP.encode()),
+    (b"x-content-type-options", b"nosniff"),
+    (b"referrer-policy", b"no-referrer"),
+    (b"x-frame-options", b"DENY"),
+    (b"cache-control", b"no-store"),
+]
+
+
+def environment() -> jinja2.Environment:
+    """Autoescaping on for every template, whatever its extension (``select_autoescape`` would
+    leave ``.svg`` out)."""
+    env = jinja2.Environment(loader=jinja2.PackageLoader("stageset.cli.dashboard", "templates"),
+                             autoescape=True, undefined=jinja2.StrictUndefined,
+                             trim_blocks=True, lstrip_blocks=True)
+    now = datetime.datetime.now
+
+    def age_filter(value: str | None) -> str:
+        return age(value, now=now(datetime.UTC)) if value else "-"
+
+    env.filters["age"] = age_filter
+    env.filters["short_revision"] = short_revision
+    env.filters["first_line"] = lambda text, limit=200: views.first_line(str(text or ""), limit)
+    env.globals["layout"] = layout
+    env.globals["phase_class"] = views.phase_class
+    env.globals["status_class"] = views.status_class
+    return env
+
+
+def digest(html: str) -> str:
+    return hashlib.sha256(html.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class Fragment:
+    id: str
+    html: Markup
+
+    @property
+    def digest(self) -> str:
+        return digest(str(self.html))
+
+
+class Page:
+    """One kind of page: its fragments, and the watches it needs while open."""
+
+    title: str
+    template: str
+
+    def fragments(self) -> list[Fragment]:
+        raise NotImplementedError
+
+    def context(self) -> dict[str, Any]:
+        return {}
+
+    def lease(self, previous: Lease | None) -> Lease | None:
+        return previous
+
+
+class Dashboard:
+    """The pages over one hub."""
+
+    def __init__(self, hub: Hub, *, scope: str):
+        self.hub = hub
+        self.scope = scope
+        self.env = environment()
+
+    def render(self, template: str, **context: Any) -> Markup:
+        return Markup(self.env.get_template(template).render(**context))  # noqa: S704 - autoescaped output
+
+    def problems(self) -> list[str]:
+        return self.hub.problems() if self.hub.synced else ["listing StageSets…", *self.hub.problems()]
+
+
+class ListPage(Page):
+    template = "list.html"
+
+    def __init__(self, dashboard: Dashboard):
+        self.dashboard = dashboard
+        self.title = "StageSets"
+
+    def fragments(self) -> list[Fragment]:
+        hub = self.dashboard.hub
+        rows = views.list_rows(hub.stagesets())
+        return [Fragment("stagesets", self.dashboard.render(
+            "fragments/stagesets.html", rows=rows, every=hub.namespace is None, scope=self.dashboard.scope,
+            synced=hub.synced, problems=self.dashboard.problems()))]
+
+    def context(self) -> dict[str, Any]:
+        return {"live": "/live/"}
+
+
+class StageSetPage(Page):
+    template = "stageset.html"
+
+    def __init__(self, dashboard: Dashboard, *, namespace: str, name: str):
+        self.dashboard = dashboard
+        self.namespace, self.name = namespace, name
+        self.title = f"{namespace}/{name}"
+
+    def lease(self, previous: Lease | None) -> Lease:
+        return self.dashboard.hub.lease(self.dashboard.hub.stageset(self.namespace, self.name), previous)
+
+    def fragments(self) -> list[Fragment]:
+        hub = self.dashboard.hub
+        obj = hub.stageset(self.namespace, self.name)
+        if obj is None:
+            gone = self.dashboard.render("fragments/gone.html", namespace=self.namespace, name=self.name,
+                                         synced=hub.synced)
+            return [Fragment("summary", gone), *(Fragment(i, Markup("")) for i in
+                                                 ("graph", "stages", "activity", "events"))]
+        detail = views.detail(obj, lookup=hub.lookup, events=hub.events_for(obj),
+                              activity=hub.activity(self.namespace, self.name), linkable=hub.in_scope,
+                              now=datetime.datetime.now(datetime.UTC))
+        render = self.dashboard.render
+        return [
+            Fragment("summary", render("fragments/summary.html", d=detail,
+                                       problems=self.dashboard.problems())),
+            Fragment("graph", render("fragments/graph.html", d=detail)),
+            Fragment("stages", render("fragments/stages.html", d=detail)),
+            Fragment("activity", render("fragments/activity.html", d=detail)),
+            Fragment("events", render("fragments/events.html", d=detail)),
+        ]
+
+    def context(self) -> dict[str, Any]:
+        return {"live": f"/live{views.stageset_href(self.namespace, self.name)}"}
+
+
+def _page_response(dashboard: Dashboard, page: Page, *, status: int = 200) -> HTMLResponse:
+    lease = page.lease(None)
+    try:
+        fragments = page.fragments()
+    finally:
+        if lease is not None:
+            dashboard.hub.release(lease)
+    html = dashboard.render(page.template, title=page.title, fragments={f.id: f for f in fragments},
+                            scope=dashboard.scope, **page.context())
+    return HTMLResponse(str(html), status_code=status)
+
+
+def _not_here(dashboard: Dashboard, namespace: str, name: str) -> HTMLResponse:
+    html = dashboard.render("missing.html", title="not shown", namespace=namespace, name=name,
+                            scope=dashboard.scope, live=None)
+    return HTMLResponse(str(html), status_code=404)
+
+
+async def _stream(request: Request, page: Page, hub: Hub,
+                  shutdown: anyio.Event) -> AsyncIterator[dict[str, str]]:
+    """The page's fragments, each time one changes (its first message: all of them).  Ends, so
+    that the response completes, when the server shuts down (``shutdown``)."""
+    loop = asyncio.get_running_loop()
+    woken = asyncio.Event()
+
+    async def relay_shutdown() -> None:
+        await shutdown.wait()
+        woken.set()
+
+    relay = asyncio.ensure_future(relay_shutdown())
+
+    def wake() -> None:
+        loop.call_soon_threadsafe(woken.set)
+
+    unsubscribe = hub.on_change(wake)
+    lease: Lease | None = None
+    sent: dict[str, str] = {}
+    try:
+        while True:
+            lease = await run_in_threadpool(page.lease, lease)
+            fragments = await run_in_threadpool(page.fragments)
+            for fragment in fragments:
+                if sent.get(fragment.id) != fragment.digest:
+                    sent[fragment.id] = fragment.digest
+                    yield {"event": "swap", "data": json.dumps({"id": fragment.id, "digest": fragment.digest,
+                                                                "html": str(fragment.html)})}
+            try:
+                await asyncio.wait_for(woken.wait(), timeout=REFRESH)
+                await asyncio.sleep(SETTLE)
+            except TimeoutError:
+                pass
+            woken.clear()
+            if shutdown.is_set() or await request.is_disconnected():
+                return
+    finally:
+        relay.cancel()
+        unsubscribe()
+        if lease is not None:
+            hub.release(lease)
+
+
+class SecurityHeaders:
+    """The same protective headers on every answer (pages, streams, static files, errors)."""
+
+    def __init__(self, app: ASGIApp):
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def with_headers(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+            await send(message)
+
+        await self.app(scope, receive, with_headers)
+
+
+def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None) -> Starlette:
+    """``allowed_hosts``: the Host names a request may use (``None``: any, for a non-loopback address)."""
+    dashboard = Dashboard(hub, scope=scope)
+
+    def stageset_page(request: Request) -> StageSetPage | None:
+        namespace, name = request.path_params["namespace"], request.path_params["name"]
+        return StageSetPage(dashboard, namespace=namespace, name=name) if hub.in_scope(namespace) else None
+
+    def index(_request: Request) -> Response:
+        return _page_response(dashboard, ListPage(dashboard))
+
+    def stageset(request: Request) -> Response:
+        page = stageset_page(request)
+        if page is None:
+            return _not_here(dashboard, request.path_params["namespace"], request.path_params["name"])
+        known = hub.stageset(page.namespace, page.name) is not None
+        return _page_response(dashboard, page, status=200 if known or not hub.synced else 404)
+
+    def live(request: Request, page: Page) -> Response:
+        shutdown = anyio.Event()
+        return EventSourceResponse(_stream(request, page, hub, shutdown), ping=15, shutdown_event=shutdown,
+                                   shutdown_grace_period=1.0)
+
+    async def live_index(request: Request) -> Response:
+        return live(request, ListPage(dashboard))
+
+    async def live_stageset(request: Request) -> Response:
+        page = stageset_page(request)
+        if page is None:
+            return PlainTextResponse("not in this dashboard's namespace", status_code=404)
+        return live(request, page)
+
+    def healthz(_request: Request) -> Response:
+        return PlainTextResponse("ok" if hub.synced else "listing", status_code=200 if hub.synced else 503)
+
+    routes = [
+        Route("/", index),
+        Route("/stagesets/{namespace}/{name}", stageset),
+        Route("/live/", live_index),
+        Route("/live/stagesets/{namespace}/{name}", live_stageset),
+        Route("/healthz", healthz),
+        Mount("/static", app=StaticFiles(packages=[("stageset.cli.dashboard", "static")]), name="static"),
+    ]
+    middleware = [Middleware(SecurityHeaders)]
+    if allowed_hosts is not None:
+        middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts),
+                                     www_redirect=False))
+    return Starlette(routes=routes, middleware=middleware)
+
