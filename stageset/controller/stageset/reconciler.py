@@ -49,6 +49,7 @@ from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
 from stageset.controller.ordering import OrderingError, stage_graph
 from stageset.controller.redact import REGISTRY, Redactor
+from stageset.controller.rendercache import RenderCache
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import plan
@@ -107,8 +108,10 @@ class StageSetReconciler:
         self._expressions = ExpressionChecker(self._cel)
         self._targets = Targets(clients=clients, settings=settings.apply, local=applier,
                                 accounts=self._reads.accounts)
+        # At most one kustomize build per worker at once: the pod's memory is sized for that.
+        builds = RenderCache(max_builds=settings.workers)
         self._renderer = Renderer(clients=clients, store=store, reads=self._reads,
-                                  limits=settings.build_limits)
+                                  limits=settings.build_limits, cache=builds)
         self._stages = StageApply(clients=clients, clock=clock, readiness_slice=settings.readiness_slice,
                                   stop=stop, sandbox=self._cel, accounts=self._reads.accounts)
         self._records = Records(clients=clients, identities=self._identities, resource=resource)
