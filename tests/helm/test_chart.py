@@ -122,7 +122,8 @@ def test_cluster_admin_mode_adds_exactly_a_cluster_admin_binding(helm: Helm) -> 
 
 def test_names_derive_from_the_release_and_releases_never_collide(helm: Helm) -> None:
     # Shared by every release, installed by exactly one (crds.install, rbac.aggregateToDefaultRoles).
-    shared = ("stageset-edit", "stageset-view", "stagesets.stages.metio.wtf", "gitrepositories.stages.metio.wtf")
+    shared = ("stageset-edit", "stageset-view", "stagesets.stages.metio.wtf",
+              "gitrepositories.stages.metio.wtf")
 
     def cluster_scoped(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
         return {(d["kind"], d["metadata"]["name"]) for d in docs if "namespace" not in d["metadata"]

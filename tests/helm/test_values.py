@@ -77,7 +77,8 @@ def test_raising_workers_with_memory_at_default_fails_naming_both(helm: Helm) ->
     assert "controller.workers=8" in result.stderr
     assert f"{needed(8) // MiB}Mi" in result.stderr
     # Enough memory for eight builds: accepted; no memory limit at all: accepted (nothing to exceed).
-    helm.render("--set", "controller.workers=8", "--set", f"controller.resources.limits.memory={needed(8) // MiB}Mi")
+    helm.render("--set", "controller.workers=8",
+                "--set", f"controller.resources.limits.memory={needed(8) // MiB}Mi")
     helm.render("--set", "controller.workers=8", "--set", "controller.resources.limits=null")
     bigger_builds = helm.template("--set", "controller.build.kustomizeMemory=1Gi", check=False)
     assert f"{needed(4, kustomize=1024 * MiB) // MiB}Mi" in bigger_builds.stderr
@@ -127,8 +128,9 @@ def test_extra_args_reach_the_controller_and_cannot_override_a_value(helm: Helm)
     assert controller.make_context("controller", list(args)).params["allow_insecure_sources"] is True
     # Every flag the chart renders in any mode is the chart's: passing it again is refused.
     rendered: set[str] = set()
-    for values in ([], ["--set", "rbac.clusterAdmin=true", "--set", "controller.watchNamespaces={a}",
-                        "--set", "controller.noCrossNamespaceRefs=true", "--set", "controller.build.maxDepth=5"]):
+    every = ["--set", "rbac.clusterAdmin=true", "--set", "controller.watchNamespaces={a}",
+             "--set", "controller.noCrossNamespaceRefs=true", "--set", "controller.build.maxDepth=5"]
+    for values in ([], every):
         rendered |= {a[2:].partition("=")[0] for a in controller_args(helm.render(*values))}
     for flag in sorted(rendered):
         result = helm.template("--set", f"controller.extraArgs={{--{flag}=x}}", check=False)
@@ -142,7 +144,8 @@ def test_extra_args_reach_the_controller_and_cannot_override_a_value(helm: Helm)
     (["--set", "controller.env[0].name=A", "--set", "controller.env[0].valueFrom.bogus.name=x"],
      "/controller/env/0/valueFrom"),
     (["--set", "extraVolumes[0].name=ca"], "/extraVolumes/0"),
-    (["--set", "extraVolumes[0].name=ca", "--set", "extraVolumes[0].gitRepo.repository=x"], "/extraVolumes/0"),
+    (["--set", "extraVolumes[0].name=ca", "--set", "extraVolumes[0].gitRepo.repository=x"],
+     "/extraVolumes/0"),
     (["--set", "extraVolumeMounts[0].name=ca", "--set", "extraVolumeMounts[0].mountPath=relative"],
      "/extraVolumeMounts/0/mountPath"),
     (["--set", "podSecurityContext.runAsUser=-1"], "/podSecurityContext/runAsUser"),
@@ -171,7 +174,8 @@ def test_new_values_are_schema_checked(helm: Helm, values: list[str], named: str
     (["--set", "cleanupOnDelete.enabled=true", "--set", "cleanupOnDelete.timeout=5m"],
      "cleanupOnDelete.timeout=5m must exceed controller.maxTeardownWait=5m"),
 ])
-def test_inconsistent_new_values_are_refused_with_what_to_do(helm: Helm, values: list[str], message: str) -> None:
+def test_inconsistent_new_values_are_refused_with_what_to_do(helm: Helm, values: list[str],
+                                                             message: str) -> None:
     result = helm.template(*values, check=False)
     assert result.returncode != 0
     assert message in result.stderr, result.stderr
@@ -189,10 +193,12 @@ def test_an_existing_service_account_is_bound_instead_of_created(helm: Helm) -> 
 
 
 def test_common_labels_and_annotations_on_every_object(helm: Helm) -> None:
-    docs = helm.render("--set", "commonLabels.team=platform", "--set", "commonLabels.app\\.kubernetes\\.io/name=x",
+    docs = helm.render("--set", "commonLabels.team=platform",
+                       "--set", "commonLabels.app\\.kubernetes\\.io/name=x",
                        "--set", "commonAnnotations.owner=sre", "--set", "cleanupOnDelete.enabled=true",
                        "--set", "networkPolicy.enabled=true", "--set", "replicaCount=2",
-                       "--set", "metrics.serviceMonitor.enabled=true", "--set", "metrics.prometheusRule.enabled=true",
+                       "--set", "metrics.serviceMonitor.enabled=true",
+                       "--set", "metrics.prometheusRule.enabled=true",
                        "--set", "metrics.grafanaDashboard.enabled=true", "--set", "podAnnotations.scrape=yes")
     assert len({d["kind"] for d in docs}) >= 14
     for doc in docs:
@@ -256,7 +262,8 @@ def test_cleanup_hook_deletes_only_stagesets_of_the_release_s_namespaces(helm: H
                        release="shard", namespace="ops")
     hooks = [d for d in docs if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-delete"]
     assert {(d["kind"], d["metadata"].get("namespace", "")) for d in hooks} == {
-        ("ServiceAccount", "ops"), ("ClusterRole", ""), ("RoleBinding", "a"), ("RoleBinding", "b"), ("Job", "ops")}
+        ("ServiceAccount", "ops"), ("ClusterRole", ""), ("RoleBinding", "a"), ("RoleBinding", "b"),
+        ("Job", "ops")}
     role = one(docs, "ClusterRole", "ops-shard-stageset-cleanup")
     assert role["rules"] == [{"apiGroups": ["stages.metio.wtf"], "resources": ["stagesets"],
                               "verbs": ["get", "list", "watch", "delete"]}]
@@ -270,5 +277,6 @@ def test_cleanup_hook_deletes_only_stagesets_of_the_release_s_namespaces(helm: H
     # The command is the CLI's, with flags it accepts.
     cli.commands["cleanup"].make_context("cleanup", command[2:])  # type: ignore[attr-defined]
     everywhere = helm.render("--set", "cleanupOnDelete.enabled=true")
-    assert "--all-namespaces" in one(everywhere, "Job")["spec"]["template"]["spec"]["containers"][0]["command"]
+    hook = one(everywhere, "Job")["spec"]["template"]["spec"]["containers"][0]
+    assert "--all-namespaces" in hook["command"]
     assert one(everywhere, "ClusterRoleBinding", "stageset-system-stageset-cleanup")
