@@ -738,6 +738,15 @@ def test_check_names_missing_rights_and_pre_names_missing_install_rights(install
     assert "✗ no leader" in broken.stdout
 
 
+def test_cleanup_without_a_running_controller_times_out_naming_what_is_left(installed: Cluster) -> None:
+    result = cli("cleanup", "-n", "team-a2", "--timeout", "1s", kubeconfig=installed.plane.kubeconfig)
+    assert result.returncode == 3
+    assert "deleted StageSet team-a2/apps" in result.stdout
+    assert "timed out after 1s: 1 StageSet(s) still being torn down (is the controller running?)" in \
+        result.stderr
+    assert "team-a2/apps" in result.stderr
+
+
 # --------------------------------------------------------------------------- uninstalling
 
 
@@ -826,3 +835,4 @@ def test_uninstall_keeps_the_crds_and_the_stagesets(installed: Cluster) -> None:
     assert installed.admin.get(f"{STAGESETS.format(ns='tenant-x')}/apps")
     assert not find(documents(installed.helm.run("get", "manifest", PLATFORM.name, "--namespace",
                                                  PLATFORM.namespace).stdout), "CustomResourceDefinition")
+
