@@ -280,3 +280,21 @@ def test_cleanup_hook_deletes_only_stagesets_of_the_release_s_namespaces(helm: H
     hook = one(everywhere, "Job")["spec"]["template"]["spec"]["containers"][0]
     assert "--all-namespaces" in hook["command"]
     assert one(everywhere, "ClusterRoleBinding", "stageset-system-stageset-cleanup")
+
+
+def test_the_sizing_table_in_the_docs_is_what_the_chart_enforces(helm: Helm) -> None:
+    """Each row of docs/sizing.md's table: the limit it gives passes, one MiB less is refused."""
+    import re
+
+    page = (CHART.parents[1] / "docs" / "sizing.md").read_text()
+    rows = re.findall(r"^\| (\d+)(?: \(default\))? \| (\d+)Mi(?: \(default\))? \| \**(\d+)Mi", page,
+                      re.MULTILINE)
+    assert len(rows) >= 5, rows
+    for workers, kustomize, limit in rows:
+        assert int(limit) * MiB == needed(int(workers), int(kustomize) * MiB), (workers, kustomize, limit)
+        values = ["--set", f"controller.workers={workers}",
+                  "--set", f"controller.build.kustomizeMemory={kustomize}Mi"]
+        helm.render(*values, "--set", f"controller.resources.limits.memory={limit}Mi")
+        short = helm.template(*values, "--set", f"controller.resources.limits.memory={int(limit) - 1}Mi",
+                              check=False)
+        assert short.returncode != 0, (workers, kustomize)
