@@ -71,11 +71,17 @@ class Controller:
     replicas: int
     ready: int
     selector: dict[str, str] = field(default_factory=dict)
+    app_version: str = ""
+    """The chart's ``app.kubernetes.io/version`` label (its appVersion)."""
 
     @property
     def version(self) -> str:
-        tag = self.image.rpartition("@")[0] or self.image
-        return tag.rpartition(":")[2] if ":" in tag.rpartition("/")[2] else "unknown"
+        """The image's tag; for an image pinned by digest, the chart's appVersion."""
+        name = self.image.partition("@")[0]
+        last = name.rpartition("/")[2]
+        if ":" in last and "@" not in self.image:
+            return last.rpartition(":")[2]
+        return self.app_version or "unknown"
 
 
 def parse_flags(args: list[str]) -> dict[str, str]:
@@ -114,7 +120,8 @@ def find_controllers(client: KubeClient, namespace: str | None) -> list[Controll
             flags=parse_flags([str(a) for a in container.get("args", [])]),
             replicas=int(spec.get("replicas", 1)),
             ready=int((item.get("status") or {}).get("readyReplicas", 0)),
-            selector=dict((spec.get("selector") or {}).get("matchLabels") or {})))
+            selector=dict((spec.get("selector") or {}).get("matchLabels") or {}),
+            app_version=labels.get("app.kubernetes.io/version", "")))
     return sorted(found, key=lambda c: (c.namespace, c.name))
 
 

@@ -45,8 +45,10 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
 from stageset.api.crd import KINDS, custom_resource_definition
+from stageset.cli.main import main as cli_main
 from stageset.envtest import server as envtest
 from stageset.envtest.aggregation import aggregate_cluster_roles
 from stageset.envtest.build import KUBERNETES_VERSION
@@ -279,6 +281,21 @@ def _accepts(create: Any) -> bool:
     except ApiError:
         return False
     return True
+
+
+def test_helm_template_piped_to_kubectl_apply_server_side(installed: Cluster) -> None:
+    """The third way to install: the rendered chart (CRDs included) applied by kubectl with
+    server-side apply, here as a server-side dry run over release (a)'s objects."""
+    rendered = installed.helm.run("template", DEFAULT.name, str(CHART), "--namespace",
+                                  DEFAULT.namespace).stdout
+    applied = subprocess.run([str(ensure_kubectl(log=False)), "apply", "--server-side", "--dry-run=server",
+                              "--field-manager=platform", "-f", "-"], input=rendered, capture_output=True,
+                             text=True, timeout=120, check=False,
+                             env={**os.environ, "KUBECONFIG": str(installed.plane.kubeconfig)})
+    assert applied.returncode == 0, applied.stderr
+    for kind in KINDS:
+        assert f"customresourcedefinition.apiextensions.k8s.io/{kind.crd_name} serverside-applied" in \
+            applied.stdout
 
 
 def test_a_second_owner_of_the_crds_is_refused_by_name(installed: Cluster) -> None:
@@ -611,11 +628,12 @@ def test_the_pod_passes_the_restricted_pod_security_standard(installed: Cluster)
 # --------------------------------------------------------------------------- platform commands
 
 
-def cli(*args: str, kubeconfig: Path, extra_path: Path | None = None) -> subprocess.CompletedProcess[str]:
-    """``stageset ARGS`` as a real process (exit code and stderr as a user sees them)."""
-    env = {**os.environ, "KUBECONFIG": str(kubeconfig)}
-    return subprocess.run([sys.executable, "-m", "stageset.cli", *args], env=env, capture_output=True,
-                          text=True, timeout=300, check=False)
+def cli(*args: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
+    """``stageset ARGS`` in-process as a user's shell would run it (exit code, stdout and stderr apart;
+    tests/cli runs the real processes), with ``KUBECONFIG`` set."""
+    result = CliRunner().invoke(cli_main, list(args), env={"KUBECONFIG": str(kubeconfig)},
+                                catch_exceptions=False)
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
 
 
 def mark_deployment_ready(admin: KubeClient, release: Release) -> None:

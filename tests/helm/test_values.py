@@ -91,7 +91,7 @@ def test_mirror_volume_has_headroom_over_the_budget_and_tmp_is_bounded(helm: Hel
 
     default = volumes()
     # 2Gi of mirrors + 4 source workers x 512Mi fetched at most each.
-    assert default["mirrors"]["emptyDir"]["sizeLimit"] == f"{2048 + 4 * 512}Mi"
+    assert default["mirrors"]["emptyDir"]["sizeLimit"] == "4Gi"  # 2Gi + 4 x 512Mi, as the apiserver writes it
     assert default["tmp"]["emptyDir"]["sizeLimit"] == "256Mi"
     tuned = volumes("--set", "controller.mirrors.maxSize=500Mi", "--set", "controller.sourceWorkers=2",
                     "--set", "controller.git.maxFetchSize=100M", "--set", "controller.tmp.maxSize=64Mi")
@@ -171,6 +171,8 @@ def test_new_values_are_schema_checked(helm: Helm, values: list[str], named: str
     (["--set", "extraVolumeMounts[0].name=x", "--set", "extraVolumeMounts[0].mountPath=/tmp/"],
      "extraVolumeMounts: /tmp/ (x) is the chart's own mount"),
     (["--set", "serviceAccount.create=false"], "serviceAccount.create=false needs serviceAccount.name"),
+    (["--set", "controller.mirrors.maxSize=500Mi"],
+     "controller.mirrors.maxSize=500Mi is smaller than controller.git.maxFetchSize=512Mi"),
     (["--set", "cleanupOnDelete.enabled=true", "--set", "cleanupOnDelete.timeout=5m"],
      "cleanupOnDelete.timeout=5m must exceed controller.maxTeardownWait=5m"),
 ])

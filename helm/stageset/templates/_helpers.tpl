@@ -110,9 +110,14 @@ checked its form. */}}
 {{- mulf $number $factor | ceil | int64 -}}
 {{- end -}}
 
-{{/* Bytes as a whole number of MiB, rounded up ("2304Mi"). */}}
+{{/* Bytes as a whole number of MiB, rounded up, in the apiserver's canonical form ("2304Mi", "4Gi"):
+the form it stores, so server-side apply and GitOps diffs never see "4096Mi" against "4Gi". */}}
 {{- define "stageset.mebibytes" -}}
-{{- printf "%dMi" (divf (int64 .) 1048576.0 | ceil | int64) -}}
+{{- $mib := divf (int64 .) 1048576.0 | ceil | int64 -}}
+{{- if and (gt $mib 0) (eq (mod $mib 1048576) 0) -}}{{ printf "%dTi" (div $mib 1048576) }}
+{{- else if and (gt $mib 0) (eq (mod $mib 1024) 0) -}}{{ printf "%dGi" (div $mib 1024) }}
+{{- else -}}{{ printf "%dMi" $mib }}
+{{- end -}}
 {{- end -}}
 
 {{/*
