@@ -298,24 +298,24 @@ def test_helm_template_piped_to_kubectl_apply_server_side(installed: Cluster) ->
             applied.stdout
 
 
-def test_a_second_owner_of_the_crds_is_refused_by_name(installed: Cluster) -> None:
+@pytest.mark.parametrize(("other", "refusal"), [
+    ("rbac.aggregateToDefaultRoles=false",
+     'crds.install: the CustomResourceDefinition gitrepositories.stages.metio.wtf is already owned by '
+     'release "stageset" in namespace "stageset-system"'),
+    ("crds.install=false",
+     'the ClusterRole stageset-edit is already owned by release "stageset" in namespace "stageset-system"'),
+], ids=["crds", "aggregate-roles"])
+def test_a_second_owner_of_the_shared_objects_is_refused_by_name(installed: Cluster, other: str,
+                                                                  refusal: str) -> None:
+    """The CRDs and the aggregate ClusterRoles are cluster-wide: a second release installing either
+    is refused naming the owner and the value to set."""
     result = installed.helm.run("install", "shard-c", str(CHART), "--namespace", "shards-c",
                                 "--create-namespace", "--set", "controller.watchNamespaces={team-c}",
-                                "--set", "rbac.aggregateToDefaultRoles=false", check=False)
+                                "--set", other, check=False)
     assert result.returncode != 0
-    assert ('crds.install: the CustomResourceDefinition gitrepositories.stages.metio.wtf is already owned by '
-            'release "stageset" in namespace "stageset-system"') in result.stderr, result.stderr
-    assert "set crds.install=false" in result.stderr
-
-
-def test_a_second_owner_of_the_aggregate_roles_is_refused_by_name(installed: Cluster) -> None:
-    result = installed.helm.run("install", "shard-c", str(CHART), "--namespace", "shards-c",
-                                "--create-namespace", "--set", "controller.watchNamespaces={team-c}",
-                                "--set", "crds.install=false", check=False)
-    assert result.returncode != 0
-    assert ('the ClusterRole stageset-edit is already owned by release "stageset" in namespace '
-            '"stageset-system"') in result.stderr
-    assert "set rbac.aggregateToDefaultRoles=false" in result.stderr
+    assert refusal in result.stderr, result.stderr
+    value = "crds.install" if other.startswith("rbac") else "rbac.aggregateToDefaultRoles"
+    assert f"set {value}=false" in result.stderr
 
 
 def test_every_release_is_deployed_with_its_own_objects(installed: Cluster) -> None:
