@@ -1,7 +1,7 @@
 # The two commands a new machine needs (both install everything they use):
 #   make run    the main job: the controller reconciling examples/ on a local control plane
 #   make test   the whole test suite, linters and contracts included (what CI runs)
-.PHONY: run demo-change test lint crds docs bench image helm
+.PHONY: run demo-change test lint crds docs bench image helm release
 
 
 run:
@@ -26,6 +26,13 @@ crds:
 # container engine use the Containerfile instead.  Prints the archive's path.
 image:
 	@uv=$$(./hack/bootstrap.sh) && UV=$$uv $$uv run --frozen python -m stageset.envtest.image --summary
+
+# One version everywhere (pyproject.toml, Chart.yaml version/appVersion, uv.lock), then dist/$(VERSION)/:
+# the chart package, the image archive (as `make image`, needs root), its SBOM (syft), the release
+# notes from CHANGELOG.md and SHA256SUMS.  `make release VERSION=0.3.0`; docs/releasing.md.
+release:
+	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z" >&2; exit 2; }
+	@uv=$$(./hack/bootstrap.sh) && UV=$$uv $$uv run --frozen python -m stageset.envtest.release $(VERSION)
 
 # helm built from the Go module proxy into ~/.cache/stageset (prints its path).
 helm:

@@ -26,6 +26,10 @@ echo "== helm (built once, cached in ~/.cache/stageset)"
 run python -m stageset.envtest.helm
 echo "== toxiproxy (built once, cached in ~/.cache/stageset; the fault suite's proxy)"
 run python -m stageset.envtest.toxiproxy
+echo "== kubectl, actionlint, syft (built once, cached; the kubectl plugin, workflow and release tests)"
+run python -m stageset.envtest.kubectl
+run python -m stageset.envtest.actionlint
+run python -m stageset.envtest.syft
 echo "== container image (built daemonlessly, cached by content in ~/.cache/stageset/image)"
 if [ "$(id -u)" -eq 0 ]; then
     step=$(date +%s)

@@ -62,10 +62,14 @@ and closes it.  Only fetches (writers) take the per-URL lock; readers need none,
 dulwich only reads a pack once its index is written, and objects never change.  Readers
 are counted instead, so that eviction never removes a mirror under them.
 
-Disk use is bounded by ``max_bytes``: after a fetch that grew the store, the least recently
-used mirrors (by last fetch or read) are removed until the total fits again.  A mirror is
-never evicted while it is being fetched into (its lock is held) or read, nor the one just
-fetched.  Removal is atomic (rename aside, then delete), so a reader that comes later gets
+Disk use is bounded by ``max_bytes``, the mirrors' budget: **before** a fetch downloads, the
+least recently used mirrors (by last fetch or read) are removed until the mirrors on disk plus
+the most that fetch may bring (``Limits.max_fetch_bytes``, which bounds its raw pack) fit in it,
+and after a fetch that grew the store, until the total fits again.  So one fetch never takes
+the store past its budget; fetches running at once may each add up to ``max_fetch_bytes``
+(the chart's volume adds that headroom, docs/sizing.md).  A mirror is never evicted while it
+is being fetched into (its lock is held) or read, nor the one being fetched.  Removal is atomic
+(rename aside, then delete), so a reader that comes later gets
 :class:`~sources.errors.NotFetchedError` — the next ``fetch`` brings the commit back —
 rather than a half-deleted repository.
 
@@ -274,8 +278,9 @@ class MirrorStore:
             with _MirrorRepo(str(path)) as repo:
                 fetched = False
                 if selector.commit is not None:
-                    fetched = self._prove_pin(remote, repo, listing, selector)
+                    fetched = self._prove_pin(remote, repo, listing, selector, name=name)
                 elif ObjectID(resolution.want.encode("ascii")) not in repo.object_store:
+                    self._make_room(keep=name)
                     self._fetch_tip(remote, repo, resolution)
                     fetched = True
                 commit = self._peel(repo, resolution, url=remote_url.display)
@@ -348,14 +353,16 @@ class MirrorStore:
         with self._locks_guard:
             return sum(self._sizes.values())
 
-    def evict(self, *, keep: str | None = None) -> list[str]:
-        """Remove least recently used mirrors until the total fits ``max_bytes``.
+    def evict(self, *, keep: str | None = None, room: int = 0) -> list[str]:
+        """Remove least recently used mirrors until the total plus ``room`` fits ``max_bytes``.
 
         Skips mirrors being fetched into or read, and ``keep`` (a mirror directory name).
-        Returns the directory names removed.  Called after every fetch that grew a mirror;
-        public for callers that want to shrink the store at other times.
+        Returns the directory names removed.  Called before every download (``room``: the most
+        it may bring) and after every fetch that grew a mirror; public for callers that want to
+        shrink the store at other times.  Without ``room`` it gives way to an eviction already
+        running; with it, it waits for that one, so the download starts within the budget.
         """
-        if self._max_bytes is None or not self._evicting.acquire(blocking=False):
+        if self._max_bytes is None or not self._evicting.acquire(blocking=room > 0):
             return []
         removed: list[str] = []
         try:
@@ -363,7 +370,7 @@ class MirrorStore:
                 order = sorted(self._sizes, key=lambda n: self._last_used.get(n, 0.0))
                 total = sum(self._sizes.values())
             for name in order:
-                if total <= self._max_bytes:
+                if total + room <= self._max_bytes:
                     break
                 if name == keep:
                     continue
@@ -379,6 +386,16 @@ class MirrorStore:
             self._evicting.release()
         return removed
 
+    def _make_room(self, *, keep: str) -> None:
+        """Before a download into mirror ``keep`` (its lock held): evict until the mirrors as they
+        are on disk, ``keep`` included, and the download at its largest fit the budget."""
+        if self._max_bytes is None:
+            return
+        size = _disk_usage(self._root / keep)
+        with self._locks_guard:
+            self._sizes[keep] = size
+        self.evict(keep=keep, room=self._limits.max_fetch_bytes)
+
     # -- proofs and records ------------------------------------------------------------
 
     def _fetch_tip(self, remote: Remote, repo: Repo, resolution: Resolution) -> None:
@@ -391,7 +408,7 @@ class MirrorStore:
             )
 
     def _prove_pin(self, remote: Remote, repo: Repo, listing: Listing,
-                   selector: RefSelector) -> bool:
+                   selector: RefSelector, *, name: str) -> bool:
         """Make sure pinned ``selector.commit`` is readable *by this caller* and in the
         mirror; returns whether objects were fetched.  See the module docstring."""
         pinned = selector.commit
@@ -404,6 +421,7 @@ class MirrorStore:
         not_found = RefNotFoundError(
             f"commit {pinned} not found in {remote.url.display} (or not readable with these "
             "credentials)")
+        self._make_room(keep=name)
         try:
             remote.fetch(repo, wants=[pinned], depth=1, blob_limit=self._blob_limit(),
                          haves=[pinned] if present else [])

@@ -1,9 +1,11 @@
 """click commands.  Each command builds its settings once and injects them.
 
 ``controller`` runs the controller (production); ``run`` is the local demo (or the controller
-against ``--kubeconfig``); the user commands (``get``, ``tree``, ``graph``, ``events``,
-``build``, ``diff``, ``reconcile``, ``suspend``, ``resume``, ``crds``) live in their own
-modules and are registered here.  Exit codes: 0 ok, 1 differences (``diff``), 2 usage,
+against ``--kubeconfig``; hidden from the command list, ``make run`` runs it); the user commands
+(``get``, ``tree``, ``graph``, ``events``, ``trace``, ``build``, ``diff``, ``reconcile``,
+``suspend``, ``resume``, ``crds``) and the platform commands (``check``, ``version``, ``cleanup``,
+``completion``) live in their own modules and are registered here.  The same group is the
+``kubectl-stageset`` plugin (:func:`kubectl_plugin`).  Exit codes: 0 ok, 1 differences (``diff``), 2 usage,
 3 runtime error (:mod:`stageset.cli.session`).
 """
 
@@ -31,6 +33,9 @@ from sources import Limits
 from stageset.api.crd import KINDS, custom_resource_definition, render
 from stageset.build import BuildLimits
 from stageset.cli import process
+from stageset.cli.check import check, version
+from stageset.cli.cleanup import cleanup
+from stageset.cli.completion import completion
 from stageset.cli.dashboard.command import dashboard
 from stageset.cli.inspect import events, get, graph, tree
 from stageset.cli.params import (
@@ -44,13 +49,14 @@ from stageset.cli.params import (
 from stageset.cli.preview import build, diff
 from stageset.cli.session import StagesetGroup, echo
 from stageset.cli.steer import reconcile, resume, suspend
+from stageset.cli.trace import trace
 from stageset.controller import logs
 from stageset.controller.manager import Manager
 from stageset.controller.metrics import Metrics
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL, ControllerSettings
 from stageset.kube.client import ClientPool
 
-__all__ = ["controller", "main", "parse_duration_option", "parse_size"]
+__all__ = ["controller", "kubectl_plugin", "main", "parse_duration_option", "parse_size"]
 
 
 def _setup_logging(level: str, fmt: str = "text") -> None:
@@ -197,7 +203,7 @@ def _dump_heap(_signum: int, _frame: FrameType | None) -> None:
 _LIFECYCLE = tuple(inspect.signature(process.lifecycle_settings).parameters)
 
 
-@main.command(context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@main.command(hidden=True, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Run the controller against this cluster instead of a local control plane "
               "(the CRDs are installed when missing).")
@@ -245,5 +251,11 @@ def crds(output: str) -> None:
     echo("---\n".join(render(kind) for kind in KINDS))
 
 
-for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, dashboard):
+for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, trace, check, version,
+                 cleanup, completion, dashboard):
     main.add_command(_command)
+
+
+def kubectl_plugin() -> None:
+    """``kubectl stageset ...``: kubectl runs the ``kubectl-stageset`` executable it finds on PATH."""
+    main(prog_name="kubectl stageset")

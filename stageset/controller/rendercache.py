@@ -17,6 +17,10 @@ objects.  It works in two steps, each with its own key:
    Contents, not Git tree ids, are hashed: a symlink inside the tree is read as its
    target's content, which a tree id of the directory holding the link does not cover.
 
+Builds run at most ``max_builds`` at once (the controller passes ``--workers``), whatever the
+stages of one StageSet run concurrently: each build is a kustomize process with a memory limit of
+its own, and the pod's memory limit is sized for one per worker (docs/sizing.md).
+
 Variables enter keys only as a digest: values are never kept in keys or logs.  Entries
 are shared read-only (the apply engine copies objects before labelling them).  Every map
 is bounded, least recently used first out, so memory stays flat however many StageSets
@@ -29,6 +33,7 @@ served is decided when it is fetched, with its own credentials).
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import threading
@@ -81,8 +86,11 @@ _FILE_OVERHEAD = 200
 class RenderCache:
     """Objects by render key, render keys by source key, and recently read trees (bounded in bytes)."""
 
-    def __init__(self, *, max_entries: int = 256, max_tree_bytes: int = 32 * MiB):
+    def __init__(self, *, max_entries: int = 256, max_tree_bytes: int = 32 * MiB,
+                 max_builds: int | None = None):
         self._max = max_entries
+        # None: unbounded (the CLI, tests); the controller bounds builds by its worker count.
+        self.build_slots = threading.BoundedSemaphore(max_builds) if max_builds else None
         self._entries: OrderedDict[str, list[KubeObject]] = OrderedDict()
         self._sources: OrderedDict[str, str] = OrderedDict()
         self._max_tree_bytes = max_tree_bytes
@@ -171,7 +179,8 @@ def render_stage(cache: RenderCache, *, url: str, commit: str, ignore: str | Non
     key = render_key(url=url, tree=prepared.digest(), ignore=ignore, variables=variables, patches=patches)
     objects = cache.get(key)
     if objects is None:
-        objects = render(prepared, variables=variables, kustomize=kustomize, patches=patches)
+        with cache.build_slots or contextlib.nullcontext():
+            objects = render(prepared, variables=variables, kustomize=kustomize, patches=patches)
         cache.put(key, objects, built=True)
     cache.remember(source, key)
     return objects

@@ -30,6 +30,7 @@ from stageset.controller.events import EventRecorder
 from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler, RevisionListener
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
+from stageset.controller.rendercache import RenderCache
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.passes import PassRunner
@@ -99,7 +100,9 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     changes = Changes(events=shared.events, metrics=shared.metrics)
     passes = PassRunner(
         clients=clients, identities=identities, records=records, changes=changes, settings=settings,
-        renderer=Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits),
+        # At most one kustomize build per worker at once: the pod's memory is sized for that.
+        renderer=Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits,
+                          cache=RenderCache(max_builds=settings.workers)),
         stages=StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
                           stop=stop, sandbox=cel, accounts=accounts))
     teardown = Teardown(clients=clients, identities=identities, targets=targets, events=shared.events,

@@ -34,6 +34,8 @@ from stageset.build.kustomize import cache_root
 KUBERNETES_VERSION = "v1.35.4"
 ETCD_VERSION = "v3.6.16"
 BINARIES = ("etcd", "kube-apiserver")
+# Bumped when the build recipe changes what the binaries are (2: the apiserver reports its version).
+_RECIPE = 2
 # The checked-in wrapper modules (go.mod + go.sum) that build the two commands.
 WRAPPERS = Path(__file__).resolve().parents[2] / "hack" / "controlplane"
 
@@ -56,7 +58,16 @@ class Assets:
 
 
 def assets_dir() -> Path:
-    return cache_root() / "controlplane" / f"kube-{KUBERNETES_VERSION}_etcd-{ETCD_VERSION}"
+    return cache_root() / "controlplane" / f"kube-{KUBERNETES_VERSION}_etcd-{ETCD_VERSION}_r{_RECIPE}"
+
+
+def version_ldflags(kubernetes_version: str) -> str:
+    """What the Kubernetes release build stamps into its binaries (``hack/lib/version.sh``), so
+    ``/version`` reports the release, not ``v0.0.0-master``: Helm's ``kubeVersion`` and
+    ``stageset check`` read it."""
+    major, minor = re.fullmatch(r"v(\d+)\.(\d+)\.\d+", kubernetes_version).groups()  # type: ignore[union-attr]
+    stamp = {"gitVersion": kubernetes_version, "gitMajor": major, "gitMinor": minor, "gitTreeState": "clean"}
+    return " ".join(f"-X k8s.io/component-base/version.{key}={value}" for key, value in stamp.items())
 
 
 def staging_modules(kubernetes_go_mod: str) -> list[str]:
@@ -168,12 +179,13 @@ def _build_into(target: Path, *, log: bool) -> None:
     with tempfile.TemporaryDirectory(prefix="stageset-build-", dir=target.parent) as tmp:
         staged = Path(tmp) / "bin"
         staged.mkdir()
-        for name, package in (("etcd", "go.etcd.io/etcd/server/v3"),
-                              ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver")):
+        stamped = version_ldflags(KUBERNETES_VERSION)
+        for name, package, ldflags in (("etcd", "go.etcd.io/etcd/server/v3", ""),
+                                       ("kube-apiserver", "k8s.io/kubernetes/cmd/kube-apiserver", stamped)):
             if log:
                 print(f"building {name} from the Go module proxy ...", file=sys.stderr, flush=True)
-            _go_build(["build", "-mod=readonly", "-trimpath", "-o", str(staged / name), package],
-                      cwd=WRAPPERS / name)
+            _go_build(["build", "-mod=readonly", "-trimpath", "-ldflags", ldflags, "-o", str(staged / name),
+                       package], cwd=WRAPPERS / name)
         # Publish atomically so a half-built directory is never mistaken for a cache hit.
         if target.exists():
             shutil.rmtree(target)

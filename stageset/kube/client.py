@@ -352,6 +352,29 @@ class KubeClient:
             query["dryRun"] = "All"
         return self.request("DELETE", path, query=query)
 
+    def get_text(self, path: str, *, max_bytes: int = 8 * 2**20, timeout: float = 10.0) -> str:
+        """A GET whose answer is not JSON (a pod's ``/metrics`` through the apiserver's proxy): the
+        first ``max_bytes`` of the body as text.  Errors as :meth:`request` raises them."""
+        url, headers = self._prepare("GET", path, None, {"Accept": "text/plain"})
+        started = time.monotonic()
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                "GET", url, headers=headers, preload_content=False, retries=_RETRIES,
+                timeout=urllib3.Timeout(total=timeout))
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            self._observe("GET", path, None, None, None, started)
+            raise UnreachableError(server=self.server, why=_why(error)) from None
+        self._observe("GET", path, None, None, response.status, started)
+        try:
+            data = response.read(max_bytes)
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise UnreachableError(server=self.server, why=_why(error)) from None
+        finally:
+            response.close()  # never back to the pool with unread bytes left (a body past max_bytes)
+        if response.status >= 300:
+            raise _api_error(response.status, data)
+        return data.decode("utf-8", "replace")
+
 
 def _api_error(status: int, data: bytes, after: float | None = None) -> ApiError:
     """An error from the response; only a Kubernetes ``Status`` body is read (a proxy's HTML

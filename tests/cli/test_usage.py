@@ -216,3 +216,46 @@ def test_a_link_elsewhere_in_a_local_checkout_fails_only_a_build_that_loads_it(
     result = run_cli(*args, env=no_cluster)
     assert result.exit_code == 3
     assert "root:" not in result.output
+
+
+def test_run_is_hidden_from_the_command_list_but_still_runs() -> None:
+    listed = run_cli("--help").stdout
+    assert "  get " in listed
+    assert "  check " in listed
+    assert "  run " not in listed
+    assert run_cli("run", "--help").exit_code == 0
+
+
+def test_bash_completion_offers_commands_but_not_hidden_ones() -> None:
+    """The script from `stageset completion bash`, sourced by a real bash, completing with the real
+    `stageset` executable (.venv/bin) as a user's shell would."""
+    import os
+    import shutil
+
+    bash = shutil.which("bash")
+    assert bash is not None
+    venv = Path(sys.executable).parent
+    script = run_cli("completion", "bash").stdout
+    assert "_STAGESET_COMPLETE=bash_complete" in script
+
+    def complete(*words: str) -> list[str]:
+        line = " ".join(words)
+        result = subprocess.run(
+            [bash, "-c", f'source /dev/stdin; COMP_WORDS=({line}); COMP_CWORD={len(words) - 1}; '
+                         '_stageset_completion stageset; printf "%s\\n" "${COMPREPLY[@]}"'],
+            input=script, capture_output=True, text=True, timeout=60, check=False,
+            env={**os.environ, "PATH": f"{venv}{os.pathsep}{os.environ['PATH']}"})
+        assert result.returncode == 0, result.stderr
+        return sorted(line for line in result.stdout.splitlines() if line)
+
+    assert complete("stageset", "r") == ["reconcile", "resume"]  # not the hidden `run`
+    assert complete("stageset", "check", "--p") == ["--pre"]
+
+
+@pytest.mark.parametrize(("shell", "marker"), [("zsh", "compdef _stageset_completion stageset"),
+                                               ("fish", "complete --no-files --command stageset")])
+def test_zsh_and_fish_scripts(shell: str, marker: str) -> None:
+    result = run_cli("completion", shell)
+    assert result.exit_code == 0
+    assert marker in result.stdout
+    assert run_cli("completion", "tcsh").exit_code == 2

@@ -121,16 +121,20 @@ def test_cluster_admin_mode_adds_exactly_a_cluster_admin_binding(helm: Helm) -> 
 
 
 def test_names_derive_from_the_release_and_releases_never_collide(helm: Helm) -> None:
+    # Shared by every release, installed by exactly one (crds.install, rbac.aggregateToDefaultRoles).
+    shared = ("stageset-edit", "stageset-view", "stagesets.stages.metio.wtf",
+              "gitrepositories.stages.metio.wtf")
+
     def cluster_scoped(docs: list[dict[str, Any]]) -> set[tuple[str, str]]:
         return {(d["kind"], d["metadata"]["name"]) for d in docs if "namespace" not in d["metadata"]
-                and d["metadata"]["name"] not in ("stageset-edit", "stageset-view")}
+                and d["metadata"]["name"] not in shared}
 
     plain = helm.render(release="stageset")
     assert one(plain, "Deployment")["metadata"]["name"] == "stageset"  # never stageset-stageset
     prod = helm.render(release="prod", namespace="ops")
     for doc in prod:
-        assert "prod-stageset" in doc["metadata"]["name"] or doc["metadata"]["name"] in (
-            "stageset-edit", "stageset-view"), doc["metadata"]["name"]
+        assert "prod-stageset" in doc["metadata"]["name"] or doc["metadata"]["name"] in shared, \
+            doc["metadata"]["name"]
     # The same release name in another namespace: no cluster-scoped name is shared.
     other = helm.render(release="prod", namespace="ops-2")
     assert cluster_scoped(prod)
@@ -142,13 +146,14 @@ def test_names_derive_from_the_release_and_releases_never_collide(helm: Helm) ->
 def test_standard_labels_on_every_object(helm: Helm) -> None:
     docs = helm.render("--set", "replicaCount=2", "--set", "metrics.serviceMonitor.enabled=true",
                        release="prod", namespace="ops")
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
     for doc in docs:
         labels = doc["metadata"]["labels"]
-        assert labels["helm.sh/chart"] == "stageset-0.2.0"
+        assert labels["helm.sh/chart"] == f"stageset-{chart['version']}"
         assert labels["app.kubernetes.io/managed-by"] == "Helm"
         assert labels["app.kubernetes.io/instance"] == "prod"
         assert labels["app.kubernetes.io/name"] == "stageset"
-        assert labels["app.kubernetes.io/version"] == "0.1.0"
+        assert labels["app.kubernetes.io/version"] == chart["appVersion"]
     selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
     assert selector == {"app.kubernetes.io/name": "stageset", "app.kubernetes.io/instance": "prod"}
     assert one(docs, "Service")["spec"]["selector"] == selector
@@ -224,7 +229,8 @@ def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> Non
               "maxStageBytes": "64Mi", "kustomizeTimeout": "2m", "kustomizeMemory": "512Mi"}
     values = [item for key, value in limits.items() for item in ("--set", f"controller.build.{key}={value}")]
     args = controller_args(helm.render(*values, "--set", "controller.sourceWorkers=2",
-                                       "--set", "controller.git.maxFiles=50"))
+                                       "--set", "controller.git.maxFiles=50",
+                                       "--set", "controller.resources.limits.memory=4Gi"))
     params = controller.make_context("controller", list(args)).params
     built = BuildLimits.with_overrides(params["build_limits"])
     assert (built.max_depth, built.max_stage_objects, built.kustomize_timeout) == (50, 50000, 120.0)

@@ -1,12 +1,18 @@
 """``helm install`` into a real apiserver, then the controller run as each release would run it.
 
 One control plane of its own for this module (the releases own cluster-wide objects such as
-the aggregate ClusterRoles, which the other suites install without Helm), shared by:
+the CRDs and the aggregate ClusterRoles, which the other suites install without Helm), shared by:
 
-(a) ``stageset`` in ``stageset-system``: the defaults -- multi-tenant, every namespace;
+(a) ``stageset`` in ``stageset-system``: the defaults -- multi-tenant, every namespace; installed
+    as the previous chart version (``tests/fixtures/chart/stageset-0.2.0.tgz``, whose CRDs live in
+    Helm's ``crds/`` folder) and upgraded to this one, as a platform team would;
 (b) ``shard-a`` / ``shard-b`` in ``shards-a`` / ``shards-b``: disjoint ``controller.watchNamespaces``,
-    ``rbac.aggregateToDefaultRoles=false`` (release (a) owns those roles);
+    ``crds.install=false`` and ``rbac.aggregateToDefaultRoles=false`` (release (a) owns those);
 (c) ``platform`` in ``platform``: ``rbac.clusterAdmin=true``.
+
+After the controllers' tests, the platform commands run against these releases (``check``,
+``version``, ``trace``, ``kubectl stageset``), ``shard-b`` is uninstalled through its
+``cleanupOnDelete`` hook, and (a) is uninstalled, keeping the CRDs.
 
 Each release's ServiceAccount is checked with SubjectAccessReviews (verb x resource x
 namespace); the table is published in docs/install.md and must match what the apiserver
@@ -22,12 +28,16 @@ controllers as the releases' ServiceAccounts; Git sources are read as the tenant
 
 from __future__ import annotations
 
+import datetime
+import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
 import time
+import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,18 +45,26 @@ from typing import Any
 
 import pytest
 import yaml
+from click.testing import CliRunner
 
+from stageset.api.crd import KINDS, custom_resource_definition
+from stageset.cli.main import main as cli_main
 from stageset.envtest import server as envtest
 from stageset.envtest.aggregation import aggregate_cluster_roles
+from stageset.envtest.build import KUBERNETES_VERSION
 from stageset.envtest.image import containerfile_settings
 from stageset.envtest.install import create_tenant
+from stageset.envtest.kubectl import ensure_kubectl
 from stageset.envtest.server import ControlPlane, free_port
 from stageset.kube.client import ApiError, ClientPool, KubeClient
-from tests.helm.chart import CHART, Helm, controller_args, documents
+from tests.helm.chart import CHART, Helm, controller_args, documents, find
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "install.md"
+PREVIOUS_CHART = Path(__file__).resolve().parents[1] / "fixtures" / "chart" / "stageset-0.2.0.tgz"
+"""Release N-1: the chart as main shipped it before its CRDs became templates (``helm package``)."""
+SHARED = ("--set", "crds.install=false", "--set", "rbac.aggregateToDefaultRoles=false")
 CM = "/api/v1/namespaces/{ns}/configmaps/{name}"
 STAGESETS = "/apis/stages.metio.wtf/v1/namespaces/{ns}/stagesets"
 GITREPOS = "/apis/stages.metio.wtf/v1/namespaces/{ns}/gitrepositories"
@@ -71,13 +89,11 @@ class Release:
 
 DEFAULT = Release("(a) default", "stageset", "stageset-system", watched=())
 SHARD_A = Release("(b) shard-a", "shard-a", "shards-a",
-                  ("--set", "controller.watchNamespaces={team-a1,team-a2}",
-                   "--set", "rbac.aggregateToDefaultRoles=false"), watched=("team-a1", "team-a2"))
+                  ("--set", "controller.watchNamespaces={team-a1,team-a2}", *SHARED),
+                  watched=("team-a1", "team-a2"))
 SHARD_B = Release("(b) shard-b", "shard-b", "shards-b",
-                  ("--set", "controller.watchNamespaces={team-b}",
-                   "--set", "rbac.aggregateToDefaultRoles=false"), watched=("team-b",))
-PLATFORM = Release("(c) cluster-admin", "platform", "platform",
-                   ("--set", "rbac.clusterAdmin=true", "--set", "rbac.aggregateToDefaultRoles=false"))
+                  ("--set", "controller.watchNamespaces={team-b}", *SHARED), watched=("team-b",))
+PLATFORM = Release("(c) cluster-admin", "platform", "platform", ("--set", "rbac.clusterAdmin=true", *SHARED))
 RELEASES = [DEFAULT, SHARD_A, SHARD_B, PLATFORM]
 TENANTS = ["tenant-x", "team-a1", "team-a2", "team-b"]
 
@@ -91,6 +107,8 @@ class Cluster:
     git_ca: bytes
     workdir: Path
     manifests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
+    upgrade: dict[str, Any] = field(default_factory=dict)
+    """What installing release N-1 and upgrading it showed (for the upgrade test)."""
 
 
 def wait_for(check: Any, *, timeout: float = 60.0, what: str) -> Any:
@@ -145,9 +163,31 @@ def cluster(helm_binary: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         plane.stop()
 
 
+def crd(admin: KubeClient, name: str) -> dict[str, Any]:
+    return admin.get(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/{name}")
+
+
+def install_previous_then_upgrade(cluster: Cluster) -> None:
+    """Release (a) as a platform team has it: chart N-1 installed, then upgraded to this chart.
+
+    N-1 installed its CRDs from Helm's ``crds/`` folder, which leaves them owned by no release;
+    the first upgrade to templated CRDs adopts them once with ``--take-ownership``
+    (docs/upgrading.md).  What a plain upgrade says first is kept for the test.
+    """
+    helm, release = cluster.helm, DEFAULT
+    helm.run("install", release.name, str(PREVIOUS_CHART), "--namespace", release.namespace,
+             "--create-namespace")
+    wait_for(lambda: crds_served(cluster.admin), what="chart N-1's CRDs served")
+    cluster.upgrade["previous"] = {kind.crd_name: crd(cluster.admin, kind.crd_name) for kind in KINDS}
+    plain = helm.run("upgrade", release.name, str(CHART), "--namespace", release.namespace, check=False)
+    cluster.upgrade["plain"] = plain
+    helm.run("upgrade", release.name, str(CHART), "--namespace", release.namespace, "--take-ownership")
+
+
 @pytest.fixture(scope="module")
 def installed(cluster: Cluster) -> Cluster:
-    """Tenants with a Git CA each, then all releases (order matters: (a) owns the aggregate roles).
+    """Tenants with a Git CA each, then all releases (order matters: (a) owns the CRDs and the
+    aggregate roles).
 
     A shard's namespaces must exist before its release: its RoleBindings live in them.
     """
@@ -157,9 +197,11 @@ def installed(cluster: Cluster) -> Cluster:
                             {"apiVersion": "v1", "kind": "Secret",
                              "metadata": {"name": "git-ca", "namespace": namespace},
                              "stringData": {"caFile": cluster.git_ca.decode()}}, field_manager="test")
+    install_previous_then_upgrade(cluster)
     for release in RELEASES:
-        cluster.helm.run("install", release.name, str(CHART), "--namespace", release.namespace,
-                         "--create-namespace", *release.values)
+        if release is not DEFAULT:
+            cluster.helm.run("install", release.name, str(CHART), "--namespace", release.namespace,
+                             "--create-namespace", *release.values)
         manifest = cluster.helm.run("get", "manifest", release.name, "--namespace", release.namespace).stdout
         cluster.manifests[release.name] = documents(manifest)
     wait_for(lambda: crds_served(cluster.admin), what="the chart's CRDs served")
@@ -168,14 +210,112 @@ def installed(cluster: Cluster) -> Cluster:
     return cluster
 
 
-def test_a_second_owner_of_the_aggregate_roles_is_refused_by_name(installed: Cluster) -> None:
+def test_the_previous_chart_upgrades_to_crds_that_serve_this_version_s_schema(installed: Cluster) -> None:
+    """Release N-1 -> N: the CRDs, installed by N-1's ``crds/`` folder, are adopted once with
+    ``--take-ownership`` and from then on follow the chart: the apiserver serves exactly the schema
+    generated from this version's models (so every field added since N-1 is served)."""
+    plain = installed.upgrade["plain"]
+    assert plain.returncode != 0  # the one-time adoption docs/upgrading.md describes
+    assert "invalid ownership metadata" in plain.stderr, plain.stderr
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    for kind in KINDS:
+        live = crd(installed.admin, kind.crd_name)
+        previous = installed.upgrade["previous"][kind.crd_name]
+        assert "meta.helm.sh/release-name" not in (previous["metadata"].get("annotations") or {})
+        assert live["metadata"]["annotations"]["meta.helm.sh/release-name"] == "stageset"
+        assert live["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+        assert live["metadata"]["labels"]["helm.sh/chart"] == f"stageset-{chart['version']}"
+        assert live["spec"]["versions"] == custom_resource_definition(kind)["spec"]["versions"]
+        # Fields added since N-1 (none until a schema change lands after it) are served now.
+        added = property_paths(live) - property_paths(previous)
+        sys.stderr.write(f"\n{kind.crd_name}: {len(added)} schema paths added since chart 0.2.0\n")
+
+
+def property_paths(obj: dict[str, Any]) -> set[str]:
+    def walk(node: dict[str, Any], path: str) -> set[str]:
+        found = {path}
+        for key, child in (node.get("properties") or {}).items():
+            found |= walk(child, f"{path}.{key}")
+        if isinstance(node.get("items"), dict):
+            found |= walk(node["items"], f"{path}[]")
+        return found
+
+    return {p for version in obj["spec"]["versions"] for p in walk(version["schema"]["openAPIV3Schema"],
+                                                                    version["name"])}
+
+
+def test_the_crds_follow_the_chart_on_every_upgrade(installed: Cluster) -> None:
+    """An upgrade to a chart whose StageSet schema has one more field serves that field at once (a
+    strict create with it passes), and the upgrade back removes it again (refused as unknown)."""
+    changed = installed.workdir / "chart-next"
+    shutil.copytree(CHART, changed)
+    path = changed / "files" / "crds" / "stages.metio.wtf_stagesets.yaml"
+    document = yaml.safe_load(path.read_text())
+    spec_schema = document["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+    spec_schema["properties"]["upgradeProbe"] = {"type": "string", "description": "added by the test"}
+    path.write_text(yaml.safe_dump(document))
+    probe = {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+             "metadata": {"name": "probe", "namespace": "tenant-x"},
+             "spec": {"upgradeProbe": "x", "serviceAccountName": "deployer",
+                      "stages": [{"name": "app", "sourceRef": {"name": "apps"}}]}}
+
+    def strict_create() -> None:
+        installed.admin.request("POST", STAGESETS.format(ns="tenant-x"), body=probe,
+                                query={"dryRun": "All", "fieldValidation": "Strict"})
+
+    with pytest.raises(ApiError, match="upgradeProbe"):
+        strict_create()
+    try:
+        installed.helm.run("upgrade", DEFAULT.name, str(changed), "--namespace", DEFAULT.namespace,
+                           "--reuse-values")
+        wait_for(lambda: _accepts(strict_create), timeout=30, what="the new field served")
+    finally:
+        installed.helm.run("upgrade", DEFAULT.name, str(CHART), "--namespace", DEFAULT.namespace,
+                           "--reuse-values")
+    wait_for(lambda: not _accepts(strict_create), timeout=30, what="the field gone again")
+
+
+def _accepts(create: Any) -> bool:
+    try:
+        create()
+    except ApiError:
+        return False
+    return True
+
+
+def test_helm_template_piped_to_kubectl_apply_server_side(installed: Cluster) -> None:
+    """The third way to install: the rendered chart (CRDs included) applied by kubectl with
+    server-side apply, here as a server-side dry run over release (a)'s objects."""
+    rendered = installed.helm.run("template", DEFAULT.name, str(CHART), "--namespace",
+                                  DEFAULT.namespace).stdout
+    applied = subprocess.run([str(ensure_kubectl(log=False)), "apply", "--server-side", "--dry-run=server",
+                              "--field-manager=platform", "-f", "-"], input=rendered, capture_output=True,
+                             text=True, timeout=120, check=False,
+                             env={**os.environ, "KUBECONFIG": str(installed.plane.kubeconfig)})
+    assert applied.returncode == 0, applied.stderr
+    for kind in KINDS:
+        assert f"customresourcedefinition.apiextensions.k8s.io/{kind.crd_name} serverside-applied" in \
+            applied.stdout
+
+
+@pytest.mark.parametrize(("other", "refusal"), [
+    ("rbac.aggregateToDefaultRoles=false",
+     'crds.install: the CustomResourceDefinition gitrepositories.stages.metio.wtf is already owned by '
+     'release "stageset" in namespace "stageset-system"'),
+    ("crds.install=false",
+     'the ClusterRole stageset-edit is already owned by release "stageset" in namespace "stageset-system"'),
+], ids=["crds", "aggregate-roles"])
+def test_a_second_owner_of_the_shared_objects_is_refused_by_name(installed: Cluster, other: str,
+                                                                  refusal: str) -> None:
+    """The CRDs and the aggregate ClusterRoles are cluster-wide: a second release installing either
+    is refused naming the owner and the value to set."""
     result = installed.helm.run("install", "shard-c", str(CHART), "--namespace", "shards-c",
                                 "--create-namespace", "--set", "controller.watchNamespaces={team-c}",
-                                check=False)
+                                "--set", other, check=False)
     assert result.returncode != 0
-    assert ('the ClusterRole stageset-edit is already owned by release "stageset" in namespace '
-            '"stageset-system"') in result.stderr
-    assert "set rbac.aggregateToDefaultRoles=false" in result.stderr
+    assert refusal in result.stderr, result.stderr
+    value = "crds.install" if other.startswith("rbac") else "rbac.aggregateToDefaultRoles"
+    assert f"set {value}=false" in result.stderr
 
 
 def test_every_release_is_deployed_with_its_own_objects(installed: Cluster) -> None:
@@ -296,16 +436,27 @@ class Running:
     release: Release
     process: subprocess.Popen[bytes]
     log: Path
+    args: list[str] = field(default_factory=list)
+
+    @property
+    def metrics_url(self) -> str:
+        address = next(a.partition("=")[2] for a in self.args if a.startswith("--metrics-address="))
+        return f"http://{address}/metrics"
 
     def output(self) -> str:
         return self.log.read_text(errors="replace")
 
 
 def token_kubeconfig(cluster: Cluster, release: Release) -> Path:
+    return account_kubeconfig(cluster, release.namespace, release.account)
+
+
+def account_kubeconfig(cluster: Cluster, namespace: str, account: str) -> Path:
+    """A kubeconfig with a token of ServiceAccount ``namespace/account`` (the TokenRequest API)."""
     token = cluster.admin.request(
-        "POST", f"/api/v1/namespaces/{release.namespace}/serviceaccounts/{release.account}/token",
+        "POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
         body={"spec": {"expirationSeconds": 3600}})["status"]["token"]
-    path = cluster.workdir / f"{release.name}.kubeconfig"
+    path = cluster.workdir / f"{namespace}-{account}.kubeconfig"
     path.write_text(yaml.safe_dump({
         "apiVersion": "v1", "kind": "Config", "current-context": "sa",
         "clusters": [{"name": "c", "cluster": {"server": cluster.plane.url,
@@ -337,12 +488,13 @@ def start(cluster: Cluster, release: Release) -> Running:
     # The image's entrypoint is `stageset controller`; the Deployment's args follow it.
     assert containerfile_settings().entrypoint[-1] == "controller"
     log = cluster.workdir / f"{release.name}.log"
+    args = pod_args(cluster, release)
     command = [sys.executable, "-m", "stageset.cli", "controller",
-               "--kubeconfig", str(token_kubeconfig(cluster, release)), *pod_args(cluster, release)]
+               "--kubeconfig", str(token_kubeconfig(cluster, release)), *args]
     with log.open("wb") as sink:
         process = subprocess.Popen(command, stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                                    env={**os.environ, "PYTHONUNBUFFERED": "1", "HOME": str(cluster.workdir)})
-    return Running(release=release, process=process, log=log)
+    return Running(release=release, process=process, log=log, args=args)
 
 
 def stop(running: Running) -> None:
@@ -456,8 +608,249 @@ def test_the_pod_passes_the_restricted_pod_security_standard(installed: Cluster)
                                 body=pod)
 
     create(template["spec"])
+    # OpenShift's rendering (the SCC assigns the ids) and the cleanup hook's pod pass it too.
+    openshift = documents(installed.helm.run(
+        "template", "stageset", str(CHART), "--namespace", "stageset-system",
+        "--set", "cleanupOnDelete.enabled=true",
+        "--set", "podSecurityContext.runAsUser=null", "--set", "podSecurityContext.runAsGroup=null",
+        "--set", "podSecurityContext.fsGroup=null").stdout)
+    for kind in ("Deployment", "Job"):
+        spec = next(d for d in openshift if d["kind"] == kind)["spec"]["template"]["spec"]
+        assert "runAsUser" not in spec["securityContext"]
+        create(spec)
     # The check can fail: the same pod allowed to escalate privileges is refused.
     loose = yaml.safe_load(yaml.safe_dump(template["spec"]))
     loose["containers"][0]["securityContext"]["allowPrivilegeEscalation"] = True
     with pytest.raises(ApiError, match="restricted"):
         create(loose)
+
+
+# --------------------------------------------------------------------------- platform commands
+
+
+def cli(*args: str, kubeconfig: Path) -> subprocess.CompletedProcess[str]:
+    """``stageset ARGS`` in-process as a user's shell would run it (exit code, stdout and stderr apart;
+    tests/cli runs the real processes), with ``KUBECONFIG`` set."""
+    result = CliRunner().invoke(cli_main, list(args), env={"KUBECONFIG": str(kubeconfig)},
+                                catch_exceptions=False)
+    return subprocess.CompletedProcess(list(args), result.exit_code, result.stdout, result.stderr)
+
+
+def mark_deployment_ready(admin: KubeClient, release: Release) -> None:
+    """What the deployment controller writes once the pod is ready (no kube-controller-manager here)."""
+    path = f"/apis/apps/v1/namespaces/{release.namespace}/deployments/{release.account}"
+    generation = admin.get(path)["metadata"]["generation"]
+    admin.request("PATCH", f"{path}/status", content_type="application/merge-patch+json", body={"status": {
+        "observedGeneration": generation, "replicas": 1, "readyReplicas": 1, "availableReplicas": 1,
+        "updatedReplicas": 1}})
+
+
+def metrics_answer(url: str) -> bool:
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 - loopback, the test's own
+            return bool(response.status == 200)
+    except OSError:
+        return False
+
+
+def test_check_version_trace_and_kubectl_stageset_against_the_releases(installed: Cluster) -> None:
+    admin, kubeconfig = installed.admin, installed.plane.kubeconfig
+    tenant = account_kubeconfig(installed, "tenant-x", "deployer")
+    mark_deployment_ready(admin, DEFAULT)
+    running = start(installed, DEFAULT)
+    try:
+        wait_for(lambda: lease_holder(installed, DEFAULT), what="release (a) holding its Lease")
+        wait_for(lambda: ready(installed, "tenant-x"), timeout=90, what="tenant-x Ready")
+        wait_for(lambda: metrics_answer(running.metrics_url), what="the controller's /metrics")
+
+        healthy = cli("check", "-n", DEFAULT.namespace, "--metrics-url", running.metrics_url,
+                      kubeconfig=kubeconfig)
+        sys.stderr.write(f"\nstageset check:\n{healthy.stdout}{healthy.stderr}\n")
+        assert healthy.returncode == 0, healthy.stdout + healthy.stderr
+        for line in ("✔ Kubernetes 1.35", "✔ you may create customresourcedefinitions",
+                     "✔ stagesets.stages.metio.wtf (established, schema of stageset",
+                     "release stageset-system/stageset", "✔ deployment: 1/1 replicas ready",
+                     "✔ RBAC: ServiceAccount stageset-system/stageset has all",
+                     f"✔ leader {lease_holder(installed, DEFAULT)}", "✔ metrics: ", "✔ all checks passed"):
+            assert line in healthy.stdout, line
+        # Through the apiserver's service proxy: no pod behind the Service here, and check says so.
+        proxied = cli("check", "-n", DEFAULT.namespace, kubeconfig=kubeconfig)
+        assert proxied.returncode == 3
+        assert "✗ metrics: the apiserver could not reach them through the Service" in proxied.stdout
+        assert "1 check(s) failed" in proxied.stderr
+
+        versions = json.loads(cli("version", "-o", "json", kubeconfig=kubeconfig).stdout)
+        project = tomllib.loads((CHART.parents[1] / "pyproject.toml").read_text())["project"]["version"]
+        assert versions["client"]["version"] == project
+        assert versions["kubernetes"] == KUBERNETES_VERSION
+        listed = {(c["namespace"], c["name"]): c for c in versions["controllers"]}
+        assert set(listed) == {(r.namespace, r.account) for r in RELEASES}
+        assert {c["version"] for c in listed.values()} == {project}
+
+        traced = cli("trace", "configmap", "from-git", "-n", "tenant-x", kubeconfig=tenant)
+        sys.stderr.write(f"\nstageset trace:\n{traced.stdout}{traced.stderr}\n")
+        assert traced.returncode == 0, traced.stderr
+        revision = admin.get(f"{GITREPOS.format(ns='tenant-x')}/apps")["status"]["artifact"]["revision"]
+        for line in ("Object:     ConfigMap tenant-x/from-git (v1)", "StageSet:   tenant-x/apps  Ready=True",
+                     "Stage:      app  phase Ready  path ./app", f"revision {revision}",
+                     "Inventory:  listed in stage app (applied as ServiceAccount tenant-x/deployer)",
+                     "Source:     GitRepository tenant-x/apps (stages.metio.wtf/v1)",
+                     f"url {installed.git_url}"):
+            assert line in traced.stdout, line
+        as_yaml = yaml.safe_load(cli("trace", "cm/from-git", "-n", "tenant-x", "-o", "yaml",
+                                     kubeconfig=tenant).stdout)
+        assert as_yaml["source"]["revision"] == revision
+        # Labels are only a claim: an object the inventory does not list is not owned.
+        claim = {"stages.metio.wtf/name": "apps", "stages.metio.wtf/namespace": "tenant-x",
+                 "stages.metio.wtf/stage": "app"}
+        for name, labels in (("forged", claim), ("plain", {})):
+            meta = {"name": name, "namespace": "tenant-x", "labels": labels}
+            admin.apply(CM.format(ns="tenant-x", name=name), {"apiVersion": "v1", "kind": "ConfigMap",
+                                                              "metadata": meta}, field_manager="test")
+        assert "Inventory:  NOT listed in stage app" in cli("trace", "configmap", "forged", "-n", "tenant-x",
+                                                            kubeconfig=tenant).stdout
+        plain = cli("trace", "configmap", "plain", "-n", "tenant-x", kubeconfig=tenant)
+        assert plain.returncode == 3
+        assert "is not managed by a StageSet" in plain.stderr
+
+        # kubectl's own plugin mechanism finds kubectl-stageset on PATH.
+        kubectl = ensure_kubectl(log=False)
+        path = f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}"  # .venv/bin: kubectl-stageset
+        plugin = subprocess.run([str(kubectl), "stageset", "get", "apps", "-n", "tenant-x"],
+                                capture_output=True, text=True, timeout=120, check=False,
+                                env={**os.environ, "KUBECONFIG": str(tenant), "PATH": path})
+        assert plugin.returncode == 0, plugin.stderr
+        assert "StageSet tenant-x/apps: Ready=True" in plugin.stdout
+    finally:
+        stop(running)
+    stopped = cli("check", "-n", DEFAULT.namespace, "--metrics-url", running.metrics_url,
+                  kubeconfig=kubeconfig)
+    assert stopped.returncode == 3
+    assert "✗ no leader holds Lease stageset-system/stageset" in stopped.stdout
+    assert "✗ metrics: cannot reach" in stopped.stdout
+
+
+def test_check_names_missing_rights_and_pre_names_missing_install_rights(installed: Cluster) -> None:
+    admin, kubeconfig = installed.admin, installed.plane.kubeconfig
+    tenant = account_kubeconfig(installed, "tenant-x", "deployer")
+    pre = cli("check", "--pre", kubeconfig=kubeconfig)
+    assert pre.returncode == 0, pre.stdout
+    assert "✔ Kubernetes" in pre.stdout
+    assert "checking CRDs" not in pre.stdout
+    as_tenant = cli("check", "--pre", kubeconfig=tenant)
+    assert as_tenant.returncode == 3
+    assert "✗ you may not create customresourcedefinitions: installing the chart needs a cluster admin" in \
+        as_tenant.stdout
+    # Shard (b) loses its RoleBinding in team-a2 (the shard tests are done with it).
+    binding = ("/apis/rbac.authorization.k8s.io/v1/namespaces/team-a2/rolebindings/"
+               f"shards-a-{SHARD_A.account}-controller")
+    admin.request("DELETE", binding)
+    broken = cli("check", "-n", SHARD_A.namespace, kubeconfig=kubeconfig)
+    assert broken.returncode == 3
+    assert ("✗ RBAC: ServiceAccount shards-a/shard-a-stageset may not: impersonate serviceaccounts in "
+            "team-a2") in broken.stdout
+    assert "in team-a1" not in broken.stdout
+    assert "✗ deployment: 0/1 replicas ready" in broken.stdout
+    assert "✗ no leader" in broken.stdout
+
+
+def test_cleanup_without_a_running_controller_times_out_naming_what_is_left(installed: Cluster) -> None:
+    result = cli("cleanup", "-n", "team-a2", "--timeout", "1s", kubeconfig=installed.plane.kubeconfig)
+    assert result.returncode == 3
+    assert "deleted StageSet team-a2/apps" in result.stdout
+    assert "timed out after 1s: 1 StageSet(s) still being torn down (is the controller running?)" in \
+        result.stderr
+    assert "team-a2/apps" in result.stderr
+
+
+# --------------------------------------------------------------------------- uninstalling
+
+
+def complete_job(admin: KubeClient, namespace: str, name: str) -> None:
+    """What the job controller writes when the pod succeeded (no kube-controller-manager here)."""
+    now = datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    done = {"status": "True", "reason": "CompletionsReached",
+            "message": "Reached expected number of succeeded pods", "lastProbeTime": now,
+            "lastTransitionTime": now}
+    admin.request("PATCH", f"/apis/batch/v1/namespaces/{namespace}/jobs/{name}/status",
+                  content_type="application/merge-patch+json", body={"status": {
+                      "startTime": now, "completionTime": now, "succeeded": 1, "active": 0, "ready": 0,
+                      "terminating": 0, "uncountedTerminatedPods": {},
+                      "conditions": [{"type": "SuccessCriteriaMet", **done}, {"type": "Complete", **done}]}})
+
+
+def test_uninstall_with_cleanup_on_delete_leaves_no_stageset_behind(installed: Cluster) -> None:
+    """``helm uninstall`` of shard (b) with ``cleanupOnDelete``: Helm creates the pre-delete hook (its
+    ServiceAccount, RBAC and Job) and waits for the Job.  There is no kubelet, so the test plays it:
+    it runs the Job's own command, as the Job's ServiceAccount (a token of it), with the shard's
+    controller running as the Deployment would run it, then writes the Job's status as the job
+    controller would.  What this proves: Helm runs the hook before deleting anything and waits for
+    it; the hook's RBAC lets its command delete the shard's StageSets and nothing outside the shard;
+    the command returns once the controller tore them down (their objects deleted as the tenant);
+    the uninstall then completes and removes the hook objects.  It does not prove a kubelet can
+    pull the image or start the pod (tests/image runs the image's entrypoint)."""
+    admin, release = installed.admin, SHARD_B
+    job_name = f"{release.account}-cleanup"
+    installed.helm.run("upgrade", release.name, str(CHART), "--namespace", release.namespace,
+                       "--reuse-values", "--set", "cleanupOnDelete.enabled=true")
+    installed.manifests[release.name] = documents(installed.helm.run(
+        "get", "manifest", release.name, "--namespace", release.namespace).stdout)
+    assert admin.get(f"{STAGESETS.format(ns='team-b')}/apps")
+    assert get_or_none(admin, CM.format(ns="team-b", name="from-git")) is not None
+    running = start(installed, release)
+    uninstall = installed.helm.start("uninstall", release.name, "--namespace", release.namespace,
+                                     "--timeout", "5m")
+    try:
+        job_path = f"/apis/batch/v1/namespaces/{release.namespace}/jobs/{job_name}"
+        job = wait_for(lambda: get_or_none(admin, job_path), what="helm creating the hook Job")
+        assert admin.get(f"/apis/apps/v1/namespaces/{release.namespace}/deployments/{release.account}")
+        pod = job["spec"]["template"]["spec"]
+        account, command = pod["serviceAccountName"], pod["containers"][0]["command"]
+        assert command[:2] == ["stageset", "cleanup"]
+        hook_user = Release("hook", account, release.namespace)
+        assert allowed(admin, hook_user, "delete", "stages.metio.wtf", "stagesets", "", "team-b")
+        for elsewhere in ("team-a1", "tenant-x", ""):
+            assert not allowed(admin, hook_user, "delete", "stages.metio.wtf", "stagesets", "", elsewhere)
+        ran = cli(*command[1:], kubeconfig=account_kubeconfig(installed, release.namespace, account))
+        sys.stderr.write(f"\nthe hook's command:\n{ran.stdout}{ran.stderr}\n")
+        assert ran.returncode == 0, ran.stdout + ran.stderr
+        assert "every StageSet in team-b is gone" in ran.stdout
+        assert get_or_none(admin, f"{STAGESETS.format(ns='team-b')}/apps") is None
+        assert get_or_none(admin, CM.format(ns="team-b", name="from-git")) is None  # torn down
+    finally:
+        stop(running)
+    assert uninstall.poll() is None, "helm uninstall did not wait for its hook"
+    complete_job(admin, release.namespace, job_name)
+    _, err = uninstall.communicate(timeout=120)
+    assert uninstall.returncode == 0, err
+    user = f"system:serviceaccount:{release.namespace}:{account}"
+    deletes = [e for e in installed.plane.audit_events() if (e.get("user") or {}).get("username") == user
+               and e.get("verb") == "delete" and (e.get("objectRef") or {}).get("resource") == "stagesets"]
+    assert {(e["objectRef"].get("namespace"), e["objectRef"].get("name")) for e in deletes} == {
+        ("team-b", "apps")}
+    tenant = "system:serviceaccount:team-b:deployer"
+    teardown = [e for e in installed.plane.audit_events()
+                if (e.get("user") or {}).get("username") == release.user
+                and (e.get("impersonatedUser") or {}).get("username") == tenant
+                and e.get("verb") == "delete" and (e.get("objectRef") or {}).get("resource") == "configmaps"]
+    assert teardown, "the ConfigMap was not deleted as the tenant"
+    for path in (f"/apis/batch/v1/namespaces/{release.namespace}/jobs/{job_name}",
+                 f"/api/v1/namespaces/{release.namespace}/serviceaccounts/{account}",
+                 f"/apis/apps/v1/namespaces/{release.namespace}/deployments/{release.account}"):
+        assert get_or_none(admin, path) is None, path
+
+
+def test_uninstall_keeps_the_crds_and_the_stagesets(installed: Cluster) -> None:
+    installed.helm.run("uninstall", DEFAULT.name, "--namespace", DEFAULT.namespace)
+    deployment = f"/apis/apps/v1/namespaces/{DEFAULT.namespace}/deployments/stageset"
+    assert get_or_none(installed.admin, deployment) is None
+    for kind in KINDS:
+        kept = crd(installed.admin, kind.crd_name)
+        assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    assert crds_served(installed.admin)
+    assert installed.admin.get(f"{STAGESETS.format(ns='tenant-x')}/apps")
+    assert not find(documents(installed.helm.run("get", "manifest", PLATFORM.name, "--namespace",
+                                                 PLATFORM.namespace).stdout), "CustomResourceDefinition")
+

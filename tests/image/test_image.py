@@ -23,6 +23,7 @@ import pytest
 
 from stageset.build.kustomize import KUSTOMIZE_VERSION
 from stageset.envtest.image import TAG, ContainerfileSettings, containerfile_settings, ensure_image
+from stageset.envtest.release import current_version
 
 
 @dataclass
@@ -33,12 +34,14 @@ class Unpacked:
     settings: ContainerfileSettings
     summary: dict[str, Any]
 
-    def run(self, *command: str) -> subprocess.CompletedProcess[str]:
+    def run(self, *command: str, user: str | None = None) -> subprocess.CompletedProcess[str]:
+        """``command`` as the image's user (or ``user``, ``uid:gid``) with the image's environment."""
         process = self.runtime["process"]
-        user = process["user"]
+        own = process["user"]
+        spec = user or f"{own['uid']}:{own['gid']}"
         env = dict(item.split("=", 1) for item in process["env"])
         return subprocess.run(
-            ["chroot", f"--userspec={user['uid']}:{user['gid']}", str(self.rootfs), "/usr/bin/env", "-i",
+            ["chroot", f"--userspec={spec}", str(self.rootfs), "/usr/bin/env", "-i",
              *(f"{k}={v}" for k, v in env.items()), *command],
             capture_output=True, text=True, timeout=120, check=False, cwd="/")
 
@@ -87,7 +90,7 @@ def test_the_image_config_is_the_containerfile_s(image: Unpacked) -> None:
 def test_stageset_version_as_the_image_user(image: Unpacked) -> None:
     result = image.run("stageset", "--version")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.strip() == "stageset, version 0.1.0"
+    assert result.stdout.strip() == f"stageset, version {current_version()}"
 
 
 def test_the_entrypoint_loads_the_whole_controller(image: Unpacked) -> None:
@@ -143,6 +146,10 @@ def test_a_stage_with_a_shared_base_builds_as_the_image_user(image: Unpacked) ->
     result = image.run("python3", "-c", script)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "prod-app"
+    # As OpenShift runs it: a UID from the namespace's range, group 0, no entry in /etc/passwd.
+    assigned = image.run("python3", "-c", script, user="1000650000:0")
+    assert assigned.returncode == 0, assigned.stderr
+    assert assigned.stdout.strip() == "prod-app"
 
 
 def test_the_cel_worker_runs_as_the_image_user(image: Unpacked) -> None:

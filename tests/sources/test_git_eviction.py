@@ -1,4 +1,5 @@
-"""Mirrors are bounded on disk: least recently used ones are evicted, never one in use."""
+"""Mirrors are bounded on disk: least recently used ones are evicted, never one in use, and
+before a fetch would take the store past its budget."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from sources import MirrorStore, NotFetchedError, RefSelector, UrlPolicy
+from sources import Limits, MirrorStore, NotFetchedError, RefSelector, UrlPolicy
+from sources.mirror import _disk_usage
 from sources.urls import parse_url
 from tests.gitserver import GitServer
 
@@ -24,8 +26,13 @@ def _repos(server: GitServer, count: int, size: int = 256 * KiB) -> list[str]:
             for i in range(count)]
 
 
-def _store(tmp_path: Path, max_bytes: int | None) -> MirrorStore:
-    return MirrorStore(root=tmp_path / "mirrors", policy=POLICY, max_bytes=max_bytes)
+FETCH = 320 * KiB
+"""The most one fetch of these tests may bring (``max_fetch_bytes``): the room made before it."""
+
+
+def _store(tmp_path: Path, max_bytes: int | None, fetch: int = FETCH) -> MirrorStore:
+    return MirrorStore(root=tmp_path / "mirrors", policy=POLICY, max_bytes=max_bytes,
+                       limits=Limits(max_fetch_bytes=fetch))
 
 
 def _mirrors(store: MirrorStore, urls: list[str]) -> list[bool]:
@@ -68,7 +75,8 @@ def test_unchanged_polls_do_not_evict_and_unbounded_never_does(git_server: GitSe
     assert _mirrors(unbounded, urls) == [True, True, True]
     assert unbounded.evict() == []
 
-    bounded = _store(tmp_path / "b", max_bytes=unbounded.disk_usage())
+    # Room for every mirror and one fetch: nothing is ever evicted.
+    bounded = _store(tmp_path / "b", max_bytes=unbounded.disk_usage() + FETCH)
     for url in urls * 3:
         bounded.fetch(url)
     assert bounded.evictions == 0
@@ -147,3 +155,33 @@ def test_concurrent_fetches_and_reads_under_eviction(git_server: GitServer,
     assert store.evictions > 0
     leftovers = [p.name for p in (tmp_path / "mirrors").iterdir() if p.name.startswith(".")]
     assert leftovers == []
+
+
+def test_room_is_made_before_a_fetch_would_pass_the_budget(git_server: GitServer, tmp_path: Path) -> None:
+    """Before each download the mirrors on disk plus the most it may bring fit the budget (the
+    chart sizes the mirror volume on this), so one fetch never takes the store past it."""
+    urls = _repos(git_server, 5)
+    probe = _store(tmp_path / "probe", None)
+    probe.fetch(urls[0])
+    one = probe.disk_usage()
+    budget = 2 * one + FETCH  # two mirrors and one fetch in flight
+    store = _store(tmp_path, max_bytes=budget)
+    seen: list[tuple[int, list[bool]]] = []
+    download = store._fetch_tip
+
+    def spy(*args: object, **kwargs: object) -> None:
+        # What is on disk (measured, not as accounted) when the download starts.
+        seen.append((_disk_usage(tmp_path / "mirrors"), _mirrors(store, urls)))
+        download(*args, **kwargs)  # type: ignore[arg-type]
+
+    store._fetch_tip = spy  # type: ignore[method-assign]
+    for url in urls:
+        store.fetch(url)
+        assert _disk_usage(tmp_path / "mirrors") <= budget
+    assert len(seen) == 5
+    for on_disk, _ in seen:
+        assert on_disk + FETCH <= budget, (on_disk, budget)
+    # The third download (into its new, empty mirror) found two mirrors and evicted the older
+    # first, before it began.
+    assert seen[2][1] == [False, True, True, False, False]
+    assert store.evictions == 3

@@ -14,12 +14,15 @@ CHART = Path(__file__).resolve().parents[2] / "helm" / "stageset"
 
 
 def test_chart_crds_are_the_generated_ones() -> None:
+    """The chart renders its CRDs from files/crds/ (templates/crds.yaml); Helm's crds/ folder, which
+    `helm upgrade` never updates, stays empty."""
     root = CHART.parents[1] / "crds"
     generated = sorted(root.glob("*.yaml"))
     assert generated
-    assert sorted(p.name for p in (CHART / "crds").glob("*.yaml")) == [p.name for p in generated]
+    assert sorted(p.name for p in (CHART / "files" / "crds").glob("*.yaml")) == [p.name for p in generated]
     for crd in generated:
-        assert (CHART / "crds" / crd.name).read_text() == crd.read_text()
+        assert (CHART / "files" / "crds" / crd.name).read_text() == crd.read_text()
+    assert not (CHART / "crds").exists()
 
 
 def test_controller_has_no_secret_read_or_general_write() -> None:

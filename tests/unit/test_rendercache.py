@@ -127,3 +127,46 @@ def test_the_tree_cache_is_bounded_in_bytes() -> None:
     render(cache, repo, big, "a")
     render(cache, repo, big, "./a/")
     assert repo.reads == 3  # too big to keep: read per stage
+
+
+def test_builds_run_at_most_max_builds_at_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The pod's memory limit is sized for one kustomize build per worker (docs/sizing.md), while
+    each worker runs the independent stages of a StageSet concurrently: the cache holds builds to
+    ``max_builds``, however many stages ask at once."""
+    import threading
+
+    import stageset.controller.rendercache as rendercache
+
+    real = rendercache.render
+    changed = threading.Condition()
+    running, peak, target, finished = 0, 0, 0, 0
+
+    def counting(*args: object, **kwargs: object) -> object:
+        # The first builds wait (boundedly) until `target` run together, so the peak is reached
+        # whatever the scheduling; a bound that let more through would show above it.
+        nonlocal running, peak, finished
+        with changed:
+            running += 1
+            peak = max(peak, running)
+            changed.notify_all()
+            changed.wait_for(lambda: running >= target or finished > 0, timeout=10)
+        try:
+            return real(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            with changed:
+                running -= 1
+                finished += 1
+                changed.notify_all()
+
+    monkeypatch.setattr(rendercache, "render", counting)
+    repo = Repo()
+    commit = repo.commit("c1", {f"s{i}/cm.yaml": CM % (f"s{i}", i) for i in range(8)})
+    for bound, expected in ((2, 2), (None, 8)):
+        cache, peak, target, finished = RenderCache(max_builds=bound), 0, expected, 0
+        threads = [threading.Thread(target=render, args=(cache, repo, commit, f"./s{i}")) for i in range(8)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        assert cache.builds == 8
+        assert peak == expected, (bound, peak)

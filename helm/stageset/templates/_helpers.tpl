@@ -37,13 +37,32 @@ app.kubernetes.io/name: {{ include "stageset.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* Every object's labels: commonLabels first, so the chart's own always win. */}}
 {{- define "stageset.labels" -}}
+{{ with omit .Values.commonLabels "helm.sh/chart" "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" "app.kubernetes.io/component" "app.kubernetes.io/part-of" }}{{ toYaml . }}
+{{ end -}}
 helm.sh/chart: {{ include "stageset.chart" . }}
 {{ include "stageset.selectorLabels" . }}
 app.kubernetes.io/version: {{ .Chart.AppVersion | quote }}
 app.kubernetes.io/managed-by: {{ .Release.Service }}
 app.kubernetes.io/component: controller
 app.kubernetes.io/part-of: stageset
+{{- end -}}
+
+{{/* commonAnnotations as metadata lines at indent 2, starting with a newline (nothing when empty). */}}
+{{- define "stageset.annotations" -}}
+{{- with .Values.commonAnnotations }}
+  annotations: {{- toYaml . | nindent 4 }}
+{{- end }}
+{{- end -}}
+
+{{/* The controller's ServiceAccount: the chart's (named after the release) or serviceAccount.name. */}}
+{{- define "stageset.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "stageset.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- required "serviceAccount.create=false needs serviceAccount.name (an existing ServiceAccount in the release namespace)" .Values.serviceAccount.name -}}
+{{- end -}}
 {{- end -}}
 
 {{- define "stageset.image" -}}
@@ -79,4 +98,40 @@ kustomizeMemory -> kustomize_memory_bytes. */}}
 {{- if eq $name "kustomize_memory" -}}kustomize_memory_bytes
 {{- else -}}{{ $name }}
 {{- end -}}
+{{- end -}}
+
+{{/* A Kubernetes quantity ("512Mi", "2G", "1.5Gi", 1000) in bytes, as an integer; the schema has
+checked its form. */}}
+{{- define "stageset.bytes" -}}
+{{- $text := toString . -}}
+{{- $number := regexFind "^[0-9.]+" $text | float64 -}}
+{{- $suffix := regexReplaceAll "^[0-9.]+" $text "" -}}
+{{- $factor := get (dict "" 1.0 "m" 0.001 "k" 1e3 "M" 1e6 "G" 1e9 "T" 1e12 "Ki" 1024.0 "Mi" 1048576.0 "Gi" 1073741824.0 "Ti" 1099511627776.0) $suffix -}}
+{{- mulf $number $factor | ceil | int64 -}}
+{{- end -}}
+
+{{/* Bytes as a whole number of MiB, rounded up, in the apiserver's canonical form ("2304Mi", "4Gi"):
+the form it stores, so server-side apply and GitOps diffs never see "4096Mi" against "4Gi". */}}
+{{- define "stageset.mebibytes" -}}
+{{- $mib := divf (int64 .) 1048576.0 | ceil | int64 -}}
+{{- if and (gt $mib 0) (eq (mod $mib 1048576) 0) -}}{{ printf "%dTi" (div $mib 1048576) }}
+{{- else if and (gt $mib 0) (eq (mod $mib 1024) 0) -}}{{ printf "%dGi" (div $mib 1024) }}
+{{- else -}}{{ printf "%dMi" $mib }}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Memory the pod's container may need at most, from the flags (docs/sizing.md): the controller
+process, plus one kustomize builder per StageSet worker (the controller runs at most --workers
+builds at once, each under RLIMIT_DATA = its heap limit + the Go runtime's own), plus the CEL
+workers (each under RLIMIT_DATA).  The constants are the code's; tests/helm/test_sizing.py keeps
+them equal.
+*/}}
+{{- define "stageset.memoryNeeded" -}}
+{{- $mi := 1048576 -}}
+{{- $heap := include "stageset.bytes" (.Values.controller.build.kustomizeMemory | default "256Mi") | int64 -}}
+{{- $builder := add $heap (mul 128 $mi) -}}
+{{- $cel := mul 2 (mul 256 $mi) -}}
+{{- $controller := mul 256 $mi -}}
+{{- add $controller (mul .Values.controller.workers $builder) $cel -}}
 {{- end -}}

@@ -1,0 +1,302 @@
+"""Every value of issue 17 rendered by the real ``helm``: CRDs as templates, sizing derived from the
+flags, the escape hatches (still schema-checked), the cleanupOnDelete hook, NetworkPolicy,
+topology spread, the ServiceAccount, common labels and annotations, and the OpenShift rendering.
+
+No cluster here (``test_install.py`` installs, upgrades and uninstalls into a real apiserver).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+import yaml
+
+from stageset.api.crd import KINDS, MIN_KUBERNETES, custom_resource_definition
+from stageset.apply.cel import CelLimits
+from stageset.build import BuildLimits
+from stageset.build.kustomize import _GO_RUNTIME_DATA
+from stageset.cli.main import main as cli
+from tests.helm.chart import CHART, Helm, controller_args, controller_container, find, one
+
+MiB = 2**20
+CONTROLLER_BASE = 256 * MiB
+"""What the chart reserves for the controller process itself (docs/sizing.md: 77 MiB + ~24 KiB per
+StageSet measured, so good for thousands of StageSets)."""
+
+
+def needed(workers: int, kustomize: int = BuildLimits().kustomize_memory_bytes) -> int:
+    """The sizing rule from the code's own limits: one build per worker (RLIMIT_DATA = heap + Go
+    runtime), every CEL worker at its RLIMIT_DATA, and the controller."""
+    cel = CelLimits()
+    return CONTROLLER_BASE + workers * (kustomize + _GO_RUNTIME_DATA) + cel.workers * cel.memory_bytes
+
+
+def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
+    return dict(one(docs, "Deployment")["spec"]["template"]["spec"])
+
+
+# --------------------------------------------------------------------------- CRDs
+
+
+def test_crds_render_as_the_generated_ones_kept_on_uninstall(helm: Helm) -> None:
+    docs = helm.render()
+    for kind in KINDS:
+        crd = one(docs, "CustomResourceDefinition", kind.crd_name)
+        generated = custom_resource_definition(kind)
+        assert crd["spec"] == generated["spec"]  # data from files/crds, never templated
+        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
+        assert crd["metadata"]["labels"]["app.kubernetes.io/component"] == "crds"
+    loose = helm.render("--set", "crds.keep=false", "--set", "crds.annotations.owner=platform")
+    assert one(loose, "CustomResourceDefinition", KINDS[0].crd_name)["metadata"]["annotations"] == {
+        "owner": "platform"}
+    assert not find(helm.render("--set", "crds.install=false"), "CustomResourceDefinition")
+
+
+def test_kube_version_is_what_the_crds_need(helm: Helm) -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["kubeVersion"] == f">={MIN_KUBERNETES[0]}.{MIN_KUBERNETES[1]}.0-0"
+    assert chart["version"] == chart["appVersion"]
+    older = helm.template("--kube-version", f"1.{MIN_KUBERNETES[1] - 1}.0", check=False)
+    assert older.returncode != 0
+    assert "kubeVersion" in older.stderr or "incompatible" in older.stderr, older.stderr
+
+
+# --------------------------------------------------------------------------- sizing
+
+
+def test_the_default_memory_limit_is_what_the_default_flags_need(helm: Helm) -> None:
+    container = controller_container(helm.render())
+    assert container["resources"]["limits"]["memory"] == f"{needed(4) // MiB}Mi"
+
+
+def test_raising_workers_with_memory_at_default_fails_naming_both(helm: Helm) -> None:
+    result = helm.template("--set", "controller.workers=8", check=False)
+    assert result.returncode != 0
+    assert "controller.resources.limits.memory=2304Mi" in result.stderr, result.stderr
+    assert "controller.workers=8" in result.stderr
+    assert f"{needed(8) // MiB}Mi" in result.stderr
+    # Enough memory for eight builds: accepted; no memory limit at all: accepted (nothing to exceed).
+    helm.render("--set", "controller.workers=8",
+                "--set", f"controller.resources.limits.memory={needed(8) // MiB}Mi")
+    helm.render("--set", "controller.workers=8", "--set", "controller.resources.limits=null")
+    bigger_builds = helm.template("--set", "controller.build.kustomizeMemory=1Gi", check=False)
+    assert f"{needed(4, kustomize=1024 * MiB) // MiB}Mi" in bigger_builds.stderr
+    assert "controller.build.kustomizeMemory=1Gi" in bigger_builds.stderr
+
+
+def test_mirror_volume_has_headroom_over_the_budget_and_tmp_is_bounded(helm: Helm) -> None:
+    def volumes(*values: str) -> dict[str, Any]:
+        return {v["name"]: v for v in pod_spec(helm.render(*values))["volumes"]}
+
+    default = volumes()
+    # 2Gi of mirrors + 4 source workers x 512Mi fetched at most each.
+    assert default["mirrors"]["emptyDir"]["sizeLimit"] == "4Gi"  # 2Gi + 4 x 512Mi, as the apiserver writes it
+    assert default["tmp"]["emptyDir"]["sizeLimit"] == "256Mi"
+    tuned = volumes("--set", "controller.mirrors.maxSize=500Mi", "--set", "controller.sourceWorkers=2",
+                    "--set", "controller.git.maxFetchSize=100M", "--set", "controller.tmp.maxSize=64Mi")
+    assert tuned["mirrors"]["emptyDir"]["sizeLimit"] == f"{500 + -(-2 * 100_000_000 // MiB)}Mi"
+    assert tuned["tmp"]["emptyDir"]["sizeLimit"] == "64Mi"
+
+
+# --------------------------------------------------------------------------- escape hatches
+
+CA_BUNDLE = [
+    "--set", "extraVolumes[0].name=corp-ca", "--set", "extraVolumes[0].configMap.name=corp-ca-bundle",
+    "--set", "extraVolumeMounts[0].name=corp-ca", "--set", "extraVolumeMounts[0].mountPath=/etc/ssl/corp",
+    "--set", "extraVolumeMounts[0].readOnly=true",
+    "--set", "controller.env[0].name=SSL_CERT_FILE", "--set", "controller.env[0].value=/etc/ssl/corp/ca.crt",
+    "--set", "controller.env[1].name=HTTPS_PROXY", "--set", "controller.env[1].value=http://proxy.corp:3128",
+    "--set", "controller.envFrom[0].secretRef.name=proxy-credentials",
+]
+
+
+def test_env_volumes_and_mounts_reach_the_pod(helm: Helm) -> None:
+    docs = helm.render(*CA_BUNDLE)
+    container, pod = controller_container(docs), pod_spec(docs)
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env == {"TMPDIR": "/tmp", "SSL_CERT_FILE": "/etc/ssl/corp/ca.crt", "HTTPS_PROXY": "http://proxy.corp:3128"}
+    assert container["envFrom"] == [{"secretRef": {"name": "proxy-credentials"}}]
+    assert {"name": "corp-ca", "configMap": {"name": "corp-ca-bundle"}} in pod["volumes"]
+    assert {"name": "corp-ca", "mountPath": "/etc/ssl/corp", "readOnly": True} in container["volumeMounts"]
+
+
+def test_extra_args_reach_the_controller_and_cannot_override_a_value(helm: Helm) -> None:
+    controller = cli.commands["controller"]  # type: ignore[attr-defined]
+    args = controller_args(helm.render("--set", "controller.extraArgs={--allow-insecure-sources}"))
+    assert args[-1] == "--allow-insecure-sources"
+    assert controller.make_context("controller", list(args)).params["allow_insecure_sources"] is True
+    # Every flag the chart renders in any mode is the chart's: passing it again is refused.
+    rendered: set[str] = set()
+    every = ["--set", "rbac.clusterAdmin=true", "--set", "controller.watchNamespaces={a}",
+             "--set", "controller.noCrossNamespaceRefs=true", "--set", "controller.build.maxDepth=5"]
+    for values in ([], every):
+        rendered |= {a[2:].partition("=")[0] for a in controller_args(helm.render(*values))}
+    for flag in sorted(rendered):
+        result = helm.template("--set", f"controller.extraArgs={{--{flag}=x}}", check=False)
+        assert result.returncode != 0, flag
+        assert f"controller.extraArgs: --{flag} is set by the chart" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("values", "named"), [
+    (["--set", "controller.extraArgs={workers=8}"], "/controller/extraArgs/0"),
+    (["--set", "controller.env[0].value=x"], "/controller/env/0"),
+    (["--set", "controller.env[0].name=A", "--set", "controller.env[0].valueFrom.bogus.name=x"],
+     "/controller/env/0/valueFrom"),
+    (["--set", "extraVolumes[0].name=ca"], "/extraVolumes/0"),
+    (["--set", "extraVolumes[0].name=ca", "--set", "extraVolumes[0].gitRepo.repository=x"],
+     "/extraVolumes/0"),
+    (["--set", "extraVolumeMounts[0].name=ca", "--set", "extraVolumeMounts[0].mountPath=relative"],
+     "/extraVolumeMounts/0/mountPath"),
+    (["--set", "podSecurityContext.runAsUser=-1"], "/podSecurityContext/runAsUser"),
+    (["--set", "securityContext.privilegd=true"], "'privilegd'"),
+    (["--set", "networkPolicy.enabled=yes"], "/networkPolicy/enabled"),
+    (["--set", "topologySpreadConstraints[0].maxSkew=1"], "/topologySpreadConstraints/0"),
+    (["--set", "serviceAccount.name=Not_Valid"], "/serviceAccount/name"),
+    (['--set', 'commonLabels.bad label=x'], "'bad label'"),
+    (["--set", "crds.install=maybe"], "/crds/install"),
+    (["--set", "cleanupOnDelete.timeout=10"], "/cleanupOnDelete/timeout"),
+    (["--set", "controller.tmp.maxSize=lots"], "/controller/tmp/maxSize"),
+])
+def test_new_values_are_schema_checked(helm: Helm, values: list[str], named: str) -> None:
+    result = helm.template(*values, check=False)
+    assert result.returncode != 0, values
+    assert "values don't meet the specifications of the schema" in result.stderr, result.stderr
+    assert named in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize(("values", "message"), [
+    (["--set", "extraVolumes[0].name=tmp", "--set", "extraVolumes[0].emptyDir.medium=Memory"],
+     'extraVolumes: the volume name "tmp" is the chart\'s own'),
+    (["--set", "extraVolumeMounts[0].name=x", "--set", "extraVolumeMounts[0].mountPath=/tmp/"],
+     "extraVolumeMounts: /tmp/ (x) is the chart's own mount"),
+    (["--set", "serviceAccount.create=false"], "serviceAccount.create=false needs serviceAccount.name"),
+    (["--set", "controller.mirrors.maxSize=500Mi"],
+     "controller.mirrors.maxSize=500Mi is smaller than controller.git.maxFetchSize=512Mi"),
+    (["--set", "cleanupOnDelete.enabled=true", "--set", "cleanupOnDelete.timeout=5m"],
+     "cleanupOnDelete.timeout=5m must exceed controller.maxTeardownWait=1h"),
+])
+def test_inconsistent_new_values_are_refused_with_what_to_do(helm: Helm, values: list[str],
+                                                             message: str) -> None:
+    result = helm.template(*values, check=False)
+    assert result.returncode != 0
+    assert message in result.stderr, result.stderr
+
+
+def test_an_existing_service_account_is_bound_instead_of_created(helm: Helm) -> None:
+    docs = helm.render("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=platform-gitops")
+    assert not find(docs, "ServiceAccount")
+    assert pod_spec(docs)["serviceAccountName"] == "platform-gitops"
+    for binding in find(docs, "ClusterRoleBinding") + find(docs, "RoleBinding"):
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "platform-gitops",
+                                        "namespace": "stageset-system"}]
+    named = helm.render("--set", "serviceAccount.name=gitops")
+    assert one(named, "ServiceAccount")["metadata"]["name"] == "gitops"
+
+
+def test_common_labels_and_annotations_on_every_object(helm: Helm) -> None:
+    docs = helm.render("--set", "commonLabels.team=platform",
+                       "--set", "commonLabels.app\\.kubernetes\\.io/name=x",
+                       "--set", "commonAnnotations.owner=sre", "--set", "cleanupOnDelete.enabled=true",
+                       "--set", "networkPolicy.enabled=true", "--set", "replicaCount=2",
+                       "--set", "metrics.serviceMonitor.enabled=true",
+                       "--set", "metrics.prometheusRule.enabled=true",
+                       "--set", "metrics.grafanaDashboard.enabled=true", "--set", "podAnnotations.scrape=yes")
+    assert len({d["kind"] for d in docs}) >= 14
+    for doc in docs:
+        meta = doc["metadata"]
+        assert meta["labels"]["team"] == "platform", (doc["kind"], meta["name"])
+        assert meta["labels"]["app.kubernetes.io/name"] == "stageset"  # the chart's own label wins
+        assert meta["annotations"]["owner"] == "sre", (doc["kind"], meta["name"])
+    template = one(docs, "Deployment")["spec"]["template"]["metadata"]
+    assert template["annotations"] == {"owner": "sre", "scrape": "yes"}
+    assert template["labels"]["team"] == "platform"
+
+
+def test_openshift_rendering_leaves_the_ids_to_the_scc(helm: Helm) -> None:
+    """OpenShift's restricted-v2 SCC assigns the UID, GID and fsGroup from the namespace's range and
+    refuses pods that set others; the rest of the restricted profile stays (test_install.py has the
+    apiserver's PodSecurity admission judge this rendering too)."""
+    docs = helm.render(*OPENSHIFT)
+    pod = pod_spec(docs)
+    assert pod["securityContext"] == {"runAsNonRoot": True, "seccompProfile": {"type": "RuntimeDefault"}}
+    container = controller_container(docs)
+    assert not {"runAsUser", "runAsGroup"} & set(container["securityContext"])
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    hook = one(helm.render(*OPENSHIFT, "--set", "cleanupOnDelete.enabled=true"), "Job")
+    assert "runAsUser" not in hook["spec"]["template"]["spec"]["securityContext"]
+
+
+OPENSHIFT = ["--set", "podSecurityContext.runAsUser=null", "--set", "podSecurityContext.runAsGroup=null",
+             "--set", "podSecurityContext.fsGroup=null"]
+
+
+def test_network_policy_and_topology_spread(helm: Helm) -> None:
+    assert not find(helm.render(), "NetworkPolicy")
+    docs = helm.render("--set", "networkPolicy.enabled=true",
+                       "--set", "networkPolicy.metricsFrom[0].namespaceSelector.matchLabels.team=monitoring",
+                       "--set", "topologySpreadConstraints[0].maxSkew=1",
+                       "--set", "topologySpreadConstraints[0].topologyKey=topology.kubernetes.io/zone",
+                       "--set", "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway")
+    policy = one(docs, "NetworkPolicy")["spec"]
+    selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
+    assert policy["podSelector"]["matchLabels"] == selector
+    assert policy["policyTypes"] == ["Ingress"]  # egress stays open unless rules are given
+    assert policy["ingress"] == [{"ports": [{"port": "metrics", "protocol": "TCP"}],
+                                  "from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]}]
+    spread = pod_spec(docs)["topologySpreadConstraints"]
+    assert spread == [{"maxSkew": 1, "topologyKey": "topology.kubernetes.io/zone",
+                       "whenUnsatisfiable": "ScheduleAnyway", "labelSelector": {"matchLabels": selector}}]
+    closed = one(helm.render("--set", "networkPolicy.enabled=true", "--set", "metrics.enabled=false",
+                             "--set", "networkPolicy.egress[0].ports[0].port=443"), "NetworkPolicy")["spec"]
+    assert closed["policyTypes"] == ["Ingress", "Egress"]
+    assert closed["ingress"] == []
+    assert closed["egress"] == [{"ports": [{"port": 443}]}]
+
+
+# --------------------------------------------------------------------------- cleanupOnDelete
+
+
+def test_cleanup_hook_deletes_only_stagesets_of_the_release_s_namespaces(helm: Helm) -> None:
+    assert not find(helm.render(), "Job")
+    docs = helm.render("--set", "cleanupOnDelete.enabled=true", "--set", "controller.watchNamespaces={a,b}",
+                       release="shard", namespace="ops")
+    hooks = [d for d in docs if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-delete"]
+    assert {(d["kind"], d["metadata"].get("namespace", "")) for d in hooks} == {
+        ("ServiceAccount", "ops"), ("ClusterRole", ""), ("RoleBinding", "a"), ("RoleBinding", "b"),
+        ("Job", "ops")}
+    role = one(docs, "ClusterRole", "ops-shard-stageset-cleanup")
+    assert role["rules"] == [{"apiGroups": ["stages.metio.wtf"], "resources": ["stagesets"],
+                              "verbs": ["get", "list", "watch", "delete"]}]
+    job = one(docs, "Job")
+    assert job["spec"]["backoffLimit"] == 0
+    assert job["spec"]["activeDeadlineSeconds"] == 65 * 60 + 120
+    pod = job["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == "shard-stageset-cleanup"
+    command = pod["containers"][0]["command"]
+    assert command == ["stageset", "cleanup", "--namespaces=a,b", "--timeout=65m"]
+    # The command is the CLI's, with flags it accepts.
+    cli.commands["cleanup"].make_context("cleanup", command[2:])  # type: ignore[attr-defined]
+    everywhere = helm.render("--set", "cleanupOnDelete.enabled=true")
+    hook = one(everywhere, "Job")["spec"]["template"]["spec"]["containers"][0]
+    assert "--all-namespaces" in hook["command"]
+    assert one(everywhere, "ClusterRoleBinding", "stageset-system-stageset-cleanup")
+
+
+def test_the_sizing_table_in_the_docs_is_what_the_chart_enforces(helm: Helm) -> None:
+    """Each row of docs/sizing.md's table: the limit it gives passes, one MiB less is refused."""
+    import re
+
+    page = (CHART.parents[1] / "docs" / "sizing.md").read_text()
+    rows = re.findall(r"^\| (\d+)(?: \(default\))? \| (\d+)Mi(?: \(default\))? \| \**(\d+)Mi", page,
+                      re.MULTILINE)
+    assert len(rows) >= 5, rows
+    for workers, kustomize, limit in rows:
+        assert int(limit) * MiB == needed(int(workers), int(kustomize) * MiB), (workers, kustomize, limit)
+        values = ["--set", f"controller.workers={workers}",
+                  "--set", f"controller.build.kustomizeMemory={kustomize}Mi"]
+        helm.render(*values, "--set", f"controller.resources.limits.memory={limit}Mi")
+        short = helm.template(*values, "--set", f"controller.resources.limits.memory={int(limit) - 1}Mi",
+                              check=False)
+        assert short.returncode != 0, (workers, kustomize)
