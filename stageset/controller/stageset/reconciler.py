@@ -56,7 +56,7 @@ from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.progress import Pass, Report
 from stageset.controller.stageset.reads import AccountCheck, TenantReads
 from stageset.controller.stageset.records import Records
-from stageset.controller.stageset.rendering import Rendered, Renderer, SourceTrees
+from stageset.controller.stageset.rendering import ArtifactTrees, Rendered, Renderer, SourceTrees
 from stageset.controller.stageset.scheduler import StageScheduler
 from stageset.controller.stageset.stage import StageApply, StageRun
 from stageset.controller.stageset.targets import Target, Targets
@@ -89,7 +89,7 @@ class StageSetReconciler:
     def __init__(self, *, clients: ClientPool, store: SourceTrees, applier: StageApplier, resource: Resource,
                  source_resource: Resource, settings: ControllerSettings, events: EventRecorder,
                  index: DependencyIndex, stop: threading.Event, clock: Clock = system_clock,
-                 metrics: Metrics | None = None):
+                 metrics: Metrics | None = None, artifacts: ArtifactTrees | None = None):
         self._clients = clients
         self._resource = resource
         self._settings = settings
@@ -102,13 +102,14 @@ class StageSetReconciler:
         self._reads = TenantReads(stagesets=resource, sources=source_resource,
                                   no_cross_namespace_refs=settings.no_cross_namespace_refs,
                                   accounts=AccountCheck(clients=clients,
-                                                        controller_reads_accounts=settings.cluster_admin))
+                                                        controller_reads_accounts=settings.cluster_admin),
+                                  default_source_kind=settings.default_source_kind)
         self._cel = CelSandbox(settings.apply.cel)
         self._expressions = ExpressionChecker(self._cel)
         self._targets = Targets(clients=clients, settings=settings.apply, local=applier,
                                 accounts=self._reads.accounts)
         self._renderer = Renderer(clients=clients, store=store, reads=self._reads,
-                                  limits=settings.build_limits)
+                                  limits=settings.build_limits, artifacts=artifacts)
         self._stages = StageApply(clients=clients, clock=clock, readiness_slice=settings.readiness_slice,
                                   stop=stop, sandbox=self._cel, accounts=self._reads.accounts)
         self._records = Records(clients=clients, identities=self._identities, resource=resource)
