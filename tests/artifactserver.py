@@ -132,10 +132,10 @@ class ArtifactServer:
         class Handler(http.server.BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"
 
-            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 - the base's name
+            def log_message(self, format: str, *args: Any) -> None:
                 pass
 
-            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
                 server.requests[path] += 1
                 route = server.routes.get(path)
@@ -177,7 +177,8 @@ class ArtifactServer:
             allow_reuse_address = True
 
         self._server = Server((self.host, 0), Handler)
-        self._thread = threading.Thread(target=self._server.serve_forever, name="artifact-server", daemon=True)
+        self._thread = threading.Thread(target=self._server.serve_forever, kwargs={"poll_interval": 0.05},
+                                        name="artifact-server", daemon=True)
         self._thread.start()
         return self
 

@@ -120,9 +120,9 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
 def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
     """``--artifact-*`` flags; unset ones keep :class:`ArtifactSettings`' defaults."""
     known, limits = ArtifactSettings(), ArtifactLimits()
-    directory = params.get("artifact_dir")
+    directory = params.get("artifact_dir") or tempfile.mkdtemp(prefix="stageset-artifacts-")
     return ArtifactSettings(
-        directory=Path(directory) if directory else known.directory,
+        directory=Path(directory),
         max_bytes=params.get("artifact_cache_max_size") or known.max_bytes,
         timeout=float(params.get("artifact_timeout") or known.timeout),
         discovery_interval=max(1.0, float(params.get("flux_discovery_interval") or known.discovery_interval)),

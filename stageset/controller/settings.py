@@ -6,6 +6,7 @@ each part to what reads it (``apply`` to every apply engine, for example).
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,7 +27,8 @@ DEFAULT_RUNBOOK_BASE_URL = "https://stages.metio.wtf/runbooks/"
 class ArtifactSettings:
     """Flux artifacts: where verified trees are kept, how much they may cost, how long a download may take."""
 
-    directory: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "stageset-artifacts")
+    directory: Path = field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / f"stageset-artifacts-{os.getpid()}")
     # Past this many bytes on disk, least recently read artifacts are deleted.
     max_bytes: int | None = 1024 * 1024 * 1024
     limits: ArtifactLimits = field(default_factory=ArtifactLimits)

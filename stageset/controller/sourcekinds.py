@@ -24,6 +24,7 @@ The status rules (:func:`artifact_state`) follow the reference: a source must be
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -189,8 +190,13 @@ def artifact_state(obj: Mapping[str, Any]) -> Artifact | NotUsable:
     return Artifact(url=url, digest=digest, revision=str(revision) if revision else digest)
 
 
+_RUNBOOK = re.compile(r";?\s*runbook: \S+\s*$")
+
+
 def failure_text(reason: str, message: str, *, limit: int = 1024) -> str:
-    """``reason: message`` of a failed source, bounded (a source's message is someone else's text)."""
+    """``reason: message`` of a failed source, bounded (a source's message is someone else's text),
+    without the runbook link our own conditions end with (the StageSet's message gets its own)."""
+    message = _RUNBOOK.sub("", message).strip()
     text = f"{reason}: {message}" if reason and message else reason or message
     return text if len(text) <= limit else text[:limit] + "..."
 

@@ -44,6 +44,10 @@ KINDS = [
     ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
     ("stages.metio.wtf/v1", "StageSet", "stagesets", True),
     ("stages.metio.wtf/v1", "GitRepository", "gitrepositories", True),
+    ("source.toolkit.fluxcd.io/v1", "ExternalArtifact", "externalartifacts", True),
+    ("source.toolkit.fluxcd.io/v1", "GitRepository", "gitrepositories", True),
+    ("source.toolkit.fluxcd.io/v1", "OCIRepository", "ocirepositories", True),
+    ("source.toolkit.fluxcd.io/v1", "Bucket", "buckets", True),
 ]
 ALL_VERBS = "get,list,watch,create,apply,patch,delete"
 _VOLATILE = ("resourceVersion", "managedFields", "generation", "uid", "creationTimestamp")
@@ -253,7 +257,8 @@ class FakeCluster:
     def _discovery(self, path: str) -> KubeObject:
         api_version = path.removeprefix("/api/").removeprefix("/apis/")
         resources = [
-            {"name": plural, "kind": kind, "namespaced": namespaced}
+            {"name": plural, "kind": kind, "namespaced": namespaced,
+             "verbs": ["get", "list", "watch", "create", "patch", "delete"]}
             for version, kind, plural, namespaced in KINDS
             if version == api_version
         ]
@@ -267,6 +272,7 @@ class FakeCluster:
             copy.deepcopy(o)
             for p, o in sorted(self.objects.items())
             if (parse_path(p) or parsed).plural == parsed.plural
+            and (parse_path(p) or parsed).api_version == parsed.api_version
             and (parsed.namespace is None or (o.get("metadata") or {}).get("namespace") == parsed.namespace)
             and all(((o.get("metadata") or {}).get("labels") or {}).get(k) == v for k, v in wanted.items())
         ]

@@ -60,10 +60,12 @@ def test_download_verify_unpack_and_share(server: ArtifactServer, tmp_path: Path
     artifacts = store(tmp_path)
     digest = Digest.parse(digest_of(body))
     first = artifacts.fetch(url, digest, timeout=10)
-    assert first.downloaded and artifacts.read(digest).files == FILES
+    assert first.downloaded
+    assert artifacts.read(digest).files == FILES
     # The same digest again (any reader whose own source names it): no second download.
     again = artifacts.fetch(url, digest, timeout=10)
-    assert not again.downloaded and server.requests["/gitrepository/ns/app/abc.tar.gz"] == 1
+    assert not again.downloaded
+    assert server.requests["/gitrepository/ns/app/abc.tar.gz"] == 1
     # A restarted controller keeps what it verified: the digest proves the content.
     assert store(tmp_path).read(digest).files == FILES
 
@@ -127,7 +129,7 @@ def test_lru_bounded_in_bytes(server: ArtifactServer, tmp_path: Path) -> None:
     assert artifacts.disk_usage() <= 9000
 
 
-@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "0.0.0.0", "169.254.169.254",
+@pytest.mark.parametrize("host", ["127.0.0.1", "localhost", "[::1]", "0.0.0.0", "169.254.169.254",  # noqa: S104
                                   "224.0.0.1", "2130706433", "127.1", "0x7f000001"])
 def test_refused_addresses_never_connect(server: ArtifactServer, tmp_path: Path, host: str) -> None:
     body = tarball(FILES)
@@ -141,7 +143,7 @@ def test_refused_addresses_never_connect(server: ArtifactServer, tmp_path: Path,
 def test_a_name_resolving_to_a_refused_address(server: ArtifactServer, tmp_path: Path) -> None:
     body = tarball(FILES)
     server.publish("a.tar.gz", body)
-    guard = AddressGuard(resolver=lambda host, port: ["127.0.0.1"])
+    guard = AddressGuard(resolver=lambda _host, _port: ["127.0.0.1"])
     with pytest.raises(AddressRefusedError, match=r"source-controller\.flux-system \(127\.0\.0\.1\)"):
         store(tmp_path, guard).fetch(f"http://source-controller.flux-system:{server.port}/a.tar.gz",
                                      Digest.parse(digest_of(body)), timeout=5)
@@ -161,7 +163,8 @@ def test_redirect_to_loopback_is_refused_at_the_second_hop(public_server: Artifa
     with pytest.raises(AddressRefusedError, match="loopback"):
         store(tmp_path / "2", guard).fetch(public_server.url("a.tar.gz"), Digest.parse(digest_of(body)),
                                            timeout=5)
-    assert public_server.requests["/a.tar.gz"] == 1 and server.requests["/secret.tar.gz"] == 0
+    assert public_server.requests["/a.tar.gz"] == 1
+    assert server.requests["/secret.tar.gz"] == 0
 
 
 def test_no_dns_rebinding_one_lookup_per_connection(public_server: ArtifactServer, tmp_path: Path) -> None:
@@ -179,7 +182,8 @@ def test_no_dns_rebinding_one_lookup_per_connection(public_server: ArtifactServe
     guard = PretendPublic(resolver=rebinding)
     url = f"http://artifacts.example:{public_server.port}/a.tar.gz"
     assert store(tmp_path, guard).fetch(url, Digest.parse(digest_of(body)), timeout=5).downloaded
-    assert asked == ["artifacts.example"] and public_server.requests["/a.tar.gz"] == 1
+    assert asked == ["artifacts.example"]
+    assert public_server.requests["/a.tar.gz"] == 1
     # The next connection asks again, and the guard sees the new (refused) answer.
     with pytest.raises(AddressRefusedError):
         store(tmp_path / "2", guard).fetch(url, Digest.parse(digest_of(body)), timeout=5)
@@ -220,7 +224,7 @@ def test_a_slow_url_does_not_hold_up_the_same_digest_from_a_good_one(server: Art
     def tarpit() -> None:
         try:
             artifacts.fetch(slow, digest, timeout=20)
-        except BaseException as error:  # noqa: BLE001 - reported below
+        except BaseException as error:
             failures.append(error)
 
     thread = threading.Thread(target=tarpit, daemon=True)
