@@ -116,7 +116,8 @@ class ArtifactStore:
         with self._lock:
             return sum(self._sizes.values())
 
-    def fetch(self, url: str, digest: Digest, *, timeout: float) -> StoredArtifact:
+    def fetch(self, url: str, digest: Digest, *, timeout: float,
+              cancel: threading.Event | None = None) -> StoredArtifact:
         """Store the artifact ``url`` serves, if its digest is ``digest`` (else
         :class:`~sources.digests.DigestMismatchError`); a no-op when the digest is stored already."""
         with self._lock:
@@ -128,20 +129,20 @@ class ArtifactStore:
                 with self._lock:
                     if digest.key in self._sizes:
                         return StoredArtifact(digest=digest, size=self._sizes[digest.key], downloaded=False)
-                size = self._download(url, digest, timeout=timeout)
+                size = self._download(url, digest, timeout=timeout, cancel=cancel)
                 return StoredArtifact(digest=digest, size=size, downloaded=True)
             finally:
                 with self._lock:
                     if self._inflight.get((digest.key, url)) is gate:
                         del self._inflight[(digest.key, url)]
 
-    def _download(self, url: str, digest: Digest, *, timeout: float) -> int:
+    def _download(self, url: str, digest: Digest, *, timeout: float, cancel: threading.Event | None) -> int:
         spool = tempfile.NamedTemporaryFile(prefix=".spool-", dir=self.root, delete=False)  # noqa: SIM115
         try:
             with spool:
                 got = download(url, into=spool, hasher=digest.hasher(), guard=self._guard,
                                max_bytes=self._limits.max_download_bytes, timeout=timeout,
-                               ca_certs=self._ca_certs)
+                               ca_certs=self._ca_certs, cancel=cancel)
             with self._lock:
                 self.downloads += 1
                 self.downloaded_bytes += got.size

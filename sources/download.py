@@ -14,8 +14,9 @@ proxy of the environment is used (a proxy would connect where the guard cannot s
   is counted as it arrives; ``Content-Encoding`` is refused (the digest is of the file as stored;
   a compressed transfer would also be a decompression bomb).
 * **Time**: a :class:`Deadline` covers the whole download, hops included.  A watchdog shuts the
-  socket down when it passes, so a server that trickles one byte a second (a tarpit) cannot hold
-  a worker longer than the deadline, whatever per-read timeouts say.
+  socket down when it passes (or when the caller cancels: the controller is stopping), so a
+  server that trickles one byte a second (a tarpit) cannot hold a worker longer than the
+  deadline, whatever per-read timeouts say.
 
 The body goes to a caller's file (spooled to disk by :mod:`sources.artifacts`) while a digest is
 computed over it; nothing is parsed here.
@@ -133,14 +134,16 @@ class GuardedHTTPSConnection(_Guarded, HTTPSConnection):
 
 
 class _Watchdog:
-    """Shuts down the connections of one download when its deadline passes."""
+    """Shuts down the connections of one download when its deadline passes or ``cancel`` is set."""
 
-    def __init__(self, deadline: Deadline):
+    def __init__(self, deadline: Deadline, cancel: threading.Event | None = None):
         self._deadline = deadline
+        self._cancel = cancel
         self._connections: list[Any] = []
         self._lock = threading.Lock()
         self._done = threading.Event()
         self.fired = False
+        self.cancelled = False
         self._thread = threading.Thread(target=self._watch, name="artifact-deadline", daemon=True)
         self._thread.start()
 
@@ -149,7 +152,13 @@ class _Watchdog:
             self._connections.append(connection)
 
     def _watch(self) -> None:
-        if self._done.wait(self._deadline.remaining()):
+        while not self._done.wait(min(0.25, self._deadline.remaining())):
+            if self._cancel is not None and self._cancel.is_set():
+                self.cancelled = True
+                break
+            if self._deadline.remaining() <= 0:
+                break
+        else:
             return
         self.fired = True
         with self._lock:
@@ -198,14 +207,15 @@ class Downloaded:
 
 def download(url: str, *, into: IO[bytes], hasher: Hasher, guard: AddressGuard, max_bytes: int,
              timeout: float, read_timeout: float = 30.0, ca_certs: str | None = None,
-             on_chunk: Callable[[int], None] | None = None) -> Downloaded:
+             on_chunk: Callable[[int], None] | None = None,
+             cancel: threading.Event | None = None) -> Downloaded:
     """Write the body at ``url`` into ``into``, hashing it with ``hasher``.
 
     Raises :class:`~sources.addresses.AddressRefusedError` / :class:`UrlPolicyError` (refused: not
     worth retrying), :class:`LimitExceededError`, and :class:`TransferError` (worth retrying).
     """
     deadline = Deadline.after(timeout)
-    watchdog = _Watchdog(deadline)
+    watchdog = _Watchdog(deadline, cancel)
     try:
         current = url
         for _hop in range(MAX_REDIRECTS + 1):
@@ -237,7 +247,9 @@ def download(url: str, *, into: IO[bytes], hasher: Hasher, guard: AddressGuard, 
         watchdog.stop()
 
 
-def _timed_out(url: str) -> TransferError:
+def _timed_out(url: str, watchdog: _Watchdog | None = None) -> TransferError:
+    if watchdog is not None and watchdog.cancelled:
+        return TransferError(f"downloading {display(url)} was abandoned: the controller is stopping")
     return TransferError(f"downloading {display(url)} took longer than the artifact timeout "
                          "(--artifact-timeout); the connection was closed")
 
@@ -258,7 +270,7 @@ def _get(pool: urllib3.HTTPConnectionPool, url: str, *, deadline: Deadline,
         raise
     except (Urllib3Error, OSError) as error:
         if watchdog.fired:
-            raise _timed_out(url) from None
+            raise _timed_out(url, watchdog) from None
         cause = error.__cause__ or error.__context__
         if isinstance(cause, (AddressRefusedError, UrlPolicyError, TransferError)):
             raise cause from None
@@ -297,7 +309,7 @@ def _body(response: Any, *, into: IO[bytes], hasher: Hasher, max_bytes: int, url
         return size, hasher.hexdigest()
     except (Urllib3Error, OSError) as error:
         if watchdog.fired:
-            raise _timed_out(url) from None
+            raise _timed_out(url, watchdog) from None
         raise TransferError(f"downloading {display(url)} failed: {type(error).__name__}: {error}") from None
     finally:
         response.release_conn()

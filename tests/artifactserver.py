@@ -109,6 +109,11 @@ class ArtifactServer:
         self.host = host
         self.routes: dict[str, Route] = {}
         self.requests: Counter[str] = Counter()
+        self.in_flight: Counter[str] = Counter()
+        """Responses being sent right now, per path."""
+        self.log: list[tuple[str, dict[str, int]]] = []
+        """Each request as it began: its path, and what else was in flight then."""
+        self._count = threading.Lock()
         self._server: socketserver.ThreadingTCPServer | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
@@ -137,7 +142,17 @@ class ArtifactServer:
 
             def do_GET(self) -> None:
                 path = self.path.split("?", 1)[0]
-                server.requests[path] += 1
+                with server._count:
+                    server.requests[path] += 1
+                    server.log.append((path, {p: n for p, n in server.in_flight.items() if n}))
+                    server.in_flight[path] += 1
+                try:
+                    self._serve(path)
+                finally:
+                    with server._count:
+                        server.in_flight[path] -= 1
+
+            def _serve(self, path: str) -> None:
                 route = server.routes.get(path)
                 if route is None:
                     self.send_error(404)

@@ -87,8 +87,10 @@ def job_name(digest: Digest, url: str) -> str:
 
 class ArtifactFetcher:
     def __init__(self, *, store: ArtifactStore, timeout: float, schedule: Callable[[str, str], None],
-                 wake: Callable[[set[SourceObject]], None], clock: Callable[[], float] = time.monotonic):
+                 wake: Callable[[set[SourceObject]], None], clock: Callable[[], float] = time.monotonic,
+                 stop: threading.Event | None = None):
         self.store = store
+        self._stop = stop
         self._timeout = timeout
         self._schedule = schedule
         """``schedule(namespace, job)``: queue the job in the source pool."""
@@ -153,7 +155,7 @@ class ArtifactFetcher:
             return Result()
         key = (job.digest.key, job.url)
         try:
-            stored = self.store.fetch(job.url, job.digest, timeout=self._timeout)
+            stored = self.store.fetch(job.url, job.digest, timeout=self._timeout, cancel=self._stop)
         except _TERMINAL as error:
             log.warning("artifact %s from %s refused: %s", job.digest, display(job.url), error)
             self._finish(namespace, name, job, Failure(True, str(error), _scrubbed(error)))

@@ -234,3 +234,12 @@ def test_a_slow_url_does_not_hold_up_the_same_digest_from_a_good_one(server: Art
     assert artifacts.fetch(good, digest, timeout=5).downloaded
     assert thread.is_alive()  # the tarpit is still trickling; the good reader did not wait for it
     assert artifacts.read(digest).files == FILES
+
+
+def test_a_download_is_abandoned_when_the_controller_stops(server: ArtifactServer, tmp_path: Path) -> None:
+    body = tarball(FILES)
+    url = server.publish("slow.tar.gz", body, trickle=0.2)
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    with pytest.raises(TransferError, match="abandoned: the controller is stopping"):
+        store(tmp_path).fetch(url, Digest.parse(digest_of(body)), timeout=60, cancel=stop)
