@@ -135,6 +135,8 @@ class FakeCluster:
     down: Exception | None = None
     # Seconds a watch event waits before it is delivered (a loaded apiserver's watch lags).
     watch_lag: float = 0.0
+    # API versions discovery does not list (a CRD not installed yet).
+    unserved: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -256,6 +258,8 @@ class FakeCluster:
 
     def _discovery(self, path: str) -> KubeObject:
         api_version = path.removeprefix("/api/").removeprefix("/apis/")
+        if api_version in self.unserved:
+            raise ApiError(status=404, reason="NotFound", message=f"{path} not found")
         resources = [
             {"name": plural, "kind": kind, "namespaced": namespaced,
              "verbs": ["get", "list", "watch", "create", "patch", "delete"]}
