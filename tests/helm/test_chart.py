@@ -238,7 +238,8 @@ def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> Non
     assert controller.make_context("controller", list(controller_args(helm.render()))).params[
         "default_source_kind"] == "GitRepository"
     args = controller_args(helm.render("--set", "controller.defaultSourceKind=ExternalArtifact"))
-    assert controller.make_context("controller", list(args)).params["default_source_kind"] == "ExternalArtifact"
+    params = controller.make_context("controller", list(args)).params
+    assert params["default_source_kind"] == "ExternalArtifact"
 
 
 def test_notes_name_the_mode(helm: Helm) -> None:

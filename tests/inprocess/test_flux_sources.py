@@ -237,6 +237,16 @@ def test_a_missing_source_and_a_ready_source_without_artifact(world: World, flux
     assert "has no digest" in world.ready("shop")["message"]
 
 
+def test_a_kind_the_cluster_does_not_serve_says_so(world: World, flux: Flux) -> None:
+    world.cluster.unserved.add(f"{FLUX_GROUP}/v1beta2")
+    world.stageset("shop", [stage("app", apiVersion=f"{FLUX_GROUP}/v1beta2", kind="OCIRepository",
+                                  name="app")])
+    world.reconcile("shop")
+    ready = world.ready("shop")
+    assert ready["reason"] == "ArtifactNotFound"
+    assert f"does not serve {FLUX_GROUP}/v1beta2 (Flux's source CRDs are not installed" in ready["message"]
+
+
 def test_a_producer_resolves_to_the_external_artifact_pointing_back(world: World, flux: Flux) -> None:
     producer = {"apiVersion": "jaas.metio.wtf/v1", "kind": "JsonnetSnippet", "name": "web"}
     world.stageset("shop", [stage("app", **producer)])

@@ -221,10 +221,7 @@ class TenantReads:
         if target.kind is RefKind.FLUX:
             what = f"{target.describe()} {source_ns}/{ref.name}"
             path = f"/apis/{target.api_version}/namespaces/{source_ns}/{target.plural}/{ref.name}"
-            found = read_named(client, path, what=f"{what} (stage {stage.name!r})",
-                               missing_reason=Reason.ARTIFACT_NOT_FOUND,
-                               missing_message=f"stage {stage.name!r}: {what} not found",
-                               accounts=self.accounts)
+            found = self._flux_object(client, stage, target, path, what)
             origin = SourceObject(FLUX_GROUP, target.name, source_ns, ref.name)
         else:
             found = self._producer_artifact(client, stage, target, source_ns)
@@ -237,6 +234,26 @@ class TenantReads:
         assert isinstance(state, Artifact)
         return ArtifactSource(what=what, origin=origin, url=state.url, digest=state.digest,
                               revision=state.revision, cross_namespace=cross)
+
+    def _flux_object(self, client: KubeClient, stage: Stage, target: SourceTarget, path: str,
+                     what: str) -> KubeObject:
+        """The Flux source object; a 404 says whether the object or its kind (at that version) is missing."""
+        try:
+            return read_named(client, path, what=f"{what} (stage {stage.name!r})",
+                              missing_reason=Reason.ARTIFACT_NOT_FOUND, accounts=self.accounts)
+        except StageError as error:
+            if error.reason is not Reason.ARTIFACT_NOT_FOUND:
+                raise
+        try:
+            resources = client.get(f"/apis/{target.api_version}").get("resources") or []
+            served = any(r.get("name") == target.plural for r in resources)
+        except ApiError:
+            served = False  # discovery answers every authenticated user: a 404 means not served
+        if served:
+            raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {what} not found")
+        raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {what} not found: this cluster "
+                         f"does not serve {target.api_version} (Flux's source CRDs are not installed, or "
+                         f"serve another version: this controller reads v1 and v1beta2)")
 
     def _producer_artifact(self, client: KubeClient, stage: Stage, target: SourceTarget,
                            source_ns: str) -> KubeObject:
