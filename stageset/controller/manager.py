@@ -49,7 +49,7 @@ from stageset.controller.queue import Backoff, WorkQueue
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.sourcekinds import FLUX_GROUP, OUR_GROUP, SourceObject, referenced
+from stageset.controller.sourcekinds import FLUX_GROUP, OUR_GROUP, SourceObject, referenced, trigger
 from stageset.controller.stageset import StageSetReconciler
 from stageset.controller.stageset.rendering import SourceTrees
 from stageset.controller.status import requested_at
@@ -134,6 +134,8 @@ class Manager:
         # Per object: the status our last reconcile left, at the resourceVersion it made, until
         # the watch catches up (see :meth:`_with_own_status`).
         self._written: dict[Key, tuple[int, Any]] = {}
+        # Per GitRepository: its artifact and readiness as last seen (a change wakes its StageSets).
+        self._source_states: dict[Key, tuple[Any, ...]] = {}
         admin = clients.client()
         self._store: Store = store or self._mirror_store(settings)
         if isinstance(self._store, MirrorStore):
@@ -211,6 +213,8 @@ class Manager:
                     self._seen[key] = now
             if now is not None and (before is None or before[0] != now[0]):
                 self._enqueue(key)
+            if kind == "GitRepository":
+                self._source_changed(key, None if event == "DELETED" else obj)
             if kind == "StageSet" and (before is None or now is None or before[1] != now[1]):
                 # Event-driven: a dependency turning (un)Ready wakes its dependents at once.
                 for namespace, name in self._index.dependents((key[1], key[2])):
@@ -237,6 +241,17 @@ class Manager:
                           if key[0] == "StageSet" and referenced(obj, default) & sources]
         for key in dependents:
             self._enqueue(key)
+
+    def _source_changed(self, key: Key, obj: KubeObject | None) -> None:
+        """Our GitRepository's artifact or readiness changed — a failure too: the StageSets naming it
+        say so now rather than at their next retry."""
+        state = None if obj is None else trigger(obj)
+        with self._lock:
+            before = self._source_states.pop(key, None)
+            if state is not None:
+                self._source_states[key] = state
+        if before is not None and before != state:
+            self._wake({SourceObject(OUR_GROUP, "GitRepository", key[1], key[2])})
 
     def _poke_flux(self, obj: KubeObject) -> None:
         """A StageSet naming a Flux kind no watch covers yet: look for it now (its CRD may be new)."""

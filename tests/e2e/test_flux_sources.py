@@ -26,13 +26,14 @@ from tests.conftest import Tenant
 from tests.e2e.conftest import apply, condition, get_or_none, wait_for
 from tests.e2e.flux import FLUX, publish
 from tests.e2e.stagesets import cm
+from tests.gitserver import GitServer, Zeros
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
 
 TenantFactory = Callable[..., Tenant]
 CONTROLLER_USER = "system:serviceaccount:stageset-system:stageset-controller"
 LIMITS = ["--artifact-max-size=256Ki", "--artifact-max-unpacked-size=1Mi", "--artifact-max-file-size=512Ki",
-          "--artifact-timeout=10s", "--source-workers=2"]
+          "--artifact-timeout=10s", "--source-workers=2", "--git-max-file-size=1Mi"]
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +127,31 @@ def test_a_republished_artifact_is_applied_without_a_spec_change(
     ready_with(flux_crds, where, revision="latest@sha256:2")
     assert (configmap(flux_crds, tenant, "app") or {})["data"] == {"k": "two"}
     assert flux_crds.get(where)["metadata"]["generation"] == generation
+
+
+def test_our_gitrepository_that_failed_says_why_in_the_stageset(
+        installed: KubeClient, controller: ControllerProcess, git_server: GitServer,
+        tenant: Tenant) -> None:
+    """A new user's first try: a repository holding a file over the limit.  The StageSet says what
+    the GitRepository says, not "has no artifact yet"."""
+    ns = tenant.namespace
+    url = git_server.create_repo(f"{ns}-big", {"deploy/cm.yaml": cm("app"),
+                                                "assets/video.bin": Zeros(2 << 20)})
+    git_server.configure(f"{ns}-big", "uploadpack.allowFilter", "false")  # it sends the big blob
+    apply(installed, {"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+                      "metadata": {"name": "app", "namespace": ns}, "spec": {"url": url, "interval": "10m"}})
+    where = stageset(installed, tenant, [{"name": "app", "path": "./deploy",
+                                          "sourceRef": {"name": "app"}}])
+    expected = f"stage 'app': GitRepository {ns}/app is not ready: LimitExceeded: "
+
+    def says_why() -> Any:
+        found = condition(installed.get(where))
+        return found if found and found["message"].startswith(expected) else None
+
+    # Woken by the GitRepository's failure (a waiting stage's own retry would take 30 s).
+    message = wait_for(says_why, timeout=25, what="the GitRepository's reason in the StageSet")["message"]
+    assert message.count("runbook:") == 1
+    assert condition(installed.get(where))["reason"] == "SourceNotReady"  # type: ignore[index]
 
 
 def _good_then(admin: KubeClient, artifacts: ArtifactServer, tenant: Tenant, **hostile: Any) -> str:
