@@ -29,7 +29,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable
-from contextlib import suppress
 from dataclasses import dataclass
 from typing import IO, Any
 from urllib.parse import urljoin, urlsplit
@@ -41,6 +40,7 @@ from urllib3.exceptions import HTTPError as Urllib3Error
 from sources.addresses import AddressGuard, AddressRefusedError
 from sources.digests import Hasher
 from sources.errors import LimitExceededError, TransferError, UrlPolicyError
+from sources.transport import Sockets
 
 MAX_REDIRECTS = 5
 _CHUNK = 64 * 1024
@@ -134,13 +134,12 @@ class GuardedHTTPSConnection(_Guarded, HTTPSConnection):
 
 
 class _Watchdog:
-    """Shuts down the connections of one download when its deadline passes or ``cancel`` is set."""
+    """Cuts the connections of one download when its deadline passes or ``cancel`` is set."""
 
     def __init__(self, deadline: Deadline, cancel: threading.Event | None = None):
         self._deadline = deadline
         self._cancel = cancel
-        self._connections: list[Any] = []
-        self._lock = threading.Lock()
+        self._sockets = Sockets()
         self._done = threading.Event()
         self.fired = False
         self.cancelled = False
@@ -148,8 +147,7 @@ class _Watchdog:
         self._thread.start()
 
     def add(self, connection: Any) -> None:
-        with self._lock:
-            self._connections.append(connection)
+        self._sockets.add(connection)
 
     def _watch(self) -> None:
         while not self._done.wait(min(0.25, self._deadline.remaining())):
@@ -161,13 +159,7 @@ class _Watchdog:
         else:
             return
         self.fired = True
-        with self._lock:
-            connections = list(self._connections)
-        for connection in connections:
-            sock = getattr(connection, "sock", None)
-            if sock is not None:
-                with suppress(OSError):
-                    sock.shutdown(socket.SHUT_RDWR)
+        self._sockets.cut()
 
     def stop(self) -> None:
         self._done.set()

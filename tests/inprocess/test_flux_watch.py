@@ -4,10 +4,8 @@ requeues exactly the StageSets that name its source, and downloads run in the so
 from __future__ import annotations
 
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -16,16 +14,7 @@ from stageset.controller.settings import ArtifactSettings, ControllerSettings
 from tests.artifactserver import ArtifactServer
 from tests.inprocess.conftest import NS, TENANT, World, configmap
 from tests.inprocess.test_flux_sources import FLUX, Flux, stage
-
-
-def eventually(check: Callable[[], Any], *, timeout: float = 20.0, what: str) -> Any:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        found = check()
-        if found:
-            return found
-        time.sleep(0.02)
-    pytest.fail(f"timed out waiting for {what}")
+from tests.inprocess.test_manager import eventually
 
 
 @pytest.fixture

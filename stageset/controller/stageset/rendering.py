@@ -21,6 +21,8 @@ change in a shared base re-renders every stage that uses it and nothing else.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -112,18 +114,14 @@ class Renderer:
             return SourceRoot(files=files, unreadable=unreadable)
 
         try:
-            objects = render_stage(self._cache, url=url, commit=commit, ignore=ignore, path=stage.path,
-                                   variables=variables, read_tree=read_root, limits=self._limits,
-                                   patches=kustomize_patches(stage))
+            with build_failures(stage):
+                objects = render_stage(self._cache, url=url, commit=commit, ignore=ignore, path=stage.path,
+                                       variables=variables, read_tree=read_root, limits=self._limits,
+                                       patches=kustomize_patches(stage))
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.
             raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {error}") from error
         except SourceError as error:
-            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
-        except KustomizeNotFoundError as error:
-            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: this controller cannot build "
-                             f"kustomizations: {error}") from error
-        except BuildError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
                         target=target, ids={identify(obj, namespace, target) for obj in objects})
@@ -141,17 +139,24 @@ class Renderer:
         # Asked before the render cache: a digest the store cannot serve (not downloaded yet, or
         # refused) says so even when another stage rendered it once.  Reading it waits for a miss.
         artifacts.require(source, stage=stage.name, requester=namespace)
-        try:
+        with build_failures(stage):
             objects = render_stage(self._cache, url=ARTIFACT_URL, commit=source.digest, ignore=None,
                                    path=stage.path, variables=variables, read_tree=read_root,
                                    limits=self._limits, patches=kustomize_patches(stage))
-        except KustomizeNotFoundError as error:
-            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: this controller cannot build "
-                             f"kustomizations: {error}") from error
-        except BuildError as error:
-            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
                         target=target, ids={identify(obj, namespace, target) for obj in objects})
+
+
+@contextmanager
+def build_failures(stage: Stage) -> Iterator[None]:
+    """A failed build as the stage's ``StageFailed``."""
+    try:
+        yield
+    except KustomizeNotFoundError as error:
+        raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: this controller cannot build "
+                         f"kustomizations: {error}") from error
+    except BuildError as error:
+        raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
 
 
 def kustomize_patches(stage: Stage) -> list[dict[str, Any]]:
