@@ -10,8 +10,9 @@ Which kinds: :data:`~stageset.controller.sourcekinds.FLUX_KINDS`, each at the fi
 of :data:`~stageset.controller.sourcekinds.FLUX_VERSIONS`, found through discovery (allowed to every
 authenticated user, and namespace-independent, so a sharded release finds them too).  Discovery
 is asked at start, every :attr:`FluxWatches.interval` seconds, and at once when a StageSet names a
-Flux kind no watch covers yet (:meth:`FluxWatches.poke`): a CRD installed after the controller
-started is watched within seconds of the first StageSet that needs it, or within the interval.
+Flux kind no watch covers yet (:meth:`FluxWatches.poke`, at most every :data:`POKE_SPACING`
+seconds): a CRD installed after the controller started is watched within seconds of a StageSet
+event that needs it, or within the interval.
 A kind that stops being served has its watches stopped.  With ``watch_namespaces`` there is one
 namespace-scoped watch per namespace, as for our own kinds.
 
@@ -47,6 +48,8 @@ from stageset.kube.watch import Reflector
 log = logging.getLogger(__name__)
 
 OnChange = Callable[[set[SourceObject]], None]
+POKE_SPACING = 2.0
+"""Seconds between two looks at discovery asked for by pokes (a CRD just installed, or none)."""
 
 
 def served_kinds(client: KubeClient) -> dict[str, str]:
@@ -114,16 +117,19 @@ class FluxWatches:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            refreshed = time.monotonic()
             try:
                 self.refresh()
-            except Exception as error:
+            except Exception as error:  # discovery is retried; the watches keep running
                 log.debug("discovery of %s failed: %s", FLUX_GROUP, error)
-            deadline = time.monotonic() + self.interval
-            while not self._stop.is_set() and not self._poke.is_set() and time.monotonic() < deadline:
-                self._poke.wait(min(1.0, max(0.0, deadline - time.monotonic())))
-            if self._poke.is_set():
-                self._poke.clear()
-                self._stop.wait(0.5)  # a CRD created a moment ago may not be served yet
+            # Until the interval is over, or a poke — at most one poke-driven look every few
+            # seconds, however many StageSets name a kind nobody serves.
+            while not self._stop.wait(0.25):
+                now = time.monotonic()
+                if now >= refreshed + self.interval or (
+                        self._poke.is_set() and now >= refreshed + POKE_SPACING):
+                    break
+            self._poke.clear()
         with self._lock:
             for _, stop in self._watching.values():
                 stop.set()
