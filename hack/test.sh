@@ -13,8 +13,9 @@ if [ "${1:-}" != "--lint-only" ]; then
     # Flux's source-controller (the Flux sources e2e test) is the heaviest Go build (~6.5 CPU-minutes
     # and ~2 GiB of modules when every cache is cold; a cache hit costs nothing): it starts now, in
     # the background, so its downloads and compiles overlap the static checks and the other builds.
-    sc_log="$(mktemp)"; sc_start=$(date +%s)
-    run python -m stageset.envtest.sourcecontroller >"$sc_log" 2>&1 &
+    sc_log="$(mktemp)"
+    ( sc_start=$(date +%s); run python -m stageset.envtest.sourcecontroller
+      echo "built or found in $(( $(date +%s) - sc_start ))s" ) >"$sc_log" 2>&1 &
     sc_pid=$!
 fi
 echo "== ruff"; run ruff check stageset sources tests bench
@@ -49,7 +50,7 @@ if ! wait "$sc_pid"; then
     echo "building source-controller failed" >&2
     exit 1
 fi
-echo "   $(tail -1 "$sc_log"), ready $(( $(date +%s) - sc_start ))s after it started"; rm -f "$sc_log"
+echo "   $(tail -2 "$sc_log" | paste -sd ' ')"; rm -f "$sc_log"
 
 echo "== pytest"
 set +e
