@@ -57,7 +57,7 @@ def test_verify_names_both_digests() -> None:
 
 @pytest.mark.parametrize(("address", "why"), [
     ("127.0.0.1", "loopback"), ("127.255.0.9", "loopback"), ("::1", "loopback"),
-    ("0.0.0.0", "unspecified"),  # noqa: S104 - an address under test, not a bind ("0.1.2.3", "unspecified"), ("::", "unspecified"),
+    ("0.0.0.0", "unspecified"), ("0.1.2.3", "unspecified"), ("::", "unspecified"),  # noqa: S104
     ("169.254.169.254", "metadata"), ("169.254.1.1", "link-local"), ("fe80::1", "link-local"),
     ("fd00:ec2::254", "AWS metadata"), ("100.100.100.200", "Alibaba"), ("192.0.0.192", "Oracle"),
     ("169.254.170.2", "ECS"),
