@@ -47,4 +47,5 @@ docs:
 
 # Benchmarks (numbers go to docs/benchmarks.md and docs/sources.md)
 bench:
-	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m bench.apply && $$uv run --frozen python -m bench.git_fetch
+	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m bench.apply && $$uv run --frozen python -m bench.git_fetch && \
+		$$uv run --frozen python -m bench.flux_sources

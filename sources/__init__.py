@@ -26,6 +26,9 @@ package must never import ``stageset`` or ``kubernetes`` (an import-linter contr
 reusable, and testable against a plain Git server.
 """
 
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from sources.credentials import Credentials
 from sources.errors import (
     AuthenticationError,
@@ -41,10 +44,23 @@ from sources.errors import (
     UrlPolicyError,
 )
 from sources.limits import Limits
-from sources.mirror import MirrorStore, Snapshot
-from sources.refs import RefSelector
 from sources.revision import format_revision, parse_revision
 from sources.urls import UrlPolicy
+
+if TYPE_CHECKING:
+    from sources.mirror import MirrorStore, Snapshot
+    from sources.refs import RefSelector
+
+# The Git machinery (dulwich) loads only when first used, so that the pure modules of this
+# package (``sources.revision``, ``sources.digests`` ...) import without it.
+_LAZY = {"MirrorStore": "sources.mirror", "Snapshot": "sources.mirror", "RefSelector": "sources.refs"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'sources' has no attribute {name!r}")
+    return getattr(importlib.import_module(module), name)
 
 __all__ = [
     "AuthenticationError",

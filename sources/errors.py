@@ -57,3 +57,8 @@ class PathNotFoundError(SourceError):
 
 class UrlPolicyError(SourceError):
     """The URL's scheme is not allowed by the :class:`~sources.UrlPolicy`, or it is malformed."""
+
+
+class TransferError(SourceError):
+    """Downloading an artifact failed on the way (connection, HTTP status, time limit): worth
+    retrying with backoff, unlike a refused address, a digest mismatch or an unsafe archive."""

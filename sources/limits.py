@@ -47,3 +47,27 @@ class Limits:
     max_depth: int = 128
     max_fetch_bytes: int = 512 * MiB
     max_fetch_objects: int = 500_000
+
+
+@dataclass(frozen=True)
+class ArtifactLimits:
+    """Bounds on one artifact download and its archive (a Flux source's ``status.artifact``).
+
+    * ``max_download_bytes``: bytes of the compressed file (``Content-Length`` is checked
+      before anything is read, the stream counted as it arrives);
+    * ``max_unpacked_bytes``: bytes of every file of the archive together, inflated (and of
+      everything the decompressor produces, tar headers included, with a small allowance);
+    * ``max_file_bytes``: bytes of one file (its header's size is checked before it is read);
+    * ``max_files``: entries of the archive (files, directories and links);
+    * ``max_depth``: directory nesting of one path; ``max_path_bytes``: length of one path.
+
+    The defaults match the Git limits (``--git-max-*``): an artifact may hold what one read of a
+    Git source may return.  Flags: ``--artifact-max-*`` (docs/sources.md).
+    """
+
+    max_download_bytes: int = 100 * MiB
+    max_unpacked_bytes: int = 100 * MiB
+    max_file_bytes: int = 10 * MiB
+    max_files: int = 10_000
+    max_depth: int = 128
+    max_path_bytes: int = 4096

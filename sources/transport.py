@@ -159,7 +159,7 @@ class _ReadBudget:
         self._pkt_pending = len(data) == 4 and all(c in b"0123456789abcdef" for c in data)
 
 
-class _Sockets:
+class Sockets:
     """The HTTP connections of one operation, so that a watchdog can cut them."""
 
     def __init__(self) -> None:
@@ -184,7 +184,7 @@ class _Sockets:
 
 
 class _WatchedHTTPPool(urllib3.HTTPConnectionPool):
-    sockets: _Sockets | None = None
+    sockets: Sockets | None = None
 
     def _new_conn(self) -> Any:
         connection = super()._new_conn()
@@ -194,7 +194,7 @@ class _WatchedHTTPPool(urllib3.HTTPConnectionPool):
 
 
 class _WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
-    sockets: _Sockets | None = None
+    sockets: Sockets | None = None
 
     def _new_conn(self) -> Any:
         connection = super()._new_conn()
@@ -203,7 +203,7 @@ class _WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
         return connection
 
 
-def _watched(manager: urllib3.PoolManager, sockets: _Sockets) -> None:
+def _watched(manager: urllib3.PoolManager, sockets: Sockets) -> None:
     manager.pool_classes_by_scheme = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
     original = manager._new_pool
 
@@ -217,13 +217,13 @@ def _watched(manager: urllib3.PoolManager, sockets: _Sockets) -> None:
 
 
 class _WatchedPoolManager(urllib3.PoolManager):
-    def __init__(self, *args: Any, sockets: _Sockets, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, sockets: Sockets, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _watched(self, sockets)
 
 
 class _WatchedProxyManager(urllib3.ProxyManager):
-    def __init__(self, *args: Any, sockets: _Sockets, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, sockets: Sockets, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         _watched(self, sockets)
 
@@ -320,7 +320,7 @@ class Remote:
         if deadline.expired():
             raise self._timed_out(action)
         if self.url.kind != "ssh":
-            sockets = _Sockets()
+            sockets = Sockets()
             watchdog = threading.Timer(deadline.remaining(), sockets.cut)
             watchdog.daemon = True
             try:
@@ -352,7 +352,7 @@ class Remote:
     def _ssh_host(self) -> str:
         return f"[{self.url.host}]:{self.url.port}" if self.url.port else self.url.host
 
-    def _client(self, sockets: _Sockets, budget: _ReadBudget,
+    def _client(self, sockets: Sockets, budget: _ReadBudget,
                 deadline: Deadline) -> tuple[GitClient, str]:
         if self.url.kind in ("http", "https"):
             ca_pem = self.credentials.ca_pem if self.credentials else None
@@ -407,7 +407,7 @@ class Remote:
             raise GitOperationError(f"{action} {where} failed: {message}") from None
 
     @contextmanager
-    def _errors(self, action: str, sockets: _Sockets | None = None) -> Iterator[None]:
+    def _errors(self, action: str, sockets: Sockets | None = None) -> Iterator[None]:
         """Translate library exceptions into :class:`SourceError` with safe messages."""
         secrets = self.credentials.secrets() if self.credentials else ()
         where = self.url.display

@@ -2,8 +2,11 @@
 
 With these installed, a ServiceAccount bound to ``edit`` (or ``admin``) in its
 namespace may manage StageSets and GitRepositories there, and ``view`` may read
-them — the same way built-in kinds work.  The Helm chart ships the same objects
-(``helm/stageset/templates/aggregate-roles.yaml``; a test keeps the two equal).
+them — the same way built-in kinds work.  Both may also read Flux's source kinds
+(:data:`FLUX_SOURCE_RULE`): a stage's Flux source is read as the tenant.  Rules for a group
+nobody serves grant nothing and fail nothing, so the same roles install with or without Flux.
+The Helm chart ships the same objects (``helm/stageset/templates/aggregate-roles.yaml``; a test
+keeps the two equal).
 """
 
 from __future__ import annotations
@@ -13,6 +16,12 @@ from typing import Any
 from stageset.api.common import GROUP
 
 _RESOURCES = ["stagesets", "gitrepositories"]
+FLUX_GROUP = "source.toolkit.fluxcd.io"
+FLUX_RESOURCES = ["externalartifacts", "gitrepositories", "ocirepositories", "buckets"]
+FLUX_SOURCE_RULE: dict[str, Any] = {"apiGroups": [FLUX_GROUP], "resources": FLUX_RESOURCES,
+                                    "verbs": ["get", "list", "watch"]}
+"""Read access to Flux's source kinds: for tenants (aggregated into view, edit and admin) and for the
+controller (it watches them for triggers)."""
 
 
 def aggregated_cluster_roles() -> list[dict[str, Any]]:
@@ -29,6 +38,7 @@ def aggregated_cluster_roles() -> list[dict[str, Any]]:
                 {"apiGroups": [GROUP], "resources": _RESOURCES, "verbs": verbs},
                 {"apiGroups": [GROUP], "resources": [f"{r}/status" for r in _RESOURCES],
                  "verbs": ["get", "list", "watch"]},
+                FLUX_SOURCE_RULE,
             ],
         }
 
@@ -42,9 +52,10 @@ def aggregated_cluster_roles() -> list[dict[str, Any]]:
 def controller_cluster_role(name: str = "stageset-controller") -> dict[str, Any]:
     """The controller's own rights in multi-tenant mode (the Helm chart's ClusterRole).
 
-    Impersonate ServiceAccounts; read and watch our kinds; write their status and
-    finalizers; events.  No write to any other kind, no Secret or
-    ConfigMap read: everything a tenant's StageSet does goes through impersonation.
+    Impersonate ServiceAccounts; read and watch our kinds and Flux's source kinds (triggers only:
+    a stage's source is read again as the tenant); write our status and finalizers; events.  No
+    write to any other kind, no Secret or ConfigMap read: everything a tenant's StageSet does goes
+    through impersonation.
     """
     return {
         "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -61,7 +72,7 @@ CONTROLLER_RULES: list[dict[str, Any]] = [
      "resources": ["stagesets/status", "gitrepositories/status", "stagesets/finalizers"],
      "verbs": ["get", "patch", "update"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
-
+    FLUX_SOURCE_RULE,
 ]
 
 # Leader election: the release's Lease, granted by a Role in the release namespace only (the

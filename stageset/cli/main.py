@@ -30,6 +30,7 @@ from typing import Any
 import click
 
 from sources import Limits
+from sources.limits import ArtifactLimits
 from stageset.api.crd import KINDS, custom_resource_definition, render
 from stageset.build import BuildLimits
 from stageset.cli import process
@@ -53,7 +54,8 @@ from stageset.cli.trace import trace
 from stageset.controller import logs
 from stageset.controller.manager import Manager
 from stageset.controller.metrics import Metrics
-from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL, ControllerSettings
+from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL, ArtifactSettings, ControllerSettings
+from stageset.controller.sourcekinds import DefaultSourceKind
 from stageset.kube.client import ClientPool
 
 __all__ = ["controller", "kubectl_plugin", "main", "parse_duration_option", "parse_size"]
@@ -116,8 +118,27 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         max_teardown_wait=float(params.get("max_teardown_wait", 3600.0)),
         resync_period=max(1.0, float(params.get("resync_period", 300.0))),
         runbook_base_url=str(params.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL)),
+        default_source_kind=DefaultSourceKind(params.get("default_source_kind")
+                                              or DefaultSourceKind.GIT_REPOSITORY),
+        artifacts=artifact_settings(params),
     )
     return dataclasses.replace(settings, mirror_dir=Path(mirror_dir)) if mirror_dir else settings
+
+
+def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
+    """``--artifact-*`` flags; unset ones keep :class:`ArtifactSettings`' defaults."""
+    known, limits = ArtifactSettings(), ArtifactLimits()
+    directory = params.get("artifact_dir") or tempfile.mkdtemp(prefix="stageset-artifacts-")
+    return ArtifactSettings(
+        directory=Path(directory),
+        max_bytes=params.get("artifact_cache_max_size") or known.max_bytes,
+        timeout=float(params.get("artifact_timeout") or known.timeout),
+        discovery_interval=max(1.0, float(params.get("flux_discovery_interval") or known.discovery_interval)),
+        limits=ArtifactLimits(
+            max_download_bytes=int(params.get("artifact_max_size") or limits.max_download_bytes),
+            max_unpacked_bytes=int(params.get("artifact_max_unpacked_size") or limits.max_unpacked_bytes),
+            max_file_bytes=int(params.get("artifact_max_file_size") or limits.max_file_bytes),
+            max_files=int(params.get("artifact_max_files") or limits.max_files)))
 
 
 @main.command()
@@ -140,7 +161,8 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
 @click.option("--mirror-max-size", default="", type=SIZE, help="Evict least recently used Git mirrors "
               "past this size, a Kubernetes quantity such as 2Gi (default: unbounded).")
 @click.option("--allow-insecure-sources", is_flag=True, default=False,
-              help="Development only: allow plain http:// Git URLs (credentials in clear text).")
+              help="Development only: allow plain http:// Git URLs (credentials in clear text), and "
+              "artifact downloads from loopback, link-local and metadata addresses.")
 @click.option("--allow-local-sources", is_flag=True, default=False,
               help="Single-tenant only: allow file:// Git URLs and local paths (never the "
               "controller's own mirrors or system paths).")
@@ -154,6 +176,28 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
               help="Most bytes (unpacked) one Git fetch may bring.")
 @click.option("--default-interval", default="10m", show_default=True, type=DURATION,
               help="How often to reconcile a StageSet that leaves spec.interval out.")
+@click.option("--default-source-kind", default=DefaultSourceKind.GIT_REPOSITORY.value, show_default=True,
+              type=click.Choice([k.value for k in DefaultSourceKind]), envvar="STAGESET_DEFAULT_SOURCE_KIND",
+              help="What a stage's sourceRef without kind names: our GitRepository, or Flux's "
+              "ExternalArtifact (the reference controller's meaning; an omitted apiVersion is then "
+              "source.toolkit.fluxcd.io/v1 for every kind).")
+@click.option("--artifact-dir", type=click.Path(file_okay=False), default=None,
+              help="Where verified Flux artifacts are kept (default: a temporary directory).")
+@click.option("--artifact-cache-max-size", default="1Gi", show_default=True, type=SIZE,
+              help="Delete least recently read artifacts past this size on disk.")
+@click.option("--artifact-max-size", default="100Mi", show_default=True, type=SIZE,
+              help="Largest artifact (the compressed file) a download accepts.")
+@click.option("--artifact-max-unpacked-size", default="100Mi", show_default=True, type=SIZE,
+              help="Most bytes an artifact's files may hold together, unpacked.")
+@click.option("--artifact-max-file-size", default="10Mi", show_default=True, type=SIZE,
+              help="Largest file an artifact may hold.")
+@click.option("--artifact-max-files", default=10_000, show_default=True, type=click.IntRange(min=1),
+              help="Most entries (files, directories, links) an artifact may hold.")
+@click.option("--artifact-timeout", default="60s", show_default=True, type=DURATION,
+              help="How long one artifact download (every redirect included) may take.")
+@click.option("--flux-discovery-interval", default="30s", show_default=True, type=DURATION,
+              help="How often to look for Flux source kinds to watch (a CRD installed after start is "
+              "watched within this time, or at once when a StageSet names it).")
 @click.option("--max-teardown-wait", default="1h", show_default=True, type=DURATION,
               help="Release a deleted StageSet whose objects cannot be removed after this long.")
 @click.option("--resync-period", default="5m", show_default=True, type=DURATION,

@@ -48,6 +48,7 @@ from stageset.cli.render import (
     stageset_from_file,
 )
 from stageset.cli.session import CliError, ExitCode, Session, cluster_options, dump, echo
+from stageset.controller.sourcekinds import DefaultSourceKind
 from stageset.controller.stageset.rendering import identify
 from stageset.controller.stageset.targets import Target, Targets
 from stageset.kube.client import LOCAL, ApiError, Identity, KubeClient
@@ -80,9 +81,15 @@ def _load(session: Session, name: str | None, file: str | None) -> tuple[StageSe
 
 
 def _source_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option("--default-source-kind", type=click.Choice([k.value for k in DefaultSourceKind]),
+                           default=DefaultSourceKind.GIT_REPOSITORY.value, show_default=True,
+                           envvar="STAGESET_DEFAULT_SOURCE_KIND",
+                           help="What an omitted sourceRef.kind means: set it as the controller's "
+                           "--default-source-kind is set.")(command)
     command = click.option("--source-dir", "source_dirs", multiple=True, metavar="[SOURCE=]DIR",
-                           help="Read the sources from a local checkout instead of Git: DIR for every "
-                           "source, or SOURCE=DIR per GitRepository name (repeatable).")(command)
+                           help="Read the sources from a local checkout instead of Git or an artifact: DIR "
+                           "for every source, or SOURCE=DIR per source name (repeatable); the way out "
+                           "when an artifact URL is reachable only inside the cluster.")(command)
     return click.option("-f", "--file", type=click.Path(exists=True, dir_okay=False), default=None,
                         help="Take the StageSet from this file instead of the cluster.")(command)
 
@@ -102,7 +109,7 @@ def _stage_header(rendered: RenderedStage) -> str:
               help="Print Secret values and values substituted from Secrets (masked by default).")
 @cluster_options(outputs=("yaml", "json"))
 def build(session: Session, name: str | None, file: str | None, source_dirs: tuple[str, ...],
-          show_secrets: bool) -> None:
+          default_source_kind: str, show_secrets: bool) -> None:
     """Render every stage of a StageSet as the controller would: manifests with substitutions.
 
     \b
@@ -114,7 +121,7 @@ def build(session: Session, name: str | None, file: str | None, source_dirs: tup
     local = file is not None and bool(sources)
     stageset, _ = _load(session, name, file)
     renderer = Renderer(session=None if local else session, sources=sources, mirror_dir=_mirror_dir(),
-                        warn=_warn)
+                        warn=_warn, default_source_kind=DefaultSourceKind(default_source_kind))
     stages = renderer.render(stageset)
 
     def shown(obj: KubeObject) -> KubeObject:
@@ -290,7 +297,8 @@ class Differ:
 @click.argument("name", required=False)
 @_source_options
 @cluster_options(outputs=("diff", "yaml", "json"))
-def diff(session: Session, name: str | None, file: str | None, source_dirs: tuple[str, ...]) -> None:
+def diff(session: Session, name: str | None, file: str | None, source_dirs: tuple[str, ...],
+         default_source_kind: str) -> None:
     """Show what applying a StageSet would change: a server-side dry-run as its ServiceAccount,
     and what prune would delete, as a unified diff (Secret values masked).
 
@@ -310,7 +318,8 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
             live = read_stageset(session, str(stageset.metadata["name"]))
         except CliError:
             live = None  # a new StageSet: nothing to prune
-    renderer = Renderer(session=session, sources=sources, mirror_dir=_mirror_dir(), warn=_warn)
+    renderer = Renderer(session=session, sources=sources, mirror_dir=_mirror_dir(), warn=_warn,
+                        default_source_kind=DefaultSourceKind(default_source_kind))
     differ = Differ(session=session, renderer=renderer, stageset=stageset)
     rendered = renderer.render(stageset)
     target = differ.target()

@@ -5,7 +5,12 @@ Where the files come from:
 - ``--source-dir [NAME=]DIR``: a local checkout (the source's root); no Git, and with ``-f``
   no cluster at all;
 - otherwise the GitRepository each stage names, at the revision in its status (what the
-  controller last fetched), fetched into a mirror under ``~/.cache/stageset/cli-mirrors``.
+  controller last fetched), fetched into a mirror under ``~/.cache/stageset/cli-mirrors``;
+- or, for a Flux source (or a producer's ExternalArtifact), the artifact its status names,
+  downloaded from this machine into ``~/.cache/stageset/cli-artifacts`` and verified exactly as
+  the controller verifies it (digest first, bounded unpacking, unsafe entries refused).  An
+  artifact URL this machine cannot reach (source-controller serves it inside the cluster) fails
+  with a message that says so; ``--source-dir NAME=DIR`` is the way out.
 
 Identity — the controller's rules (:mod:`stageset.controller.identity`), so the output is what
 the controller would render and apply:
@@ -37,6 +42,11 @@ import yaml
 from pydantic import ValidationError
 
 from sources import Credentials, Limits, MirrorStore, RefSelector, SourceError, UrlPolicy
+from sources.addresses import AddressGuard
+from sources.artifacts import ArtifactStore
+from sources.digests import Digest
+from sources.download import display
+from sources.errors import TransferError
 from stageset.api import GitRepository, Stage, StageSet
 from stageset.apply.errors import StageError
 from stageset.build import BuildError, VariableSource, merge_variables, prepare, render
@@ -45,7 +55,8 @@ from stageset.controller.gitrepository import credentials_from, secret_values
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS
 from stageset.controller.redact import MASK, Redactor
-from stageset.controller.stageset.reads import TenantReads
+from stageset.controller.sourcekinds import DefaultSourceKind
+from stageset.controller.stageset.reads import ArtifactSource, TenantReads
 from stageset.controller.status import validation_message
 from stageset.kube.client import ApiError, Identity, KubeClient
 from stageset.kube.types import KubeObject
@@ -89,7 +100,7 @@ def read_directory(root: Path, unreadable: dict[str, str] | None = None) -> dict
 
 @dataclass(frozen=True)
 class SourceDirs:
-    """``--source-dir`` values: ``DIR`` (every source) or ``NAME=DIR`` (the GitRepository NAME)."""
+    """``--source-dir`` values: ``DIR`` (every source) or ``NAME=DIR`` (the source named NAME)."""
 
     default: Path | None = None
     named: Mapping[str, Path] = field(default_factory=dict)
@@ -177,14 +188,17 @@ class Renderer:
     """Renders every stage of one StageSet, as :mod:`stageset.controller.stageset.rendering` would."""
 
     def __init__(self, *, session: Session | None, sources: SourceDirs, mirror_dir: Path,
-                 warn: Callable[[str], None]):
+                 warn: Callable[[str], None],
+                 default_source_kind: DefaultSourceKind = DefaultSourceKind.GIT_REPOSITORY):
         self._session = session
         self._sources = sources
         self._mirror_dir = mirror_dir
         self._warn = warn
         self._store: MirrorStore | None = None
+        self._artifacts: ArtifactStore | None = None
         self._checked: set[Identity] = set()
-        self._reads = TenantReads(stagesets=STAGESETS, sources=GITREPOSITORIES, no_cross_namespace_refs=False)
+        self._reads = TenantReads(stagesets=STAGESETS, sources=GITREPOSITORIES, no_cross_namespace_refs=False,
+                                  default_source_kind=default_source_kind)
         self.redactor = Redactor()
 
     def client(self, identity: Identity) -> KubeClient:
@@ -225,6 +239,8 @@ class Renderer:
         namespace = str(stageset.metadata["namespace"])
         client = self.client(POLICY.for_stage(stageset, stage))
         source = self._reads.source(client, stage, namespace)
+        if isinstance(source, ArtifactSource):
+            return self._artifact_root(stage, source, unreadable), source.revision
         raw = client.get(GITREPOSITORIES.object_path(name=stage.source_ref.name,
                                                      namespace=stage.source_ref.namespace or namespace))
         try:
@@ -239,6 +255,33 @@ class Renderer:
                     timeout=120, consumer=consumer)
         return store.read_tree(source.url, commit=source.commit, path="./", ignore=source.ignore,
                                consumer=consumer, unreadable=unreadable), source.revision
+
+    def _artifact_root(self, stage: Stage, source: ArtifactSource,
+                       unreadable: dict[str, str]) -> dict[str, bytes]:
+        """The artifact, downloaded from this machine and verified as the controller does."""
+        try:
+            digest = Digest.parse(source.digest)
+            store = self._artifact_store()
+            store.fetch(source.url, digest, timeout=120)
+            tree = store.read(digest)
+        except TransferError as error:
+            raise CliError(
+                f"stage {stage.name!r}: {source.what}: cannot download its artifact from this machine "
+                f"({error}); {display(source.url)} is probably reachable only inside the cluster (Flux's "
+                f"source-controller serves it there): build from a checkout with --source-dir "
+                f"{stage.source_ref.name}=DIR") from None
+        except SourceError as error:
+            raise CliError(f"stage {stage.name!r}: {source.what}: {error}") from None
+        unreadable.update(tree.unreadable)
+        return dict(tree.files)
+
+    def _artifact_store(self) -> ArtifactStore:
+        if self._artifacts is None:
+            # From the user's machine: any address the user can reach (a port-forward on loopback
+            # included); the digest, the bounds and the archive checks are the controller's.
+            self._artifacts = ArtifactStore(root=self._mirror_dir.parent / "cli-artifacts",
+                                            guard=AddressGuard(allow_insecure=True), max_bytes=2**30)
+        return self._artifacts
 
     def _mirror(self) -> MirrorStore:
         if self._store is None:

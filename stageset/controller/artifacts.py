@@ -1,17 +1,207 @@
-"""Shared by both reconcilers: whom the Git mirror serves a GitRepository's commits to.
+"""Artifacts for StageSets: downloads run in the source pool, StageSets wait for them and are woken.
 
-The GitRepository reconciler fetches as that consumer; the StageSet reconciler reads only
-commits served to the GitRepository its stage names.  Kept here, not in either reconciler,
-so the two stay independent of each other (an import-linter contract).  Pure.
+Identity: downloads carry no identity at all (Flux serves artifacts without credentials); the
+URL and digest come from a source object the *tenant* read
+(:mod:`~stageset.controller.stageset.reads`), and a tree is handed to a stage only for the digest
+its own read named (:class:`sources.artifacts.ArtifactStore`).
+
+How a stage gets its tree (:meth:`ArtifactFetcher.tree`, called while rendering):
+
+* stored already (the same digest, downloaded for anyone): read it — no download, and the
+  render cache keyed by the digest skips the build too;
+* not stored: a download job is queued in the **source pool** — the pool that fetches Git, with
+  its per-namespace cap, keyed by the StageSet's namespace — and the stage waits
+  (``ArtifactNotFound``, phase Pending: objects kept, nothing pruned).  A StageSet worker never
+  waits on an artifact server, and one tenant's slow or hostile server holds at most its own
+  namespace's share of the source pool.  When the job ends the StageSets naming the source are
+  requeued at once (:attr:`wake`).
+* a download that failed for a reason retrying cannot fix — digest mismatch, an unsafe or
+  oversized archive, a refused address, an unverifiable digest — fails the stage with that
+  reason and is **not retried until the source names another artifact** (another digest or URL);
+* a failure that may pass (connection, HTTP status, time limit) is retried with the source
+  pool's backoff while StageSets still ask for it, and the stage waits meanwhile, saying why.
+
+A source in another namespace than the StageSet is reported without its URL or the server's
+words (``cross_namespace``).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import hashlib
+import logging
+import threading
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from sources.archive import ArchiveError
+from sources.artifacts import ArtifactStore, NotStoredError
+from sources.digests import Digest, DigestError, DigestMismatchError
+from sources.download import display
+from sources.errors import (
+    LimitExceededError,
+    SourceError,
+    TransferError,
+    UnsafePathError,
+    UrlPolicyError,
+)
+from stageset.api.vocabulary import Reason
+from stageset.apply.errors import StageError
+from stageset.controller.rendercache import SourceRoot
+from stageset.controller.result import Result
+from stageset.controller.sourcekinds import SourceObject
+from stageset.controller.stageset.reads import ArtifactSource
+
+log = logging.getLogger(__name__)
+
+JOB_KIND = "Artifact"
+"""The work-queue kind of download jobs (``(JOB_KIND, namespace, job)`` keys in the source pool)."""
+_TERMINAL = (DigestError, DigestMismatchError, UnsafePathError, LimitExceededError, ArchiveError,
+             UrlPolicyError)
+_WANTED_FOR = 600.0
+"""A failing download is retried only while a StageSet asked for it within this many seconds."""
+_MAX_FAILURES = 1024
 
 
-def artifact_consumer(metadata: Mapping[str, Any]) -> str:
-    """Who a GitRepository's commits are served to in the shared mirror: this object (by
-    uid), so a reader can only read what this GitRepository itself was served."""
-    return f"{metadata['namespace']}/{metadata['name']}/{metadata.get('uid', '')}"
+@dataclass(frozen=True)
+class Failure:
+    terminal: bool
+    message: str
+    """What went wrong, with the URL (shown only for sources of the StageSet's own namespace)."""
+    scrubbed: str
+    """The same without the URL or the server's words."""
+
+
+@dataclass
+class _Job:
+    digest: Digest
+    url: str
+    wanted: float
+    origins: set[SourceObject] = field(default_factory=set)
+
+
+def job_name(digest: Digest, url: str) -> str:
+    return f"{digest.key[:23]}-{hashlib.sha256(url.encode()).hexdigest()[:12]}"
+
+
+class ArtifactFetcher:
+    def __init__(self, *, store: ArtifactStore, timeout: float, schedule: Callable[[str, str], None],
+                 wake: Callable[[set[SourceObject]], None], clock: Callable[[], float] = time.monotonic,
+                 stop: threading.Event | None = None):
+        self.store = store
+        self._stop = stop
+        self._timeout = timeout
+        self._schedule = schedule
+        """``schedule(namespace, job)``: queue the job in the source pool."""
+        self.wake = wake
+        """``wake(origins)``: requeue the StageSets naming these source objects."""
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._jobs: dict[tuple[str, str], _Job] = {}
+        self._failures: OrderedDict[tuple[str, str], Failure] = OrderedDict()
+
+    # -- rendering side (StageSet workers) ---------------------------------------------------------
+
+    def require(self, source: ArtifactSource, *, stage: str, requester: str) -> Digest:
+        """Return once the source's artifact is stored; else :class:`StageError` — waiting (a download
+        is queued) or failed.  Never downloads here."""
+        what = f"stage {stage!r}: {source.what}"
+        try:
+            digest = Digest.parse(source.digest)
+        except DigestError as error:
+            raise StageError(Reason.STAGE_FAILED, f"{what}: {error}") from None
+        if self.store.has(digest):
+            return digest
+        name = job_name(digest, source.url)
+        with self._lock:
+            failure = self._failures.get((digest.key, source.url))
+            fresh = False
+            if failure is None or not failure.terminal:
+                job = self._jobs.get((requester, name))
+                if job is None:
+                    fresh = True
+                    job = self._jobs[(requester, name)] = _Job(digest=digest, url=source.url,
+                                                               wanted=self._clock())
+                job.wanted = self._clock()
+                job.origins.add(source.origin)
+        told = "" if failure is None else failure.scrubbed if source.cross_namespace else failure.message
+        if failure is not None and failure.terminal:
+            raise StageError(Reason.STAGE_FAILED, f"{what}: artifact {source.revision}: {told}")
+        if fresh:
+            self._schedule(requester, name)
+        if failure is not None:
+            raise StageError(Reason.ARTIFACT_NOT_FOUND, f"{what}: artifact {source.revision} cannot be "
+                             f"downloaded yet: {told}; retrying with backoff")
+        raise StageError(Reason.ARTIFACT_NOT_FOUND, f"{what}: downloading artifact {source.revision}")
+
+    def tree(self, source: ArtifactSource, *, stage: str, requester: str) -> SourceRoot:
+        """The source's files (read from the store), or :class:`StageError` as :meth:`require`."""
+        digest = self.require(source, stage=stage, requester=requester)
+        try:
+            unpacked = self.store.read(digest)
+        except NotStoredError:
+            # Evicted since: queue it again.
+            return self.tree(source, stage=stage, requester=requester)
+        return SourceRoot(files=unpacked.files, unreadable=unpacked.unreadable)
+
+    # -- the source pool's side ---------------------------------------------------------------------
+
+    def run(self, namespace: str, name: str) -> Result:
+        """One download job; ``backoff=True`` to be retried (a transient failure still wanted)."""
+        with self._lock:
+            job = self._jobs.get((namespace, name))
+        if job is None:
+            return Result()
+        key = (job.digest.key, job.url)
+        try:
+            stored = self.store.fetch(job.url, job.digest, timeout=self._timeout, cancel=self._stop)
+        except _TERMINAL as error:
+            log.warning("artifact %s from %s refused: %s", job.digest, display(job.url), error)
+            self._finish(namespace, name, job, Failure(True, str(error), _scrubbed(error)))
+            return Result()
+        except (TransferError, SourceError, OSError) as error:
+            message = str(error) if isinstance(error, SourceError) else f"{type(error).__name__}: {error}"
+            log.warning("artifact %s from %s not downloaded: %s", job.digest, display(job.url), message)
+            with self._lock:
+                self._remember(key, Failure(False, message, "the artifact server cannot be reached"))
+                wanted = self._clock() - job.wanted < _WANTED_FOR
+                if not wanted:
+                    self._jobs.pop((namespace, name), None)
+                origins = set(job.origins)
+            self.wake(origins)
+            return Result(backoff=True) if wanted else Result()
+        if stored.downloaded:
+            log.info("artifact %s downloaded (%d bytes stored)", job.digest, stored.size)
+        self._finish(namespace, name, job, None)
+        return Result()
+
+    def _finish(self, namespace: str, name: str, job: _Job, failure: Failure | None) -> None:
+        with self._lock:
+            key = (job.digest.key, job.url)
+            if failure is None:
+                self._failures.pop(key, None)
+            else:
+                self._remember(key, failure)
+            self._jobs.pop((namespace, name), None)
+            origins = set(job.origins)
+        self.wake(origins)
+
+    def _remember(self, key: tuple[str, str], failure: Failure) -> None:
+        self._failures[key] = failure
+        self._failures.move_to_end(key)
+        while len(self._failures) > _MAX_FAILURES:
+            self._failures.popitem(last=False)
+
+
+def _scrubbed(error: BaseException) -> str:
+    """A refusal described without the URL or anything the server sent."""
+    if isinstance(error, DigestError):
+        return "its digest cannot be verified"
+    if isinstance(error, DigestMismatchError):
+        return "digest mismatch: the downloaded file is not the one status.artifact.digest names"
+    if isinstance(error, UrlPolicyError):
+        return "its URL is refused by this controller's address guard or URL policy"
+    if isinstance(error, LimitExceededError):
+        return "it exceeds this controller's artifact limits"
+    return "it is not a safe, readable tarball"

@@ -39,8 +39,8 @@ from stageset.api import Artifact, GitRepository, GitRepositoryStatus, duration_
 from stageset.api.vocabulary import EventReason, EventType, Reason
 from stageset.apply.errors import StageError
 from stageset.controller import logs
-from stageset.controller.artifacts import artifact_consumer as artifact_consumer  # re-exported
 from stageset.controller.clock import Clock, system_clock
+from stageset.controller.consumers import artifact_consumer as artifact_consumer  # re-exported
 from stageset.controller.events import EventRecorder
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics

@@ -10,6 +10,12 @@ namespace), so a sharded release never needs cluster-wide list rights.
 Objects in the watch cache are read-only: each reconcile works on its own copy, and its own
 writes reach the manager as values (``on_write``), kept until the watch has caught up with them.
 
+Flux sources: :class:`~stageset.controller.fluxwatch.FluxWatches` watches the Flux source kinds the
+apiserver serves (as the controller, for triggers only); artifact downloads are jobs
+(``Artifact`` keys) of the source pool (:mod:`stageset.controller.artifacts`).  A source whose
+artifact or readiness changes — ours or Flux's — requeues exactly the StageSets whose stages name
+it (:func:`~stageset.controller.sourcekinds.referenced`).
+
 Observability hooks live here once for both kinds: every watch event updates the object's
 metrics (and a deletion removes them), every reconcile runs with its log fields bound
 (:mod:`stageset.controller.logs`), is counted and timed (:mod:`stageset.controller.metrics`),
@@ -26,19 +32,24 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from sources import MirrorStore, UrlPolicy
+from sources.addresses import AddressGuard
+from sources.artifacts import ArtifactStore
 from stageset.api import GROUP, VERSION
 from stageset.api.vocabulary import EventType, Reason
 from stageset.controller import logs
+from stageset.controller.artifacts import JOB_KIND, ArtifactFetcher
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder, ready_condition, ready_transition
+from stageset.controller.fluxwatch import FluxWatches
 from stageset.controller.health import Lifecycle
 from stageset.controller.metrics import Metrics
 from stageset.controller.queue import Backoff, WorkQueue
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
+from stageset.controller.sourcekinds import FLUX_GROUP, OUR_GROUP, SourceObject, referenced, trigger
 from stageset.controller.status import requested_at
 from stageset.controller.wiring import Shared, Store, reconcilers
 from stageset.kube.client import ClientPool, UnreachableError
@@ -118,17 +129,29 @@ class Manager:
         # Per object: the status our last reconcile left, at the resourceVersion it made, until
         # the watch catches up (see :meth:`_with_own_status`).
         self._written: dict[Key, tuple[int, Any]] = {}
+        # Per GitRepository: its artifact and readiness as last seen (a change wakes its StageSets).
+        self._source_states: dict[Key, tuple[Any, ...]] = {}
         admin = clients.client()
         self._store: Store = store or self._mirror_store(settings)
         if isinstance(self._store, MirrorStore):
             self.metrics.mirror(self._store.disk_usage)
         self.events = EventRecorder(admin, clock=clock)
         self._index = DependencyIndex()
+        self.artifacts = ArtifactFetcher(
+            store=ArtifactStore(root=settings.artifacts.directory, limits=settings.artifacts.limits,
+                                guard=AddressGuard(allow_insecure=settings.allow_insecure_sources),
+                                max_bytes=settings.artifacts.max_bytes),
+            timeout=settings.artifacts.timeout, wake=self._wake, stop=self.stop,
+            schedule=lambda namespace, job: self._enqueue((JOB_KIND, namespace, job)))
+        self.flux = FluxWatches(client=admin, namespaces=settings.watch_namespaces, stop=self.stop,
+                                on_change=self._wake, resync=settings.resync_period,
+                                interval=settings.artifacts.discovery_interval)
         shared = Shared(clients=clients, settings=settings, events=self.events, metrics=self.metrics,
                         clock=clock, on_write=self._wrote)
         wired = reconcilers(shared,
                             store=self._store, stagesets=STAGESETS, gitrepositories=GITREPOSITORIES,
-                            index=self._index, stop=self.stop, on_revision=self._revision_changed)
+                            index=self._index, stop=self.stop, on_revision=self._revision_changed,
+                            artifacts=self.artifacts)
         self._stagesets, self._git = wired.stagesets, wired.gitrepositories
         self._reflectors: list[Reflector] = []
         for namespace in settings.watch_namespaces or (None,):
@@ -159,6 +182,7 @@ class Manager:
                     self._stagesets.forget(key[1], key[2])
                 else:
                     self._index.update(ref, self._dependencies(key[1], obj))
+                    self._poke_flux(obj)
             if event == "DELETED":
                 self.metrics.forget(key)
                 self.events.forget(key[1], key[2])
@@ -180,6 +204,8 @@ class Manager:
                     self._seen[key] = now
             if now is not None and (before is None or before[0] != now[0]):
                 self._enqueue(key)
+            if kind == "GitRepository":
+                self._source_changed(key, None if event == "DELETED" else obj)
             if kind == "StageSet" and (before is None or now is None or before[1] != now[1]):
                 # Event-driven: a dependency turning (un)Ready wakes its dependents at once.
                 for namespace, name in self._index.dependents((key[1], key[2])):
@@ -196,18 +222,41 @@ class Manager:
 
     def _revision_changed(self, namespace: str, name: str, revision: str) -> None:
         log.info("GitRepository %s/%s now at %s", namespace, name, revision)
+        self._wake({SourceObject(OUR_GROUP, "GitRepository", namespace, name)})
+
+    def _wake(self, sources: set[SourceObject]) -> None:
+        """Requeue exactly the StageSets whose stages name one of ``sources``."""
+        default = self._settings.default_source_kind
         with self._lock:
-            dependents = [key for key, obj in self._objects.items() if key[0] == "StageSet"
-                          and any(s.get("sourceRef", {}).get("name") == name
-                                  and s.get("sourceRef", {}).get("namespace", key[1]) == namespace
-                                  for s in obj.get("spec", {}).get("stages", []))]
+            dependents = [key for key, obj in self._objects.items()
+                          if key[0] == "StageSet" and referenced(obj, default) & sources]
         for key in dependents:
             self._enqueue(key)
+
+    def _source_changed(self, key: Key, obj: KubeObject | None) -> None:
+        """Our GitRepository's artifact or readiness changed — a failure too: the StageSets naming it
+        say so now rather than at their next retry."""
+        state = None if obj is None else trigger(obj)
+        with self._lock:
+            before = self._source_states.pop(key, None)
+            if state is not None:
+                self._source_states[key] = state
+        if before is not None and before != state:
+            self._wake({SourceObject(OUR_GROUP, "GitRepository", key[1], key[2])})
+
+    def _poke_flux(self, obj: KubeObject) -> None:
+        """A StageSet naming a Flux kind no watch covers yet: look for it now (its CRD may be new)."""
+        for source in referenced(obj, self._settings.default_source_kind):
+            if source.group == FLUX_GROUP:
+                self.flux.poke(source.kind)
+            elif source.group != OUR_GROUP:
+                self.flux.poke("ExternalArtifact")
 
     # -- workers ------------------------------------------------------------------
 
     def _queue(self, key: Key) -> WorkQueue[Key]:
-        return self._pools[key[0]][0]
+        # Artifact downloads share the source pool (and its per-namespace cap) with Git fetches.
+        return self._pools["GitRepository" if key[0] == JOB_KIND else key[0]][0]
 
     def _enqueue(self, key: Key) -> None:
         self._queue(key).add(key)
@@ -218,6 +267,9 @@ class Manager:
             if key is None:
                 return
             try:
+                if key[0] == JOB_KIND:
+                    self._download(queue, key)
+                    continue
                 with self._lock:
                     obj = self._objects.get(key)
                     obj = None if obj is None else self._with_own_status(key, obj)
@@ -225,6 +277,19 @@ class Manager:
                     self._reconcile(queue, key, obj)
             finally:
                 queue.done(key)
+
+    def _download(self, queue: WorkQueue[Key], key: Key) -> None:
+        """One artifact download job; a transient failure is retried with the key's backoff."""
+        try:
+            result = self.artifacts.run(key[1], key[2])
+        except Exception:  # never lose a worker to a download
+            log.exception("artifact download %s/%s failed", key[1], key[2])
+            queue.add_rate_limited(key)
+            return
+        if result.backoff:
+            queue.add_rate_limited(key)
+        else:
+            queue.forget(key)
 
     def _with_own_status(self, key: Key, obj: KubeObject) -> KubeObject:
         """``obj`` from the watch cache, with the status our last reconcile of it wrote if the
@@ -331,6 +396,7 @@ class Manager:
             self.lifecycle.start()
         for reflector in self._reflectors:
             reflector.start()
+        self.flux.start()
         if self.lifecycle:
             # Caches synced, then the Lease held; returns False at once when stopped meanwhile.
             if not self.lifecycle.before_workers([r.synced for r in self._reflectors]):

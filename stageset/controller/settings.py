@@ -6,18 +6,37 @@ each part to what reads it (``apply`` to every apply engine, for example).
 
 from __future__ import annotations
 
+import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from sources import Limits
+from sources.limits import ArtifactLimits
 from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
+from stageset.controller.sourcekinds import DefaultSourceKind
 
 # Where each condition reason's runbook lives: ``<base>/<reason in lower case>/`` (the docs site's
 # runbooks/ section, built by ``make docs``).  Operators who host the docs elsewhere set
 # ``--runbook-base-url``; an empty base leaves messages without links.
 DEFAULT_RUNBOOK_BASE_URL = "https://stages.metio.wtf/runbooks/"
+
+
+@dataclass(frozen=True)
+class ArtifactSettings:
+    """Flux artifacts: where verified trees are kept, how much they may cost, how long a download may take."""
+
+    directory: Path = field(
+        default_factory=lambda: Path(tempfile.gettempdir()) / f"stageset-artifacts-{os.getpid()}")
+    # Past this many bytes on disk, least recently read artifacts are deleted.
+    max_bytes: int | None = 1024 * 1024 * 1024
+    limits: ArtifactLimits = field(default_factory=ArtifactLimits)
+    # One download, every redirect included, ends after this many seconds.
+    timeout: float = 60.0
+    # Discovery of Flux's source kinds (watches for CRDs installed after start) runs this often,
+    # and at once when a StageSet names a kind no watch covers.
+    discovery_interval: float = 30.0
 
 
 @dataclass(frozen=True)
@@ -66,6 +85,10 @@ class ControllerSettings:
     runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL
     # The apply engine's own settings (parallelism within a stage, polling, CRD and delete waits).
     apply: ApplySettings = field(default_factory=ApplySettings)
+    # What an omitted sourceRef.kind means: our GitRepository, or (the reference's meaning) Flux's
+    # ExternalArtifact.
+    default_source_kind: DefaultSourceKind = DefaultSourceKind.GIT_REPOSITORY
+    artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
 
     def namespace_cap(self, pool: int) -> int:
         """How many of a pool's ``pool`` workers one namespace may hold at once."""

@@ -37,7 +37,7 @@ from stageset.controller.stageset.passes import PassRunner
 from stageset.controller.stageset.reads import AccountCheck, TenantReads
 from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.records import Records
-from stageset.controller.stageset.rendering import Renderer, SourceTrees
+from stageset.controller.stageset.rendering import ArtifactTrees, Renderer, SourceTrees
 from stageset.controller.stageset.stage import StageApply
 from stageset.controller.stageset.targets import Targets
 from stageset.controller.stageset.teardown import Teardown
@@ -72,7 +72,8 @@ class Reconcilers:
 
 
 def reconcilers(shared: Shared, *, store: Store, stagesets: Resource, gitrepositories: Resource,
-                index: DependencyIndex, stop: threading.Event, on_revision: RevisionListener) -> Reconcilers:
+                index: DependencyIndex, stop: threading.Event, on_revision: RevisionListener,
+                artifacts: ArtifactTrees | None = None) -> Reconcilers:
     """Both reconcilers, sharing one identity policy."""
     identities = IdentityPolicy(cluster_admin=shared.settings.cluster_admin)
     git = GitRepositoryReconciler(clients=shared.clients, store=store, resource=gitrepositories,
@@ -81,18 +82,19 @@ def reconcilers(shared: Shared, *, store: Store, stagesets: Resource, gitreposit
                                   runbook_base_url=shared.settings.runbook_base_url, on_write=shared.on_write)
     return Reconcilers(stagesets=stageset_reconciler(shared, identities=identities, store=store,
                                                      resource=stagesets, source_resource=gitrepositories,
-                                                     index=index, stop=stop),
+                                                     index=index, stop=stop, artifacts=artifacts),
                        gitrepositories=git)
 
 
 def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: SourceTrees, resource: Resource,
-                        source_resource: Resource, index: DependencyIndex, stop: threading.Event
-                        ) -> StageSetReconciler:
+                        source_resource: Resource, index: DependencyIndex, stop: threading.Event,
+                        artifacts: ArtifactTrees | None = None) -> StageSetReconciler:
     """The StageSet reconciler and everything it works with."""
     clients, settings = shared.clients, shared.settings
     accounts = AccountCheck(clients=clients, controller_reads_accounts=settings.cluster_admin)
     reads = TenantReads(stagesets=resource, sources=source_resource,
-                        no_cross_namespace_refs=settings.no_cross_namespace_refs, accounts=accounts)
+                        no_cross_namespace_refs=settings.no_cross_namespace_refs, accounts=accounts,
+                        default_source_kind=settings.default_source_kind)
     cel = CelSandbox(settings.apply.cel)
     local = StageApplier(mapper=RestMapper(clients.client()), settings=settings.apply)
     targets = Targets(clients=clients, settings=settings.apply, local=local, accounts=accounts)
@@ -102,7 +104,7 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
         clients=clients, identities=identities, records=records, changes=changes, settings=settings,
         # At most one kustomize build per worker at once: the pod's memory is sized for that.
         renderer=Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits,
-                          cache=RenderCache(max_builds=settings.workers)),
+                          cache=RenderCache(max_builds=settings.workers), artifacts=artifacts),
         stages=StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
                           stop=stop, sandbox=cel, accounts=accounts))
     teardown = Teardown(clients=clients, identities=identities, targets=targets, events=shared.events,

@@ -1,8 +1,9 @@
 """``stageset controller`` as a child process, for end-to-end tests and benchmarks.
 
 A real process (not a thread) so that its memory, its signal handling and its
-command line are exactly what a user runs.  Development only: it always allows
-loopback ``http://`` Git servers.
+command line are exactly what a user runs.  Development only: it allows loopback ``http://``
+Git servers and artifact downloads from loopback (``--allow-insecure-sources``) unless
+``insecure=False`` (the address guard's own end-to-end tests).
 """
 
 from __future__ import annotations
@@ -18,14 +19,15 @@ from pathlib import Path
 
 class ControllerProcess:
     def __init__(self, *, kubeconfig: Path, workdir: Path, mirror_dir: Path | None = None,
-                 log_level: str = "debug", extra: Iterable[str] = ()):
+                 log_level: str = "debug", extra: Iterable[str] = (), insecure: bool = True):
         workdir.mkdir(parents=True, exist_ok=True)
         self.log = workdir / "controller.log"
         with self.log.open("wb") as sink:
             self.process = subprocess.Popen(
                 [sys.executable, "-m", "stageset.cli", "controller", "--kubeconfig", str(kubeconfig),
-                 "--allow-insecure-sources", "--mirror-dir", str(mirror_dir or workdir / "mirrors"),
-                 "--log-level", log_level, *extra],
+                 *(["--allow-insecure-sources"] if insecure else []),
+                 "--mirror-dir", str(mirror_dir or workdir / "mirrors"),
+                 "--artifact-dir", str(workdir / "artifacts"), "--log-level", log_level, *extra],
                 stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, "PYTHONUNBUFFERED": "1"},
             )

@@ -102,7 +102,7 @@ def test_design_stagesets_are_accepted_verbatim(crds: list[dict[str, Any]],
     assert app["name"] == "app"
     assert app["path"] == "./"
     assert app["prune"] is True
-    assert app["sourceRef"]["kind"] == "GitRepository"
+    assert "kind" not in app["sourceRef"]  # the controller's --default-source-kind decides
     assert "dependsOn" not in app
     # No interval default: the controller's --default-interval; the reference's 15m timeout.
     assert "interval" not in spec
@@ -131,7 +131,7 @@ def test_apiserver_applies_defaults_but_never_to_stage_depends_on(
             assert each["path"] == "./"
             assert each["prune"] is True
             assert each["force"] is False
-            assert each["sourceRef"] == {"name": "repo", "kind": "GitRepository"}
+            assert each["sourceRef"] == {"name": "repo"}
             assert "timeout" not in each  # inherits spec.timeout in the controller
         assert "dependsOn" not in implicit
         assert explicit_none["dependsOn"] == []

@@ -315,7 +315,9 @@ def test_conflict_policies_fail_recreate_and_keep_existing(
     s.commit({"app/job.yaml": job("migrate:3"), "app/svc.yaml": service(ip[2])})
     s.stageset("conflicts", [{**stage, "conflictPolicy": {"default": "KeepExisting", "rules": [
         {"target": {"kind": "Service", "name": "api"}, "action": "Recreate"}]}}])
-    wait_for(lambda: s.admin.get(svc_path)["spec"]["clusterIP"] == ip[2], what="Service recreated")
+    # get_or_none: between the delete and the create the Service does not exist.
+    wait_for(lambda: ((get_or_none(s.admin, svc_path) or {}).get("spec") or {}).get("clusterIP") == ip[2],
+             what="Service recreated")
     s.wait_ready("conflicts")
     assert s.admin.get(svc_path)["metadata"]["uid"] != svc_uid
     kept_job = s.admin.get(job_path)

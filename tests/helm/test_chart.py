@@ -25,6 +25,9 @@ CONTROLLER_RULE_TABLE = [
     (["stages.metio.wtf"], ["stagesets/status", "gitrepositories/status", "stagesets/finalizers"],
      ["get", "patch", "update"]),
     (["", "events.k8s.io"], ["events"], ["create", "patch"]),
+    # Flux's source kinds, watched for triggers only (read as the tenant when used).
+    (["source.toolkit.fluxcd.io"], ["externalartifacts", "gitrepositories", "ocirepositories", "buckets"],
+     ["get", "list", "watch"]),
 ]
 LEASE_RULE_TABLE = [(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])]
 
@@ -237,6 +240,12 @@ def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> Non
     assert built.kustomize_memory_bytes == 512 * 2**20
     assert len(params["build_limits"]) == len(dataclasses.fields(BuildLimits))
     assert (params["source_workers"], params["git_max_files"]) == (2, 50)
+    # What an omitted sourceRef.kind means: ours by default, the reference's on request.
+    assert controller.make_context("controller", list(controller_args(helm.render()))).params[
+        "default_source_kind"] == "GitRepository"
+    args = controller_args(helm.render("--set", "controller.defaultSourceKind=ExternalArtifact"))
+    params = controller.make_context("controller", list(args)).params
+    assert params["default_source_kind"] == "ExternalArtifact"
 
 
 def test_notes_name_the_mode(helm: Helm) -> None:
@@ -260,6 +269,7 @@ INVALID = [
     ("--set", "controller.workers=0", "/controller/workers"),
     ("--set", "controller.logLevel=loud", "/controller/logLevel"),
     ("--set", "controller.logFormat=xml", "/controller/logFormat"),
+    ("--set", "controller.defaultSourceKind=OCIRepository", "/controller/defaultSourceKind"),
     ("--set", "controller.maxTeardownWait=5", "/controller/maxTeardownWait"),
     ("--set-string", "controller.maxTeardownWait=5", "/controller/maxTeardownWait"),
     ("--set-string", "controller.maxTeardownWait=5 minutes", "/controller/maxTeardownWait"),

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from stageset.controller.artifacts import artifact_consumer
+from stageset.controller.consumers import artifact_consumer
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
 from stageset.controller.identity import IdentityPolicy
@@ -25,6 +25,7 @@ from stageset.controller.metrics import Metrics
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset.reconciler import StageSetReconciler
+from stageset.controller.stageset.rendering import ArtifactTrees
 from stageset.controller.wiring import Shared, stageset_reconciler
 from stageset.kube.types import KubeObject
 from tests.inprocess.fakes import FakeClientPool, FakeCluster, FakeSources
@@ -94,7 +95,7 @@ class World:
         self.pool = FakeClientPool(self.cluster)
         self.reconciler = self.make_reconciler()
 
-    def make_reconciler(self, **settings: Any) -> StageSetReconciler:
+    def make_reconciler(self, *, artifacts: ArtifactTrees | None = None, **settings: Any) -> StageSetReconciler:
         if settings:
             self.settings = ControllerSettings(**{**self.settings.__dict__, **settings})
         shared = Shared(clients=self.pool, settings=self.settings, metrics=Metrics(), clock=self.clock,
@@ -102,7 +103,7 @@ class World:
         identities = IdentityPolicy(cluster_admin=self.settings.cluster_admin)
         return stageset_reconciler(shared, identities=identities,
                                    store=self.sources, resource=STAGESETS, source_resource=GITREPOSITORIES,
-                                   index=self.index, stop=self.stop)
+                                   index=self.index, stop=self.stop, artifacts=artifacts)
 
     # -- Git --------------------------------------------------------------------------------
 

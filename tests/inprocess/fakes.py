@@ -45,6 +45,10 @@ KINDS = [
     ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
     ("stages.metio.wtf/v1", "StageSet", "stagesets", True),
     ("stages.metio.wtf/v1", "GitRepository", "gitrepositories", True),
+    ("source.toolkit.fluxcd.io/v1", "ExternalArtifact", "externalartifacts", True),
+    ("source.toolkit.fluxcd.io/v1", "GitRepository", "gitrepositories", True),
+    ("source.toolkit.fluxcd.io/v1", "OCIRepository", "ocirepositories", True),
+    ("source.toolkit.fluxcd.io/v1", "Bucket", "buckets", True),
 ]
 ALL_VERBS = "get,list,watch,create,apply,patch,delete"
 _VOLATILE = ("resourceVersion", "managedFields", "generation", "uid", "creationTimestamp")
@@ -115,6 +119,8 @@ class FakeCluster:
     down: Exception | None = None
     # Seconds a watch event waits before it is delivered (a loaded apiserver's watch lags).
     watch_lag: float = 0.0
+    # API versions discovery does not list (a CRD not installed yet).
+    unserved: set[str] = field(default_factory=set)
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -225,8 +231,14 @@ class FakeCluster:
 
     def _discovery(self, path: str) -> KubeObject:
         api_version = path.removeprefix("/api/").removeprefix("/apis/")
-        resources = [{"name": plural, "kind": kind, "namespaced": namespaced}
-                     for version, kind, plural, namespaced in KINDS if version == api_version]
+        if api_version in self.unserved:
+            raise ApiError(status=404, reason="NotFound", message=f"{path} not found")
+        resources = [
+            {"name": plural, "kind": kind, "namespaced": namespaced,
+             "verbs": ["get", "list", "watch", "create", "patch", "delete"]}
+            for version, kind, plural, namespaced in KINDS
+            if version == api_version
+        ]
         if not resources:
             raise ApiError(status=404, reason="NotFound", message=f"{path} not found")
         return {"kind": "APIResourceList", "groupVersion": api_version, "resources": resources}
@@ -235,6 +247,7 @@ class FakeCluster:
         wanted = dict(term.split("=", 1) for term in selector.split(",") if term)  # equality terms only
         def listed(path: str, meta: KubeObject) -> bool:
             return (parse_path(path) or parsed).plural == parsed.plural \
+                and (parse_path(path) or parsed).api_version == parsed.api_version \
                 and parsed.namespace in (None, meta.get("namespace")) \
                 and all((meta.get("labels") or {}).get(k) == v for k, v in wanted.items())
 

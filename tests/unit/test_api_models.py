@@ -46,8 +46,8 @@ def test_design_stagesets_parse_verbatim() -> None:
     assert payments.spec.service_account_name == "payments-deployer"
     assert payments.spec.kube_config is None
     (app,) = payments.spec.stages
-    assert (app.name, app.source_ref.name, app.source_ref.kind) == ("app", "payments-app",
-                                                                    "GitRepository")
+    # No kind: the controller's --default-source-kind decides (our GitRepository by default).
+    assert (app.name, app.source_ref.name, app.source_ref.kind) == ("app", "payments-app", None)
     assert platform.spec.service_account_name is None
     assert remote.spec.kube_config == KubeConfigRef(
         secret_ref=SecretKeyRef(name="prod-eu-kubeconfig", key="value"))
@@ -243,7 +243,8 @@ def test_stage_depends_on_has_no_default_but_other_fields_do() -> None:
     assert "default" not in stage_props["dependsOn"]
     assert stage_props["path"]["default"] == "./"
     assert stage_props["prune"]["default"] is True
-    assert stage_props["sourceRef"]["properties"]["kind"]["default"] == "GitRepository"
+    # Never defaulted by the apiserver: what an omitted kind means is the controller's switch.
+    assert "default" not in stage_props["sourceRef"]["properties"]["kind"]
     secret = spec["kubeConfig"]["properties"]["secretRef"]
     assert secret["required"] == ["name"]
     assert secret["properties"]["key"]["default"] == "value"

@@ -12,6 +12,14 @@ a refused ``sourceRef`` is ``ResolveFailed``, a refused ``dependsOn`` ``Dependen
 (as the reference reports them), each with a fixed text that names nothing of the other
 namespace.
 
+Sources (:meth:`TenantReads.source`): what a ``sourceRef`` names is decided by
+:mod:`stageset.controller.sourcekinds` (``--default-source-kind``); our GitRepository gives a
+:class:`Source` (a commit of the shared Git mirror), a Flux source or a producer's
+``ExternalArtifact`` an :class:`ArtifactSource` (a URL and the digest that proves its content).  A
+producer is found by listing the ``ExternalArtifact`` objects of its namespace, as the tenant.  A
+source that is not Ready says why in the stage's message — its own reason and message — unless it
+lives in another namespace: then only the fixed text is shown, nothing of the other namespace.
+
 After a denial, :class:`AccountCheck` says whether the ServiceAccount exists: read as the
 controller where its role allows (single-tenant mode), else as the ServiceAccount itself (its
 own object, in its own namespace); when neither may tell, the message asks the user to check
@@ -24,12 +32,26 @@ import base64
 from dataclasses import dataclass
 
 from sources import parse_revision
-from stageset.api import API_VERSION, Stage, StageSet
+from stageset.api import Stage, StageSet
 from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.build import BuildError, VariableSource, merge_variables
-from stageset.controller.artifacts import artifact_consumer
 from stageset.controller.conditions import ready_at_generation
+from stageset.controller.consumers import artifact_consumer
+from stageset.controller.sourcekinds import (
+    FLUX_GROUP,
+    Artifact,
+    DefaultSourceKind,
+    NotUsable,
+    RefKind,
+    SourceObject,
+    SourceTarget,
+    artifact_state,
+    classify,
+    failure_text,
+    points_at,
+    ready_condition,
+)
 from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
@@ -115,38 +137,156 @@ class Source:
     commit: str
     ignore: str | None
     consumer: str
+    """Whom the shared mirror served this GitRepository's commits to (:func:`artifact_consumer`)."""
     name: str
     """``namespace/name`` of the GitRepository, as the StageSet wrote it."""
-    """Whom the shared mirror served this GitRepository's commits to (:func:`artifact_consumer`)."""
+
+
+@dataclass(frozen=True)
+class ArtifactSource:
+    """A stage's Flux source (or its producer's ExternalArtifact), as the tenant read it."""
+
+    what: str
+    """How messages name it: ``OCIRepository shop/app`` (the object the artifact came from)."""
+    origin: SourceObject
+    """The object read (a producer's ExternalArtifact, not the producer)."""
+    url: str
+    digest: str
+    revision: str
+    cross_namespace: bool
+    """In another namespace than the StageSet: messages say nothing of what the object holds."""
+
+
+def _not_usable(stage: Stage, what: str, state: NotUsable, *, cross: bool) -> StageError:
+    """A source that is not Ready (``SourceNotReady``, with its own reason and message unless it is
+    another namespace's) or Ready without an artifact (``ArtifactNotFound``)."""
+    if not state.ready:
+        why = "" if cross else failure_text(state.reason, state.message)
+        return StageError(Reason.SOURCE_NOT_READY,
+                          f"stage {stage.name!r}: {what} is not ready" + (f": {why}" if why else ""))
+    detail = "has no usable artifact" if cross else state.message
+    return StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {what}: {detail}")
 
 
 class TenantReads:
     def __init__(self, *, stagesets: Resource, sources: Resource, no_cross_namespace_refs: bool,
-                 accounts: AccountCheck | None = None):
+                 accounts: AccountCheck | None = None,
+                 default_source_kind: DefaultSourceKind = DefaultSourceKind.GIT_REPOSITORY):
         self._stagesets = stagesets
         self._sources = sources
         self._no_cross = no_cross_namespace_refs
         self.accounts = accounts or AccountCheck(clients=None, controller_reads_accounts=False)
+        self.default_source_kind = default_source_kind
 
-    def source(self, client: KubeClient, stage: Stage, namespace: str) -> Source:
-        """The stage's GitRepository, read as the stage's identity."""
+    def target(self, stage: Stage) -> SourceTarget:
+        """What the stage's ``sourceRef`` names under this controller's ``--default-source-kind``."""
+        ref = stage.source_ref
+        return classify(api_version=ref.api_version, kind=ref.kind, default=self.default_source_kind)
+
+    def source(self, client: KubeClient, stage: Stage, namespace: str) -> Source | ArtifactSource:
+        """The stage's source, read as the stage's identity: our GitRepository, or an artifact."""
         ref = stage.source_ref
         source_ns = ref.namespace or namespace
         if source_ns != namespace and self._no_cross:
             raise StageError(Reason.RESOLVE_FAILED, f"stage {stage.name!r}: {CROSS_NAMESPACE_SOURCE}")
-        if ref.kind != "GitRepository" or (ref.api_version or API_VERSION) != API_VERSION:
-            raise StageError(Reason.INVALID_SPEC, f"stage {stage.name!r}: unsupported source kind {ref.kind}")
+        target = self.target(stage)
+        if target.problem is not None:
+            raise StageError(Reason.INVALID_SPEC, f"stage {stage.name!r}: {target.problem}")
+        if target.kind is RefKind.OURS:
+            return self._git_source(client, stage, source_ns, cross=source_ns != namespace)
+        return self._artifact_source(client, stage, target, source_ns, cross=source_ns != namespace)
+
+    def _git_source(self, client: KubeClient, stage: Stage, source_ns: str, *, cross: bool) -> Source:
+        ref = stage.source_ref
         what = f"GitRepository {source_ns}/{ref.name}"
         found = read_named(client, self._sources.object_path(name=ref.name, namespace=source_ns),
                            what=f"{what} (stage {stage.name!r})", missing_reason=Reason.SOURCE_NOT_READY,
                            missing_message=f"stage {stage.name!r}: {what} not found", accounts=self.accounts)
         revision = ((found.get("status") or {}).get("artifact") or {}).get("revision")
         if not revision:
+            ready = ready_condition(found) or {}
+            if ready.get("status") == "False":
+                # Failed, and nothing fetched before: say why, as the GitRepository's own status does.
+                raise _not_usable(stage, what, NotUsable(False, str(ready.get("reason") or ""),
+                                                         str(ready.get("message") or "")), cross=cross)
             raise StageError(Reason.SOURCE_NOT_READY, f"stage {stage.name!r}: {what} has no artifact yet")
         _, commit = parse_revision(revision)
         return Source(url=str(found["spec"]["url"]), revision=revision, commit=commit,
                       ignore=found["spec"].get("ignore"), consumer=artifact_consumer(found["metadata"]),
                       name=f"{source_ns}/{ref.name}")
+
+    def _artifact_source(self, client: KubeClient, stage: Stage, target: SourceTarget, source_ns: str, *,
+                         cross: bool) -> ArtifactSource:
+        ref = stage.source_ref
+        if target.kind is RefKind.FLUX:
+            what = f"{target.describe()} {source_ns}/{ref.name}"
+            path = f"/apis/{target.api_version}/namespaces/{source_ns}/{target.plural}/{ref.name}"
+            found = self._flux_object(client, stage, target, path, what)
+            origin = SourceObject(FLUX_GROUP, target.name, source_ns, ref.name)
+        else:
+            found = self._producer_artifact(client, stage, target, source_ns)
+            what = (f"ExternalArtifact {source_ns}/{found['metadata']['name']} "
+                    f"(of {target.describe()} {ref.name})")
+            origin = SourceObject(FLUX_GROUP, "ExternalArtifact", source_ns, str(found["metadata"]["name"]))
+        state = artifact_state(found)
+        if isinstance(state, NotUsable):
+            raise _not_usable(stage, what, state, cross=cross)
+        assert isinstance(state, Artifact)
+        return ArtifactSource(what=what, origin=origin, url=state.url, digest=state.digest,
+                              revision=state.revision, cross_namespace=cross)
+
+    def _flux_object(self, client: KubeClient, stage: Stage, target: SourceTarget, path: str,
+                     what: str) -> KubeObject:
+        """The Flux source object; a 404 says whether the object or its kind (at that version) is missing."""
+        try:
+            return read_named(client, path, what=f"{what} (stage {stage.name!r})",
+                              missing_reason=Reason.ARTIFACT_NOT_FOUND, accounts=self.accounts)
+        except StageError as error:
+            if error.reason is not Reason.ARTIFACT_NOT_FOUND:
+                raise
+        try:
+            resources = client.get(f"/apis/{target.api_version}").get("resources") or []
+            served = any(r.get("name") == target.plural for r in resources)
+        except ApiError:
+            served = False  # discovery answers every authenticated user: a 404 means not served
+        if served:
+            raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {what} not found")
+        raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {what} not found: this cluster "
+                         f"does not serve {target.api_version} (Flux's source CRDs are not installed, or "
+                         f"serve another version: this controller reads v1 and v1beta2)")
+
+    def _producer_artifact(self, client: KubeClient, stage: Stage, target: SourceTarget,
+                           source_ns: str) -> KubeObject:
+        """The one ExternalArtifact of ``source_ns`` whose ``spec.sourceRef`` names the producer, listed
+        as the stage's identity."""
+        ref = stage.source_ref
+        producer = f"{target.describe()} {source_ns}/{ref.name}"
+        path = f"/apis/{FLUX_GROUP}/v1/namespaces/{source_ns}/externalartifacts"
+        try:
+            items = client.get(path).get("items") or []
+        except ApiError as error:
+            if error.forbidden:
+                why = self.accounts.explain(client)
+                raise StageError(Reason.RBAC_DENIED, f"{client.identity.describe()} may not list "
+                                 f"ExternalArtifacts in namespace {source_ns} (stage {stage.name!r}, the "
+                                 f"artifact of {producer}){why}") from error
+            if error.not_found:
+                raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {producer} has no "
+                                 "artifact: ExternalArtifacts are not served (Flux's source-controller "
+                                 "CRDs are not installed)") from error
+            raise
+        matches: list[KubeObject] = [
+            item for item in items
+            if points_at(item, group=target.group, kind=target.name, name=ref.name, namespace=source_ns)]
+        if not matches:
+            raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {producer} has no artifact: "
+                             f"no ExternalArtifact in namespace {source_ns} points at it (spec.sourceRef)")
+        if len(matches) > 1:
+            names = ", ".join(sorted(str(m["metadata"]["name"]) for m in matches))
+            raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {producer} has "
+                             f"{len(matches)} ExternalArtifacts pointing at it ({names}); which one to use "
+                             "is undefined")
+        return matches[0]
 
     def variables(self, client: KubeClient, stage: Stage, namespace: str) -> tuple[dict[str, str] | None,
                                                                                    list[str]]:

@@ -1,10 +1,16 @@
 """Rendering one stage: its source read as the tenant, built (cached by content), identified.
 
-Identity: the GitRepository and the ``substituteFrom`` ConfigMaps/Secrets are read as the
-stage's identity (through :class:`~stageset.controller.stageset.reads.TenantReads`); the
-manifests come from the controller's shared Git mirror, which holds only commits the
-GitRepository's own credentials fetched.  Discovery (namespace defaulting) is the
-target's (controller identity, or the remote kubeconfig's).
+Identity: the source object (our GitRepository, a Flux source, a producer's ExternalArtifact)
+and the ``substituteFrom`` ConfigMaps/Secrets are read as the stage's identity (through
+:class:`~stageset.controller.stageset.reads.TenantReads`); the manifests come from the
+controller's shared Git mirror, which holds only commits the GitRepository's own credentials
+fetched, or from the artifact store, which hands out only the digest the tenant's own read of
+the source object named (:mod:`stageset.controller.artifacts`).  Discovery (namespace
+defaulting) is the target's (controller identity, or the remote kubeconfig's).
+
+An artifact renders under the key ``("artifact", <digest>)``: a digest fixes every byte, so every
+stage naming it shares one build per path and variables, and an unchanged artifact is never
+built again.
 
 A build starts at the stage's path but may load any file of the source root (``../``
 bases, components); :func:`~stageset.controller.rendercache.render_stage` reads the whole
@@ -15,6 +21,8 @@ change in a shared base re-renders every stage that uses it and nothing else.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -26,7 +34,7 @@ from stageset.apply.inventory import ObjectId, object_id
 from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
 from stageset.controller.redact import Redactor
 from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
-from stageset.controller.stageset.reads import TenantReads, service_account_of
+from stageset.controller.stageset.reads import ArtifactSource, TenantReads, service_account_of
 from stageset.controller.stageset.targets import Target
 from stageset.kube.client import ClientPool, Identity
 from stageset.kube.types import KubeObject
@@ -42,6 +50,18 @@ class SourceTrees(Protocol):
     def read_tree(self, url: str, *, commit: str, path: str = "./", ignore: str | None = None,
                   consumer: str | None = None, unreadable: dict[str, str] | None = None
                   ) -> dict[str, bytes]: ...
+
+
+class ArtifactTrees(Protocol):
+    """What rendering needs of artifacts (:class:`stageset.controller.artifacts.ArtifactFetcher`)."""
+
+    def require(self, source: ArtifactSource, *, stage: str, requester: str) -> object: ...
+
+    def tree(self, source: ArtifactSource, *, stage: str, requester: str) -> SourceRoot: ...
+
+
+ARTIFACT_URL = "artifact:"
+"""The render cache's URL for artifacts: the digest alone names the content."""
 
 
 @dataclass
@@ -64,9 +84,10 @@ class Rendered:
 
 class Renderer:
     def __init__(self, *, clients: ClientPool, store: SourceTrees, reads: TenantReads, limits: BuildLimits,
-                 cache: RenderCache | None = None):
+                 cache: RenderCache | None = None, artifacts: ArtifactTrees | None = None):
         self._clients = clients
         self._store = store
+        self._artifacts = artifacts
         self._reads = reads
         self._limits = limits
         self._cache = cache or RenderCache()
@@ -79,6 +100,9 @@ class Renderer:
         source = self._reads.source(client, stage, namespace)
         variables, secret_values = self._reads.variables(client, stage, namespace)
         redactor.add(secret_values)
+        if isinstance(source, ArtifactSource):
+            return self._render_artifact(source, stage=stage, identity=identity, namespace=namespace,
+                                         target=target, variables=variables)
         url, commit, ignore = source.url, source.commit, source.ignore
         if not self._store.is_served(url, commit=commit, consumer=source.consumer):
             # Only what this GitRepository was served, never another commit of a shared mirror
@@ -96,21 +120,49 @@ class Renderer:
             return SourceRoot(files=files, unreadable=unreadable)
 
         try:
-            objects = render_stage(self._cache, url=url, commit=commit, ignore=ignore, path=stage.path,
-                                   variables=variables, read_tree=read_root, limits=self._limits,
-                                   patches=kustomize_patches(stage))
+            with build_failures(stage):
+                objects = render_stage(self._cache, url=url, commit=commit, ignore=ignore, path=stage.path,
+                                       variables=variables, read_tree=read_root, limits=self._limits,
+                                       patches=kustomize_patches(stage))
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.
             raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {error}") from error
         except SourceError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
-        except KustomizeNotFoundError as error:
-            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: this controller cannot build "
-                             f"kustomizations: {error}") from error
-        except BuildError as error:
-            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
                         target=target, ids={identify(obj, namespace, target) for obj in objects})
+
+    def _render_artifact(self, source: ArtifactSource, *, stage: Stage, identity: Identity, namespace: str,
+                         target: Target, variables: dict[str, str] | None) -> Rendered:
+        if self._artifacts is None:
+            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {source.what}: this controller "
+                             "does not read artifacts")
+        artifacts = self._artifacts
+
+        def read_root() -> SourceRoot:
+            return artifacts.tree(source, stage=stage.name, requester=namespace)
+
+        # Asked before the render cache: a digest the store cannot serve (not downloaded yet, or
+        # refused) says so even when another stage rendered it once.  Reading it waits for a miss.
+        artifacts.require(source, stage=stage.name, requester=namespace)
+        with build_failures(stage):
+            objects = render_stage(self._cache, url=ARTIFACT_URL, commit=source.digest, ignore=None,
+                                   path=stage.path, variables=variables, read_tree=read_root,
+                                   limits=self._limits, patches=kustomize_patches(stage))
+        return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
+                        target=target, ids={identify(obj, namespace, target) for obj in objects})
+
+
+@contextmanager
+def build_failures(stage: Stage) -> Iterator[None]:
+    """A failed build as the stage's ``StageFailed``."""
+    try:
+        yield
+    except KustomizeNotFoundError as error:
+        raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: this controller cannot build "
+                         f"kustomizations: {error}") from error
+    except BuildError as error:
+        raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
 
 
 def kustomize_patches(stage: Stage) -> list[dict[str, Any]]:
