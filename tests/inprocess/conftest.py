@@ -95,7 +95,8 @@ class World:
         self.pool = FakeClientPool(self.cluster)
         self.reconciler = self.make_reconciler()
 
-    def make_reconciler(self, *, artifacts: ArtifactTrees | None = None, **settings: Any) -> StageSetReconciler:
+    def make_reconciler(self, *, artifacts: ArtifactTrees | None = None,
+                        **settings: Any) -> StageSetReconciler:
         if settings:
             self.settings = ControllerSettings(**{**self.settings.__dict__, **settings})
         shared = Shared(clients=self.pool, settings=self.settings, metrics=Metrics(), clock=self.clock,
