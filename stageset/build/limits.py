@@ -59,7 +59,11 @@ class BuildLimits:
     """Seconds one kustomize run may take."""
     kustomize_memory_bytes: int = 256 * MiB
     """Heap the kustomize subprocess may use (``GOMEMLIMIT``; the memory it may map is
-    capped at this plus the Go runtime's own 128 MiB).  Real builds use a few tens of MiB."""
+    capped at this plus the Go runtime's own 128 MiB).  Real builds use a few tens of MiB.
+    The SOPS decryption helper runs under the same time and memory limits."""
+    max_decrypted_values: int = 1000
+    """Distinct values one stage's SOPS files may decrypt to.  Every one is redacted from every
+    status, event and log line, and that matching grows with their number."""
 
     @classmethod
     def with_overrides(cls, overrides: Iterable[str], base: BuildLimits | None = None) -> BuildLimits:

@@ -17,6 +17,17 @@ objects.  It works in two steps, each with its own key:
    Contents, not Git tree ids, are hashed: a symlink inside the tree is read as its
    target's content, which a tree id of the directory holding the link does not cover.
 
+**Decrypted renders** (a build that reads SOPS-encrypted files) are never shared: the source
+key of a StageSet with ``spec.decryption`` carries its scope (``namespace/name``), and the render
+key of a build with SOPS inputs carries that scope and a digest of the keys it was decrypted
+with.  Another StageSet, with the same sources and even the same key Secret, decrypts for itself;
+one without keys fails.  A hit on a decrypted render re-reads the key Secret first (as the
+StageSet's ServiceAccount): a revoked read fails the stage, a rotated key re-decrypts.  The
+decrypted values are kept beside the entry (:class:`Seal`) and handed to the StageSet's redactor
+on every hit.  Plaintext lives only in this process's memory: never on disk, never in the tree
+cache (which holds what Git holds).  Measured (docs/secrets.md): caching a decrypted render
+saves the helper run and the build on every pass at the cost of one Secret read.
+
 Variables enter keys only as a digest: values are never kept in keys or logs.  Entries
 are shared read-only (the apply engine copies objects before labelling them).  Every map
 is bounded, least recently used first out, so memory stays flat however many StageSets
@@ -36,9 +47,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from stageset.build import BuildLimits, prepare, render
+from stageset.build.decrypt import DecryptionKeys, decrypt
+from stageset.build.errors import BuildError
+from stageset.build.sopsfiles import describe
 from stageset.kube.types import KubeObject
 
 MiB = 1024 * 1024
@@ -58,20 +72,50 @@ def _variables_material(variables: Mapping[str, str] | None) -> list[list[str]] 
 
 
 def render_key(*, url: str, tree: str, ignore: str | None, variables: Mapping[str, str] | None,
-               patches: Sequence[Mapping[str, Any]] = ()) -> str:
+               patches: Sequence[Mapping[str, Any]] = (), sealed: tuple[str, str] | None = None) -> str:
     """The render cache key: ``tree`` is the digest of the build's inputs (:meth:`Prepared.digest`);
-    the stage's ``patches`` are part of it."""
-    material = json.dumps([url, tree, ignore, _variables_material(variables), list(patches)],
-                          separators=(",", ":"), sort_keys=True)
+    the stage's ``patches`` are part of it; ``sealed`` is ``(scope, keys digest)`` for a build that
+    decrypts SOPS files (its render belongs to that StageSet and those keys only)."""
+    material = json.dumps([url, tree, ignore, _variables_material(variables), list(patches),
+                           *([list(sealed)] if sealed else [])], separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
 
 
 def source_key(*, url: str, commit: str, ignore: str | None, path: str,
-               variables: Mapping[str, str] | None, patches: Sequence[Mapping[str, Any]] = ()) -> str:
-    """What a stage renders from, before anything is read: equal keys render equal objects."""
+               variables: Mapping[str, str] | None, patches: Sequence[Mapping[str, Any]] = (),
+               scope: str | None = None) -> str:
+    """What a stage renders from, before anything is read: equal keys render equal objects.
+    ``scope`` is the StageSet of a stage that may decrypt (``spec.decryption``)."""
     material = json.dumps(["source", url, commit, ignore, path, _variables_material(variables),
-                           list(patches)], separators=(",", ":"), sort_keys=True)
+                           list(patches), *([scope] if scope else [])], separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Seal:
+    """What a decrypted render was decrypted with, and the values it decrypted (for the redactor)."""
+
+    keys: str
+    """:attr:`DecryptionKeys.digest` of the keys used."""
+    values: frozenset[str] = field(repr=False)
+
+
+class StageDecryption(Protocol):
+    """A StageSet's ``spec.decryption`` for one stage's render (see
+    :mod:`stageset.controller.stageset.decryption`)."""
+
+    @property
+    def scope(self) -> str:
+        """``namespace/name`` of the StageSet: decrypted renders are never served outside it."""
+        ...
+
+    def keys(self) -> DecryptionKeys:
+        """The key Secret's age and OpenPGP entries, read as the StageSet's ServiceAccount (once)."""
+        ...
+
+    def reveal(self, values: frozenset[str]) -> None:
+        """Hand decrypted values to the StageSet's redactor before anything can show them."""
+        ...
 
 
 _FILE_OVERHEAD = 200
@@ -84,6 +128,8 @@ class RenderCache:
     def __init__(self, *, max_entries: int = 256, max_tree_bytes: int = 32 * MiB):
         self._max = max_entries
         self._entries: OrderedDict[str, list[KubeObject]] = OrderedDict()
+        self._seals: dict[str, Seal] = {}
+        """Render keys of decrypted renders (evicted with their entry)."""
         self._sources: OrderedDict[str, str] = OrderedDict()
         self._max_tree_bytes = max_tree_bytes
         self._trees: OrderedDict[tuple[str, str, str | None], tuple[SourceRoot, int]] = OrderedDict()
@@ -105,22 +151,36 @@ class RenderCache:
             self.hits += 1
             return found
 
-    def put(self, key: str, objects: list[KubeObject], *, built: bool = False) -> None:
+    def put(self, key: str, objects: list[KubeObject], *, built: bool = False,
+            seal: Seal | None = None) -> None:
         with self._lock:
             self.builds += built
             self._entries[key] = objects
             self._entries.move_to_end(key)
+            if seal is not None:
+                self._seals[key] = seal
             while len(self._entries) > self._max:
-                self._entries.popitem(last=False)
+                dropped, _ = self._entries.popitem(last=False)
+                self._seals.pop(dropped, None)
+
+    def seal(self, key: str) -> Seal | None:
+        with self._lock:
+            return self._seals.get(key)
 
     def resolve(self, source: str) -> list[KubeObject] | None:
         """The objects a source key rendered to last time, if still cached."""
+        found = self.resolve_entry(source)
+        return None if found is None else found[1]
+
+    def resolve_entry(self, source: str) -> tuple[str, list[KubeObject]] | None:
+        """The render key and objects a source key rendered to last time, if still cached."""
         with self._lock:
             key = self._sources.get(source)
             if key is None:
                 return None
             self._sources.move_to_end(source)
-        return self.get(key)
+        objects = self.get(key)
+        return None if objects is None else (key, objects)
 
     def remember(self, source: str, key: str) -> None:
         with self._lock:
@@ -154,24 +214,56 @@ class RenderCache:
 def render_stage(cache: RenderCache, *, url: str, commit: str, ignore: str | None, path: str,
                  variables: Mapping[str, str] | None, read_tree: Callable[[], SourceRoot],
                  limits: BuildLimits, kustomize: Path | None = None,
-                 patches: Sequence[Mapping[str, Any]] = ()) -> list[KubeObject]:
+                 patches: Sequence[Mapping[str, Any]] = (),
+                 decryption: StageDecryption | None = None) -> list[KubeObject]:
     """The objects of the stage at ``path`` of ``url`` at ``commit``, built at most once per input.
 
     ``read_tree`` returns the whole source root at ``commit`` (``MirrorStore.read_tree(url,
     commit=commit, path="./", ignore=ignore, unreadable=...)``); it is called only when the
-    source key misses.  Raises what it raises (Git errors) and :class:`~stageset.build.BuildError`.
+    source key misses.  ``decryption`` is the StageSet's ``spec.decryption`` (``None``: a SOPS
+    file fails the build).  Raises what it raises (Git errors, the key Secret's read) and
+    :class:`~stageset.build.BuildError`.
     """
+    scope = decryption.scope if decryption is not None else None
     source = source_key(url=url, commit=commit, ignore=ignore, path=path, variables=variables,
-                        patches=patches)
-    cached = cache.resolve(source)
-    if cached is not None:
-        return cached
+                        patches=patches, scope=scope)
+    hit = cache.resolve_entry(source)
+    if hit is not None:
+        seal = cache.seal(hit[0])
+        if seal is None:
+            return hit[1]
+        if decryption is not None and decryption.keys().digest == seal.keys:
+            decryption.reveal(seal.values)
+            return hit[1]
+        # The key Secret changed (rotated): decrypt again with what it holds now.
     root = cache.tree((url, commit, ignore), read_tree)
     prepared = prepare(root.files, path=path, limits=limits, unreadable=root.unreadable)
-    key = render_key(url=url, tree=prepared.digest(), ignore=ignore, variables=variables, patches=patches)
+    encrypted, withheld = prepared.sops_files()
+    sealed: tuple[str, str] | None = None
+    keys: DecryptionKeys | None = None
+    if encrypted:
+        if decryption is None:
+            raise BuildError(f"{describe(encrypted)}: SOPS-encrypted, and this StageSet has no "
+                             "spec.decryption: set it to a Secret holding the age or OpenPGP key")
+        keys = decryption.keys()
+        sealed = (decryption.scope, keys.digest)
+    key = render_key(url=url, tree=prepared.digest(), ignore=ignore, variables=variables, patches=patches,
+                     sealed=sealed)
     objects = cache.get(key)
+    seal = cache.seal(key) if objects is not None else None
+    if objects is not None and seal is not None and decryption is not None:
+        decryption.reveal(seal.values)
     if objects is None:
+        if keys is not None and decryption is not None:
+            opened = decrypt({name: prepared.tree.files[name] for name in encrypted}, encrypted, keys=keys,
+                             limits=limits)
+            # Before anything is built with them: a failing build may quote a value.
+            decryption.reveal(opened.values)
+            prepared = prepared.with_decrypted(opened.files, withheld)
+            seal = Seal(keys=keys.digest, values=opened.values)
+        elif withheld:
+            prepared = prepared.with_decrypted({}, withheld)
         objects = render(prepared, variables=variables, kustomize=kustomize, patches=patches)
-        cache.put(key, objects, built=True)
+        cache.put(key, objects, built=True, seal=seal)
     cache.remember(source, key)
     return objects

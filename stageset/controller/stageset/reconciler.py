@@ -53,6 +53,7 @@ from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import plan
 from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.decryption import for_pass
 from stageset.controller.stageset.progress import Pass, Report
 from stageset.controller.stageset.reads import AccountCheck, TenantReads
 from stageset.controller.stageset.records import Records
@@ -254,13 +255,17 @@ class StageSetReconciler:
     def _render_all(self, state: Pass, target: Target, redactor: Redactor) -> dict[str, Rendered]:
         rendered: dict[str, Rendered] = {}
         namespace = str(state.stageset.metadata["namespace"])
+        # spec.decryption: the key Secret is read as the StageSet's ServiceAccount, at most once a pass.
+        decryption = for_pass(state.stageset, policy=self._identities, clients=self._clients,
+                              accounts=self._reads.accounts, redactor=redactor)
         for stage in state.stageset.spec.stages:
             kind = "tenant" if self._identities.stage_account(state.stageset, stage) else "controller"
             with logs.bind(stage=stage.name, identity=kind):
                 try:
                     identity = self._identities.for_stage(state.stageset, stage)
                     rendered[stage.name] = self._renderer.render(
-                        stage=stage, identity=identity, namespace=namespace, target=target, redactor=redactor)
+                        stage=stage, identity=identity, namespace=namespace, target=target, redactor=redactor,
+                        decryption=decryption)
                 except StageError as error:
                     log_denial(error)
                     outcome = state.outcomes[stage.name]

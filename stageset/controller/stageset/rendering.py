@@ -24,8 +24,9 @@ from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import ObjectId, object_id
 from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
+from stageset.build.decrypt import DecryptionError
 from stageset.controller.redact import Redactor
-from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
+from stageset.controller.rendercache import RenderCache, SourceRoot, StageDecryption, render_stage
 from stageset.controller.stageset.reads import TenantReads
 from stageset.controller.stageset.targets import Target
 from stageset.kube.client import ClientPool, Identity
@@ -66,9 +67,10 @@ class Renderer:
         self._cache = cache or RenderCache()
 
     def render(self, *, stage: Stage, identity: Identity, namespace: str, target: Target,
-               redactor: Redactor) -> Rendered:
-        """Raises :class:`StageError`; Secret values read on the way are added to ``redactor``
-        before anything can fail with them."""
+               redactor: Redactor, decryption: StageDecryption | None = None) -> Rendered:
+        """Raises :class:`StageError`; Secret values read on the way (and values decrypted with
+        ``decryption``, the StageSet's ``spec.decryption``) are added to ``redactor`` before
+        anything can fail with them."""
         client = self._clients.client(identity)
         source = self._reads.source(client, stage, namespace)
         variables, secret_values = self._reads.variables(client, stage, namespace)
@@ -92,7 +94,7 @@ class Renderer:
         try:
             objects = render_stage(self._cache, url=url, commit=commit, ignore=ignore, path=stage.path,
                                    variables=variables, read_tree=read_root, limits=self._limits,
-                                   patches=kustomize_patches(stage))
+                                   patches=kustomize_patches(stage), decryption=decryption)
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.
             raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {error}") from error
@@ -101,6 +103,8 @@ class Renderer:
         except KustomizeNotFoundError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: this controller cannot build "
                              f"kustomizations: {error}") from error
+        except DecryptionError as error:
+            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: decryption: {error}") from error
         except BuildError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
