@@ -70,8 +70,8 @@ class SopsKit:
         gpg = ["gpg", "--batch", "--pinentry-mode", "loopback", "--passphrase", ""]
         subprocess.run([*gpg, "--quick-gen-key", "stageset test <test@example.invalid>", "future-default",
                         "default", "never"], capture_output=True, check=True, env=self._env(home))
-        listing = subprocess.run(["gpg", "--batch", "--with-colons", "--list-secret-keys"], capture_output=True,
-                                 check=True, env=self._env(home)).stdout.decode()
+        listing = subprocess.run(["gpg", "--batch", "--with-colons", "--list-secret-keys"],
+                                 capture_output=True, check=True, env=self._env(home)).stdout.decode()
         fingerprint = next(line.split(":")[9] for line in listing.splitlines() if line.startswith("fpr:"))
         armored = subprocess.run([*gpg, "--armor", "--export-secret-keys", fingerprint], capture_output=True,
                                  check=True, env=self._env(home)).stdout
@@ -94,8 +94,8 @@ class SopsKit:
             command += ["--encrypted-regex", regex]
         if input_type:
             command += ["--input-type", input_type, "--output-type", input_type]
-        result = subprocess.run([*command, str(path)], capture_output=True, env=self._env(pgp.home if pgp else None),
-                                cwd=directory)
+        result = subprocess.run([*command, str(path)], capture_output=True, cwd=directory,
+                                env=self._env(pgp.home if pgp else None))
         assert result.returncode == 0, result.stderr.decode()
         return result.stdout
 
@@ -107,8 +107,8 @@ class SopsKit:
             shutil.rmtree(home, ignore_errors=True)
 
 
-def keys_of(*, age: Sequence[AgeKey] = (), pgp: Sequence[PgpKey] = (), secret: str = "test/keys") -> DecryptionKeys:
-    return DecryptionKeys.from_secret_data(secret, secret_data(age=age, pgp=pgp))
+def keys_of(*, age: Sequence[AgeKey] = (), pgp: Sequence[PgpKey] = ()) -> DecryptionKeys:
+    return DecryptionKeys.from_secret_data("test/keys", secret_data(age=age, pgp=pgp))
 
 
 def secret_data(*, age: Sequence[AgeKey] = (), pgp: Sequence[PgpKey] = ()) -> dict[str, str]:

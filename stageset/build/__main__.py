@@ -1,4 +1,4 @@
-"""``python -m stageset.build [--update]``: build the runtime binaries into the cache once; print the builder's path.
+"""``python -m stageset.build [--update]``: build the runtime binaries once; print the builder's path.
 
 Builds ``kustomize`` (the tests' upstream command), the ``stageset-kustomize`` builder and the
 ``stageset-sops`` decryption helper.  ``--update`` first regenerates the wrapper module

@@ -101,14 +101,15 @@ def test_every_format_flux_decrypts_with_age_and_openpgp(sops_kit: SopsKit, age:
             "data": {"mode": "strict"}}), name="c.json", pgp=pgp),
         # dotenv, INI and binary files a secretGenerator reads; two recipients (age and OpenPGP)
         "app/app.enc.env": sops_kit.encrypt(f"TOKEN={TOKEN}\nPLAIN=x\n", name="a.env", age=[age], pgp=pgp),
-        "app/settings.ini": sops_kit.encrypt(f"[main]\nvalue = {INI_VALUE}\n", name="settings.ini", age=[age]),
+        "app/settings.ini": sops_kit.encrypt(f"[main]\nvalue = {INI_VALUE}\n", name="settings.ini",
+                                             age=[age]),
         "app/tls.key": sops_kit.encrypt(BINARY, name="tls.key", age=[age]),
         "app/README.md": b"sops is mentioned here, but this file is not SOPS-encrypted\n",
     }
     prepared = prepare(files, path="app")
     found, withheld = prepared.sops_files()
-    assert found == {"app/secret.enc.yaml": "yaml", "app/config.enc.json": "json", "app/app.enc.env": "dotenv",
-                     "app/settings.ini": "ini", "app/tls.key": "binary"}
+    assert found == {"app/secret.enc.yaml": "yaml", "app/config.enc.json": "json",
+                     "app/app.enc.env": "dotenv", "app/settings.ini": "ini", "app/tls.key": "binary"}
     assert withheld == ()
     for keys in (keys_of(age=[age], pgp=[pgp]), ):
         objects, values = build(files, "app", keys, helper)
@@ -117,7 +118,8 @@ def test_every_format_flux_decrypts_with_age_and_openpgp(sops_kit: SopsKit, age:
         assert INI_VALUE in secret_value(objects, "files-", "settings.ini")
         assert secret_value(objects, "files-", "tls.key") == BINARY.decode()
         config = next(o for o in objects if o["kind"] == "ConfigMap")
-        assert config["data"] == {"mode": "strict"} and "sops" not in config
+        assert config["data"] == {"mode": "strict"}
+        assert "sops" not in config
         assert {PASSWORD, TOKEN, "strict", BINARY.decode()} <= values
     # An OpenPGP key alone opens the file that has an OpenPGP recipient.
     only_pgp = {"p/cm.enc.json": files["app/config.enc.json"]}
@@ -174,7 +176,8 @@ def test_failures_name_the_file_and_a_reason_and_hold_no_secret(sops_kit: SopsKi
     document["sops"]["kms"] = [{"arn": "arn:aws:kms:eu-west-1:000000000000:key/test", "enc": entry["enc"],
                                 "created_at": "2026-01-01T00:00:00Z", "aws_profile": ""}]
     kms = failure({"k/s.yaml": yaml.safe_dump(document).encode()}, "k", keys_of(age=[age]), helper)
-    assert "encrypted only for kms keys" in kms and "cloud KMS is not supported" in kms, kms
+    assert "encrypted only for kms keys" in kms, kms
+    assert "cloud KMS is not supported" in kms, kms
 
     not_a_key = DecryptionKeys.from_secret_data("ns/keys", {
         "broken.agekey": base64.b64encode(b"AGE-SECRET-KEY-1NOTAKEY" + PASSWORD.encode()).decode()})
@@ -200,7 +203,8 @@ def test_many_values_are_refused_in_bounded_time(sops_kit: SopsKit, age: AgeKey,
     # With the limit raised (--build-limit max_decrypted_values=2000) the same file decrypts.
     objects, opened = build({"m/s.yaml": encrypted}, "m", keys_of(age=[age]), helper,
                             BuildLimits(max_decrypted_values=2000))
-    assert len(objects[0]["stringData"]) == 1500 and len(opened) >= 1500
+    assert len(objects[0]["stringData"]) == 1500
+    assert len(opened) >= 1500
 
 
 class _Decryption:
@@ -233,15 +237,18 @@ def test_decrypted_renders_are_never_served_to_another_stageset(sops_kit: SopsKi
 
     a = _Decryption("team-a/app", keys_of(age=[age]))
     assert secret_value(run("s", a), "db", "password") == PASSWORD
-    assert PASSWORD in a.revealed and cache.builds == 1
+    assert PASSWORD in a.revealed
+    assert cache.builds == 1
     assert secret_value(run("s", a), "db", "password") == PASSWORD  # a hit: the key is read again
-    assert cache.builds == 1 and a.reads == 2
+    assert cache.builds == 1
+    assert a.reads == 2
 
     # Another StageSet with the same key decrypts for itself; one without keys fails.
     b = _Decryption("team-a/other", keys_of(age=[age]))
     assert secret_value(run("s", b), "db", "password") == PASSWORD
-    assert cache.builds == 2 and PASSWORD in b.revealed
-    with pytest.raises(BuildError, match="SOPS-encrypted, and this StageSet has no spec.decryption"):
+    assert cache.builds == 2
+    assert PASSWORD in b.revealed
+    with pytest.raises(BuildError, match=r"SOPS-encrypted, and this StageSet has no spec\.decryption"):
         run("s", None)
 
     # A rotated key Secret: decrypted again on the next pass (and a key that no longer fits fails).
@@ -257,4 +264,5 @@ def test_decrypted_renders_are_never_served_to_another_stageset(sops_kit: SopsKi
     run("p", a)
     run("p", b)
     run("p", None)
-    assert cache.builds == 4 and a.reads == reads
+    assert cache.builds == 4
+    assert a.reads == reads

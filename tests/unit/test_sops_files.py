@@ -24,10 +24,11 @@ CM = b"apiVersion: v1\nkind: ConfigMap\nmetadata: {name: c}\n"
                               b"  files: [c.ini, tls.key, d.env]\n",
       "k/s.yaml": SOPS_YAML, "k/x.txt": SOPS_ENV, "k/c.ini": SOPS_INI, "k/tls.key": SOPS_BINARY,
       "k/d.env": SOPS_ENV}, "k",
-     {"k/s.yaml": "yaml", "k/x.txt": "dotenv", "k/c.ini": "ini", "k/tls.key": "binary", "k/d.env": "dotenv"}, ()),
+     {"k/s.yaml": "yaml", "k/x.txt": "dotenv", "k/c.ini": "ini", "k/tls.key": "binary",
+      "k/d.env": "dotenv"}, ()),
     # a generator file that is not SOPS' binary format is untouched, so is an unnamed .env
-    ({"g/kustomization.yaml": b"secretGenerator:\n- name: g\n  files: [tls.key]\n", "g/tls.key": b"sops\x00\xff",
-      "g/other.env": SOPS_ENV}, "g", {}, ()),
+    ({"g/kustomization.yaml": b"secretGenerator:\n- name: g\n  files: [tls.key]\n",
+      "g/tls.key": b"sops\x00\xff", "g/other.env": SOPS_ENV}, "g", {}, ()),
     # a SOPS file beside a kustomization that nothing names is withheld from the build
     ({"w/kustomization.yaml": b"resources: [cm.yaml]\n", "w/cm.yaml": CM, "w/old.enc.yaml": SOPS_YAML}, "w",
      {}, ("w/old.enc.yaml",)),
