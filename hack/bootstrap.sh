@@ -4,6 +4,7 @@
 #   - the locked Python environment (.venv) from uv.lock;
 #   - OpenSSH's server and client (Debian packages) for the SSH Git tests, when sshd is missing;
 #   - mmdebstrap, umoci and binutils (Debian packages) for the daemonless image build, when missing;
+#   - gnupg (Debian) for the SOPS tests' OpenPGP key, when gpg is missing;
 # The control-plane binaries are built on first use by stageset.envtest.build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -79,5 +80,9 @@ fi
 if { ! command -v mmdebstrap >/dev/null || ! command -v umoci >/dev/null || ! command -v strip >/dev/null; } \
         && command -v apt-get >/dev/null; then
     apt_install "the daemonless image build" mmdebstrap umoci binutils >&2
+fi
+# The SOPS tests make an OpenPGP key with gpg and encrypt for it with the real sops.
+if ! command -v gpg >/dev/null && command -v apt-get >/dev/null; then
+    apt_install "the SOPS tests' OpenPGP key" gnupg >&2
 fi
 echo "$UV"

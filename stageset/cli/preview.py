@@ -10,8 +10,8 @@ the identity their inventory records.  On a remote cluster (``spec.kubeConfig``)
 kubeconfig Secret is read as the StageSet's ServiceAccount, and the remote is asked as the
 controller would ask it.
 
-Secret values never reach the output of ``diff``; ``build`` shows them only with
-``--show-secrets``.
+Secret values (and values decrypted from SOPS files) never reach the output of ``diff``;
+``build`` shows them only with ``--show-secrets``.
 """
 
 from __future__ import annotations
@@ -79,6 +79,10 @@ def _load(session: Session, name: str | None, file: str | None) -> tuple[StageSe
 
 
 def _source_options(command: Callable[..., Any]) -> Callable[..., Any]:
+    command = click.option("--sops-age-key-file", "age_key_file", default=None,
+                           type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                           help="Decrypt SOPS-encrypted files with this age identity file instead of "
+                           "the StageSet's spec.decryption Secret.")(command)
     command = click.option("--source-dir", "source_dirs", multiple=True, metavar="[SOURCE=]DIR",
                            help="Read the sources from a local checkout instead of Git: DIR for every "
                            "source, or SOURCE=DIR per GitRepository name (repeatable).")(command)
@@ -98,10 +102,11 @@ def _stage_header(rendered: RenderedStage) -> str:
 @click.argument("name", required=False)
 @_source_options
 @click.option("--show-secrets", is_flag=True, default=False,
-              help="Print Secret values and values substituted from Secrets (masked by default).")
+              help="Print Secret values, values substituted from Secrets and values decrypted from SOPS "
+              "files (masked by default).")
 @cluster_options(outputs=("yaml", "json"))
 def build(session: Session, name: str | None, file: str | None, source_dirs: tuple[str, ...],
-          show_secrets: bool) -> None:
+          age_key_file: Path | None, show_secrets: bool) -> None:
     """Render every stage of a StageSet as the controller would: manifests with substitutions.
 
     \b
@@ -113,7 +118,7 @@ def build(session: Session, name: str | None, file: str | None, source_dirs: tup
     local = file is not None and bool(sources)
     stageset, _ = _load(session, name, file)
     renderer = Renderer(session=None if local else session, sources=sources, mirror_dir=_mirror_dir(),
-                        warn=_warn)
+                        warn=_warn, age_key_file=age_key_file)
     stages = renderer.render(stageset)
 
     def shown(obj: KubeObject) -> KubeObject:
@@ -293,7 +298,8 @@ class Differ:
 @click.argument("name", required=False)
 @_source_options
 @cluster_options(outputs=("diff", "yaml", "json"))
-def diff(session: Session, name: str | None, file: str | None, source_dirs: tuple[str, ...]) -> None:
+def diff(session: Session, name: str | None, file: str | None, source_dirs: tuple[str, ...],
+         age_key_file: Path | None) -> None:
     """Show what applying a StageSet would change: a server-side dry-run as its ServiceAccount,
     and what prune would delete, as a unified diff (Secret values masked).
 
@@ -313,7 +319,8 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
             live = read_stageset(session, str(stageset.metadata["name"]))
         except CliError:
             live = None  # a new StageSet: nothing to prune
-    renderer = Renderer(session=session, sources=sources, mirror_dir=_mirror_dir(), warn=_warn)
+    renderer = Renderer(session=session, sources=sources, mirror_dir=_mirror_dir(), warn=_warn,
+                        age_key_file=age_key_file)
     differ = Differ(session=session, renderer=renderer, stageset=stageset)
     rendered = renderer.render(stageset)
     target = differ.target()

@@ -24,7 +24,6 @@ import json
 import urllib.request
 import uuid
 from collections.abc import Callable, Iterator
-from typing import Any
 
 import pytest
 import yaml
@@ -113,7 +112,8 @@ def test_sops_secrets_decrypted_as_the_tenant_failures_safe_nothing_leaks(
     two_tenants: tuple[Tenant, Tenant], controller: ControllerProcess,
 ) -> None:
     tenant, other = two_tenants
-    age, wrong_age, new_age, pgp = sops_kit.age_key(), sops_kit.age_key(), sops_kit.age_key(), sops_kit.pgp_key()
+    age, wrong_age, new_age = sops_kit.age_key(), sops_kit.age_key(), sops_kit.age_key()
+    pgp = sops_kit.pgp_key()
     many = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "many"}, "stringData": MANY}
     files = {
         "secret/secret.enc.yaml": sops_kit.encrypt(secret_yaml("db", PASSWORD), name="s.yaml", age=[age],
@@ -128,8 +128,9 @@ def test_sops_secrets_decrypted_as_the_tenant_failures_safe_nothing_leaks(
         "many/secret.enc.yaml": sops_kit.encrypt(yaml.safe_dump(many), name="m.yaml", age=[age],
                                                  regex=SECRET_REGEX).decode(),
         "echo/cm.yaml": sops_kit.encrypt(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "echo", "labels": {"tier": ECHOED}}}),
-            name="cm.yaml", age=[age], regex="^labels$").decode(),
+            "apiVersion": "v1", "kind": "ConfigMap",
+            "metadata": {"name": "echo", "labels": {"tier": ECHOED}}}), name="cm.yaml", age=[age],
+            regex="^labels$").decode(),
         "canary/cm.yaml": cm("canary"),
     }
     s = scenario(installed, git_server, tenant, files)
@@ -220,7 +221,8 @@ def test_sops_secrets_decrypted_as_the_tenant_failures_safe_nothing_leaks(
                   "metrics": metrics}
     plaintexts = [PASSWORD, ROTATED, TOKEN, ECHOED, *list(MANY.values())[:50]]
     for key in (age, wrong_age, new_age):
-        plaintexts += [line for line in key.identity.decode().splitlines() if line.startswith("AGE-SECRET-KEY")]
+        plaintexts += [line for line in key.identity.decode().splitlines()
+                       if line.startswith("AGE-SECRET-KEY")]
     plaintexts += [line for line in pgp.armored.decode().splitlines() if len(line) > 40]
     for place, text in everywhere.items():
         for value in plaintexts:
