@@ -62,6 +62,7 @@ ENV_HELPER = "STAGESET_SOPS_HELPER"
 WRAPPER = Path(__file__).resolve().parents[2] / "hack" / "sops"
 """The checked-in wrapper module (the helper and the tests' sops CLI); only in a checkout."""
 AGE_SUFFIX, PGP_SUFFIX = ".agekey", ".asc"
+_ENCRYPTED = b"ENC[AES256_GCM,"
 
 _BUILD = GoBuild(wrapper=WRAPPER, version=SOPS_VERSION, ldflags="", nosumdb="github.com/getsops",
                  env_override=ENV_HELPER)
@@ -217,8 +218,12 @@ def decrypt(files: Mapping[str, bytes], formats: Mapping[str, str], *, keys: Dec
     if not keys.entries:
         raise DecryptionError(f"{sorted(formats)[0]}: SOPS-encrypted, and key Secret {keys.secret} holds no "
                               f"entry ending in {AGE_SUFFIX} or {PGP_SUFFIX}")
+    count = sum(files[name].count(_ENCRYPTED) for name in formats)
+    if count > limits.max_encrypted_values:
+        raise DecryptionError(f"{sorted(formats)[0]}: more than {limits.max_encrypted_values} encrypted values "
+                              f"in the stage's SOPS files ({count}; the limit max_encrypted_values)")
     executable = helper or locate_helper()
-    request = {"files": dict(formats), "maxValues": limits.max_decrypted_values}
+    request = {"files": dict(formats), "maxValues": limits.max_encrypted_values}
     entries = {"request.json": json.dumps(request).encode()}
     entries.update({f"keys/{name}": content for name, content in keys.entries.items()})
     entries.update({f"files/{name}": files[name] for name in formats})

@@ -200,9 +200,9 @@ def test_many_values_are_refused_in_bounded_time(sops_kit: SopsKit, age: AgeKey,
     message = failure({"m/s.yaml": encrypted}, "m", keys_of(age=[age]), helper)
     assert "more than 1000 encrypted values" in message, message
     assert time.monotonic() - started < 30  # a generous bound, not a benchmark
-    # With the limit raised (--build-limit max_decrypted_values=2000) the same file decrypts.
+    # With the limit raised (--build-limit max_encrypted_values=2000) the same file decrypts.
     objects, opened = build({"m/s.yaml": encrypted}, "m", keys_of(age=[age]), helper,
-                            BuildLimits(max_decrypted_values=2000))
+                            BuildLimits(max_encrypted_values=2000))
     assert len(objects[0]["stringData"]) == 1500
     assert len(opened) >= 1500
 

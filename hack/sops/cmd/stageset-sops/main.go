@@ -295,7 +295,7 @@ func decryptFile(name, formatName string, data []byte, keys *keyService, values 
 	if err != nil {
 		if values.over {
 			return nil, &failure{File: name, Reason: fmt.Sprintf("more than %d encrypted values in the stage "+
-				"(the limit max_decrypted_values)", values.limit)}
+				"(the limit max_encrypted_values)", values.limit)}
 		}
 		return nil, &failure{File: name, Reason: "a value cannot be decrypted with the file's data key: the " +
 			"file was changed after it was encrypted"}
