@@ -220,8 +220,8 @@ def decrypt(files: Mapping[str, bytes], formats: Mapping[str, str], *, keys: Dec
                               f"entry ending in {AGE_SUFFIX} or {PGP_SUFFIX}")
     count = sum(files[name].count(_ENCRYPTED) for name in formats)
     if count > limits.max_encrypted_values:
-        raise DecryptionError(f"{sorted(formats)[0]}: more than {limits.max_encrypted_values} encrypted values "
-                              f"in the stage's SOPS files ({count}; the limit max_encrypted_values)")
+        raise DecryptionError(f"{sorted(formats)[0]}: more than {limits.max_encrypted_values} encrypted "
+                              f"values in the stage's SOPS files ({count}; the limit max_encrypted_values)")
     executable = helper or locate_helper()
     request = {"files": dict(formats), "maxValues": limits.max_encrypted_values}
     entries = {"request.json": json.dumps(request).encode()}
