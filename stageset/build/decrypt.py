@@ -36,7 +36,6 @@ import hashlib
 import io
 import json
 import os
-import shutil
 import tarfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -48,6 +47,7 @@ from stageset.build.kustomize import (
     KustomizeNotFoundError,
     cache_root,
     ensure_go_binary,
+    locate_binary,
     run_isolated,
     sources_digest,
 )
@@ -89,25 +89,10 @@ def cached_helper() -> Path:
     return cache_root() / "tools" / f"{HELPER_NAME}-{SOPS_VERSION}-{_digest()}" / HELPER_NAME
 
 
-def _executable(path: Path) -> bool:
-    return path.is_file() and os.access(path, os.X_OK)
-
-
 def locate_helper() -> Path:
     """The helper: ``$STAGESET_SOPS_HELPER``, the cached build, or ``stageset-sops`` on PATH."""
-    override = os.environ.get(ENV_HELPER)
-    if override:
-        if _executable(Path(override)):
-            return Path(override)
-        raise DecryptorNotFoundError(f"{ENV_HELPER}={override} is not an executable file")
-    cached = cached_helper()
-    if _executable(cached):
-        return cached
-    found = shutil.which(HELPER_NAME)
-    if found:
-        return Path(found)
-    raise DecryptorNotFoundError(f"no {HELPER_NAME} binary: set {ENV_HELPER}, put {HELPER_NAME} on PATH, "
-                                 "or build it with `python -m stageset.build`")
+    return locate_binary(env=ENV_HELPER, cached=cached_helper(), name=HELPER_NAME,
+                         error=DecryptorNotFoundError)
 
 
 def ensure_helper(*, log: bool = True) -> Path:

@@ -121,42 +121,32 @@ def _executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def locate_kustomize() -> Path:
-    """The upstream kustomize binary: the ``STAGESET_KUSTOMIZE`` override, the cached build, or PATH."""
-    override = os.environ.get(ENV_OVERRIDE)
+def locate_binary(*, env: str, cached: Path, name: str, error: type[KustomizeNotFoundError]) -> Path:
+    """A runtime binary: ``$env`` naming an executable, else the cached build, else ``name`` on PATH."""
+    override = os.environ.get(env)
     if override:
         if _executable(Path(override)):
             return Path(override)
-        raise KustomizeNotFoundError(f"{ENV_OVERRIDE}={override} is not an executable file")
-    cached = cached_binary()
+        raise error(f"{env}={override} is not an executable file")
     if _executable(cached):
         return cached
-    found = shutil.which("kustomize")
+    found = shutil.which(name)
     if found:
         return Path(found)
-    raise KustomizeNotFoundError(
-        f"no kustomize binary: set {ENV_OVERRIDE}, put kustomize on PATH, "
-        "or build it with `python -m stageset.build`"
-    )
+    raise error(f"no {name} binary: set {env}, put {name} on PATH, "
+                "or build it with `python -m stageset.build`")
+
+
+def locate_kustomize() -> Path:
+    """The upstream kustomize binary: the ``STAGESET_KUSTOMIZE`` override, the cached build, or PATH."""
+    return locate_binary(env=ENV_OVERRIDE, cached=cached_binary(), name="kustomize",
+                         error=KustomizeNotFoundError)
 
 
 def locate_builder() -> Path:
     """The builder the controller runs: ``STAGESET_KUSTOMIZE_BUILDER``, the cached build, or PATH."""
-    override = os.environ.get(ENV_BUILDER)
-    if override:
-        if _executable(Path(override)):
-            return Path(override)
-        raise KustomizeNotFoundError(f"{ENV_BUILDER}={override} is not an executable file")
-    cached = cached_builder()
-    if _executable(cached):
-        return cached
-    found = shutil.which(BUILDER_NAME)
-    if found:
-        return Path(found)
-    raise KustomizeNotFoundError(
-        f"no {BUILDER_NAME} binary: set {ENV_BUILDER}, put {BUILDER_NAME} on PATH, "
-        "or build it with `python -m stageset.build`"
-    )
+    return locate_binary(env=ENV_BUILDER, cached=cached_builder(), name=BUILDER_NAME,
+                         error=KustomizeNotFoundError)
 
 
 # --------------------------------------------------------------------------- building
@@ -198,15 +188,20 @@ KUSTOMIZE_BUILD = GoBuild(wrapper=WRAPPER, version=KUSTOMIZE_VERSION,
                           nosumdb="sigs.k8s.io", env_override=ENV_BUILDER)
 
 
-def _build_into(target: Path, *, package: str, name: str, log: bool, how: GoBuild = KUSTOMIZE_BUILD) -> None:
-    args = ["build", "-mod=readonly", "-trimpath", "-buildvcs=false", "-ldflags", f"-s -w {how.ldflags}"]
+def build_into(target: Path, *, packages: Sequence[str], what: str, how: GoBuild, log: bool,
+               name: str | None = None) -> None:
+    """Build ``packages`` of ``how.wrapper`` into the directory ``target`` (as ``name`` when there is
+    one package and a name), published atomically so a half-built directory is never a cache hit."""
+    ldflags = f"-s -w {how.ldflags}".strip()
+    args = ["build", "-mod=readonly", "-trimpath", "-buildvcs=false", "-ldflags", ldflags]
     with tempfile.TemporaryDirectory(prefix="stageset-build-", dir=target.parent) as tmp:
         staged = Path(tmp) / "bin"
         staged.mkdir()
         if log:
-            print(f"building {name} ({how.version}) from the Go module proxy ...",
-                  file=sys.stderr, flush=True)
-        command = [*args, "-o", str(staged / name), package]
+            print(f"building {what} ({how.version}) from the Go module proxy ...", file=sys.stderr,
+                  flush=True)
+        output = str(staged / name) if name is not None else f"{staged}/"
+        command = [*args, "-o", output, *packages]
         try:
             run_go(command, cwd=how.wrapper)
         except GoError as error:
@@ -215,7 +210,6 @@ def _build_into(target: Path, *, package: str, name: str, log: bool, how: GoBuil
             if not CHECKSUM_FAILURE.search(str(error)):
                 raise
             run_go(command, cwd=how.wrapper, extra_env={"GONOSUMDB": how.nosumdb})
-        # Publish atomically so a half-built directory is never mistaken for a cache hit.
         if target.exists():
             shutil.rmtree(target)
         staged.rename(target)
@@ -235,7 +229,7 @@ def _ensure(binary: Path, *, package: str, name: str, log: bool, how: GoBuild = 
     with (target.parent / f".{target.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _executable(binary):
-            _build_into(target, package=package, name=name, log=log, how=how)
+            build_into(target, packages=[package], what=name, how=how, log=log, name=name)
     return binary
 
 

@@ -21,11 +21,10 @@ import fcntl
 import os
 import shutil
 import sys
-import tempfile
 from pathlib import Path
 
 from stageset.build.decrypt import SOPS_MODULE, SOPS_VERSION, WRAPPER
-from stageset.build.kustomize import CHECKSUM_FAILURE, GoError, cache_root, run_go, sources_digest
+from stageset.build.kustomize import GoBuild, build_into, cache_root, run_go, sources_digest
 
 PACKAGES = {"sops": f"{SOPS_MODULE}/cmd/sops", "age-keygen": "filippo.io/age/cmd/age-keygen"}
 OVERRIDES = {"sops": "STAGESET_SOPS", "age-keygen": "STAGESET_AGE_KEYGEN"}
@@ -60,23 +59,10 @@ def ensure(name: str, *, log: bool = True) -> Path:
 
 
 def _build_into(target: Path, *, log: bool) -> None:
-    with tempfile.TemporaryDirectory(prefix="stageset-build-", dir=target.parent) as tmp:
-        staged = Path(tmp) / "bin"
-        staged.mkdir()
-        if log:
-            print(f"building sops {SOPS_VERSION} and age-keygen from the Go module proxy (tests only) ...",
-                  file=sys.stderr, flush=True)
-        command = ["build", "-mod=readonly", "-trimpath", "-buildvcs=false", "-ldflags", "-s -w",
-                   "-o", f"{staged}/", *PACKAGES.values()]
-        try:
-            run_go(command, cwd=WRAPPER)
-        except GoError as error:
-            if not CHECKSUM_FAILURE.search(str(error)):
-                raise
-            run_go(command, cwd=WRAPPER, extra_env={"GONOSUMDB": "github.com/getsops,filippo.io"})
-        if target.exists():
-            shutil.rmtree(target)
-        staged.rename(target)
+    how = GoBuild(wrapper=WRAPPER, version=SOPS_VERSION, ldflags="", nosumdb="github.com/getsops,filippo.io",
+                  env_override=OVERRIDES["sops"])
+    build_into(target, packages=list(PACKAGES.values()), what="sops and age-keygen (tests only)", how=how,
+               log=log)
 
 
 def main(argv: list[str]) -> int:
