@@ -50,6 +50,7 @@ from stageset.build.kustomize import (
     locate_binary,
     run_isolated,
     sources_digest,
+    tar_stream,
 )
 from stageset.build.limits import BuildLimits
 
@@ -155,17 +156,6 @@ class Decrypted:
     """Every value that was encrypted, as text: to be redacted wherever it could show."""
 
 
-def _tar(entries: Mapping[str, bytes]) -> bytes:
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
-        for name in sorted(entries):
-            info = tarfile.TarInfo(name)
-            info.size = len(entries[name])
-            info.mode = 0o600
-            archive.addfile(info, io.BytesIO(entries[name]))
-    return buffer.getvalue()
-
-
 def _untar(data: bytes) -> dict[str, bytes]:
     found: dict[str, bytes] = {}
     try:
@@ -212,7 +202,7 @@ def decrypt(files: Mapping[str, bytes], formats: Mapping[str, str], *, keys: Dec
     entries = {"request.json": json.dumps(request).encode()}
     entries.update({f"keys/{name}": content for name, content in keys.entries.items()})
     entries.update({f"files/{name}": files[name] for name in formats})
-    result = run_isolated([str(executable)], _tar(entries), limits=limits, what="SOPS decryption",
+    result = run_isolated([str(executable)], tar_stream(entries), limits=limits, what="SOPS decryption",
                           program=HELPER_NAME)
     if result.returncode not in (0, 1):
         # The helper's stderr is never shown: only SOPS' reasons, which the helper words itself.

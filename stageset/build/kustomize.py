@@ -283,7 +283,8 @@ def update_wrapper() -> None:
 # --------------------------------------------------------------------------- running
 
 
-def _tar(files: Mapping[str, bytes]) -> bytes:
+def tar_stream(files: Mapping[str, bytes]) -> bytes:
+    """``files`` (clean relative names) as an uncompressed tar stream, for a helper's stdin."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
         for name in sorted(files):
@@ -378,8 +379,8 @@ def kustomize_patch(resources: str, patches: Sequence[Mapping[str, object]], *, 
 def _run_builder(arguments: Sequence[str], files: Mapping[str, bytes], *, limits: BuildLimits,
                  binary: Path | None, failed: str) -> str:
     executable = binary or locate_builder()
-    result = run_isolated([str(executable), *arguments], _tar(files), limits=limits, what="kustomize build",
-                          program=BUILDER_NAME)
+    result = run_isolated([str(executable), *arguments], tar_stream(files), limits=limits,
+                          what="kustomize build", program=BUILDER_NAME)
     stderr = result.stderr
     if result.returncode != 0:
         if "out of memory" in stderr:
