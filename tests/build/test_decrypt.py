@@ -182,7 +182,7 @@ def test_failures_name_the_file_and_a_reason_and_hold_no_secret(sops_kit: SopsKi
     not_a_key = DecryptionKeys.from_secret_data("ns/keys", {
         "broken.agekey": base64.b64encode(b"AGE-SECRET-KEY-1NOTAKEY" + PASSWORD.encode()).decode()})
     bad = failure({"x/s.yaml": encrypted}, "x", not_a_key, helper)
-    assert bad == ('key Secret ns/keys: key Secret entry "broken.agekey" is not an age identity file '
+    assert bad == ('key Secret ns/keys: entry "broken.agekey" is not an age identity file '
                    "(lines AGE-SECRET-KEY-1..., comments starting with #)"), bad
     assert_secret_free(bad, *secrets)
 

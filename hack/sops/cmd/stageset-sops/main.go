@@ -105,23 +105,23 @@ func loadKeys(entries map[string][]byte) (*keyService, error) {
 		case strings.HasSuffix(name, ".agekey"):
 			var ids sopsage.ParsedIdentities
 			if err := ids.Import(string(content)); err != nil {
-				return nil, &failure{File: "", Reason: fmt.Sprintf("key Secret entry %q is not an age identity "+
+				return nil, &failure{File: "", Reason: fmt.Sprintf("entry %q is not an age identity "+
 					"file (lines AGE-SECRET-KEY-1..., comments starting with #)", name)}
 			}
 			service.age = append(service.age, ids...)
 		case strings.HasSuffix(name, ".asc"):
 			entities, err := openpgp.ReadArmoredKeyRing(bytes.NewReader(content))
 			if err != nil {
-				return nil, &failure{Reason: fmt.Sprintf("key Secret entry %q is not an armored OpenPGP key "+
+				return nil, &failure{Reason: fmt.Sprintf("entry %q is not an armored OpenPGP key "+
 					"(gpg --export-secret-keys --armor)", name)}
 			}
 			for _, entity := range entities {
 				if entity.PrivateKey == nil {
-					return nil, &failure{Reason: fmt.Sprintf("key Secret entry %q holds a public key only; "+
+					return nil, &failure{Reason: fmt.Sprintf("entry %q holds a public key only; "+
 						"export the private key (gpg --export-secret-keys --armor)", name)}
 				}
 				if entity.PrivateKey.Encrypted || encryptedSubkey(entity) {
-					return nil, &failure{Reason: fmt.Sprintf("key Secret entry %q is protected by a "+
+					return nil, &failure{Reason: fmt.Sprintf("entry %q is protected by a "+
 						"passphrase; store a private key without one", name)}
 				}
 			}
