@@ -142,6 +142,11 @@ class RenderCache:
         self.tree_reads = 0
 
     def get(self, key: str) -> list[KubeObject] | None:
+        found = self.get_entry(key)
+        return None if found is None else found[0]
+
+    def get_entry(self, key: str) -> tuple[list[KubeObject], Seal | None] | None:
+        """The objects of a render key and, read under the same lock, their seal (if decrypted)."""
         with self._lock:
             found = self._entries.get(key)
             if found is None:
@@ -149,7 +154,7 @@ class RenderCache:
                 return None
             self._entries.move_to_end(key)
             self.hits += 1
-            return found
+            return found, self._seals.get(key)
 
     def put(self, key: str, objects: list[KubeObject], *, built: bool = False,
             seal: Seal | None = None) -> None:
@@ -163,24 +168,19 @@ class RenderCache:
                 dropped, _ = self._entries.popitem(last=False)
                 self._seals.pop(dropped, None)
 
-    def seal(self, key: str) -> Seal | None:
-        with self._lock:
-            return self._seals.get(key)
-
     def resolve(self, source: str) -> list[KubeObject] | None:
         """The objects a source key rendered to last time, if still cached."""
         found = self.resolve_entry(source)
-        return None if found is None else found[1]
+        return None if found is None else found[0]
 
-    def resolve_entry(self, source: str) -> tuple[str, list[KubeObject]] | None:
-        """The render key and objects a source key rendered to last time, if still cached."""
+    def resolve_entry(self, source: str) -> tuple[list[KubeObject], Seal | None] | None:
+        """The objects a source key rendered to last time and their seal, if still cached."""
         with self._lock:
             key = self._sources.get(source)
             if key is None:
                 return None
             self._sources.move_to_end(source)
-        objects = self.get(key)
-        return None if objects is None else (key, objects)
+        return self.get_entry(key)
 
     def remember(self, source: str, key: str) -> None:
         with self._lock:
@@ -229,12 +229,12 @@ def render_stage(cache: RenderCache, *, url: str, commit: str, ignore: str | Non
                         patches=patches, scope=scope)
     hit = cache.resolve_entry(source)
     if hit is not None:
-        seal = cache.seal(hit[0])
+        cached, seal = hit
         if seal is None:
-            return hit[1]
+            return cached
         if decryption is not None and decryption.keys().digest == seal.keys:
             decryption.reveal(seal.values)
-            return hit[1]
+            return cached
         # The key Secret changed (rotated): decrypt again with what it holds now.
     root = cache.tree((url, commit, ignore), read_tree)
     prepared = prepare(root.files, path=path, limits=limits, unreadable=root.unreadable)
@@ -249,9 +249,9 @@ def render_stage(cache: RenderCache, *, url: str, commit: str, ignore: str | Non
         sealed = (decryption.scope, keys.digest)
     key = render_key(url=url, tree=prepared.digest(), ignore=ignore, variables=variables, patches=patches,
                      sealed=sealed)
-    objects = cache.get(key)
-    seal = cache.seal(key) if objects is not None else None
-    if objects is not None and seal is not None and decryption is not None:
+    entry = cache.get_entry(key)
+    objects, seal = entry if entry is not None else (None, None)
+    if seal is not None and decryption is not None:
         decryption.reveal(seal.values)
     if objects is None:
         if keys is not None and decryption is not None:
