@@ -154,6 +154,7 @@ def test_sops_secrets_decrypted_as_the_tenant_failures_safe_nothing_leaks(
     writes = [e for e in events if e.get("verb") in ("create", "patch", "update")
               and e.get("objectRef", {}).get("resource") == "secrets"
               and e.get("objectRef", {}).get("name") in ("db", "app-env")
+              and e.get("objectRef", {}).get("namespace") == ns
               and "dryRun" not in e.get("requestURI", "") and e.get("stage") == "ResponseComplete"]
     assert writes, "no write of the decrypted Secrets in the audit log"
     assert {(e.get("impersonatedUser") or {}).get("username") for e in writes} == {tenant.username}
