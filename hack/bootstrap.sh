@@ -5,6 +5,7 @@
 #   - OpenSSH's server and client (Debian packages) for the SSH Git tests, when sshd is missing;
 #   - mmdebstrap, umoci and binutils (Debian packages) for the daemonless image build, when missing;
 #   - chromium (Debian's, with a font) for the dashboard's browser tests, when missing;
+#   - gnupg (Debian) for the SOPS tests' OpenPGP key, when gpg is missing;
 # The control-plane binaries are built on first use by stageset.envtest.build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -85,5 +86,10 @@ fi
 # that downloads itself.
 if [ ! -x /usr/bin/chromium ] && command -v apt-get >/dev/null; then
     apt_install "the dashboard's browser tests" chromium fonts-dejavu-core >&2
+fi
+
+# The SOPS tests make an OpenPGP key with gpg and encrypt for it with the real sops.
+if ! command -v gpg >/dev/null && command -v apt-get >/dev/null; then
+    apt_install "the SOPS tests' OpenPGP key" gnupg >&2
 fi
 echo "$UV"

@@ -29,8 +29,10 @@ site="$(mktemp -d)"; run mkdocs build --strict --site-dir "$site"; rm -rf "$site
 
 echo "== control plane (built once, cached in ~/.cache/stageset)"
 run python -m stageset.envtest.build
-echo "== kustomize (built once, cached in ~/.cache/stageset)"
+echo "== kustomize and the SOPS helper (built once, cached in ~/.cache/stageset)"
 run python -m stageset.build
+echo "== sops and age-keygen (tests only; built once from the helper's module, cached in ~/.cache/stageset)"
+run python -m stageset.envtest.sops
 echo "== helm (built once, cached in ~/.cache/stageset)"
 run python -m stageset.envtest.helm
 echo "== toxiproxy (built once, cached in ~/.cache/stageset; the fault suite's proxy)"

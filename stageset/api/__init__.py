@@ -26,6 +26,8 @@ from stageset.api.gitrepository import (
     GitRepositoryStatus,
 )
 from stageset.api.stageset import (
+    Decryption,
+    DecryptionProvider,
     InventoryEntry,
     KubeConfigRef,
     ObjectRef,
@@ -48,6 +50,8 @@ __all__ = [
     "VERSION",
     "Artifact",
     "Condition",
+    "Decryption",
+    "DecryptionProvider",
     "GitRef",
     "GitRepository",
     "GitRepositorySpec",

@@ -120,6 +120,82 @@ class KubeConfigRef(ApiModel):
     """The Secret and key holding the kubeconfig; the key defaults to ``value``."""
 
 
+class DecryptionProvider(StrEnum):
+    """Who decrypts: ``sops`` is the only provider (as in Flux and the reference)."""
+
+    SOPS = "sops"
+
+
+class DecryptionSecretRef(ApiModel):
+    """The Secret holding the decryption keys, in the StageSet's own namespace."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "!has(self.__namespace__)",
+                    "message": "decryption.secretRef.namespace: the key Secret is always read from the "
+                               "StageSet's own namespace, as its ServiceAccount; a Secret of another "
+                               "namespace cannot be used",
+                    "fieldPath": ".namespace",
+                },
+            ],
+        },
+    )
+
+    name: DNSSubdomain
+    """Name of the Secret; entries ending in ``.agekey`` hold age identities, entries ending in
+    ``.asc`` armored OpenPGP private keys."""
+    namespace: DNSLabel | None = None
+    """Refused when set: the key Secret is always read from the StageSet's own namespace."""
+
+    @field_validator("namespace")
+    @classmethod
+    def _own_namespace_only(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError("decryption.secretRef.namespace: the key Secret is always read from the "
+                             "StageSet's own namespace, as its ServiceAccount; a Secret of another "
+                             "namespace cannot be used")
+        return value
+
+
+class Decryption(ApiModel):
+    """Decrypt SOPS-encrypted files of every stage's source before they are built.
+
+    The key Secret is read as the StageSet's ``serviceAccountName`` (the controller itself only
+    in cluster-admin mode), every pass, so a rotated key is used on the next pass.  Files are
+    decrypted with age and OpenPGP keys only; cloud KMS keys are not used.
+    """
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "x-kubernetes-validations": [
+                {
+                    "rule": "has(self.secretRef)",
+                    "message": "decryption.secretRef is required: this controller decrypts with the age "
+                               "(*.agekey) and OpenPGP (*.asc) keys of a Secret in the StageSet's "
+                               "namespace; cloud KMS keys are not supported",
+                    "fieldPath": ".secretRef",
+                },
+            ],
+        },
+    )
+
+    provider: Annotated[DecryptionProvider, WithJsonSchema({"type": "string", "enum": ["sops"]})]
+    """The decryption provider: ``sops``."""
+    secret_ref: DecryptionSecretRef | None = None
+    """The Secret holding the keys (required: cloud KMS, which the reference allows without one,
+    is not supported)."""
+
+    @model_validator(mode="after")
+    def _keys_required(self) -> Decryption:
+        if self.secret_ref is None:
+            raise ValueError("decryption.secretRef is required: this controller decrypts with the age "
+                             "(*.agekey) and OpenPGP (*.asc) keys of a Secret in the StageSet's "
+                             "namespace; cloud KMS keys are not supported")
+        return self
+
+
 class SubstituteRef(ApiModel):
     """A ConfigMap or Secret whose data provides substitution variables."""
 
@@ -588,6 +664,8 @@ class StageSetSpec(ApiModel):
     """
     kube_config: KubeConfigRef | None = None
     """Apply to the remote cluster this kubeconfig points at."""
+    decryption: Decryption | None = None
+    """Decrypt SOPS-encrypted files of the stages' sources (age and OpenPGP keys from a Secret)."""
     interval: Duration | None = None
     """How often to reconcile, correcting drift; defaults to the controller's ``--default-interval``
     (10m unless the platform team changed it)."""

@@ -139,8 +139,6 @@ _HOLD = "use Hold (the default) and raise the stage's timeout instead"
 
 REFUSED: Final = (
     # spec
-    Refusal("StageSetSpec", "decryption", "SOPS decryption of the stages' sources",
-            planned="issue 18", shape=Shape.OBJECT),
     Refusal("StageSetSpec", "rollbackOnFailure", "restoring the last good revisions after a failed run",
             planned="issue 21", shape=Shape.FLAG),
     Refusal("StageSetSpec", "onTimeout", "rolling back when a readiness wait runs out of time",

@@ -59,6 +59,7 @@ import tarfile
 import tempfile
 import threading
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from stageset.build.errors import BuildError
@@ -107,12 +108,7 @@ def cached_binary() -> Path:
 @functools.cache
 def _builder_sources_digest() -> str:
     """A digest of the wrapper module's files, so an edited builder gets a new cache slot."""
-    digest = hashlib.sha256()
-    if WRAPPER.is_dir():
-        for path in sorted(WRAPPER.rglob("*")):
-            if path.is_file() and path.suffix in (".go", ".mod", ".sum"):
-                digest.update(str(path.relative_to(WRAPPER)).encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
+    return sources_digest(WRAPPER)
 
 
 def cached_builder() -> Path:
@@ -125,42 +121,32 @@ def _executable(path: Path) -> bool:
     return path.is_file() and os.access(path, os.X_OK)
 
 
-def locate_kustomize() -> Path:
-    """The upstream kustomize binary: the ``STAGESET_KUSTOMIZE`` override, the cached build, or PATH."""
-    override = os.environ.get(ENV_OVERRIDE)
+def locate_binary(*, env: str, cached: Path, name: str, error: type[KustomizeNotFoundError]) -> Path:
+    """A runtime binary: ``$env`` naming an executable, else the cached build, else ``name`` on PATH."""
+    override = os.environ.get(env)
     if override:
         if _executable(Path(override)):
             return Path(override)
-        raise KustomizeNotFoundError(f"{ENV_OVERRIDE}={override} is not an executable file")
-    cached = cached_binary()
+        raise error(f"{env}={override} is not an executable file")
     if _executable(cached):
         return cached
-    found = shutil.which("kustomize")
+    found = shutil.which(name)
     if found:
         return Path(found)
-    raise KustomizeNotFoundError(
-        f"no kustomize binary: set {ENV_OVERRIDE}, put kustomize on PATH, "
-        "or build it with `python -m stageset.build`"
-    )
+    raise error(f"no {name} binary: set {env}, put {name} on PATH, "
+                "or build it with `python -m stageset.build`")
+
+
+def locate_kustomize() -> Path:
+    """The upstream kustomize binary: the ``STAGESET_KUSTOMIZE`` override, the cached build, or PATH."""
+    return locate_binary(env=ENV_OVERRIDE, cached=cached_binary(), name="kustomize",
+                         error=KustomizeNotFoundError)
 
 
 def locate_builder() -> Path:
     """The builder the controller runs: ``STAGESET_KUSTOMIZE_BUILDER``, the cached build, or PATH."""
-    override = os.environ.get(ENV_BUILDER)
-    if override:
-        if _executable(Path(override)):
-            return Path(override)
-        raise KustomizeNotFoundError(f"{ENV_BUILDER}={override} is not an executable file")
-    cached = cached_builder()
-    if _executable(cached):
-        return cached
-    found = shutil.which(BUILDER_NAME)
-    if found:
-        return Path(found)
-    raise KustomizeNotFoundError(
-        f"no {BUILDER_NAME} binary: set {ENV_BUILDER}, put {BUILDER_NAME} on PATH, "
-        "or build it with `python -m stageset.build`"
-    )
+    return locate_binary(env=ENV_BUILDER, cached=cached_builder(), name=BUILDER_NAME,
+                         error=KustomizeNotFoundError)
 
 
 # --------------------------------------------------------------------------- building
@@ -185,46 +171,81 @@ def run_go(args: list[str], *, cwd: Path, extra_env: Mapping[str, str] | None = 
 CHECKSUM_FAILURE = re.compile(r"verifying ([\w.\-/]+)@|sum\.golang\.org|checksum database")
 
 
-def _build_into(target: Path, *, package: str, name: str, log: bool) -> None:
-    args = ["build", "-mod=readonly", "-trimpath", "-buildvcs=false",
-            "-ldflags", f"-s -w -X sigs.k8s.io/kustomize/api/provenance.version={KUSTOMIZE_VERSION}"]
+@dataclass(frozen=True)
+class GoBuild:
+    """How one runtime binary is built from its checked-in wrapper module."""
+
+    wrapper: Path
+    version: str
+    ldflags: str
+    nosumdb: str
+    """``GONOSUMDB`` for the one retry after a checksum-database failure (the module's host)."""
+    env_override: str
+
+
+KUSTOMIZE_BUILD = GoBuild(wrapper=WRAPPER, version=KUSTOMIZE_VERSION,
+                          ldflags=f"-X sigs.k8s.io/kustomize/api/provenance.version={KUSTOMIZE_VERSION}",
+                          nosumdb="sigs.k8s.io", env_override=ENV_BUILDER)
+
+
+def build_into(target: Path, *, packages: Sequence[str], what: str, how: GoBuild, log: bool,
+               name: str | None = None) -> None:
+    """Build ``packages`` of ``how.wrapper`` into the directory ``target`` (as ``name`` when there is
+    one package and a name), published atomically so a half-built directory is never a cache hit."""
+    ldflags = f"-s -w {how.ldflags}".strip()
+    args = ["build", "-mod=readonly", "-trimpath", "-buildvcs=false", "-ldflags", ldflags]
     with tempfile.TemporaryDirectory(prefix="stageset-build-", dir=target.parent) as tmp:
         staged = Path(tmp) / "bin"
         staged.mkdir()
         if log:
-            print(f"building {name} ({KUSTOMIZE_VERSION}) from the Go module proxy ...",
-                  file=sys.stderr, flush=True)
-        command = [*args, "-o", str(staged / name), package]
+            print(f"building {what} ({how.version}) from the Go module proxy ...", file=sys.stderr,
+                  flush=True)
+        output = str(staged / name) if name is not None else f"{staged}/"
+        command = [*args, "-o", output, *packages]
         try:
-            run_go(command, cwd=WRAPPER)
+            run_go(command, cwd=how.wrapper)
         except GoError as error:
             # go.sum is checked in, so the checksum database is normally never asked; if a proxy
-            # still fails to relay a look-up, retry with verification scoped off for kustomize only.
+            # still fails to relay a look-up, retry with verification scoped off for that module only.
             if not CHECKSUM_FAILURE.search(str(error)):
                 raise
-            run_go(command, cwd=WRAPPER, extra_env={"GONOSUMDB": "sigs.k8s.io"})
-        # Publish atomically so a half-built directory is never mistaken for a cache hit.
+            run_go(command, cwd=how.wrapper, extra_env={"GONOSUMDB": how.nosumdb})
         if target.exists():
             shutil.rmtree(target)
         staged.rename(target)
 
 
-def _ensure(binary: Path, *, package: str, name: str, log: bool) -> Path:
+def _ensure(binary: Path, *, package: str, name: str, log: bool, how: GoBuild = KUSTOMIZE_BUILD) -> Path:
     if _executable(binary):
         return binary
     if shutil.which("go") is None:
-        raise RuntimeError(f"the Go toolchain is needed to build {name}; install go "
-                           f"or set {ENV_BUILDER if name == BUILDER_NAME else ENV_OVERRIDE}")
-    if not (WRAPPER / "go.sum").is_file():
-        raise RuntimeError(f"the wrapper module {WRAPPER} is missing; build from a stageset checkout")
+        override = how.env_override if name != "kustomize" else ENV_OVERRIDE
+        raise RuntimeError(f"the Go toolchain is needed to build {name}; install go or set {override}")
+    if not (how.wrapper / "go.sum").is_file():
+        raise RuntimeError(f"the wrapper module {how.wrapper} is missing; build from a stageset checkout")
     target = binary.parent
     target.parent.mkdir(parents=True, exist_ok=True)
     # One build at a time per cache (parallel test workers).
     with (target.parent / f".{target.name}.lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _executable(binary):
-            _build_into(target, package=package, name=name, log=log)
+            build_into(target, packages=[package], what=name, how=how, log=log, name=name)
     return binary
+
+
+def ensure_go_binary(binary: Path, *, package: str, name: str, how: GoBuild, log: bool = True) -> Path:
+    """``binary``, built once from ``how.wrapper``'s ``package`` if it is not there (under a file lock)."""
+    return _ensure(binary, package=package, name=name, log=log, how=how)
+
+
+def sources_digest(wrapper: Path) -> str:
+    """A digest of a wrapper module's files, so an edited module gets a new cache slot."""
+    digest = hashlib.sha256()
+    if wrapper.is_dir():
+        for path in sorted(wrapper.rglob("*")):
+            if path.is_file() and path.suffix in (".go", ".mod", ".sum"):
+                digest.update(str(path.relative_to(wrapper)).encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
 
 
 def ensure_kustomize(*, log: bool = True) -> Path:
@@ -262,7 +283,8 @@ def update_wrapper() -> None:
 # --------------------------------------------------------------------------- running
 
 
-def _tar(files: Mapping[str, bytes]) -> bytes:
+def tar_stream(files: Mapping[str, bytes]) -> bytes:
+    """``files`` (clean relative names) as an uncompressed tar stream, for a helper's stdin."""
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as archive:
         for name in sorted(files):
@@ -357,26 +379,56 @@ def kustomize_patch(resources: str, patches: Sequence[Mapping[str, object]], *, 
 def _run_builder(arguments: Sequence[str], files: Mapping[str, bytes], *, limits: BuildLimits,
                  binary: Path | None, failed: str) -> str:
     executable = binary or locate_builder()
-    payload = _tar(files)
-    command = [str(executable), *arguments]
+    result = run_isolated([str(executable), *arguments], tar_stream(files), limits=limits,
+                          what="kustomize build", program=BUILDER_NAME)
+    stderr = result.stderr
+    if result.returncode != 0:
+        if "out of memory" in stderr:
+            raise BuildError("kustomize build ran out of memory (limit "
+                             f"{limits.kustomize_memory_bytes // (1024 * 1024)} MiB)")
+        raise BuildError(f"{failed}{_trim(stderr)}")
     try:
-        process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        return result.stdout.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise BuildError("kustomize build printed output that is not UTF-8") from error
+
+
+@dataclass(frozen=True)
+class Completed:
+    returncode: int
+    stdout: bytes
+    stderr: str
+
+
+def run_isolated(command: Sequence[str], payload: bytes, *, limits: BuildLimits, what: str,
+                 program: str) -> Completed:
+    """Run one of our Go helpers on ``payload`` (its stdin) under the build limits.
+
+    The environment is built from scratch (no HOME, an empty PATH, proxies that refuse), the
+    working directory is ``/``, the time limit is ``kustomize_timeout``, the memory limit
+    ``kustomize_memory_bytes`` (``RLIMIT_DATA`` and ``GOMEMLIMIT``), stdout is read up to
+    ``max_stage_bytes`` and stderr up to 64 KiB.  Raises :class:`BuildError` (naming ``what``)
+    for a timeout, a memory or output limit, or a signal; :class:`KustomizeNotFoundError` when
+    the program cannot be started.  Any other exit status is the caller's to read.
+    """
+    try:
+        process = subprocess.Popen(list(command), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                    stderr=subprocess.PIPE, env=_environment(limits), cwd="/",
                                    start_new_session=True)
     except OSError as error:
-        raise KustomizeNotFoundError(f"cannot run {BUILDER_NAME} at {executable}: {error}") from error
+        raise KustomizeNotFoundError(f"cannot run {program} at {command[0]}: {error}") from error
     assert process.stdin is not None
     assert process.stdout is not None
     assert process.stderr is not None
     with contextlib.suppress(OSError, ValueError):
-        # Before any input arrives, so the build itself runs under the limit.  RLIMIT_DATA
+        # Before any input arrives, so the work itself runs under the limit.  RLIMIT_DATA
         # counts the writable memory a process maps; RLIMIT_AS would not do: the Go runtime
         # reserves ~1.5 GiB of address space it never touches.
         limit = limits.kustomize_memory_bytes + _GO_RUNTIME_DATA
         resource.prlimit(process.pid, resource.RLIMIT_DATA, (limit, limit))
     with contextlib.suppress(OSError):
         # If the container's memory runs out anyway (builds of several workers at once), the
-        # kernel kills a builder, never the shared controller: the build fails, the process stays.
+        # kernel kills a helper, never the shared controller: the build fails, the process stays.
         Path(f"/proc/{process.pid}/oom_score_adj").write_text("1000")
     out = _Capped(process.stdout, limits.max_stage_bytes, process.kill)  # type: ignore[arg-type]
     err = _Capped(process.stderr, 64 * 1024)  # type: ignore[arg-type]
@@ -397,22 +449,17 @@ def _run_builder(arguments: Sequence[str], files: Mapping[str, bytes], *, limits
             with contextlib.suppress(OSError):
                 pipe.close()
     if timed_out and not out.overflow:
-        raise BuildError(f"kustomize build timed out after {limits.kustomize_timeout:g}s")
+        raise BuildError(f"{what} timed out after {limits.kustomize_timeout:g}s")
     stderr = err.data.decode("utf-8", "replace")
     if out.overflow:  # (checked first: the process was killed for it)
-        raise BuildError(f"kustomize build printed more than {limits.max_stage_bytes} bytes (the limit "
+        raise BuildError(f"{what} printed more than {limits.max_stage_bytes} bytes (the limit "
                          "of manifest bytes per stage)")
-    if process.returncode != 0:
-        if "out of memory" in stderr or process.returncode == -9:
-            raise BuildError("kustomize build ran out of memory (limit "
-                             f"{limits.kustomize_memory_bytes // (1024 * 1024)} MiB)")
-        if process.returncode < 0:
-            raise BuildError(f"kustomize build was killed by signal {-process.returncode}")
-        raise BuildError(f"{failed}{_trim(stderr)}")
-    try:
-        return out.data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        raise BuildError("kustomize build printed output that is not UTF-8") from error
+    if process.returncode == -9 or (process.returncode != 0 and "out of memory" in stderr):
+        raise BuildError(f"{what} ran out of memory (limit "
+                         f"{limits.kustomize_memory_bytes // (1024 * 1024)} MiB)")
+    if process.returncode < 0:
+        raise BuildError(f"{what} was killed by signal {-process.returncode}")
+    return Completed(returncode=process.returncode, stdout=bytes(out.data), stderr=stderr)
 
 
 def main(argv: list[str]) -> int:

@@ -58,7 +58,12 @@ class BuildLimits:
     """Seconds one kustomize run may take."""
     kustomize_memory_bytes: int = 256 * MiB
     """Heap the kustomize subprocess may use (``GOMEMLIMIT``; the memory it may map is
-    capped at this plus the Go runtime's own 128 MiB).  Real builds use a few tens of MiB."""
+    capped at this plus the Go runtime's own 128 MiB).  Real builds use a few tens of MiB.
+    The SOPS decryption helper runs under the same time and memory limits."""
+    max_encrypted_values: int = 1000
+    """Encrypted values (``ENC[...]`` entries) in one stage's SOPS files, counted before anything
+    is decrypted.  Decrypting costs SOPS about 0.2 ms a value (more in huge files), and every
+    decrypted value is redacted from every status, event and log line."""
 
     @classmethod
     def with_overrides(cls, overrides: Iterable[str], base: BuildLimits | None = None) -> BuildLimits:

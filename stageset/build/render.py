@@ -42,6 +42,7 @@ the same object are an error naming both.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import posixpath
@@ -57,6 +58,7 @@ from stageset.build.errors import BuildError
 from stageset.build.kustomize import kustomize_build, kustomize_patch
 from stageset.build.limits import BuildLimits
 from stageset.build.parse import StageBudget, construct, load_json, load_yaml, precheck
+from stageset.build.sopsfiles import encrypted_files
 from stageset.build.sourceroot import KUSTOMIZATION_FILES, MANIFEST_SUFFIXES, Plan, SourceTree, plan_build
 from stageset.build.variables import has_expansion, substitute
 from stageset.kube.types import KubeObject
@@ -158,9 +160,8 @@ def _classify(name: str, documents: list[tuple[yaml.Node | None, Any]]) -> bool:
     return True
 
 
-def _read_plain(tree: SourceTree, name: str, *, limits: BuildLimits, budget: StageBudget,
+def _read_plain(name: str, content: bytes, *, limits: BuildLimits, budget: StageBudget,
                 keep_nodes: bool) -> list[_Manifest]:
-    content = tree.files[name]
     budget.charge_bytes(len(content), name)
     try:
         text = content.decode("utf-8")
@@ -381,11 +382,29 @@ class Prepared:
     plan: Plan
     limits: BuildLimits
     budget: StageBudget
+    decrypted: Mapping[str, bytes] = dataclasses.field(default_factory=dict, repr=False)
+    """Files replaced by their decrypted content (:meth:`with_decrypted`); never in the tree itself."""
+    withheld: frozenset[str] = frozenset()
+    """SOPS files beside a kustomization that nothing names: not given to kustomize."""
 
     def digest(self) -> str:
         """SHA-256 over every input of the build (paths and contents) and its plan."""
         material = json.dumps(self.plan.digest_material(self.tree), separators=(",", ":"))
         return hashlib.sha256(material.encode()).hexdigest()
+
+    def sops_files(self) -> tuple[dict[str, str], tuple[str, ...]]:
+        """``({file: SOPS format}, withheld)``: see :func:`stageset.build.sopsfiles.encrypted_files`."""
+        plan = self.plan
+        return encrypted_files(self.tree.files, plain=plan.plain, inputs=plan.inputs, named=plan.named,
+                               generator_sources=plan.generator_sources, limits=self.limits)
+
+    def with_decrypted(self, files: Mapping[str, bytes], withheld: Sequence[str] = ()) -> Prepared:
+        """The same build reading ``files`` (decrypted) instead of the tree's, and without ``withheld``."""
+        return dataclasses.replace(self, decrypted=dict(files), withheld=frozenset(withheld))
+
+    def content(self, name: str) -> bytes:
+        found = self.decrypted.get(name)
+        return self.tree.files[name] if found is None else found
 
 
 def prepare(files: Mapping[str, bytes], *, path: str = ".", limits: BuildLimits | None = None,
@@ -417,10 +436,10 @@ def render(prepared: Prepared, *, variables: Mapping[str, str] | None = None,
     keep_nodes = variables is not None
     manifests: list[_Manifest] = []
     for name in plan.plain:
-        manifests.extend(_read_plain(prepared.tree, name, limits=limits, budget=budget,
+        manifests.extend(_read_plain(name, prepared.content(name), limits=limits, budget=budget,
                                      keep_nodes=keep_nodes))
     if plan.units:
-        inputs = {name: prepared.tree.files[name] for name in plan.inputs}
+        inputs = {name: prepared.content(name) for name in plan.inputs if name not in prepared.withheld}
         for name, content in inputs.items():
             # kustomize's YAML parser has no depth or expansion limits of ours: check first.
             if name.endswith(MANIFEST_SUFFIXES) or posixpath.basename(name) in KUSTOMIZATION_FILES:

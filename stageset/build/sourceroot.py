@@ -165,6 +165,12 @@ class Plan:
     """Manifest files read directly (only when the stage path has no kustomization)."""
     inputs: tuple[str, ...]
     """Every file kustomize is given (sorted): nothing else is visible to it."""
+    named: frozenset[str] = frozenset()
+    """The inputs a kustomization (or a generator's configuration) names, and the kustomizations:
+    what kustomize reads for sure (the rest of ``inputs`` are files beside a kustomization)."""
+    generator_sources: tuple[tuple[str, str], ...] = ()
+    """``(file, role)`` for files a ``secretGenerator``/``configMapGenerator`` reads: role
+    ``secret-env`` (its ``envs``), ``secret-file`` (its ``files``) or ``configmap``."""
 
     def digest_material(self, tree: SourceTree) -> list[Any]:
         """Everything the build's result depends on, for a cache key (contents as SHA-256)."""
@@ -240,6 +246,16 @@ def _plugin_entries(config: Mapping[str, Any]) -> Iterator[tuple[str, str, str]]
             yield f"{kind}.replacements[].path", item["path"], FILE
 
 
+def _generator_role(field: str) -> str | None:
+    """What a generator does with a file it names (``field`` as :func:`_kv_sources` names it)."""
+    lowered = field.lower()
+    if lowered.startswith("configmapgenerator"):
+        return "configmap"
+    if lowered.startswith("secretgenerator"):
+        return "secret-env" if lowered.endswith((".envs", ".env")) else "secret-file"
+    return None
+
+
 def _urls_anywhere(value: Any, where: str) -> Iterator[tuple[str, str]]:
     """Strings that start like a URL outside free-form fields (fields this module does not know)."""
     if isinstance(value, Mapping):
@@ -264,6 +280,8 @@ class _Closure:
         self.limits = limits
         self.budget = budget
         self.inputs: set[str] = set()
+        self.named: set[str] = set()
+        self.roles: set[tuple[str, str]] = set()
         self.visited: set[str] = set()
         # Directories listed under generators/transformers/validators -> the directory of the
         # kustomization that listed them: the configurations such a directory builds name
@@ -292,12 +310,16 @@ class _Closure:
         # kustomize reads only what a kustomization names, but files beside it are what a
         # reference most often means (and cost little); subdirectories come in when named.
         self.inputs.update(self.tree.direct_files(directory))
+        self.named.add(kustomization)
         documents = self._load(kustomization)
         if not documents:
             return
         document = documents[0]
         if len(documents) > 1 or not isinstance(document, Mapping):
             raise BuildError(f"{kustomization}: a kustomization must be one YAML mapping")
+        if isinstance(document.get("sops"), Mapping):
+            raise BuildError(f"{kustomization}: a kustomization cannot be SOPS-encrypted; encrypt the "
+                             "files it names instead")
         for field in _HELM_FIELDS:
             if document.get(field):
                 raise BuildError(f"{kustomization}: {field}: Helm charts are not supported in "
@@ -351,8 +373,12 @@ class _Closure:
         reason = self.tree.unreadable_at(resolved)
         if reason is not None:
             raise BuildError(f"{referrer}: {field}: {target!r} cannot be read: {reason}")
+        role = _generator_role(field)
         if self.tree.is_file(resolved):
             self.inputs.add(resolved)
+            self.named.add(resolved)
+            if role is not None:
+                self.roles.add((resolved, role))
             outer = self.plugin_dirs.get(directory)
             if how == PLUGIN or (how == UNIT and outer is not None):
                 for config in self._load(resolved):
@@ -362,7 +388,11 @@ class _Closure:
         if self.tree.is_dir(resolved):
             if how == FILE:
                 # A generator's `files: [dir/]` reads the directory's files.
-                self.inputs.update(self.tree.direct_files(resolved))
+                direct = list(self.tree.direct_files(resolved))
+                self.inputs.update(direct)
+                self.named.update(direct)
+                if role is not None:
+                    self.roles.update((name, role) for name in direct)
                 return
             if how == PLUGIN:
                 self.plugin_dirs.setdefault(resolved, directory)
@@ -422,4 +452,5 @@ def plan_build(files: Mapping[str, bytes], path: str, *, limits: BuildLimits, bu
     for unit in units:
         closure.directory(unit, referrer=f"path {path!r}")
     return tree, Plan(stage_dir=stage_dir, units=tuple(units), plain=tuple(plain),
-                      inputs=tuple(sorted(closure.inputs)))
+                      inputs=tuple(sorted(closure.inputs)), named=frozenset(closure.named),
+                      generator_sources=tuple(sorted(closure.roles)))

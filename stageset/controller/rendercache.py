@@ -21,6 +21,17 @@ Builds run at most ``max_builds`` at once (the controller passes ``--workers``),
 stages of one StageSet run concurrently: each build is a kustomize process with a memory limit of
 its own, and the pod's memory limit is sized for one per worker (docs/sizing.md).
 
+**Decrypted renders** (a build that reads SOPS-encrypted files) are never shared: the source
+key of a StageSet with ``spec.decryption`` carries its scope (``namespace/name``), and the render
+key of a build with SOPS inputs carries that scope and a digest of the keys it was decrypted
+with.  Another StageSet, with the same sources and even the same key Secret, decrypts for itself;
+one without keys fails.  A hit on a decrypted render re-reads the key Secret first (as the
+StageSet's ServiceAccount): a revoked read fails the stage, a rotated key re-decrypts.  The
+decrypted values are kept beside the entry (:class:`Seal`) and handed to the StageSet's redactor
+on every hit.  Plaintext lives only in this process's memory: never on disk, never in the tree
+cache (which holds what Git holds).  Measured (docs/secrets.md): caching a decrypted render
+saves the helper run and the build on every pass at the cost of one Secret read.
+
 Variables enter keys only as a digest: values are never kept in keys or logs.  Entries
 are shared read-only (the apply engine copies objects before labelling them).  Every map
 is bounded, least recently used first out, so memory stays flat however many StageSets
@@ -41,9 +52,12 @@ from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from stageset.build import BuildLimits, prepare, render
+from stageset.build.decrypt import DecryptionKeys, decrypt
+from stageset.build.errors import BuildError
+from stageset.build.sopsfiles import describe
 from stageset.kube.types import KubeObject
 
 MiB = 1024 * 1024
@@ -63,20 +77,50 @@ def _variables_material(variables: Mapping[str, str] | None) -> list[list[str]] 
 
 
 def render_key(*, url: str, tree: str, ignore: str | None, variables: Mapping[str, str] | None,
-               patches: Sequence[Mapping[str, Any]] = ()) -> str:
+               patches: Sequence[Mapping[str, Any]] = (), sealed: tuple[str, str] | None = None) -> str:
     """The render cache key: ``tree`` is the digest of the build's inputs (:meth:`Prepared.digest`);
-    the stage's ``patches`` are part of it."""
-    material = json.dumps([url, tree, ignore, _variables_material(variables), list(patches)],
-                          separators=(",", ":"), sort_keys=True)
+    the stage's ``patches`` are part of it; ``sealed`` is ``(scope, keys digest)`` for a build that
+    decrypts SOPS files (its render belongs to that StageSet and those keys only)."""
+    material = json.dumps([url, tree, ignore, _variables_material(variables), list(patches),
+                           *([list(sealed)] if sealed else [])], separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
 
 
 def source_key(*, url: str, commit: str, ignore: str | None, path: str,
-               variables: Mapping[str, str] | None, patches: Sequence[Mapping[str, Any]] = ()) -> str:
-    """What a stage renders from, before anything is read: equal keys render equal objects."""
+               variables: Mapping[str, str] | None, patches: Sequence[Mapping[str, Any]] = (),
+               scope: str | None = None) -> str:
+    """What a stage renders from, before anything is read: equal keys render equal objects.
+    ``scope`` is the StageSet of a stage that may decrypt (``spec.decryption``)."""
     material = json.dumps(["source", url, commit, ignore, path, _variables_material(variables),
-                           list(patches)], separators=(",", ":"), sort_keys=True)
+                           list(patches), *([scope] if scope else [])], separators=(",", ":"), sort_keys=True)
     return hashlib.sha256(material.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Seal:
+    """What a decrypted render was decrypted with, and the values it decrypted (for the redactor)."""
+
+    keys: str
+    """:attr:`DecryptionKeys.digest` of the keys used."""
+    values: frozenset[str] = field(repr=False)
+
+
+class StageDecryption(Protocol):
+    """A StageSet's ``spec.decryption`` for one stage's render (see
+    :mod:`stageset.controller.stageset.decryption`)."""
+
+    @property
+    def scope(self) -> str:
+        """``namespace/name`` of the StageSet: decrypted renders are never served outside it."""
+        ...
+
+    def keys(self) -> DecryptionKeys:
+        """The key Secret's age and OpenPGP entries, read as the StageSet's ServiceAccount (once)."""
+        ...
+
+    def reveal(self, values: frozenset[str]) -> None:
+        """Hand decrypted values to the StageSet's redactor before anything can show them."""
+        ...
 
 
 _FILE_OVERHEAD = 200
@@ -92,6 +136,8 @@ class RenderCache:
         # None: unbounded (the CLI, tests); the controller bounds builds by its worker count.
         self.build_slots = threading.BoundedSemaphore(max_builds) if max_builds else None
         self._entries: OrderedDict[str, list[KubeObject]] = OrderedDict()
+        self._seals: dict[str, Seal] = {}
+        """Render keys of decrypted renders (evicted with their entry)."""
         self._sources: OrderedDict[str, str] = OrderedDict()
         self._max_tree_bytes = max_tree_bytes
         self._trees: OrderedDict[tuple[str, str, str | None], tuple[SourceRoot, int]] = OrderedDict()
@@ -104,6 +150,11 @@ class RenderCache:
         self.tree_reads = 0
 
     def get(self, key: str) -> list[KubeObject] | None:
+        found = self.get_entry(key)
+        return None if found is None else found[0]
+
+    def get_entry(self, key: str) -> tuple[list[KubeObject], Seal | None] | None:
+        """The objects of a render key and, read under the same lock, their seal (if decrypted)."""
         with self._lock:
             found = self._entries.get(key)
             if found is None:
@@ -111,24 +162,33 @@ class RenderCache:
                 return None
             self._entries.move_to_end(key)
             self.hits += 1
-            return found
+            return found, self._seals.get(key)
 
-    def put(self, key: str, objects: list[KubeObject], *, built: bool = False) -> None:
+    def put(self, key: str, objects: list[KubeObject], *, built: bool = False,
+            seal: Seal | None = None) -> None:
         with self._lock:
             self.builds += built
             self._entries[key] = objects
             self._entries.move_to_end(key)
+            if seal is not None:
+                self._seals[key] = seal
             while len(self._entries) > self._max:
-                self._entries.popitem(last=False)
+                dropped, _ = self._entries.popitem(last=False)
+                self._seals.pop(dropped, None)
 
     def resolve(self, source: str) -> list[KubeObject] | None:
         """The objects a source key rendered to last time, if still cached."""
+        found = self.resolve_entry(source)
+        return None if found is None else found[0]
+
+    def resolve_entry(self, source: str) -> tuple[list[KubeObject], Seal | None] | None:
+        """The objects a source key rendered to last time and their seal, if still cached."""
         with self._lock:
             key = self._sources.get(source)
             if key is None:
                 return None
             self._sources.move_to_end(source)
-        return self.get(key)
+        return self.get_entry(key)
 
     def remember(self, source: str, key: str) -> None:
         with self._lock:
@@ -162,25 +222,59 @@ class RenderCache:
 def render_stage(cache: RenderCache, *, url: str, commit: str, ignore: str | None, path: str,
                  variables: Mapping[str, str] | None, read_tree: Callable[[], SourceRoot],
                  limits: BuildLimits, kustomize: Path | None = None,
-                 patches: Sequence[Mapping[str, Any]] = ()) -> list[KubeObject]:
+                 patches: Sequence[Mapping[str, Any]] = (),
+                 decryption: StageDecryption | None = None) -> list[KubeObject]:
     """The objects of the stage at ``path`` of ``url`` at ``commit``, built at most once per input.
 
     ``read_tree`` returns the whole source root at ``commit`` (``MirrorStore.read_tree(url,
     commit=commit, path="./", ignore=ignore, unreadable=...)``); it is called only when the
-    source key misses.  Raises what it raises (Git errors) and :class:`~stageset.build.BuildError`.
+    source key misses.  ``decryption`` is the StageSet's ``spec.decryption`` (``None``: a SOPS
+    file fails the build).  Raises what it raises (Git errors, the key Secret's read) and
+    :class:`~stageset.build.BuildError`.
     """
+    scope = decryption.scope if decryption is not None else None
     source = source_key(url=url, commit=commit, ignore=ignore, path=path, variables=variables,
-                        patches=patches)
-    cached = cache.resolve(source)
-    if cached is not None:
-        return cached
+                        patches=patches, scope=scope)
+    hit = cache.resolve_entry(source)
+    if hit is not None:
+        cached, seal = hit
+        if seal is None:
+            return cached
+        if decryption is not None and decryption.keys().digest == seal.keys:
+            decryption.reveal(seal.values)
+            return cached
+        # The key Secret changed (rotated): decrypt again with what it holds now.
     root = cache.tree((url, commit, ignore), read_tree)
     prepared = prepare(root.files, path=path, limits=limits, unreadable=root.unreadable)
-    key = render_key(url=url, tree=prepared.digest(), ignore=ignore, variables=variables, patches=patches)
-    objects = cache.get(key)
+    encrypted, withheld = prepared.sops_files()
+    sealed: tuple[str, str] | None = None
+    keys: DecryptionKeys | None = None
+    if encrypted:
+        if decryption is None:
+            raise BuildError(f"{describe(encrypted)}: SOPS-encrypted, and this StageSet has no "
+                             "spec.decryption: set it to a Secret holding the age or OpenPGP key")
+        keys = decryption.keys()
+        sealed = (decryption.scope, keys.digest)
+    key = render_key(url=url, tree=prepared.digest(), ignore=ignore, variables=variables, patches=patches,
+                     sealed=sealed)
+    entry = cache.get_entry(key)
+    objects, seal = entry if entry is not None else (None, None)
+    if seal is not None and decryption is not None:
+        decryption.reveal(seal.values)
     if objects is None:
+        # The decryption helper and the build are isolated processes with the build's limits: both
+        # count against the one-per-worker slots the pod's memory is sized for.
         with cache.build_slots or contextlib.nullcontext():
+            if keys is not None and decryption is not None:
+                opened = decrypt({name: prepared.tree.files[name] for name in encrypted}, encrypted,
+                                 keys=keys, limits=limits)
+                # Before anything is built with them: a failing build may quote a value.
+                decryption.reveal(opened.values)
+                prepared = prepared.with_decrypted(opened.files, withheld)
+                seal = Seal(keys=keys.digest, values=opened.values)
+            elif withheld:
+                prepared = prepared.with_decrypted({}, withheld)
             objects = render(prepared, variables=variables, kustomize=kustomize, patches=patches)
-        cache.put(key, objects, built=True)
+        cache.put(key, objects, built=True, seal=seal)
     cache.remember(source, key)
     return objects

@@ -102,6 +102,7 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     changes = Changes(events=shared.events, metrics=shared.metrics)
     passes = PassRunner(
         clients=clients, identities=identities, records=records, changes=changes, settings=settings,
+        accounts=accounts,
         # At most one kustomize build per worker at once: the pod's memory is sized for that.
         renderer=Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits,
                           cache=RenderCache(max_builds=settings.workers), artifacts=artifacts),

@@ -48,6 +48,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from stageset.build.decrypt import SOPS_VERSION, ensure_helper
 from stageset.build.kustomize import KUSTOMIZE_VERSION, cache_root, ensure_builder
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -70,7 +71,8 @@ _SOURCE_FILES = ("pyproject.toml", "uv.lock", "README.md", "Containerfile")
 # kubernetes client's asyncio twin (68 MB with its byte code; we use the synchronous client as a
 # transport only) and test suites.  tests/image runs the controller's imports inside the image.
 _PRUNE = ("kubernetes/aio", "kubernetes/test", "kubernetes/e2e_test", "*/tests", "*/*/tests", "*/*/*/tests")
-_APP_PATHS = ("opt/stageset", "usr/local/bin/stageset-kustomize", "etc/passwd", "etc/group", "home/stageset")
+_APP_PATHS = ("opt/stageset", "usr/local/bin/stageset-kustomize", "usr/local/bin/stageset-sops", "etc/passwd",
+              "etc/group", "home/stageset")
 
 
 class ImageBuildError(RuntimeError):
@@ -187,9 +189,9 @@ def _source_files() -> list[Path]:
 
 
 def image_key(settings: ContainerfileSettings) -> str:
-    builder = sorted((ROOT / "hack" / "kustomize").rglob("*"))
-    parts = [base_key(settings).encode(), KUSTOMIZE_VERSION.encode(), Path(__file__).read_bytes(),
-             *(p.read_bytes() for p in builder if p.is_file())]
+    builder = sorted((ROOT / "hack" / "kustomize").rglob("*")) + sorted((ROOT / "hack" / "sops").rglob("*"))
+    parts = [base_key(settings).encode(), KUSTOMIZE_VERSION.encode(), SOPS_VERSION.encode(),
+             Path(__file__).read_bytes(), *(p.read_bytes() for p in builder if p.is_file())]
     for path in _source_files():
         parts += [str(path.relative_to(ROOT)).encode(), path.read_bytes()]
     return _digest(*parts)
@@ -335,6 +337,9 @@ def build_app(settings: ContainerfileSettings, *, base: Path, work: Path, out: P
     builder.parent.mkdir(parents=True, exist_ok=True)
     shutil.copy2(ensure_builder(log=log), builder)
     builder.chmod(0o755)
+    helper = rootfs / "usr" / "local" / "bin" / "stageset-sops"
+    shutil.copy2(ensure_helper(log=log), helper)
+    helper.chmod(0o755)
     uid = settings.uid
     with (rootfs / "etc" / "passwd").open("a") as passwd:
         passwd.write(f"stageset:x:{uid}:{uid}:stageset:/home/stageset:/usr/sbin/nologin\n")

@@ -55,7 +55,7 @@ FIELDS = [
     Field("spec.kubeConfig", {"secretRef": {"name": "prod-eu-kubeconfig", "key": "value"}}),
     Field("spec.kubeConfig", {"configMapRef": {"name": "eks-workload-identity"}},
           "spec.kubeConfig.configMapRef"),
-    Field("spec.decryption", {"provider": "sops", "secretRef": {"name": "sops-age"}}, "spec.decryption"),
+    Field("spec.decryption", {"provider": "sops", "secretRef": {"name": "sops-age"}}),
     # -- versioning and migrations
     Field("spec.version", {"fromObject": {"stage": "app", "kind": "Deployment", "name": "web",
                                           "apiVersion": "apps/v1", "fieldPath": "{.data.version}"}},

@@ -229,7 +229,8 @@ def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> Non
     # Every build limit the schema knows reaches the controller under the name it takes.
     limits = {"maxDepth": "50", "maxDocumentNodes": "1000", "maxAliases": "10", "maxDocumentsPerFile": "5",
               "maxFileBytes": "1Mi", "maxStageNodes": "5000", "maxStageObjects": "50000",
-              "maxStageBytes": "64Mi", "kustomizeTimeout": "2m", "kustomizeMemory": "512Mi"}
+              "maxStageBytes": "64Mi", "kustomizeTimeout": "2m", "kustomizeMemory": "512Mi",
+              "maxEncryptedValues": "2000"}
     values = [item for key, value in limits.items() for item in ("--set", f"controller.build.{key}={value}")]
     args = controller_args(helm.render(*values, "--set", "controller.sourceWorkers=2",
                                        "--set", "controller.git.maxFiles=50",

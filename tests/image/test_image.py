@@ -21,6 +21,7 @@ from typing import Any
 
 import pytest
 
+from stageset.build.decrypt import SOPS_VERSION
 from stageset.build.kustomize import KUSTOMIZE_VERSION
 from stageset.envtest.image import TAG, ContainerfileSettings, containerfile_settings, ensure_image
 from stageset.envtest.release import current_version
@@ -130,6 +131,11 @@ def test_the_kustomize_builder_and_ssh_as_the_image_user(image: Unpacked) -> Non
     assert ssh.stderr.startswith("OpenSSH_")  # ssh -V prints to stderr
     # The controller finds the builder through STAGESET_KUSTOMIZE_BUILDER.
     assert image.settings.env["STAGESET_KUSTOMIZE_BUILDER"] == "/usr/local/bin/stageset-kustomize"
+    # ... and the SOPS decryption helper through STAGESET_SOPS_HELPER.
+    helper = image.run("stageset-sops", "--version")
+    assert helper.returncode == 0, helper.stderr
+    assert helper.stdout.strip() == SOPS_VERSION.removeprefix("v")
+    assert image.settings.env["STAGESET_SOPS_HELPER"] == "/usr/local/bin/stageset-sops"
 
 
 def test_a_stage_with_a_shared_base_builds_as_the_image_user(image: Unpacked) -> None:

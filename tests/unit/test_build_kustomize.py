@@ -79,7 +79,7 @@ def test_wrapper_module_pins_the_version() -> None:
 
 
 def test_the_tree_is_sent_as_regular_files_only() -> None:
-    payload = kz._tar({"b/c.yaml": b"x", "a.yaml": b"yy"})
+    payload = kz.tar_stream({"b/c.yaml": b"x", "a.yaml": b"yy"})
     with tarfile.open(fileobj=io.BytesIO(payload)) as archive:
         members = archive.getmembers()
         assert [(m.name, m.size, m.isreg()) for m in members] == [("a.yaml", 2, True), ("b/c.yaml", 1, True)]
@@ -88,7 +88,7 @@ def test_the_tree_is_sent_as_regular_files_only() -> None:
 @pytest.mark.parametrize("name", ["/abs.yaml", "../up.yaml", "a//b.yaml", "a/./b.yaml", "a\\b.yaml", ""])
 def test_unsafe_file_names_are_never_sent(name: str) -> None:
     with pytest.raises(BuildError, match="refusing unsafe file name"):
-        kz._tar({name: b"x"})
+        kz.tar_stream({name: b"x"})
 
 
 def test_the_environment_has_no_path_home_or_route_out() -> None:

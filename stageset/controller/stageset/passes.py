@@ -34,7 +34,9 @@ from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import plan, records
 from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.decryption import for_pass
 from stageset.controller.stageset.progress import Progress, concluded, shown
+from stageset.controller.stageset.reads import AccountCheck
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.rendering import Rendered, Renderer
 from stageset.controller.stageset.scheduler import StageScheduler, Tell
@@ -79,8 +81,10 @@ class _Pass:
 
 class PassRunner:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, renderer: Renderer,
-                 records: Records, stages: StageApply, changes: Changes, settings: ControllerSettings):
+                 records: Records, stages: StageApply, changes: Changes, settings: ControllerSettings,
+                 accounts: AccountCheck):
         self._clients = clients
+        self._accounts = accounts
         self._identities = identities
         self._renderer = renderer
         self._records = records
@@ -132,6 +136,9 @@ class PassRunner:
     def _render_all(self, one: _Pass) -> dict[str, Rendered]:
         rendered: dict[str, Rendered] = {}
         namespace = str(one.stageset.metadata["namespace"])
+        # spec.decryption: the key Secret is read as the StageSet's ServiceAccount, at most once a pass.
+        decryption = for_pass(one.stageset, policy=self._identities, clients=self._clients,
+                              accounts=self._accounts, redactor=one.redactor)
         for stage in one.stageset.spec.stages:
             kind = "tenant" if self._identities.stage_account(one.stageset, stage) else "controller"
             with logs.bind(stage=stage.name, identity=kind):
@@ -139,7 +146,7 @@ class PassRunner:
                     identity = self._identities.for_stage(one.stageset, stage)
                     rendered[stage.name] = self._renderer.render(
                         stage=stage, identity=identity, namespace=namespace, target=one.target,
-                        redactor=one.redactor)
+                        redactor=one.redactor, decryption=decryption)
                 except StageError as error:
                     log_denial(error)
                     failed = one.progress.outcomes[stage.name].failed(error.reason, error.message)

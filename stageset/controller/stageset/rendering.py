@@ -32,8 +32,9 @@ from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import ObjectId, object_id
 from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
+from stageset.build.decrypt import DecryptionError
 from stageset.controller.redact import Redactor
-from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
+from stageset.controller.rendercache import RenderCache, SourceRoot, StageDecryption, render_stage
 from stageset.controller.stageset.reads import ArtifactSource, TenantReads, service_account_of
 from stageset.controller.stageset.targets import Target
 from stageset.kube.client import ClientPool, Identity
@@ -93,16 +94,17 @@ class Renderer:
         self._cache = cache or RenderCache()
 
     def render(self, *, stage: Stage, identity: Identity, namespace: str, target: Target,
-               redactor: Redactor) -> Rendered:
-        """Raises :class:`StageError`; Secret values read on the way are added to ``redactor``
-        before anything can fail with them."""
+               redactor: Redactor, decryption: StageDecryption | None = None) -> Rendered:
+        """Raises :class:`StageError`; Secret values read on the way (and values decrypted with
+        ``decryption``, the StageSet's ``spec.decryption``) are added to ``redactor`` before
+        anything can fail with them."""
         client = self._clients.client(identity)
         source = self._reads.source(client, stage, namespace)
         variables, secret_values = self._reads.variables(client, stage, namespace)
         redactor.add(secret_values)
         if isinstance(source, ArtifactSource):
             return self._render_artifact(source, stage=stage, identity=identity, namespace=namespace,
-                                         target=target, variables=variables)
+                                         target=target, variables=variables, decryption=decryption)
         url, commit, ignore = source.url, source.commit, source.ignore
         if not self._store.is_served(url, commit=commit, consumer=source.consumer):
             # Only what this GitRepository was served, never another commit of a shared mirror
@@ -123,7 +125,7 @@ class Renderer:
             with build_failures(stage):
                 objects = render_stage(self._cache, url=url, commit=commit, ignore=ignore, path=stage.path,
                                        variables=variables, read_tree=read_root, limits=self._limits,
-                                       patches=kustomize_patches(stage))
+                                       patches=kustomize_patches(stage), decryption=decryption)
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.
             raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {error}") from error
@@ -133,7 +135,8 @@ class Renderer:
                         target=target, ids={identify(obj, namespace, target) for obj in objects})
 
     def _render_artifact(self, source: ArtifactSource, *, stage: Stage, identity: Identity, namespace: str,
-                         target: Target, variables: dict[str, str] | None) -> Rendered:
+                         target: Target, variables: dict[str, str] | None,
+                         decryption: StageDecryption | None) -> Rendered:
         if self._artifacts is None:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {source.what}: this controller "
                              "does not read artifacts")
@@ -148,7 +151,8 @@ class Renderer:
         with build_failures(stage):
             objects = render_stage(self._cache, url=ARTIFACT_URL, commit=source.digest, ignore=None,
                                    path=stage.path, variables=variables, read_tree=read_root,
-                                   limits=self._limits, patches=kustomize_patches(stage))
+                                   limits=self._limits, patches=kustomize_patches(stage),
+                                   decryption=decryption)
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
                         target=target, ids={identify(obj, namespace, target) for obj in objects})
 
@@ -161,6 +165,8 @@ def build_failures(stage: Stage) -> Iterator[None]:
     except KustomizeNotFoundError as error:
         raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: this controller cannot build "
                          f"kustomizations: {error}") from error
+    except DecryptionError as error:
+        raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: decryption: {error}") from error
     except BuildError as error:
         raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
 
