@@ -146,10 +146,10 @@ def compacted_copy(path: Path, *, served_dir_name: str, keep_files: Iterable[str
         with Repo(str(path)) as old:
             refs = {name: sha for name, sha in old.refs.as_dict().items()
                     if name != b"HEAD" and sha in old.object_store}
-            commits = served_commits(path / served_dir_name)
+            wanted = served_commits(path / served_dir_name)
             if kept_dir_name is not None:
-                commits |= all_kept_commits(path / kept_dir_name)
-            roots = {ObjectID(c.encode("ascii")) for c in commits}
+                wanted |= all_kept_commits(path / kept_dir_name)
+            roots = {ObjectID(c.encode("ascii")) for c in wanted}
             roots.update(refs.values())
             objects = list(_closure(old.object_store, roots))
             kept = {o.id for o in objects}

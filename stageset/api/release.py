@@ -20,11 +20,11 @@ import datetime
 import re
 import zoneinfo
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, cast
 
 import cronsim
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
-from pydantic.config import JsonDict
+from pydantic.config import JsonDict, JsonValue
 
 from stageset.api.common import ApiModel, Count, DNSLabel, Duration, StatusModel, Time, duration_seconds
 
@@ -160,7 +160,8 @@ class UpdateWindow(ApiModel):
     """A window that allows or denies rolling out new revisions: recurring (``schedule`` +
     ``duration``, in ``timeZone``) or absolute (``from`` + ``to``)."""
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": _WINDOW_RULES})
+    model_config = ConfigDict(
+        json_schema_extra={"x-kubernetes-validations": cast("list[JsonValue]", _WINDOW_RULES)})
 
     type: WindowType
     """Allow or Deny.  A Deny always wins; with any Allow declared, new revisions roll out only
@@ -232,7 +233,8 @@ class PendingUpdate(StatusModel):
     revisions: dict[str, Annotated[str, Field(max_length=1024)]] = Field(default_factory=dict)
     """The revisions held, by source (``namespace/name``), as the reference keys them.  Empty while
     a ``windowScope: All`` freeze pauses a StageSet that has nothing new."""
-    stages: list[DNSLabel] = Field(default_factory=list, json_schema_extra={"x-kubernetes-list-type": "atomic"})
+    stages: list[DNSLabel] = Field(default_factory=list,
+                                   json_schema_extra={"x-kubernetes-list-type": "atomic"})
     """The stages whose new revision is held (ours)."""
     next_window_opens: Time | None = None
     """When the windows next allow a rollout (none: they never will, as declared)."""
@@ -276,7 +278,8 @@ class Rollback(StatusModel):
     source still has this revision (and the spec is unchanged)."""
     restored: dict[str, Annotated[str, Field(max_length=1024)]] = Field(default_factory=dict)
     """The stages restored, and the revision each was restored to."""
-    remaining: list[DNSLabel] = Field(default_factory=list, json_schema_extra={"x-kubernetes-list-type": "atomic"})
+    remaining: list[DNSLabel] = Field(default_factory=list,
+                                      json_schema_extra={"x-kubernetes-list-type": "atomic"})
     """While RollingBack: the stages still to restore, in order."""
     generation: Count | None = None
     """The ``metadata.generation`` the release failed at: a spec change tries again."""

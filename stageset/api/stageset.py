@@ -591,8 +591,8 @@ class StageSetSpec(ApiModel):
     )
     """The stages, in order; a stage without ``dependsOn`` runs after the one before it."""
     depends_on: list[StageSetRef] = Field(
-        default_factory=list, max_length=MAX_DEPENDENCIES, json_schema_extra={"x-kubernetes-list-type": "atomic"}
-    )
+        default_factory=list, max_length=MAX_DEPENDENCIES,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"})
     """StageSets that must be ready before any stage of this one starts."""
     service_account_name: DNSSubdomain | None = None
     """ServiceAccount every write is made as (impersonated).

@@ -110,6 +110,8 @@ class EventReason(StrEnum):
     """A failed release was rolled back to its last good revisions."""
 
 
-# Ready reasons that say a release is being steered as asked (held, soaking, deferred), not that
-# something failed: no Warning event when Ready turns False with one of them.
-STEERED = frozenset({Reason.SOAKING, Reason.AWAITING_PROMOTION, Reason.UPDATE_DEFERRED})
+# Ready reasons without the Warning event a Ready condition turning False gets: a release held as
+# asked (soaking, awaiting a promotion, deferred) is not a failure, and a rollback is told by the
+# reconciler itself (a RolledBack event naming what failed and what was restored).
+NO_TRANSITION_EVENT = frozenset({Reason.SOAKING, Reason.AWAITING_PROMOTION, Reason.UPDATE_DEFERRED,
+                                 Reason.ROLLED_BACK})

@@ -27,7 +27,8 @@ from typing import Any, Protocol
 
 from sources import MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
-from stageset.api.vocabulary import EventType, Reason
+from stageset.api.release import ANNOTATION_PROMOTE, ANNOTATION_UPDATE_NOW
+from stageset.api.vocabulary import NO_TRANSITION_EVENT, EventType, Reason
 from stageset.controller import logs
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.conditions import ready_at_generation
@@ -79,10 +80,13 @@ def wait_until_set(event: threading.Event) -> None:
         pass
 
 
-def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
-    """What, when changed, calls for a reconcile (status writes alone do not)."""
+def _trigger(obj: KubeObject) -> tuple[Any, Any, bool, Any, Any]:
+    """What, when changed, calls for a reconcile (status writes alone do not); a promote or
+    update-now request is an annotation, so it is named here."""
     metadata = obj.get("metadata", {})
-    return metadata.get("generation"), requested_at(obj), bool(metadata.get("deletionTimestamp"))
+    annotations = metadata.get("annotations") or {}
+    return (metadata.get("generation"), requested_at(obj), bool(metadata.get("deletionTimestamp")),
+            annotations.get(ANNOTATION_PROMOTE), annotations.get(ANNOTATION_UPDATE_NOW))
 
 
 class Manager:
@@ -114,7 +118,7 @@ class Manager:
         self._lock = threading.Lock()
         self._objects: dict[Key, KubeObject] = {}
         # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.
-        self._seen: dict[Key, tuple[tuple[Any, Any, bool], bool]] = {}
+        self._seen: dict[Key, tuple[tuple[Any, ...], bool]] = {}
         # Per object: the status our last reconcile left, at the resourceVersion it made, until
         # the watch catches up (see :meth:`_with_own_status`).
         self._written: dict[Key, tuple[int, Any]] = {}
@@ -173,7 +177,7 @@ class Manager:
                     self._objects.pop(key, None)
                     self._seen.pop(key, None)
                     REGISTRY.drop(key)  # its Secret values leave the log filter with it
-                    now: tuple[tuple[Any, Any, bool], bool] | None = None
+                    now: tuple[tuple[Any, ...], bool] | None = None
                 else:
                     self._objects[key] = obj
                     now = (_trigger(obj), ready_at_generation(obj))
@@ -278,6 +282,8 @@ class Manager:
             reason = Reason(after.get("reason", ""))
         except ValueError:
             return
+        if reason in NO_TRANSITION_EVENT:
+            return  # a release held as asked, or a rollback the reconciler told itself
         self.events.emit(obj, type_=EventType.WARNING, reason=reason, message=str(after.get("message", "")),
                          redact=Redactor(REGISTRY.of(key)))
 

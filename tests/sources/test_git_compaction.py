@@ -90,7 +90,8 @@ def test_records_of_consumers_gone_for_long_are_dropped(tmp_path: Path) -> None:
     assert compact.served_commits(served) == {"a"}
 
 
-def test_a_kept_commit_stays_served_through_history_and_compaction(git_server: GitServer, tmp_path: Path) -> None:
+def test_a_kept_commit_stays_served_through_history_and_compaction(git_server: GitServer,
+                                                                   tmp_path: Path) -> None:
     """A stage's last good commit (kept by its StageSet) still reads after the branch moved on past
     the newest few and the mirror was compacted; a commit never served to the consumer is not kept,
     and dropping the keep lets it go like any other."""

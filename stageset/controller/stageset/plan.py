@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import networkx as nx
 
 from stageset.api import Stage, StageInventory, StageSet, StageSetStatus, StageStatus, format_time, parse_time
+from stageset.api.release import PromotionState
 from stageset.api.stageset import OnTimeout
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason, StagePhase
 from stageset.apply.inventory import ObjectId, by_stage
@@ -59,23 +60,30 @@ class StageOutcome:
     objects: int | None = None
     applied_at: str | None = None
     waiting_since: str | None = None
+    promotion: PromotionState | None = None
+    """The stage's promotion gate (:mod:`~stageset.controller.stageset.gates`)."""
+    promotion_token: str | None = None
+    """The promote token last acted on for this stage (kept whatever else changes)."""
 
     @classmethod
     def carried(cls, name: str, before: StageStatus | None) -> StageOutcome:
-        """Pending, keeping what the last pass knew (revision, objects, timestamps)."""
+        """Pending, keeping what the last pass knew (revision, objects, timestamps, gate)."""
         if before is None:
             return cls(name, StagePhase.PENDING)
         return cls(name, StagePhase.PENDING, revision=before.revision, objects=before.objects,
-                   applied_at=before.last_applied_time, waiting_since=before.waiting_since)
+                   applied_at=before.last_applied_time, waiting_since=before.waiting_since,
+                   promotion=before.promotion_state, promotion_token=before.last_handled_promotion)
 
     def failed(self, reason: Reason, message: str) -> StageOutcome:
         phase = StagePhase.PENDING if reason in WAITING_FOR_SOURCE else StagePhase.FAILED
-        return StageOutcome(self.name, phase, reason, message, self.revision)
+        return StageOutcome(self.name, phase, reason, message, self.revision, promotion=self.promotion,
+                            promotion_token=self.promotion_token)
 
     def status(self) -> StageStatus:
         return StageStatus(name=self.name, phase=self.phase, revision=self.revision,
                            message=self.message or None, objects=self.objects,
-                           last_applied_time=self.applied_at, waiting_since=self.waiting_since)
+                           last_applied_time=self.applied_at, waiting_since=self.waiting_since,
+                           promotion_state=self.promotion, last_handled_promotion=self.promotion_token)
 
 
 @dataclass(frozen=True)
@@ -167,11 +175,11 @@ def judge_readiness(outcome: StageOutcome, *, window: Window, now: datetime.date
                     readiness: Readiness | None, on_timeout: OnTimeout = OnTimeout.HOLD) -> StageOutcome:
     """``outcome`` (applied, Ready) adjusted by what the wait found (``None``: not waited for).
 
-    Past its timeout a stage still in progress **holds** (``onTimeout: Hold``, the only action the
-    models admit): phase Progressing, reason StageProgressing, objects as applied, dependents
-    waiting.  A terminal failure fails the stage whatever ``onTimeout`` says."""
-    if on_timeout is not OnTimeout.HOLD:  # pragma: no cover - refused by the CRD and the models
-        raise ValueError(f"onTimeout {on_timeout} is not supported")
+    Past its timeout a stage still in progress **holds** under ``onTimeout: Hold``: phase
+    Progressing, reason StageProgressing, objects as applied, dependents waiting.  Under
+    ``onTimeout: Rollback`` it **fails** (phase Failed, reason StageFailed), so a StageSet with
+    ``rollbackOnFailure`` rolls the release back.  A terminal failure fails the stage whatever
+    ``onTimeout`` says."""
     if readiness is None or readiness.status is Status.CURRENT:
         return outcome
     if readiness.status is Status.FAILED:
@@ -181,8 +189,12 @@ def judge_readiness(outcome: StageOutcome, *, window: Window, now: datetime.date
     if (now - window.started).total_seconds() < window.timeout:
         return replace(outcome, phase=StagePhase.WAITING, reason=Reason.PROGRESSING,
                        message=readiness.message, waiting_since=since)
-    return replace(outcome, phase=StagePhase.PROGRESSING, reason=Reason.STAGE_PROGRESSING,
-                   message=f"not ready after {window.timeout:.0f}s: {readiness.message}", waiting_since=since)
+    late = f"not ready after {window.timeout:.0f}s: {readiness.message}"
+    if on_timeout is OnTimeout.ROLLBACK:
+        return replace(outcome, phase=StagePhase.FAILED, reason=Reason.STAGE_FAILED,
+                       message=f"{late} (onTimeout: Rollback)", waiting_since=since)
+    return replace(outcome, phase=StagePhase.PROGRESSING, reason=Reason.STAGE_PROGRESSING, message=late,
+                   waiting_since=since)
 
 
 # -- the verdict -------------------------------------------------------------------------------

@@ -26,7 +26,9 @@ from stageset.apply.inventory import ObjectId, object_id
 from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
 from stageset.controller.redact import Redactor
 from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
-from stageset.controller.stageset.reads import TenantReads, service_account_of
+from stageset.controller.stageset.reads import Source, TenantReads, service_account_of
+from stageset.controller.stageset.revisions import GitRevisions, RevisionContent
+from stageset.controller.stageset.rollback import substitution_digest
 from stageset.controller.stageset.targets import Target
 from stageset.kube.client import ClientPool, Identity
 from stageset.kube.types import KubeObject
@@ -54,6 +56,12 @@ class Rendered:
     objects: list[KubeObject]
     target: Target
     ids: set[ObjectId] = field(default_factory=set)
+    source: Source | None = None
+    """The source as read (at :attr:`revision`)."""
+    inputs: str | None = None
+    """A digest of the stage's ``postBuild`` variables (:func:`rollback.substitution_digest`)."""
+    pinned: bool = False
+    """Rendered at a recorded revision rather than the source's current one."""
 
     @property
     def account(self) -> str | None:
@@ -64,22 +72,32 @@ class Rendered:
 
 class Renderer:
     def __init__(self, *, clients: ClientPool, store: SourceTrees, reads: TenantReads, limits: BuildLimits,
-                 cache: RenderCache | None = None):
+                 cache: RenderCache | None = None, revisions: RevisionContent | None = None):
         self._clients = clients
         self._store = store
         self._reads = reads
         self._limits = limits
         self._cache = cache or RenderCache()
+        self.revisions: RevisionContent = revisions or GitRevisions(None)
 
     def render(self, *, stage: Stage, identity: Identity, namespace: str, target: Target,
-               redactor: Redactor) -> Rendered:
+               redactor: Redactor, revision: str | None = None, salt: str = "") -> Rendered:
         """Raises :class:`StageError`; Secret values read on the way are added to ``redactor``
-        before anything can fail with them."""
+        before anything can fail with them.  ``revision``: render at this recorded revision
+        instead of the source's current one (``PreviousRevisionUnavailable`` when it is gone)."""
         client = self._clients.client(identity)
         source = self._reads.source(client, stage, namespace)
+        pinned = revision is not None and revision != source.revision
+        if pinned:
+            assert revision is not None
+            source = self.revisions.at(source, revision)
         variables, secret_values = self._reads.variables(client, stage, namespace)
         redactor.add(secret_values)
         url, commit, ignore = source.url, source.commit, source.ignore
+        if pinned and not self._store.is_served(url, commit=commit, consumer=source.consumer):
+            raise StageError(Reason.PREVIOUS_REVISION_UNAVAILABLE, f"stage {stage.name!r}: GitRepository "
+                             f"{source.name}: revision {source.revision} is no longer in the controller's "
+                             "Git mirror")
         if not self._store.is_served(url, commit=commit, consumer=source.consumer):
             # Only what this GitRepository was served, never another commit of a shared mirror
             # (a status a tenant wrote, or a commit another tenant's credentials fetched).
@@ -100,8 +118,10 @@ class Renderer:
                                    variables=variables, read_tree=read_root, limits=self._limits,
                                    patches=kustomize_patches(stage))
         except RefNotFoundError as error:
-            # Not in this controller's mirror (yet): the GitRepository will fetch it.
-            raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {error}") from error
+            # Not in this controller's mirror (yet): the GitRepository will fetch it.  A recorded
+            # revision is not fetched again: it is gone.
+            raise StageError(Reason.PREVIOUS_REVISION_UNAVAILABLE if pinned else Reason.ARTIFACT_NOT_FOUND,
+                             f"stage {stage.name!r}: {error}") from error
         except SourceError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
         except KustomizeNotFoundError as error:
@@ -110,7 +130,8 @@ class Renderer:
         except BuildError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
-                        target=target, ids={identify(obj, namespace, target) for obj in objects})
+                        target=target, ids={identify(obj, namespace, target) for obj in objects},
+                        source=source, inputs=substitution_digest(variables, salt=salt), pinned=pinned)
 
 
 def kustomize_patches(stage: Stage) -> list[dict[str, Any]]:

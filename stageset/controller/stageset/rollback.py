@@ -59,8 +59,8 @@ class Applied:
 
 def snapshot(order: Sequence[str], applied: Mapping[str, Applied]) -> list[StageSnapshot]:
     """The last good snapshot of a fully successful pass."""
-    return [StageSnapshot(stage=name, revision=applied[name].revision, substitution_digest=applied[name].inputs)
-            for name in order if name in applied]
+    return [StageSnapshot(stage=name, revision=applied[name].revision,
+                          substitution_digest=applied[name].inputs) for name in order if name in applied]
 
 
 def good_of(snapshots: Iterable[StageSnapshot]) -> dict[str, StageSnapshot]:
@@ -77,16 +77,18 @@ def moved(order: Sequence[str], *, good: Mapping[str, StageSnapshot], attempted:
         if last is None:
             continue
         tried = attempted.get(name)
-        if tried is not None and (tried.revision != last.revision or tried.inputs != last.substitution_digest):
-            found.append(name)
-        elif (revision := applied.get(name)) is not None and revision != last.revision:
+        other_content = tried is not None and (tried.revision, tried.inputs) != (last.revision,
+                                                                                 last.substitution_digest)
+        revision = applied.get(name)
+        if other_content or (revision is not None and revision != last.revision):
             found.append(name)
     return found
 
 
 def trigger(outcomes: Iterable[StageOutcome]) -> StageOutcome | None:
     """The first stage whose failure fails the release (``None``: no such failure)."""
-    return next((o for o in outcomes if o.phase is StagePhase.FAILED and o.reason is Reason.STAGE_FAILED), None)
+    failing = (o for o in outcomes if o.phase is StagePhase.FAILED and o.reason is Reason.STAGE_FAILED)
+    return next(failing, None)
 
 
 def order(graph: nx.DiGraph, stages: Iterable[str]) -> list[str]:

@@ -71,7 +71,8 @@ def span(window: UpdateWindow, at: datetime.datetime) -> Span:
     """Whether ``window`` is open at ``at``, and the next instant that changes."""
     if window.schedule is None:
         opens, closes = window.opens, window.closes
-        assert opens is not None and closes is not None
+        assert opens is not None
+        assert closes is not None
         if at < opens:
             return Span(False, opens)
         if at < closes:
@@ -93,7 +94,8 @@ def span(window: UpdateWindow, at: datetime.datetime) -> Span:
     return Span(True, end)
 
 
-def allowed_at(windows: Sequence[UpdateWindow], at: datetime.datetime) -> tuple[bool, datetime.datetime | None]:
+def allowed_at(windows: Sequence[UpdateWindow], at: datetime.datetime
+               ) -> tuple[bool, datetime.datetime | None]:
     """Are updates allowed at ``at``; and the earliest instant any window opens or closes."""
     spans = [(w.type, span(w, at)) for w in windows]
     deny = any(s.open for t, s in spans if t is WindowType.DENY)
