@@ -1,4 +1,4 @@
-"""Promotion gates and version floors: what holds a Ready stage's dependents back.  Pure: no I/O;
+"""Promotion gates: what holds a Ready stage's dependents back.  Pure: no I/O;
 time comes in as ``now``.
 
 - :func:`judge` — a stage's promotion gate after this pass saw it (Ready or not) at a revision:
@@ -11,9 +11,6 @@ time comes in as ``now``.
 - :func:`promote_request` — the ``<stage>@<token>`` annotation, when it is new for that stage.
 - :func:`held_verdict` — the Ready reason while gates hold: ``Soaking`` (requeue when the soak
   ends, and at least every :data:`SOAK_CHECK` seconds to see a flap) or ``AwaitingPromotion``.
-- :func:`version_floor` — ``dependsOn[].minVersion``: the dependency's applied revisions must be
-  version tags at or above it; and a dependency holding a new revision behind its update windows
-  is not ready for its dependents (as the reference says).
 """
 
 from __future__ import annotations
@@ -22,8 +19,6 @@ import datetime
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from sources.revision import parse_revision
-from sources.semver import Version
 from stageset.api import format_time, parse_time
 from stageset.api.release import ANNOTATION_PROMOTE, Promotion, PromotionPhase, PromotionState
 from stageset.api.vocabulary import Reason
@@ -140,44 +135,3 @@ def held_verdict(states: Sequence[tuple[str, PromotionState]], *, now: datetime.
         parts.append(f"stage {name!r} awaits promotion (stageset promote NAME --stage {name})")
     reason = Reason.SOAKING if soaking else Reason.AWAITING_PROMOTION
     return Held(reason, "; ".join(parts) + "; the stages after it wait", requeue)
-
-
-# -- dependsOn[].minVersion -----------------------------------------------------------------------
-
-def revision_version(revision: str) -> Version | None:
-    """The semantic version a revision's ref names (``v5.2.1@sha1:…``, ``refs/tags/v5.2.1@…``);
-    ``None`` for a branch, a bare commit or anything else."""
-    try:
-        ref, _ = parse_revision(revision.strip())
-    except ValueError:
-        return None
-    if not ref:
-        return None
-    try:
-        return Version.parse(ref.removeprefix("refs/tags/"))
-    except ValueError:
-        return None
-
-
-def version_floor(status: Mapping[str, object] | None, min_version: str | None, *, name: str) -> str | None:
-    """Why a Ready dependency is still not ready for this StageSet (``None``: it is).  ``status``:
-    the dependency's raw status; ``name``: how to call it in the message."""
-    status = status or {}
-    pending = status.get("pendingUpdate")
-    if isinstance(pending, Mapping) and pending.get("revisions"):
-        return f"StageSet {name} has a new revision held back by its update windows"
-    if not min_version:
-        return None
-    floor = Version.parse(min_version)
-    applied = str(status.get("lastAppliedRevision") or "")
-    revisions = [r for r in (part.strip() for part in applied.split(",")) if r]
-    if not revisions:
-        return f"StageSet {name} has applied no revision yet; minVersion {min_version} needs a version tag"
-    for revision in revisions:
-        version = revision_version(revision)
-        if version is None:
-            return (f"StageSet {name} applied {revision}, which is not a version tag; "
-                    f"minVersion {min_version} needs one")
-        if version < floor:
-            return f"StageSet {name} is at version {version}, minVersion needs {min_version} or later"
-    return None
