@@ -41,6 +41,7 @@ from stageset.cli.params import (
     parse_size,
 )
 from stageset.cli.preview import build, diff
+from stageset.cli.promote import promote
 from stageset.cli.session import StagesetGroup, echo
 from stageset.cli.steer import reconcile, resume, suspend
 from stageset.controller import logs
@@ -244,5 +245,5 @@ def crds(output: str) -> None:
     echo("---\n".join(render(kind) for kind in KINDS))
 
 
-for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume):
+for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, promote):
     main.add_command(_command)
