@@ -244,3 +244,61 @@ def test_a_rollback_without_the_last_good_revision_touches_nothing(world: World)
     assert (ready["status"], ready["reason"]) == ("False", "PreviousRevisionUnavailable")
     assert "nothing was rolled back" in ready["message"]
     assert world.configmap("new") is not None
+
+
+def test_a_dependency_must_reach_a_version_tag_at_or_above_min_version(world: World) -> None:
+    world.commit({"app/cm.json": configmap("app")})
+    world.stageset("db", [{"name": "db", "path": "./app"}])
+    world.stageset("shop", [{"name": "app", "path": "./app"}],
+                   dependsOn=[{"name": "db", "minVersion": "5.2.0"}])
+    sha = "0123456789abcdef0123456789abcdef01234567"
+
+    def dependency_at(revision: str, **status: Any) -> None:
+        generation = world.get("db")["metadata"]["generation"]
+        world.cluster.set_status(stageset_path("db"), {
+            "lastAppliedRevision": revision, **status,
+            "conditions": [{"type": "Ready", "status": "True", "reason": "Succeeded", "message": "",
+                            "observedGeneration": generation, "lastTransitionTime": "2030-01-01T00:00:00Z"}]})
+
+    dependency_at(f"main@sha1:{sha}")
+    world.reconcile("shop")
+    ready = world.ready("shop")
+    assert (ready["status"], ready["reason"]) == ("False", "DependencyNotReady")
+    assert f"StageSet {NS}/db applied main@sha1:{sha}, which is not a version tag" in ready["message"]
+    dependency_at(f"v5.1.9@sha1:{sha}")
+    world.reconcile("shop")
+    assert "is at version 5.1.9, minVersion needs 5.2.0 or later" in world.ready("shop")["message"]
+    dependency_at(f"v5.2.1@sha1:{sha}", pendingUpdate={"revisions": {f"{NS}/app": "v6"}})
+    world.reconcile("shop")
+    assert "new revision held back by its update windows" in world.ready("shop")["message"]
+    dependency_at(f"v5.2.1@sha1:{sha}", pendingUpdate=None)
+    world.reconcile("shop")
+    assert world.ready("shop")["status"] == "True"
+
+
+def test_a_frozen_stageset_applies_nothing_but_is_still_torn_down(world: World) -> None:
+    world.commit({"app/cm.json": configmap("app", "v1")})
+    world.stageset("shop", [{"name": "app", "path": "./app"}], windowScope="All",
+                   updateWindows=[{"type": "Deny", "from": "2030-01-01T01:00:00Z",
+                                   "to": "2030-01-02T00:00:00Z"}])
+    world.reconcile("shop")
+    world.clock.advance(3600)
+    with world.cluster._lock:  # drift during the hard freeze is left alone
+        world.cluster.objects[f"{CM}/app"]["data"]["k"] = "drifted"
+    world.commit({"app/cm.json": configmap("app", "v2")})
+    world.cluster.clear()
+    world.reconcile("shop")
+    ready = world.ready("shop")
+    assert (ready["status"], ready["reason"]) == ("True", "UpdateDeferred")
+    assert "stage(s) app held by the update windows until 2030-01-02T00:00:00Z" in ready["message"]
+    assert world.configmap("app")["data"]["k"] == "drifted"  # type: ignore[index]
+    assert not [r for r in world.cluster.by(TENANT) if r.verb == "apply"]
+    # Deleting it is never held: its objects go.
+    with world.cluster._lock:
+        live = world.cluster.objects[stageset_path("shop")]
+        live["metadata"]["deletionTimestamp"] = "2030-01-01T01:00:00Z"
+    for _ in range(5):
+        world.reconcile("shop")
+        if world.configmap("app") is None:
+            break
+    assert world.configmap("app") is None
