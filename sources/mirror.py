@@ -135,8 +135,6 @@ KEPT_DIR = "stageset-kept"
 _KEPT_PER_HOLDER = 4
 """Commits one holder may keep (a stage keeps its last good and its applied commit)."""
 
-_KEEP_LOCK_WAIT = 5.0
-"""Seconds ``keep`` waits for a fetch (or compaction) of the same mirror to finish."""
 
 
 @dataclass(frozen=True)
@@ -335,7 +333,8 @@ class MirrorStore:
         """Keep ``commits`` served to ``consumer`` for ``holder`` (replacing what it kept before);
         returns those kept (a commit never served to ``consumer`` is not).  Each call refreshes the
         record (:data:`sources.compact.SERVED_TTL`); an empty ``commits`` drops it.  Local disk only,
-        no request; skipped (``[]``) when a fetch of the mirror holds it for too long."""
+        no request; skipped (``[]``) while a fetch or compaction of the mirror runs (never waits:
+        callers keep again on their next pass)."""
         try:
             remote_url = parse_url(url, self._policy)
         except UrlPolicyError:
@@ -343,7 +342,7 @@ class MirrorStore:
         name = self._name_for(remote_url)
         wanted = list(dict.fromkeys(c for c in commits if c))[:_KEPT_PER_HOLDER]
         lock = self._lock_for(name)
-        if not lock.acquire(timeout=_KEEP_LOCK_WAIT):
+        if not lock.acquire(blocking=False):
             return []
         try:
             mirror = self._root / name

@@ -302,3 +302,17 @@ def test_a_frozen_stageset_applies_nothing_but_is_still_torn_down(world: World) 
         if world.configmap("app") is None:
             break
     assert world.configmap("app") is None
+
+
+def test_a_soak_check_does_not_flap_ready_or_write_status(world: World) -> None:
+    world.commit({"staging/cm.json": configmap("staging"), "prod/cm.json": configmap("prod")})
+    world.stageset("shop", [{"name": "staging", "path": "./staging", "promotion": {"soak": "10m"}},
+                            {"name": "prod", "path": "./prod"}])
+    world.reconcile("shop")
+    assert world.ready("shop")["reason"] == "Soaking"
+    world.clock.advance(30)
+    world.cluster.clear()
+    world.reconcile("shop")
+    assert world.ready("shop")["reason"] == "Soaking"
+    status_writes = [r for r in world.cluster.writes() if r.path.endswith("/status")]
+    assert status_writes == []  # no "applying stages" in between, nothing new to write

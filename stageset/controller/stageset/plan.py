@@ -38,6 +38,8 @@ REASON_PRIORITY = [Reason.RBAC_DENIED, Reason.INVALID_SPEC, Reason.RESOLVE_FAILE
 # out): retried within this many seconds even when ``retryInterval`` is longer.
 SOON = 30.0
 _SOON_REASONS = {Reason.SOURCE_NOT_READY, Reason.ARTIFACT_NOT_FOUND, Reason.STAGE_PROGRESSING}
+# Ready reasons of a release held as asked: passes continue it without announcing themselves.
+STEERED = {Reason.SOAKING, Reason.AWAITING_PROMOTION, Reason.UPDATE_DEFERRED, Reason.ROLLED_BACK}
 # Reasons under which a stage that could not render is not started, rather than failed.
 WAITING_FOR_SOURCE = {Reason.SOURCE_NOT_READY, Reason.ARTIFACT_NOT_FOUND}
 
@@ -98,14 +100,18 @@ class Previous:
     """Ready=Unknown at the current generation: a pass already announced itself."""
     observed: bool
     """``status.observedGeneration`` is the current generation."""
+    steered: bool = False
+    """The release is held as asked at the current generation (soaking, awaiting a promotion,
+    deferred, parked after a rollback): a pass continues it and has nothing new to announce."""
 
     @classmethod
     def from_status(cls, status: StageSetStatus, *, generation: int) -> Previous:
         ready = find(status.conditions, ConditionType.READY)
+        steered = ready is not None and ready.observed_generation == generation and ready.reason in STEERED
         return cls(stages={s.name: s for s in status.stages}, inventories=by_stage(status.inventory),
                     ready=holds_at(ready, ConditionStatus.TRUE, generation),
                     in_progress=holds_at(ready, ConditionStatus.UNKNOWN, generation),
-                    observed=status.observed_generation == generation)
+                    observed=status.observed_generation == generation, steered=steered)
 
 
 # Phases of a stage applied at its revision and not ready yet: waiting, or held past its timeout.
@@ -131,9 +137,10 @@ def quiet(previous: Previous, revisions: Mapping[str, str], *, stages: int) -> b
 
 def announce(previous: Previous, *, is_quiet: bool, only_rechecks: bool = False) -> bool:
     """Whether to say "applying stages" first: status writes are the costliest requests of a
-    pass, and one already visibly in progress, or one that only re-checks stages (applies
+    pass, and one already visibly in progress, one that continues a release held as asked (a soak
+    checked every 30 seconds must not flap Ready), or one that only re-checks stages (applies
     nothing), has nothing new to say."""
-    return not is_quiet and not previous.in_progress and not only_rechecks
+    return not is_quiet and not previous.in_progress and not previous.steered and not only_rechecks
 
 
 def clash_message(clashes: Mapping[ObjectId, Sequence[str]]) -> str | None:
