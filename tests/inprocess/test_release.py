@@ -316,3 +316,10 @@ def test_a_soak_check_does_not_flap_ready_or_write_status(world: World) -> None:
     assert world.ready("shop")["reason"] == "Soaking"
     status_writes = [r for r in world.cluster.writes() if r.path.endswith("/status")]
     assert status_writes == []  # no "applying stages" in between, nothing new to write
+    # The soaking stage stays applied: drift is corrected while it soaks.
+    with world.cluster._lock:
+        world.cluster.objects[f"{CM}/staging"]["data"]["k"] = "drifted"
+    world.clock.advance(30)
+    world.reconcile("shop")
+    assert world.configmap("staging")["data"]["k"] == "v"  # type: ignore[index]
+    assert world.configmap("prod") is None
