@@ -115,7 +115,8 @@ class PromotionState(StatusModel):
     soak_until: Time | None = None
     """While Soaking: when the soak ends, if the stage stays Ready."""
     promoted_by: Annotated[str, Field(max_length=64)] | None = None
-    """Once Promoted: ``soak``, ``manual`` (the promote annotation) or ``none`` (no gate held it)."""
+    """Once Promoted: ``soak``, ``manual`` (the promote annotation), ``none`` (no gate held it) or
+    ``rollback`` (restored to a last good revision, which passed its gates before)."""
 
 
 # -- update windows --------------------------------------------------------------------------

@@ -323,3 +323,30 @@ def test_a_soak_check_does_not_flap_ready_or_write_status(world: World) -> None:
     world.reconcile("shop")
     assert world.configmap("staging")["data"]["k"] == "v"  # type: ignore[index]
     assert world.configmap("prod") is None
+
+
+def test_a_release_rolled_back_past_a_gate_is_not_held_by_it_again(world: World) -> None:
+    world.commit({"staging/cm.json": configmap("staging", "v1"), "prod/web.json": deployment("web")})
+    world.stageset("shop", [{"name": "staging", "path": "./staging",
+                             "promotion": {"requireManualPromotion": True}},
+                            {"name": "prod", "path": "./prod"}], rollbackOnFailure=True)
+    world.reconcile("shop")
+    annotate(world, "shop", "stages.metio.wtf/promote", "staging@t1")
+    world.reconcile("shop")
+    recover(world, "web")
+    world.reconcile("shop")
+    assert world.ready("shop")["status"] == "True"
+    world.commit({"staging/cm.json": configmap("staging", "v2"), "prod/web.json": deployment("web")})
+    world.reconcile("shop")
+    annotate(world, "shop", "stages.metio.wtf/promote", "staging@t2")
+    fail_rollout(world, "web")
+    world.reconcile("shop")
+    assert world.ready("shop")["reason"] == "RolledBack"
+    assert world.configmap("staging")["data"]["k"] == "v1"  # type: ignore[index]
+    gate = stage_status(world, "shop", "staging")["promotionState"]
+    assert (gate["phase"], gate["promotedBy"]) == ("Promoted", "rollback")
+    # Parked passes correct drift at the last good revision without a new promotion.
+    recover(world, "web")
+    world.clock.advance(600)
+    world.reconcile("shop")
+    assert world.ready("shop")["reason"] == "RolledBack"

@@ -26,7 +26,7 @@ from stageset.api.vocabulary import Reason
 SOAK_CHECK = 30.0
 """A soaking stage's readiness is checked at least this often (seconds), and when the soak ends."""
 
-HOW_SOAK, HOW_MANUAL, HOW_NONE = "soak", "manual", "none"
+HOW_SOAK, HOW_MANUAL, HOW_NONE, HOW_ROLLBACK = "soak", "manual", "none", "rollback"
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,8 @@ from typing import Protocol
 
 import networkx as nx
 
-from stageset.api import StageSet, StageSetStatus
-from stageset.api.release import PromotionState, Rollback, StageSnapshot
+from stageset.api import StageSet, StageSetStatus, format_time
+from stageset.api.release import PromotionPhase, PromotionState, Rollback, StageSnapshot
 from stageset.api.vocabulary import EventReason, EventType, Reason, StagePhase
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import stage_inventory, with_kept
@@ -286,8 +286,12 @@ class Release:
                            owner=Owner(namespace, name))
             self._changes.pruned(one.writer.obj, pruned, one.redactor)
             kept = with_kept({stage: back}, pruned.kept)[stage]
+            # A last good revision passed its gates: the stages after it are not held again by it.
+            gated = item.stage.promotion is not None and item.stage.promotion.gated
+            passed = PromotionState(phase=PromotionPhase.PROMOTED, revision=item.revision,
+                                    since=format_time(self._clock()), promoted_by=gates.HOW_ROLLBACK)
             restored = replace(outcome, message=f"rolled back to {item.revision}",
-                               promotion=before.promotion, promotion_token=before.promotion_token)
+                               promotion=passed if gated else None, promotion_token=before.promotion_token)
             one.progress = replace(one.progress.with_outcome(restored),
                                    current={**one.progress.current, stage: kept},
                                    fresh={**one.progress.fresh, stage: kept})
