@@ -284,8 +284,12 @@ class Metrics:
             if isinstance(stage.get("objects"), int):
                 self.stage_objects.labels(namespace, name, stage_name).set(stage["objects"])
             gate = stage.get("promotionState")
-            held = isinstance(gate, Mapping) and gate.get("phase") in ("Soaking", "AwaitingManual")
-            self.promotion_pending.labels(namespace, name, stage_name).set(1 if held else 0)
+            if isinstance(gate, Mapping):  # only gated stages have the series
+                held = gate.get("phase") in ("Soaking", "AwaitingManual")
+                self.promotion_pending.labels(namespace, name, stage_name).set(1 if held else 0)
+            else:
+                self.promotion_pending.remove_by_labels({"namespace": namespace, "name": name,
+                                                         "stage": stage_name})
         # A stage removed from the spec (and so from status) takes its series with it.
         for gone in self._stages.get(key, set()) - seen:
             for metric in (self.stage_phase, self.stage_objects, self.promotion_pending, self.promotions):
