@@ -326,9 +326,12 @@ class Release:
                   rolling: bool = False) -> StageSetStatus:
         """``status`` with the fields steering owns, as this pass leaves them (``rolling``: the pass
         rolled back, and ``rolled`` is the record it left)."""
+        applied = {stage.name: stage.revision for stage in status.stages}
         update: dict[str, object] = {
             "pending_update": steered.pending,
-            "override_revisions": dict(steered.override_revisions),
+            # What update-now let through stays let through until its stage has applied it.
+            "override_revisions": {s: r for s, r in steered.override_revisions.items()
+                                   if applied.get(s) != r},
             "rollback": rolled if rolling else steered.rollback,
         }
         if steered.override:
