@@ -80,6 +80,14 @@ def wait_until_set(event: threading.Event) -> None:
         pass
 
 
+def _as_dependency(obj: KubeObject) -> tuple[Any, ...]:
+    """What a dependent StageSet waits on: Ready at the generation, the revision applied
+    (``minVersion``), and whether an update window holds a new revision back."""
+    status = obj.get("status") or {}
+    held = bool(((status.get("pendingUpdate") or {}).get("revisions")))
+    return ready_at_generation(obj), status.get("lastAppliedRevision"), held
+
+
 def _trigger(obj: KubeObject) -> tuple[Any, Any, bool, Any, Any]:
     """What, when changed, calls for a reconcile (status writes alone do not); a promote or
     update-now request is an annotation, so it is named here."""
@@ -117,8 +125,8 @@ class Manager:
                                                 longest=queue.longest_running_seconds)
         self._lock = threading.Lock()
         self._objects: dict[Key, KubeObject] = {}
-        # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.
-        self._seen: dict[Key, tuple[tuple[Any, ...], bool]] = {}
+        # Per object: what last triggered a reconcile, and (StageSets) what its dependents wait on.
+        self._seen: dict[Key, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
         # Per object: the status our last reconcile left, at the resourceVersion it made, until
         # the watch catches up (see :meth:`_with_own_status`).
         self._written: dict[Key, tuple[int, Any]] = {}
@@ -177,15 +185,16 @@ class Manager:
                     self._objects.pop(key, None)
                     self._seen.pop(key, None)
                     REGISTRY.drop(key)  # its Secret values leave the log filter with it
-                    now: tuple[tuple[Any, ...], bool] | None = None
+                    now: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
                 else:
                     self._objects[key] = obj
-                    now = (_trigger(obj), ready_at_generation(obj))
+                    now = (_trigger(obj), _as_dependency(obj))
                     self._seen[key] = now
             if now is not None and (before is None or before[0] != now[0]):
                 self._enqueue(key)
             if kind == "StageSet" and (before is None or now is None or before[1] != now[1]):
-                # Event-driven: a dependency turning (un)Ready wakes its dependents at once.
+                # Event-driven: a dependency turning (un)Ready, applying a new revision or releasing
+                # a held one wakes its dependents at once.
                 for namespace, name in self._index.dependents((key[1], key[2])):
                     self._enqueue(("StageSet", namespace, name))
         return handle
