@@ -84,7 +84,7 @@ def _as_dependency(obj: KubeObject) -> tuple[Any, ...]:
     """What a dependent StageSet waits on: Ready at the generation, the revision applied
     (``minVersion``), and whether an update window holds a new revision back."""
     status = obj.get("status") or {}
-    held = bool(((status.get("pendingUpdate") or {}).get("revisions")))
+    held = bool((status.get("pendingUpdate") or {}).get("revisions"))
     return ready_at_generation(obj), status.get("lastAppliedRevision"), held
 
 
