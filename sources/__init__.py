@@ -10,6 +10,8 @@ The controller uses it like this::
                            consumer="payments/app/<uid>")  # served to this source only
     snapshot.revision                     # "main@sha1:<40 hex>", Flux's format
     store.is_served(url, commit=snapshot.commit, consumer="payments/app/<uid>")  # True
+    store.keep(url, consumer="payments/app/<uid>", holder="payments/shop/app",   # still served
+               commits=[snapshot.commit])                                        # after newer ones
     files = store.read_tree(url, commit=snapshot.commit, path="./deploy", ignore=None)
     tree_id = store.tree_hash(url, commit=snapshot.commit, path="./deploy")
 

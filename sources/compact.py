@@ -10,14 +10,16 @@ not a clone: a reader may only read commits recorded as served to its consumer
 (``stageset-served/``, at most the newest few per consumer), and later fetches negotiate
 from the mirror's refs.  So a compacted mirror keeps exactly:
 
-- the commits of the served records and of the refs (annotated tags with them), each with
+- the commits of the served records, of the kept records (commits a reader asked to keep beyond
+  the newest few: a stage's last good revision) and of the refs (annotated tags with them), each with
   its whole tree (trees and blobs; blobs a fetch left out for their size stay out);
 - nothing of their history: the kept commits are marked shallow, as a depth-1 fetch leaves
   them.  A pinned commit that is no longer kept is asked of the server again with the
   caller's credentials (the mirror's proof rules do not change).
 
-Records of consumers not heard of for :data:`SERVED_TTL` (a GitRepository deleted long ago)
-are dropped first, so their commits stop being kept.
+Records of consumers not heard of for :data:`SERVED_TTL` (a GitRepository deleted long ago), and
+kept records their holder has not refreshed for as long (a StageSet deleted long ago), are dropped
+first, so their commits stop being kept.
 
 The compacted copy is built aside (``.init-*``) and swapped in by the caller
 (:class:`sources.mirror.MirrorStore`, holding the URL's fetch lock, with no reader inside);
@@ -75,6 +77,30 @@ def drop_stale_records(served_dir: Path, *, now: float | None = None) -> int:
     return dropped
 
 
+def drop_stale_kept(kept_dir: Path, *, now: float | None = None) -> int:
+    """Remove kept records (``<consumer>/<holder>`` files) untouched for :data:`SERVED_TTL`."""
+    dropped = 0
+    with contextlib.suppress(OSError):
+        for consumer in os.scandir(kept_dir):
+            if consumer.is_dir():
+                dropped += drop_stale_records(Path(consumer.path), now=now)
+    return dropped
+
+
+def kept_commits(consumer_dir: Path) -> set[str]:
+    """Every commit the kept records of one consumer name."""
+    return served_commits(consumer_dir)
+
+
+def all_kept_commits(kept_dir: Path) -> set[str]:
+    found: set[str] = set()
+    with contextlib.suppress(OSError):
+        for consumer in os.scandir(kept_dir):
+            if consumer.is_dir():
+                found.update(kept_commits(Path(consumer.path)))
+    return found
+
+
 def served_commits(served_dir: Path) -> set[str]:
     """Every commit any consumer's record names."""
     found: set[str] = set()
@@ -105,18 +131,25 @@ def _closure(store: BaseObjectStore, roots: Iterable[ObjectID]) -> Iterator[ShaF
             pending.extend(entry.sha for entry in obj.iteritems() if entry.mode != _GITLINK)
 
 
-def compacted_copy(path: Path, *, served_dir_name: str, keep_files: Iterable[str]) -> Path:
+def compacted_copy(path: Path, *, served_dir_name: str, keep_files: Iterable[str],
+                   kept_dir_name: str | None = None) -> Path:
     """Build the compacted copy of the mirror at ``path`` next to it; returns its directory.
 
-    ``served_dir_name`` is the records' directory (copied, stale records dropped first);
-    ``keep_files`` are other top-level files copied as they are (markers)."""
+    ``served_dir_name`` is the records' directory and ``kept_dir_name`` the kept records' (both
+    copied, stale records dropped first); ``keep_files`` are other top-level files copied as they
+    are (markers)."""
     drop_stale_records(path / served_dir_name)
+    if kept_dir_name is not None:
+        drop_stale_kept(path / kept_dir_name)
     staging = Path(tempfile.mkdtemp(prefix=".init-", dir=path.parent))
     try:
         with Repo(str(path)) as old:
             refs = {name: sha for name, sha in old.refs.as_dict().items()
                     if name != b"HEAD" and sha in old.object_store}
-            roots = {ObjectID(c.encode("ascii")) for c in served_commits(path / served_dir_name)}
+            wanted = served_commits(path / served_dir_name)
+            if kept_dir_name is not None:
+                wanted |= all_kept_commits(path / kept_dir_name)
+            roots = {ObjectID(c.encode("ascii")) for c in wanted}
             roots.update(refs.values())
             objects = list(_closure(old.object_store, roots))
             kept = {o.id for o in objects}
@@ -130,8 +163,9 @@ def compacted_copy(path: Path, *, served_dir_name: str, keep_files: Iterable[str
                 for ref, sha in refs.items():
                     new.refs[Ref(ref)] = sha
         shutil.copyfile(path / "config", staging / "config")
-        if (path / served_dir_name).is_dir():
-            shutil.copytree(path / served_dir_name, staging / served_dir_name, dirs_exist_ok=True)
+        for records in (served_dir_name, kept_dir_name):
+            if records is not None and (path / records).is_dir():
+                shutil.copytree(path / records, staging / records, dirs_exist_ok=True)
         for kept_file in keep_files:
             with contextlib.suppress(OSError):
                 shutil.copy2(path / kept_file, staging / kept_file)

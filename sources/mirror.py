@@ -73,6 +73,13 @@ is being fetched into (its lock is held) or read, nor the one being fetched.  Re
 :class:`~sources.errors.NotFetchedError` — the next ``fetch`` brings the commit back —
 rather than a half-deleted repository.
 
+**Kept commits.**  A reader may ask the mirror to keep commits it was served beyond the newest
+few (``keep(..., holder=...)``): the controller keeps each stage's last good and applied commits,
+so a rollback (or an update window's drift correction) can read them after the branch moved on.
+A kept commit stays served to that consumer and survives compaction for as long as its holder
+refreshes it (at least every :data:`sources.compact.SERVED_TTL`), the consumer's records exist and
+the mirror is not evicted for disk space; then it is gone like any other.
+
 A mirror does not grow with its history either: after a fetch that leaves it with more than
 :data:`sources.compact.COMPACT_AFTER_PACKS` packs, it is rebuilt aside with only the
 commits still served to someone or named by its refs (trees included, history not) and
@@ -100,7 +107,7 @@ from dulwich.objects import Commit, ObjectID, Tag
 from dulwich.refs import Ref
 from dulwich.repo import Repo
 
-from sources.compact import compacted_copy, needs_compaction
+from sources.compact import compacted_copy, kept_commits, needs_compaction
 from sources.credentials import Credentials
 from sources.errors import GitOperationError, NotFetchedError, RefNotFoundError, UrlPolicyError
 from sources.limits import Limits
@@ -125,6 +132,13 @@ SERVED_DIR = "stageset-served"
 
 _SERVED_KEEP = 16
 """Commits remembered per consumer (the newest), so a status a little behind still reads."""
+
+KEPT_DIR = "stageset-kept"
+"""Per mirror: commits kept for a consumer beyond the newest few, one file per holder."""
+
+_KEPT_PER_HOLDER = 4
+"""Commits one holder may keep (a stage keeps its last good and its applied commit)."""
+
 
 
 @dataclass(frozen=True)
@@ -310,13 +324,58 @@ class MirrorStore:
             remote_url = parse_url(url, self._policy)
         except UrlPolicyError:
             return False  # never fetched, so never served
-        path = self._path_for(remote_url) / SERVED_DIR / _consumer_file(consumer)
+        mirror = self._path_for(remote_url)
+        path = mirror / SERVED_DIR / _consumer_file(consumer)
+        with self._locks_guard:  # never between the two renames of a compaction's swap
+            try:
+                if commit in path.read_text().split():
+                    return True
+            except OSError:
+                pass
+            return commit in kept_commits(mirror / KEPT_DIR / _consumer_file(consumer))
+
+    def keep(self, url: str, *, consumer: str, holder: str, commits: Iterable[str]) -> list[str]:
+        """Keep ``commits`` served to ``consumer`` for ``holder`` (replacing what it kept before);
+        returns those kept (a commit never served to ``consumer`` is not).  Each call refreshes the
+        record (:data:`sources.compact.SERVED_TTL`); an empty ``commits`` drops it.  Local disk only,
+        no request; skipped (``[]``) while a fetch or compaction of the mirror runs (never waits:
+        callers keep again on their next pass)."""
         try:
-            with self._locks_guard:  # never between the two renames of a compaction's swap
-                served = path.read_text().split()
-        except OSError:
-            return False
-        return commit in served
+            remote_url = parse_url(url, self._policy)
+        except UrlPolicyError:
+            return []
+        name = self._name_for(remote_url)
+        wanted = list(dict.fromkeys(c for c in commits if c))[:_KEPT_PER_HOLDER]
+        lock = self._lock_for(name)
+        if not lock.acquire(blocking=False):
+            return []
+        try:
+            mirror = self._root / name
+            if not (mirror / "HEAD").exists():
+                return []
+            directory = mirror / KEPT_DIR / _consumer_file(consumer)
+            path = directory / _consumer_file(holder)
+            kept = [c for c in wanted if self.is_served(url, commit=c, consumer=consumer)]
+            if not kept:
+                with contextlib.suppress(OSError):
+                    path.unlink()
+                return []
+            try:
+                unchanged = path.read_text().split() == kept
+            except OSError:
+                unchanged = False
+            if unchanged:
+                with contextlib.suppress(OSError):
+                    os.utime(path)
+                return kept
+            directory.mkdir(parents=True, exist_ok=True)
+            fd, staging = tempfile.mkstemp(prefix=".kept-", dir=directory)
+            with os.fdopen(fd, "w") as handle:
+                handle.write("\n".join(kept) + "\n")
+            os.replace(staging, path)
+            return kept
+        finally:
+            lock.release()
 
     def read_tree(self, url: str, *, commit: str, path: str = "./",
                   ignore: str | None = None, limits: Limits | None = None,
@@ -523,7 +582,8 @@ class MirrorStore:
         with self._locks_guard:
             if self._readers.get(name, 0):
                 return False
-        staging = compacted_copy(path, served_dir_name=SERVED_DIR, keep_files=[_USED_MARKER])
+        staging = compacted_copy(path, served_dir_name=SERVED_DIR, keep_files=[_USED_MARKER],
+                                 kept_dir_name=KEPT_DIR)
         aside = self._root / f".evict-{name}-{os.getpid()}-{threading.get_ident()}"
         with self._locks_guard:
             if self._readers.get(name, 0):

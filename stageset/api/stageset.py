@@ -32,9 +32,24 @@ from stageset.api.common import (
     Time,
     duration_seconds,
 )
+from stageset.api.release import (
+    MAX_WINDOWS,
+    MIN_VERSION_RULE,
+    MinVersion,
+    PendingUpdate,
+    Promotion,
+    PromotionState,
+    Rollback,
+    StageSnapshot,
+    UpdateWindow,
+    WindowScope,
+    checked_min_version,
+)
 from stageset.api.vocabulary import StagePhase
 
 MAX_STAGES = 64
+MAX_DEPENDENCIES = 32
+"""StageSets in ``spec.dependsOn`` (a bound the CEL cost estimate of ``minVersion`` needs)."""
 DEFAULT_TIMEOUT = "15m"
 """``spec.timeout`` when left out, as in the reference."""
 MAX_PATCHES = 32
@@ -81,12 +96,24 @@ class SourceRef(ApiModel):
 
 
 class StageSetRef(ApiModel):
-    """Another StageSet this one waits for."""
+    """Another StageSet this one waits for: Ready at its current generation, no new revision held
+    back by its update windows, and (with ``minVersion``) applied at a version at or above it."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [MIN_VERSION_RULE]})
 
     name: DNSSubdomain
     """Name of the StageSet."""
     namespace: DNSLabel | None = None
     """Namespace of the StageSet; defaults to this StageSet's namespace."""
+    min_version: MinVersion | None = None
+    """A semantic version (``5.2.0``, ``v5.2``) the StageSet's applied revision must be at or above:
+    every revision in its ``status.lastAppliedRevision`` must be a version tag (``v5.2.1@sha1:…``)
+    no lower than this.  Until then this StageSet waits (``DependencyNotReady``)."""
+
+    @field_validator("min_version")
+    @classmethod
+    def _semver(cls, value: str | None) -> str | None:
+        return checked_min_version(value)
 
 
 def _secret_ref_by_rule(schema: JsonDict) -> None:
@@ -243,8 +270,8 @@ class OnTimeout(StrEnum):
     """The stage holds (phase ``Progressing``, reason ``StageProgressing``): its objects stay as
     applied, its dependents wait, and it is checked again at ``retryInterval``."""
     ROLLBACK = "Rollback"
-    """Restore the last applied revision: **not supported yet**, refused with a message saying so
-    (:mod:`stageset.api.unsupported`)."""
+    """The timeout fails the stage (phase ``Failed``, reason ``StageFailed``), as any failure does:
+    with ``rollbackOnFailure: true`` the release is rolled back to its last good revisions."""
 
 
 CelExpression = Annotated[str, Field(min_length=1, max_length=MAX_CEL_EXPRESSION)]
@@ -570,6 +597,9 @@ class Stage(ApiModel):
     """What to wait for before the stage counts as ready."""
     on_timeout: OnTimeout | None = None
     """What a readiness wait that runs out of time does; defaults to the StageSet's ``onTimeout``."""
+    promotion: Promotion | None = None
+    """What must happen after this stage is Ready before the stages that depend on it start: a
+    ``soak``, a manual promotion (``requireManualPromotion``), or both (the soak first)."""
     apply_helm_hook_resources: bool | None = None
     """Objects with ``helm.sh/hook`` annotations are applied as ordinary objects (``true``, the
     reference's default); ``false``, which would leave them out, is not supported."""
@@ -653,8 +683,8 @@ class StageSetSpec(ApiModel):
     )
     """The stages, in order; a stage without ``dependsOn`` runs after the one before it."""
     depends_on: list[StageSetRef] = Field(
-        default_factory=list, json_schema_extra={"x-kubernetes-list-type": "atomic"}
-    )
+        default_factory=list, max_length=MAX_DEPENDENCIES,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"})
     """StageSets that must be ready before any stage of this one starts."""
     service_account_name: DNSSubdomain | None = None
     """ServiceAccount every write is made as (impersonated).
@@ -677,7 +707,22 @@ class StageSetSpec(ApiModel):
     timeout: Duration = DEFAULT_TIMEOUT
     """Default per-stage timeout for applying and waiting (the reference's default, 15m)."""
     on_timeout: OnTimeout = OnTimeout.HOLD
-    """What a stage whose readiness wait runs out of time does: ``Hold`` (the only action supported)."""
+    """What a stage whose readiness wait runs out of time does: ``Hold`` (keep waiting, its
+    dependents too) or ``Rollback`` (the timeout fails the stage; with ``rollbackOnFailure`` the
+    release is rolled back).  A stage's own ``onTimeout`` wins."""
+    rollback_on_failure: bool = False
+    """When a stage fails (or times out under ``onTimeout: Rollback``) after its source moved to a
+    new revision: re-apply every stage that moved in this release at its last good revision
+    (``status.lastAppliedSnapshot``), dependents first, and delete the objects the new revision
+    added.  The failed revisions are not applied again until a source or the spec changes."""
+    update_windows: list[UpdateWindow] = Field(
+        default_factory=list, max_length=MAX_WINDOWS, json_schema_extra={"x-kubernetes-list-type": "atomic"})
+    """When new revisions may roll out.  A Deny window that is open holds them; with any Allow
+    declared, they roll out only while an Allow is open (and no Deny).  Deleting a StageSet is never
+    held."""
+    window_scope: WindowScope | None = None
+    """What a closed window holds back: ``Updates`` (the default: new revisions wait, the applied
+    ones keep being corrected) or ``All`` (nothing is applied while closed)."""
     suspend: bool = False
     """Stop reconciling; objects already applied stay as they are."""
 
@@ -737,6 +782,10 @@ class StageStatus(StatusModel):
     """How many objects the stage manages."""
     waiting_since: Time | None = None
     """While the stage waits for its objects to become ready: since when (its timeout counts from here)."""
+    promotion_state: PromotionState | None = None
+    """Where the stage stands against its promotion gate (absent without one)."""
+    last_handled_promotion: Annotated[str, Field(max_length=256)] | None = None
+    """The ``stages.metio.wtf/promote`` token last acted on for this stage (each token acts once)."""
 
     @field_validator("phase", mode="before")
     @classmethod
@@ -791,6 +840,20 @@ class StageSetStatus(StatusModel):
     """Per-stage inventory of applied objects; old and new entries are both kept until prune ran."""
     last_handled_reconcile_at: Annotated[str, Field(max_length=256)] | None = None
     """The last ``reconcile.fluxcd.io/requestedAt`` annotation value acted on."""
+    last_applied_snapshot: list[StageSnapshot] = Field(
+        default_factory=list,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["stage"]})
+    """Per stage, the revision of the last fully successful pass (every stage Ready and promoted):
+    what a rollback restores."""
+    pending_update: PendingUpdate | None = None
+    """Set while an update window holds new revisions back (or a ``windowScope: All`` freeze holds
+    everything)."""
+    last_handled_update_override: Annotated[str, Field(max_length=256)] | None = None
+    """The last ``stages.metio.wtf/update-now`` value acted on (each value acts once)."""
+    override_revisions: dict[str, Annotated[str, Field(max_length=1024)]] = Field(default_factory=dict)
+    """The revisions ``update-now`` let through, by stage, until each stage has applied its own (ours)."""
+    rollback: Rollback | None = None
+    """The last rollback, while its failed revisions are still what the sources offer."""
 
 
 class StageSet(ApiModel):

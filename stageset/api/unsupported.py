@@ -74,8 +74,8 @@ class Shape(enum.Enum):
 PATHS: Final = {
     "StageSetSpec": "spec",
     "Stage": "spec.stages[]",
-    "StageSetRef": "spec.dependsOn[]",
     "KubeConfigRef": "spec.kubeConfig",
+    "Promotion": "spec.stages[].promotion",
 }
 
 
@@ -135,39 +135,33 @@ def _cel_literal(value: str | bool) -> str:
     return _literal(value) if isinstance(value, bool) else f"'{value}'"
 
 
-_HOLD = "use Hold (the default) and raise the stage's timeout instead"
+_GATES = "use soak and requireManualPromotion, which are supported, or remove it"
 
 REFUSED: Final = (
     # spec
-    Refusal("StageSetSpec", "rollbackOnFailure", "restoring the last good revisions after a failed run",
-            planned="issue 21", shape=Shape.FLAG),
-    Refusal("StageSetSpec", "onTimeout", "rolling back when a readiness wait runs out of time",
-            planned="issue 21", value="Rollback", instead=_HOLD),
     Refusal("StageSetSpec", "onRollback", "actions run after a rollback", shape=Shape.OBJECTS),
-    Refusal("StageSetSpec", "updateWindows", "windows that allow or deny rollouts",
-            planned="issue 21", shape=Shape.OBJECTS),
-    Refusal("StageSetSpec", "windowScope", "what a closed update window blocks",
-            planned="issue 21", shape=Shape.TEXT),
     Refusal("StageSetSpec", "errorBudget", "freezing rollouts on an SLO error budget", shape=Shape.OBJECT),
     Refusal("StageSetSpec", "version", "the deployed version, for versioned migrations", shape=Shape.OBJECT),
     Refusal("StageSetSpec", "migrations", "versioned migrations", shape=Shape.OBJECTS),
     Refusal("StageSetSpec", "migrationsSourceRef", "versioned migrations read from a source",
             shape=Shape.OBJECT),
-    # spec.dependsOn[]
-    Refusal("StageSetRef", "minVersion", "waiting for a dependency to reach a version",
-            planned="issue 21", shape=Shape.TEXT),
     # spec.kubeConfig
     Refusal("KubeConfigRef", "configMapRef", "cloud workload-identity access to a remote cluster",
             shape=Shape.OBJECT, instead="use secretRef with a self-contained kubeconfig instead"),
     # spec.stages[]
     Refusal("Stage", "actions", "pre, post and onFailure actions around a stage",
             planned="issue 24", shape=Shape.OBJECT),
-    Refusal("Stage", "promotion", "promotion gates: soak, manual promotion, analysis",
-            planned="issue 21", shape=Shape.OBJECT),
-    Refusal("Stage", "onTimeout", "rolling back when the readiness wait runs out of time",
-            planned="issue 21", value="Rollback", instead=_HOLD),
     Refusal("Stage", "errorBudget", "freezing a stage on its SLO error budget", shape=Shape.OBJECT),
     Refusal("Stage", "migrationAnchor", "the anchor versioned migrations name", shape=Shape.TEXT),
+    # spec.stages[].promotion
+    Refusal("Promotion", "analysis", "holding a stage while metric checks (Prometheus) run",
+            shape=Shape.OBJECT, instead=_GATES),
+    Refusal("Promotion", "fastTrack", "ending a soak early on a healthy metric", shape=Shape.OBJECT,
+            instead=_GATES),
+    Refusal("Promotion", "restartGate", "holding a stage while its pods restart", shape=Shape.OBJECT,
+            instead=_GATES),
+    Refusal("Promotion", "eventGate", "holding a stage on Warning events of its pods", shape=Shape.OBJECT,
+            instead=_GATES),
     Refusal("Stage", "applyHelmHookResources", "leaving out objects with helm.sh/hook annotations",
             value=False, instead="helm.sh/hook objects are applied as ordinary objects here; "
                                  "remove them from the stage's path or leave this field out"),

@@ -45,6 +45,17 @@ class Reason(StrEnum):
     CLUSTER_UNREACHABLE = "ClusterUnreachable"
     INVENTORY_INCOMPLETE = "InventoryIncomplete"
     """Status had no inventory and the cluster could not be searched completely: nothing pruned."""
+    # Steering a release (the reference's words; none of them is a failure but the last two)
+    SOAKING = "Soaking"
+    """A stage is Ready and soaking: its dependents start when the soak ends."""
+    AWAITING_PROMOTION = "AwaitingPromotion"
+    """A stage is Ready and waits for ``stageset promote``: its dependents wait too."""
+    UPDATE_DEFERRED = "UpdateDeferred"
+    """An update window holds a new revision back (Ready stays True when the applied one is Ready)."""
+    ROLLED_BACK = "RolledBack"
+    """A release failed and was rolled back to the last good revisions."""
+    PREVIOUS_REVISION_UNAVAILABLE = "PreviousRevisionUnavailable"
+    """A release failed and its last good revisions cannot be restored: nothing was rolled back."""
     # GitRepository
     AUTHENTICATION_FAILED = "AuthenticationFailed"
     REF_NOT_FOUND = "RefNotFound"
@@ -87,3 +98,20 @@ class EventReason(StrEnum):
     TEARDOWN_FORCED = "TeardownForced"
     ORPHANED = "Orphaned"
     """A deleted StageSet left a ``prune: false`` stage's objects in place (owner labels removed)."""
+    PROMOTED = "Promoted"
+    """A stage passed its promotion gate (soak ended, or promoted by hand)."""
+    PROMOTION_IGNORED = "PromotionIgnored"
+    """A ``stages.metio.wtf/promote`` request named a stage that was not waiting for one."""
+    UPDATE_DEFERRED = "UpdateDeferred"
+    """An update window holds a new revision back."""
+    UPDATE_OVERRIDDEN = "UpdateOverridden"
+    """``stages.metio.wtf/update-now`` shipped held revisions despite the update windows."""
+    ROLLED_BACK = "RolledBack"
+    """A failed release was rolled back to its last good revisions."""
+
+
+# Ready reasons without the Warning event a Ready condition turning False gets: a release held as
+# asked (soaking, awaiting a promotion, deferred) is not a failure, and a rollback is told by the
+# reconciler itself (a RolledBack event naming what failed and what was restored).
+NO_TRANSITION_EVENT = frozenset({Reason.SOAKING, Reason.AWAITING_PROMOTION, Reason.UPDATE_DEFERRED,
+                                 Reason.ROLLED_BACK})

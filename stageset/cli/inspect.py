@@ -69,8 +69,37 @@ def summary(obj: KubeObject) -> dict[str, Any]:
             "revision": (stages.get(stage.get("name")) or {}).get("revision"),
             "objects": (stages.get(stage.get("name")) or {}).get("objects"),
             "message": (stages.get(stage.get("name")) or {}).get("message", ""),
+            "promotionState": (stages.get(stage.get("name")) or {}).get("promotionState"),
         } for stage in spec.get("stages") or []],
+        "pendingUpdate": status.get("pendingUpdate"),
+        "rollback": status.get("rollback"),
     }
+
+
+def gate_text(state: dict[str, Any] | None) -> str:
+    """A stage's promotion gate in a few words: ``Soaking until …``, ``AwaitingManual``, ``Promoted``."""
+    if not state:
+        return "-"
+    phase = str(state.get("phase") or "-")
+    if phase == "Soaking":
+        return f"Soaking until {state['soakUntil']}" if state.get("soakUntil") else "Soaking (not Ready)"
+    if phase == "AwaitingManual":
+        return "AwaitingManual (stageset promote)"
+    return phase
+
+
+def steering_lines(view: dict[str, Any]) -> list[str]:
+    """What holds the release back, beyond the stages: held updates, a rollback."""
+    lines: list[str] = []
+    pending = view.get("pendingUpdate") or {}
+    if pending:
+        revisions = sorted((pending.get("revisions") or {}).items())
+        held = ", ".join(f"{s}: {r}" for s, r in revisions) or "everything"
+        lines.append(f"held by update windows until {pending.get('nextWindowOpens') or 'they open'}: {held}")
+    rollback = view.get("rollback") or {}
+    if rollback:
+        lines.append(f"rollback {rollback.get('phase')}: {rollback.get('message', '')}")
+    return lines
 
 
 def _stages_ready(view: dict[str, Any]) -> str:
@@ -104,9 +133,12 @@ def get(session: Session, name: str | None) -> None:
              + (" [suspended]" if view["suspended"] else "") + "\n")
         if view["message"]:
             echo(f"  {view['message']}\n")
-        echo(f"  revision: {view['revision'] or '-'}\n\n")
-        echo(table(["STAGE", "PHASE", "REVISION", "OBJECTS", "MESSAGE"],
-                   [[s["name"], s["phase"], short_revision(s["revision"]),
+        echo(f"  revision: {view['revision'] or '-'}\n")
+        for line in steering_lines(view):
+            echo(f"  {line}\n")
+        echo("\n")
+        echo(table(["STAGE", "PHASE", "GATE", "REVISION", "OBJECTS", "MESSAGE"],
+                   [[s["name"], s["phase"], gate_text(s["promotionState"]), short_revision(s["revision"]),
                      "-" if s["objects"] is None else str(s["objects"]), _first_line(s["message"])]
                     for s in view["stages"]]))
         return
@@ -164,7 +196,8 @@ def tree_view(session: Session, obj: KubeObject) -> dict[str, Any]:
     # A stage removed from the spec keeps its inventory until prune or teardown ran.
     for name in [*names, *sorted(n for n in inventories if n not in names)]:
         stage = next((s for s in view["stages"] if s["name"] == name),
-                     {"name": name, "phase": "Removed", "revision": None, "message": "no longer in the spec"})
+                     {"name": name, "phase": "Removed", "revision": None, "message": "no longer in the spec",
+                      "promotionState": None})
         objects = []
         inventory = inventories.get(name) or {}
         for entry in inventory.get("entries") or []:
@@ -175,18 +208,21 @@ def tree_view(session: Session, obj: KubeObject) -> dict[str, Any]:
         stages.append({**stage, "serviceAccountName": inventory.get("serviceAccountName"),
                        "objects": objects})
     return {"namespace": view["namespace"], "name": view["name"], "ready": view["ready"],
-            "reason": view["reason"], "revision": view["revision"], "stages": stages}
+            "reason": view["reason"], "revision": view["revision"], "stages": stages,
+            "pendingUpdate": view["pendingUpdate"], "rollback": view["rollback"]}
 
 
 def render_tree(view: dict[str, Any]) -> str:
     lines = [f"StageSet/{view['namespace']}/{view['name']}  Ready={view['ready']}"
              + (f" ({view['reason']})" if view["reason"] else "")]
+    lines.extend(f"  {line}" for line in steering_lines(view))
     stages = view["stages"]
     for i, stage in enumerate(stages):
         last_stage = i == len(stages) - 1
         branch, indent = ("└── ", "    ") if last_stage else ("├── ", "│   ")
         revision = f"  {short_revision(stage.get('revision'))}" if stage.get("revision") else ""
-        lines.append(f"{branch}stage {stage['name']}  {stage['phase']}{revision}")
+        gate = f"  [{gate_text(stage['promotionState'])}]" if stage.get("promotionState") else ""
+        lines.append(f"{branch}stage {stage['name']}  {stage['phase']}{revision}{gate}")
         objects = stage["objects"]
         if not objects:
             lines.append(f"{indent}└── (no objects applied yet)")

@@ -48,6 +48,7 @@ from stageset.cli.params import (
     parse_size,
 )
 from stageset.cli.preview import build, diff
+from stageset.cli.promote import promote
 from stageset.cli.session import StagesetGroup, echo
 from stageset.cli.steer import reconcile, resume, suspend
 from stageset.cli.trace import trace
@@ -296,7 +297,7 @@ def crds(output: str) -> None:
 
 
 for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, trace, check, version,
-                 cleanup, completion, dashboard):
+                 cleanup, completion, dashboard, promote):
     main.add_command(_command)
 
 

@@ -2,7 +2,10 @@
 
 Identity: every request is the user's own (the kubeconfig's credentials).  ``reconcile`` sets
 the ``reconcile.fluxcd.io/requestedAt`` annotation (``patch`` on stagesets, and on
-gitrepositories with ``--with-source``); ``suspend``/``resume`` set ``spec.suspend``.  The
+gitrepositories with ``--with-source``), and with ``--update-now`` the reference's
+``stages.metio.wtf/update-now`` annotation, which ships revisions the update windows hold (once
+per value; the controller records it in an event and ``status.lastHandledUpdateOverride``);
+``suspend``/``resume`` set ``spec.suspend``.  The
 controller does the work; ``--wait`` only watches its status.
 """
 
@@ -14,6 +17,7 @@ from typing import Any
 
 import click
 
+from stageset.api.release import ANNOTATION_UPDATE_NOW
 from stageset.api.vocabulary import ConditionStatus, ConditionType
 from stageset.cli.inspect import read_stageset, sources_of, summary
 from stageset.cli.params import DURATION
@@ -33,7 +37,7 @@ def request_stamp() -> str:
     return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
-def _patch(client: KubeClient, resource: Resource, namespace: str, name: str, body: dict[str, Any]
+def patch(client: KubeClient, resource: Resource, namespace: str, name: str, body: dict[str, Any]
            ) -> KubeObject:
     try:
         return client.request("PATCH", resource.object_path(name=name, namespace=namespace), body=body,
@@ -46,8 +50,10 @@ def _patch(client: KubeClient, resource: Resource, namespace: str, name: str, bo
         raise
 
 
-def request_reconcile(client: KubeClient, resource: Resource, namespace: str, name: str, stamp: str) -> None:
-    _patch(client, resource, namespace, name, {"metadata": {"annotations": {REQUESTED_AT: stamp}}})
+def request_reconcile(client: KubeClient, resource: Resource, namespace: str, name: str, stamp: str, *,
+                      update_now: bool = False) -> None:
+    annotations = {REQUESTED_AT: stamp, **({ANNOTATION_UPDATE_NOW: stamp} if update_now else {})}
+    patch(client, resource, namespace, name, {"metadata": {"annotations": annotations}})
 
 
 def _ready(obj: KubeObject) -> dict[str, Any]:
@@ -108,11 +114,16 @@ def _finish(session: Session, name: str, *, stamp: str, wait: bool, timeout: flo
               help="First fetch the GitRepositories its stages use, and wait for them.")
 @click.option("--wait", is_flag=True, default=False, help="Wait until the StageSet is Ready (or fails).")
 @click.option("--timeout", type=DURATION, default="5m", show_default=True, help="How long --wait waits.")
+@click.option("--update-now", is_flag=True, default=False,
+              help="Ship the revisions its update windows hold back, at once (stages.metio.wtf/update-now).")
 @cluster_options(outputs=("table",))
-def reconcile(session: Session, name: str, with_source: bool, wait: bool, timeout: float) -> None:
+def reconcile(session: Session, name: str, with_source: bool, wait: bool, timeout: float,
+              update_now: bool) -> None:
     """Ask the controller to reconcile a StageSet now (reconcile.fluxcd.io/requestedAt).
 
-    Exit code 3 when --wait ends with the StageSet not Ready.
+    With --update-now, revisions its update windows hold back roll out now, despite the windows
+    (recorded in an UpdateOverridden event).  Exit code 3 when --wait ends with the StageSet not
+    Ready.
     """
     obj = read_stageset(session, name)
     namespace = session.namespace
@@ -128,7 +139,10 @@ def reconcile(session: Session, name: str, with_source: bool, wait: bool, timeou
             fetched = wait_handled(client, GITREPOSITORIES, source_ns, source, stamp=stamp, timeout=timeout,
                                    settled=False)
             echo(_outcome("GitRepository", fetched)[1] + "\n")
-    request_reconcile(client, STAGESETS, namespace, name, stamp)
+    request_reconcile(client, STAGESETS, namespace, name, stamp, update_now=update_now)
+    if update_now:
+        echo(f"asked to ship held revisions of StageSet {namespace}/{name} now "
+             f"({ANNOTATION_UPDATE_NOW}={stamp})\n")
     _finish(session, name, stamp=stamp, wait=wait, timeout=timeout)
 
 
@@ -142,7 +156,7 @@ def suspend(session: Session, name: str) -> None:
     if summary(obj)["suspended"]:
         echo(f"StageSet {namespace}/{name} is already suspended\n")
         return
-    _patch(session.client(), STAGESETS, namespace, name, {"spec": {"suspend": True}})
+    patch(session.client(), STAGESETS, namespace, name, {"spec": {"suspend": True}})
     echo(f"suspended StageSet {namespace}/{name}\n")
 
 
@@ -156,7 +170,7 @@ def resume(session: Session, name: str, wait: bool, timeout: float) -> None:
     read_stageset(session, name)
     namespace = session.namespace
     stamp = request_stamp()
-    _patch(session.client(), STAGESETS, namespace, name,
+    patch(session.client(), STAGESETS, namespace, name,
            {"metadata": {"annotations": {REQUESTED_AT: stamp}}, "spec": {"suspend": False}})
     echo(f"resumed StageSet {namespace}/{name}\n")
     _finish(session, name, stamp=stamp, wait=wait, timeout=timeout)

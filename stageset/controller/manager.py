@@ -35,7 +35,8 @@ from sources import MirrorStore, UrlPolicy
 from sources.addresses import AddressGuard
 from sources.artifacts import ArtifactStore
 from stageset.api import GROUP, VERSION
-from stageset.api.vocabulary import EventType, Reason
+from stageset.api.release import ANNOTATION_PROMOTE, ANNOTATION_UPDATE_NOW
+from stageset.api.vocabulary import NO_TRANSITION_EVENT, EventType, Reason
 from stageset.controller import logs
 from stageset.controller.artifacts import JOB_KIND, ArtifactFetcher
 from stageset.controller.clock import Clock, system_clock
@@ -90,10 +91,21 @@ def wait_until_set(event: threading.Event) -> None:
         pass
 
 
-def _trigger(obj: KubeObject) -> tuple[Any, Any, bool]:
-    """What, when changed, calls for a reconcile (status writes alone do not)."""
+def _as_dependency(obj: KubeObject) -> tuple[Any, ...]:
+    """What a dependent StageSet waits on: Ready at the generation, the revision applied
+    (``minVersion``), and whether an update window holds a new revision back."""
+    status = obj.get("status") or {}
+    held = bool((status.get("pendingUpdate") or {}).get("revisions"))
+    return ready_at_generation(obj), status.get("lastAppliedRevision"), held
+
+
+def _trigger(obj: KubeObject) -> tuple[Any, Any, bool, Any, Any]:
+    """What, when changed, calls for a reconcile (status writes alone do not); a promote or
+    update-now request is an annotation, so it is named here."""
     metadata = obj.get("metadata", {})
-    return metadata.get("generation"), requested_at(obj), bool(metadata.get("deletionTimestamp"))
+    annotations = metadata.get("annotations") or {}
+    return (metadata.get("generation"), requested_at(obj), bool(metadata.get("deletionTimestamp")),
+            annotations.get(ANNOTATION_PROMOTE), annotations.get(ANNOTATION_UPDATE_NOW))
 
 
 class Manager:
@@ -124,8 +136,8 @@ class Manager:
                                                 longest=queue.longest_running_seconds)
         self._lock = threading.Lock()
         self._objects: dict[Key, KubeObject] = {}
-        # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.
-        self._seen: dict[Key, tuple[tuple[Any, Any, bool], bool]] = {}
+        # Per object: what last triggered a reconcile, and (StageSets) what its dependents wait on.
+        self._seen: dict[Key, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
         # Per object: the status our last reconcile left, at the resourceVersion it made, until
         # the watch catches up (see :meth:`_with_own_status`).
         self._written: dict[Key, tuple[int, Any]] = {}
@@ -197,17 +209,18 @@ class Manager:
                     self._objects.pop(key, None)
                     self._seen.pop(key, None)
                     REGISTRY.drop(key)  # its Secret values leave the log filter with it
-                    now: tuple[tuple[Any, Any, bool], bool] | None = None
+                    now: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
                 else:
                     self._objects[key] = obj
-                    now = (_trigger(obj), ready_at_generation(obj))
+                    now = (_trigger(obj), _as_dependency(obj))
                     self._seen[key] = now
             if now is not None and (before is None or before[0] != now[0]):
                 self._enqueue(key)
             if kind == "GitRepository":
                 self._source_changed(key, None if event == "DELETED" else obj)
             if kind == "StageSet" and (before is None or now is None or before[1] != now[1]):
-                # Event-driven: a dependency turning (un)Ready wakes its dependents at once.
+                # Event-driven: a dependency turning (un)Ready, applying a new revision or releasing
+                # a held one wakes its dependents at once.
                 for namespace, name in self._index.dependents((key[1], key[2])):
                     self._enqueue(("StageSet", namespace, name))
         return handle
@@ -343,6 +356,8 @@ class Manager:
             reason = Reason(after.get("reason", ""))
         except ValueError:
             return
+        if reason in NO_TRANSITION_EVENT:
+            return  # a release held as asked, or a rollback the reconciler told itself
         self.events.emit(obj, type_=EventType.WARNING, reason=reason, message=str(after.get("message", "")),
                          redact=Redactor(REGISTRY.of(key)))
 

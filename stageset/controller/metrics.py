@@ -168,6 +168,20 @@ class Metrics:
             ["namespace", "name", "result"], registry=r)
         self.drift = Counter("stageset_drift_corrections_total", "Objects changed by someone else and "
                              "restored.", ["namespace", "name", "stage"], registry=r)
+        # -- steering a release ---------------------------------------------------------------
+        self.promotions = Counter(
+            "stageset_stage_promotions_total", "Stages promoted past their gate, by how (soak: the soak "
+            "ended; manual: stageset promote).", ["namespace", "name", "stage", "how"], registry=r)
+        self.promotion_pending = Gauge(
+            "stageset_stage_promotion_pending", "1 while a stage is Ready and held by its promotion gate "
+            "(soaking or awaiting a promotion).", ["namespace", "name", "stage"], registry=r)
+        self.update_deferred = Counter(
+            "stageset_update_deferred_total", "New revisions held back by closed update windows (once per "
+            "new set held).", ["namespace", "name"], registry=r)
+        self.rollbacks = Counter(
+            "stageset_rollbacks_total", "Failed releases rolled back, by result (rolled_back, unavailable: "
+            "the last good revision is gone, failed: restoring a stage failed and is retried).",
+            ["namespace", "name", "result"], registry=r)
         # -- Git ------------------------------------------------------------------------------
         self.git_fetches = Counter(
             "stageset_git_fetches_total", "Git fetches per repository URL (shown without credentials) and "
@@ -269,9 +283,16 @@ class Metrics:
                     1 if phase == value.value else 0)
             if isinstance(stage.get("objects"), int):
                 self.stage_objects.labels(namespace, name, stage_name).set(stage["objects"])
+            gate = stage.get("promotionState")
+            if isinstance(gate, Mapping):  # only gated stages have the series
+                held = gate.get("phase") in ("Soaking", "AwaitingManual")
+                self.promotion_pending.labels(namespace, name, stage_name).set(1 if held else 0)
+            else:
+                self.promotion_pending.remove_by_labels({"namespace": namespace, "name": name,
+                                                         "stage": stage_name})
         # A stage removed from the spec (and so from status) takes its series with it.
         for gone in self._stages.get(key, set()) - seen:
-            for metric in (self.stage_phase, self.stage_objects):
+            for metric in (self.stage_phase, self.stage_objects, self.promotion_pending, self.promotions):
                 metric.remove_by_labels({"namespace": namespace, "name": name, "stage": gone})
         self._stages[key] = seen
 
@@ -287,7 +308,7 @@ class Metrics:
             if kind == "StageSet":
                 stageset: tuple[Gauge | Counter, ...] = (
                     self.stage_phase, self.stage_objects, self.objects_applied, self.objects_pruned,
-                    self.drift)
+                    self.drift, self.promotions, self.promotion_pending, self.update_deferred, self.rollbacks)
                 for each in stageset:
                     each.remove_by_labels({"namespace": namespace, "name": name})
             self._release_url(key)
@@ -312,6 +333,24 @@ class Metrics:
                 return
             self.objects_pruned.labels(*stageset, "deleted").inc(deleted)
             self.objects_pruned.labels(*stageset, "failed").inc(failed)
+
+    def promoted(self, stageset: tuple[str, str], stage: str, *, how: str) -> None:
+        """A stage passed its promotion gate (``how``: soak, manual)."""
+        with self._lock:
+            if ("StageSet", *stageset) in self._alive:
+                self.promotions.labels(*stageset, stage, how).inc()
+
+    def deferred(self, stageset: tuple[str, str]) -> None:
+        """Update windows hold back a new set of revisions."""
+        with self._lock:
+            if ("StageSet", *stageset) in self._alive:
+                self.update_deferred.labels(*stageset).inc()
+
+    def rolled_back(self, stageset: tuple[str, str], *, result: str) -> None:
+        """A failed release: rolled_back, unavailable or failed."""
+        with self._lock:
+            if ("StageSet", *stageset) in self._alive:
+                self.rollbacks.labels(*stageset, result).inc()
 
     # -- Git ---------------------------------------------------------------------------------
 

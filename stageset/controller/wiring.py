@@ -6,8 +6,9 @@ the controller as wired) call :func:`reconcilers` / :func:`stageset_reconciler`.
 - one :class:`~stageset.controller.identity.IdentityPolicy` for both kinds (who acts as whom);
 - the tenant reads and the ServiceAccount check after a denial (one :class:`AccountCheck`);
 - the target clusters (this one, and a bounded cache of remote ones: :class:`Targets`);
-- the renderer and its cache, the CEL sandbox, the stage applier, the records, the change
-  reports, the pass runner and the teardown of the StageSet reconciler.
+- the renderer and its cache (reading old revisions through the mirror's kept commits), the CEL
+  sandbox, the stage applier, the records, the change reports, the release steering (gates,
+  windows, rollback), the pass runner and the teardown of the StageSet reconciler.
 
 Identity: nothing here makes a request; each collaborator's docstring says whose identity its
 requests use.
@@ -37,7 +38,9 @@ from stageset.controller.stageset.passes import PassRunner
 from stageset.controller.stageset.reads import AccountCheck, TenantReads
 from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.records import Records
+from stageset.controller.stageset.release import Release
 from stageset.controller.stageset.rendering import ArtifactTrees, Renderer, SourceTrees
+from stageset.controller.stageset.revisions import GitRevisions, Keeper
 from stageset.controller.stageset.stage import StageApply
 from stageset.controller.stageset.targets import Targets
 from stageset.controller.stageset.teardown import Teardown
@@ -100,14 +103,18 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     targets = Targets(clients=clients, settings=settings.apply, local=local, accounts=accounts)
     records = Records(clients=clients, identities=identities)
     changes = Changes(events=shared.events, metrics=shared.metrics)
-    passes = PassRunner(
-        clients=clients, identities=identities, records=records, changes=changes, settings=settings,
-        accounts=accounts,
-        # At most one kustomize build per worker at once: the pod's memory is sized for that.
-        renderer=Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits,
-                          cache=RenderCache(max_builds=settings.workers), artifacts=artifacts),
-        stages=StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
-                          stop=stop, sandbox=cel, accounts=accounts))
+    keeper = store if isinstance(store, Keeper) else None
+    # At most one kustomize build per worker at once: the pod's memory is sized for that.
+    renderer = Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits,
+                        cache=RenderCache(max_builds=settings.workers), artifacts=artifacts,
+                        revisions=GitRevisions(keeper))
+    stages = StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
+                        stop=stop, sandbox=cel, accounts=accounts)
+    release = Release(clients=clients, identities=identities, renderer=renderer, stages=stages,
+                      changes=changes, events=shared.events, metrics=shared.metrics, clock=shared.clock)
+    passes = PassRunner(clients=clients, identities=identities, records=records, changes=changes,
+                        settings=settings, renderer=renderer, stages=stages, release=release,
+                        accounts=accounts)
     teardown = Teardown(clients=clients, identities=identities, targets=targets, events=shared.events,
                         clock=shared.clock, max_wait=settings.max_teardown_wait, records=records)
     return StageSetReconciler(clients=clients, resource=resource, identities=identities, reads=reads,

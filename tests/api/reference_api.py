@@ -44,11 +44,11 @@ FIELDS = [
     Field("spec.driftDetectionInterval", "2m"),
     Field("spec.timeout", "15m"),
     Field("spec.onTimeout", "Hold"),
-    Field("spec.onTimeout", "Rollback", "spec.onTimeout"),
+    Field("spec.onTimeout", "Rollback"),
     Field("spec.suspend", True),
     # -- ordering between StageSets
     Field("spec.dependsOn", [{"name": "platform", "namespace": "platform-system"}, {"name": "db"}]),
-    Field("spec.dependsOn", [{"name": "db", "minVersion": "5.2.0"}], "spec.dependsOn[0].minVersion"),
+    Field("spec.dependsOn", [{"name": "db", "minVersion": "5.2.0"}]),
     # -- security and targeting
     Field("spec.serviceAccountName", "payments-deployer"),
     Field("spec.kubeConfig", {"secretRef": {"name": "prod-eu-kubeconfig"}}),
@@ -72,17 +72,18 @@ FIELDS = [
     Field("spec.migrationsSourceRef", {"sourceRef": {"kind": "JsonnetSnippet", "name": "ladder"},
                                        "path": "./"}, "spec.migrationsSourceRef"),
     # -- rollback
-    Field("spec.rollbackOnFailure", True, "spec.rollbackOnFailure"),
+    Field("spec.rollbackOnFailure", True),
     Field("spec.rollbackOnFailure", False),
     Field("spec.onRollback", [{"name": "disable-maintenance-mode",
                                "job": {"sourceRef": {"name": "maintenance-off"}}}], "spec.onRollback"),
     # -- update windows
-    Field("spec.windowScope", "Updates", "spec.windowScope"),
-    Field("spec.windowScope", "All", "spec.windowScope"),
+    Field("spec.windowScope", "Updates"),
+    Field("spec.windowScope", "All"),
     Field("spec.updateWindows", [
         {"type": "Deny", "schedule": "0 9 * * MON-FRI", "duration": "8h", "timeZone": "Europe/Berlin"},
-        {"type": "Deny", "from": "2026-12-24T00:00:00Z", "to": "2026-12-27T00:00:00Z"}],
-          "spec.updateWindows"),
+        {"type": "Deny", "from": "2026-12-24T00:00:00Z", "to": "2026-12-27T00:00:00Z"}]),
+    Field("spec.updateWindows", [
+        {"type": "Allow", "schedule": "0 14 * * TUE,THU", "duration": "3h", "timeZone": "America/New_York"}]),
     Field("spec.updateWindows", []),
     # -- error budget (the gating pages, and the types)
     Field("spec.errorBudget", {"source": {"prometheus": {"address": "http://prometheus:9090",
@@ -101,7 +102,7 @@ FIELDS = [
     _stage("prune", False),
     _stage("timeout", "3m"),
     _stage("onTimeout", "Hold"),
-    _stage("onTimeout", "Rollback", refused=True),
+    _stage("onTimeout", "Rollback"),
     _stage("force", True),
     _stage("applyHelmHookResources", True),
     _stage("applyHelmHookResources", False, refused=True),
@@ -159,18 +160,20 @@ FIELDS = [
                                                       "name": "legacy-migration"}, "cascade": "Foreground"}},
         {"name": "canary", "apply": {"sourceRef": {"name": "my-app-canary"}, "path": "./", "wait": True},
          "completionAnchor": ANY_OBJECT}]}, refused=True),
-    _stage("promotion", {"soak": "10m"}, refused=True),
-    _stage("promotion", {"requireManualPromotion": True, "analysis": {
+    _stage("promotion", {"soak": "10m"}),
+    _stage("promotion", {"requireManualPromotion": True}),
+    _stage("promotion", {"soak": "30m", "requireManualPromotion": True}),
+    _stage("promotion.analysis", {
         "checks": [{"name": "error-rate", "source": {"prometheus": {"address": "http://p:9090",
                                                                    "query": "rate(x[1m])"}},
                     "threshold": {"max": "0.01"}}], "interval": "1m", "failureLimit": 2,
-        "onFailure": "Rollback", "onSourceError": "Hold", "dryRun": True},
-        "fastTrack": {"source": {"prometheus": {"address": "http://p:9090", "query": "q"}}, "max": "0",
-                      "after": "5m"},
-        "restartGate": {"onFailure": "Hold", "checks": [{"name": "pods", "selector": {
-            "matchLabels": {"app": "web"}}, "maxRestarts": 3}]},
-        "eventGate": {"checks": [{"name": "oom", "selector": {"matchLabels": {"app": "web"}},
-                                  "reasons": ["OOMKilling"], "maxEvents": 1}]}}, refused=True),
+        "onFailure": "Rollback", "onSourceError": "Hold", "dryRun": True}, refused=True),
+    _stage("promotion.fastTrack", {"source": {"prometheus": {"address": "http://p:9090", "query": "q"}},
+                                   "max": "0", "after": "5m"}, refused=True),
+    _stage("promotion.restartGate", {"onFailure": "Hold", "checks": [{"name": "pods", "selector": {
+        "matchLabels": {"app": "web"}}, "maxRestarts": 3}]}, refused=True),
+    _stage("promotion.eventGate", {"checks": [{"name": "oom", "selector": {"matchLabels": {"app": "web"}},
+                                               "reasons": ["OOMKilling"], "maxEvents": 1}]}, refused=True),
     _stage("errorBudget", {"source": {"prometheus": {"address": "http://p:9090", "query": "q"}},
                            "freezeThreshold": "0.1"}, refused=True),
 ]

@@ -170,6 +170,20 @@ def test_the_cel_worker_runs_as_the_image_user(image: Unpacked) -> None:
     assert result.stdout.strip() == "bool True"
 
 
+def test_update_windows_read_iana_zones_in_the_image(image: Unpacked) -> None:
+    # The image has no system zone files: update windows read the tzdata wheel's.
+    script = ("import datetime\n"
+              "from stageset.api.release import UpdateWindow\n"
+              "from stageset.controller.stageset.windows import decide\n"
+              "freeze = UpdateWindow(type='Deny', schedule='0 16 * * FRI', duration='64h', "
+              "time_zone='Europe/Berlin')\n"
+              "friday = datetime.datetime(2026, 11, 27, 15, 0, tzinfo=datetime.UTC)\n"
+              "print(decide([freeze], friday).next_open)\n")
+    result = image.run("python3", "-c", script)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "2026-11-30 07:00:00+00:00"
+
+
 def test_nothing_is_writable_by_the_user_but_its_home(image: Unpacked) -> None:
     # readOnlyRootFilesystem: the image must not need to write anywhere (the chart mounts /tmp and
     # the mirror volume); byte code is precompiled, so no __pycache__ is written on start.

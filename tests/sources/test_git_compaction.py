@@ -88,3 +88,34 @@ def test_records_of_consumers_gone_for_long_are_dropped(tmp_path: Path) -> None:
     os.utime(served / "stale", (old, old))
     assert compact.drop_stale_records(served) == 1
     assert compact.served_commits(served) == {"a"}
+
+
+def test_a_kept_commit_stays_served_through_history_and_compaction(git_server: GitServer,
+                                                                   tmp_path: Path) -> None:
+    """A stage's last good commit (kept by its StageSet) still reads after the branch moved on past
+    the newest few and the mirror was compacted; a commit never served to the consumer is not kept,
+    and dropping the keep lets it go like any other."""
+    url = git_server.create_repo("app", {"deploy/app.yaml": "n: start\n"})
+    store = MirrorStore(root=tmp_path / "mirrors", policy=POLICY)
+    good = _history(git_server, store, url, 1)[0]
+    assert store.keep(url, consumer="ns/app/uid", holder="ns/shop/prod", commits=[good]) == [good]
+    # Never served to this consumer: not kept (and still not served).
+    assert store.keep(url, consumer="ns/other/uid", holder="ns/x/y", commits=[good]) == []
+    assert not store.is_served(url, commit=good, consumer="ns/other/uid")
+    _history(git_server, store, url, compact.COMPACT_AFTER_PACKS + 4)
+    assert store.compactions >= 1
+    assert store.is_served(url, commit=good, consumer="ns/app/uid")
+    assert app_yaml(store, url, good) == b"n: 0\n"
+    store.keep(url, consumer="ns/app/uid", holder="ns/shop/prod", commits=[])
+    assert not store.is_served(url, commit=good, consumer="ns/app/uid")
+
+
+def test_kept_records_not_refreshed_for_long_are_dropped(tmp_path: Path) -> None:
+    kept = tmp_path / "stageset-kept" / "consumer"
+    kept.mkdir(parents=True)
+    (kept / "fresh").write_text("a\n")
+    (kept / "stale").write_text("b\n")
+    old = time.time() - compact.SERVED_TTL - 60
+    os.utime(kept / "stale", (old, old))
+    assert compact.drop_stale_kept(tmp_path / "stageset-kept") == 1
+    assert compact.all_kept_commits(tmp_path / "stageset-kept") == {"a"}

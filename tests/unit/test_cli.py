@@ -64,3 +64,24 @@ def test_source_flags_reach_the_settings(mocker: MockerFixture) -> None:
     assert seen["settings"].allow_local_sources
     assert not seen["settings"].allow_insecure_sources
     assert seen["settings"].source_limits == Limits()
+
+
+def test_get_and_tree_show_each_stages_gate_and_what_holds_the_release() -> None:
+    from stageset.cli.inspect import gate_text, render_tree, steering_lines, summary
+
+    obj = {"metadata": {"namespace": "shop", "name": "shop"},
+           "spec": {"stages": [{"name": "staging"}, {"name": "prod"}]},
+           "status": {"stages": [{"name": "staging", "phase": "Ready", "revision": "main@sha1:" + "a" * 40,
+                                  "promotionState": {"phase": "Soaking",
+                                                     "soakUntil": "2030-01-01T00:10:00Z"}}],
+                      "pendingUpdate": {"revisions": {"shop/app": "main@sha1:" + "b" * 40},
+                                        "nextWindowOpens": "2030-01-06T07:00:00Z"}}}
+    view = summary(obj)
+    assert gate_text(view["stages"][0]["promotionState"]) == "Soaking until 2030-01-01T00:10:00Z"
+    assert gate_text(None) == "-"
+    assert gate_text({"phase": "AwaitingManual"}) == "AwaitingManual (stageset promote)"
+    [held] = steering_lines(view)
+    assert held.startswith("held by update windows until 2030-01-06T07:00:00Z: shop/app: main@sha1:")
+    tree = render_tree({**view, "stages": [{**s, "objects": []} for s in view["stages"]]})
+    assert "stage staging  Ready  main@sha1:aaaaaaaaaaaa  [Soaking until 2030-01-01T00:10:00Z]" in tree
+    assert "held by update windows" in tree

@@ -194,3 +194,25 @@ def test_process_gauges() -> None:
     assert value(metrics, "stageset_caches_synced") == 0
     assert [labels["version"] for labels, _ in samples(metrics, "stageset_build_info")] != [""]
     assert "_created" not in metrics.exposition().decode()
+
+
+def test_release_series_count_promotions_deferrals_rollbacks_and_go_with_the_object() -> None:
+    metrics = Metrics()
+    metrics.promoted(("shop", "web"), "app", how="soak")  # not observed yet: not counted
+    assert samples(metrics, "stageset_stage_promotions_total") == []
+    soaking = {"name": "app", "phase": "Ready", "promotionState": {"phase": "Soaking"}}
+    metrics.observe(KEY, stageset(ready="False", stages=[soaking]))
+    assert value(metrics, "stageset_stage_promotion_pending", stage="app") == 1
+    metrics.promoted(("shop", "web"), "app", how="manual")
+    metrics.deferred(("shop", "web"))
+    metrics.rolled_back(("shop", "web"), result="rolled_back")
+    promoted = {**soaking, "promotionState": {"phase": "Promoted"}}
+    metrics.observe(KEY, stageset(ready="True", stages=[promoted]))
+    assert value(metrics, "stageset_stage_promotion_pending", stage="app") == 0
+    assert value(metrics, "stageset_stage_promotions_total", stage="app", how="manual") == 1
+    assert value(metrics, "stageset_update_deferred_total", name="web") == 1
+    assert value(metrics, "stageset_rollbacks_total", name="web", result="rolled_back") == 1
+    metrics.forget(KEY)
+    for series in ("stageset_stage_promotions_total", "stageset_stage_promotion_pending",
+                   "stageset_update_deferred_total", "stageset_rollbacks_total"):
+        assert samples(metrics, series) == [], series

@@ -19,6 +19,11 @@
 - ``records`` — the durable inventory record and rebuilding a lost inventory (reads only);
 - ``changes`` — what a pass changed, told: metrics, drift and prune events, the success event;
 - ``teardown`` — deleting a deleted StageSet's objects, dependents first.
+- ``release`` — steering a release in a pass (pinned and held stages, promotion gates, rollback,
+  the last good snapshot), doing what the pure rules decide: ``steering`` (where each stage
+  renders, the steered verdict), ``gates`` (soak, manual promotion), ``windows`` (update
+  windows), ``rollback`` (the plan and its record), ``floors`` (``dependsOn[].minVersion``);
+  ``revisions`` is the seam for "a stage's source at a recorded revision".
 
 Who acts as whom: :mod:`stageset.controller.identity`.  What prune deletes, the owner checks,
 the opt-out, ``prune: false``: :mod:`stageset.apply.prune`.

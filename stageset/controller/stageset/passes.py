@@ -1,10 +1,13 @@
 """One pass over a prepared StageSet, as named steps whose results are values.
 
-render every stage -> refuse two stages rendering one object -> recover a lost inventory and
-grow the record -> apply stages as the graph allows (each returns an immutable outcome) ->
-the verdict (:func:`plan.verdict`) -> prune when it says so -> the status the pass ends with
-(:func:`progress.concluded`) -> one conclusion.  Every write goes through the pass's
-:class:`~stageset.controller.stageset.writer.PassWriter`; the pass's state is one
+render every stage -> steer (:mod:`~stageset.controller.stageset.release`: finish a rollback
+left mid-way, freeze, re-render stages pinned to a recorded revision, hold stages back) -> refuse
+two stages rendering one object -> recover a lost inventory and grow the record -> apply stages as
+the graph allows (each returns an immutable outcome; a stage's promotion gate decides whether its
+dependents start) -> the verdict (:func:`plan.verdict`, then :func:`steering.verdict`) -> roll back
+when a failed release says so -> prune when the verdict says so -> the status the pass ends with
+(:func:`progress.concluded`, then the fields steering owns) -> one conclusion.  Every write goes
+through the pass's :class:`~stageset.controller.stageset.writer.PassWriter`; the pass's state is one
 :class:`~stageset.controller.stageset.progress.Progress` value, replaced on the reconcile's
 thread as stages tell and finish.
 
@@ -17,12 +20,12 @@ as the controller.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import networkx as nx
 
 from stageset.api import StageSet
-from stageset.api.vocabulary import Reason, StagePhase
+from stageset.api.vocabulary import Reason
 from stageset.apply.engine import StageResult
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import Stale, duplicates, stage_inventory
@@ -30,17 +33,20 @@ from stageset.apply.prune import Owner, candidates, prune
 from stageset.controller import logs
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.redact import Redactor
+from stageset.controller.rendercache import StageDecryption
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.stageset import plan, records
+from stageset.controller.stageset import plan, records, steering
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.decryption import for_pass
 from stageset.controller.stageset.progress import Progress, concluded, shown
 from stageset.controller.stageset.reads import AccountCheck
 from stageset.controller.stageset.records import Records
+from stageset.controller.stageset.release import Release, Request
 from stageset.controller.stageset.rendering import Rendered, Renderer
 from stageset.controller.stageset.scheduler import StageScheduler, Tell
 from stageset.controller.stageset.stage import StageApply, StageRun
+from stageset.controller.stageset.steering import Steering
 from stageset.controller.stageset.targets import Target, inventory_clients
 from stageset.controller.stageset.writer import PassWriter
 from stageset.kube.client import ApiError, ClientPool, UnreachableError
@@ -77,12 +83,15 @@ class _Pass:
     progress: Progress
     partial: str | None = None
     """Status had lost the inventory and the cluster could not be searched completely: why."""
+    steering: Steering = field(default_factory=Steering)
+    decryption: StageDecryption | None = None
+    """``spec.decryption`` for this pass (the key Secret read at most once, as the StageSet)."""
 
 
 class PassRunner:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, renderer: Renderer,
                  records: Records, stages: StageApply, changes: Changes, settings: ControllerSettings,
-                 accounts: AccountCheck):
+                 accounts: AccountCheck, release: Release):
         self._clients = clients
         self._accounts = accounts
         self._identities = identities
@@ -91,12 +100,16 @@ class PassRunner:
         self._stages = stages
         self._changes = changes
         self._settings = settings
+        self._release = release
 
     def run(self, writer: PassWriter, stageset: StageSet, graph: nx.DiGraph, target: Target, *,
             redactor: Redactor, retry: float) -> Result:
         previous = plan.Previous.from_status(writer.status, generation=writer.generation)
+        # spec.decryption: the key Secret is read as the StageSet's ServiceAccount, at most once a pass.
+        decryption = for_pass(stageset, policy=self._identities, clients=self._clients,
+                              accounts=self._accounts, redactor=redactor)
         one = _Pass(writer=writer, stageset=stageset, target=target, redactor=redactor, retry=retry,
-                    progress=Progress.start(stageset, previous))
+                    progress=Progress.start(stageset, previous), decryption=decryption)
         try:
             return self._run(one, graph)
         except (UnreachableError, ApiError) as error:
@@ -110,6 +123,15 @@ class PassRunner:
 
     def _run(self, one: _Pass, graph: nx.DiGraph) -> Result:
         rendered = self._render_all(one)
+        current = {n: r.revision for n, r in rendered.items()}
+        interval = one.stageset.spec.requeue_when_ready(self._settings.default_interval)
+        one.steering, rendered = self._release.steer(one, rendered)
+        if one.steering.resume and one.steering.rollback is not None:
+            return self._conclude_steered(one, rendered, self._release.resume(
+                one, one.steering.rollback, interval=interval), rolled=True)
+        if one.steering.frozen:
+            return self._conclude_steered(one, rendered, steering.frozen_verdict(
+                one.steering, was_ready=one.progress.previous.ready, interval=interval), rolled=False)
         clash = plan.clash_message(duplicates({n: r.ids for n, r in rendered.items()}))
         if clash:
             one.writer.conclude(ready=False, reason=Reason.INVALID_SPEC, message=clash, stalled=True,
@@ -125,20 +147,22 @@ class PassRunner:
                          only_rechecks=rechecks == set(rendered) and len(rendered) == stages):
             one.writer.announce(one.progress, "applying stages")
         self._apply_all(one, graph, rendered, rechecks=rechecks)
-        verdict = plan.verdict([one.progress.outcomes[n] for n in one.progress.order],
-                               interval=one.stageset.spec.requeue_when_ready(self._settings.default_interval),
-                               retry=one.retry,
-                               readiness_requeue=self._settings.readiness_requeue)
+        outcomes = [one.progress.outcomes[n] for n in one.progress.order]
+        base = plan.verdict(outcomes, interval=interval, retry=one.retry,
+                            readiness_requeue=self._settings.readiness_requeue)
+        verdict = steering.verdict(base, outcomes, steering=one.steering, now=self._release.now(),
+                                   interval=interval)
         if one.partial:
             verdict = plan.without_prune(verdict, one.partial, retry=one.retry)
-        return self._conclude(one, verdict)
+        failed = self._release.should_roll_back(one, rendered, one.steering) if not verdict.ready else None
+        if failed is not None:
+            return self._conclude_steered(one, rendered, self._release.roll_back(
+                one, graph, *failed, current=current, interval=interval), rolled=True)
+        return self._conclude(one, verdict, rendered)
 
     def _render_all(self, one: _Pass) -> dict[str, Rendered]:
         rendered: dict[str, Rendered] = {}
         namespace = str(one.stageset.metadata["namespace"])
-        # spec.decryption: the key Secret is read as the StageSet's ServiceAccount, at most once a pass.
-        decryption = for_pass(one.stageset, policy=self._identities, clients=self._clients,
-                              accounts=self._accounts, redactor=one.redactor)
         for stage in one.stageset.spec.stages:
             kind = "tenant" if self._identities.stage_account(one.stageset, stage) else "controller"
             with logs.bind(stage=stage.name, identity=kind):
@@ -146,7 +170,8 @@ class PassRunner:
                     identity = self._identities.for_stage(one.stageset, stage)
                     rendered[stage.name] = self._renderer.render(
                         stage=stage, identity=identity, namespace=namespace, target=one.target,
-                        redactor=one.redactor, decryption=decryption)
+                        redactor=one.redactor, decryption=one.decryption,
+                        salt=str(one.stageset.metadata.get("uid", "")))
                 except StageError as error:
                     log_denial(error)
                     failed = one.progress.outcomes[stage.name].failed(error.reason, error.message)
@@ -168,6 +193,7 @@ class PassRunner:
                    rechecks: set[str]) -> None:
         previous = one.progress.previous.inventories
         starting: dict[str, plan.StageOutcome] = {}
+        request: Request | None = self._release.request(one)
 
         def started(name: str) -> None:
             if name not in rechecks:
@@ -189,10 +215,11 @@ class PassRunner:
             outcome, result = done
             inventory = None if result is None else stage_inventory(
                 name, rendered[name].account, (o.entry() for o in result.objects))
+            outcome, released = self._release.gate(one, outcome, request)
             one.progress = one.progress.applied(outcome, inventory)
             if result is not None:
                 self._changes.applied(one.writer.obj, name, result, one.redactor)
-            return outcome.phase is StagePhase.READY
+            return released
 
         def progress(done: int) -> None:
             del done
@@ -203,6 +230,7 @@ class PassRunner:
                                                          parallelism=self._settings.stage_parallelism)
         scheduler.run(skip=[n for n in one.progress.order if n not in rendered], work=work, started=started,
                       finished=finished, heard=heard, progress=progress)
+        self._release.unheard(one, request)
 
     def _prune(self, one: _Pass) -> tuple[list[Stale], int]:
         """Delete what no stage renders any more, as each inventory's identity; returns what could
@@ -215,14 +243,29 @@ class PassRunner:
                        applier=one.target.applier, owner=Owner(namespace, name))
         return result.kept, self._changes.pruned(one.writer.obj, result, one.redactor)
 
-    def _conclude(self, one: _Pass, verdict: plan.Verdict) -> Result:
+    def _conclude(self, one: _Pass, verdict: plan.Verdict, rendered: dict[str, Rendered]) -> Result:
         kept, pruned = self._prune(one) if verdict.prune else ([], 0)
-        status = concluded(one.writer.status, one.progress, verdict, kept=kept)
+        status = self._release.concluded(one, concluded(one.writer.status, one.progress, verdict, kept=kept),
+                                         one.steering, verdict, rendered)
+        self._release.told(one, one.steering)
         if verdict.prune:
             one.writer.record(records.settled(status.inventory))
             self._changes.succeeded(one.writer.obj, was_ready=one.progress.previous.ready,
                                     stages=len(one.progress.order), pruned=pruned,
                                     revision=verdict.revision or "", redactor=one.redactor)
         one.writer.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message,
-                            status=status)
+                            status=status, stalled=verdict.reason is Reason.ROLLED_BACK)
+        return Result(requeue_after=verdict.requeue_after)
+
+    def _conclude_steered(self, one: _Pass, rendered: dict[str, Rendered], verdict: plan.Verdict, *,
+                          rolled: bool) -> Result:
+        """A pass that rolled back (``rolled``: the record is the one the rollback wrote), resumed a
+        rollback, or applied nothing (a freeze): no prune."""
+        status = self._release.concluded(one, concluded(one.writer.status, one.progress, verdict),
+                                         one.steering, verdict, rendered,
+                                         rolled=one.writer.status.rollback if rolled else None,
+                                         rolling=rolled)
+        self._release.told(one, one.steering)
+        one.writer.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message,
+                            status=status, stalled=verdict.reason is Reason.ROLLED_BACK)
         return Result(requeue_after=verdict.requeue_after)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import networkx as nx
 
 from stageset.api import Stage, StageInventory, StageSet, StageSetStatus, StageStatus, format_time, parse_time
+from stageset.api.release import PromotionState
 from stageset.api.stageset import OnTimeout
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason, StagePhase
 from stageset.apply.inventory import ObjectId, by_stage
@@ -37,6 +38,8 @@ REASON_PRIORITY = [Reason.RBAC_DENIED, Reason.INVALID_SPEC, Reason.RESOLVE_FAILE
 # out): retried within this many seconds even when ``retryInterval`` is longer.
 SOON = 30.0
 _SOON_REASONS = {Reason.SOURCE_NOT_READY, Reason.ARTIFACT_NOT_FOUND, Reason.STAGE_PROGRESSING}
+# Ready reasons of a release held as asked: passes continue it without announcing themselves.
+STEERED = {Reason.SOAKING, Reason.AWAITING_PROMOTION, Reason.UPDATE_DEFERRED, Reason.ROLLED_BACK}
 # Reasons under which a stage that could not render is not started, rather than failed.
 WAITING_FOR_SOURCE = {Reason.SOURCE_NOT_READY, Reason.ARTIFACT_NOT_FOUND}
 
@@ -59,23 +62,30 @@ class StageOutcome:
     objects: int | None = None
     applied_at: str | None = None
     waiting_since: str | None = None
+    promotion: PromotionState | None = None
+    """The stage's promotion gate (:mod:`~stageset.controller.stageset.gates`)."""
+    promotion_token: str | None = None
+    """The promote token last acted on for this stage (kept whatever else changes)."""
 
     @classmethod
     def carried(cls, name: str, before: StageStatus | None) -> StageOutcome:
-        """Pending, keeping what the last pass knew (revision, objects, timestamps)."""
+        """Pending, keeping what the last pass knew (revision, objects, timestamps, gate)."""
         if before is None:
             return cls(name, StagePhase.PENDING)
         return cls(name, StagePhase.PENDING, revision=before.revision, objects=before.objects,
-                   applied_at=before.last_applied_time, waiting_since=before.waiting_since)
+                   applied_at=before.last_applied_time, waiting_since=before.waiting_since,
+                   promotion=before.promotion_state, promotion_token=before.last_handled_promotion)
 
     def failed(self, reason: Reason, message: str) -> StageOutcome:
         phase = StagePhase.PENDING if reason in WAITING_FOR_SOURCE else StagePhase.FAILED
-        return StageOutcome(self.name, phase, reason, message, self.revision)
+        return StageOutcome(self.name, phase, reason, message, self.revision, promotion=self.promotion,
+                            promotion_token=self.promotion_token)
 
     def status(self) -> StageStatus:
         return StageStatus(name=self.name, phase=self.phase, revision=self.revision,
                            message=self.message or None, objects=self.objects,
-                           last_applied_time=self.applied_at, waiting_since=self.waiting_since)
+                           last_applied_time=self.applied_at, waiting_since=self.waiting_since,
+                           promotion_state=self.promotion, last_handled_promotion=self.promotion_token)
 
 
 @dataclass(frozen=True)
@@ -90,14 +100,18 @@ class Previous:
     """Ready=Unknown at the current generation: a pass already announced itself."""
     observed: bool
     """``status.observedGeneration`` is the current generation."""
+    steered: bool = False
+    """The release is held as asked at the current generation (soaking, awaiting a promotion,
+    deferred, parked after a rollback): a pass continues it and has nothing new to announce."""
 
     @classmethod
     def from_status(cls, status: StageSetStatus, *, generation: int) -> Previous:
         ready = find(status.conditions, ConditionType.READY)
+        steered = ready is not None and ready.observed_generation == generation and ready.reason in STEERED
         return cls(stages={s.name: s for s in status.stages}, inventories=by_stage(status.inventory),
                     ready=holds_at(ready, ConditionStatus.TRUE, generation),
                     in_progress=holds_at(ready, ConditionStatus.UNKNOWN, generation),
-                    observed=status.observed_generation == generation)
+                    observed=status.observed_generation == generation, steered=steered)
 
 
 # Phases of a stage applied at its revision and not ready yet: waiting, or held past its timeout.
@@ -123,9 +137,10 @@ def quiet(previous: Previous, revisions: Mapping[str, str], *, stages: int) -> b
 
 def announce(previous: Previous, *, is_quiet: bool, only_rechecks: bool = False) -> bool:
     """Whether to say "applying stages" first: status writes are the costliest requests of a
-    pass, and one already visibly in progress, or one that only re-checks stages (applies
+    pass, and one already visibly in progress, one that continues a release held as asked (a soak
+    checked every 30 seconds must not flap Ready), or one that only re-checks stages (applies
     nothing), has nothing new to say."""
-    return not is_quiet and not previous.in_progress and not only_rechecks
+    return not is_quiet and not previous.in_progress and not previous.steered and not only_rechecks
 
 
 def clash_message(clashes: Mapping[ObjectId, Sequence[str]]) -> str | None:
@@ -167,11 +182,11 @@ def judge_readiness(outcome: StageOutcome, *, window: Window, now: datetime.date
                     readiness: Readiness | None, on_timeout: OnTimeout = OnTimeout.HOLD) -> StageOutcome:
     """``outcome`` (applied, Ready) adjusted by what the wait found (``None``: not waited for).
 
-    Past its timeout a stage still in progress **holds** (``onTimeout: Hold``, the only action the
-    models admit): phase Progressing, reason StageProgressing, objects as applied, dependents
-    waiting.  A terminal failure fails the stage whatever ``onTimeout`` says."""
-    if on_timeout is not OnTimeout.HOLD:  # pragma: no cover - refused by the CRD and the models
-        raise ValueError(f"onTimeout {on_timeout} is not supported")
+    Past its timeout a stage still in progress **holds** under ``onTimeout: Hold``: phase
+    Progressing, reason StageProgressing, objects as applied, dependents waiting.  Under
+    ``onTimeout: Rollback`` it **fails** (phase Failed, reason StageFailed), so a StageSet with
+    ``rollbackOnFailure`` rolls the release back.  A terminal failure fails the stage whatever
+    ``onTimeout`` says."""
     if readiness is None or readiness.status is Status.CURRENT:
         return outcome
     if readiness.status is Status.FAILED:
@@ -181,8 +196,12 @@ def judge_readiness(outcome: StageOutcome, *, window: Window, now: datetime.date
     if (now - window.started).total_seconds() < window.timeout:
         return replace(outcome, phase=StagePhase.WAITING, reason=Reason.PROGRESSING,
                        message=readiness.message, waiting_since=since)
-    return replace(outcome, phase=StagePhase.PROGRESSING, reason=Reason.STAGE_PROGRESSING,
-                   message=f"not ready after {window.timeout:.0f}s: {readiness.message}", waiting_since=since)
+    late = f"not ready after {window.timeout:.0f}s: {readiness.message}"
+    if on_timeout is OnTimeout.ROLLBACK:
+        return replace(outcome, phase=StagePhase.FAILED, reason=Reason.STAGE_FAILED,
+                       message=f"{late} (onTimeout: Rollback)", waiting_since=since)
+    return replace(outcome, phase=StagePhase.PROGRESSING, reason=Reason.STAGE_PROGRESSING, message=late,
+                   waiting_since=since)
 
 
 # -- the verdict -------------------------------------------------------------------------------

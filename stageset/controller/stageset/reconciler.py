@@ -30,7 +30,7 @@ from stageset.controller.identity import IdentityPolicy
 from stageset.controller.ordering import OrderingError, stage_graph
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
-from stageset.controller.stageset import plan
+from stageset.controller.stageset import floors, plan
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.passes import PassRunner, log_denial
 from stageset.controller.stageset.reads import TenantReads
@@ -138,6 +138,12 @@ class StageSetReconciler:
             raise StageError(Reason.STALLED,
                              f"StageSets form a cycle: {spell_cycle(cycle, namespace=namespace)}")
         self._reads.require_ready(dependencies)
+        for ref, other in zip(stageset.spec.depends_on, dependencies, strict=True):
+            # Read as the tenant above; only what it may read is named.
+            why = floors.version_floor(other.get("status"), ref.min_version,
+                                       name=f"{ref.namespace or namespace}/{ref.name}")
+            if why is not None:
+                raise StageError(Reason.DEPENDENCY_NOT_READY, why)
         if stageset.spec.kube_config is None:
             return graph, self._targets.local
         return graph, self._targets.resolve(self._stageset_client(stageset, what="reading spec.kubeConfig"),

@@ -35,7 +35,9 @@ from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
 from stageset.build.decrypt import DecryptionError
 from stageset.controller.redact import Redactor
 from stageset.controller.rendercache import RenderCache, SourceRoot, StageDecryption, render_stage
-from stageset.controller.stageset.reads import ArtifactSource, TenantReads, service_account_of
+from stageset.controller.stageset.reads import ArtifactSource, Source, TenantReads, service_account_of
+from stageset.controller.stageset.revisions import GitRevisions, RevisionContent
+from stageset.controller.stageset.rollback import substitution_digest
 from stageset.controller.stageset.targets import Target
 from stageset.kube.client import ClientPool, Identity
 from stageset.kube.types import KubeObject
@@ -75,6 +77,12 @@ class Rendered:
     objects: list[KubeObject]
     target: Target
     ids: set[ObjectId] = field(default_factory=set)
+    source: Source | None = None
+    """The source as read (at :attr:`revision`)."""
+    inputs: str | None = None
+    """A digest of the stage's ``postBuild`` variables (:func:`rollback.substitution_digest`)."""
+    pinned: bool = False
+    """Rendered at a recorded revision rather than the source's current one."""
 
     @property
     def account(self) -> str | None:
@@ -85,27 +93,48 @@ class Rendered:
 
 class Renderer:
     def __init__(self, *, clients: ClientPool, store: SourceTrees, reads: TenantReads, limits: BuildLimits,
-                 cache: RenderCache | None = None, artifacts: ArtifactTrees | None = None):
+                 cache: RenderCache | None = None, artifacts: ArtifactTrees | None = None,
+                 revisions: RevisionContent | None = None):
         self._clients = clients
         self._store = store
         self._artifacts = artifacts
         self._reads = reads
         self._limits = limits
         self._cache = cache or RenderCache()
+        self.revisions: RevisionContent = revisions or GitRevisions(None)
 
     def render(self, *, stage: Stage, identity: Identity, namespace: str, target: Target,
-               redactor: Redactor, decryption: StageDecryption | None = None) -> Rendered:
+               redactor: Redactor, decryption: StageDecryption | None = None, revision: str | None = None,
+               salt: str = "") -> Rendered:
         """Raises :class:`StageError`; Secret values read on the way (and values decrypted with
         ``decryption``, the StageSet's ``spec.decryption``) are added to ``redactor`` before
-        anything can fail with them."""
+        anything can fail with them.  ``revision``: render at this recorded revision instead of the
+        source's current one (``PreviousRevisionUnavailable`` when it is gone)."""
         client = self._clients.client(identity)
         source = self._reads.source(client, stage, namespace)
+        pinned = revision is not None and revision != source.revision
+        if isinstance(source, ArtifactSource):
+            if pinned:
+                # The artifact store keeps content by digest while it has room, but no record maps an
+                # earlier revision back to its digest and URL: the restore is refused, nothing touched.
+                raise StageError(Reason.PREVIOUS_REVISION_UNAVAILABLE,
+                                 f"stage {stage.name!r}: {source.what}: revision {revision} cannot be "
+                                 "restored: the controller keeps no earlier Flux artifact")
+            variables, secret_values = self._reads.variables(client, stage, namespace)
+            redactor.add(secret_values)
+            return self._render_artifact(source, stage=stage, identity=identity, namespace=namespace,
+                                         target=target, variables=variables, decryption=decryption,
+                                         salt=salt)
+        if pinned:
+            assert revision is not None
+            source = self.revisions.at(source, revision)
         variables, secret_values = self._reads.variables(client, stage, namespace)
         redactor.add(secret_values)
-        if isinstance(source, ArtifactSource):
-            return self._render_artifact(source, stage=stage, identity=identity, namespace=namespace,
-                                         target=target, variables=variables, decryption=decryption)
         url, commit, ignore = source.url, source.commit, source.ignore
+        if pinned and not self._store.is_served(url, commit=commit, consumer=source.consumer):
+            raise StageError(Reason.PREVIOUS_REVISION_UNAVAILABLE, f"stage {stage.name!r}: GitRepository "
+                             f"{source.name}: revision {source.revision} is no longer in the controller's "
+                             "Git mirror")
         if not self._store.is_served(url, commit=commit, consumer=source.consumer):
             # Only what this GitRepository was served, never another commit of a shared mirror
             # (a status a tenant wrote, or a commit another tenant's credentials fetched).
@@ -127,16 +156,19 @@ class Renderer:
                                        variables=variables, read_tree=read_root, limits=self._limits,
                                        patches=kustomize_patches(stage), decryption=decryption)
         except RefNotFoundError as error:
-            # Not in this controller's mirror (yet): the GitRepository will fetch it.
-            raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: {error}") from error
+            # Not in this controller's mirror (yet): the GitRepository will fetch it.  A recorded
+            # revision is not fetched again: it is gone.
+            raise StageError(Reason.PREVIOUS_REVISION_UNAVAILABLE if pinned else Reason.ARTIFACT_NOT_FOUND,
+                             f"stage {stage.name!r}: {error}") from error
         except SourceError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
-                        target=target, ids={identify(obj, namespace, target) for obj in objects})
+                        target=target, ids={identify(obj, namespace, target) for obj in objects},
+                        source=source, inputs=substitution_digest(variables, salt=salt), pinned=pinned)
 
     def _render_artifact(self, source: ArtifactSource, *, stage: Stage, identity: Identity, namespace: str,
                          target: Target, variables: dict[str, str] | None,
-                         decryption: StageDecryption | None) -> Rendered:
+                         decryption: StageDecryption | None, salt: str) -> Rendered:
         if self._artifacts is None:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {source.what}: this controller "
                              "does not read artifacts")
@@ -153,8 +185,10 @@ class Renderer:
                                    path=stage.path, variables=variables, read_tree=read_root,
                                    limits=self._limits, patches=kustomize_patches(stage),
                                    decryption=decryption)
+        # No source to keep: an earlier artifact cannot be restored (see render).
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
-                        target=target, ids={identify(obj, namespace, target) for obj in objects})
+                        target=target, ids={identify(obj, namespace, target) for obj in objects},
+                        inputs=substitution_digest(variables, salt=salt))
 
 
 @contextmanager

@@ -16,6 +16,8 @@ What a reconcile writes, in the order a pass does:
    that finishes while more remain (never in a quiet pass: :func:`plan.quiet`);
 5. :meth:`PassWriter.waiting` — a stage waits for readiness: its phase at once, a new message at
    most every :data:`~stageset.controller.stageset.progress.PROGRESS_INTERVAL` seconds;
+   :meth:`PassWriter.release` — a rollback's record, before it touches the first stage and after
+   each stage it restores (:mod:`~stageset.controller.stageset.release`);
 6. :meth:`PassWriter.conclude` — every reconcile ends with its conditions (after teardown
    steps, :meth:`PassWriter.inventory`).
 
@@ -124,6 +126,12 @@ class PassWriter:
         since = self._ticks() - self._published
         if waiting_due(before, progress.outcomes[before.name], since_published=since):
             self.show(progress)
+
+    def release(self, progress: Progress, **fields: object) -> None:
+        """Steering a release: the stages and inventory as they stand with ``fields`` (the rollback
+        record, before and after each stage it restores) — written even in a quiet pass."""
+        if self._status.write(shown(self.status, progress).model_copy(update=fields)):
+            self._published = self._ticks()
 
     # -- the end ------------------------------------------------------------------------------
 
