@@ -9,14 +9,39 @@ UV="$(./hack/bootstrap.sh)"
 run() { "$UV" run --frozen --no-sync "$@"; }
 
 start=$(date +%s)
+# The Go tools (each pinned, built once from the Go module proxy and cached in ~/.cache/stageset)
+# build in the background from the start, three lanes at once, so their module downloads and
+# compiles overlap each other and the static checks.  With every cache cold they are most of the
+# set-up (source-controller and syft each fetch ~1-2 GiB of modules); with warm caches each lane
+# only finds its binaries.  The control plane, kustomize and the SOPS helper build in the
+# foreground below (the image needs the last two).
+lanes=()
+lane() {  # lane NAME MODULE... : build the modules one after another, in the background
+    local name="$1"; shift
+    local log; log="$(mktemp)"
+    ( lane_start=$(date +%s)
+      for module in "$@"; do run python -m "$module" || { echo "failed: $module"; exit 1; }; done
+      echo "built or found in $(( $(date +%s) - lane_start ))s" ) >"$log" 2>&1 &
+    lanes+=("$name:$!:$log")
+}
+await_lanes() {
+    local entry name pid log failed=0
+    for entry in "${lanes[@]}"; do
+        IFS=: read -r name pid log <<<"$entry"
+        if wait "$pid"; then
+            echo "   $name: $(tail -1 "$log")"
+        else
+            cat "$log" >&2; echo "building $name failed" >&2; failed=1
+        fi
+        rm -f "$log"
+    done
+    return "$failed"
+}
 if [ "${1:-}" != "--lint-only" ]; then
-    # Flux's source-controller (the Flux sources e2e test) is the heaviest Go build (~6.5 CPU-minutes
-    # and ~2 GiB of modules when every cache is cold; a cache hit costs nothing): it starts now, in
-    # the background, so its downloads and compiles overlap the static checks and the other builds.
-    sc_log="$(mktemp)"
-    ( sc_start=$(date +%s); run python -m stageset.envtest.sourcecontroller
-      echo "built or found in $(( $(date +%s) - sc_start ))s" ) >"$sc_log" 2>&1 &
-    sc_pid=$!
+    lane "source-controller (the Flux sources e2e test)" stageset.envtest.sourcecontroller
+    lane "syft, actionlint (the release and workflow tests)" stageset.envtest.syft stageset.envtest.actionlint
+    lane "helm, kubectl, toxiproxy (chart, plugin and fault tests)" \
+        stageset.envtest.helm stageset.envtest.kubectl stageset.envtest.toxiproxy
 fi
 echo "== ruff"; run ruff check stageset sources tests bench
 echo "== mypy --strict"; run mypy
@@ -33,14 +58,6 @@ echo "== kustomize and the SOPS helper (built once, cached in ~/.cache/stageset)
 run python -m stageset.build
 echo "== sops and age-keygen (tests only; built once from the helper's module, cached in ~/.cache/stageset)"
 run python -m stageset.envtest.sops
-echo "== helm (built once, cached in ~/.cache/stageset)"
-run python -m stageset.envtest.helm
-echo "== toxiproxy (built once, cached in ~/.cache/stageset; the fault suite's proxy)"
-run python -m stageset.envtest.toxiproxy
-echo "== kubectl, actionlint, syft (built once, cached; the kubectl plugin, workflow and release tests)"
-run python -m stageset.envtest.kubectl
-run python -m stageset.envtest.actionlint
-run python -m stageset.envtest.syft
 echo "== container image (built daemonlessly, cached by content in ~/.cache/stageset/image)"
 if [ "$(id -u)" -eq 0 ]; then
     step=$(date +%s)
@@ -50,13 +67,8 @@ else
     echo "   skipped: needs root (mmdebstrap, chroot); tests/image skips too, and fails under CI=true"
 fi
 
-echo "== Flux source-controller (built in the background since the start, cached in ~/.cache/stageset)"
-if ! wait "$sc_pid"; then
-    cat "$sc_log" >&2
-    echo "building source-controller failed" >&2
-    exit 1
-fi
-echo "   $(tail -2 "$sc_log" | paste -sd ' ')"; rm -f "$sc_log"
+echo "== Go tools built in the background since the start (cached in ~/.cache/stageset)"
+await_lanes
 
 echo "== pytest"
 set +e

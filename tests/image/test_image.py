@@ -195,5 +195,7 @@ def test_nothing_is_writable_by_the_user_but_its_home(image: Unpacked) -> None:
 
 def test_the_image_stays_small(image: Unpacked) -> None:
     # A guard, not a benchmark: a base image plus an accidental dependency would blow past it.
+    # About 100 MiB today: Debian's Python and OpenSSH, our wheels, the kustomize builder and the
+    # SOPS helper (SOPS' own Go packages carry every cloud SDK: ~15 MiB of it compressed).
     assert image.summary["layers"] == 2
-    assert image.summary["compressed_bytes"] < 100 * 2**20
+    assert image.summary["compressed_bytes"] < 120 * 2**20
