@@ -11,6 +11,17 @@ Invariants:
   the stage before the first real write.
 - An object whose dry-run result equals the live object costs no write, so a warm
   no-op reconcile writes nothing.
+- A warm pass costs no dry-run for an object nobody changed: an object in the inventory whose
+  manifest is the one applied last time, and whose resourceVersion (from one label-selected
+  list per kind and namespace, as the stage's identity) is still the one our last write or
+  check left (:mod:`stageset.apply.versions`), is unchanged — provided the identity may still
+  write such objects there: one object per kind and namespace is still dry-run, so rights taken
+  away fail the pass with RBACDenied as before.  Any other object takes the dry-run path, so
+  drift is still found and corrected.
+- On a stage's first apply one object is not dry-run: the first object the stage writes (new to
+  the inventory, in the first phase), written only after every other object's dry-run passed.
+  Its own write is its check: when it fails, nothing else has been written (and its dry-run
+  then says why, or resolves an immutable-field conflict, as for any other object).
 - A changed object whose manifest is the one we applied last time was changed by
   someone else: that is drift, corrected and reported.  A new manifest is not drift.
 - A change the apiserver refuses as immutable gets the stage's conflict policy
@@ -39,6 +50,7 @@ from stageset.apply.ownership import FIELD_MANAGER, StageOwner, label_object
 from stageset.apply.plan import phases
 from stageset.apply.readiness import Readiness, Status, readiness
 from stageset.apply.settings import ApplySettings
+from stageset.apply.versions import LiveVersions, Seen
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError
 from stageset.kube.types import KubeObject
@@ -135,6 +147,26 @@ def _read_error(item: AppliedObject, error: ApiError, identity: str) -> StageErr
     return StageError(Reason.STAGE_FAILED, f"reading {what} failed: {error.status} {error.message}")
 
 
+def _pilot(first_phase: list[KubeObject], bound: Mapping[int, AppliedObject | None],
+           previous: Mapping[ObjectId, InventoryEntry], created: frozenset[str], settled: set[int]
+           ) -> AppliedObject | None:
+    """The object a stage writes first without a dry-run: the first of its first phase that is new
+    to the inventory (a known one's dry-run also tells whether it needs a write at all), of a
+    served kind, not in a Namespace this stage creates, and sharing its kind and namespace with
+    another new object of the stage — whose dry-run, made first, shows the identity may create
+    and patch such objects there, so a denial of the write itself is all but ruled out."""
+    fresh = [item for obj in first_phase if (item := bound.get(id(obj))) is not None
+             and item.id not in previous and id(item) not in settled]
+    for item in fresh:
+        namespace = item.manifest["metadata"].get("namespace")
+        if str(namespace or "") in created:
+            continue
+        if any(other is not item and other.resource == item.resource
+               and other.manifest["metadata"].get("namespace") == namespace for other in fresh):
+            return item
+    return None
+
+
 class HealthJudge(Protocol):
     """Readiness by the stage's own rules (:class:`stageset.apply.health.HealthChecks`)."""
 
@@ -146,9 +178,13 @@ class HealthJudge(Protocol):
 class StageApplier:
     """Applies stages; one instance is shared by all workers (it holds only settings)."""
 
-    def __init__(self, *, mapper: RestMapper, settings: ApplySettings | None = None):
+    def __init__(self, *, mapper: RestMapper, settings: ApplySettings | None = None,
+                 versions: LiveVersions | None = None):
         self._mapper = mapper
         self._settings = settings or ApplySettings()
+        self.versions = versions if versions is not None else LiveVersions(
+            max_bytes=self._settings.versions_max_bytes)
+        """What each object looked like after our last write or check (shared by the targets)."""
 
     def resolve(self, obj: KubeObject, default_namespace: str) -> tuple[KubeObject, Resource | None]:
         """Default a namespaced object's namespace; the resource is ``None`` while its kind is unserved."""
@@ -322,11 +358,15 @@ class StageApplier:
         bound = [self._bind(obj, default_namespace) for obj in labelled]
         created = frozenset(str(o["metadata"]["name"]) for o in labelled
                             if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1")
-        previewed = [b for b in bound if b is not None]
-        deferred = {id(item) for item in self._preview(client, previewed, conflicts=conflicts,
-                                                        previous=previous, created=created)}
-        result = StageResult()
+        served = [b for b in bound if b is not None]
+        settled = self._unchanged(client, owner, served, previous)
+        pending = [b for b in served if id(b) not in settled]
         bound_by_object = {id(obj): item for obj, item in zip(labelled, bound, strict=True)}
+        pilot = _pilot(phases(labelled)[0] if labelled else [], bound_by_object, previous, created, settled)
+        deferred = {id(item) for item in self._preview(client, [b for b in pending if b is not pilot],
+                                                        conflicts=conflicts, previous=previous,
+                                                        created=created)}
+        result = StageResult()
         for phase in phases(labelled):
             items: list[AppliedObject] = []
             late: list[AppliedObject] = []
@@ -343,10 +383,98 @@ class StageApplier:
                     late.append(item)  # its namespace is written by an earlier phase of this stage
                 items.append(item)
             self._preview(client, late, conflicts=conflicts, previous=previous)
-            self._write(client, items, previous)
+            if pilot is not None and pilot in items:
+                self._write_pilot(client, pilot, conflicts=conflicts, previous=previous)
+            self._write(client, [i for i in items if i is not pilot and id(i) not in settled], previous)
             self._wait_established(client, items)
             result.objects.extend(items)
+        self._remember(client, result.objects)
         return result
+
+    # -- the warm path: versions instead of dry-runs -------------------------------------------
+
+    def _key(self, client: KubeClient, path: str) -> tuple[str, str, str]:
+        return client.cluster.name, client.identity.user or "", path
+
+    def _unchanged(self, client: KubeClient, owner: StageOwner, items: list[AppliedObject],
+                   previous: Mapping[ObjectId, InventoryEntry]) -> set[int]:
+        """The objects nobody changed since our last write or check (their ``id()``); each gets
+        the listed object as ``live`` and ``dry_run`` (readiness is judged from it) and action
+        ``UNCHANGED``.  One label-selected list per kind and namespace, as ``client``; a list
+        that fails (the identity may not list that kind) leaves its objects to the dry-run path."""
+        groups: dict[tuple[Resource, str], list[tuple[AppliedObject, Seen]]] = {}
+        for item in items:
+            before = previous.get(item.id)
+            seen = self.versions.get(self._key(client, item.path)) if before is not None else None
+            if before is None or before.h != item.digest or seen is None or seen.digest != item.digest:
+                continue
+            namespace = str(item.manifest["metadata"].get("namespace") or "")
+            groups.setdefault((item.resource, namespace), []).append((item, seen))
+        settled: set[int] = set()
+        selector = ",".join(f"{k}={v}" for k, v in sorted(owner.labels().items()))
+        for (resource, namespace), members in groups.items():
+            # Nothing is written when nothing changed, but a pass still says whether the identity
+            # may write what it owns: one object of the group is dry-run (rights taken away are
+            # RBACDenied now, not at the next change; what admission says of it is heard too).
+            probe = members[0][0]
+            try:
+                checked = client.apply(probe.path, probe.manifest, field_manager=FIELD_MANAGER, dry_run=True)
+                live = self._list(client, resource, namespace or None, selector)
+            except ApiError:
+                continue  # the dry-run path says what is wrong
+            for item, seen in members:
+                found = live.get(str(item.manifest["metadata"]["name"]))
+                if found is None or str((found.get("metadata") or {}).get("resourceVersion")) != seen.version:
+                    continue
+                found = {"apiVersion": item.manifest.get("apiVersion"), "kind": item.manifest.get("kind"),
+                         **found}
+                if item is probe and _comparable(checked) != _comparable(found):
+                    continue
+                item.live = item.dry_run = found
+                item.action = Action.UNCHANGED
+                settled.add(id(item))
+        return settled
+
+    @staticmethod
+    def _list(client: KubeClient, resource: Resource, namespace: str | None, selector: str
+              ) -> dict[str, KubeObject]:
+        """Objects of ``resource`` in ``namespace`` carrying the stage's owner labels, by name."""
+        found: dict[str, KubeObject] = {}
+        query: dict[str, str | int | bool] = {"labelSelector": selector, "limit": 500}
+        path = resource.collection_path(namespace)
+        while True:
+            page = client.request("GET", path, query=query)
+            for obj in page.get("items") or []:
+                found[str((obj.get("metadata") or {}).get("name"))] = obj
+            token = (page.get("metadata") or {}).get("continue")
+            if not token:
+                return found
+            query = {**query, "continue": str(token)}
+
+    def _remember(self, client: KubeClient, items: list[AppliedObject]) -> None:
+        """Each object as this pass left it: written, or found as wanted."""
+        for item in items:
+            version = str(((item.live or {}).get("metadata") or {}).get("resourceVersion") or "")
+            key = self._key(client, item.path)
+            if item.action in (Action.CREATED, Action.CONFIGURED, Action.RECREATED, Action.UNCHANGED) \
+                    and version:
+                self.versions.put(key, Seen(version=version, digest=item.digest))
+            else:
+                self.versions.drop(key)
+
+    def _write_pilot(self, client: KubeClient, item: AppliedObject, *, conflicts: ConflictResolver,
+                     previous: Mapping[ObjectId, InventoryEntry]) -> None:
+        """The stage's first write, made without a dry-run once every other object's passed: when it
+        fails nothing else has been written, and its dry-run says why (or resolves an
+        immutable-field conflict) before it is written as any other object would be."""
+        status: list[int] = []
+        try:
+            item.live = client.apply(item.path, item.manifest, field_manager=FIELD_MANAGER, status=status)
+        except ApiError:
+            self._preview(client, [item], conflicts=conflicts, previous=previous)
+            self._write(client, [item], previous)
+            return
+        item.action = Action.CREATED if status == [201] else Action.CONFIGURED
 
     def preview(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
                 default_namespace: str, conflicts: ConflictResolver | None = None) -> Preview:
