@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -46,7 +46,14 @@ from stageset.apply.changeset import WRITES, Action, Change, ChangeSet
 from stageset.apply.conflicts import ConflictResolver
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import ObjectId, describe, entry, manifest_hash, object_id
-from stageset.apply.ownership import FIELD_MANAGER, StageOwner, label_object
+from stageset.apply.ownership import (
+    FIELD_MANAGER,
+    LABEL_NAME,
+    LABEL_NAMESPACE,
+    LABEL_STAGE,
+    StageOwner,
+    label_object,
+)
 from stageset.apply.plan import phases
 from stageset.apply.readiness import Readiness, Status, readiness
 from stageset.apply.settings import ApplySettings
@@ -54,6 +61,7 @@ from stageset.apply.versions import LiveVersions, Seen
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError
 from stageset.kube.types import KubeObject
+from stageset.kube.watches import Watched
 
 
 @dataclass
@@ -173,6 +181,90 @@ class HealthJudge(Protocol):
     def __bool__(self) -> bool: ...
 
     def judge(self, live: KubeObject, *, what: str) -> Readiness | None: ...
+
+
+WATCHED_RECHECK = 10.0
+"""When every object awaited is watched, judge again at least this often anyway (seconds)."""
+
+
+class WatchSource(Protocol):
+    """Selected watches as an identity (:class:`stageset.kube.watches.WatchPool`)."""
+
+    def watch(self, client: KubeClient, resource: Resource, namespace: str | None, *,
+              label_selector: str = "", field_selector: str = "") -> Watched | None: ...
+
+
+class _Watching:
+    """The watches one readiness wait uses: opened for what is still awaited after its first round."""
+
+    def __init__(self, source: WatchSource | None, client: KubeClient, *, changed: threading.Event,
+                 wake: tuple[Hashable, Callable[[], None]] | None):
+        self._source = source
+        self._client = client
+        self._changed = changed
+        self._wake = wake
+        self._opened: dict[tuple[str, str, str], Watched | None] = {}
+
+    def _selection(self, item: AppliedObject) -> tuple[str | None, str, str]:
+        """(namespace, label selector, field selector): an object the stage writes carries its owner
+        labels; one it only checks (or keeps as it found it) is selected by name."""
+        meta = item.manifest["metadata"]
+        namespace = meta.get("namespace") if item.resource.namespaced else None
+        labels = meta.get("labels") or {}
+        owner = {k: labels.get(k) for k in (LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE)}
+        if item.action is not Action.SKIPPED and all(owner.values()):
+            return namespace, ",".join(f"{k}={v}" for k, v in sorted(owner.items())), ""
+        return namespace, "", f"metadata.name={meta['name']}"
+
+    def _watched(self, item: AppliedObject) -> Watched | None:
+        if self._source is None:
+            return None
+        namespace, labels, fields = self._selection(item)
+        key = (item.resource.collection_path(namespace), labels, fields)
+        if key not in self._opened:
+            found = self._source.watch(self._client, item.resource, namespace, label_selector=labels,
+                                       field_selector=fields)
+            if found is not None:
+                found.listen(id(self._changed), self._changed.set)
+                if self._wake is not None:
+                    found.listen(*self._wake)
+            self._opened[key] = found
+        return self._opened[key]
+
+    def read(self, item: AppliedObject) -> KubeObject | None:
+        """The object as its watch holds it; ``None``: read it instead (no watch, not synced yet, or
+        not among what the watch holds)."""
+        watched = self._watched(item)
+        if watched is None or not watched.synced.is_set():
+            return None
+        found = watched.get(str(item.manifest["metadata"]["name"]))
+        if found is None:
+            return None
+        return {"apiVersion": item.manifest.get("apiVersion"), "kind": item.manifest.get("kind"), **found}
+
+    def cover(self, items: list[AppliedObject]) -> bool:
+        """Are all of ``items`` watched (opening what is missing)?"""
+        return self._source is not None and all(
+            (watched := self._watched(item)) is not None and watched.synced.is_set() for item in items)
+
+    def wait(self, *, stop: threading.Event, until: float) -> None:
+        while not self._changed.is_set() and not stop.is_set():
+            left = until - time.monotonic()
+            if left <= 0:
+                break
+            self._changed.wait(min(0.5, left))  # in slices: a stop is seen within half a second
+        self._changed.clear()
+
+    def done(self) -> None:
+        """Nothing left to wait for: the owner need not be woken any more."""
+        for watched in self._opened.values():
+            if watched is not None and self._wake is not None:
+                watched.unlisten(self._wake[0])
+
+    def close(self) -> None:
+        for watched in self._opened.values():
+            if watched is not None:
+                watched.unlisten(id(self._changed))
 
 
 class StageApplier:
@@ -509,8 +601,16 @@ class StageApplier:
     def wait_ready(self, *, client: KubeClient, applied: list[AppliedObject], timeout: float,
                    stop: threading.Event, progress: Callable[[Readiness], None] | None = None,
                    health: HealthJudge | None = None, references: Sequence[KubeObject] = (),
-                   default_namespace: str = "") -> Readiness:
-        """Poll until every object is Current, one Failed, or ``timeout`` passes.
+                   default_namespace: str = "", watches: WatchSource | None = None,
+                   wake: tuple[Hashable, Callable[[], None]] | None = None) -> Readiness:
+        """Wait until every object is Current, one Failed, or ``timeout`` passes.
+
+        With ``watches``, objects still awaited after the first round are watched as ``client``'s
+        identity (:mod:`stageset.kube.watches`: label-selected by the stage's owner labels, or by
+        name for an object the stage did not write) and judged from what the watch holds, woken by
+        its events — no reads while nothing changes; an object the pool has no room for is read
+        every ``poll_interval`` as before.  ``wake`` (a key and a callback) keeps listening after an
+        unfinished wait returns, so the waiter's owner is woken by the next change.
 
         ``references`` (``readyChecks.checks``, as ``{apiVersion, kind, metadata}`` stubs) are
         waited for too, as the reference waits for them: a namespaced one without a namespace is
@@ -528,6 +628,20 @@ class StageApplier:
             id(item): (item.live if item.wrote else item.dry_run) for item in applied}
         pending = list(applied)
         unserved = list(references)
+        changed = threading.Event()
+        watching = _Watching(watches, client, changed=changed, wake=wake)
+        try:
+            return self._wait_rounds(client=client, pending=pending, unserved=unserved, known=known,
+                                     deadline=deadline, stop=stop, progress=progress, health=health,
+                                     default_namespace=default_namespace, watching=watching)
+        finally:
+            watching.close()
+
+    def _wait_rounds(self, *, client: KubeClient, pending: list[AppliedObject], unserved: list[KubeObject],
+                     known: dict[int, KubeObject | None], deadline: float, stop: threading.Event,
+                     progress: Callable[[Readiness], None] | None, health: HealthJudge | None,
+                     default_namespace: str, watching: _Watching) -> Readiness:
+        first = True
         while True:
             still: list[AppliedObject] = []
             waiting: list[str] = []
@@ -536,6 +650,8 @@ class StageApplier:
             unserved = [stub for stub, item in bound if item is None]
             for item in pending:
                 live = known.pop(id(item), None)
+                if live is None and not first:
+                    live = watching.read(item)
                 if live is None:
                     try:
                         live = client.get(item.path)
@@ -548,6 +664,7 @@ class StageApplier:
                 verdict = (health.judge(live, what=describe(item.manifest)) if health else None) \
                     or readiness(live)
                 if verdict.status is Status.FAILED:
+                    watching.done()
                     return Readiness(Status.FAILED, f"{describe(item.manifest)}: {verdict.message}")
                 if verdict.status is Status.IN_PROGRESS:
                     still.append(item)
@@ -555,12 +672,17 @@ class StageApplier:
             waiting.extend(f"{describe(stub)}: the cluster does not serve {stub['apiVersion']} "
                            f"{stub['kind']} (yet)" for stub in unserved)
             if not still and not unserved:
+                watching.done()
                 return Readiness(Status.CURRENT)
             more = f" (and {len(waiting) - 1} more not ready)" if len(waiting) > 1 else ""
-            last = Readiness(Status.IN_PROGRESS, waiting[0] + more)
+            # Every object still awaited is watched (its changes wake us) once the watches are in.
+            watched = not unserved and watching.cover(still)
+            last = Readiness(Status.IN_PROGRESS, waiting[0] + more, watched=watched)
             if time.monotonic() >= deadline or stop.is_set():
                 return last
             if progress is not None:
                 progress(last)
             pending = still
-            stop.wait(self._settings.poll_interval)
+            first = False
+            watching.wait(stop=stop, until=min(deadline, time.monotonic() + (
+                WATCHED_RECHECK if watched else self._settings.poll_interval)))

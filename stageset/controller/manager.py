@@ -45,6 +45,7 @@ from stageset.kube.client import ClientPool, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 from stageset.kube.watch import Reflector, wait_synced
+from stageset.kube.watches import WatchPool
 
 log = logging.getLogger(__name__)
 
@@ -124,8 +125,12 @@ class Manager:
             self.metrics.mirror(self._store.disk_usage)
         self.events = EventRecorder(admin, clock=clock)
         self._index = DependencyIndex()
+        # Waiting stages watch what they wait for (each watch as the stage's identity), bounded.
+        self.watches = WatchPool(capacity=settings.max_readiness_watches) \
+            if settings.max_readiness_watches > 0 else None
         shared = Shared(clients=clients, settings=settings, events=self.events, metrics=self.metrics,
-                        clock=clock, on_write=self._wrote)
+                        clock=clock, on_write=self._wrote, watches=self.watches,
+                        wake=lambda namespace, name: self._enqueue(("StageSet", namespace, name)))
         wired = reconcilers(shared,
                             store=self._store, stagesets=STAGESETS, gitrepositories=GITREPOSITORIES,
                             index=self._index, stop=self.stop, on_revision=self._revision_changed)
@@ -351,6 +356,8 @@ class Manager:
                  self._settings.namespace_cap(self._settings.source_workers),
                  ", ".join(self._settings.watch_namespaces or ("all",)))
         wait_until_set(self.stop)
+        if self.watches is not None:
+            self.watches.close()
         for queue, _ in self._pools.values():
             queue.shutdown()
         # One deadline for all workers: in-flight passes finish or are abandoned within it.

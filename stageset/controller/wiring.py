@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from stageset.apply.cel import CelSandbox
-from stageset.apply.engine import StageApplier
+from stageset.apply.engine import StageApplier, WatchSource
 from stageset.apply.health import ExpressionChecker
 from stageset.controller.clock import Clock
 from stageset.controller.dependencies import DependencyIndex
@@ -37,7 +37,7 @@ from stageset.controller.stageset.reads import AccountCheck, TenantReads
 from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.rendering import Renderer, SourceTrees
-from stageset.controller.stageset.stage import StageApply
+from stageset.controller.stageset.stage import StageApply, Wake
 from stageset.controller.stageset.targets import Targets
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.status import WriteListener
@@ -62,6 +62,10 @@ class Shared:
     """Told every object a reconcile's own writes made (the manager's view until the watch catches up)."""
     ticks: Callable[[], float] = time.monotonic
     """The monotonic clock of the throttle of waiting messages (seconds)."""
+    watches: WatchSource | None = None
+    """Readiness watches (bounded), as each stage's identity; ``None``: stages poll."""
+    wake: Wake | None = None
+    """Queue a reconcile of a StageSet (a watched object it waits for changed)."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +105,8 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
         clients=clients, identities=identities, records=records, changes=changes, settings=settings,
         renderer=Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits),
         stages=StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
-                          stop=stop, sandbox=cel, accounts=accounts))
+                          stop=stop, sandbox=cel, accounts=accounts, watches=shared.watches,
+                          wake=shared.wake))
     teardown = Teardown(clients=clients, identities=identities, targets=targets, events=shared.events,
                         clock=shared.clock, max_wait=settings.max_teardown_wait, records=records)
     return StageSetReconciler(clients=clients, resource=resource, identities=identities, reads=reads,

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
+import orjson
 import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -245,7 +246,8 @@ class KubeClient:
         (201 tells a create from an update)."""
         headers = {"Content-Type": content_type} if body is not None else {}
         url, headers = self._prepare(method, path, query, headers)
-        payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        # orjson: several times faster than the standard library both ways, on every request.
+        payload = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
         budget = timeout or self._timeout
         deadline = time.monotonic() + budget
         if self._epoch != self._health.epoch:
@@ -282,7 +284,7 @@ class KubeClient:
             status.append(response.status)
         if not data:
             return {}
-        parsed: KubeObject = json.loads(data)
+        parsed: KubeObject = orjson.loads(data)
         return parsed
 
     def stream(
@@ -309,7 +311,7 @@ class KubeClient:
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
-                        yield json.loads(line)
+                        yield orjson.loads(line)
         finally:
             response.release_conn()
 

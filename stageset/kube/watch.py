@@ -52,10 +52,13 @@ class Reflector:
 
     def __init__(self, *, client: KubeClient, resource: Resource, namespace: str | None,
                  handler: Handler, stop: threading.Event, resync: float = DEFAULT_RESYNC,
-                 rng: random.Random | None = None):
+                 rng: random.Random | None = None, label_selector: str = "", field_selector: str = ""):
         self._client = client
         self._resource = resource
         self._namespace = namespace
+        # Scoped by the server (never filtered here): only matching objects are sent at all.
+        self._selectors: dict[str, str | int | bool] = {
+            k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
         self._handler = handler
         self._stop = stop
         self._resync = resync
@@ -72,12 +75,12 @@ class Reflector:
 
     def _list(self) -> str:
         self.lists += 1
-        listing = self._client.request("GET", self._path(), query={"limit": 500})
+        listing = self._client.request("GET", self._path(), query={"limit": 500, **self._selectors})
         items = list(listing.get("items", []))
         while listing.get("metadata", {}).get("continue"):
             listing = self._client.request(
-                "GET", self._path(), query={"limit": 500, "continue": listing["metadata"]["continue"]}
-            )
+                "GET", self._path(), query={"limit": 500, "continue": listing["metadata"]["continue"],
+                                            **self._selectors})
             items.extend(listing.get("items", []))
         for item in items:
             item.setdefault("apiVersion", self._resource.api_version)
@@ -96,7 +99,7 @@ class Reflector:
         seconds = max(1, int(until - time.monotonic()))
         query: dict[str, str | int | bool] = {
             "watch": True, "resourceVersion": resource_version, "allowWatchBookmarks": True,
-            "timeoutSeconds": seconds}
+            "timeoutSeconds": seconds, **self._selectors}
         # The read timeout is per read: a healthy watch is ended by the server at ``seconds``; one
         # silent for longer than that (plus grace) is a dead connection.
         for line in self._client.stream(self._path(), query=query, timeout=seconds + _GRACE):

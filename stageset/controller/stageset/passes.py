@@ -130,7 +130,8 @@ class PassRunner:
         verdict = plan.verdict([one.progress.outcomes[n] for n in one.progress.order],
                                interval=one.stageset.spec.requeue_when_ready(self._settings.default_interval),
                                retry=one.retry,
-                               readiness_requeue=self._settings.readiness_requeue)
+                               readiness_requeue=self._settings.readiness_requeue,
+                               watched_requeue=self._settings.watched_requeue)
         if one.partial:
             verdict = plan.without_prune(verdict, one.partial, retry=one.retry)
         return self._conclude(one, verdict)
