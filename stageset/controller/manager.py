@@ -155,6 +155,10 @@ class Manager:
     def _handler(self, kind: str) -> Any:
         def handle(event: str, obj: KubeObject) -> None:
             metadata = obj.get("metadata", {})
+            # Never read by a reconcile, and often the largest part of an object: the cache keeps
+            # every StageSet, so it is dropped as it arrives (as controller-runtime's
+            # TransformStripManagedFields does).  ``obj`` is fresh from the watch, not yet shared.
+            metadata.pop("managedFields", None)
             key: Key = (kind, metadata.get("namespace", ""), metadata.get("name", ""))
             if kind == "StageSet":
                 # Before the reconcile is queued, so it sees this object's edges (cycles).
