@@ -106,7 +106,7 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
         renderer=Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits),
         stages=StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
                           stop=stop, sandbox=cel, accounts=accounts, watches=shared.watches,
-                          wake=shared.wake))
+                          wake=shared.wake, watched_requeue=settings.watched_requeue))
     teardown = Teardown(clients=clients, identities=identities, targets=targets, events=shared.events,
                         clock=shared.clock, max_wait=settings.max_teardown_wait, records=records)
     return StageSetReconciler(clients=clients, resource=resource, identities=identities, reads=reads,

@@ -84,12 +84,20 @@ class Watched:
             return len(self._listeners)
 
     def handle(self, event: str, obj: KubeObject) -> None:
+        """A watch event: kept; listeners hear real changes only — not the first list, nor a
+        relist's repeat of an object as it was."""
         name = str((obj.get("metadata") or {}).get("name", ""))
         with self._lock:
+            before = self.objects.get(name)
             if event == "DELETED":
                 self.objects.pop(name, None)
             else:
                 self.objects[name] = obj
+            same = before is not None and event != "DELETED" and \
+                (before.get("metadata") or {}).get("resourceVersion") == \
+                (obj.get("metadata") or {}).get("resourceVersion")
+            if same or not self.synced.is_set():
+                return
             callbacks = [listener.callback for listener in self._listeners.values()]
         for callback in callbacks:
             try:
@@ -115,9 +123,10 @@ class WatchPool:
             return len(self._watches)
 
     def watch(self, client: KubeClient, resource: Resource, namespace: str | None, *,
-              label_selector: str = "", field_selector: str = "") -> Watched | None:
+              label_selector: str = "", field_selector: str = "", existing_only: bool = False
+              ) -> Watched | None:
         """The watch of ``resource`` in ``namespace`` matching the selectors, as ``client``'s
-        identity (opened now if needed); ``None`` when the pool is full."""
+        identity (opened now if needed, unless ``existing_only``); ``None`` when the pool is full."""
         key: Key = (client.cluster.name, client.identity.user or "", resource.collection_path(namespace),
                     label_selector, field_selector)
         with self._lock:
@@ -125,6 +134,8 @@ class WatchPool:
             if found is not None:
                 found.used = time.monotonic()
                 return found
+            if existing_only:
+                return None
             if len(self._watches) >= self._capacity:
                 self._reap()
             if len(self._watches) >= self._capacity:

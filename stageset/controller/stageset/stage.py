@@ -68,7 +68,7 @@ class StageRun:
 class StageApply:
     def __init__(self, *, clients: ClientPool, clock: Clock, readiness_slice: float, stop: threading.Event,
                  sandbox: CelSandbox | None = None, accounts: AccountCheck | None = None,
-                 watches: WatchSource | None = None, wake: Wake | None = None):
+                 watches: WatchSource | None = None, wake: Wake | None = None, watched_requeue: float = 30.0):
         self._clients = clients
         self._clock = clock
         self._slice = readiness_slice
@@ -77,6 +77,7 @@ class StageApply:
         self._accounts = accounts
         self._watches = watches
         self._wake = wake
+        self._watched_requeue = watched_requeue
 
     def _failed(self, stage: Stage, error: StageError, client: KubeClient) -> StageOutcome:
         """The stage failed: its name first, and for a denial whether the ServiceAccount exists."""
@@ -154,7 +155,10 @@ class StageApply:
             return self._failed(stage, error, client), result
         judged = judge_readiness(applied, window=window, now=self._clock(), readiness=readiness,
                                  on_timeout=on_timeout(run.stageset, stage))
-        if readiness is not None and readiness.watched:
+        # Woken by the watch, and looked at again after watched_requeue at the latest — unless the
+        # timeout comes sooner: then as often as before, so a hold is reported on time.
+        left = window.timeout - (self._clock() - window.started).total_seconds()
+        if readiness is not None and readiness.watched and left > self._watched_requeue:
             judged = replace(judged, watched=True)
         return judged, result
 
