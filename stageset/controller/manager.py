@@ -25,6 +25,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import orjson
+
 from sources import MirrorStore, UrlPolicy
 from stageset.api import GROUP, VERSION
 from stageset.api.vocabulary import EventType, Reason
@@ -113,7 +115,9 @@ class Manager:
                                                 unfinished=queue.unfinished_seconds,
                                                 longest=queue.longest_running_seconds)
         self._lock = threading.Lock()
-        self._objects: dict[Key, KubeObject] = {}
+        # The watch cache, each object as compact JSON: a parsed StageSet costs several times its
+        # JSON in memory, and the cache holds every one; a reconcile gets a freshly parsed copy.
+        self._objects: dict[Key, bytes] = {}
         # Per object: what last triggered a reconcile, and (StageSets) whether it was Ready.
         self._seen: dict[Key, tuple[tuple[Any, Any, bool], bool]] = {}
         # Per object: the status our last reconcile left, at the resourceVersion it made, until
@@ -184,7 +188,7 @@ class Manager:
                     REGISTRY.drop(key)  # its Secret values leave the log filter with it
                     now: tuple[tuple[Any, Any, bool], bool] | None = None
                 else:
-                    self._objects[key] = obj
+                    self._objects[key] = orjson.dumps(obj)
                     now = (_trigger(obj), ready_at_generation(obj))
                     self._seen[key] = now
             if now is not None and (before is None or before[0] != now[0]):
@@ -206,10 +210,12 @@ class Manager:
     def _revision_changed(self, namespace: str, name: str, revision: str) -> None:
         log.info("GitRepository %s/%s now at %s", namespace, name, revision)
         with self._lock:
-            dependents = [key for key, obj in self._objects.items() if key[0] == "StageSet"
-                          and any(s.get("sourceRef", {}).get("name") == name
-                                  and s.get("sourceRef", {}).get("namespace", key[1]) == namespace
-                                  for s in obj.get("spec", {}).get("stages", []))]
+            stagesets = [(key, orjson.loads(raw)) for key, raw in self._objects.items()
+                         if key[0] == "StageSet" and name.encode() in raw]
+            dependents = [key for key, obj in stagesets
+                          if any(s.get("sourceRef", {}).get("name") == name
+                                 and s.get("sourceRef", {}).get("namespace", key[1]) == namespace
+                                 for s in obj.get("spec", {}).get("stages", []))]
         for key in dependents:
             self._enqueue(key)
 
@@ -228,8 +234,8 @@ class Manager:
                 return
             try:
                 with self._lock:
-                    obj = self._objects.get(key)
-                    obj = None if obj is None else self._with_own_status(key, obj)
+                    raw = self._objects.get(key)
+                    obj = None if raw is None else self._with_own_status(key, orjson.loads(raw))
                 if obj is not None:
                     self._reconcile(queue, key, obj)
             finally:
@@ -263,7 +269,7 @@ class Manager:
         """The object as the cache and our own writes know it now (``obj`` once it is gone)."""
         with self._lock:
             cached = self._objects.get(key)
-            return obj if cached is None else self._with_own_status(key, cached)
+            return obj if cached is None else self._with_own_status(key, orjson.loads(cached))
 
     def _reconcile(self, queue: WorkQueue[Key], key: Key, obj: KubeObject) -> None:
         before = dict(ready_condition(obj) or {}) or None
