@@ -16,15 +16,15 @@ an entry lost costs one dry-run and one read, never correctness.  No I/O; thread
 
 from __future__ import annotations
 
+import hashlib
 import threading
-from collections import OrderedDict
 from dataclasses import dataclass
 
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024
-"""About 60,000 objects; past that the least recently used go back to dry-runs."""
+"""About 100,000 objects; past that the least recently used go back to dry-runs."""
 
-_ENTRY_OVERHEAD = 240
-"""Bytes an entry costs beyond its strings (tuple, dataclass, dict slot, string headers)."""
+_ENTRY_OVERHEAD = 120
+"""Bytes an entry costs beyond its value's characters (the key digest, two bytes objects, a dict slot)."""
 
 Key = tuple[str, str, str]  # (cluster, identity, object path)
 
@@ -37,10 +37,18 @@ class Seen:
     digest: str
 
 
+def _digest(key: Key) -> bytes:
+    # Kept as 16 bytes, not three strings: tens of thousands of entries (collisions: 2^-64 odds
+    # at a billion entries, and one would only cost a wrong "unchanged" for an object whose
+    # manifest digest also matched).
+    return hashlib.blake2b("\0".join(key).encode(), digest_size=16).digest()
+
+
 class LiveVersions:
     def __init__(self, *, max_bytes: int = DEFAULT_MAX_BYTES):
         self._max = max_bytes
-        self._entries: OrderedDict[Key, tuple[Seen, int]] = OrderedDict()
+        # Insertion order is recency: a hit moves its entry to the end, eviction takes the front.
+        self._entries: dict[bytes, bytes] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
@@ -55,28 +63,31 @@ class LiveVersions:
 
     def get(self, key: Key) -> Seen | None:
         with self._lock:
-            found = self._entries.get(key)
+            found = self._entries.pop(_digest(key), None)
             if found is None:
                 return None
-            self._entries.move_to_end(key)
-            return found[0]
+            self._entries[_digest(key)] = found
+        version, _, digest = found.decode().partition(" ")
+        return Seen(version=version, digest=digest)
 
     def put(self, key: Key, seen: Seen) -> None:
-        size = sum(len(part) for part in key) + len(seen.version) + len(seen.digest) + _ENTRY_OVERHEAD
+        value = f"{seen.version} {seen.digest}".encode()
+        size = len(value) + _ENTRY_OVERHEAD
+        name = _digest(key)
         with self._lock:
-            old = self._entries.pop(key, None)
+            old = self._entries.pop(name, None)
             if old is not None:
-                self._bytes -= old[1]
+                self._bytes -= len(old) + _ENTRY_OVERHEAD
             if size > self._max:
                 return
-            self._entries[key] = (seen, size)
+            self._entries[name] = value
             self._bytes += size
             while self._bytes > self._max:
-                _, (_, dropped) = self._entries.popitem(last=False)
-                self._bytes -= dropped
+                dropped = self._entries.pop(next(iter(self._entries)))
+                self._bytes -= len(dropped) + _ENTRY_OVERHEAD
 
     def drop(self, key: Key) -> None:
         with self._lock:
-            old = self._entries.pop(key, None)
+            old = self._entries.pop(_digest(key), None)
             if old is not None:
-                self._bytes -= old[1]
+                self._bytes -= len(old) + _ENTRY_OVERHEAD
