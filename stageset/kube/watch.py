@@ -74,24 +74,29 @@ class Reflector:
         return self._resource.collection_path(self._namespace)
 
     def _list(self) -> str:
+        """List everything (page by page, each page handed over as it comes: thousands of objects
+        are never all parsed at once), then tell what vanished since the last list."""
         self.lists += 1
-        listing = self._client.request("GET", self._path(), query={"limit": 500, **self._selectors})
-        items = list(listing.get("items", []))
-        while listing.get("metadata", {}).get("continue"):
-            listing = self._client.request(
-                "GET", self._path(), query={"limit": 500, "continue": listing["metadata"]["continue"],
-                                            **self._selectors})
-            items.extend(listing.get("items", []))
-        for item in items:
-            item.setdefault("apiVersion", self._resource.api_version)
-            item.setdefault("kind", self._resource.kind)
-        fresh = {object_key(item) for item in items}
+        fresh: set[tuple[str, str]] = set()
+        query: dict[str, str | int | bool] = {"limit": 500, **self._selectors}
+        while True:
+            listing = self._client.request("GET", self._path(), query=query)
+            items = listing.get("items") or []
+            for item in items:
+                item.setdefault("apiVersion", self._resource.api_version)
+                item.setdefault("kind", self._resource.kind)
+                fresh.add(object_key(item))
+            for item in items:
+                self._handler("ADDED", item)
+            del items
+            token = (listing.get("metadata") or {}).get("continue")
+            if not token:
+                break
+            query = {**query, "continue": str(token)}
         for namespace, name in sorted(self._known - fresh):
             self._handler("DELETED", {"apiVersion": self._resource.api_version, "kind": self._resource.kind,
                                       "metadata": {"namespace": namespace, "name": name}})
         self._known = fresh
-        for item in items:
-            self._handler("ADDED", item)
         return str(listing.get("metadata", {}).get("resourceVersion", ""))
 
     def _watch(self, resource_version: str, *, until: float) -> str:
