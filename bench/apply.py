@@ -108,6 +108,8 @@ class Options:
     mode: str
     keep: bool = False
     write_docs: bool = False
+    repository_sets: int = 0
+    """StageSet directories in the Git repository (at least the largest N): a monorepo's size."""
 
 
 @dataclass
@@ -597,18 +599,22 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument("--tenants", type=int, default=10, help="tenant namespaces per N")
     parser.add_argument("--workers", type=int, default=ControllerSettings().workers,
                         help="controller workers (--workers)")
+    parser.add_argument("--repository-sets", type=int, default=0,
+                        help="StageSet directories in the Git repository (default: the largest N); "
+                        "e.g. 1000 with --sizes 10 measures a small rollout from a large monorepo")
     parser.add_argument("--keep", action="store_true", help="keep the work directory (audit log, logs)")
     parser.add_argument("--no-docs", action="store_true",
                         help="do not write docs/benchmarks.md (never written with --quick or overrides)")
     args = parser.parse_args(argv)
     overridden = args.sizes is not None or args.pairs is not None or args.objects != 5 or \
-        args.tenants != 10 or args.workers != ControllerSettings().workers
+        args.tenants != 10 or args.workers != ControllerSettings().workers or args.repository_sets
     mode = "quick" if args.quick else "full" if args.full else "default"
     sizes = args.sizes or {"quick": (10, 50), "default": (10, 100), "full": (10, 100, 1000)}[mode]
     pairs = args.pairs if args.pairs is not None else (8 if args.quick else 20)
     return Options(sizes=sizes, objects=args.objects, pairs=pairs, tenants=args.tenants, workers=args.workers,
                    parallelism=ApplySettings().parallelism, mode=mode, keep=args.keep,
-                   write_docs=not (args.quick or args.no_docs or overridden))
+                   write_docs=not (args.quick or args.no_docs or overridden),
+                   repository_sets=args.repository_sets)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -616,7 +622,8 @@ def main(argv: list[str] | None = None) -> int:
     begun = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="stageset-bench-"))
     repo = workdir / "repo"
-    write_repository(repo, sets=max(options.sizes), m=options.objects, pairs=options.pairs)
+    write_repository(repo, sets=max(*options.sizes, options.repository_sets), m=options.objects,
+                     pairs=options.pairs)
     log(f"starting a control plane; work directory {workdir}")
     plane = envtest.start(workdir=workdir / "plane")
     tracker: StageSetTracker | None = None

@@ -26,6 +26,8 @@ class Status(enum.Enum):
 class Readiness:
     status: Status
     message: str = ""
+    watched: bool = False
+    """Still in progress, and every object awaited is watched: a change wakes the waiter."""
 
 
 def _conditions(obj: KubeObject) -> dict[str, dict[str, Any]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from stageset.apply.cel import CelLimits
+from stageset.apply.versions import DEFAULT_MAX_BYTES
 
 
 @dataclass(frozen=True)
@@ -17,5 +18,7 @@ class ApplySettings:
     crd_timeout: float = 60.0
     # How long ``force: true`` waits for an object to go before creating it again.
     delete_timeout: float = 60.0
+    # Bytes the resourceVersions remembered for warm passes may take (stageset/apply/versions.py).
+    versions_max_bytes: int = DEFAULT_MAX_BYTES
     # What evaluating tenant CEL (readyChecks.exprs) may cost: time per request, memory, workers.
     cel: CelLimits = field(default_factory=CelLimits)

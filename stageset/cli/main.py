@@ -118,6 +118,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         default_interval=max(1.0, float(params.get("default_interval", 600.0))),
         max_teardown_wait=float(params.get("max_teardown_wait", 3600.0)),
         resync_period=max(1.0, float(params.get("resync_period", 300.0))),
+        max_readiness_watches=int(params.get("max_readiness_watches", 100)),
         runbook_base_url=str(params.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL)),
         default_source_kind=DefaultSourceKind(params.get("default_source_kind")
                                               or DefaultSourceKind.GIT_REPOSITORY),
@@ -204,6 +205,9 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
 @click.option("--resync-period", default="5m", show_default=True, type=DURATION,
               help="List every watched kind again this often, whatever the watches said (recovers "
               "events a broken connection lost).")
+@click.option("--max-readiness-watches", default=100, show_default=True, type=click.IntRange(min=0),
+              help="Watches stages waiting for readiness may hold at once (each as the stage's identity, "
+              "one kind and namespace, label-selected); past that they poll. 0: always poll.")
 @click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",
               help="Override one limit of a stage's build, e.g. max_stage_objects=50000 "
               "(see docs/layouts.md).")

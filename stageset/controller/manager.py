@@ -31,6 +31,8 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
+import orjson
+
 from sources import MirrorStore, UrlPolicy
 from sources.addresses import AddressGuard
 from sources.artifacts import ArtifactStore
@@ -57,6 +59,7 @@ from stageset.kube.client import ClientPool, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 from stageset.kube.watch import Reflector, wait_synced
+from stageset.kube.watches import WatchPool
 
 log = logging.getLogger(__name__)
 
@@ -135,7 +138,9 @@ class Manager:
                                                 unfinished=queue.unfinished_seconds,
                                                 longest=queue.longest_running_seconds)
         self._lock = threading.Lock()
-        self._objects: dict[Key, KubeObject] = {}
+        # The watch cache, each object as compact JSON: a parsed StageSet costs several times its
+        # JSON in memory, and the cache holds every one; a reconcile gets a freshly parsed copy.
+        self._objects: dict[Key, bytes] = {}
         # Per object: what last triggered a reconcile, and (StageSets) what its dependents wait on.
         self._seen: dict[Key, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
         # Per object: the status our last reconcile left, at the resourceVersion it made, until
@@ -158,8 +163,12 @@ class Manager:
         self.flux = FluxWatches(client=admin, namespaces=settings.watch_namespaces, stop=self.stop,
                                 on_change=self._wake, resync=settings.resync_period,
                                 interval=settings.artifacts.discovery_interval)
+        # Waiting stages watch what they wait for (each watch as the stage's identity), bounded.
+        self.watches = WatchPool(capacity=settings.max_readiness_watches) \
+            if settings.max_readiness_watches > 0 else None
         shared = Shared(clients=clients, settings=settings, events=self.events, metrics=self.metrics,
-                        clock=clock, on_write=self._wrote)
+                        clock=clock, on_write=self._wrote, watches=self.watches,
+                        wake=lambda namespace, name: self._enqueue(("StageSet", namespace, name)))
         wired = reconcilers(shared,
                             store=self._store, stagesets=STAGESETS, gitrepositories=GITREPOSITORIES,
                             index=self._index, stop=self.stop, on_revision=self._revision_changed,
@@ -185,6 +194,10 @@ class Manager:
     def _handler(self, kind: str) -> Any:
         def handle(event: str, obj: KubeObject) -> None:
             metadata = obj.get("metadata", {})
+            # Never read by a reconcile, and often the largest part of an object: the cache keeps
+            # every StageSet, so it is dropped as it arrives (as controller-runtime's
+            # TransformStripManagedFields does).  ``obj`` is fresh from the watch, not yet shared.
+            metadata.pop("managedFields", None)
             key: Key = (kind, metadata.get("namespace", ""), metadata.get("name", ""))
             if kind == "StageSet":
                 # Before the reconcile is queued, so it sees this object's edges (cycles).
@@ -211,7 +224,7 @@ class Manager:
                     REGISTRY.drop(key)  # its Secret values leave the log filter with it
                     now: tuple[tuple[Any, ...], tuple[Any, ...]] | None = None
                 else:
-                    self._objects[key] = obj
+                    self._objects[key] = orjson.dumps(obj)
                     now = (_trigger(obj), _as_dependency(obj))
                     self._seen[key] = now
             if now is not None and (before is None or before[0] != now[0]):
@@ -241,8 +254,11 @@ class Manager:
         """Requeue exactly the StageSets whose stages name one of ``sources``."""
         default = self._settings.default_source_kind
         with self._lock:
-            dependents = [key for key, obj in self._objects.items()
-                          if key[0] == "StageSet" and referenced(obj, default) & sources]
+            # Only StageSets whose JSON spells a source's name are parsed (the cache holds bytes).
+            names = {source.name.encode() for source in sources}
+            candidates = [(key, orjson.loads(raw)) for key, raw in self._objects.items()
+                          if key[0] == "StageSet" and any(n in raw for n in names)]
+            dependents = [key for key, obj in candidates if referenced(obj, default) & sources]
         for key in dependents:
             self._enqueue(key)
 
@@ -284,8 +300,8 @@ class Manager:
                     self._download(queue, key)
                     continue
                 with self._lock:
-                    obj = self._objects.get(key)
-                    obj = None if obj is None else self._with_own_status(key, obj)
+                    raw = self._objects.get(key)
+                    obj = None if raw is None else self._with_own_status(key, orjson.loads(raw))
                 if obj is not None:
                     self._reconcile(queue, key, obj)
             finally:
@@ -332,7 +348,7 @@ class Manager:
         """The object as the cache and our own writes know it now (``obj`` once it is gone)."""
         with self._lock:
             cached = self._objects.get(key)
-            return obj if cached is None else self._with_own_status(key, cached)
+            return obj if cached is None else self._with_own_status(key, orjson.loads(cached))
 
     def _reconcile(self, queue: WorkQueue[Key], key: Key, obj: KubeObject) -> None:
         before = dict(ready_condition(obj) or {}) or None
@@ -432,6 +448,8 @@ class Manager:
                  self._settings.namespace_cap(self._settings.source_workers),
                  ", ".join(self._settings.watch_namespaces or ("all",)))
         wait_until_set(self.stop)
+        if self.watches is not None:
+            self.watches.close()
         for queue, _ in self._pools.values():
             queue.shutdown()
         # One deadline for all workers: in-flight passes finish or are abandoned within it.

@@ -30,8 +30,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
-from stageset.api.vocabulary import ConditionStatus, ConditionType, StagePhase
 from stageset.apply.changeset import Action, ChangeSet
+from stageset.controller.objectmetrics import ObjectSeries
 from stageset.kube.client import LOCAL, RequestRecord
 from stageset.kube.types import KubeObject
 
@@ -145,29 +145,9 @@ class Metrics:
         self.leader = Gauge("stageset_leader", "1 while this process may reconcile (holds the release's "
                             "Lease, or runs without leader election).", registry=r)
         self.leader.set(1)
-        # -- per object (Flux's gotk_* series) ---------------------------------------------
-        self.object_duration = Histogram(
-            "stageset_reconcile_duration_seconds", "How long each object's reconciles took.",
-            ["kind", "namespace", "name"], buckets=OBJECT_BUCKETS, registry=r)
-        self.condition = Gauge(
-            "stageset_reconcile_condition", "1 for the status each condition of an object has now, 0 for "
-            "the others.", ["kind", "namespace", "name", "type", "status"], registry=r)
-        self.suspended = Gauge("stageset_suspended", "1 while the object's spec.suspend is true.",
-                               ["kind", "namespace", "name"], registry=r)
-        self.stage_phase = Gauge(
-            "stageset_stage_phase", "1 for the phase each stage of a StageSet is in now, 0 for the others.",
-            ["namespace", "name", "stage", "phase"], registry=r)
-        self.stage_objects = Gauge("stageset_stage_objects", "Objects each stage applied last.",
-                                   ["namespace", "name", "stage"], registry=r)
-        self.objects_applied = Counter(
-            "stageset_objects_applied_total", "Objects a stage's apply handled, by what it did "
-            "(created, configured, recreated, unchanged).", ["namespace", "name", "stage", "action"],
-            registry=r)
-        self.objects_pruned = Counter(
-            "stageset_objects_pruned_total", "Objects no longer in Git, by what prune did (deleted, failed).",
-            ["namespace", "name", "result"], registry=r)
-        self.drift = Counter("stageset_drift_corrections_total", "Objects changed by someone else and "
-                             "restored.", ["namespace", "name", "stage"], registry=r)
+        # -- per object (Flux's gotk_* series): plain numbers, written when scraped -------------
+        self.objects = ObjectSeries(buckets=OBJECT_BUCKETS)
+        r.register(self.objects)
         # -- steering a release ---------------------------------------------------------------
         self.promotions = Counter(
             "stageset_stage_promotions_total", "Stages promoted past their gate, by how (soak: the soak "
@@ -201,7 +181,7 @@ class Metrics:
 
         self._lock = threading.Lock()
         self._alive: set[ObjectKey] = set()
-        self._stages: dict[ObjectKey, set[str]] = {}
+        self._gated: dict[ObjectKey, set[str]] = {}  # StageSets: stages with a promotion gate
         self._urls: dict[str, set[ObjectKey]] = {}
         self._url_of: dict[ObjectKey, str] = {}
 
@@ -244,95 +224,73 @@ class Metrics:
         elif result == "error":
             self.reconcile_errors.labels(controller).inc()
         self.reconcile_total.labels(controller, result).inc()
-        with self._lock:
-            if key in self._alive:
-                self.object_duration.labels(*key).observe(seconds)
+        self.objects.duration(key, seconds)
 
     # -- per object ------------------------------------------------------------------------
 
     def observe(self, key: ObjectKey, obj: KubeObject) -> None:
         """An object as the watch sees it: its conditions, suspension and (StageSets) stage phases."""
-        kind, namespace, name = key
         status = obj.get("status") or {}
         conditions = {str(c.get("type")): str(c.get("status")) for c in status.get("conditions") or []
                       if isinstance(c, Mapping)}
+        stages = None
+        if key[0] == "StageSet":
+            stages = [(str(stage["name"]), str(stage.get("phase") or ""),
+                       stage["objects"] if isinstance(stage.get("objects"), int) else None)
+                      for stage in status.get("stages") or []
+                      if isinstance(stage, Mapping) and stage.get("name")]
+        suspended = bool((obj.get("spec") or {}).get("suspend"))
         with self._lock:
             self._alive.add(key)
-            for type_ in (ConditionType.READY, ConditionType.STALLED, ConditionType.RECONCILING):
-                current = conditions.get(type_.value)
-                for value in ConditionStatus:
-                    # Before a first status every value is 0: the object is known, nothing judged yet.
-                    self.condition.labels(kind, namespace, name, type_.value, value.value).set(
-                        1 if current == value.value else 0)
-            suspended = bool((obj.get("spec") or {}).get("suspend"))
-            self.suspended.labels(kind, namespace, name).set(1 if suspended else 0)
-            if kind == "StageSet":
-                self._observe_stages(key, status.get("stages") or [])
+            # Before a first status every condition value is 0: the object is known, nothing judged yet.
+            self.objects.observe(key, conditions=conditions, suspended=suspended, stages=stages)
+            if stages is not None:
+                self._observe_gates(key, status.get("stages") or [])
 
-    def _observe_stages(self, key: ObjectKey, stages: Iterable[Any]) -> None:
+    def _observe_gates(self, key: ObjectKey, stages: Iterable[Any]) -> None:
+        """The promotion-gate series of a StageSet's gated stages (the caller holds the lock): only
+        gated stages have them, so an ungated StageSet costs nothing here."""
         _, namespace, name = key
-        seen: set[str] = set()
+        gated: set[str] = set()
         for stage in stages:
-            if not isinstance(stage, Mapping) or not stage.get("name"):
+            gate = stage.get("promotionState") if isinstance(stage, Mapping) else None
+            if not isinstance(gate, Mapping) or not stage.get("name"):
                 continue
             stage_name = str(stage["name"])
-            seen.add(stage_name)
-            phase = str(stage.get("phase") or "")
-            for value in StagePhase:
-                self.stage_phase.labels(namespace, name, stage_name, value.value).set(
-                    1 if phase == value.value else 0)
-            if isinstance(stage.get("objects"), int):
-                self.stage_objects.labels(namespace, name, stage_name).set(stage["objects"])
-            gate = stage.get("promotionState")
-            if isinstance(gate, Mapping):  # only gated stages have the series
-                held = gate.get("phase") in ("Soaking", "AwaitingManual")
-                self.promotion_pending.labels(namespace, name, stage_name).set(1 if held else 0)
-            else:
-                self.promotion_pending.remove_by_labels({"namespace": namespace, "name": name,
-                                                         "stage": stage_name})
-        # A stage removed from the spec (and so from status) takes its series with it.
-        for gone in self._stages.get(key, set()) - seen:
-            for metric in (self.stage_phase, self.stage_objects, self.promotion_pending, self.promotions):
+            gated.add(stage_name)
+            held = gate.get("phase") in ("Soaking", "AwaitingManual")
+            self.promotion_pending.labels(namespace, name, stage_name).set(1 if held else 0)
+        # A stage no longer gated (or removed from the spec) takes its gate series with it.
+        for gone in self._gated.get(key, set()) - gated:
+            for metric in (self.promotion_pending, self.promotions):
                 metric.remove_by_labels({"namespace": namespace, "name": name, "stage": gone})
-        self._stages[key] = seen
+        if gated:
+            self._gated[key] = gated
+        else:
+            self._gated.pop(key, None)
 
     def forget(self, key: ObjectKey) -> None:
         """The object is deleted: every series naming it goes (and its URL's, if no one else uses it)."""
-        kind, namespace, name = key
         with self._lock:
             self._alive.discard(key)
-            self._stages.pop(key, None)
-            by_kind: tuple[Histogram | Gauge, ...] = (self.object_duration, self.condition, self.suspended)
-            for metric in by_kind:
-                metric.remove_by_labels({"kind": kind, "namespace": namespace, "name": name})
-            if kind == "StageSet":
-                stageset: tuple[Gauge | Counter, ...] = (
-                    self.stage_phase, self.stage_objects, self.objects_applied, self.objects_pruned,
-                    self.drift, self.promotions, self.promotion_pending, self.update_deferred, self.rollbacks)
-                for each in stageset:
-                    each.remove_by_labels({"namespace": namespace, "name": name})
+            self.objects.forget(key)
+            self._gated.pop(key, None)
+            if key[0] == "StageSet":
+                steering: tuple[Gauge | Counter, ...] = (
+                    self.promotions, self.promotion_pending, self.update_deferred, self.rollbacks)
+                for each in steering:
+                    each.remove_by_labels({"namespace": key[1], "name": key[2]})
             self._release_url(key)
 
     def applied(self, stageset: tuple[str, str], stage: str, changes: ChangeSet) -> None:
-        """What one stage's apply did to each object."""
+        """What one stage's apply did to each object (every action counted, created at 0 too, so
+        rate() sees the first increase)."""
         key: ObjectKey = ("StageSet", *stageset)
-        counts = {action: changes.count(action) for action in APPLY_ACTIONS}
-        drifted = len(changes.drifted)
-        with self._lock:
-            if key not in self._alive:
-                return
-            for action, count in counts.items():
-                # Created at 0 too, so rate() sees the first increase.
-                self.objects_applied.labels(*stageset, stage, action.value.lower()).inc(count)
-            self.drift.labels(*stageset, stage).inc(drifted)
+        counts = {action.value.lower(): changes.count(action) for action in APPLY_ACTIONS}
+        self.objects.applied(key, stage, counts, len(changes.drifted))
 
     def pruned(self, stageset: tuple[str, str], *, deleted: int, failed: int) -> None:
-        key: ObjectKey = ("StageSet", *stageset)
-        with self._lock:
-            if key not in self._alive:
-                return
-            self.objects_pruned.labels(*stageset, "deleted").inc(deleted)
-            self.objects_pruned.labels(*stageset, "failed").inc(failed)
+        self.objects.pruned(("StageSet", *stageset), deleted=deleted, failed=failed)
 
     def promoted(self, stageset: tuple[str, str], stage: str, *, how: str) -> None:
         """A stage passed its promotion gate (``how``: soak, manual)."""

@@ -6,6 +6,12 @@ objects.  It works in two steps, each with its own key:
 1. **Source key** — ``(url, commit, ignore, stage path, variables)``.  A commit fixes every
    byte of the tree, so a StageSet reconciled again at the same revision costs no Git read
    and no build at all (the warm no-op path).
+   On a miss, a stage whose path holds no kustomization anywhere (a plain directory, built as
+   Flux's generator builds it) reads only the files under its path (``read_path``): such a
+   build loads nothing else, and in a monorepo of thousands of files reading the whole root
+   first cost seconds before the first StageSet could be applied.  Anything else under the
+   path (a kustomization, an entry the source left out as unsafe, a read that fails) falls
+   back to the whole root, so errors and results are the root read's.
 2. **Render key** — ``(url, digest of the build's inputs, variables)``.  On a new commit the
    source root is read once (and shared, through a small byte-bounded tree cache, by every
    stage reading the same commit), :func:`stageset.build.prepare` finds every file the build
@@ -58,6 +64,7 @@ from stageset.build import BuildLimits, prepare, render
 from stageset.build.decrypt import DecryptionKeys, decrypt
 from stageset.build.errors import BuildError
 from stageset.build.sopsfiles import describe
+from stageset.build.sourceroot import KUSTOMIZATION_FILES, normalize_stage_path
 from stageset.kube.types import KubeObject
 
 MiB = 1024 * 1024
@@ -143,6 +150,8 @@ class RenderCache:
         self._trees: OrderedDict[tuple[str, str, str | None], tuple[SourceRoot, int]] = OrderedDict()
         self._tree_bytes = 0
         self._lock = threading.Lock()
+        # One read per tree at a time: workers that miss the same tree together wait for it.
+        self._reading: dict[tuple[str, str, str | None], threading.Lock] = {}
         self.hits = 0
         self.misses = 0
         self.builds = 0
@@ -198,7 +207,18 @@ class RenderCache:
                 self._sources.popitem(last=False)
 
     def tree(self, tree_id: tuple[str, str, str | None], read: Callable[[], SourceRoot]) -> SourceRoot:
-        """The files of ``(url, commit, ignore)``: from the cache, or ``read()`` and keep it if it fits."""
+        """The files of ``(url, commit, ignore)``: from the cache, or ``read()`` and keep it if it fits.
+        Callers missing the same tree at once share one read."""
+        with self._lock:
+            reading = self._reading.setdefault(tree_id, threading.Lock())
+        with reading:
+            try:
+                return self._tree(tree_id, read)
+            finally:
+                with self._lock:
+                    self._reading.pop(tree_id, None)
+
+    def _tree(self, tree_id: tuple[str, str, str | None], read: Callable[[], SourceRoot]) -> SourceRoot:
         with self._lock:
             found = self._trees.get(tree_id)
             if found is not None:
@@ -219,18 +239,35 @@ class RenderCache:
         return files
 
 
+def plain_subtree(path: str, read_path: Callable[[], SourceRoot]) -> SourceRoot | None:
+    """The files under a stage's ``path`` as the root would hold them (keys from the root), when
+    its build can load nothing else: no kustomization anywhere under it and nothing left out as
+    unsafe.  ``None`` (read the whole root instead) otherwise, or when the read fails."""
+    try:
+        stage_dir = normalize_stage_path(path)
+        found = read_path()
+    except Exception:  # the whole root's read raises the error that counts
+        return None
+    if found.unreadable or any(name.rsplit("/", 1)[-1] in KUSTOMIZATION_FILES for name in found.files):
+        return None
+    prefix = f"{stage_dir}/" if stage_dir else ""
+    return SourceRoot(files={prefix + name: content for name, content in found.files.items()})
+
+
 def render_stage(cache: RenderCache, *, url: str, commit: str, ignore: str | None, path: str,
                  variables: Mapping[str, str] | None, read_tree: Callable[[], SourceRoot],
                  limits: BuildLimits, kustomize: Path | None = None,
                  patches: Sequence[Mapping[str, Any]] = (),
-                 decryption: StageDecryption | None = None) -> list[KubeObject]:
+                 decryption: StageDecryption | None = None,
+                 read_path: Callable[[], SourceRoot] | None = None) -> list[KubeObject]:
     """The objects of the stage at ``path`` of ``url`` at ``commit``, built at most once per input.
 
     ``read_tree`` returns the whole source root at ``commit`` (``MirrorStore.read_tree(url,
     commit=commit, path="./", ignore=ignore, unreadable=...)``); it is called only when the
-    source key misses.  ``decryption`` is the StageSet's ``spec.decryption`` (``None``: a SOPS
-    file fails the build).  Raises what it raises (Git errors, the key Secret's read) and
-    :class:`~stageset.build.BuildError`.
+    source key misses and the stage is not a plain directory that ``read_path`` (the files under
+    ``path`` only, keys relative to it) can serve alone (:func:`plain_subtree`).  ``decryption`` is
+    the StageSet's ``spec.decryption`` (``None``: a SOPS file fails the build).  Raises what they
+    raise (Git errors, the key Secret's read) and :class:`~stageset.build.BuildError`.
     """
     scope = decryption.scope if decryption is not None else None
     source = source_key(url=url, commit=commit, ignore=ignore, path=path, variables=variables,
@@ -244,7 +281,9 @@ def render_stage(cache: RenderCache, *, url: str, commit: str, ignore: str | Non
             decryption.reveal(seal.values)
             return cached
         # The key Secret changed (rotated): decrypt again with what it holds now.
-    root = cache.tree((url, commit, ignore), read_tree)
+    root = plain_subtree(path, read_path) if read_path is not None else None
+    if root is None:
+        root = cache.tree((url, commit, ignore), read_tree)
     prepared = prepare(root.files, path=path, limits=limits, unreadable=root.unreadable)
     encrypted, withheld = prepared.sops_files()
     sealed: tuple[str, str] | None = None

@@ -67,6 +67,12 @@ class ControllerSettings:
     # ``readiness_requeue``; the stage timeout spans reconciles.
     readiness_slice: float = 3.0
     readiness_requeue: float = 1.0
+    # Stages waiting for readiness watch what they wait for (as their identity), at most this many
+    # watches at once (``--max-readiness-watches``; 0: never, poll); past that, they poll.  A
+    # StageSet whose waiting stages are all watched is woken by their changes and otherwise looked
+    # at again only every ``watched_requeue`` seconds.
+    max_readiness_watches: int = 100
+    watched_requeue: float = 30.0
     # How often a StageSet without spec.interval is reconciled (seconds; the reference's default).
     default_interval: float = 600.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway

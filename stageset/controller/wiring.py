@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from stageset.apply.cel import CelSandbox
-from stageset.apply.engine import StageApplier
+from stageset.apply.engine import StageApplier, WatchSource
 from stageset.apply.health import ExpressionChecker
 from stageset.controller.clock import Clock
 from stageset.controller.dependencies import DependencyIndex
@@ -41,7 +41,7 @@ from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.release import Release
 from stageset.controller.stageset.rendering import ArtifactTrees, Renderer, SourceTrees
 from stageset.controller.stageset.revisions import GitRevisions, Keeper
-from stageset.controller.stageset.stage import StageApply
+from stageset.controller.stageset.stage import StageApply, Wake
 from stageset.controller.stageset.targets import Targets
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.status import WriteListener
@@ -66,6 +66,10 @@ class Shared:
     """Told every object a reconcile's own writes made (the manager's view until the watch catches up)."""
     ticks: Callable[[], float] = time.monotonic
     """The monotonic clock of the throttle of waiting messages (seconds)."""
+    watches: WatchSource | None = None
+    """Readiness watches (bounded), as each stage's identity; ``None``: stages poll."""
+    wake: Wake | None = None
+    """Queue a reconcile of a StageSet (a watched object it waits for changed)."""
 
 
 @dataclass(frozen=True)
@@ -109,7 +113,8 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
                         cache=RenderCache(max_builds=settings.workers), artifacts=artifacts,
                         revisions=GitRevisions(keeper))
     stages = StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
-                        stop=stop, sandbox=cel, accounts=accounts)
+                        stop=stop, sandbox=cel, accounts=accounts, watches=shared.watches,
+                        wake=shared.wake, watched_requeue=settings.watched_requeue)
     release = Release(clients=clients, identities=identities, renderer=renderer, stages=stages,
                       changes=changes, events=shared.events, metrics=shared.metrics, clock=shared.clock)
     passes = PassRunner(clients=clients, identities=identities, records=records, changes=changes,

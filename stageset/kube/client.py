@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
 
+import orjson
 import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
@@ -239,10 +240,14 @@ class KubeClient:
         body: Any = None,
         content_type: str = "application/json",
         timeout: float | None = None,
+        status: list[int] | None = None,
     ) -> KubeObject:
+        """One request; ``status``, when given, is told the HTTP status of a successful answer
+        (201 tells a create from an update)."""
         headers = {"Content-Type": content_type} if body is not None else {}
         url, headers = self._prepare(method, path, query, headers)
-        payload = None if body is None else (body if isinstance(body, bytes) else json.dumps(body).encode())
+        # orjson: several times faster than the standard library both ways, on every request.
+        payload = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
         budget = timeout or self._timeout
         deadline = time.monotonic() + budget
         if self._epoch != self._health.epoch:
@@ -275,9 +280,11 @@ class KubeClient:
             log.debug("%s %s: %s (Retry-After %s); retrying in %.1fs", method, path, failed.status,
                       "none" if failed.retry_after is None else f"{failed.retry_after:g}s", wait)
             time.sleep(wait)
+        if status is not None:
+            status.append(response.status)
         if not data:
             return {}
-        parsed: KubeObject = json.loads(data)
+        parsed: KubeObject = orjson.loads(data)
         return parsed
 
     def stream(
@@ -304,7 +311,7 @@ class KubeClient:
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     if line.strip():
-                        yield json.loads(line)
+                        yield orjson.loads(line)
         finally:
             response.release_conn()
 
@@ -329,6 +336,11 @@ class KubeClient:
     def server(self) -> str:
         return str(self._api.configuration.host)
 
+    @property
+    def cluster(self) -> ClusterKey:
+        """The cluster this client talks to (``LOCAL`` or a remote's key)."""
+        return self._cluster_key
+
     def close(self) -> None:
         self._api.close()  # type: ignore[no-untyped-call]
 
@@ -338,13 +350,14 @@ class KubeClient:
         return self.request("GET", path)
 
     def apply(self, path: str, obj: KubeObject, *, field_manager: str, force: bool = True,
-              dry_run: bool = False) -> KubeObject:
-        """Server-side apply ``obj`` at ``path`` (the object's own URL)."""
+              dry_run: bool = False, status: list[int] | None = None) -> KubeObject:
+        """Server-side apply ``obj`` at ``path`` (the object's own URL); ``status`` hears 201 when
+        the apply created the object."""
         query: dict[str, QueryValue] = {"fieldManager": field_manager, "force": force}
         if dry_run:
             query["dryRun"] = "All"
         return self.request("PATCH", path, query=query, body=obj,
-                            content_type="application/apply-patch+yaml")
+                            content_type="application/apply-patch+yaml", status=status)
 
     def delete(self, path: str, *, propagation: str = "Background", dry_run: bool = False) -> KubeObject:
         query: dict[str, QueryValue] = {"propagationPolicy": propagation}

@@ -53,12 +53,13 @@ class Reflector:
 
     def __init__(self, *, client: KubeClient, resource: Resource, namespace: str | None,
                  handler: Handler, stop: threading.Event, resync: float = DEFAULT_RESYNC,
-                 rng: random.Random | None = None, field_selector: str | None = None):
+                 rng: random.Random | None = None, label_selector: str = "", field_selector: str = ""):
         self._client = client
         self._resource = resource
         self._namespace = namespace
-        self._selector: dict[str, str | int | bool] = (
-            {"fieldSelector": field_selector} if field_selector else {})
+        # Scoped by the server (never filtered here): only matching objects are sent at all.
+        self._selectors: dict[str, str | int | bool] = {
+            k: v for k, v in (("labelSelector", label_selector), ("fieldSelector", field_selector)) if v}
         self._handler = handler
         self._stop = stop
         self._resync = resync
@@ -74,25 +75,29 @@ class Reflector:
         return self._resource.collection_path(self._namespace)
 
     def _list(self) -> str:
+        """List everything (page by page, each page handed over as it comes: thousands of objects
+        are never all parsed at once), then tell what vanished since the last list."""
         self.lists += 1
-        listing = self._client.request("GET", self._path(), query={"limit": 500, **self._selector})
-        items = list(listing.get("items", []))
-        while listing.get("metadata", {}).get("continue"):
-            listing = self._client.request(
-                "GET", self._path(),
-                query={"limit": 500, "continue": listing["metadata"]["continue"], **self._selector}
-            )
-            items.extend(listing.get("items", []))
-        for item in items:
-            item.setdefault("apiVersion", self._resource.api_version)
-            item.setdefault("kind", self._resource.kind)
-        fresh = {object_key(item) for item in items}
+        fresh: set[tuple[str, str]] = set()
+        query: dict[str, str | int | bool] = {"limit": 500, **self._selectors}
+        while True:
+            listing = self._client.request("GET", self._path(), query=query)
+            items = listing.get("items") or []
+            for item in items:
+                item.setdefault("apiVersion", self._resource.api_version)
+                item.setdefault("kind", self._resource.kind)
+                fresh.add(object_key(item))
+            for item in items:
+                self._handler("ADDED", item)
+            del items
+            token = (listing.get("metadata") or {}).get("continue")
+            if not token:
+                break
+            query = {**query, "continue": str(token)}
         for namespace, name in sorted(self._known - fresh):
             self._handler("DELETED", {"apiVersion": self._resource.api_version, "kind": self._resource.kind,
                                       "metadata": {"namespace": namespace, "name": name}})
         self._known = fresh
-        for item in items:
-            self._handler("ADDED", item)
         return str(listing.get("metadata", {}).get("resourceVersion", ""))
 
     def _watch(self, resource_version: str, *, until: float) -> str:
@@ -100,7 +105,7 @@ class Reflector:
         seconds = max(1, int(until - time.monotonic()))
         query: dict[str, str | int | bool] = {
             "watch": True, "resourceVersion": resource_version, "allowWatchBookmarks": True,
-            "timeoutSeconds": seconds, **self._selector}
+            "timeoutSeconds": seconds, **self._selectors}
         # The read timeout is per read: a healthy watch is ended by the server at ``seconds``; one
         # silent for longer than that (plus grace) is a dead connection.
         for line in self._client.stream(self._path(), query=query, timeout=seconds + _GRACE):

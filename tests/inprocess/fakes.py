@@ -142,6 +142,13 @@ class FakeCluster:
         with self._lock:
             return self._store(self._path_of(obj), copy.deepcopy(obj), event="ADDED")
 
+    def edit(self, path: str, change: Callable[[KubeObject], None]) -> KubeObject:
+        """Change a stored object as a hand edit would (a new resourceVersion, a watch event)."""
+        with self._lock:
+            obj = copy.deepcopy(self.objects[path])
+            change(obj)
+            return self._store(path, obj, event="MODIFIED")
+
     def get(self, path: str) -> KubeObject | None:
         with self._lock:
             found = self.objects.get(path)
@@ -398,11 +405,19 @@ class FakeKubeClient(KubeClient):
         return self.identity.user or CONTROLLER
 
     def request(self, method: str, path: str, *, query: Mapping[str, QueryValue] | None = None,
-                body: Any = None, content_type: str = "application/json", timeout: float | None = None
-                ) -> KubeObject:
+                body: Any = None, content_type: str = "application/json", timeout: float | None = None,
+                status: list[int] | None = None) -> KubeObject:
         del timeout  # the fake answers at once
-        return self._cluster.handle(user=self.user, method=method, path=path, query=query, body=body,
-                                    content_type=content_type)
+        existed = status is not None and self._cluster.get(path) is not None
+        answer = self._cluster.handle(user=self.user, method=method, path=path, query=query, body=body,
+                                      content_type=content_type)
+        if status is not None:
+            status.append(200 if existed or method != "PATCH" else 201)
+        return answer
+
+    @property
+    def cluster(self) -> ClusterKey:
+        return ClusterKey(self._cluster.name)
 
     def stream(self, path: str, *, query: Mapping[str, QueryValue], timeout: float) -> Iterator[KubeObject]:
         del timeout

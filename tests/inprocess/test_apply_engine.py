@@ -61,7 +61,7 @@ def test_one_action_per_object_across_passes() -> None:
     assert actions(second) == {"a": (Action.UNCHANGED, False), "b": (Action.CONFIGURED, False)}
     assert second.changes.writes == 1
 
-    cluster.objects[f"/api/v1/namespaces/{NS}/configmaps/a"]["data"] = {"k": "by hand"}
+    cluster.edit(f"/api/v1/namespaces/{NS}/configmaps/a", lambda o: o.update(data={"k": "by hand"}))
     cluster.remove(f"/api/v1/namespaces/{NS}/configmaps/b")
     third = apply([cm("a"), cm("b", "new")], second)
     assert actions(third) == {"a": (Action.CONFIGURED, True), "b": (Action.CREATED, True)}

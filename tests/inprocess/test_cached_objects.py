@@ -4,6 +4,7 @@ watch and the next reconcile, and read-only (as in controller-runtime and kopf).
 from __future__ import annotations
 
 import copy
+import json
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -132,8 +133,12 @@ def test_the_managers_cache_is_never_changed_by_the_reconciles_it_feeds(world: W
     world.roll_out("web")
     eventually(lambda: is_ready(world, "shop"), what="StageSet Ready")
     stored = manager._objects.stored  # type: ignore[attr-defined]
-    kinds = {obj.get("kind") for obj, _ in stored}
+    # The cache holds each object as JSON bytes: immutable, so no reconcile can change it (each
+    # gets a copy parsed from them).
+    assert all(isinstance(raw, bytes) for raw, _ in stored)
+    parsed = [json.loads(raw) for raw, _ in stored]
+    kinds = {obj.get("kind") for obj in parsed}
     assert kinds == {"StageSet", "GitRepository"}  # the evidence: both kinds went through the cache
-    assert len([o for o, _ in stored if o.get("kind") == "StageSet"]) >= 4
-    changed = [obj["metadata"]["name"] for obj, copied in stored if obj != copied]
+    assert len([o for o in parsed if o.get("kind") == "StageSet"]) >= 4
+    changed = [json.loads(raw)["metadata"]["name"] for raw, copied in stored if raw != copied]
     assert changed == [], "a reconcile changed an object in the watch cache"

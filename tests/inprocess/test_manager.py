@@ -185,7 +185,7 @@ def test_a_lagging_watch_does_not_make_passes_rewrite_the_status_they_already_wr
     # Events of a pass's first writes arrive while it waits (0.3 s); its last one arrives only
     # after the next pass (0.05 s later) has begun.
     world.cluster.watch_lag = 0.2
-    running(readiness_slice=0.3)
+    running(readiness_slice=0.3, max_readiness_watches=0)  # polled re-checks, one after another
     eventually(lambda: world.ready("shop").get("message", "").startswith("waiting for readiness"),
                what="the first pass concluded: web waits")
     status = f"{stageset_path('shop')}/status"
@@ -198,3 +198,33 @@ def test_a_lagging_watch_does_not_make_passes_rewrite_the_status_they_already_wr
     writes = [r.path for r in window if r.user == CONTROLLER and r.path == status and r.verb != "get"]
     assert writes == [], "nothing changed, yet the status was written again"
     assert world.phases("shop") == {"config": "Ready", "web": "Waiting"}
+
+
+def test_a_waiting_stage_is_woken_by_a_watch_as_the_tenant_and_reads_nothing_meanwhile(
+    world: World, running: Callable[..., Manager]
+) -> None:
+    world.commit({"web/d.json": deployment("web")})
+    world.stageset("shop", [{"name": "web", "path": "./web"}])
+    # Re-checks only every 10 minutes: reaching Ready soon can only be the watch's doing.
+    manager = running(readiness_slice=0.3, readiness_requeue=600.0, watched_requeue=600.0)
+    eventually(lambda: world.phases("shop") == {"web": "Waiting"}, what="web Waiting")
+    deployments = f"/apis/apps/v1/namespaces/{NS}/deployments"
+    eventually(lambda: [r for r in world.cluster.requests
+                        if r.verb == "watch" and r.path.startswith(deployments)],
+               what="a watch of the Deployments")
+    time.sleep(0.5)  # the first pass's wait is over
+    start = len(world.cluster.requests)
+    time.sleep(1.5)
+    # (The fake ends a quiet watch after half a second, so it is opened again meanwhile; a real
+    # apiserver keeps it for its timeout.)
+    reads = [r for r in world.cluster.requests[start:] if r.user == TENANT and r.verb != "watch"]
+    assert reads == [], "no reads while nothing changes"
+    watches = [r for r in world.cluster.requests if r.verb == "watch" and r.path.startswith(deployments)]
+    # As the tenant, in its namespace, only the stage's own objects.
+    assert {r.user for r in watches} == {TENANT}
+    assert all(r.path.startswith(f"{deployments}?") and "labelSelector=stages.metio.wtf" in r.path
+               for r in watches), watches
+    world.roll_out("web")
+    eventually(lambda: is_ready(world, "shop"), timeout=5, what="Ready, woken by the watch")
+    assert manager.watches is not None
+    assert len(manager.watches) >= 1

@@ -26,10 +26,11 @@ def test_a_cold_apply_dry_runs_then_writes_as_the_tenant(world: World) -> None:
     assert world.ready("shop")["status"] == "True"
     assert result.requeue_after == 600.0  # spec.interval
     tenant = world.cluster.by(TENANT)
-    # The tenant reads its source, then dry-runs everything before the first real write.
+    # The tenant reads its source, then dry-runs everything before the first real write — but the
+    # first object it writes: b's dry-run showed it may write ConfigMaps there, and a's own write,
+    # made first, is a's check (had it failed, nothing would have been written).
     assert verbs(tenant) == [
         ("get", f"/apis/stages.metio.wtf/v1/namespaces/{NS}/gitrepositories/app", False),
-        ("apply", f"{CM}/a", True),
         ("apply", f"{CM}/b", True),
         ("apply", f"{CM}/a", False),
         ("apply", f"{CM}/b", False),
@@ -62,7 +63,14 @@ def test_a_quiet_pass_makes_no_writes_at_all(world: World) -> None:
     world.reconcile("shop")
 
     assert world.cluster.writes() == []
-    assert [r.dry_run for r in world.cluster.by(TENANT) if r.verb == "apply"] == [True]
+    # Nothing changed the object since it was applied (its resourceVersion says so): the source
+    # read, one dry-run per kind and namespace (may the tenant still write ConfigMaps there?),
+    # and one label-selected list, as the tenant.
+    assert verbs(world.cluster.by(TENANT)) == [
+        ("get", f"/apis/stages.metio.wtf/v1/namespaces/{NS}/gitrepositories/app", False),
+        ("apply", f"{CM}/a", True),
+        ("list", CM, False),
+    ]
     assert world.get("shop")["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
 
 
@@ -137,7 +145,8 @@ def test_prune_runs_only_after_every_stage_is_ready(world: World) -> None:
     assert world.ready("shop")["status"] == "True"
     deletes = [(i, r) for i, r in enumerate(world.cluster.requests) if r.verb == "delete"]
     assert [(r.user, r.path) for _, r in deletes] == [(TENANT, f"{CM}/old")]
-    last_apply = max(i for i, r in enumerate(world.cluster.requests) if r.verb == "apply")
+    # Applied, or found unchanged by a list: either way before prune.
+    last_apply = max(i for i, r in enumerate(world.cluster.requests) if r.verb in ("apply", "list"))
     assert deletes[0][0] > last_apply, "prune runs after every stage was applied"
     assert world.configmap("old") is None
     tracked = [e["id"] for i in world.get("shop")["status"]["inventory"] for e in i["entries"]]
@@ -355,8 +364,7 @@ def test_a_drifted_object_is_restored_and_reported(world: World) -> None:
     world.commit({"app/cm.json": configmap("edited", "git")})
     world.stageset("shop", [{"name": "app", "path": "./app"}])
     world.reconcile("shop")
-    with world.cluster._lock:
-        world.cluster.objects[f"{CM}/edited"]["data"] = {"k": "by hand"}
+    world.cluster.edit(f"{CM}/edited", lambda o: o.update(data={"k": "by hand"}))
     world.reconcile("shop")
     assert world.configmap("edited")["data"] == {"k": "git"}  # type: ignore[index]
     events = [o for p, o in world.cluster.objects.items() if "/events/" in p and o["type"] == "Warning"]
@@ -534,3 +542,43 @@ def test_a_stageset_without_interval_runs_at_the_default_interval(world: World) 
     assert world.reconcile("shop").requeue_after == 90.0
     world.stageset("shop", [{"name": "app", "path": "./app"}], interval="45s")
     assert world.reconcile("shop").requeue_after == 45.0
+
+
+def test_a_tenant_that_may_not_list_gets_the_dry_run_path_in_warm_passes(world: World) -> None:
+    world.cluster.grants.clear()
+    world.cluster.grant_namespace(TENANT, NS, "get,create,apply,patch,delete")
+    world.commit({"app/a.json": configmap("a"), "app/b.json": configmap("b")})
+    world.stageset("shop", [{"name": "app", "path": "./app"}])
+    world.reconcile("shop")
+    assert world.ready("shop")["status"] == "True"
+    world.cluster.clear()
+    world.clock.advance(600)
+
+    world.reconcile("shop")
+
+    assert world.cluster.writes() == []
+    tenant = verbs(world.cluster.by(TENANT))
+    assert tenant[:3] == [
+        ("get", f"/apis/stages.metio.wtf/v1/namespaces/{NS}/gitrepositories/app", False),
+        ("apply", f"{CM}/a", True),
+        ("list", CM, False),  # denied: nothing is assumed unchanged
+    ]
+    assert sorted(tenant[3:]) == [  # each object read and dry-run (in parallel), as before
+        ("apply", f"{CM}/a", True), ("apply", f"{CM}/b", True), ("get", f"{CM}/a", False),
+        ("get", f"{CM}/b", False)]
+
+
+def test_rights_taken_away_are_denied_at_the_next_pass_though_nothing_changed(world: World) -> None:
+    world.commit({"app/a.json": configmap("a")})
+    world.stageset("shop", [{"name": "app", "path": "./app"}])
+    world.reconcile("shop")
+    assert world.ready("shop")["status"] == "True"
+    world.cluster.grants.clear()
+    world.cluster.grant_namespace(TENANT, NS, "get,list,watch")  # view: may still list
+    world.cluster.clear()
+    world.clock.advance(600)
+
+    world.reconcile("shop")
+
+    assert world.ready("shop")["reason"] == "RBACDenied"
+    assert [r for r in world.cluster.by(TENANT) if r.write] == []

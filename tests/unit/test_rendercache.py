@@ -170,3 +170,35 @@ def test_builds_run_at_most_max_builds_at_once(monkeypatch: pytest.MonkeyPatch) 
             thread.join()
         assert cache.builds == 8
         assert peak == expected, (bound, peak)
+
+
+def path_reader(repo: Repo, commit: str, path: str, reads: list[str]) -> Callable[[], SourceRoot]:
+    """The files under ``path`` only, keys relative to it (as ``MirrorStore.read_tree(path=...)``)."""
+    prefix = path.strip("./") + "/"
+
+    def read() -> SourceRoot:
+        reads.append(path)
+        return SourceRoot(files={p[len(prefix):]: c for p, c in repo.commits[commit].items()
+                                 if p.startswith(prefix)})
+    return read
+
+
+@pytest.mark.parametrize(("files", "whole_root"), [
+    ({"team-a/app.yaml": CM % ("a", "1"), "team-b/app.yaml": CM % ("b", "1")}, False),
+    # A kustomization under the path may load anything of the root: the root is read.
+    ({"team-a/app.yaml": CM % ("a", "1"), "team-a/kustomization.yaml": "resources: [app.yaml]\n"}, True),
+])
+def test_a_plain_path_reads_only_its_own_directory(files: dict[str, str], whole_root: bool) -> None:
+    cache, repo, reads = RenderCache(), Repo(), []
+    c1 = repo.commit("c1", files)
+    objects = render_stage(cache, url=URL, commit=c1, ignore=None, path="./team-a", variables=None,
+                           read_tree=repo.reader(c1), limits=BuildLimits(),
+                           read_path=path_reader(repo, c1, "./team-a", reads))
+    assert [o["metadata"]["name"] for o in objects] == ["a"]
+    assert reads == ["./team-a"]
+    assert repo.reads == (1 if whole_root else 0)
+    # The same build either way: the render key is the whole root's.
+    whole = RenderCache()
+    render_stage(whole, url=URL, commit=c1, ignore=None, path="./team-a", variables=None,
+                 read_tree=repo.reader(c1), limits=BuildLimits())
+    assert whole.get(next(iter(whole._sources.values()))) == objects

@@ -122,6 +122,7 @@ def test_conditions_summarize_from_where_the_reconcile_began() -> None:
     writer, client, _, _ = writers(stageset(ready_true()))
     progress = Progress.start(parse_stageset(), Previous.from_status(writer.status, generation=2))
     writer.announce(progress, "applying stages")
+    writer.show(progress)  # the announcement is written with the first progress shown
     assert condition(client, "Ready")["status"] == "Unknown"
     writer.conclude(ready=True, reason=Reason.SUCCEEDED, message="applied")
     assert condition(client, "Ready")["lastTransitionTime"] == "2029-01-01T00:00:00Z"
@@ -164,7 +165,8 @@ def test_waiting_is_shown_at_once_and_its_messages_throttled(case: str, before: 
     writer, client, _, _ = writers(stageset(), ticks=ticks)
     progress = Progress.start(parse_stageset(), Previous.from_status(writer.status, generation=2))
     progress = progress.with_outcome(StageOutcome("app", before, message="0/3 ready"))
-    writer.announce(progress, "applying stages")  # the last write: now
+    writer.announce(progress, "applying stages")
+    writer.show(progress)  # the last write: now
     count = len(client.writes())
     ticks.now += seconds
     was = progress.outcomes["app"]
@@ -235,3 +237,31 @@ def test_inventory_writes_what_teardown_left() -> None:
     writer, client, _, _ = writers(stageset({"inventory": [{"name": "app", "entries": []}]}))
     writer.inventory([StageInventory(name="web")])
     assert client.objects[PATH]["status"]["inventory"] == [{"name": "web", "entries": []}]
+
+
+def test_a_pass_that_shows_no_progress_writes_its_status_once() -> None:
+    writer, client, _, _ = writers(stageset())
+    progress = Progress.start(parse_stageset(), Previous.from_status(writer.status, generation=2))
+    writer.finalizer(present=True, deferred=True)
+    writer.announce(progress, "applying stages")
+    assert client.writes() == [], "both wait for the pass's first write"
+    writer.record(Record({"app": StageRecord("deployer")}), before_apply=True)
+    [(_, path, patch)] = client.writes()
+    # One optimistic patch before anything is applied: the finalizer and the record.
+    assert path == PATH
+    assert patch["metadata"]["finalizers"] == ["stages.metio.wtf/teardown"]
+    assert patch["metadata"]["resourceVersion"] == "100"
+    assert ANNOTATION in patch["metadata"]["annotations"]
+    assert writer.obj["metadata"]["finalizers"] == ["stages.metio.wtf/teardown"]
+    writer.conclude(ready=True, reason=Reason.SUCCEEDED, message="applied")
+    assert [p for _, p, _ in client.writes()] == [PATH, PATH + "/status"]
+    assert condition(client, "Ready")["status"] == "True"
+
+
+def test_a_finalizer_due_is_written_before_a_conclusion_that_applied_nothing() -> None:
+    writer, client, _, _ = writers(stageset())
+    writer.finalizer(present=True, deferred=True)
+    writer.conclude(ready=False, reason=Reason.RBAC_DENIED, message="denied")
+    [(_, first, patch), (_, second, _)] = client.writes()
+    assert (first, second) == (PATH, PATH + "/status")
+    assert patch["metadata"]["finalizers"] == ["stages.metio.wtf/teardown"]

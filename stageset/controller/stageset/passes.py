@@ -137,7 +137,13 @@ class PassRunner:
             one.writer.conclude(ready=False, reason=Reason.INVALID_SPEC, message=clash, stalled=True,
                                 status=shown(one.writer.status, one.progress))
             return Result()
-        self._recover(one, rendered)
+        try:
+            self._recover(one, rendered)
+        except StageError as error:  # the finalizer could not be added: the object changed
+            failure = plan.before_stages(error.reason, retry=one.retry)
+            one.writer.conclude(ready=False, reason=error.reason, message=error.message,
+                                stalled=failure.stalled, status=shown(one.writer.status, one.progress))
+            return Result(requeue_after=failure.requeue_after)
         previous, stages = one.progress.previous, len(one.stageset.spec.stages)
         revisions = {n: r.revision for n, r in rendered.items()}
         one.writer.quiet = plan.quiet(previous, revisions, stages=stages)
@@ -149,7 +155,8 @@ class PassRunner:
         self._apply_all(one, graph, rendered, rechecks=rechecks)
         outcomes = [one.progress.outcomes[n] for n in one.progress.order]
         base = plan.verdict(outcomes, interval=interval, retry=one.retry,
-                            readiness_requeue=self._settings.readiness_requeue)
+                            readiness_requeue=self._settings.readiness_requeue,
+                            watched_requeue=self._settings.watched_requeue)
         verdict = steering.verdict(base, outcomes, steering=one.steering, now=self._release.now(),
                                    interval=interval)
         if one.partial:
@@ -187,7 +194,7 @@ class PassRunner:
         one.writer.record(found.record)
         one.partial = found.problem
         one.progress = one.progress.recovered(found.inventories)
-        one.writer.record(records.grown(one.writer.obj, wanted))
+        one.writer.record(records.grown(one.writer.obj, wanted), before_apply=True)
 
     def _apply_all(self, one: _Pass, graph: nx.DiGraph, rendered: dict[str, Rendered], *,
                    rechecks: set[str]) -> None:

@@ -66,6 +66,8 @@ class StageOutcome:
     """The stage's promotion gate (:mod:`~stageset.controller.stageset.gates`)."""
     promotion_token: str | None = None
     """The promote token last acted on for this stage (kept whatever else changes)."""
+    watched: bool = False
+    """Waiting, and every object it waits for is watched: a change wakes the StageSet (not shown)."""
 
     @classmethod
     def carried(cls, name: str, before: StageStatus | None) -> StageOutcome:
@@ -226,7 +228,9 @@ def applied_revision(outcomes: Iterable[StageOutcome]) -> str:
 
 
 def verdict(outcomes: Sequence[StageOutcome], *, interval: float, retry: float,
-            readiness_requeue: float) -> Verdict:
+            readiness_requeue: float, watched_requeue: float | None = None) -> Verdict:
+    """``watched_requeue``: when every waiting stage is watched (woken by the next change), look
+    again only this often instead of every ``readiness_requeue``."""
     if all(o.phase is StagePhase.READY for o in outcomes):
         revision = applied_revision(outcomes)
         return Verdict(True, Reason.SUCCEEDED, f"applied {len(outcomes)} stage(s) at {revision}",
@@ -236,8 +240,9 @@ def verdict(outcomes: Sequence[StageOutcome], *, interval: float, retry: float,
     if waiting and not failures:
         # Not a failure: stages are within their timeout.  Look again shortly.
         message = "; ".join(f"stage {o.name!r}: {o.message}" for o in waiting)
+        watched = watched_requeue is not None and all(o.watched for o in waiting)
         return Verdict(None, Reason.PROGRESSING, f"waiting for readiness: {message}",
-                       requeue_after=readiness_requeue)
+                       requeue_after=watched_requeue if watched else readiness_requeue)
     failures.sort(key=lambda o: REASON_PRIORITY.index(o.reason) if o.reason in REASON_PRIORITY
                   else len(REASON_PRIORITY))
     worst = failures[0] if failures else StageOutcome("", StagePhase.PENDING, Reason.STAGE_FAILED,

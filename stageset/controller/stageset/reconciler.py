@@ -119,8 +119,9 @@ class StageSetReconciler:
         return PassWriter(status=status, client=admin, resource=self._resource, ticks=self._ticks)
 
     def _prepare(self, writer: PassWriter, stageset: StageSet) -> tuple[nx.DiGraph, Target]:
-        """Finalizer, stage graph, dependencies and target cluster; raises :class:`StageError`."""
-        writer.finalizer(present=True)
+        """Finalizer, stage graph, dependencies and target cluster; raises :class:`StageError`.
+        The finalizer is written with the first write of the pass (before anything is applied)."""
+        writer.finalizer(present=True, deferred=True)
         try:
             graph = stage_graph(plan.stage_nodes(stageset))
         except OrderingError as error:

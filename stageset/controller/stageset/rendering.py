@@ -150,11 +150,19 @@ class Renderer:
                                           consumer=source.consumer, unreadable=unreadable)
             return SourceRoot(files=files, unreadable=unreadable)
 
+        def read_path() -> SourceRoot:
+            # Only the stage's own directory: enough for a plain path (no kustomization).
+            unreadable: dict[str, str] = {}
+            files = self._store.read_tree(url, commit=commit, path=stage.path, ignore=ignore,
+                                          consumer=source.consumer, unreadable=unreadable)
+            return SourceRoot(files=files, unreadable=unreadable)
+
         try:
             with build_failures(stage):
                 objects = render_stage(self._cache, url=url, commit=commit, ignore=ignore, path=stage.path,
                                        variables=variables, read_tree=read_root, limits=self._limits,
-                                       patches=kustomize_patches(stage), decryption=decryption)
+                                       patches=kustomize_patches(stage), decryption=decryption,
+                                       read_path=read_path)
         except RefNotFoundError as error:
             # Not in this controller's mirror (yet): the GitRepository will fetch it.  A recorded
             # revision is not fetched again: it is gone.

@@ -2,7 +2,8 @@
 
 Identity: every request goes through the client for the stage's identity on the stage's
 target cluster (the tenant's ServiceAccount, impersonated; the controller itself only in
-single-tenant mode).  ``readyChecks.checks`` are read as the same identity.  After a denial,
+single-tenant mode).  ``readyChecks.checks`` are read as the same identity, and so are the
+watches a waiting stage opens (:mod:`stageset.kube.watches`, through the engine).  After a denial,
 whether the ServiceAccount exists is asked as :class:`~stageset.controller.stageset.reads.AccountCheck`
 says.
 
@@ -28,7 +29,7 @@ from stageset.api import InventoryEntry, Stage, StageInventory, StageSet, durati
 from stageset.api.vocabulary import Reason, StagePhase
 from stageset.apply.cel import CelSandbox
 from stageset.apply.conflicts import ConflictResolver
-from stageset.apply.engine import StageResult
+from stageset.apply.engine import StageResult, WatchSource
 from stageset.apply.errors import StageError
 from stageset.apply.health import HealthChecks, rules_of
 from stageset.apply.inventory import ObjectId, by_id
@@ -44,6 +45,9 @@ from stageset.kube.client import ApiError, ClientPool, KubeClient
 from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
+
+Wake = Callable[[str, str], None]
+"""Queue a reconcile of the StageSet ``(namespace, name)``."""
 
 
 @dataclass(frozen=True)
@@ -63,13 +67,17 @@ class StageRun:
 
 class StageApply:
     def __init__(self, *, clients: ClientPool, clock: Clock, readiness_slice: float, stop: threading.Event,
-                 sandbox: CelSandbox | None = None, accounts: AccountCheck | None = None):
+                 sandbox: CelSandbox | None = None, accounts: AccountCheck | None = None,
+                 watches: WatchSource | None = None, wake: Wake | None = None, watched_requeue: float = 30.0):
         self._clients = clients
         self._clock = clock
         self._slice = readiness_slice
         self._stop = stop
         self._sandbox = sandbox or CelSandbox()
         self._accounts = accounts
+        self._watches = watches
+        self._wake = wake
+        self._watched_requeue = watched_requeue
 
     def _failed(self, stage: Stage, error: StageError, client: KubeClient) -> StageOutcome:
         """The stage failed: its name first, and for a denial whether the ServiceAccount exists."""
@@ -133,15 +141,26 @@ class StageApply:
         # disableWait drops the kstatus wait for the applied objects, not their expressions (as in
         # the reference); ``checks`` are always waited for.
         waited = [o for o in result.objects if _waits_for_applied(stage) or health.gates(o.manifest)]
+        name = str(run.stageset.metadata["name"])
+        wake = self._wake
+        # While it waits, a change to what it waits for wakes the StageSet (its next pass re-checks).
+        woken = None if wake is None else \
+            (("stage", namespace, name, stage.name), lambda: wake(namespace, name))
         try:
             readiness = applier.wait_ready(client=client, applied=waited, references=checks,
                                            default_namespace=namespace, timeout=window.wait,
-                                           stop=self._stop, progress=progress,
-                                           health=health) if waited or checks else None
+                                           stop=self._stop, progress=progress, health=health,
+                                           watches=self._watches, wake=woken) if waited or checks else None
         except StageError as error:
             return self._failed(stage, error, client), result
-        return judge_readiness(applied, window=window, now=self._clock(), readiness=readiness,
-                               on_timeout=on_timeout(run.stageset, stage)), result
+        judged = judge_readiness(applied, window=window, now=self._clock(), readiness=readiness,
+                                 on_timeout=on_timeout(run.stageset, stage))
+        # Woken by the watch, and looked at again after watched_requeue at the latest — unless the
+        # timeout comes sooner: then as often as before, so a hold is reported on time.
+        left = window.timeout - (self._clock() - window.started).total_seconds()
+        if readiness is not None and readiness.watched and left > self._watched_requeue:
+            judged = replace(judged, watched=True)
+        return judged, result
 
 
 def _waits_for_applied(stage: Stage) -> bool:

@@ -103,7 +103,8 @@ class Targets:
                 raise StageError(Reason.INVALID_SPEC, f"spec.kubeConfig: {error}") from error
             self._clients.register(cluster, remote.configuration)
             discovery = self._clients.client(Identity(), cluster)
-            target = Target(cluster, StageApplier(mapper=RestMapper(discovery), settings=self._settings),
+            target = Target(cluster, StageApplier(mapper=RestMapper(discovery), settings=self._settings,
+                                                  versions=self.local.applier.versions),
                             server=remote.server)
             self._remotes[cluster] = target
             while len(self._remotes) > self._capacity:

@@ -5,13 +5,17 @@ annotation are the only parts of a StageSet its ClusterRole may write.
 
 What a reconcile writes, in the order a pass does:
 
-1. :meth:`PassWriter.finalizer` — present before anything is applied; removed at the end of a
-   teardown (an optimistic JSON patch that tests the resourceVersion);
+1. :meth:`PassWriter.finalizer` — present before anything is applied: a pass asks for it first and
+   it is written with the record before the first apply (one optimistic merge patch that carries
+   the resourceVersion), or, when no stage gets that far, before the conclusion; removed at the
+   end of a teardown (an optimistic JSON patch that tests the resourceVersion);
 2. :meth:`PassWriter.record` — the inventory record: covering what the stages are about to apply
    (before they apply it), rebuilt when status lost the inventory, settled to what is still owned
    after a complete prune; skipped when the annotation already says so;
 3. :meth:`PassWriter.announce` — a pass begins: Ready=Unknown "applying stages" (never in a quiet
-   pass, nor when a pass is already visibly in progress: :func:`plan.announce`);
+   pass, nor when a pass is already visibly in progress: :func:`plan.announce`), written with the
+   first progress the pass shows — a pass that ends without showing any says it only once, in
+   its conclusion (status writes are the costliest requests of a pass);
 4. :meth:`PassWriter.show` — the stages and the merged inventory as they stand, after each stage
    that finishes while more remain (never in a quiet pass: :func:`plan.quiet`);
 5. :meth:`PassWriter.waiting` — a stage waits for readiness: its phase at once, a new message at
@@ -31,11 +35,15 @@ the pass through the scheduler).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
+from typing import Any
 
 from stageset.api import StageInventory, StageSetStatus
 from stageset.api.vocabulary import Reason
+from stageset.apply.errors import StageError
+from stageset.apply.ownership import FINALIZER
 from stageset.apply.record import ANNOTATION, Record
 from stageset.controller.finalizers import set_finalizer
 from stageset.controller.stageset.plan import StageOutcome
@@ -58,6 +66,10 @@ class PassWriter:
         self._published = 0.0
         self.quiet = False
         """A routine pass over a Ready StageSet: nothing is written until its conclusion."""
+        self._finalizer_due = False
+        """Asked for and not written yet: written with the record before the first apply."""
+        self._announced: str | None = None
+        """An announcement not written yet: written with the first progress shown."""
 
     @property
     def obj(self) -> KubeObject:
@@ -73,50 +85,75 @@ class PassWriter:
 
     # -- the object: finalizer and record ---------------------------------------------------
 
-    def finalizer(self, *, present: bool) -> None:
-        """Add or remove our finalizer; :class:`StageError` when the object changed meanwhile."""
+    def finalizer(self, *, present: bool, deferred: bool = False) -> None:
+        """Add or remove our finalizer; :class:`StageError` when the object changed meanwhile.
+        ``deferred`` (a pass adding it): written with the record before the first apply, or before
+        the conclusion (:meth:`record`, :meth:`conclude`), whichever comes first."""
+        if deferred and present:
+            self._finalizer_due = FINALIZER not in (metadata(self.obj).get("finalizers") or [])
+            return
         written = set_finalizer(self._client, resource=self._resource, obj=self.obj, present=present)
         if written is not None:
             self._status.wrote(written)
 
-    def record(self, record: Record | None) -> None:
-        """The inventory record annotation (``None``: nothing to record now)."""
-        if record is None:
-            return
-        value = record.encode() if record.stages or record.rebuild else None
+    def record(self, record: Record | None, *, before_apply: bool = False) -> None:
+        """The inventory record annotation (``None``: nothing to record now).  ``before_apply``: the
+        last write before the stages apply, which carries the finalizer if it is still due."""
+        due = self._finalizer_due and before_apply
+        value = record.encode() if record is not None and (record.stages or record.rebuild) else None
         meta = metadata(self.obj)
         annotations = dict(meta.get("annotations") or {})
-        if annotations.get(ANNOTATION) == value:
+        changes = record is not None and annotations.get(ANNOTATION) != value
+        if not changes and not due:
             return
+        body: dict[str, Any] = {"annotations": {ANNOTATION: value}} if changes else {}
+        finalizers = list(meta.get("finalizers") or [])
+        if due:
+            # Optimistic, as the finalizer's own patch is: the resourceVersion must still be ours.
+            finalizers.append(FINALIZER)
+            body.update(finalizers=finalizers, resourceVersion=meta.get("resourceVersion"))
         path = self._resource.object_path(name=meta["name"], namespace=meta.get("namespace"))
         try:
             written = self._client.request("PATCH", path, content_type="application/merge-patch+json",
-                                           body={"metadata": {"annotations": {ANNOTATION: value}}})
+                                           body={"metadata": body})
         except ApiError as error:
+            if due and (error.conflict or error.not_found):
+                self._finalizer_due = False
+                raise StageError(Reason.PROGRESSING, "object changed while updating finalizers; "
+                                 "retrying") from error
             if error.not_found:
                 return
             raise
-        if value is None:
-            annotations.pop(ANNOTATION, None)
-        else:
-            annotations[ANNOTATION] = value
-        self._status.wrote(with_version(self.obj, written, annotations=annotations))
+        self._finalizer_due = False
+        if changes:
+            if value is None:
+                annotations.pop(ANNOTATION, None)
+            else:
+                annotations[ANNOTATION] = value
+        extra = {"finalizers": finalizers} if due else {}
+        self._status.wrote(with_version(self.obj, written, annotations=annotations, **extra))
 
     # -- status while a pass runs -------------------------------------------------------------
 
     def announce(self, progress: Progress, message: str) -> None:
-        """A pass begins: Ready=Unknown with ``message`` (never in a quiet pass)."""
+        """A pass begins: Ready=Unknown with ``message`` (never in a quiet pass), shown with the
+        first progress the pass shows (:meth:`show`); a pass that shows none concludes without it."""
+        del progress  # what is shown is the progress at the first write
         if self.quiet:
             return
-        self._status.conclude(ready=None, reason=Reason.PROGRESSING, message=message,
-                              status=shown(self.status, progress))
-        self._published = self._ticks()
+        self._announced = message
 
     def show(self, progress: Progress) -> None:
         """Show the stages as they stand now (and the merged inventory so far) — never in a quiet
-        pass.  Conditions are left to :meth:`announce` and the conclusion, so a re-check pass
+        pass.  Conditions are left to the announcement and the conclusion, so a re-check pass
         whose stages did not change writes nothing."""
         if self.quiet:
+            return
+        if self._announced is not None:
+            message, self._announced = self._announced, None
+            self._status.conclude(ready=None, reason=Reason.PROGRESSING, message=message,
+                                  status=shown(self.status, progress))
+            self._published = self._ticks()
             return
         if self._status.write(shown(self.status, progress)):
             self._published = self._ticks()
@@ -141,5 +178,10 @@ class PassWriter:
 
     def conclude(self, *, ready: bool | None, reason: Reason, message: str, stalled: bool = False,
                  status: StageSetStatus | None = None) -> None:
-        """The reconcile's conditions (with ``status``: the status a pass ended with)."""
+        """The reconcile's conditions (with ``status``: the status a pass ended with).  A finalizer
+        still due is written first; if the object changed meanwhile, the next pass adds it."""
+        self._announced = None
+        if self._finalizer_due:
+            with contextlib.suppress(StageError):  # the object changed: its next reconcile adds it
+                self.record(None, before_apply=True)
         self._status.conclude(ready=ready, reason=reason, message=message, stalled=stalled, status=status)

@@ -1,0 +1,184 @@
+"""The per-object series (Flux's ``gotk_*`` kind), kept as plain numbers and exposed at scrape time.
+
+A labelled child of a prometheus_client metric is a full object with its own lock and value
+objects: the 25 or so series of one StageSet cost about 20 KiB that way, more than the StageSet
+itself in the watch cache, and memory must stay flat as StageSets grow into the thousands.
+:class:`ObjectSeries` keeps, per object, only the numbers (conditions as three words, phases
+and counts per stage, a histogram as a short list) and writes the same series, with the same
+names, help, types and labels, when ``/metrics`` is scraped (a custom collector).
+
+What each series means is :mod:`stageset.controller.metrics`' to say (and ``docs/operations.md``'s);
+their lifetimes are its rules: kept by :meth:`~stageset.controller.metrics.Metrics.observe`,
+removed by :meth:`~stageset.controller.metrics.Metrics.forget`.  Identity: none.  Thread-safe.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
+from prometheus_client.registry import Collector
+from prometheus_client.utils import floatToGoString
+
+from stageset.api.vocabulary import ConditionStatus, ConditionType, StagePhase
+
+ObjectKey = tuple[str, str, str]  # (kind, namespace, name)
+
+CONDITIONS = (ConditionType.READY, ConditionType.STALLED, ConditionType.RECONCILING)
+ACTIONS = ("created", "configured", "recreated", "unchanged")
+PRUNE_RESULTS = ("deleted", "failed")
+
+
+@dataclass
+class _Stage:
+    shown: bool = False  # in the StageSet's status now: its phase and objects are series
+    phase: str = ""
+    objects: int | None = None
+    applied: list[int] | None = None  # per ACTIONS, once a stage's apply was counted
+    drift: int | None = None
+
+
+@dataclass
+class _Object:
+    conditions: tuple[str | None, ...] = (None, None, None)  # per CONDITIONS
+    suspended: bool = False
+    stages: dict[str, _Stage] = field(default_factory=dict)
+    pruned: list[int] | None = None  # per PRUNE_RESULTS
+    durations: list[float] | None = None  # per bucket (not cumulative), then +Inf, then the sum
+
+
+class ObjectSeries(Collector):
+    def __init__(self, *, buckets: Sequence[float]):
+        self._buckets = tuple(buckets)
+        self._lock = threading.Lock()
+        self._objects: dict[ObjectKey, _Object] = {}
+
+    # -- updates (called by Metrics, under its rules) ----------------------------------------
+
+    def observe(self, key: ObjectKey, *, conditions: Mapping[str, str], suspended: bool,
+                stages: Iterable[tuple[str, str, int | None]] | None) -> None:
+        """The object as last seen; ``stages`` (StageSets): (name, phase, objects) of each stage in
+        status — a stage no longer there loses its series."""
+        with self._lock:
+            found = self._objects.setdefault(key, _Object())
+            found.conditions = tuple(conditions.get(c.value) for c in CONDITIONS)
+            found.suspended = suspended
+            if stages is None:
+                return
+            seen: dict[str, _Stage] = {}
+            for name, phase, objects in stages:
+                stage = found.stages.get(name) or _Stage()
+                stage.shown = True
+                stage.phase = phase
+                if objects is not None:
+                    stage.objects = objects
+                seen[name] = stage
+            # Counters of a stage gone from status stay until the StageSet goes (as before: only
+            # its phase and objects were removed); keep them, drop phase and objects.
+            for name, stage in found.stages.items():
+                if name not in seen and (stage.applied is not None or stage.drift is not None):
+                    seen[name] = _Stage(objects=stage.objects, applied=stage.applied, drift=stage.drift)
+            found.stages = seen
+
+    def forget(self, key: ObjectKey) -> None:
+        with self._lock:
+            self._objects.pop(key, None)
+
+    def alive(self, key: ObjectKey) -> bool:
+        with self._lock:
+            return key in self._objects
+
+    def applied(self, key: ObjectKey, stage: str, counts: Mapping[str, int], drifted: int) -> None:
+        with self._lock:
+            found = self._objects.get(key)
+            if found is None:
+                return
+            entry = found.stages.setdefault(stage, _Stage())
+            entry.applied = [(entry.applied[i] if entry.applied else 0) + counts.get(a, 0)
+                             for i, a in enumerate(ACTIONS)]
+            entry.drift = (entry.drift or 0) + drifted
+
+    def pruned(self, key: ObjectKey, *, deleted: int, failed: int) -> None:
+        with self._lock:
+            found = self._objects.get(key)
+            if found is None:
+                return
+            before = found.pruned or [0, 0]
+            found.pruned = [before[0] + deleted, before[1] + failed]
+
+    def duration(self, key: ObjectKey, seconds: float) -> None:
+        with self._lock:
+            found = self._objects.get(key)
+            if found is None:
+                return
+            if found.durations is None:
+                found.durations = [0.0] * (len(self._buckets) + 2)
+            found.durations[bisect.bisect_left(self._buckets, seconds)] += 1
+            found.durations[-1] += seconds
+
+    # -- the scrape --------------------------------------------------------------------------
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            objects = [(key, _snapshot(obj)) for key, obj in self._objects.items()]
+        duration = HistogramMetricFamily(
+            "stageset_reconcile_duration_seconds", "How long each object's reconciles took.",
+            labels=["kind", "namespace", "name"])
+        condition = GaugeMetricFamily(
+            "stageset_reconcile_condition", "1 for the status each condition of an object has now, 0 for "
+            "the others.", labels=["kind", "namespace", "name", "type", "status"])
+        suspended = GaugeMetricFamily("stageset_suspended", "1 while the object's spec.suspend is true.",
+                                      labels=["kind", "namespace", "name"])
+        phase = GaugeMetricFamily(
+            "stageset_stage_phase", "1 for the phase each stage of a StageSet is in now, 0 for the others.",
+            labels=["namespace", "name", "stage", "phase"])
+        stage_objects = GaugeMetricFamily("stageset_stage_objects", "Objects each stage applied last.",
+                                          labels=["namespace", "name", "stage"])
+        applied = CounterMetricFamily(
+            "stageset_objects_applied", "Objects a stage's apply handled, by what it did "
+            "(created, configured, recreated, unchanged).", labels=["namespace", "name", "stage", "action"])
+        pruned = CounterMetricFamily(
+            "stageset_objects_pruned", "Objects no longer in Git, by what prune did (deleted, failed).",
+            labels=["namespace", "name", "result"])
+        drift = CounterMetricFamily("stageset_drift_corrections", "Objects changed by someone else and "
+                                    "restored.", labels=["namespace", "name", "stage"])
+        for (kind, namespace, name), obj in objects:
+            for type_, current in zip(CONDITIONS, obj.conditions, strict=True):
+                for value in ConditionStatus:
+                    condition.add_metric([kind, namespace, name, type_.value, value.value],
+                                         1 if current == value.value else 0)
+            suspended.add_metric([kind, namespace, name], 1 if obj.suspended else 0)
+            if obj.durations is not None:
+                cumulative, buckets = 0.0, []
+                for bound, count in zip((*self._buckets, float("inf")), obj.durations[:-1], strict=True):
+                    cumulative += count
+                    buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
+                duration.add_metric([kind, namespace, name], buckets, obj.durations[-1])
+            for stage_name, stage in obj.stages.items():
+                if stage.shown:
+                    for each in StagePhase:
+                        phase.add_metric([namespace, name, stage_name, each.value],
+                                         1 if stage.phase == each.value else 0)
+                    if stage.objects is not None:
+                        stage_objects.add_metric([namespace, name, stage_name], stage.objects)
+                if stage.applied is not None:
+                    for action, count in zip(ACTIONS, stage.applied, strict=True):
+                        applied.add_metric([namespace, name, stage_name, action], count)
+                if stage.drift is not None:
+                    drift.add_metric([namespace, name, stage_name], stage.drift)
+            if obj.pruned is not None:
+                for result, count in zip(PRUNE_RESULTS, obj.pruned, strict=True):
+                    pruned.add_metric([namespace, name, result], count)
+        yield from (duration, condition, suspended, phase, stage_objects, applied, pruned, drift)
+
+
+def _snapshot(obj: _Object) -> _Object:
+    """A copy to expose without holding the lock while the text is written."""
+    return _Object(conditions=obj.conditions, suspended=obj.suspended,
+                   stages={n: _Stage(s.shown, s.phase, s.objects, list(s.applied) if s.applied else None,
+                                     s.drift) for n, s in obj.stages.items()},
+                   pruned=list(obj.pruned) if obj.pruned else None,
+                   durations=list(obj.durations) if obj.durations else None)

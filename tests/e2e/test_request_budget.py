@@ -1,0 +1,92 @@
+"""Request budgets: what a cold and a warm pass of a small StageSet cost, counted from the audit log.
+
+Times are noise on a shared machine; request counts are not.  These are the figures issue 20
+reached (docs/benchmarks.md explains each request); a change that makes a pass cost more fails
+here, by identity and verb, before a benchmark would show it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+from stageset.envtest.controller import ControllerProcess
+from stageset.envtest.server import ControlPlane
+from stageset.kube.client import KubeClient
+from tests.conftest import Tenant
+from tests.e2e.conftest import GITREPOS, condition, wait_for
+from tests.e2e.stagesets import cm, poke, scenario
+from tests.gitserver import GitServer
+
+TenantFactory = Callable[..., Tenant]
+CONTROLLER = "system:serviceaccount:stageset-system:stageset-controller"
+OBJECTS = 5
+
+# A cold StageSet of 5 ConfigMaps: the tenant reads its source, dry-runs 4 objects (the first
+# write needs none: its sibling's dry-run showed the rights, its own write is its check) and
+# applies 5; the controller adds finalizer and record in one patch, writes status once, and
+# records the ReconciliationSucceeded event.
+COLD = Counter({("tenant", "get"): 1, ("tenant", "patch (dry-run)"): OBJECTS - 1,
+                ("tenant", "patch"): OBJECTS, ("controller", "patch"): 2, ("controller", "create"): 1})
+# A requested pass over it, unchanged: the source, one dry-run per kind and namespace (may the
+# tenant still write there?), one label-selected list; lastHandledReconcileAt is the one write.
+WARM = Counter({("tenant", "get"): 1, ("tenant", "patch (dry-run)"): 1, ("tenant", "list"): 1,
+                ("controller", "patch"): 1})
+
+
+def counted(events: list[dict[str, Any]], *, namespace: str, tenant: str) -> Counter[tuple[str, str]]:
+    """Requests of one StageSet's passes: the tenant's (all of them), the controller's on
+    StageSets and Events of ``namespace``."""
+    found: Counter[tuple[str, str]] = Counter()
+    for event in events:
+        if event.get("stage") != "ResponseComplete":
+            continue
+        ref = event.get("objectRef") or {}
+        impersonated = (event.get("impersonatedUser") or {}).get("username")
+        user = (event.get("user") or {}).get("username")
+        if impersonated == tenant:
+            who = "tenant"
+        elif user == CONTROLLER and not impersonated and ref.get("namespace") == namespace \
+                and ref.get("resource") in ("stagesets", "events"):
+            who = "controller"
+        else:
+            continue
+        verb = str(event.get("verb"))
+        found[(who, verb + (" (dry-run)" if "dryRun=All" in event.get("requestURI", "") else ""))] += 1
+    return found
+
+
+def over(seen: Counter[tuple[str, str]], budget: Counter[tuple[str, str]]) -> dict[tuple[str, str], int]:
+    return {key: count for key, count in seen.items() if count > budget.get(key, 0)}
+
+
+def test_a_cold_and_a_warm_pass_stay_within_their_request_budgets(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    control_plane: ControlPlane,
+) -> None:
+    tenant = make_tenant("budget")
+    s = scenario(installed, git_server, tenant, {f"app/cm-{i}.yaml": cm(f"cm-{i}") for i in range(OBJECTS)})
+    source = f"{GITREPOS.format(ns=s.ns)}/app"
+    wait_for(lambda: (c := condition(installed.get(source))) and c["status"] == "True",
+             what="the GitRepository Ready")
+    time.sleep(1)  # its own events and status writes land before the window
+    seen = len(control_plane.audit_events())
+    s.stageset("budget", [{"name": "app", "path": "./app"}])
+    s.wait_ready("budget")
+    time.sleep(1)  # let the audit log catch up with the last requests
+    events = control_plane.audit_events()[seen:]
+    cold = counted(events, namespace=s.ns, tenant=tenant.username)
+    # Evidence first: the pass is in the log (an empty log must fail, not read as "cheap").
+    assert cold[("tenant", "patch")] == OBJECTS, cold
+    assert over(cold, COLD) == {}, f"a cold pass costs more than {dict(COLD)}: {dict(cold)}"
+
+    seen = len(control_plane.audit_events())
+    stamp = poke(installed, s.path("budget"))
+    wait_for(lambda: s.get("budget")["status"].get("lastHandledReconcileAt") == stamp, what="the warm pass")
+    s.wait_ready("budget")
+    time.sleep(1)
+    warm = counted(control_plane.audit_events()[seen:], namespace=s.ns, tenant=tenant.username)
+    assert warm[("tenant", "list")] == 1, warm
+    assert over(warm, WARM) == {}, f"a warm pass costs more than {dict(WARM)}: {dict(warm)}"
