@@ -25,13 +25,13 @@ from stageset.api.gitrepository import (
     GitRepositorySpec,
     GitRepositoryStatus,
 )
+from stageset.api.sourceref import SourceRef
 from stageset.api.stageset import (
     InventoryEntry,
     KubeConfigRef,
     ObjectRef,
     PostBuild,
     ReadyChecks,
-    SourceRef,
     Stage,
     StageInventory,
     StageSet,

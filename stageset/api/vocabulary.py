@@ -45,6 +45,8 @@ class Reason(StrEnum):
     CLUSTER_UNREACHABLE = "ClusterUnreachable"
     INVENTORY_INCOMPLETE = "InventoryIncomplete"
     """Status had no inventory and the cluster could not be searched completely: nothing pruned."""
+    ACTION_FAILED = "ActionFailed"
+    """A stage's ``pre`` or ``post`` action failed (a ``pre`` failure applied nothing)."""
     # GitRepository
     AUTHENTICATION_FAILED = "AuthenticationFailed"
     REF_NOT_FOUND = "RefNotFound"
@@ -87,3 +89,7 @@ class EventReason(StrEnum):
     TEARDOWN_FORCED = "TeardownForced"
     ORPHANED = "Orphaned"
     """A deleted StageSet left a ``prune: false`` stage's objects in place (owner labels removed)."""
+    ACTION_SUCCEEDED = "ActionSucceeded"
+    """A stage's action completed (``pre``, ``post`` or ``onFailure``)."""
+    ACTION_FAILED = "ActionFailed"
+    """A stage's action failed (an ``onFailure`` action's failure is only this event)."""

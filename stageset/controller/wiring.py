@@ -6,8 +6,9 @@ the controller as wired) call :func:`reconcilers` / :func:`stageset_reconciler`.
 - one :class:`~stageset.controller.identity.IdentityPolicy` for both kinds (who acts as whom);
 - the tenant reads and the ServiceAccount check after a denial (one :class:`AccountCheck`);
 - the target clusters (this one, and a bounded cache of remote ones: :class:`Targets`);
-- the renderer and its cache, the CEL sandbox, the stage applier, the records, the change
-  reports, the pass runner and the teardown of the StageSet reconciler.
+- the renderer and its cache, the CEL sandbox, the stage applier and the actions around it (their
+  ``--allowed-action-hosts`` and address guard), the records, the change reports, the pass runner
+  and the teardown of the StageSet reconciler.
 
 Identity: nothing here makes a request; each collaborator's docstring says whose identity its
 requests use.
@@ -21,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from sources.addresses import AddressGuard
 from stageset.apply.cel import CelSandbox
 from stageset.apply.engine import StageApplier
 from stageset.apply.health import ExpressionChecker
@@ -32,6 +34,8 @@ from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
 from stageset.controller.rendercache import RenderCache
 from stageset.controller.settings import ControllerSettings
+from stageset.controller.stageset.actions import ActionStage
+from stageset.controller.stageset.actionsteps import ActionRunner, StepSettings
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.passes import PassRunner
 from stageset.controller.stageset.reads import AccountCheck, TenantReads
@@ -100,13 +104,20 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     targets = Targets(clients=clients, settings=settings.apply, local=local, accounts=accounts)
     records = Records(clients=clients, identities=identities)
     changes = Changes(events=shared.events, metrics=shared.metrics)
+    # At most one kustomize build per worker at once: the pod's memory is sized for that.
+    renderer = Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits,
+                        cache=RenderCache(max_builds=settings.workers), artifacts=artifacts)
+    stages = StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
+                        stop=stop, sandbox=cel, accounts=accounts)
+    guard = AddressGuard(allow_insecure=settings.allow_insecure_sources, purpose="actions", verb="call")
+    runner = ActionRunner(renderer=renderer, sandbox=cel, clock=shared.clock, stop=stop,
+                          settings=StepSettings(allowed_hosts=settings.allowed_action_hosts, guard=guard,
+                                                poll_interval=settings.apply.poll_interval))
     passes = PassRunner(
         clients=clients, identities=identities, records=records, changes=changes, settings=settings,
-        # At most one kustomize build per worker at once: the pod's memory is sized for that.
-        renderer=Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits,
-                          cache=RenderCache(max_builds=settings.workers), artifacts=artifacts),
-        stages=StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
-                          stop=stop, sandbox=cel, accounts=accounts))
+        renderer=renderer,
+        stages=ActionStage(inner=stages, runner=runner, clients=clients, events=shared.events,
+                           clock=shared.clock, slice_seconds=settings.readiness_slice, stop=stop))
     teardown = Teardown(clients=clients, identities=identities, targets=targets, events=shared.events,
                         clock=shared.clock, max_wait=settings.max_teardown_wait, records=records)
     return StageSetReconciler(clients=clients, resource=resource, identities=identities, reads=reads,

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from sources import RefNotFoundError, SourceError
@@ -34,6 +34,7 @@ from stageset.apply.inventory import ObjectId, object_id
 from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
 from stageset.controller.redact import Redactor
 from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
+from stageset.controller.stageset.actionplan import inputs_digest
 from stageset.controller.stageset.reads import ArtifactSource, TenantReads, service_account_of
 from stageset.controller.stageset.targets import Target
 from stageset.kube.client import ClientPool, Identity
@@ -74,6 +75,9 @@ class Rendered:
     objects: list[KubeObject]
     target: Target
     ids: set[ObjectId] = field(default_factory=set)
+    inputs: str = ""
+    """What else the stage builds from besides its revision, as a digest: with the revision, what its
+    actions run once for (:func:`~stageset.controller.stageset.actionplan.inputs_digest`)."""
 
     @property
     def account(self) -> str | None:
@@ -100,9 +104,10 @@ class Renderer:
         source = self._reads.source(client, stage, namespace)
         variables, secret_values = self._reads.variables(client, stage, namespace)
         redactor.add(secret_values)
+        inputs = inputs_digest(stage, variables, secret_values)
         if isinstance(source, ArtifactSource):
-            return self._render_artifact(source, stage=stage, identity=identity, namespace=namespace,
-                                         target=target, variables=variables)
+            return replace(self._render_artifact(source, stage=stage, identity=identity, namespace=namespace,
+                                                 target=target, variables=variables), inputs=inputs)
         url, commit, ignore = source.url, source.commit, source.ignore
         if not self._store.is_served(url, commit=commit, consumer=source.consumer):
             # Only what this GitRepository was served, never another commit of a shared mirror
@@ -130,7 +135,8 @@ class Renderer:
         except SourceError as error:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
-                        target=target, ids={identify(obj, namespace, target) for obj in objects})
+                        target=target, ids={identify(obj, namespace, target) for obj in objects},
+                        inputs=inputs)
 
     def _render_artifact(self, source: ArtifactSource, *, stage: Stage, identity: Identity, namespace: str,
                          target: Target, variables: dict[str, str] | None) -> Rendered:
