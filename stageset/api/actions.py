@@ -496,7 +496,7 @@ class ActionLedger(StatusModel):
     """The ``pre`` and ``post`` actions done for this revision."""
     running: ActionRun | None = None
     """The action in progress."""
-    on_failure_ran: bool = False
+    on_failure_ran: bool | None = None
     """``onFailure`` ran for the stage's current failure (again only after it was Ready)."""
 
     def key(self) -> tuple[str, str]:

@@ -227,12 +227,13 @@ INVALID = [
     # StageSet: actions
     Invalid("action-with-two-verbs",
             actions({"pre": [{"name": "both", "wait": {"duration": "1s"}, "http": {"url": "https://x.example/"}}]}),
-            "spec.stages[0].actions.pre[0]", 'action "both" needs exactly one of job, http, wait, patch, delete'),
+            "spec.stages[0].actions.pre[0]", 'action "both" needs exactly one of job, http, wait, patch'),
     Invalid("action-without-verb",
             actions({"post": [{"name": "nothing"}]}),
             "spec.stages[0].actions.post[0]", 'action "nothing" needs exactly one of job, http, wait, patch'),
     Invalid("action-names-repeated",
-            actions({"pre": [{"name": "a", "wait": {"duration": "1s"}}, {"name": "a", "wait": {"duration": "2s"}}]}),
+            actions({"pre": [{"name": "a", "wait": {"duration": "1s"}},
+                              {"name": "a", "wait": {"duration": "2s"}}]}),
             "spec.stages[0].actions.pre", 'action name "a" is used more than once in pre'),
     Invalid("action-name-in-pre-and-post",
             actions({"pre": [{"name": "a", "wait": {"duration": "1s"}}], "post": [{"name": "a", "wait": {
@@ -248,11 +249,13 @@ INVALID = [
     Invalid("patch-name-and-selector",
             actions({"post": [{"name": "p", "patch": {"patch": "{}", "target": {
                 "kind": "ConfigMap", "name": "x", "selector": {"matchLabels": {"a": "b"}}}}}]}),
-            "spec.stages[0].actions.post[0].patch.target", "a patch target needs exactly one of name and selector"),
+            "spec.stages[0].actions.post[0].patch.target",
+            "a patch target needs exactly one of name and selector"),
     Invalid("patch-empty-selector",
             actions({"post": [{"name": "p", "patch": {"patch": "{}", "target": {"kind": "ConfigMap",
                                                                                "selector": {}}}}]}),
-            "spec.stages[0].actions.post[0].patch.target.selector", "an empty selector would patch every object"),
+            "spec.stages[0].actions.post[0].patch.target.selector",
+            "an empty selector would patch every object"),
     Invalid("http-body-and-body-from",
             actions({"post": [{"name": "h", "http": {"url": "https://x.example/", "body": "{}",
                                                      "bodyFrom": {"name": "s", "key": "k"}}}]}),
@@ -296,7 +299,8 @@ VALID = {
                      "kind": "PersistentVolumeClaim", "selector": {
                          "matchLabels": {"app": "web"},
                          "matchExpressions": [{"key": "tier", "operator": "In", "values": ["db"]}]}},
-                     "patch": '[{"op": "replace", "path": "/spec/resources/requests/storage", "value": "9Gi"}]'}}],
+                     "patch": '[{"op": "replace", "path": "/spec/resources/requests/storage", '
+                              '"value": "9Gi"}]'}}],
         "onFailure": [{"name": "page", "http": {"url": "https://alerts.internal/x",
                                                 "bodyFrom": {"name": "alert", "key": "body"}}}]}),
     "fan-out-and-in": stageset({"stages": [

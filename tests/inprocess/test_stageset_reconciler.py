@@ -522,8 +522,8 @@ def test_a_reference_field_stored_before_its_rule_is_invalid_spec_naming_it(worl
 
     ready = world.ready("shop")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
-    assert ready["message"].startswith("spec.stages.0: errorBudget (freezing a stage on its SLO error budget) "
-                                       "is not supported by this controller; remove it")
+    assert ready["message"].startswith("spec.stages.0: errorBudget (freezing a stage on its SLO error "
+                                       "budget) is not supported by this controller; remove it")
     assert world.cluster.by(TENANT) == []  # nothing read or applied as the tenant
 
 

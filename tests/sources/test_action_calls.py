@@ -38,11 +38,22 @@ def public() -> Iterator[ActionServer]:
 
 def test_a_call_sends_method_headers_and_body_and_reads_a_bounded_answer(server: ActionServer) -> None:
     url = server.answer("/hook", 202, body=b"x" * 100_000)
-    answer = call(url, method="PUT", guard=INSECURE, timeout=5, headers={"Authorization": "Bearer t"},
-                  body=b'{"a": 1}', max_body=1000)
+    answer = call(
+        url,
+        method="PUT",
+        guard=INSECURE,
+        timeout=5,
+        headers={"Authorization": "Bearer t"},
+        body=b'{"a": 1}',
+        max_body=1000,
+    )
     assert (answer.status, len(answer.body)) == (202, 1000)
     (received,) = server.received("/hook")
-    assert (received.method, received.body, received.headers["Authorization"]) == ("PUT", b'{"a": 1}', "Bearer t")
+    assert (received.method, received.body, received.headers["Authorization"]) == (
+        "PUT",
+        b'{"a": 1}',
+        "Bearer t",
+    )
 
 
 def test_redirects_303_turn_into_get_307_keeps_the_method(server: ActionServer) -> None:
@@ -54,10 +65,18 @@ def test_redirects_303_turn_into_get_307_keeps_the_method(server: ActionServer) 
     assert [(r.method, r.body) for r in server.received("/done")] == [("GET", b""), ("POST", b"b")]
 
 
-@pytest.mark.parametrize(("host", "says"), [
-    ("127.0.0.1", "loopback"), ("localhost", "loopback"), ("[::1]", "loopback"), ("2130706433", "loopback"),
-    ("169.254.169.254", "cloud metadata"), ("[fe80::1]", "link-local"), ("0.0.0.0", "unspecified"),  # noqa: S104
-])
+@pytest.mark.parametrize(
+    ("host", "says"),
+    [
+        ("127.0.0.1", "loopback"),
+        ("localhost", "loopback"),
+        ("[::1]", "loopback"),
+        ("2130706433", "loopback"),
+        ("169.254.169.254", "cloud metadata"),
+        ("[fe80::1]", "link-local"),
+        ("0.0.0.0", "unspecified"),  # noqa: S104
+    ],
+)
 def test_refused_addresses_are_never_called(server: ActionServer, host: str, says: str) -> None:
     server.answer("/hook")
     with pytest.raises(AddressRefusedError, match=f"refusing to call .*{says}.* not allowed for actions"):
@@ -65,7 +84,9 @@ def test_refused_addresses_are_never_called(server: ActionServer, host: str, say
     assert server.received("/hook") == []
 
 
-def test_a_redirect_to_loopback_is_refused_at_the_second_hop(public: ActionServer, server: ActionServer) -> None:
+def test_a_redirect_to_loopback_is_refused_at_the_second_hop(
+    public: ActionServer, server: ActionServer
+) -> None:
     target = server.answer("/internal")
     public.answer("/hook", 302, redirect=target)
     public.answer("/ok")
@@ -95,12 +116,24 @@ def test_secrets_never_follow_a_redirect_to_another_origin(server: ActionServer)
     server.answer("/same", 307, redirect="/elsewhere")
     server.answer("/other", 307, redirect=f"http://localhost:{server.port}/elsewhere")
     # The same origin keeps the request (and its headers)...
-    call(server.url("/same"), method="POST", guard=INSECURE, timeout=5, headers={"X-Token": "t"},
-         same_origin=True)
+    call(
+        server.url("/same"),
+        method="POST",
+        guard=INSECURE,
+        timeout=5,
+        headers={"X-Token": "t"},
+        same_origin=True,
+    )
     # ...another one (here: another host name) does not receive it.
     with pytest.raises(UrlPolicyError, match="carries values from Secrets"):
-        call(server.url("/other"), method="POST", guard=INSECURE, timeout=5, headers={"X-Token": "t"},
-             same_origin=True)
+        call(
+            server.url("/other"),
+            method="POST",
+            guard=INSECURE,
+            timeout=5,
+            headers={"X-Token": "t"},
+            same_origin=True,
+        )
     assert len(server.received("/elsewhere")) == 1
 
 

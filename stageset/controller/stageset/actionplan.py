@@ -168,7 +168,7 @@ def failure_handled(ledger: ActionLedger) -> ActionLedger:
 
 def recovered(ledger: ActionLedger) -> ActionLedger:
     """The stage is Ready: its next failure runs ``onFailure`` again."""
-    return ledger if not ledger.on_failure_ran else ledger.model_copy(update={"on_failure_ran": False})
+    return ledger if not ledger.on_failure_ran else ledger.model_copy(update={"on_failure_ran": None})
 
 
 # -- http ------------------------------------------------------------------------------------------

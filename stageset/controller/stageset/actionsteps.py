@@ -463,7 +463,7 @@ class ActionRunner:
                      for o in listed.get("items") or []]
         else:
             paths = [resource.object_path(name=str(target.name), namespace=namespace)]
-        body = json.dumps(patch.body()).encode()
+        body = patch.body()
         for path in paths:
             name = path.rsplit("/", 1)[-1]
             kinds = ["application/json-patch+json"] if patch.type == "json6902" else \
