@@ -67,7 +67,9 @@ class ActionServer:
         self._server = ThreadingHTTPServer((self.host, 0), Handler)
         self._server.daemon_threads = True
         self.port = int(self._server.server_address[1])
-        self._thread = threading.Thread(target=self._server.serve_forever, name="action-server", daemon=True)
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, args=(0.05,), name="action-server", daemon=True
+        )
 
     def __enter__(self) -> ActionServer:
         self._thread.start()

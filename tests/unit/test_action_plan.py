@@ -374,3 +374,19 @@ def test_a_label_selector_as_a_query() -> None:
         }
     )
     assert selector.query() == "app=web,tier=db,zone in (a,b),!canary,env notin (dev),owner"
+
+
+def test_the_sources_of_job_and_apply_actions_wake_their_stageset() -> None:
+    from stageset.controller.sourcekinds import OUR_GROUP, DefaultSourceKind, SourceObject, referenced
+
+    stageset = {"metadata": {"namespace": "shop"}, "spec": {"stages": [{
+        "name": "app", "sourceRef": {"name": "app"}, "actions": {
+            "pre": [{"name": "m", "job": {"sourceRef": {"name": "migrations"}}}],
+            "post": [{"name": "h", "http": {"url": "https://x.example/"}}],
+            "onFailure": [{"name": "p", "apply": {"sourceRef": {"name": "page", "namespace": "ops"}}}],
+        }}]}}
+    assert referenced(stageset, DefaultSourceKind.GIT_REPOSITORY) == {
+        SourceObject(OUR_GROUP, "GitRepository", "shop", "app"),
+        SourceObject(OUR_GROUP, "GitRepository", "shop", "migrations"),
+        SourceObject(OUR_GROUP, "GitRepository", "ops", "page"),
+    }
