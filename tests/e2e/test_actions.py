@@ -21,6 +21,7 @@ from stageset.envtest.controller import ControllerProcess
 from stageset.envtest.server import ControlPlane
 from stageset.kube.client import KubeClient
 from tests.actionserver import ActionServer
+from tests.cli.conftest import run_cli
 from tests.conftest import Tenant
 from tests.e2e.conftest import (
     GITREPOS,
@@ -232,6 +233,12 @@ def test_a_pre_migration_job_and_a_post_smoke_test_gate_a_real_stage_once_per_re
     events = installed.get(f"/apis/events.k8s.io/v1/namespaces/{s.ns}/events")
     assert TOKEN not in json.dumps([first["status"], events]) + controller.output()
     assert "post action 'smoke': GET http://127.0.0.1" in json.dumps(events)
+
+    # `stageset diff` says both would be skipped: they ran for this revision.
+    diffed = run_cli("diff", "shop", "-n", s.ns, kubeconfig=control_plane.kubeconfig)
+    assert diffed.exit_code == 0, diffed.stderr
+    assert f"pre action migrate (job): skipped, ran for {ledger['revision']}" in diffed.stderr
+    assert f"post action smoke (http): skipped, ran for {ledger['revision']}" in diffed.stderr
 
     # A restart and a requested reconcile run nothing again at the same revision.
     controllers.stop(controller)
