@@ -319,7 +319,8 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
     what prune would delete, as a unified diff (Secret values masked), and which of its stages'
     pre and post actions would run (or be skipped: they ran for this revision).
 
-    Exit code 1 when there are differences, 0 when there are none, 3 on errors.
+    Exit code 1 when there are differences (or actions that would run), 0 when there are none, 3 on
+    errors.
 
     \b
     stageset diff shop -n shop                       # the cluster's StageSet and sources
