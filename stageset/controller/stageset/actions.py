@@ -61,6 +61,14 @@ Done = tuple[StageOutcome, StageResult | None]
 _FAILED = {StagePhase.FAILED, StagePhase.PROGRESSING}
 
 
+def _stage_timeout(run: StageRun) -> float:
+    """The stage's ``timeout``, else ``spec.timeout`` (zero falls through, as for readiness)."""
+    own = run.rendered.stage.timeout
+    if own and duration_seconds(own) > 0:
+        return duration_seconds(own)
+    return duration_seconds(run.stageset.spec.timeout)
+
+
 def _carrying(run: StageRun, ledger: ActionLedger) -> Callable[[StageOutcome], None] | None:
     """``run.waiting`` for the stage's own work: what it tells carries the ledger (status written
     while the stage waits must not lose it)."""
@@ -139,7 +147,7 @@ class ActionStage:
         """Run the pending actions of one list in order, within one slice; the ledger after, and the
         stage's outcome when an action holds or fails it (``None``: every action ran)."""
         ends = time.monotonic() + self._slice
-        stage_timeout = duration_seconds(run.rendered.stage.timeout or run.stageset.spec.timeout)
+        stage_timeout = _stage_timeout(run)
         while (todo := actionplan.pending(actions, ledger)):
             action = todo[0]
             label = f"{hook.value} action {action.name!r}"
@@ -214,8 +222,7 @@ class ActionStage:
             attempt = actionplan.started(ledger.model_copy(update={"running": None}), Hook.ON_FAILURE, action,
                                          now=self._clock())
             assert attempt.running is not None
-            stage_timeout = duration_seconds(run.rendered.stage.timeout or run.stageset.spec.timeout)
-            timeout = actionplan.timeout_seconds(action, stage_timeout=stage_timeout)
+            timeout = actionplan.timeout_seconds(action, stage_timeout=_stage_timeout(run))
             step: Step = Step.failed("not started")
             for _ in range(actionplan.attempts(action)):
                 deadline = max(time.monotonic() + 1.0, ends)

@@ -75,6 +75,7 @@ FIELD_MANAGER = "stageset-actions"
 JOB_TTL = 24 * 3600
 """``ttlSecondsAfterFinished`` of an action's Job that sets none."""
 _SNIPPET = 256
+_MIN_WORD = 8
 _JOB = ("batch/v1", "Job")
 
 
@@ -230,7 +231,10 @@ class ActionRunner:
         except (binascii.Error, ValueError):
             raise StageError(Reason.ACTION_FAILED, f"{what}: key {ref.key!r} is not base64") from None
         text = value.decode("utf-8", errors="replace")
-        ctx.redactor.add([text, *(line for line in text.splitlines() if line.strip())])
+        # The value, each of its lines, and each long word of it: an endpoint that echoes only the token
+        # of "Bearer <token>" must not show it either.
+        ctx.redactor.add([text, *(line for line in text.splitlines() if line.strip()),
+                          *(word for word in text.split() if len(word) >= _MIN_WORD)])
         return value
 
     # -- job ---------------------------------------------------------------------------------------
