@@ -126,6 +126,8 @@ def test_a_pre_job_gates_the_apply_and_runs_once_per_revision(world: World) -> N
     world.reconcile("shop")
     world.reconcile("shop")
     assert [r for r in world.cluster.requests if r.path.startswith(JOBS)] == []
+    assert [r for r in world.cluster.requests if r.write] == []  # a quiet pass: no write at all
+    assert world.cluster.requests  # (it did look: the stage was dry-run)
 
     # A new revision runs it again (a new Job), and the last revision's Job goes.
     world.commit({"app/a.json": configmap("a", "v2")})
