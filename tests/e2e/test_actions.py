@@ -8,7 +8,6 @@ restart and the guard's controller (without ``--allow-insecure-sources``) act on
 
 from __future__ import annotations
 
-import base64
 import datetime
 import json
 from collections.abc import Callable, Iterator
@@ -97,6 +96,14 @@ def controllers(
         started.close()
 
 
+def secret(admin: KubeClient, namespace: str, name: str, **values: str) -> None:
+    admin.request(
+        "POST",
+        f"/api/v1/namespaces/{namespace}/secrets",
+        body={"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name}, "stringData": values},
+    )
+
+
 def jobs(s: Scenario) -> list[dict[str, Any]]:
     items: list[dict[str, Any]] = s.admin.get(f"/apis/batch/v1/namespaces/{s.ns}/jobs").get("items") or []
     return items
@@ -158,16 +165,7 @@ def test_a_pre_migration_job_and_a_post_smoke_test_gate_a_real_stage_once_per_re
         make_tenant("actions"),
         {"app/cm.yaml": cm("app"), "after/cm.yaml": cm("after"), "migrations/job.yaml": MIGRATION},
     )
-    installed.request(
-        "POST",
-        f"/api/v1/namespaces/{s.ns}/secrets",
-        body={
-            "apiVersion": "v1",
-            "kind": "Secret",
-            "metadata": {"name": "smoke"},
-            "data": {"Authorization": base64.b64encode(f"Bearer {TOKEN}".encode()).decode()},
-        },
-    )
+    secret(installed, s.ns, "smoke", Authorization=f"Bearer {TOKEN}")
     smoke = server.answer(f"/{s.ns}/smoke", 503, body=b"warming up")
     controller = controllers.start(s.ns, "--allowed-action-hosts=127.0.0.1")
     s.stageset(
@@ -322,16 +320,7 @@ def test_the_address_guard_refuses_loopback_and_metadata_even_for_allowed_hosts(
         assert git.ca_pem is not None
         files = {f"s{i}/cm.yaml": cm(f"c{i}") for i in range(len(GUARDED))}
         s = scenario(installed, git, make_tenant("actions-guard"), files)
-        installed.request(
-            "POST",
-            f"/api/v1/namespaces/{s.ns}/secrets",
-            body={
-                "apiVersion": "v1",
-                "kind": "Secret",
-                "metadata": {"name": "git-ca"},
-                "stringData": {"caFile": git.ca_pem.decode()},
-            },
-        )
+        secret(installed, s.ns, "git-ca", caFile=git.ca_pem.decode())
         installed.request(
             "PATCH",
             f"{GITREPOS.format(ns=s.ns)}/app",
