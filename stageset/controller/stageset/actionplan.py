@@ -1,4 +1,5 @@
-"""Actions around a stage: every decision, as pure functions of what was read.  No I/O, no clock.
+"""Actions around a stage: every decision, as pure functions of what was read.  No I/O, no clock,
+no identity (nothing here makes a request).
 
 Time comes in as ``now`` (the reconciler's injected clock), so each rule is a table test.
 
