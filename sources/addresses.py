@@ -1,4 +1,4 @@
-"""The address guard: which IP addresses an artifact download may connect to.
+"""The address guard: which IP addresses an artifact download (or an ``http`` action) may connect to.
 
 Identity: none.  The pure part (:func:`refusal`) decides on one address; :class:`AddressGuard`
 resolves a host name once and hands back only addresses it admits, so the caller connects to
@@ -108,6 +108,10 @@ class AddressGuard:
 
     allow_insecure: bool = False
     resolver: Resolver = field(default=system_resolver)
+    purpose: str = "artifacts"
+    """What the connections are for, as refusals say it (``artifacts``, ``actions``)."""
+    verb: str = "download from"
+    """What a refusal says was refused (``download from``, ``call``)."""
 
     def check(self, address: IPAddress, *, host: str) -> None:
         """Raise :class:`AddressRefusedError` for a refused address (a literal, or the peer of a
@@ -118,7 +122,7 @@ class AddressGuard:
         if why is not None:
             shown = host if host == str(address) else f"{host} ({address})"
             raise AddressRefusedError(
-                f"refusing to download from {shown}: {why} addresses are not allowed for artifacts "
+                f"refusing to {self.verb} {shown}: {why} addresses are not allowed for {self.purpose} "
                 "(only a development controller started with --allow-insecure-sources may)")
 
     def addresses(self, host: str, port: int) -> list[IPAddress]:

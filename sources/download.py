@@ -1,8 +1,10 @@
-"""Downloading one artifact over HTTP(S): the address guard at every connection, bounded in bytes and time.
+"""Downloading one artifact over HTTP(S) — and one ``http`` action's call (:func:`call`) — with the
+address guard at every connection, bounded in bytes and time.
 
-Identity: none — no credentials of anyone are sent (Flux serves artifacts without them), no
-proxy of the environment is used (a proxy would connect where the guard cannot see), and only
-``http``/``https`` URLs are followed.
+Identity: none — a download sends no credentials of anyone (Flux serves artifacts without them), a
+:func:`call` only the headers its caller hands in (an ``http`` action's, read from Secrets as the
+stage's ServiceAccount); no proxy of the environment is used (a proxy would connect where the guard
+cannot see), and only ``http``/``https`` URLs are followed.
 
 * **Address guard** (:class:`~sources.addresses.AddressGuard`): every connection — the first and
   each redirect hop — resolves its host once, checks every address, and connects to a checked
@@ -61,20 +63,20 @@ def display(url: str) -> str:
         return "an invalid URL"
 
 
-def check_url(url: str) -> tuple[str, str, int]:
+def check_url(url: str, *, what: str = "artifact URL") -> tuple[str, str, int]:
     """``(scheme, host, port)`` of an artifact URL; :class:`UrlPolicyError` unless http(s) with a host."""
     try:
         parts = urlsplit(url)
         port = parts.port
     except ValueError:
-        raise UrlPolicyError(f"artifact URL {display(url)} is malformed") from None
+        raise UrlPolicyError(f"{what} {display(url)} is malformed") from None
     scheme = parts.scheme.lower()
     if scheme not in ("http", "https"):
-        raise UrlPolicyError(f"artifact URL scheme {scheme!r} is not allowed (only http and https)")
+        raise UrlPolicyError(f"{what} scheme {scheme!r} is not allowed (only http and https)")
     if not parts.hostname:
-        raise UrlPolicyError("artifact URL has no host")
+        raise UrlPolicyError(f"{what} has no host")
     if parts.username or parts.password:
-        raise UrlPolicyError("artifact URL must not carry credentials")
+        raise UrlPolicyError(f"{what} must not carry credentials")
     return scheme, parts.hostname, port or (443 if scheme == "https" else 80)
 
 
@@ -247,22 +249,26 @@ def _timed_out(url: str, watchdog: _Watchdog | None = None) -> TransferError:
 
 
 def _get(pool: urllib3.HTTPConnectionPool, url: str, *, deadline: Deadline,
-         watchdog: _Watchdog) -> Any:
+         watchdog: _Watchdog, method: str = "GET", headers: dict[str, str] | None = None,
+         body: bytes | None = None, timed_out: Callable[[str, _Watchdog | None], TransferError] | None = None
+         ) -> Any:
     parts = urlsplit(url)
     target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
+    timed_out = timed_out or _timed_out
     if deadline.remaining() <= 0:
-        raise _timed_out(url)
+        raise timed_out(url, None)
     try:
-        return pool.urlopen("GET", target, redirect=False, retries=False, preload_content=False,
+        return pool.urlopen(method, target, body=body, redirect=False, retries=False, preload_content=False,
                             decode_content=False, assert_same_host=False,
-                            headers={"Accept-Encoding": "identity", "User-Agent": "stageset"})
+                            headers={**(headers or {}), "Accept-Encoding": "identity",
+                                     "User-Agent": "stageset"})
     except AddressRefusedError:
         raise
     except (UrlPolicyError, TransferError):
         raise
     except (Urllib3Error, OSError) as error:
         if watchdog.fired:
-            raise _timed_out(url, watchdog) from None
+            raise timed_out(url, watchdog) from None
         cause = error.__cause__ or error.__context__
         if isinstance(cause, (AddressRefusedError, UrlPolicyError, TransferError)):
             raise cause from None
@@ -305,3 +311,92 @@ def _body(response: Any, *, into: IO[bytes], hasher: Hasher, max_bytes: int, url
         raise TransferError(f"downloading {display(url)} failed: {type(error).__name__}: {error}") from None
     finally:
         response.release_conn()
+
+
+# -- a call: any method, headers and a body (the ``http`` action) ---------------------------------
+
+MAX_ANSWER_BYTES = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Answer:
+    """What a :func:`call` got: the final status, the first ``max_body`` bytes of the body, the URL."""
+
+    status: int
+    body: bytes
+    url: str
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    scheme, host, port = check_url(url, what="URL")
+    return scheme, host.lower(), port
+
+
+def call(url: str, *, method: str, guard: AddressGuard, timeout: float, headers: dict[str, str] | None = None,
+         body: bytes | None = None, check: Callable[[str], None] | None = None, same_origin: bool = False,
+         max_body: int = MAX_ANSWER_BYTES, ca_certs: str | None = None,
+         cancel: threading.Event | None = None) -> Answer:
+    """One HTTP request through the same guard as :func:`download`: every connection (each redirect
+    hop too) resolves once, is checked, and connects only to the checked address; one deadline
+    covers every hop; no proxy, no credentials but the ``headers`` given.
+
+    ``check(url)`` runs for the first URL and every redirect's target and raises
+    :class:`UrlPolicyError` to refuse it (the caller's host allow-list).  With ``same_origin`` a
+    redirect may not leave the first URL's scheme, host and port (the request carries secrets).
+    A 301, 302 or 303 answer to anything but ``GET``/``HEAD`` is followed with a ``GET`` without
+    body, as browsers do; a 307 or 308 repeats the method and body.
+
+    Raises :class:`~sources.addresses.AddressRefusedError` / :class:`UrlPolicyError` (refused) and
+    :class:`TransferError` (the connection failed or took longer than ``timeout``)."""
+    deadline = Deadline.after(timeout)
+    watchdog = _Watchdog(deadline, cancel)
+
+    def timed_out(at: str, dog: _Watchdog | None) -> TransferError:
+        if dog is not None and dog.cancelled:
+            return TransferError(f"calling {display(at)} was abandoned: the controller is stopping")
+        return TransferError(f"calling {display(at)} took longer than {timeout:g}s; "
+                             "the connection was closed")
+
+    try:
+        origin = _origin(url)
+        current, current_method, current_body = url, method.upper(), body
+        for hop in range(MAX_REDIRECTS + 1):
+            scheme, host, port = check_url(current, what="URL")
+            if check is not None:
+                check(current)
+            if hop and same_origin and (scheme, host.lower(), port) != origin:
+                raise UrlPolicyError(f"refusing to follow a redirect from {display(url)} to "
+                                     f"{display(current)}: "
+                                     "the request carries values from Secrets, which may only go to the host "
+                                     "they were meant for")
+            per_read = urllib3.Timeout(connect=min(10.0, max(0.1, deadline.remaining())),
+                                       read=max(0.1, deadline.remaining()))
+            pool = _pool(scheme, host, port, guard=guard, watchdog=watchdog, timeout=per_read,
+                         ca_certs=ca_certs)
+            try:
+                response = _get(pool, current, deadline=deadline, watchdog=watchdog, method=current_method,
+                                headers=headers, body=current_body, timed_out=timed_out)
+                try:
+                    if response.status in _REDIRECTS:
+                        location = response.headers.get("Location")
+                        if not location:
+                            raise TransferError(f"{display(current)} answered HTTP {response.status} "
+                                                "without a Location")
+                        current = urljoin(current, location)
+                        if response.status in (301, 302, 303) and current_method not in ("GET", "HEAD"):
+                            current_method, current_body = "GET", None
+                        continue
+                    data = b"" if current_method == "HEAD" else response.read(max_body)
+                    return Answer(status=response.status, body=data or b"", url=current)
+                except (Urllib3Error, OSError) as error:
+                    if watchdog.fired:
+                        raise timed_out(current, watchdog) from None
+                    raise TransferError(f"calling {display(current)} failed: {type(error).__name__}: "
+                                        f"{error}") from None
+                finally:
+                    response.release_conn()
+            finally:
+                pool.close()
+        raise TransferError(f"{display(url)}: more than {MAX_REDIRECTS} redirects")
+    finally:
+        watchdog.stop()

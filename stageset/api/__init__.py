@@ -25,6 +25,7 @@ from stageset.api.gitrepository import (
     GitRepositorySpec,
     GitRepositoryStatus,
 )
+from stageset.api.sourceref import SourceRef
 from stageset.api.stageset import (
     Decryption,
     DecryptionProvider,
@@ -33,7 +34,6 @@ from stageset.api.stageset import (
     ObjectRef,
     PostBuild,
     ReadyChecks,
-    SourceRef,
     Stage,
     StageInventory,
     StageSet,

@@ -19,6 +19,7 @@ from typing import Annotated, Any, Literal
 from pydantic import ConfigDict, Field, WithJsonSchema, field_validator, model_validator
 from pydantic.config import JsonDict
 
+from stageset.api.actions import ActionLedger, StageActions
 from stageset.api.common import (
     API_VERSION,
     ApiModel,
@@ -45,6 +46,7 @@ from stageset.api.release import (
     WindowScope,
     checked_min_version,
 )
+from stageset.api.sourceref import SourceRef
 from stageset.api.vocabulary import StagePhase
 
 MAX_STAGES = 64
@@ -66,33 +68,6 @@ MAX_CEL_EXPRESSION = 2048
 """Characters of one health-check expression: a first bound on what a tenant's expression may cost."""
 
 _SHORT = Annotated[str, Field(min_length=1, max_length=253)]
-
-
-class SourceRef(ApiModel):
-    """The source a stage's manifests come from: our ``GitRepository``, a Flux source
-    (``source.toolkit.fluxcd.io``: ``ExternalArtifact``, ``GitRepository``, ``OCIRepository``,
-    ``Bucket``) whose artifact is downloaded and verified, or a producer of an ``ExternalArtifact``.
-
-    What omitted fields mean depends on the controller's ``--default-source-kind``: by default an
-    omitted ``kind`` is our ``GitRepository`` (``stages.metio.wtf/v1``); with
-    ``--default-source-kind=ExternalArtifact`` it is Flux's ``ExternalArtifact``
-    (``source.toolkit.fluxcd.io/v1``), the reference controller's default.
-    """
-
-    api_version: _SHORT | None = None
-    """API version of the source.  Left out: ``stages.metio.wtf/v1`` for ``GitRepository`` and
-    ``source.toolkit.fluxcd.io/v1`` for ``ExternalArtifact``, ``OCIRepository`` and ``Bucket``; with
-    ``--default-source-kind=ExternalArtifact``, ``source.toolkit.fluxcd.io/v1`` for every kind (write
-    ``stages.metio.wtf/v1`` to name our GitRepository there).  Required for a producer kind."""
-    kind: _SHORT | None = None
-    """Kind of the source.  Left out: ``GitRepository`` (ours); with
-    ``--default-source-kind=ExternalArtifact``, ``ExternalArtifact`` (Flux's, as in the reference).  A
-    kind that is not a source kind names a producer: the stage reads the ``ExternalArtifact`` in the
-    same namespace whose ``spec.sourceRef`` points at it."""
-    name: DNSSubdomain
-    """Name of the source."""
-    namespace: DNSLabel | None = None
-    """Namespace of the source; defaults to the StageSet's namespace."""
 
 
 class StageSetRef(ApiModel):
@@ -603,6 +578,10 @@ class Stage(ApiModel):
     apply_helm_hook_resources: bool | None = None
     """Objects with ``helm.sh/hook`` annotations are applied as ordinary objects (``true``, the
     reference's default); ``false``, which would leave them out, is not supported."""
+    actions: StageActions | None = None
+    """Steps around the stage: ``pre`` (before it is built; a failure applies nothing), ``post`` (after
+    it is ready; Ready only when they pass), ``onFailure`` (best effort when it fails).  ``pre`` and
+    ``post`` run once per revision; every action runs as the stage's ServiceAccount."""
 
     def conflict_default(self) -> ConflictAction:
         """The action for conflicts no rule matches."""
@@ -786,6 +765,8 @@ class StageStatus(StatusModel):
     """Where the stage stands against its promotion gate (absent without one)."""
     last_handled_promotion: Annotated[str, Field(max_length=256)] | None = None
     """The ``stages.metio.wtf/promote`` token last acted on for this stage (each token acts once)."""
+    actions: ActionLedger | None = None
+    """The ledger of the stage's actions: which ran for its current revision, and the one in progress."""
 
     @field_validator("phase", mode="before")
     @classmethod

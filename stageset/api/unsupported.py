@@ -76,6 +76,9 @@ PATHS: Final = {
     "Stage": "spec.stages[]",
     "KubeConfigRef": "spec.kubeConfig",
     "Promotion": "spec.stages[].promotion",
+    "PreAction": "spec.stages[].actions.pre[]",
+    "PostAction": "spec.stages[].actions.post[]",
+    "FailureAction": "spec.stages[].actions.onFailure[]",
 }
 
 
@@ -136,6 +139,7 @@ def _cel_literal(value: str | bool) -> str:
 
 
 _GATES = "use soak and requireManualPromotion, which are supported, or remove it"
+_REVISION = "leave scope out: an action runs once per revision of its stage (scope: Revision)"
 
 REFUSED: Final = (
     # spec
@@ -149,8 +153,6 @@ REFUSED: Final = (
     Refusal("KubeConfigRef", "configMapRef", "cloud workload-identity access to a remote cluster",
             shape=Shape.OBJECT, instead="use secretRef with a self-contained kubeconfig instead"),
     # spec.stages[]
-    Refusal("Stage", "actions", "pre, post and onFailure actions around a stage",
-            planned="issue 24", shape=Shape.OBJECT),
     Refusal("Stage", "errorBudget", "freezing a stage on its SLO error budget", shape=Shape.OBJECT),
     Refusal("Stage", "migrationAnchor", "the anchor versioned migrations name", shape=Shape.TEXT),
     # spec.stages[].promotion
@@ -165,6 +167,19 @@ REFUSED: Final = (
     Refusal("Stage", "applyHelmHookResources", "leaving out objects with helm.sh/hook annotations",
             value=False, instead="helm.sh/hook objects are applied as ordinary objects here; "
                                  "remove them from the stage's path or leave this field out"),
+    # spec.stages[].actions: the reference's scopes other than Revision, and their anchor
+    *(line for model in ("PreAction", "PostAction") for line in (
+        Refusal(model, "scope", "running the action once per spec.version", value="Version",
+                instead=_REVISION),
+        Refusal(model, "scope", "running the action once in the StageSet's lifetime, kept in a StageLedger",
+                value="Lifetime", instead=_REVISION),
+        Refusal(model, "completionAnchor", "the object that witnesses a scope: Lifetime action",
+                shape=Shape.OBJECT, instead="remove it (there is no scope: Lifetime here)"))),
+    Refusal("FailureAction", "scope", "a ledger scope for an onFailure action",
+            instead="remove it: onFailure actions are not gated by the ledger "
+                    "(the reference refuses it too)"),
+    Refusal("FailureAction", "completionAnchor", "the object that witnesses a scope: Lifetime action",
+            shape=Shape.OBJECT, instead="remove it (there is no scope: Lifetime here)"),
 )
 """Every refused field; one line per field (or value)."""
 

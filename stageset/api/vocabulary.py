@@ -56,6 +56,8 @@ class Reason(StrEnum):
     """A release failed and was rolled back to the last good revisions."""
     PREVIOUS_REVISION_UNAVAILABLE = "PreviousRevisionUnavailable"
     """A release failed and its last good revisions cannot be restored: nothing was rolled back."""
+    ACTION_FAILED = "ActionFailed"
+    """A stage's ``pre`` or ``post`` action failed (a ``pre`` failure applied nothing)."""
     # GitRepository
     AUTHENTICATION_FAILED = "AuthenticationFailed"
     REF_NOT_FOUND = "RefNotFound"
@@ -108,6 +110,10 @@ class EventReason(StrEnum):
     """``stages.metio.wtf/update-now`` shipped held revisions despite the update windows."""
     ROLLED_BACK = "RolledBack"
     """A failed release was rolled back to its last good revisions."""
+    ACTION_SUCCEEDED = "ActionSucceeded"
+    """A stage's action completed (``pre``, ``post`` or ``onFailure``)."""
+    ACTION_FAILED = "ActionFailed"
+    """A stage's action failed (an ``onFailure`` action's failure is only this event)."""
 
 
 # Ready reasons without the Warning event a Ready condition turning False gets: a release held as

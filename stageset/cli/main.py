@@ -42,6 +42,7 @@ from stageset.cli.inspect import events, get, graph, tree
 from stageset.cli.params import (
     BASE_URL,
     DURATION,
+    HOSTS,
     NAMESPACES,
     SIZE,
     parse_duration_option,
@@ -123,6 +124,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         default_source_kind=DefaultSourceKind(params.get("default_source_kind")
                                               or DefaultSourceKind.GIT_REPOSITORY),
         artifacts=artifact_settings(params),
+        allowed_action_hosts=tuple(params.get("allowed_action_hosts") or ()),
     )
     return dataclasses.replace(settings, mirror_dir=Path(mirror_dir)) if mirror_dir else settings
 
@@ -165,6 +167,10 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
 @click.option("--allow-insecure-sources", is_flag=True, default=False,
               help="Development only: allow plain http:// Git URLs (credentials in clear text), and "
               "artifact downloads from loopback, link-local and metadata addresses.")
+@click.option("--allowed-action-hosts", envvar="STAGESET_ALLOWED_ACTION_HOSTS", default="", type=HOSTS,
+              help="Comma-separated hosts an http action may call (shell wildcards: *.example.com); "
+              "none when empty. Loopback, link-local and metadata addresses stay refused unless "
+              "--allow-insecure-sources.")
 @click.option("--allow-local-sources", is_flag=True, default=False,
               help="Single-tenant only: allow file:// Git URLs and local paths (never the "
               "controller's own mirrors or system paths).")

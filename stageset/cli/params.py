@@ -88,7 +88,27 @@ class BaseUrlType(click.ParamType[str]):
         return text
 
 
+class HostListType(click.ParamType[tuple[str, ...]]):
+    """``a.example.com,*.internal,10.0.0.7``: host names or IP literals, shell wildcards allowed; no
+    scheme, port or path (``--allowed-action-hosts``)."""
+
+    name = "hosts"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> tuple[str, ...]:
+        if isinstance(value, tuple):
+            return value
+        hosts = tuple(h.strip().lower() for h in str(value or "").split(",") if h.strip())
+        bad = [h for h in hosts if re.fullmatch(r"\[?[a-z0-9*?.:\-]+\]?", h) is None or len(h) > 253
+               or h.count(":") == 1]  # one colon: a port (an IPv6 literal has more)
+        if bad:
+            self.fail(f"not host names (give hosts only, no scheme, port or path): "
+                      f"{', '.join(repr(b) for b in bad)}", param, ctx)
+        return hosts
+
+
 SIZE = SizeType()
 DURATION = DurationType()
 NAMESPACES = NamespaceListType()
 BASE_URL = BaseUrlType()
+HOSTS = HostListType()

@@ -49,6 +49,7 @@ from stageset.cli.render import (
 )
 from stageset.cli.session import CliError, ExitCode, Session, cluster_options, dump, echo
 from stageset.controller.sourcekinds import DefaultSourceKind
+from stageset.controller.stageset import actionplan
 from stageset.controller.stageset.rendering import identify
 from stageset.controller.stageset.targets import Target, Targets
 from stageset.kube.client import LOCAL, ApiError, Identity, KubeClient
@@ -188,6 +189,8 @@ class StageDiff:
     revision: str
     objects: list[ObjectDiff] = field(default_factory=list)
     error: str | None = None
+    actions: list[dict[str, Any]] = field(default_factory=list)
+    """What the stage's ``pre`` and ``post`` actions would do: run, or be skipped (ran for this revision)."""
 
     @property
     def changed(self) -> list[ObjectDiff]:
@@ -299,6 +302,19 @@ class Differ:
         return found
 
 
+def planned_actions(stages: list[StageDiff], rendered: list[RenderedStage], live: KubeObject | None) -> None:
+    """Fill in what each stage's actions would do, against the ledger in the live StageSet's status."""
+    ledgers = {s.name: s.actions for s in StageSetStatus.model_validate(
+        (live or {}).get("status") or {}).stages if s.actions is not None}
+    for diffed, item in zip(stages, rendered, strict=True):
+        if item.error is not None or not item.stage.actions:
+            continue
+        diffed.actions = [
+            {"hook": p.hook.value, "name": p.name, "verb": p.verb, "runs": p.runs, "why": p.why}
+            for p in actionplan.preview(item.stage.actions, ledgers.get(item.stage.name),
+                                        revision=item.revision, inputs=item.inputs)]
+
+
 @click.command("diff")
 @click.argument("name", required=False)
 @_source_options
@@ -306,9 +322,11 @@ class Differ:
 def diff(session: Session, name: str | None, file: str | None, source_dirs: tuple[str, ...],
          default_source_kind: str, age_key_file: Path | None) -> None:
     """Show what applying a StageSet would change: a server-side dry-run as its ServiceAccount,
-    and what prune would delete, as a unified diff (Secret values masked).
+    what prune would delete, as a unified diff (Secret values masked), and which of its stages'
+    pre and post actions would run (or be skipped: they ran for this revision).
 
-    Exit code 1 when there are differences, 0 when there are none, 3 on errors.
+    Exit code 1 when there are differences (or actions that would run), 0 when there are none, 3 on
+    errors.
 
     \b
     stageset diff shop -n shop                       # the cluster's StageSet and sources
@@ -337,12 +355,14 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
         stages.append(stage_diff)
         if inventory is not None:
             fresh[item.stage.name] = inventory
+    planned_actions(stages, rendered, live)
     complete = all(s.error is None for s in stages)
     pruned = differ.prune(target, live, fresh) if complete else []
     changed = [o for s in stages for o in s.changed] + pruned
     if session.output != "diff":
         echo(dump({"stages": [{"name": s.name, "identity": s.identity, "revision": s.revision,
-                               "error": s.error, "objects": [o.__dict__ for o in s.objects]} for s in stages],
+                               "error": s.error, "objects": [o.__dict__ for o in s.objects],
+                               "actions": s.actions} for s in stages],
                    "prune": [o.__dict__ for o in pruned], "complete": complete}, session.output))
     else:
         for change in changed:
@@ -358,6 +378,10 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
             counts[o.action.lower()] = counts.get(o.action.lower(), 0) + 1
         summary = ", ".join(f"{n} {a}" for a, n in sorted(counts.items())) or "no objects"
         click.echo(f"stage {s.name} (as {s.identity or 'you'}) at {s.revision}: {summary}", err=True)
+        for planned in s.actions:
+            what = "would run" if planned["runs"] else "skipped"
+            click.echo(f"  {planned['hook']} action {planned['name']} ({planned['verb']}): {what}, "
+                       f"{planned['why']}", err=True)
     if not complete:
         click.echo("prune: not previewed (a stage failed; the controller prunes only after every stage "
                    "succeeded)", err=True)
@@ -365,5 +389,6 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
         click.echo(f"prune: {len(pruned)} object(s) would be deleted", err=True)
     if not complete:
         raise click.exceptions.Exit(ExitCode.ERROR)
-    if any(o.action in {a.value for a in WRITES} for o in changed):
+    if any(o.action in {a.value for a in WRITES} for o in changed) or any(
+            planned["runs"] for s in stages for planned in s.actions):
         raise click.exceptions.Exit(ExitCode.DIFFERENCES)

@@ -64,6 +64,7 @@ from stageset.controller.identity import IdentityPolicy
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS
 from stageset.controller.redact import MASK, Redactor
 from stageset.controller.sourcekinds import DefaultSourceKind
+from stageset.controller.stageset.actionplan import inputs_digest
 from stageset.controller.stageset.reads import ArtifactSource, TenantReads
 from stageset.controller.status import validation_message
 from stageset.kube.client import ApiError, Identity, KubeClient
@@ -163,6 +164,9 @@ class RenderedStage:
     revision: str
     objects: list[KubeObject] = field(default_factory=list)
     error: StageError | CliError | None = None
+    inputs: str = ""
+    """What else the stage builds from, as the controller's actions ledger keys it
+    (:func:`~stageset.controller.stageset.actionplan.inputs_digest`)."""
 
 
 def _impersonation_check(client: KubeClient, identity: Identity, checked: set[Identity]) -> None:
@@ -219,7 +223,8 @@ class Renderer:
         try:
             unreadable: dict[str, str] = {}
             root, rendered.revision = self._root(stageset, stage, unreadable)
-            variables = self._variables(stage, namespace, identity)
+            variables, secrets = self._variables(stage, namespace, identity)
+            rendered.inputs = inputs_digest(stage, variables, secrets)
             prepared = prepare(root, path=stage.path, unreadable=unreadable)
             rendered.objects = render(self._decrypted(stageset, prepared), variables=variables)
         except StageError as error:
@@ -346,9 +351,11 @@ class Renderer:
         self.redactor.add(secret_values(data))
         return credentials_from(data)
 
-    def _variables(self, stage: Stage, namespace: str, identity: Identity) -> dict[str, str] | None:
+    def _variables(self, stage: Stage, namespace: str, identity: Identity
+                   ) -> tuple[dict[str, str] | None, list[str]]:
+        """The stage's variables, and the values that came from Secrets."""
         if stage.post_build is None:
-            return None
+            return None, []
         if self._session is None:
             if stage.post_build.substitute_from:
                 names = ", ".join(f"{r.kind}/{r.name}" for r in stage.post_build.substitute_from)
@@ -356,12 +363,12 @@ class Renderer:
                            "cluster; only postBuild.substitute and ${var:=default} apply")
             sources = [VariableSource(r.kind, r.name, None, True) for r in stage.post_build.substitute_from]
             try:
-                return merge_variables(stage.post_build.substitute, sources)
+                return merge_variables(stage.post_build.substitute, sources), []
             except BuildError as error:
                 raise CliError(f"stage {stage.name!r}: {error}") from None
         variables, secrets = self._reads.variables(self.client(identity), stage, namespace)
         self.redactor.add(secrets)
-        return variables
+        return variables, secrets
 
 
 # -- what may be shown ----------------------------------------------------------------------------

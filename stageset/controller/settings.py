@@ -95,6 +95,9 @@ class ControllerSettings:
     # ExternalArtifact.
     default_source_kind: DefaultSourceKind = DefaultSourceKind.GIT_REPOSITORY
     artifacts: ArtifactSettings = field(default_factory=ArtifactSettings)
+    # ``--allowed-action-hosts``: the hosts an ``http`` action may call (shell wildcards); none when
+    # empty.  The address guard applies as well (off only with ``allow_insecure_sources``).
+    allowed_action_hosts: tuple[str, ...] = ()
 
     def namespace_cap(self, pool: int) -> int:
         """How many of a pool's ``pool`` workers one namespace may hold at once."""

@@ -232,13 +232,12 @@ def points_at(external_artifact: Mapping[str, Any], *, group: str, kind: str, na
 
 
 def referenced(stageset: Mapping[str, Any], default: DefaultSourceKind) -> set[SourceObject]:
-    """Every source object a StageSet's stages name (raw, from the watch cache): what, when it
-    changes, requeues this StageSet.  A producer is named by its own key (its ExternalArtifact's
-    events carry the producer's key too)."""
+    """Every source object a StageSet's stages (and their ``job`` and ``apply`` actions) name (raw,
+    from the watch cache): what, when it changes, requeues this StageSet.  A producer is named by its
+    own key (its ExternalArtifact's events carry the producer's key too)."""
     namespace = str((stageset.get("metadata") or {}).get("namespace") or "")
     found: set[SourceObject] = set()
-    for stage in (stageset.get("spec") or {}).get("stages") or []:
-        ref = stage.get("sourceRef") if isinstance(stage, Mapping) else None
+    for ref in _source_refs(stageset):
         if not isinstance(ref, Mapping) or not ref.get("name"):
             continue
         target = classify_raw(ref, default)
@@ -246,3 +245,20 @@ def referenced(stageset: Mapping[str, Any], default: DefaultSourceKind) -> set[S
             found.add(SourceObject(target.group, target.name, str(ref.get("namespace") or namespace),
                                    str(ref["name"])))
     return found
+
+
+def _source_refs(stageset: Mapping[str, Any]) -> list[Any]:
+    """Every ``sourceRef`` of a raw StageSet: each stage's, and its ``job`` and ``apply`` actions'."""
+    refs: list[Any] = []
+    for stage in (stageset.get("spec") or {}).get("stages") or []:
+        if not isinstance(stage, Mapping):
+            continue
+        refs.append(stage.get("sourceRef"))
+        actions = stage.get("actions")
+        for hook in ("pre", "post", "onFailure"):
+            for action in (actions.get(hook) if isinstance(actions, Mapping) else None) or []:
+                for verb in ("job", "apply"):
+                    step = action.get(verb) if isinstance(action, Mapping) else None
+                    if isinstance(step, Mapping):
+                        refs.append(step.get("sourceRef"))
+    return refs

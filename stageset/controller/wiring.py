@@ -7,8 +7,9 @@ the controller as wired) call :func:`reconcilers` / :func:`stageset_reconciler`.
 - the tenant reads and the ServiceAccount check after a denial (one :class:`AccountCheck`);
 - the target clusters (this one, and a bounded cache of remote ones: :class:`Targets`);
 - the renderer and its cache (reading old revisions through the mirror's kept commits), the CEL
-  sandbox, the stage applier, the records, the change reports, the release steering (gates,
-  windows, rollback), the pass runner and the teardown of the StageSet reconciler.
+  sandbox, the stage applier and the actions around it (their ``--allowed-action-hosts`` and
+  address guard), the records, the change reports, the release steering (gates, windows,
+  rollback), the pass runner and the teardown of the StageSet reconciler.
 
 Identity: nothing here makes a request; each collaborator's docstring says whose identity its
 requests use.
@@ -22,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
+from sources.addresses import AddressGuard
 from stageset.apply.cel import CelSandbox
 from stageset.apply.engine import StageApplier, WatchSource
 from stageset.apply.health import ExpressionChecker
@@ -33,6 +35,8 @@ from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
 from stageset.controller.rendercache import RenderCache
 from stageset.controller.settings import ControllerSettings
+from stageset.controller.stageset.actions import ActionStage
+from stageset.controller.stageset.actionsteps import ActionRunner, StepSettings
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.passes import PassRunner
 from stageset.controller.stageset.reads import AccountCheck, TenantReads
@@ -112,9 +116,15 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     renderer = Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits,
                         cache=RenderCache(max_builds=settings.workers), artifacts=artifacts,
                         revisions=GitRevisions(keeper))
-    stages = StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
-                        stop=stop, sandbox=cel, accounts=accounts, watches=shared.watches,
-                        wake=shared.wake, watched_requeue=settings.watched_requeue)
+    applier = StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
+                         stop=stop, sandbox=cel, accounts=accounts, watches=shared.watches,
+                         wake=shared.wake, watched_requeue=settings.watched_requeue)
+    guard = AddressGuard(allow_insecure=settings.allow_insecure_sources, purpose="actions", verb="call")
+    runner = ActionRunner(renderer=renderer, sandbox=cel, clock=shared.clock, stop=stop,
+                          settings=StepSettings(allowed_hosts=settings.allowed_action_hosts, guard=guard,
+                                                poll_interval=settings.apply.poll_interval))
+    stages = ActionStage(inner=applier, runner=runner, clients=clients, events=shared.events,
+                         clock=shared.clock, slice_seconds=settings.readiness_slice, stop=stop)
     release = Release(clients=clients, identities=identities, renderer=renderer, stages=stages,
                       changes=changes, events=shared.events, metrics=shared.metrics, clock=shared.clock)
     passes = PassRunner(clients=clients, identities=identities, records=records, changes=changes,

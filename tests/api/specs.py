@@ -63,6 +63,11 @@ class Invalid:
         return copy.deepcopy(self.body)
 
 
+def actions(value: dict[str, Any]) -> dict[str, Any]:
+    """A StageSet whose one stage has ``actions: value``."""
+    return stageset({"stages": [stage("app", actions=value)]})
+
+
 SHA = "0123456789abcdef0123456789abcdef01234567"
 HTTPS = "https://git.example.com/org/repo.git"
 
@@ -268,10 +273,85 @@ INVALID = [
     Invalid("git-timeout-hours",
             gitrepository({"url": HTTPS, "timeout": "1h"}),
             "spec.timeout", "timeout must be at most 5m"),
+    # StageSet: actions
+    Invalid("action-with-two-verbs",
+            actions({"pre": [{"name": "both", "wait": {"duration": "1s"}, "http": {"url": "https://x.example/"}}]}),
+            "spec.stages[0].actions.pre[0]", 'action "both" needs exactly one of job, http, wait, patch'),
+    Invalid("action-without-verb",
+            actions({"post": [{"name": "nothing"}]}),
+            "spec.stages[0].actions.post[0]", 'action "nothing" needs exactly one of job, http, wait, patch'),
+    Invalid("action-names-repeated",
+            actions({"pre": [{"name": "a", "wait": {"duration": "1s"}},
+                              {"name": "a", "wait": {"duration": "2s"}}]}),
+            "spec.stages[0].actions.pre", 'action name "a" is used more than once in pre'),
+    Invalid("action-name-in-pre-and-post",
+            actions({"pre": [{"name": "a", "wait": {"duration": "1s"}}], "post": [{"name": "a", "wait": {
+                "duration": "1s"}}]}),
+            "spec.stages[0].actions", "an action name may be used in pre or in post, not both"),
+    Invalid("wait-duration-and-expr",
+            actions({"pre": [{"name": "w", "wait": {"duration": "1s", "expr": "true", "target": {
+                "kind": "ConfigMap", "name": "x"}}}]}),
+            "spec.stages[0].actions.pre[0].wait", "a wait needs exactly one of duration and expr"),
+    Invalid("wait-expr-without-target",
+            actions({"pre": [{"name": "w", "wait": {"expr": "true"}}]}),
+            "spec.stages[0].actions.pre[0].wait", "expr needs a target"),
+    Invalid("patch-name-and-selector",
+            actions({"post": [{"name": "p", "patch": {"patch": "{}", "target": {
+                "kind": "ConfigMap", "name": "x", "selector": {"matchLabels": {"a": "b"}}}}}]}),
+            "spec.stages[0].actions.post[0].patch.target",
+            "a patch target needs exactly one of name and selector"),
+    Invalid("patch-empty-selector",
+            actions({"post": [{"name": "p", "patch": {"patch": "{}", "target": {"kind": "ConfigMap",
+                                                                               "selector": {}}}}]}),
+            "spec.stages[0].actions.post[0].patch.target.selector",
+            "an empty selector would patch every object"),
+    Invalid("http-body-and-body-from",
+            actions({"post": [{"name": "h", "http": {"url": "https://x.example/", "body": "{}",
+                                                     "bodyFrom": {"name": "s", "key": "k"}}}]}),
+            "spec.stages[0].actions.post[0].http", "set body or bodyFrom, not both"),
+    Invalid("http-credentials-in-url",
+            actions({"post": [{"name": "h", "http": {"url": "https://user:pw@x.example/"}}]}),
+            "spec.stages[0].actions.post[0].http.url", "the URL may not carry credentials"),
+    Invalid("http-host-header-from-secret",
+            actions({"post": [{"name": "h", "http": {"url": "https://x.example/", "headersFrom": [
+                {"name": "s", "key": "Host"}]}}]}),
+            "spec.stages[0].actions.post[0].http.headersFrom[0].key", "are set by the controller"),
+    Invalid("http-not-http",
+            actions({"post": [{"name": "h", "http": {"url": "file:///etc/passwd"}}]}),
+            "spec.stages[0].actions.post[0].http.url", "should match"),
+    Invalid("action-retries-over-the-bound",
+            actions({"post": [{"name": "h", "retries": 101, "http": {"url": "https://x.example/"}}]}),
+            "spec.stages[0].actions.post[0].retries", "less than or equal to 100"),
 ]
+
+
 
 # Specs both sides must accept, beyond the DESIGN.md ones.
 VALID = {
+    "every-action": actions({
+        "pre": [{"name": "migrate", "timeout": "10m", "retries": 2,
+                 "job": {"sourceRef": {"name": "migrations"}, "path": "./jobs"}},
+                {"name": "orphan", "delete": {"target": {"apiVersion": "apps/v1", "kind": "StatefulSet",
+                                                         "name": "web"}, "cascade": "Orphan"}},
+                {"name": "maintenance", "apply": {"sourceRef": {"kind": "OCIRepository", "name": "page"},
+                                                  "wait": True}}],
+        "post": [{"name": "smoke", "http": {"url": "https://app.internal/healthz", "method": "GET",
+                                            "expectedStatus": [200, 204],
+                                            "headersFrom": [{"name": "token", "key": "Authorization"}]}},
+                 {"name": "settle", "wait": {"duration": "30s"}},
+                 {"name": "available", "wait": {"target": {"apiVersion": "apps/v1", "kind": "Deployment",
+                                                           "name": "web"},
+                                                "expr": "status.availableReplicas >= 3", "timeout": "5m"}},
+                 {"name": "traffic", "patch": {"target": {"kind": "Service", "name": "web"},
+                                               "patch": "spec: {selector: {release: green}}"}},
+                 {"name": "grow", "patch": {"type": "json6902", "target": {
+                     "kind": "PersistentVolumeClaim", "selector": {
+                         "matchLabels": {"app": "web"},
+                         "matchExpressions": [{"key": "tier", "operator": "In", "values": ["db"]}]}},
+                     "patch": '[{"op": "replace", "path": "/spec/resources/requests/storage", '
+                              '"value": "9Gi"}]'}}],
+        "onFailure": [{"name": "page", "http": {"url": "https://alerts.internal/x",
+                                                "bodyFrom": {"name": "alert", "key": "body"}}}]}),
     "fan-out-and-in": stageset({"stages": [
         stage("crds"),
         stage("operator", dependsOn=["crds"]),

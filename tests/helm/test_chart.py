@@ -247,6 +247,12 @@ def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> Non
     args = controller_args(helm.render("--set", "controller.defaultSourceKind=ExternalArtifact"))
     params = controller.make_context("controller", list(args)).params
     assert params["default_source_kind"] == "ExternalArtifact"
+    # The hosts http actions may call: none unless listed.
+    assert not any(a.startswith("--allowed-action-hosts") for a in controller_args(helm.render()))
+    args = controller_args(helm.render("--set",
+                                       "controller.allowedActionHosts={hooks.example.com,*.internal,10.0.0.7}"))
+    assert controller.make_context("controller", list(args)).params["allowed_action_hosts"] == (
+        "hooks.example.com", "*.internal", "10.0.0.7")
 
 
 def test_notes_name_the_mode(helm: Helm) -> None:
@@ -271,6 +277,9 @@ INVALID = [
     ("--set", "controller.logLevel=loud", "/controller/logLevel"),
     ("--set", "controller.logFormat=xml", "/controller/logFormat"),
     ("--set", "controller.defaultSourceKind=OCIRepository", "/controller/defaultSourceKind"),
+    ("--set", "controller.allowedActionHosts={https://hooks.example.com/}",
+     "/controller/allowedActionHosts/0"),
+    ("--set", "controller.allowedActionHosts={hooks.example.com:8443}", "/controller/allowedActionHosts/0"),
     ("--set", "controller.maxTeardownWait=5", "/controller/maxTeardownWait"),
     ("--set-string", "controller.maxTeardownWait=5", "/controller/maxTeardownWait"),
     ("--set-string", "controller.maxTeardownWait=5 minutes", "/controller/maxTeardownWait"),

@@ -129,7 +129,8 @@ def test_extra_args_reach_the_controller_and_cannot_override_a_value(helm: Helm)
     # Every flag the chart renders in any mode is the chart's: passing it again is refused.
     rendered: set[str] = set()
     every = ["--set", "rbac.clusterAdmin=true", "--set", "controller.watchNamespaces={a}",
-             "--set", "controller.noCrossNamespaceRefs=true", "--set", "controller.build.maxDepth=5"]
+             "--set", "controller.noCrossNamespaceRefs=true", "--set", "controller.build.maxDepth=5",
+             "--set", "controller.allowedActionHosts={hooks.example.com}"]
     for values in ([], every):
         rendered |= {a[2:].partition("=")[0] for a in controller_args(helm.render(*values))}
     for flag in sorted(rendered):

@@ -42,6 +42,7 @@ KINDS = [
     ("events.k8s.io/v1", "Event", "events", True),
     ("v1", "ServiceAccount", "serviceaccounts", True),
     ("apps/v1", "Deployment", "deployments", True),
+    ("batch/v1", "Job", "jobs", True),
     ("rbac.authorization.k8s.io/v1", "ClusterRole", "clusterroles", False),
     ("stages.metio.wtf/v1", "StageSet", "stagesets", True),
     ("stages.metio.wtf/v1", "GitRepository", "gitrepositories", True),

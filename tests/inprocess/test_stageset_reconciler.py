@@ -524,14 +524,14 @@ def test_a_reference_field_stored_before_its_rule_is_invalid_spec_naming_it(worl
     # The fake apiserver runs no CEL: what the models re-check is all that stands between a
     # StageSet stored under an older CRD and an apply that ignores what it asks for.
     world.commit({"app/a.json": configmap("a")})
-    world.stageset("shop", [{"name": "app", "path": "./app", "actions": {"pre": [
-        {"name": "migrate", "job": {"sourceRef": {"name": "migrations"}}}]}}])
+    world.stageset("shop", [{"name": "app", "path": "./app", "errorBudget": {
+        "source": {"prometheus": {"address": "http://prometheus:9090", "query": "slo:budget"}}}}])
     world.reconcile("shop")
 
     ready = world.ready("shop")
     assert (ready["status"], ready["reason"]) == ("False", "InvalidSpec")
-    assert ready["message"].startswith("spec.stages.0: actions (pre, post and onFailure actions around a "
-                                       "stage) is not supported by this controller yet (planned: issue 24)")
+    assert ready["message"].startswith("spec.stages.0: errorBudget (freezing a stage on its SLO error "
+                                       "budget) is not supported by this controller; remove it")
     assert world.cluster.by(TENANT) == []  # nothing read or applied as the tenant
 
 

@@ -45,7 +45,7 @@ from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.release import Release, Request
 from stageset.controller.stageset.rendering import Rendered, Renderer
 from stageset.controller.stageset.scheduler import StageScheduler, Tell
-from stageset.controller.stageset.stage import StageApply, StageRun
+from stageset.controller.stageset.stage import StageRun, StageWork
 from stageset.controller.stageset.steering import Steering
 from stageset.controller.stageset.targets import Target, inventory_clients
 from stageset.controller.stageset.writer import PassWriter
@@ -90,7 +90,7 @@ class _Pass:
 
 class PassRunner:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, renderer: Renderer,
-                 records: Records, stages: StageApply, changes: Changes, settings: ControllerSettings,
+                 records: Records, stages: StageWork, changes: Changes, settings: ControllerSettings,
                  accounts: AccountCheck, release: Release):
         self._clients = clients
         self._accounts = accounts
@@ -211,7 +211,7 @@ class PassRunner:
             # On a pool thread: reads only what was decided before it was submitted.
             return self._stages.run(StageRun(
                 stageset=one.stageset, rendered=rendered[name], before=starting[name],
-                previous=previous.get(name), recheck=name in rechecks, waiting=tell))
+                previous=previous.get(name), recheck=name in rechecks, waiting=tell, redactor=one.redactor))
 
         def heard(name: str, outcome: plan.StageOutcome) -> None:
             was = one.progress.outcomes[name]

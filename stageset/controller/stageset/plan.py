@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 import networkx as nx
 
 from stageset.api import Stage, StageInventory, StageSet, StageSetStatus, StageStatus, format_time, parse_time
+from stageset.api.actions import ActionLedger
 from stageset.api.release import PromotionState
 from stageset.api.stageset import OnTimeout
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason, StagePhase
@@ -32,7 +33,8 @@ from stageset.controller.ordering import OrderingError, StageNode, stage_graph
 
 # Which failure wins the StageSet's Ready reason when several stages fail.
 REASON_PRIORITY = [Reason.RBAC_DENIED, Reason.INVALID_SPEC, Reason.RESOLVE_FAILED, Reason.CLUSTER_UNREACHABLE,
-                   Reason.STAGE_FAILED, Reason.DEPENDENCY_NOT_READY, Reason.SOURCE_NOT_READY,
+                   Reason.STAGE_FAILED, Reason.ACTION_FAILED, Reason.DEPENDENCY_NOT_READY,
+                   Reason.SOURCE_NOT_READY,
                    Reason.ARTIFACT_NOT_FOUND, Reason.STAGE_PROGRESSING]
 # Reasons that clear up by themselves soon (a source being fetched, a stage still rolling
 # out): retried within this many seconds even when ``retryInterval`` is longer.
@@ -68,6 +70,8 @@ class StageOutcome:
     """The promote token last acted on for this stage (kept whatever else changes)."""
     watched: bool = False
     """Waiting, and every object it waits for is watched: a change wakes the StageSet (not shown)."""
+    actions: ActionLedger | None = None
+    """The ledger of the stage's actions (kept through every outcome: a lost ledger runs them again)."""
 
     @classmethod
     def carried(cls, name: str, before: StageStatus | None) -> StageOutcome:
@@ -76,18 +80,20 @@ class StageOutcome:
             return cls(name, StagePhase.PENDING)
         return cls(name, StagePhase.PENDING, revision=before.revision, objects=before.objects,
                    applied_at=before.last_applied_time, waiting_since=before.waiting_since,
-                   promotion=before.promotion_state, promotion_token=before.last_handled_promotion)
+                   promotion=before.promotion_state, promotion_token=before.last_handled_promotion,
+                   actions=before.actions)
 
     def failed(self, reason: Reason, message: str) -> StageOutcome:
         phase = StagePhase.PENDING if reason in WAITING_FOR_SOURCE else StagePhase.FAILED
         return StageOutcome(self.name, phase, reason, message, self.revision, promotion=self.promotion,
-                            promotion_token=self.promotion_token)
+                            promotion_token=self.promotion_token, actions=self.actions)
 
     def status(self) -> StageStatus:
         return StageStatus(name=self.name, phase=self.phase, revision=self.revision,
                            message=self.message or None, objects=self.objects,
                            last_applied_time=self.applied_at, waiting_since=self.waiting_since,
-                           promotion_state=self.promotion, last_handled_promotion=self.promotion_token)
+                           promotion_state=self.promotion, last_handled_promotion=self.promotion_token,
+                           actions=self.actions)
 
 
 @dataclass(frozen=True)

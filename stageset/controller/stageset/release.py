@@ -54,7 +54,7 @@ from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.plan import StageOutcome, Verdict
 from stageset.controller.stageset.progress import Progress
 from stageset.controller.stageset.rendering import Rendered, Renderer
-from stageset.controller.stageset.stage import StageApply, StageRun
+from stageset.controller.stageset.stage import StageRun, StageWork
 from stageset.controller.stageset.steering import Steering
 from stageset.controller.stageset.targets import Target, inventory_clients
 from stageset.controller.stageset.writer import PassWriter
@@ -89,7 +89,7 @@ class Request:
 
 class Release:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, renderer: Renderer,
-                 stages: StageApply, changes: Changes, events: EventRecorder, metrics: Metrics, clock: Clock):
+                 stages: StageWork, changes: Changes, events: EventRecorder, metrics: Metrics, clock: Clock):
         self._clients = clients
         self._identities = identities
         self._renderer = renderer

@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from sources import RefNotFoundError, SourceError
@@ -35,6 +35,7 @@ from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
 from stageset.build.decrypt import DecryptionError
 from stageset.controller.redact import Redactor
 from stageset.controller.rendercache import RenderCache, SourceRoot, StageDecryption, render_stage
+from stageset.controller.stageset.actionplan import inputs_digest
 from stageset.controller.stageset.reads import ArtifactSource, Source, TenantReads, service_account_of
 from stageset.controller.stageset.revisions import GitRevisions, RevisionContent
 from stageset.controller.stageset.rollback import substitution_digest
@@ -83,6 +84,9 @@ class Rendered:
     """A digest of the stage's ``postBuild`` variables (:func:`rollback.substitution_digest`)."""
     pinned: bool = False
     """Rendered at a recorded revision rather than the source's current one."""
+    action_inputs: str = ""
+    """What else the stage builds from besides its revision, as a digest: with the revision, what its
+    actions run once for (:func:`~stageset.controller.stageset.actionplan.inputs_digest`)."""
 
     @property
     def account(self) -> str | None:
@@ -122,9 +126,10 @@ class Renderer:
                                  "restored: the controller keeps no earlier Flux artifact")
             variables, secret_values = self._reads.variables(client, stage, namespace)
             redactor.add(secret_values)
-            return self._render_artifact(source, stage=stage, identity=identity, namespace=namespace,
-                                         target=target, variables=variables, decryption=decryption,
-                                         salt=salt)
+            return replace(self._render_artifact(source, stage=stage, identity=identity, namespace=namespace,
+                                                 target=target, variables=variables, decryption=decryption,
+                                                 salt=salt),
+                           action_inputs=inputs_digest(stage, variables, secret_values))
         if pinned:
             assert revision is not None
             source = self.revisions.at(source, revision)
@@ -172,7 +177,8 @@ class Renderer:
             raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {error}") from error
         return Rendered(stage=stage, identity=identity, revision=source.revision, objects=objects,
                         target=target, ids={identify(obj, namespace, target) for obj in objects},
-                        source=source, inputs=substitution_digest(variables, salt=salt), pinned=pinned)
+                        source=source, inputs=substitution_digest(variables, salt=salt), pinned=pinned,
+                        action_inputs=inputs_digest(stage, variables, secret_values))
 
     def _render_artifact(self, source: ArtifactSource, *, stage: Stage, identity: Identity, namespace: str,
                          target: Target, variables: dict[str, str] | None,

@@ -24,6 +24,7 @@ import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from stageset.api import InventoryEntry, Stage, StageInventory, StageSet, duration_seconds, format_time
 from stageset.api.vocabulary import Reason, StagePhase
@@ -38,6 +39,7 @@ from stageset.apply.readiness import Readiness
 from stageset.controller import logs
 from stageset.controller.clock import Clock
 from stageset.controller.events import change_summary
+from stageset.controller.redact import Redactor
 from stageset.controller.stageset.plan import StageOutcome, judge_readiness, on_timeout, readiness_window
 from stageset.controller.stageset.reads import AccountCheck
 from stageset.controller.stageset.rendering import Rendered
@@ -63,6 +65,15 @@ class StageRun:
     """Applied at this revision already and waiting: only re-check readiness."""
     waiting: Callable[[StageOutcome], None] | None = None
     """Hears the stage's ``Waiting`` outcome (what it waits for) while it waits."""
+    redactor: Redactor | None = None
+    """The StageSet's Secret values (an ``http`` action adds the ones it reads)."""
+
+
+class StageWork(Protocol):
+    """What a pass runs for each stage: :class:`StageApply`, or the actions around it
+    (:class:`~stageset.controller.stageset.actions.ActionStage`)."""
+
+    def run(self, run: StageRun) -> tuple[StageOutcome, StageResult | None]: ...
 
 
 class StageApply:
