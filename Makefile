@@ -45,7 +45,8 @@ docs:
 	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m stageset.envtest.docs && \
 		$$uv run --frozen mkdocs build --strict --site-dir site
 
-# Benchmarks (numbers go to docs/benchmarks.md and docs/sources.md)
+# Benchmarks (numbers go to docs/benchmarks.md, docs/sources.md and docs/scale.md; bench.peers builds
+# Flux's source-controller and kustomize-controller first, once, into ~/.cache/stageset)
 bench:
 	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m bench.apply && $$uv run --frozen python -m bench.git_fetch && \
-		$$uv run --frozen python -m bench.flux_sources
+		$$uv run --frozen python -m bench.flux_sources && $$uv run --frozen python -m bench.peers

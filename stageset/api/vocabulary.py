@@ -67,6 +67,8 @@ class Reason(StrEnum):
     GIT_OPERATION_FAILED = "GitOperationFailed"
     SECRET_NOT_FOUND = "SecretNotFound"  # noqa: S105 - a reason, not a password
     FAILED = "Failed"
+    # Label shards (written by the main shard on objects whose shard key no shard serves)
+    NO_SHARD = "NoShard"
 
 
 class StagePhase(StrEnum):

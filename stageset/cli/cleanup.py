@@ -8,7 +8,9 @@ Identity: every request is the caller's own (the kubeconfig's credentials; in th
 ServiceAccount of its own that may only get, list, watch and delete StageSets in the release's
 namespaces).  It never touches what the StageSets applied: the controller tears that down, as
 each StageSet's own ServiceAccount, when it sees the deletion.  Nothing is deleted outside the
-namespaces named (or, with ``--all-namespaces``, outside what the caller may list).
+namespaces named (or, with ``--all-namespaces``, outside what the caller may list), nor a StageSet
+``--selector`` does not select (a release of label shards cleans up only its own: the apiserver
+selects, as for the controller's watch).
 """
 
 from __future__ import annotations
@@ -18,23 +20,26 @@ import time
 import click
 
 from stageset.api.vocabulary import ConditionType
-from stageset.cli.params import DURATION, NAMESPACES
+from stageset.cli.params import DURATION, LABEL_SELECTOR, NAMESPACES
 from stageset.cli.session import CliError, Session, cluster_options, echo
 from stageset.controller.conditions import find_condition
 from stageset.controller.manager import STAGESETS
+from stageset.controller.sharding import LabelSelector
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.types import KubeObject
 
 POLL = 2.0
 
 
-def _listed(client: KubeClient, namespaces: tuple[str, ...] | None) -> list[KubeObject]:
-    """The StageSets of ``namespaces`` (None: every namespace); a namespace without the CRD or
-    without StageSets contributes none."""
+def _listed(client: KubeClient, namespaces: tuple[str, ...] | None, selector: LabelSelector | None = None
+            ) -> list[KubeObject]:
+    """The StageSets of ``namespaces`` (None: every namespace) that ``selector`` selects; a namespace
+    without the CRD or without StageSets contributes none."""
     found: list[KubeObject] = []
+    query = {"labelSelector": str(selector)} if selector else None
     for namespace in namespaces or (None,):
         try:
-            found += client.get(STAGESETS.collection_path(namespace)).get("items", [])
+            found += client.request("GET", STAGESETS.collection_path(namespace), query=query).get("items", [])
         except ApiError as error:
             if error.not_found:  # the CRD is gone, or never was: nothing to clean up
                 continue
@@ -60,8 +65,12 @@ def _why(obj: KubeObject) -> str:
               help="Comma-separated namespaces whose StageSets are deleted (default: the -n namespace).")
 @click.option("--timeout", type=DURATION, default="10m", show_default=True,
               help="How long to wait for the controller to tear the StageSets down.")
+@click.option("-l", "--selector", type=LABEL_SELECTOR, default="",
+              help="Only StageSets with these labels (the release's --watch-label-selector), e.g. "
+              "sharding.fluxcd.io/key=shard1.")
 @cluster_options(all_namespaces=True, outputs=("table",))
-def cleanup(session: Session, namespaces: tuple[str, ...] | None, timeout: float) -> None:
+def cleanup(session: Session, namespaces: tuple[str, ...] | None, timeout: float,
+            selector: LabelSelector | None) -> None:
     """Delete every StageSet of the namespaces and wait until the controller tore them down.
 
     The controller must be running: it deletes what each StageSet applied (as the StageSet's
@@ -72,9 +81,10 @@ def cleanup(session: Session, namespaces: tuple[str, ...] | None, timeout: float
     if session.all_namespaces and namespaces:
         raise click.UsageError("--namespaces and --all-namespaces cannot be combined")
     scope: tuple[str, ...] | None = None if session.all_namespaces else (namespaces or (session.namespace,))
-    where = "every namespace" if scope is None else ", ".join(scope)
+    where = ("every namespace" if scope is None else ", ".join(scope)) + \
+        (f" with labels {selector}" if selector else "")
     client = session.client()
-    doomed = _listed(client, scope)
+    doomed = _listed(client, scope, selector)
     echo(f"deleting {len(doomed)} StageSet(s) in {where}\n")
     for obj in doomed:
         meta = obj["metadata"]
@@ -94,7 +104,7 @@ def cleanup(session: Session, namespaces: tuple[str, ...] | None, timeout: float
     deadline = time.monotonic() + timeout
     reported = -1
     while True:
-        remaining = _listed(client, scope)
+        remaining = _listed(client, scope, selector)
         if not remaining:
             echo(f"every StageSet in {where} is gone\n")
             return

@@ -29,6 +29,7 @@ from stageset.cli.session import (
 from stageset.controller.conditions import find_condition
 from stageset.controller.manager import GITREPOSITORIES, STAGESETS
 from stageset.controller.ordering import OrderingError, StageNode, stage_graph
+from stageset.controller.sharding import SHARD_LABEL
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import RestMapper, UnknownKindError
 from stageset.kube.types import KubeObject
@@ -63,6 +64,7 @@ def summary(obj: KubeObject) -> dict[str, Any]:
         "revision": status.get("lastAppliedRevision"),
         "suspended": bool(spec.get("suspend", False)),
         "created": meta.get("creationTimestamp"),
+        "shard": (meta.get("labels") or {}).get(SHARD_LABEL),
         "stages": [{
             "name": stage.get("name"),
             "phase": (stages.get(stage.get("name")) or {}).get("phase", StagePhase.PENDING.value),
@@ -130,7 +132,8 @@ def get(session: Session, name: str | None) -> None:
             return
         echo(f"StageSet {view['namespace']}/{view['name']}: Ready={view['ready']}"
              + (f" ({view['reason']})" if view["reason"] else "")
-             + (" [suspended]" if view["suspended"] else "") + "\n")
+             + (" [suspended]" if view["suspended"] else "")
+             + (f" [shard {view['shard']}]" if view["shard"] else "") + "\n")
         if view["message"]:
             echo(f"  {view['message']}\n")
         echo(f"  revision: {view['revision'] or '-'}\n")
@@ -155,10 +158,25 @@ def get(session: Session, name: str | None) -> None:
     headers = ["NAME", "READY", "REASON", "STAGES", "REVISION", "SUSPENDED", "AGE", "MESSAGE"]
     rows = [[v["name"], v["ready"], v["reason"] or "-", _stages_ready(v), short_revision(v["revision"]),
              str(v["suspended"]).lower(), age(v["created"]), _first_line(v["message"], 80)] for v in views]
+    if any(v["shard"] for v in views):  # label shards in use: which shard each one is for
+        headers = [headers[0], "SHARD", *headers[1:]]
+        rows = [[row[0], v["shard"] or "-", *row[1:]] for v, row in zip(views, rows, strict=True)]
     if namespace is None:
         headers = ["NAMESPACE", *headers]
         rows = [[v["namespace"], *row] for v, row in zip(views, rows, strict=True)]
     echo(table(headers, rows))
+    _warn_unreconciled(views)
+
+
+def _warn_unreconciled(views: list[dict[str, Any]]) -> None:
+    """A StageSet labelled for a shard that has not been reconciled at its generation: perhaps no
+    shard serves its key (when the main shard knows the shards, it says so itself: NoShard)."""
+    waiting = [v for v in views if v["shard"] and v["observedGeneration"] != v["generation"]]
+    if waiting:
+        names = ", ".join(f"{v['namespace']}/{v['name']} ({SHARD_LABEL}={v['shard']})" for v in waiting[:5])
+        click.echo(f"Warning: {len(waiting)} StageSet(s) carry a shard key and were not reconciled at their "
+                   f"generation yet: {names}{' ...' if len(waiting) > 5 else ''}; is a controller running "
+                   f"with --watch-label-selector {SHARD_LABEL}=<key> for each key?", err=True)
 
 
 # -- tree -----------------------------------------------------------------------------------------

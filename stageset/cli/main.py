@@ -43,7 +43,9 @@ from stageset.cli.params import (
     BASE_URL,
     DURATION,
     HOSTS,
+    LABEL_SELECTOR,
     NAMESPACES,
+    SHARD_KEYS,
     SIZE,
     parse_duration_option,
     parse_size,
@@ -57,6 +59,7 @@ from stageset.controller import logs
 from stageset.controller.manager import Manager
 from stageset.controller.metrics import Metrics
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL, ArtifactSettings, ControllerSettings
+from stageset.controller.sharding import SHARD_LABEL, LabelSelector
 from stageset.controller.sourcekinds import DefaultSourceKind
 from stageset.kube.client import ClientPool
 
@@ -104,6 +107,8 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
     settings = ControllerSettings(
         build_limits=limits,
         watch_namespaces=params.get("watch_namespaces"),
+        watch_label_selector=params.get("watch_label_selector"),
+        shard_keys=shard_keys(params),
         cluster_admin=bool(params.get("cluster_admin")),
         no_cross_namespace_refs=bool(params.get("no_cross_namespace_refs")),
         workers=int(params.get("workers", 4)),
@@ -129,6 +134,24 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
     return dataclasses.replace(settings, mirror_dir=Path(mirror_dir)) if mirror_dir else settings
 
 
+def shard_keys(params: dict[str, Any]) -> tuple[str, ...] | None:
+    """``--shard-keys``: only for the main shard (``--watch-label-selector '!sharding.fluxcd.io/key'``),
+    the one whose watch leaves out every labelled object."""
+    keys: tuple[str, ...] | None = params.get("shard_keys")
+    selector: LabelSelector | None = params.get("watch_label_selector")
+    if keys is not None and (selector is None or selector.shard != ""):
+        raise click.BadParameter(f"only the main shard reports objects no shard serves: it needs "
+                                 f"--watch-label-selector '!{SHARD_LABEL}'", param_hint="--shard-keys")
+    return keys
+
+
+def _main_shard_only(ctx: click.Context, _param: click.Parameter, value: tuple[str, ...] | None
+                     ) -> tuple[str, ...] | None:
+    """Checked while parsing (before the command sets anything up); ``--watch-label-selector`` is
+    declared first, so it is parsed already."""
+    return shard_keys({**ctx.params, "shard_keys": value})
+
+
 def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
     """``--artifact-*`` flags; unset ones keep :class:`ArtifactSettings`' defaults."""
     known, limits = ArtifactSettings(), ArtifactLimits()
@@ -150,6 +173,14 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               help="Kubeconfig to use; in-cluster configuration when omitted.")
 @click.option("--watch-namespaces", envvar="STAGESET_WATCH_NAMESPACES", default="", type=NAMESPACES,
               help="Comma-separated namespaces to watch (namespace-scoped watches); all when empty.")
+@click.option("--watch-label-selector", envvar="STAGESET_WATCH_LABEL_SELECTOR", default="",
+              type=LABEL_SELECTOR, help="Only StageSets and GitRepositories with these labels (Kubernetes' "
+              "selector syntax, selected by the apiserver), e.g. sharding.fluxcd.io/key=shard1 for a "
+              "shard and '!sharding.fluxcd.io/key' for the main one; all when empty.")
+@click.option("--shard-keys", envvar="STAGESET_SHARD_KEYS", default="", type=SHARD_KEYS,
+              callback=_main_shard_only,
+              help="Main shard only: the sharding.fluxcd.io/key values the other shards serve; objects "
+              "labelled with any other value are reported (Ready=False, reason NoShard), never reconciled.")
 @click.option("--cluster-admin/--no-cluster-admin", default=False,
               help="Single-tenant mode: StageSets without serviceAccountName apply as the controller.")
 @click.option("--no-cross-namespace-refs", is_flag=True, default=False,

@@ -9,6 +9,7 @@ import click
 
 from stageset.api import duration_seconds
 from stageset.api.common import DNS_LABEL_PATTERN
+from stageset.controller.sharding import LabelSelector, SelectorError, parse_shard_keys
 from stageset.kube.quantity import parse_quantity
 
 
@@ -107,8 +108,42 @@ class HostListType(click.ParamType[tuple[str, ...]]):
         return hosts
 
 
+class LabelSelectorType(click.ParamType[LabelSelector | None]):
+    """A label selector in Kubernetes' syntax (``sharding.fluxcd.io/key=shard1``); empty: none."""
+
+    name = "selector"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> LabelSelector | None:
+        if value is None or isinstance(value, LabelSelector):
+            return value
+        if not str(value).strip():
+            return None
+        try:
+            return LabelSelector.parse(str(value))
+        except SelectorError as error:
+            self.fail(str(error), param, ctx)
+
+
+class ShardKeysType(click.ParamType[tuple[str, ...] | None]):
+    """``shard1,shard2``: values of ``sharding.fluxcd.io/key``; empty means "not told"."""
+
+    name = "keys"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+                ) -> tuple[str, ...] | None:
+        if value is None or isinstance(value, tuple):
+            return value
+        try:
+            return parse_shard_keys(str(value)) or None
+        except SelectorError as error:
+            self.fail(str(error), param, ctx)
+
+
 SIZE = SizeType()
 DURATION = DurationType()
 NAMESPACES = NamespaceListType()
 BASE_URL = BaseUrlType()
 HOSTS = HostListType()
+LABEL_SELECTOR = LabelSelectorType()
+SHARD_KEYS = ShardKeysType()

@@ -5,7 +5,12 @@ controller's own identity; everything a StageSet applies goes through the
 per-tenant clients the reconcilers ask :class:`ClientPool` for.
 
 Watches are namespace-scoped when ``watch_namespaces`` is set (one list/watch per
-namespace), so a sharded release never needs cluster-wide list rights.
+namespace), so a sharded release never needs cluster-wide list rights.  With
+``watch_label_selector`` (label shards, :mod:`stageset.controller.sharding`) the same lists and
+watches of StageSets and GitRepositories carry the selector: the apiserver sends only this shard's
+objects, and an object relabelled away arrives as ``DELETED`` — forgotten here, never torn down
+(teardown follows a ``deletionTimestamp`` only).  The main shard told ``shard_keys`` also watches
+the objects no shard serves and reports them (:mod:`stageset.controller.unserved`).
 
 Objects in the watch cache are read-only: each reconcile works on its own copy, and its own
 writes reach the manager as values (``on_write``), kept until the watch has caught up with them.
@@ -54,6 +59,8 @@ from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.sourcekinds import FLUX_GROUP, OUR_GROUP, SourceObject, referenced, trigger
 from stageset.controller.status import requested_at
+from stageset.controller.unserved import KIND_PREFIX as UNSERVED
+from stageset.controller.unserved import Unserved
 from stageset.controller.wiring import Shared, Store, reconcilers
 from stageset.kube.client import ClientPool, UnreachableError
 from stageset.kube.mapping import Resource
@@ -175,11 +182,27 @@ class Manager:
                             artifacts=self.artifacts)
         self._stagesets, self._git = wired.stagesets, wired.gitrepositories
         self._reflectors: list[Reflector] = []
+        selector = settings.watch_label_selector
         for namespace in settings.watch_namespaces or (None,):
             for resource in (STAGESETS, GITREPOSITORIES):
                 self._reflectors.append(Reflector(client=admin, resource=resource, namespace=namespace,
                                                   handler=self._handler(resource.kind), stop=self.stop,
-                                                  resync=settings.resync_period))
+                                                  resync=settings.resync_period,
+                                                  label_selector=str(selector) if selector else None))
+        # The main shard's report of objects no shard serves (not part of "synced": a report only).
+        self.unserved: Unserved | None = None
+        self._unserved_watches: list[Reflector] = []
+        if settings.shard_keys is not None and selector is not None:
+            self.unserved = Unserved(client=admin, shard_keys=settings.shard_keys,
+                                     resources={"StageSet": STAGESETS, "GitRepository": GITREPOSITORIES},
+                                     clock=clock, metrics=self.metrics,
+                                     runbook_base_url=settings.runbook_base_url)
+            for namespace in settings.watch_namespaces or (None,):
+                for resource in (STAGESETS, GITREPOSITORIES):
+                    self._unserved_watches.append(Reflector(
+                        client=admin, resource=resource, namespace=namespace, stop=self.stop,
+                        handler=self._unserved_handler(resource.kind), resync=settings.resync_period,
+                        label_selector=str(selector.unserved(settings.shard_keys))))
         self.metrics.caches_synced.set_function(lambda: all(r.synced.is_set() for r in self._reflectors))
 
     @staticmethod
@@ -199,6 +222,11 @@ class Manager:
             # TransformStripManagedFields does).  ``obj`` is fresh from the watch, not yet shared.
             metadata.pop("managedFields", None)
             key: Key = (kind, metadata.get("namespace", ""), metadata.get("name", ""))
+            if event == "DELETED" and not metadata.get("deletionTimestamp") and \
+                    self._settings.watch_label_selector is not None:
+                # Gone from this shard's watch: deleted (without a finalizer of ours) or relabelled
+                # to another shard.  Either way forgotten; nothing is torn down.
+                log.info("%s %s/%s left this shard's watch (deleted, or its labels no longer match)", *key)
             if kind == "StageSet":
                 # Before the reconcile is queued, so it sees this object's edges (cycles).
                 ref = (key[1], key[2])
@@ -236,6 +264,13 @@ class Manager:
                 # a held one wakes its dependents at once.
                 for namespace, name in self._index.dependents((key[1], key[2])):
                     self._enqueue(("StageSet", namespace, name))
+        return handle
+
+    def _unserved_handler(self, kind: str) -> Any:
+        def handle(event: str, obj: KubeObject) -> None:
+            assert self.unserved is not None
+            if (key := self.unserved.handle(kind, event, obj)) is not None:
+                self._enqueue(key)
         return handle
 
     def _dependencies(self, namespace: str, obj: KubeObject) -> list[tuple[str, str]]:
@@ -284,7 +319,10 @@ class Manager:
     # -- workers ------------------------------------------------------------------
 
     def _queue(self, key: Key) -> WorkQueue[Key]:
-        # Artifact downloads share the source pool (and its per-namespace cap) with Git fetches.
+        # Artifact downloads share the source pool (and its per-namespace cap) with Git fetches;
+        # reports of unserved objects go to the StageSet pool.
+        if key[0].startswith(UNSERVED):
+            return self._pools["StageSet"][0]
         return self._pools["GitRepository" if key[0] == JOB_KIND else key[0]][0]
 
     def _enqueue(self, key: Key) -> None:
@@ -298,6 +336,9 @@ class Manager:
             try:
                 if key[0] == JOB_KIND:
                     self._download(queue, key)
+                    continue
+                if key[0].startswith(UNSERVED):
+                    self._report_unserved(queue, key)
                     continue
                 with self._lock:
                     raw = self._objects.get(key)
@@ -319,6 +360,16 @@ class Manager:
             queue.add_rate_limited(key)
         else:
             queue.forget(key)
+
+    def _report_unserved(self, queue: WorkQueue[Key], key: Key) -> None:
+        assert self.unserved is not None
+        try:
+            self.unserved.report(key)
+        except Exception as error:  # never lose a worker to a report; retried with backoff
+            log.warning("reporting %s/%s as served by no shard failed: %s", key[1], key[2], error)
+            queue.add_rate_limited(key)
+            return
+        queue.forget(key)
 
     def _with_own_status(self, key: Key, obj: KubeObject) -> KubeObject:
         """``obj`` from the watch cache, with the status our last reconcile of it wrote if the
@@ -425,7 +476,7 @@ class Manager:
         """Run until :attr:`stop` is set."""
         if self.lifecycle:
             self.lifecycle.start()
-        for reflector in self._reflectors:
+        for reflector in (*self._reflectors, *self._unserved_watches):
             reflector.start()
         self.flux.start()
         if self.lifecycle:
@@ -443,10 +494,11 @@ class Manager:
         for worker in workers:
             worker.start()
         log.info("controller started: %d StageSet and %d source workers (at most %d and %d per namespace), "
-                 "namespaces: %s", self._settings.workers, self._settings.source_workers,
+                 "namespaces: %s, labels: %s", self._settings.workers, self._settings.source_workers,
                  self._settings.namespace_cap(self._settings.workers),
                  self._settings.namespace_cap(self._settings.source_workers),
-                 ", ".join(self._settings.watch_namespaces or ("all",)))
+                 ", ".join(self._settings.watch_namespaces or ("all",)),
+                 self._settings.watch_label_selector or "all")
         wait_until_set(self.stop)
         if self.watches is not None:
             self.watches.close()

@@ -145,6 +145,9 @@ class Metrics:
         self.leader = Gauge("stageset_leader", "1 while this process may reconcile (holds the release's "
                             "Lease, or runs without leader election).", registry=r)
         self.leader.set(1)
+        self.unserved = Gauge(
+            "stageset_unserved_objects", "Objects whose sharding.fluxcd.io/key names no shard of the release "
+            "(main shard with --shard-keys only): no controller reconciles them.", ["kind"], registry=r)
         # -- per object (Flux's gotk_* series): plain numbers, written when scraped -------------
         self.objects = ObjectSeries(buckets=OBJECT_BUCKETS)
         r.register(self.objects)

@@ -15,6 +15,7 @@ from sources import Limits
 from sources.limits import ArtifactLimits
 from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
+from stageset.controller.sharding import LabelSelector
 from stageset.controller.sourcekinds import DefaultSourceKind
 
 # Where each condition reason's runbook lives: ``<base>/<reason in lower case>/`` (the docs site's
@@ -43,6 +44,12 @@ class ArtifactSettings:
 class ControllerSettings:
     # None watches every namespace; otherwise one namespace-scoped watch per entry.
     watch_namespaces: tuple[str, ...] | None = None
+    # Label shards: only StageSets and GitRepositories this selector matches are listed and
+    # watched (the apiserver selects); None: all of them.
+    watch_label_selector: LabelSelector | None = None
+    # Main shard only: the sharding.fluxcd.io/key values other shards serve; StageSets and
+    # GitRepositories labelled with any other key are reported (NoShard), never reconciled.
+    shard_keys: tuple[str, ...] | None = None
     # Single-tenant mode: StageSets without serviceAccountName apply as the controller.
     cluster_admin: bool = False
     no_cross_namespace_refs: bool = False

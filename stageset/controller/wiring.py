@@ -105,7 +105,7 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     accounts = AccountCheck(clients=clients, controller_reads_accounts=settings.cluster_admin)
     reads = TenantReads(stagesets=resource, sources=source_resource,
                         no_cross_namespace_refs=settings.no_cross_namespace_refs, accounts=accounts,
-                        default_source_kind=settings.default_source_kind)
+                        default_source_kind=settings.default_source_kind, shard=settings.watch_label_selector)
     cel = CelSandbox(settings.apply.cel)
     local = StageApplier(mapper=RestMapper(clients.client()), settings=settings.apply)
     targets = Targets(clients=clients, settings=settings.apply, local=local, accounts=accounts)

@@ -37,13 +37,7 @@ class ControllerProcess:
 
     def memory_mib(self) -> dict[str, float]:
         """``VmRSS`` (now) and ``VmHWM`` (peak) of the controller process, MiB."""
-        found: dict[str, float] = {}
-        with open(f"/proc/{self.process.pid}/status") as status:
-            for line in status:
-                key, _, value = line.partition(":")
-                if key in ("VmRSS", "VmHWM"):
-                    found[key] = int(value.split()[0]) / 1024
-        return found
+        return memory_mib(self.process.pid)
 
     def check_alive(self) -> None:
         if self.process.poll() is not None:
@@ -69,3 +63,14 @@ class ControllerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+def memory_mib(pid: int) -> dict[str, float]:
+    """``VmRSS`` (now) and ``VmHWM`` (peak) of process ``pid``, MiB."""
+    found: dict[str, float] = {}
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            key, _, value = line.partition(":")
+            if key in ("VmRSS", "VmHWM"):
+                found[key] = int(value.split()[0]) / 1024
+    return found

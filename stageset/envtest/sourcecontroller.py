@@ -72,13 +72,15 @@ def flux_crds() -> list[dict[str, Any]]:
     return crds
 
 
-def install_flux_crds(admin: KubeClient, *, timeout: float = 60.0) -> None:
-    """Apply Flux's source CRDs (idempotent) and wait until they are served."""
-    for crd in flux_crds():
+def install_flux_crds(admin: KubeClient, *, timeout: float = 60.0,
+                      crds: list[dict[str, Any]] | None = None) -> None:
+    """Apply Flux's source CRDs (or ``crds``; idempotent) and wait until they are served."""
+    crds = flux_crds() if crds is None else crds
+    for crd in crds:
         name = crd["metadata"]["name"]
         admin.apply(f"{_CRDS}/{name}", crd, field_manager="flux-crds", force=True)
     deadline = time.monotonic() + timeout
-    for crd in flux_crds():
+    for crd in crds:
         group, plural = crd["spec"]["group"], crd["spec"]["names"]["plural"]
         version = next(v["name"] for v in crd["spec"]["versions"] if v.get("storage"))
         while True:

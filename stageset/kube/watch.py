@@ -5,8 +5,11 @@ we own the loop.  A :class:`Reflector` lists once, emits every object as ``ADDED
 (a relist emits ``DELETED`` for objects that vanished meanwhile), then watches from
 the list's resourceVersion with bookmarks; when a watch ends it re-watches from the last
 seen version; on 410 it relists.  ``namespace`` scopes both calls to one namespace,
-so sharding by namespace never issues a cluster-wide watch; ``field_selector`` narrows both
-calls on the server (e.g. Events about one API group), never in Python.
+so sharding by namespace never issues a cluster-wide watch; ``field_selector`` and
+``label_selector`` narrow both calls on the server (Events about one API group; a label shard),
+never in Python.  With a label selector, an object whose labels stop matching arrives as
+``DELETED`` (and one that starts matching as ``ADDED``): the apiserver's watch says so, and the
+handler must not take it for a deletion of the object itself.
 
 Watches that cannot be lost: every ``resync`` seconds (``--resync-period``, default 5m)
 the reflector lists again, whatever the watch said.  A relist re-emits every object, so an
@@ -53,7 +56,8 @@ class Reflector:
 
     def __init__(self, *, client: KubeClient, resource: Resource, namespace: str | None,
                  handler: Handler, stop: threading.Event, resync: float = DEFAULT_RESYNC,
-                 rng: random.Random | None = None, label_selector: str = "", field_selector: str = ""):
+                 rng: random.Random | None = None, label_selector: str | None = None,
+                 field_selector: str | None = None):
         self._client = client
         self._resource = resource
         self._namespace = namespace

@@ -1,16 +1,26 @@
-"""--watch-namespaces: a shard sees only its namespaces, through namespace-scoped watches."""
+"""Shards: ``--watch-namespaces`` (a shard sees only its namespaces, through namespace-scoped watches)
+and ``--watch-label-selector`` (Flux's ``sharding.fluxcd.io/key``: two controllers on one control
+plane, each with the chart's ClusterRole and RoleBindings under an account of its own — so the audit
+log tells them apart — and each with its own Lease; a StageSet moved between them by its label, a
+key no shard serves reported by the main shard, and our selector parser against the apiserver's)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
+from click.testing import CliRunner
 
+from stageset.cli.main import main as cli
+from stageset.controller.sharding import SHARD_LABEL, LabelSelector, SelectorError
 from stageset.envtest import install
 from stageset.envtest.server import ControlPlane
-from stageset.kube.client import KubeClient
+from stageset.kube.client import ApiError, KubeClient
 from tests.e2e.conftest import (
+    WRITE_VERBS,
     ControllerProcess,
     apply,
     condition,
@@ -19,6 +29,7 @@ from tests.e2e.conftest import (
     stop_controller,
     wait_for,
 )
+from tests.e2e.metrics import METRICS_ARGS, metrics_url, scrape
 from tests.e2e.stagesets import cm
 from tests.gitserver import GitServer
 
@@ -81,3 +92,193 @@ def test_a_shard_reconciles_its_namespaces_only_with_namespace_scoped_watches(
     assert lists, "the shard listed nothing"
     for event in lists:
         assert any(f"/namespaces/{ns}/" in event["requestURI"] for ns in WATCHED), event["requestURI"]
+
+
+# -- label shards ------------------------------------------------------------------------------------
+
+LABELLED = ["label-a", "label-b"]
+ACCOUNTS = {"main": "stageset-main", "shard1": "stageset-shard1"}
+SELECTORS = {"main": [f"--watch-label-selector=!{SHARD_LABEL}", "--shard-keys=shard1"],
+             "shard1": [f"--watch-label-selector={SHARD_LABEL}=shard1"]}
+LEASES = "/apis/coordination.k8s.io/v1/namespaces/stageset-system/leases"
+
+
+@dataclass
+class LabelShards:
+    main: ControllerProcess
+    shard1: ControllerProcess
+
+    @staticmethod
+    def user(shard: str) -> str:
+        return f"system:serviceaccount:stageset-system:{ACCOUNTS[shard]}"
+
+
+@pytest.fixture(scope="module")
+def label_shards(installed: KubeClient, control_plane: ControlPlane,
+                 tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabelShards]:
+    """The main shard and shard1, both also scoped to this module's namespaces (so neither picks up
+    another test's StageSets on this control plane), each with the Lease the chart would give it."""
+    for namespace in LABELLED:
+        install.create_tenant(installed, namespace=namespace, service_account="deployer")
+    handles: dict[str, ControllerProcess] = {}
+    try:
+        for shard, account in ACCOUNTS.items():
+            workdir = tmp_path_factory.mktemp(account)
+            kubeconfig = install.controller_kubeconfig(
+                installed, url=control_plane.url, ca=control_plane.pki.ca_cert, path=workdir / "kubeconfig",
+                account=account, watch_namespaces=LABELLED, leader_election=True)
+            handles[shard] = start_controller(kubeconfig=kubeconfig, workdir=workdir, extra=[
+                "--watch-namespaces", ",".join(LABELLED), *SELECTORS[shard], "--leader-elect",
+                "--leader-election-namespace=stageset-system", f"--leader-election-id={account}",
+                *METRICS_ARGS])
+        yield LabelShards(main=handles["main"], shard1=handles["shard1"])
+    finally:
+        for handle in handles.values():
+            stop_controller(handle)
+
+
+def gitrepository(namespace: str, name: str, url: str, shard: str | None) -> dict[str, Any]:
+    return {"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {SHARD_LABEL: shard} if shard else {}},
+            "spec": {"url": url, "ref": {"branch": "main"}}}
+
+
+def labelled_stageset(namespace: str, name: str, source: str, shard: str | None) -> dict[str, Any]:
+    return {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+            "metadata": {"name": name, "namespace": namespace,
+                         "labels": {SHARD_LABEL: shard} if shard else {}},
+            "spec": {"serviceAccountName": "deployer",
+                     "stages": [{"name": "app", "sourceRef": {"name": source}}]}}
+
+
+def ready_at(admin: KubeClient, namespace: str, name: str, *, status: str = "True") -> dict[str, Any] | None:
+    obj = admin.get(f"/apis/stages.metio.wtf/v1/namespaces/{namespace}/stagesets/{name}")
+    found = condition(obj)
+    at = (obj.get("status") or {}).get("observedGeneration") == obj["metadata"]["generation"]
+    return found if found and found["status"] == status and at else None
+
+
+def acted_as(event: dict[str, Any]) -> str:
+    return str((event.get("user") or {}).get("username", ""))
+
+
+def real_writes(events: list[dict[str, Any]], *, namespace: str) -> list[dict[str, Any]]:
+    """Completed non-dry-run writes in ``namespace`` (our kinds and what the StageSets applied; Events,
+    which record rather than own anything, left out)."""
+    return [e for e in events if e.get("stage") == "ResponseComplete" and e.get("verb") in WRITE_VERBS
+            and "dryRun=All" not in e.get("requestURI", "")
+            and (e.get("objectRef") or {}).get("namespace") == namespace
+            and (e.get("objectRef") or {}).get("resource") != "events"]
+
+
+def test_relabelling_moves_a_stageset_between_shards_without_teardown_or_second_owner(
+    label_shards: LabelShards, installed: KubeClient, control_plane: ControlPlane, git_server: GitServer,
+) -> None:
+    namespace = LABELLED[0]
+    url = git_server.create_repo("label-move", {"cm.yaml": cm("moved", "one")})
+    apply(installed, gitrepository(namespace, "app", url, None))
+    apply(installed, gitrepository(namespace, "app-shard1", url, "shard1"))
+    apply(installed, labelled_stageset(namespace, "mover", "app", None))
+    wait_for(lambda: ready_at(installed, namespace, "mover"), what="Ready on the main shard")
+    configmap = f"/api/v1/namespaces/{namespace}/configmaps/moved"
+    before = installed.get(configmap)
+    mark = len(control_plane.audit_events())
+    # One write: the shard label and the shard's own GitRepository of the same URL.
+    apply(installed, labelled_stageset(namespace, "mover", "app-shard1", "shard1"))
+    wait_for(lambda: ready_at(installed, namespace, "mover"), what="Ready on shard1")
+    git_server.commit("label-move", {"cm.yaml": cm("moved", "two")})
+    installed.request("PATCH", f"/apis/stages.metio.wtf/v1/namespaces/{namespace}/gitrepositories/app-shard1",
+                      content_type="application/merge-patch+json",
+                      body={"metadata": {"annotations": {"reconcile.fluxcd.io/requestedAt": "now"}}})
+    wait_for(lambda: installed.get(configmap)["data"].get("k") == "two" and
+             ready_at(installed, namespace, "mover"), what="shard1 applying the next commit")
+    after = installed.get(configmap)
+
+    controllers = {LabelShards.user("main"), LabelShards.user("shard1")}
+
+    def writers(events: list[dict[str, Any]]) -> set[str]:
+        return {acted_as(e) for e in real_writes(events, namespace=namespace)
+                if (e.get("objectRef") or {}).get("name") in ("mover", "moved")
+                and acted_as(e) in controllers}
+
+    audit = control_plane.audit_events()
+    events = audit[mark:]
+    # Before the move only the main shard wrote them; after it only shard1: the main shard let go at
+    # once, and nothing was ever written by both at a time.
+    assert writers(audit[:mark]) == {LabelShards.user("main")}
+    assert writers(events) == {LabelShards.user("shard1")}
+    assert not [e for e in events if e.get("verb") in ("delete", "deletecollection")
+                and acted_as(e) in (LabelShards.user("main"), LabelShards.user("shard1"))]
+    # The same object, one owner: no teardown and recreate, no second field manager.
+    assert after["metadata"]["uid"] == before["metadata"]["uid"]
+
+    def appliers(obj: dict[str, Any]) -> set[str]:
+        return {f["manager"] for f in obj["metadata"].get("managedFields", [])
+                if f.get("operation") == "Apply"}
+
+    managers = appliers(after)
+    assert managers == appliers(before)
+    assert len(managers) == 1, managers
+    # Each shard holds a Lease of its own.
+    holders = {name: installed.get(f"{LEASES}/{account}")["spec"].get("holderIdentity")
+               for name, account in ACCOUNTS.items()}
+    assert all(holders.values()), holders
+    assert len(set(holders.values())) == 2, holders
+
+
+def test_a_key_no_shard_serves_is_reported_by_the_main_shard(
+    label_shards: LabelShards, installed: KubeClient, git_server: GitServer, kubeconfig: Path,
+) -> None:
+    namespace = LABELLED[1]
+    url = git_server.create_repo("label-lost", {"cm.yaml": cm("lost", "one")})
+    apply(installed, gitrepository(namespace, "app", url, "shard1"))
+    apply(installed, labelled_stageset(namespace, "lost", "app", "shard-9"))
+    reported = wait_for(lambda: ready_at(installed, namespace, "lost", status="False"), what="NoShard")
+    assert reported["reason"] == "NoShard"
+    assert f"{SHARD_LABEL}='shard-9' names no shard" in reported["message"]
+    assert get_or_none(installed, f"/api/v1/namespaces/{namespace}/configmaps/lost") is None
+    main_metrics = metrics_url(label_shards.main)
+    assert scrape(main_metrics).value("stageset_unserved_objects", kind="StageSet") == 1
+    shown = CliRunner().invoke(cli, ["get", "-n", namespace, "--kubeconfig", str(kubeconfig)])
+    assert shown.exit_code == 0, shown.output
+    header, row = shown.output.splitlines()[:2]
+    assert header.split()[:4] == ["NAME", "SHARD", "READY", "REASON"]
+    assert row.split()[:4] == ["lost", "shard-9", "False", "NoShard"]
+    # Fixed: shard1 takes it over; the main shard's count drops.
+    apply(installed, labelled_stageset(namespace, "lost", "app", "shard1"))
+    wait_for(lambda: ready_at(installed, namespace, "lost"), what="Ready on shard1")
+    wait_for(lambda: scrape(main_metrics).value("stageset_unserved_objects", kind="StageSet") == 0,
+             what="the main shard's count back to 0")
+
+
+# (selector, names of the ConfigMaps it selects among PARITY_OBJECTS)
+PARITY_OBJECTS = {"none": {}, "main": {"team": "a"}, "s1": {SHARD_LABEL: "shard1", "team": "a"},
+                  "s2": {SHARD_LABEL: "shard2", "n": "5"}, "empty": {SHARD_LABEL: ""}}
+PARITY = [f"!{SHARD_LABEL}", f"{SHARD_LABEL}=shard1", f"{SHARD_LABEL}==shard2", f"{SHARD_LABEL}!=shard1",
+          f"{SHARD_LABEL} in (shard1,shard2)", f"{SHARD_LABEL} notin (shard1)", f"{SHARD_LABEL}",
+          f"{SHARD_LABEL}=", "team=a,!sharding.fluxcd.io/key", "n>4", "n<5", "team in ()",
+          f"{SHARD_LABEL},{SHARD_LABEL} notin (shard1)"]
+REFUSED = ["a b", "a in b", "a=b,", "-a=b", "a>b", "a=" + "x" * 64, "!a=b"]
+
+
+def test_selectors_select_as_the_apiserver_selects(installed: KubeClient) -> None:
+    namespace = LABELLED[1]
+    for name, labels in PARITY_OBJECTS.items():
+        installed.apply(f"/api/v1/namespaces/{namespace}/configmaps/parity-{name}",
+                        {"apiVersion": "v1", "kind": "ConfigMap",
+                         "metadata": {"name": f"parity-{name}", "labels": {"parity": "yes", **labels}}},
+                        field_manager="e2e-test")
+    for text in PARITY:
+        selector = LabelSelector.parse(text)
+        listed = installed.request("GET", f"/api/v1/namespaces/{namespace}/configmaps",
+                                   query={"labelSelector": f"parity,{selector}"})["items"]
+        served = {o["metadata"]["name"].removeprefix("parity-") for o in listed}
+        assert served == {n for n, labels in PARITY_OBJECTS.items() if selector.matches(labels)}, text
+    for text in REFUSED:
+        with pytest.raises(SelectorError):
+            LabelSelector.parse(text)
+        with pytest.raises(ApiError) as refused:
+            installed.request("GET", f"/api/v1/namespaces/{namespace}/configmaps",
+                              query={"labelSelector": text})
+        assert refused.value.status == 400, text

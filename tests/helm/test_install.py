@@ -288,14 +288,26 @@ def test_helm_template_piped_to_kubectl_apply_server_side(installed: Cluster) ->
     server-side apply, here as a server-side dry run over release (a)'s objects."""
     rendered = installed.helm.run("template", DEFAULT.name, str(CHART), "--namespace",
                                   DEFAULT.namespace).stdout
-    applied = subprocess.run([str(ensure_kubectl(log=False)), "apply", "--server-side", "--dry-run=server",
-                              "--field-manager=platform", "-f", "-"], input=rendered, capture_output=True,
-                             text=True, timeout=120, check=False,
-                             env={**os.environ, "KUBECONFIG": str(installed.plane.kubeconfig)})
+
+    def apply(text: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([str(ensure_kubectl(log=False)), "apply", "--server-side", "--dry-run=server",
+                               "--field-manager=platform", *extra, "-f", "-"], input=text,
+                              capture_output=True, text=True, timeout=120, check=False,
+                              env={**os.environ, "KUBECONFIG": str(installed.plane.kubeconfig)})
+
+    applied = apply(rendered)
     assert applied.returncode == 0, applied.stderr
     for kind in KINDS:
         assert f"customresourcedefinition.apiextensions.k8s.io/{kind.crd_name} serverside-applied" in \
             applied.stdout
+    # Label shards: one Deployment more per shard, each valid as the apiserver sees it (the main one's
+    # args differ from what helm installed: taken over, in this dry run).
+    sharded = apply(installed.helm.run("template", DEFAULT.name, str(CHART), "--namespace", DEFAULT.namespace,
+                                       "--set", "controller.shards={shard1,shard2}").stdout,
+                    "--force-conflicts")
+    assert sharded.returncode == 0, sharded.stderr
+    for name in ("stageset", "stageset-shard1", "stageset-shard2"):
+        assert f"deployment.apps/{name} serverside-applied" in sharded.stdout
 
 
 @pytest.mark.parametrize(("other", "refusal"), [

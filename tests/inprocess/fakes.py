@@ -27,6 +27,7 @@ from urllib.parse import urlencode
 
 from sources import RefNotFoundError, RefSelector, Snapshot
 from sources.credentials import Credentials
+from stageset.controller.sharding import LabelSelector
 from stageset.kube.client import LOCAL, ApiError, ClientPool, ClusterKey, Identity, KubeClient, QueryValue
 from stageset.kube.types import KubeObject
 from tests.recording import merge
@@ -252,12 +253,12 @@ class FakeCluster:
         return {"kind": "APIResourceList", "groupVersion": api_version, "resources": resources}
 
     def _list(self, parsed: Parsed, selector: str = "") -> KubeObject:
-        wanted = dict(term.split("=", 1) for term in selector.split(",") if term)  # equality terms only
+        wanted = LabelSelector.parse(selector) if selector else None  # as the apiserver selects
         def listed(path: str, meta: KubeObject) -> bool:
             return (parse_path(path) or parsed).plural == parsed.plural \
                 and (parse_path(path) or parsed).api_version == parsed.api_version \
                 and parsed.namespace in (None, meta.get("namespace")) \
-                and all((meta.get("labels") or {}).get(k) == v for k, v in wanted.items())
+                and (wanted is None or wanted.matches(meta.get("labels")))
 
         items = [copy.deepcopy(o) for p, o in sorted(self.objects.items())
                  if listed(p, o.get("metadata") or {})]
@@ -367,8 +368,11 @@ class FakeCluster:
         self._recorded[version] = time.monotonic()
         self._lock.notify_all()
 
-    def watch(self, path: str, *, since: int, idle: float, stop: Callable[[], bool]) -> Iterator[KubeObject]:
-        """Events of the collection at ``path`` newer than ``since``; ends after ``idle`` quiet seconds."""
+    def watch(self, path: str, *, since: int, idle: float, stop: Callable[[], bool],
+              selector: LabelSelector | None = None) -> Iterator[KubeObject]:
+        """Events of the collection at ``path`` newer than ``since``; ends after ``idle`` quiet seconds.
+        With a label ``selector``, as the apiserver's watch: an object that starts matching is
+        ``ADDED``, one that stops matching ``DELETED``."""
         parsed = parse_path(path)
         assert parsed is not None
         seen = since
@@ -390,8 +394,26 @@ class FakeCluster:
                 if found is None or found.plural != parsed.plural or \
                         (parsed.namespace and found.namespace != parsed.namespace):
                     continue
+                if selector is not None:
+                    kind = self._selected(kind, version, target, obj, selector)
+                    if kind is None:
+                        continue
                 deadline = time.monotonic() + idle
                 yield {"type": kind, "object": copy.deepcopy(obj)}
+
+    def _selected(self, kind: str, version: int, target: str, obj: KubeObject, selector: LabelSelector
+                  ) -> str | None:
+        """The event a label-selected watch sends for this one (``None``: none)."""
+        with self._lock:
+            before = next((o for v, k, o in reversed(self.events)
+                           if v < version and k != "DELETED" and self._path_of(o) == target), None)
+        was = before is not None and kind != "ADDED" and selector.matches(before["metadata"].get("labels"))
+        now = kind != "DELETED" and selector.matches(obj["metadata"].get("labels"))
+        if kind == "DELETED":
+            return "DELETED" if was or selector.matches(obj["metadata"].get("labels")) else None
+        if was and now:
+            return "MODIFIED"
+        return "ADDED" if now else "DELETED" if was else None
 
 
 class FakeKubeClient(KubeClient):
@@ -425,7 +447,9 @@ class FakeKubeClient(KubeClient):
         watch = Request(user=self.user, verb="watch", path=f"{path}?{urlencode(dict(query))}")
         self._cluster.requests.append(watch)
         since = int(str(query.get("resourceVersion") or 0))
-        yield from self._cluster.watch(path, since=since, idle=0.5, stop=lambda: False)
+        selector = str(query.get("labelSelector") or "")
+        yield from self._cluster.watch(path, since=since, idle=0.5, stop=lambda: False,
+                                       selector=LabelSelector.parse(selector) if selector else None)
 
     def close(self) -> None:
         return None

@@ -135,3 +135,23 @@ them equal.
 {{- $controller := mul 256 $mi -}}
 {{- add $controller (mul .Values.controller.workers $builder) $cel -}}
 {{- end -}}
+
+{{/* The controller Deployments of the release, as a JSON list of {suffix, key, selector, shardKeys}:
+one without controller.shards; with it (Flux's sharding convention, docs/install.md#sharding-by-label)
+the main one, watching every object without a sharding.fluxcd.io/key (and told the shards' keys, so
+it reports objects whose key names none of them), and one per key. controller.watchLabelSelector,
+when set, is part of every one of them. */}}
+{{- define "stageset.instances" -}}
+{{- $base := .Values.controller.watchLabelSelector | default "" -}}
+{{- $shards := .Values.controller.shards | default list -}}
+{{- $out := list -}}
+{{- if $shards -}}
+{{- $out = append $out (dict "suffix" "" "key" "" "selector" (join "," (compact (list $base "!sharding.fluxcd.io/key"))) "shardKeys" (join "," $shards)) -}}
+{{- range $shards -}}
+{{- $out = append $out (dict "suffix" (printf "-%s" .) "key" . "selector" (join "," (compact (list $base (printf "sharding.fluxcd.io/key=%s" .)))) "shardKeys" "") -}}
+{{- end -}}
+{{- else -}}
+{{- $out = append $out (dict "suffix" "" "key" "" "selector" $base "shardKeys" "") -}}
+{{- end -}}
+{{- toJson $out -}}
+{{- end -}}

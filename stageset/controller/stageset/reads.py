@@ -12,6 +12,10 @@ a refused ``sourceRef`` is ``ResolveFailed``, a refused ``dependsOn`` ``Dependen
 (as the reference reports them), each with a fixed text that names nothing of the other
 namespace.
 
+Label shards (``--watch-label-selector``): our GitRepository is fetched by the shard whose selector
+its labels match; a StageSet naming one of another shard waits (``SourceNotReady``) with a message
+that says so (:func:`~stageset.controller.sharding.foreign_source_message`).
+
 Sources (:meth:`TenantReads.source`): what a ``sourceRef`` names is decided by
 :mod:`stageset.controller.sourcekinds` (``--default-source-kind``); our GitRepository gives a
 :class:`Source` (a commit of the shared Git mirror), a Flux source or a producer's
@@ -38,6 +42,7 @@ from stageset.apply.errors import StageError
 from stageset.build import BuildError, VariableSource, merge_variables
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.consumers import artifact_consumer
+from stageset.controller.sharding import LabelSelector, foreign_source_message
 from stageset.controller.sourcekinds import (
     FLUX_GROUP,
     Artifact,
@@ -171,8 +176,11 @@ def _not_usable(stage: Stage, what: str, state: NotUsable, *, cross: bool) -> St
 class TenantReads:
     def __init__(self, *, stagesets: Resource, sources: Resource, no_cross_namespace_refs: bool,
                  accounts: AccountCheck | None = None,
-                 default_source_kind: DefaultSourceKind = DefaultSourceKind.GIT_REPOSITORY):
+                 default_source_kind: DefaultSourceKind = DefaultSourceKind.GIT_REPOSITORY,
+                 shard: LabelSelector | None = None):
         self._stagesets = stagesets
+        # --watch-label-selector: our GitRepositories outside it are fetched by another shard.
+        self._shard = shard
         self._sources = sources
         self._no_cross = no_cross_namespace_refs
         self.accounts = accounts or AccountCheck(clients=None, controller_reads_accounts=False)
@@ -202,6 +210,10 @@ class TenantReads:
         found = read_named(client, self._sources.object_path(name=ref.name, namespace=source_ns),
                            what=f"{what} (stage {stage.name!r})", missing_reason=Reason.SOURCE_NOT_READY,
                            missing_message=f"stage {stage.name!r}: {what} not found", accounts=self.accounts)
+        if self._shard is not None and not self._shard.matches(found.get("metadata", {}).get("labels")):
+            # Another shard fetches it, into its own mirror: say so, rather than "not fetched yet".
+            raise StageError(Reason.SOURCE_NOT_READY, f"stage {stage.name!r}: " + foreign_source_message(
+                what=what, selector=self._shard, cross_namespace=cross))
         revision = ((found.get("status") or {}).get("artifact") or {}).get("revision")
         if not revision:
             ready = ready_condition(found) or {}

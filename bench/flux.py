@@ -1,0 +1,251 @@
+"""Flux beside us in the benchmarks: source-controller and kustomize-controller, built and run out of cluster.
+
+Benchmark only — never needed by the test command or at run time.
+
+* **source-controller** is the one the e2e tests build (:mod:`stageset.envtest.sourcecontroller`,
+  v1.9.6 from ``hack/source-controller``).
+* **kustomize-controller** is built the same way (:class:`~stageset.envtest.gotool.GoTool`) from the
+  checked-in wrapper ``hack/kustomize-controller``, into
+  ``~/.cache/stageset/tools/kustomize-controller-<version>/``.  ``STAGESET_KUSTOMIZE_CONTROLLER``
+  naming an executable uses that binary instead.
+
+Version: kustomize-controller **v1.9.6**, the release of the same Flux line as source-controller
+v1.9.6 (both require ``fluxcd/pkg/apis/meta`` v1.30.2 and ``fluxcd/pkg/runtime`` v0.110.3, and it
+reads ``source.toolkit.fluxcd.io/v1`` through ``fluxcd/source-controller/api`` v1.9.0, whose
+GitRepository and artifact types v1.9.6 serves unchanged); its go.mod asks for Go 1.26, which this
+project's toolchain is; v1.10.x asks for Go 1.27 (and source-controller/api v1.10).  The wrapper
+repeats the module's own ``replace`` lines that matter for a build as a dependency: go-digest at the
+commit Flux pins for BLAKE3, and ``sigs.k8s.io/kustomize/{api,kyaml}`` at v0.21.1.
+
+Running (:class:`FluxPeer`): both processes use the kubeconfig handed to them (the benchmark gives
+each its own ServiceAccount bound to ``cluster-admin``, so the audit log tells them apart), leader
+election off, metrics and health on loopback ports, no notification-controller
+(``--events-addr=``), source-controller's artifact storage served and advertised on a loopback
+port, every namespace watched.  Concurrency is each binary's default unless asked
+(``--concurrent``: source-controller 2, kustomize-controller 4).
+
+Identity: none for building; the running processes act as the identity of their kubeconfig.
+
+``python -m bench.flux [--update]`` prints the kustomize-controller binary's path (building it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from stageset.build.kustomize import run_go
+from stageset.envtest.gotool import GoTool
+from stageset.envtest.server import _die_with_parent, free_port
+from stageset.envtest.sourcecontroller import (
+    SOURCE_CONTROLLER_VERSION,
+    ensure_source_controller,
+    flux_crds,
+    install_flux_crds,
+)
+from stageset.kube.client import KubeClient
+
+KUSTOMIZE_CONTROLLER_VERSION = "v1.9.6"
+_MODULE = "github.com/fluxcd/kustomize-controller"
+KUSTOMIZE_CONTROLLER = GoTool(
+    name="kustomize-controller",
+    version=KUSTOMIZE_CONTROLLER_VERSION,
+    module=_MODULE,
+    package=_MODULE,
+    binary="kustomize-controller",
+    env_override="STAGESET_KUSTOMIZE_CONTROLLER",
+    ldflags="",
+    nosumdb="github.com/fluxcd",
+    replaces=(
+        "github.com/opencontainers/go-digest => github.com/opencontainers/go-digest "
+        "v1.0.1-0.20220411205349-bde1400a84be",
+        "sigs.k8s.io/kustomize/api => sigs.k8s.io/kustomize/api v0.21.1",
+        "sigs.k8s.io/kustomize/kyaml => sigs.k8s.io/kustomize/kyaml v0.21.1",
+    ),
+    tidy_args=("-e",),
+)
+
+SOURCE_GROUP = "source.toolkit.fluxcd.io"
+COMMON_FLAGS = (
+    "--enable-leader-election=false",
+    "--watch-all-namespaces",
+    "--events-addr=",
+    "--log-level=error",
+)
+KUSTOMIZE_GROUP = "kustomize.toolkit.fluxcd.io"
+
+
+def versions() -> str:
+    """The exact peers, for the reports."""
+    return (
+        f"Flux source-controller {SOURCE_CONTROLLER_VERSION} and kustomize-controller "
+        f"{KUSTOMIZE_CONTROLLER_VERSION}"
+    )
+
+
+def ensure_binaries(*, log: bool = True) -> tuple[Path, Path]:
+    """(source-controller, kustomize-controller), built once into the cache."""
+    return ensure_source_controller(log=log), KUSTOMIZE_CONTROLLER.ensure(log=log)
+
+
+@cache
+def kustomize_crds() -> list[dict[str, Any]]:
+    """Flux's Kustomization CRD, from the pinned module in the Go module cache (never committed)."""
+    found = json.loads(
+        run_go(
+            ["mod", "download", "-json", f"{_MODULE}@{KUSTOMIZE_CONTROLLER_VERSION}"],
+            cwd=KUSTOMIZE_CONTROLLER.wrapper,
+        )
+    )
+    bases = Path(found["Dir"]) / "config" / "crd" / "bases"
+    crds = [yaml.safe_load(path.read_text()) for path in sorted(bases.glob("*.yaml"))]
+    if not crds:
+        raise RuntimeError(f"no CRDs in {bases}")
+    return crds
+
+
+def install_crds(admin: KubeClient, *, timeout: float = 60.0) -> None:
+    """Flux's source and kustomize CRDs (idempotent), waited for until served."""
+    install_flux_crds(admin, timeout=timeout, crds=[*flux_crds(), *kustomize_crds()])
+
+
+class _Process:
+    """One Flux controller out of cluster, with its readiness probe on loopback."""
+
+    def __init__(self, *, name: str, command: list[str], kubeconfig: Path, log: Path):
+        self.name = name
+        self.health = f"127.0.0.1:{free_port()}"
+        self.log = log
+        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "RUNTIME_NAMESPACE": "flux-system"}
+        self.args = [
+            *command[1:],
+            "--health-addr=127.0.0.1:<port>",
+            "--metrics-addr=127.0.0.1:<port>",
+            *COMMON_FLAGS,
+        ]
+        with log.open("wb") as sink:
+            self.process = subprocess.Popen(
+                [
+                    *command,
+                    f"--health-addr={self.health}",
+                    f"--metrics-addr=127.0.0.1:{free_port()}",
+                    *COMMON_FLAGS,
+                ],
+                stdout=sink,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=_die_with_parent,
+            )
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(
+                f"{self.name} exited with {self.process.returncode}:\n"
+                f"{self.log.read_text(errors='replace')[-4000:]}"
+            )
+
+    def wait_ready(self, *, timeout: float = 90.0) -> None:
+        deadline = time.monotonic() + timeout
+        while True:
+            self.check_alive()
+            try:
+                with urllib.request.urlopen(f"http://{self.health}/readyz", timeout=2):
+                    return
+            except (urllib.error.URLError, OSError):
+                if time.monotonic() > deadline:
+                    raise TimeoutError(
+                        f"{self.name} not ready after {timeout}s:\n"
+                        f"{self.log.read_text(errors='replace')[-4000:]}"
+                    ) from None
+                time.sleep(0.2)
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+
+
+class FluxPeer:
+    """source-controller and kustomize-controller, each with its own kubeconfig (identity)."""
+
+    def __init__(
+        self,
+        *,
+        source_kubeconfig: Path,
+        kustomize_kubeconfig: Path,
+        workdir: Path,
+        source_concurrent: int | None = None,
+        kustomize_concurrent: int | None = None,
+    ):
+        source_bin, kustomize_bin = ensure_binaries()
+        workdir.mkdir(parents=True, exist_ok=True)
+        storage = workdir / "storage"
+        storage.mkdir(exist_ok=True)
+        address = f"127.0.0.1:{free_port()}"
+        source_args = [
+            str(source_bin),
+            f"--storage-path={storage}",
+            f"--storage-addr={address}",
+            f"--storage-adv-addr={address}",
+        ]
+        shown = [
+            "--storage-path=<work dir>",
+            "--storage-addr=127.0.0.1:<port>",
+            "--storage-adv-addr=127.0.0.1:<port>",
+        ]
+        if source_concurrent:
+            source_args.append(f"--concurrent={source_concurrent}")
+        kustomize_args = [str(kustomize_bin)]
+        if kustomize_concurrent:
+            kustomize_args.append(f"--concurrent={kustomize_concurrent}")
+        self.source = _Process(
+            name="source-controller",
+            command=source_args,
+            kubeconfig=source_kubeconfig,
+            log=workdir / "source-controller.log",
+        )
+        self.kustomize = _Process(
+            name="kustomize-controller",
+            command=kustomize_args,
+            kubeconfig=kustomize_kubeconfig,
+            log=workdir / "kustomize-controller.log",
+        )
+        self.flags = {
+            "source-controller": [*shown, *self.source.args[3:]],
+            "kustomize-controller": self.kustomize.args,
+        }
+
+    def wait_ready(self) -> None:
+        self.source.wait_ready()
+        self.kustomize.wait_ready()
+
+    def check_alive(self) -> None:
+        self.source.check_alive()
+        self.kustomize.check_alive()
+
+    def stop(self) -> None:
+        self.kustomize.stop()
+        self.source.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(KUSTOMIZE_CONTROLLER.main(sys.argv[1:], generator="python -m bench.flux"))
