@@ -134,8 +134,18 @@ def test_a_deny_window_holds_a_new_commit_until_it_ends_and_update_now_ships_one
     ends = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=2)
     s.stageset("frozen", [{"name": "app", "path": "./app"}], updateWindows=[{**freeze, "to": iso(ends)}])
     wait_for(lambda: value(s, "app") == "v2", what="the held commit shipped when the window ended")
-    s.wait_ready("frozen")
-    assert "pendingUpdate" not in s.get("frozen")["status"]
+
+    # The pass that held the commit left Ready=True at this generation, so "Ready" alone could be
+    # read before the shipping pass writes its status: wait for that status, the hold cleared.
+    def shipped_status() -> Any:
+        obj = s.get("frozen")
+        ready = condition(obj) or {}
+        if ready.get("status") == "True" and ready.get("reason") != "UpdateDeferred" \
+                and "pendingUpdate" not in (obj.get("status") or {}):
+            return obj
+        return None
+
+    wait_for(shipped_status, what="Ready with the hold cleared once the held commit shipped")
 
     # A new freeze, a new commit held, and `stageset reconcile --update-now` ships it at once.
     s.stageset("frozen", [{"name": "app", "path": "./app"}], updateWindows=[freeze])
