@@ -19,7 +19,8 @@ cluster-admin; see its docstring for what is measured) and writes its tables int
   controller with a selector matching every set.  CPU and RSS are summed over the K processes.
 
 ``--peers`` limits the peers of ``sizes``/``objects`` (e.g. ``--peers floor,stageset`` where Flux
-would not finish in reasonable time); ``--repeat`` reports medians.
+would not finish in reasonable time), ``--flux-up-to N`` leaves Flux out of the sizes above N;
+``--repeat`` reports medians.
 """
 
 from __future__ import annotations
@@ -140,6 +141,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--shards", type=lambda v: tuple(int(x) for x in v.split(",")), default=(1, 2, 4))
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--peers", type=lambda v: tuple(v.split(",")), default=PEERS)
+    parser.add_argument(
+        "--flux-up-to", type=int, help="sizes: leave Flux out above this N (it takes the longest)"
+    )
     parser.add_argument("--sources", choices=("pairs", "shared"), default="pairs")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--no-docs", action="store_true")
@@ -160,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                     order = list(args.peers)
                     order = order[repeat % len(order) :] + order[: repeat % len(order)]
                     for peer in order:
+                        if peer == "flux" and args.flux_up_to is not None and n > args.flux_up_to:
+                            continue
                         measures.append(_measure(bench, peer, n, 5, repeat))
         elif args.part == "objects":
             n = args.n or 10
