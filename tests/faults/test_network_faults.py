@@ -297,17 +297,20 @@ def test_apiserver_overload_429_with_retry_after(clean: Lab) -> None:
                      f"Retry-After seen by a probe: {least}s\n")
     RECOVERY["429s answered to the controller during the overload"] = float(len(shed))
     assert shed, "APF shed none of the controller's requests: the overload was not exercised"
-    # Each shed write came back no sooner than Retry-After, never at once (reads of one URL may be
-    # made by several threads at once, so only writes are paired up here).
-    gaps = []
-    for rejected in [e for e in shed if e["verb"] in ("create", "patch", "update", "delete")]:
+    # Shed requests are made again later (a pass that failed on a 429 is retried) ...
+    def again(rejected: dict[str, Any]) -> list[float]:
         key = (rejected["verb"], rejected["requestURI"], acting(rejected))
-        later = [at(e) for e in events
-                 if (e["verb"], e["requestURI"], acting(e)) == key and at(e) > at(rejected)]
-        if later:
-            gaps.append(min(later) - at(rejected))
-    assert gaps, "no shed request was retried"
-    assert min(gaps) >= 0.9, f"a shed request was retried after {min(gaps):.2f}s"
+        return [at(e) - at(rejected) for e in events
+                if (e["verb"], e["requestURI"], acting(e)) == key and at(e) > at(rejected)]
+
+    assert any(again(e) for e in shed), "no shed request was made again"
+    # ... and a shed write comes back no sooner than Retry-After, never at once.  Only writes are
+    # paired by time: a read of one URL (the GitRepository, read by every StageSet) may be made by
+    # several threads at once, so the next read of it need not be the retry.  Which requests the
+    # level sheds depends on timing; when no write was among them, the controller's own account
+    # of every wait (below) is the evidence.
+    gaps = [min(again(e)) for e in shed if e["verb"] in ("create", "patch", "update", "delete") and again(e)]
+    assert all(gap >= 0.9 for gap in gaps), f"a shed write was retried after {min(gaps):.2f}s"
     # And the controller's own account of each wait: never shorter than the Retry-After it got.
     waits = [(float(m.group(1)), float(m.group(2))) for m in re.finditer(
         r": 429 \(Retry-After ([0-9.]+)s\); retrying in ([0-9.]+)s", clean.controller.output())]
