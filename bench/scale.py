@@ -19,8 +19,8 @@ cluster-admin; see its docstring for what is measured) and writes its tables int
   controller with a selector matching every set.  CPU and RSS are summed over the K processes.
 
 ``--peers`` limits the peers of ``sizes``/``objects`` (e.g. ``--peers floor,stageset`` where Flux
-would not finish in reasonable time), ``--flux-up-to N`` leaves Flux out of the sizes above N;
-``--repeat`` reports medians.
+would not finish in reasonable time), ``--flux-up-to X`` leaves Flux out above N = X (sizes) or
+M = X (objects); ``--repeat`` reports medians.
 """
 
 from __future__ import annotations
@@ -142,7 +142,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument("--peers", type=lambda v: tuple(v.split(",")), default=PEERS)
     parser.add_argument(
-        "--flux-up-to", type=int, help="sizes: leave Flux out above this N (it takes the longest)"
+        "--flux-up-to", type=int,
+        help="leave Flux out above this N (sizes) or M (objects): it takes the longest",
     )
     parser.add_argument("--sources", choices=("pairs", "shared"), default="pairs")
     parser.add_argument("--keep", action="store_true")
@@ -173,6 +174,8 @@ def main(argv: list[str] | None = None) -> int:
                 bench.prepare_shared(n, m)
                 for repeat in range(args.repeat):
                     for peer in args.peers:
+                        if peer == "flux" and args.flux_up_to is not None and m > args.flux_up_to:
+                            continue
                         measures.append(_measure(bench, peer, n, m, repeat))
         else:
             n = args.n or 5000
