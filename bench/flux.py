@@ -32,12 +32,7 @@ Identity: none for building; the running processes act as the identity of their 
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
-import time
-import urllib.error
-import urllib.request
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -46,9 +41,10 @@ import yaml
 
 from stageset.build.kustomize import run_go
 from stageset.envtest.gotool import GoTool
-from stageset.envtest.server import _die_with_parent, free_port
+from stageset.envtest.server import free_port
 from stageset.envtest.sourcecontroller import (
     SOURCE_CONTROLLER_VERSION,
+    FluxProcess,
     ensure_source_controller,
     flux_crds,
     install_flux_crds,
@@ -119,69 +115,17 @@ def install_crds(admin: KubeClient, *, timeout: float = 60.0) -> None:
     install_flux_crds(admin, timeout=timeout, crds=[*flux_crds(), *kustomize_crds()])
 
 
-class _Process:
-    """One Flux controller out of cluster, with its readiness probe on loopback."""
+class _Process(FluxProcess):
+    """One Flux controller of the benchmark: the common flags added, and the flags as shown."""
 
     def __init__(self, *, name: str, command: list[str], kubeconfig: Path, log: Path):
-        self.name = name
-        self.health = f"127.0.0.1:{free_port()}"
-        self.log = log
-        env = {**os.environ, "KUBECONFIG": str(kubeconfig), "RUNTIME_NAMESPACE": "flux-system"}
+        super().__init__(name=name, command=[*command, *COMMON_FLAGS], kubeconfig=kubeconfig, log=log)
         self.args = [
             *command[1:],
             "--health-addr=127.0.0.1:<port>",
             "--metrics-addr=127.0.0.1:<port>",
             *COMMON_FLAGS,
         ]
-        with log.open("wb") as sink:
-            self.process = subprocess.Popen(
-                [
-                    *command,
-                    f"--health-addr={self.health}",
-                    f"--metrics-addr=127.0.0.1:{free_port()}",
-                    *COMMON_FLAGS,
-                ],
-                stdout=sink,
-                stderr=subprocess.STDOUT,
-                stdin=subprocess.DEVNULL,
-                env=env,
-                preexec_fn=_die_with_parent,
-            )
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def check_alive(self) -> None:
-        if self.process.poll() is not None:
-            raise RuntimeError(
-                f"{self.name} exited with {self.process.returncode}:\n"
-                f"{self.log.read_text(errors='replace')[-4000:]}"
-            )
-
-    def wait_ready(self, *, timeout: float = 90.0) -> None:
-        deadline = time.monotonic() + timeout
-        while True:
-            self.check_alive()
-            try:
-                with urllib.request.urlopen(f"http://{self.health}/readyz", timeout=2):
-                    return
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    raise TimeoutError(
-                        f"{self.name} not ready after {timeout}s:\n"
-                        f"{self.log.read_text(errors='replace')[-4000:]}"
-                    ) from None
-                time.sleep(0.2)
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            try:
-                self.process.wait(timeout=15)
-            except subprocess.TimeoutExpired:
-                self.process.kill()
-                self.process.wait()
 
 
 class FluxPeer:

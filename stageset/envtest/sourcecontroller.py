@@ -95,45 +95,45 @@ def install_flux_crds(admin: KubeClient, *, timeout: float = 60.0,
             time.sleep(0.1)
 
 
-class SourceControllerProcess:
-    """``source-controller`` out of cluster: storage on loopback, leader election off."""
+class FluxProcess:
+    """One Flux controller out of cluster: health and metrics on free loopback ports, its output in
+    ``log``, killed with this process (the tests' source-controller, the benchmark's pair)."""
 
-    def __init__(self, *, kubeconfig: Path, workdir: Path, binary: Path | None = None):
-        binary = binary or ensure_source_controller()
-        workdir.mkdir(parents=True, exist_ok=True)
-        self.storage = workdir / "storage"
-        self.storage.mkdir(exist_ok=True)
-        self.storage_address = f"127.0.0.1:{free_port()}"
+    def __init__(self, *, name: str, command: list[str], kubeconfig: Path, log: Path):
+        self.name = name
+        self.log = log
         self._health = f"127.0.0.1:{free_port()}"
-        self.log = workdir / "source-controller.log"
         env = {**os.environ, "KUBECONFIG": str(kubeconfig), "RUNTIME_NAMESPACE": "flux-system"}
-        with self.log.open("wb") as sink:
+        with log.open("wb") as sink:
             self.process = subprocess.Popen(
-                [str(binary), f"--storage-path={self.storage}", f"--storage-addr={self.storage_address}",
-                 f"--storage-adv-addr={self.storage_address}", f"--metrics-addr=127.0.0.1:{free_port()}",
-                 f"--health-addr={self._health}", "--enable-leader-election=false", "--watch-all-namespaces",
-                 "--events-addr=", "--log-level=debug", "--concurrent=2"],
+                [*command, f"--health-addr={self._health}", f"--metrics-addr=127.0.0.1:{free_port()}"],
                 stdout=sink, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
                 preexec_fn=_die_with_parent,
             )
 
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def output(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def check_alive(self) -> None:
+        if self.process.poll() is not None:
+            raise RuntimeError(f"{self.name} exited with {self.process.returncode}:\n{self.output()[-4000:]}")
+
     def wait_ready(self, *, timeout: float = 90.0) -> None:
         deadline = time.monotonic() + timeout
         while True:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"source-controller exited with {self.process.returncode}:\n"
-                                   f"{self.output()[-4000:]}")
+            self.check_alive()
             try:
                 with urllib.request.urlopen(f"http://{self._health}/readyz", timeout=2):
                     return
             except (urllib.error.URLError, OSError):
                 if time.monotonic() > deadline:
-                    raise TimeoutError(f"source-controller not ready after {timeout}s:\n"
+                    raise TimeoutError(f"{self.name} not ready after {timeout}s:\n"
                                        f"{self.output()[-4000:]}") from None
                 time.sleep(0.2)
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -143,6 +143,22 @@ class SourceControllerProcess:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait()
+
+
+class SourceControllerProcess(FluxProcess):
+    """``source-controller`` out of cluster: storage on loopback, leader election off."""
+
+    def __init__(self, *, kubeconfig: Path, workdir: Path, binary: Path | None = None):
+        binary = binary or ensure_source_controller()
+        workdir.mkdir(parents=True, exist_ok=True)
+        self.storage = workdir / "storage"
+        self.storage.mkdir(exist_ok=True)
+        self.storage_address = f"127.0.0.1:{free_port()}"
+        super().__init__(
+            name="source-controller", kubeconfig=kubeconfig, log=workdir / "source-controller.log",
+            command=[str(binary), f"--storage-path={self.storage}", f"--storage-addr={self.storage_address}",
+                     f"--storage-adv-addr={self.storage_address}", "--enable-leader-election=false",
+                     "--watch-all-namespaces", "--events-addr=", "--log-level=debug", "--concurrent=2"])
 
 
 if __name__ == "__main__":
