@@ -163,6 +163,13 @@ class _Watchdog:
         self.fired = True
         self._sockets.cut()
 
+    @property
+    def expired(self) -> bool:
+        """The deadline passed (or the download was cancelled): whatever error a read raised then,
+        the deadline is why.  A read's own timeout is the time left, so it can fire just before
+        the watchdog does."""
+        return self.fired or self._deadline.remaining() <= 0
+
     def stop(self) -> None:
         self._done.set()
 
@@ -267,7 +274,7 @@ def _get(pool: urllib3.HTTPConnectionPool, url: str, *, deadline: Deadline,
     except (UrlPolicyError, TransferError):
         raise
     except (Urllib3Error, OSError) as error:
-        if watchdog.fired:
+        if watchdog.expired:
             raise timed_out(url, watchdog) from None
         cause = error.__cause__ or error.__context__
         if isinstance(cause, (AddressRefusedError, UrlPolicyError, TransferError)):
@@ -306,7 +313,7 @@ def _body(response: Any, *, into: IO[bytes], hasher: Hasher, max_bytes: int, url
             raise TransferError(f"{display(url)} sent {size} bytes of the {int(declared)} it announced")
         return size, hasher.hexdigest()
     except (Urllib3Error, OSError) as error:
-        if watchdog.fired:
+        if watchdog.expired:
             raise _timed_out(url, watchdog) from None
         raise TransferError(f"downloading {display(url)} failed: {type(error).__name__}: {error}") from None
     finally:
@@ -389,7 +396,7 @@ def call(url: str, *, method: str, guard: AddressGuard, timeout: float, headers:
                     data = b"" if current_method == "HEAD" else response.read(max_body)
                     return Answer(status=response.status, body=data or b"", url=current)
                 except (Urllib3Error, OSError) as error:
-                    if watchdog.fired:
+                    if watchdog.expired:
                         raise timed_out(current, watchdog) from None
                     raise TransferError(f"calling {display(current)} failed: {type(error).__name__}: "
                                         f"{error}") from None
