@@ -192,6 +192,8 @@ def report(samples: list[Sample], *, options: argparse.Namespace, converge: floa
         s = samples[-1]
         rows.append([f"{s.minute:.0f}", f"{s.rss_mib:.0f}", str(s.fds), str(s.threads), f"{s.mirror_mib:.1f}",
                      f"{s.ready}/{options.stagesets}"])
+    ran = samples[-1].minute if samples else 0.0
+    stopped = (f", stopped by hand after {ran:.0f} minutes" if ran < options.minutes - 1 else "")
     verdicts = []
     failed = False
     for metric, (tolerance, unit) in TOLERANCE.items():
@@ -201,7 +203,8 @@ def report(samples: list[Sample], *, options: argparse.Namespace, converge: floa
                         f"(tolerance {tolerance:g}{unit}): {'KEEPS GROWING' if climbing else 'flat'}")
     body = "\n".join([
         f"`python -m bench.soak --minutes {options.minutes:g} --stagesets {options.stagesets} "
-        f"--namespaces {options.namespaces}` on {machine()}, {revision(ROOT)}: {options.stagesets} StageSets "
+        f"--namespaces {options.namespaces}` on {machine()}, {revision(ROOT)}{stopped}: "
+        f"{options.stagesets} StageSets "
         f"(2 stages of 2 ConfigMaps each) in {options.namespaces} namespaces, one Git repository and "
         f"GitRepository per namespace; every minute a tenth of the StageSets change (a value, and an "
         f"object added or removed); cold convergence of all of them took {converge:.0f} s.",
@@ -258,7 +261,11 @@ def main(argv: list[str] | None = None) -> int:
                 rss, fds, threads = _proc(controller.process.pid)
                 ready = sum(1 for key in keys if is_ready(tracker.get(key)))
                 samples.append(Sample(elapsed / 60, rss, fds, threads, _disk_mib(mirrors), ready))
+                log(f"sample {elapsed / 60:.1f} min: rss {rss:.1f} MiB, {fds} fds, {threads} threads, "
+                    f"{ready}/{len(keys)} Ready")
                 time.sleep(options.sample_seconds)
+        except KeyboardInterrupt:  # Ctrl-C (SIGINT): stop early and report what was measured
+            log(f"interrupted after {(time.monotonic() - start) / 60:.0f} of {options.minutes:g} minutes")
         finally:
             controller.stop()
             tracker.stop()

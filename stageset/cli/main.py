@@ -55,7 +55,7 @@ from stageset.cli.promote import promote
 from stageset.cli.session import StagesetGroup, echo
 from stageset.cli.steer import reconcile, resume, suspend
 from stageset.cli.trace import trace
-from stageset.controller import logs
+from stageset.controller import logs, memory
 from stageset.controller.manager import Manager
 from stageset.controller.metrics import Metrics
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL, ArtifactSettings, ControllerSettings
@@ -261,6 +261,7 @@ def controller(kubeconfig: str | None, log_level: str, log_format: str, lifecycl
                **params: Any) -> None:
     """Run the controller against a cluster."""
     early_stop = process.stop_on_signals()
+    memory.cap_arenas()  # before any thread starts (controller/memory.py)
     # `kill -USR1` prints every thread's stack: what a report of a stuck controller needs.
     faulthandler.register(signal.SIGUSR1, file=2, all_threads=True)  # fd 2: stderr, the log stream
     if tracemalloc.is_tracing():  # PYTHONTRACEMALLOC=25: `kill -USR2` writes a heap snapshot

@@ -52,6 +52,7 @@ from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder, ready_condition, ready_transition
 from stageset.controller.fluxwatch import FluxWatches
 from stageset.controller.health import Lifecycle
+from stageset.controller.memory import Trimmer
 from stageset.controller.metrics import Metrics
 from stageset.controller.queue import Backoff, WorkQueue
 from stageset.controller.redact import REGISTRY, Redactor
@@ -144,6 +145,7 @@ class Manager:
             queue.observer = self.metrics.queue(kind, depth=queue.__len__,
                                                 unfinished=queue.unfinished_seconds,
                                                 longest=queue.longest_running_seconds)
+        self.trimmer = Trimmer()
         self._lock = threading.Lock()
         # The watch cache, each object as compact JSON: a parsed StageSet costs several times its
         # JSON in memory, and the cache holds every one; a reconcile gets a freshly parsed copy.
@@ -347,6 +349,8 @@ class Manager:
                     self._reconcile(queue, key, obj)
             finally:
                 queue.done(key)
+                # Give the pass's freed memory back to the kernel (controller/memory.py).
+                self.trimmer.after_work(idle=len(queue) == 0)
 
     def _download(self, queue: WorkQueue[Key], key: Key) -> None:
         """One artifact download job; a transient failure is retried with the key's backoff."""
