@@ -173,8 +173,11 @@ class Manager:
                                 on_change=self._wake, resync=settings.resync_period,
                                 interval=settings.artifacts.discovery_interval)
         # Waiting stages watch what they wait for (each watch as the stage's identity), bounded.
-        self.watches = WatchPool(capacity=settings.max_readiness_watches) \
+        self.watches = WatchPool(capacity=settings.max_readiness_watches,
+                                 on_refused=self.metrics.readiness_watches_refused.inc) \
             if settings.max_readiness_watches > 0 else None
+        if self.watches is not None:
+            self.metrics.readiness_watches.set_function(self.watches.__len__)
         shared = Shared(clients=clients, settings=settings, events=self.events, metrics=self.metrics,
                         clock=clock, on_write=self._wrote, watches=self.watches,
                         wake=lambda namespace, name: self._enqueue(("StageSet", namespace, name)))

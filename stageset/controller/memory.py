@@ -10,6 +10,9 @@ of its own (up to eight per core), each holding its own freed memory.  Two calls
 - after work, ``malloc_trim(0)``, at most once per ``interval``: glibc returns the free pages
   of every arena to the kernel (``madvise``), not only the top of the heap.
 
+``STAGESET_ALLOCATOR=keep`` in the controller's environment turns both off (glibc's defaults:
+what ``python -m bench.memory`` compares against).
+
 Identity: none; this touches no cluster and no source.  Invariant: on a libc without these
 calls (musl, macOS) both are no-ops; nothing here can fail the controller.
 """
@@ -18,12 +21,10 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import logging
+import os
 import threading
 import time
 from collections.abc import Callable
-
-log = logging.getLogger(__name__)
 
 M_ARENA_MAX = -8  # glibc's malloc.h
 DEFAULT_ARENAS = 2
@@ -32,6 +33,8 @@ IDLE_INTERVAL = 1.0  # seconds between trims when a worker finds its queue empty
 
 
 def _libc() -> ctypes.CDLL | None:
+    if os.environ.get("STAGESET_ALLOCATOR") == "keep":
+        return None
     name = ctypes.util.find_library("c")
     try:
         libc = ctypes.CDLL(name or "libc.so.6")

@@ -148,6 +148,12 @@ class Metrics:
         self.unserved = Gauge(
             "stageset_unserved_objects", "Objects whose sharding.fluxcd.io/key names no shard of the release "
             "(main shard with --shard-keys only): no controller reconciles them.", ["kind"], registry=r)
+        self.readiness_watches = Gauge(
+            "stageset_readiness_watches", "Watches open for stages waiting for readiness (at most "
+            "--max-readiness-watches).", registry=r)
+        self.readiness_watches_refused = Counter(
+            "stageset_readiness_watches_refused_total", "Watches a waiting stage asked for while "
+            "--max-readiness-watches were open: it polled instead.", registry=r)
         # -- per object (Flux's gotk_* series): plain numbers, written when scraped -------------
         self.objects = ObjectSeries(buckets=OBJECT_BUCKETS)
         r.register(self.objects)

@@ -108,8 +108,9 @@ class Watched:
 
 class WatchPool:
     def __init__(self, *, capacity: int = DEFAULT_CAPACITY, idle: float = 60.0, listener_ttl: float = 300.0,
-                 resync: float = WATCH_RESYNC):
+                 resync: float = WATCH_RESYNC, on_refused: Callable[[], None] | None = None):
         self._capacity = capacity
+        self._on_refused = on_refused
         self._idle = idle
         self._ttl = listener_ttl
         self._resync = resync
@@ -140,6 +141,8 @@ class WatchPool:
                 self._reap()
             if len(self._watches) >= self._capacity:
                 self.refused += 1
+                if self._on_refused is not None:
+                    self._on_refused()
                 return None
             watched = Watched()
             self._watches[key] = watched

@@ -241,6 +241,11 @@ def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> Non
     assert built.kustomize_memory_bytes == 512 * 2**20
     assert len(params["build_limits"]) == len(dataclasses.fields(BuildLimits))
     assert (params["source_workers"], params["git_max_files"]) == (2, 50)
+    # Readiness watches: the flag's default unless set; 0 (always poll) is a value, not "unset".
+    assert controller.make_context("controller", list(controller_args(helm.render()))).params[
+        "max_readiness_watches"] == 100
+    args = controller_args(helm.render("--set", "controller.maxReadinessWatches=0"))
+    assert controller.make_context("controller", list(args)).params["max_readiness_watches"] == 0
     # What an omitted sourceRef.kind means: ours by default, the reference's on request.
     assert controller.make_context("controller", list(controller_args(helm.render()))).params[
         "default_source_kind"] == "GitRepository"
@@ -288,6 +293,7 @@ INVALID = [
     ("--set", "controller.build.maxStageObjects=many", "/controller/build/maxStageObjects"),
     ("--set", "controller.build.maxObjects=5", "'maxObjects'"),
     ("--set", "controller.sourceWorkers=0", "/controller/sourceWorkers"),
+    ("--set", "controller.maxReadinessWatches=-1", "/controller/maxReadinessWatches"),
     ("--set", "controller.watchNamespaces={Team_A}", "/controller/watchNamespaces/0"),
     ("--set", "controller.watchNamespaces={a,a}", "/controller/watchNamespaces"),
     ("--set", "controller.leaderElection.enabled=maybe", "/controller/leaderElection/enabled"),

@@ -224,7 +224,30 @@ def test_a_waiting_stage_is_woken_by_a_watch_as_the_tenant_and_reads_nothing_mea
     assert {r.user for r in watches} == {TENANT}
     assert all(r.path.startswith(f"{deployments}?") and "labelSelector=stages.metio.wtf" in r.path
                for r in watches), watches
+    assert "stageset_readiness_watches 1.0" in manager.metrics.exposition().decode()
     world.roll_out("web")
     eventually(lambda: is_ready(world, "shop"), timeout=5, what="Ready, woken by the watch")
     assert manager.watches is not None
     assert len(manager.watches) >= 1
+
+
+def test_past_the_bound_a_waiting_stage_polls_and_the_refusal_is_counted(
+    world: World, running: Callable[..., Manager]
+) -> None:
+    world.commit({"web/d.json": deployment("web"), "api/d.json": deployment("api")})
+    world.stageset("shop", [{"name": "web", "path": "./web"}])
+    world.stageset("cart", [{"name": "api", "path": "./api"}])
+    # One watch for two waiting stages (each selects its own StageSet's objects): one polls.
+    manager = running(readiness_slice=0.3, max_readiness_watches=1)
+    waiting = ({"web": "Waiting"}, {"api": "Waiting"})
+    eventually(lambda: (world.phases("shop"), world.phases("cart")) == waiting, what="both stages Waiting")
+    refused = "stageset_readiness_watches_refused_total 0.0"
+    eventually(lambda: refused not in manager.metrics.exposition().decode(), what="a refusal counted")
+    exposition = manager.metrics.exposition().decode()
+    assert "stageset_readiness_watches 1.0" in exposition
+    assert manager.watches is not None
+    assert manager.watches.refused >= 1
+    world.roll_out("web")
+    world.roll_out("api")
+    eventually(lambda: is_ready(world, "shop") and is_ready(world, "cart"), timeout=10,
+               what="both Ready: one woken by its watch, the other by polling")
