@@ -352,6 +352,9 @@ class Manager:
                     self._reconcile(queue, key, obj)
             finally:
                 queue.done(key)
+                # Not kept alive while this worker waits for its next key: a StageSet's object can
+                # be megabytes (its status), and a deleted one's would outlive it.
+                raw = obj = None
                 # Give the pass's freed memory back to the kernel (controller/memory.py).
                 self.trimmer.after_work(idle=len(queue) == 0)
 

@@ -8,7 +8,14 @@ of its own (up to eight per core), each holding its own freed memory.  Two calls
 - at start, before any thread exists, ``mallopt(M_ARENA_MAX, 2)``: the controller's threads
   share two arenas (its work is I/O-bound; contention on two arenas was not measurable);
 - after work, ``malloc_trim(0)``, at most once per ``interval``: glibc returns the free pages
-  of every arena to the kernel (``madvise``), not only the top of the heap.
+  of every arena to the kernel (``madvise``), not only the top of the heap.  When the workers
+  go quiet, a full garbage collection first, so objects held only by reference cycles (an
+  exception's traceback and the frames it keeps) are freed before the trim, not at some later
+  collection.
+
+What remains after a huge stage is what is still referenced — the bounded caches (render
+cache, resourceVersions, watch cache) — and CPython's small-object arenas that a surviving
+object keeps partly used (``python -m bench.memory`` measures it: docs/benchmarks.md).
 
 ``STAGESET_ALLOCATOR=keep`` in the controller's environment turns both off (glibc's defaults:
 what ``python -m bench.memory`` compares against).
@@ -21,6 +28,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import os
 import threading
 import time
@@ -29,7 +37,7 @@ from collections.abc import Callable
 M_ARENA_MAX = -8  # glibc's malloc.h
 DEFAULT_ARENAS = 2
 DEFAULT_INTERVAL = 10.0  # seconds between trims while work goes on (a trim of 200 MiB: a few ms)
-IDLE_INTERVAL = 1.0  # seconds between trims when a worker finds its queue empty
+IDLE_INTERVAL = 2.0  # seconds between trims (and collections) when a worker finds its queue empty
 
 
 def _libc() -> ctypes.CDLL | None:
@@ -70,7 +78,8 @@ class Trimmer:
 
     def __init__(self, *, interval: float = DEFAULT_INTERVAL, idle_interval: float = IDLE_INTERVAL,
                  monotonic: Callable[[], float] = time.monotonic,
-                 release: Callable[[], bool] = trim):
+                 release: Callable[[], bool] = trim, collect: Callable[[], object] = gc.collect):
+        self._collect = collect
         self._interval = interval
         self._idle_interval = idle_interval
         self._monotonic = monotonic
@@ -89,6 +98,8 @@ class Trimmer:
         try:
             if self._monotonic() - self._last < interval:
                 return False
+            if idle:
+                self._collect()
             self._release()
             self._last = self._monotonic()
             self.trims += 1

@@ -32,14 +32,19 @@ class FakeClock:
 def test_trims_at_most_once_per_interval(steps: list[tuple[float, bool]], expected: list[bool]) -> None:
     clock = FakeClock()
     released: list[float] = []
+    collected: list[float] = []
     trimmer = memory.Trimmer(interval=10.0, idle_interval=1.0, monotonic=clock,
-                             release=lambda: released.append(clock.now) is None)
+                             release=lambda: released.append(clock.now) is None,
+                             collect=lambda: collected.append(clock.now))
     results = []
     for advance, idle in steps:
         clock.now += advance
         results.append(trimmer.after_work(idle=idle))
     assert results == expected
     assert trimmer.trims == len(released) == expected.count(True)
+    # A full collection only when the workers go quiet (a busy one would cost every pass).
+    quiet = [idle and trimmed for (_, idle), trimmed in zip(steps, expected, strict=True)]
+    assert len(collected) == quiet.count(True)
 
 
 def test_a_thread_that_finds_a_trim_in_progress_does_not_wait() -> None:
@@ -51,7 +56,7 @@ def test_a_thread_that_finds_a_trim_in_progress_does_not_wait() -> None:
         leave.wait(10)
         return True
 
-    trimmer = memory.Trimmer(interval=1.0, monotonic=clock, release=slow_release)
+    trimmer = memory.Trimmer(interval=1.0, monotonic=clock, release=slow_release, collect=lambda: None)
     clock.now += 5
     first = threading.Thread(target=trimmer.after_work)
     first.start()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 
+import orjson
 import pytest
 
 from stageset.build import BuildError, BuildLimits
@@ -47,6 +48,29 @@ def test_least_recently_used_entries_go_first() -> None:
     assert cache.get("a") is not None
     assert cache.get("c") is not None
     assert (cache.hits, cache.misses) == (3, 1)
+
+
+def test_rendered_objects_are_bounded_in_bytes_and_a_render_larger_than_the_bound_is_not_kept() -> None:
+    def objects(count: int) -> list[dict[str, object]]:
+        return [{"kind": "ConfigMap", "data": {"v": "x" * 100}} for _ in range(count)]
+
+    one = len(orjson.dumps(objects(10))) * 7  # the estimate of ten objects
+    cache = RenderCache(max_render_bytes=3 * one)
+    cache.put("a", objects(10))
+    cache.put("b", objects(10))
+    cache.put("c", objects(10))
+    assert cache.render_bytes == 3 * one
+    cache.put("d", objects(10))  # a fourth pushes out the least recently used
+    assert cache.get("a") is None
+    assert [cache.get(k) is not None for k in "bcd"] == [True, True, True]
+    assert cache.render_bytes == 3 * one
+    cache.put("huge", objects(40))  # larger than the whole bound: served by the caller, not kept
+    assert cache.get("huge") is None
+    assert [cache.get(k) is not None for k in "bcd"] == [True, True, True]
+    cache.put("b", objects(20))  # replaced: counted once, at its new size (c made room)
+    assert cache.get("c") is None
+    assert cache.get("d") is not None
+    assert cache.render_bytes == len(orjson.dumps(objects(20))) * 7 + one
 
 
 class Repo:
