@@ -150,6 +150,10 @@ class Manager:
         # The watch cache, each object as compact JSON: a parsed StageSet costs several times its
         # JSON in memory, and the cache holds every one; a reconcile gets a freshly parsed copy.
         self._objects: dict[Key, bytes] = {}
+        # StageSets by the sources they name, and back (the watch handler keeps both): a source's
+        # change requeues its StageSets without a scan of the cache.
+        self._by_source: dict[SourceObject, set[Key]] = {}
+        self._sources_of: dict[Key, set[SourceObject]] = {}
         # Per object: what last triggered a reconcile, and (StageSets) what its dependents wait on.
         self._seen: dict[Key, tuple[tuple[Any, ...], tuple[Any, ...]]] = {}
         # Per object: the status our last reconcile left, at the resourceVersion it made, until
@@ -260,6 +264,9 @@ class Manager:
                     self._objects[key] = orjson.dumps(obj)
                     now = (_trigger(obj), _as_dependency(obj))
                     self._seen[key] = now
+                if kind == "StageSet":
+                    self._index_sources(key, None if event == "DELETED" else
+                                        referenced(obj, self._settings.default_source_kind))
             if now is not None and (before is None or before[0] != now[0]):
                 self._enqueue(key)
             if kind == "GitRepository":
@@ -292,15 +299,24 @@ class Manager:
 
     def _wake(self, sources: set[SourceObject]) -> None:
         """Requeue exactly the StageSets whose stages name one of ``sources``."""
-        default = self._settings.default_source_kind
         with self._lock:
-            # Only StageSets whose JSON spells a source's name are parsed (the cache holds bytes).
-            names = {source.name.encode() for source in sources}
-            candidates = [(key, orjson.loads(raw)) for key, raw in self._objects.items()
-                          if key[0] == "StageSet" and any(n in raw for n in names)]
-            dependents = [key for key, obj in candidates if referenced(obj, default) & sources]
+            dependents = sorted({key for source in sources for key in self._by_source.get(source, ())})
         for key in dependents:
             self._enqueue(key)
+
+    def _index_sources(self, key: Key, sources: set[SourceObject] | None) -> None:
+        """Record which sources StageSet ``key`` names (``None``: it is gone), so a source's change
+        finds its StageSets without scanning every one (lock held)."""
+        for source in self._sources_of.pop(key, set()) - (sources or set()):
+            named = self._by_source.get(source)
+            if named is not None:
+                named.discard(key)
+                if not named:
+                    del self._by_source[source]
+        if sources:
+            self._sources_of[key] = sources
+            for source in sources:
+                self._by_source.setdefault(source, set()).add(key)
 
     def _source_changed(self, key: Key, obj: KubeObject | None) -> None:
         """Our GitRepository's artifact or readiness changed — a failure too: the StageSets naming it
