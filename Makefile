@@ -49,4 +49,5 @@ docs:
 # Flux's source-controller and kustomize-controller first, once, into ~/.cache/stageset)
 bench:
 	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m bench.apply && $$uv run --frozen python -m bench.git_fetch && \
-		$$uv run --frozen python -m bench.flux_sources && $$uv run --frozen python -m bench.peers
+		$$uv run --frozen python -m bench.flux_sources && $$uv run --frozen python -m bench.peers && \
+		$$uv run --frozen python -m bench.memory

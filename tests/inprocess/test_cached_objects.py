@@ -6,6 +6,7 @@ from __future__ import annotations
 import copy
 import json
 import threading
+import zlib
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -133,12 +134,13 @@ def test_the_managers_cache_is_never_changed_by_the_reconciles_it_feeds(world: W
     world.roll_out("web")
     eventually(lambda: is_ready(world, "shop"), what="StageSet Ready")
     stored = manager._objects.stored  # type: ignore[attr-defined]
-    # The cache holds each object as JSON bytes: immutable, so no reconcile can change it (each
-    # gets a copy parsed from them).
+    # The cache holds each object as compressed JSON bytes: immutable, so no reconcile can change
+    # it (each gets a copy parsed from them).
     assert all(isinstance(raw, bytes) for raw, _ in stored)
-    parsed = [json.loads(raw) for raw, _ in stored]
+    parsed = [json.loads(zlib.decompress(raw)) for raw, _ in stored]
     kinds = {obj.get("kind") for obj in parsed}
     assert kinds == {"StageSet", "GitRepository"}  # the evidence: both kinds went through the cache
     assert len([o for o in parsed if o.get("kind") == "StageSet"]) >= 4
-    changed = [json.loads(raw)["metadata"]["name"] for raw, copied in stored if raw != copied]
+    changed = [obj["metadata"]["name"] for obj, (raw, copied) in zip(parsed, stored, strict=True)
+               if raw != copied]
     assert changed == [], "a reconcile changed an object in the watch cache"
