@@ -32,6 +32,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from stageset.apply.changeset import Action, ChangeSet
 from stageset.controller.objectmetrics import ObjectSeries
+from stageset.controller.urlmetrics import UrlSeries
 from stageset.kube.client import LOCAL, RequestRecord
 from stageset.kube.types import KubeObject
 
@@ -172,12 +173,10 @@ class Metrics:
             "the last good revision is gone, failed: restoring a stage failed and is retried).",
             ["namespace", "name", "result"], registry=r)
         # -- Git ------------------------------------------------------------------------------
-        self.git_fetches = Counter(
-            "stageset_git_fetches_total", "Git fetches per repository URL (shown without credentials) and "
-            "result (fetched: objects transferred, unchanged: the mirror had the commit, failed).",
-            ["url", "result"], registry=r)
-        self.git_duration = Histogram("stageset_git_fetch_duration_seconds", "How long Git fetches took.",
-                                      ["url"], buckets=FETCH_BUCKETS, registry=r)
+        # Per repository URL (stageset_git_fetches_total, stageset_git_fetch_duration_seconds):
+        # plain numbers, written when scraped.
+        self.git = UrlSeries(buckets=FETCH_BUCKETS)
+        r.register(self.git)
         self.mirror_bytes = Gauge("stageset_git_mirror_bytes", "Disk used by the Git mirrors.", registry=r)
         # -- the apiserver ----------------------------------------------------------------------
         self.requests = Counter(
@@ -330,9 +329,7 @@ class Metrics:
                 self._release_url(repository)
                 self._url_of[repository] = url
                 self._urls.setdefault(url, set()).add(repository)
-            for value in ("fetched", "unchanged", "failed"):
-                self.git_fetches.labels(url, value).inc(1 if value == result else 0)
-            self.git_duration.labels(url).observe(seconds)
+            self.git.fetched(url, result=result, seconds=seconds)
 
     def _release_url(self, repository: ObjectKey) -> None:
         url = self._url_of.pop(repository, None)
@@ -343,9 +340,7 @@ class Metrics:
         if users:
             return
         self._urls.pop(url, None)
-        for value in ("fetched", "unchanged", "failed"):
-            self.git_fetches.remove(url, value)
-        self.git_duration.remove(url)
+        self.git.forget(url)
 
     # -- the apiserver ---------------------------------------------------------------------
 

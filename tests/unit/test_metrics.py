@@ -114,6 +114,11 @@ def test_git_series_live_while_a_repository_fetches_the_url() -> None:
         metrics.fetched(key, url=url, result="fetched", seconds=1.0)
     assert value(metrics, "stageset_git_fetches_total", url=url, result="fetched") == 2
     assert value(metrics, "stageset_git_fetches_total", url=url, result="failed") == 0
+    # The histogram's buckets are cumulative, as prometheus_client writes them.
+    assert value(metrics, "stageset_git_fetch_duration_seconds_bucket", url=url, le="0.5") == 0
+    assert value(metrics, "stageset_git_fetch_duration_seconds_bucket", url=url, le="1.0") == 2
+    assert value(metrics, "stageset_git_fetch_duration_seconds_bucket", url=url, le="+Inf") == 2
+    assert value(metrics, "stageset_git_fetch_duration_seconds_sum", url=url) == 2.0
     metrics.forget(a)
     assert value(metrics, "stageset_git_fetch_duration_seconds_count", url=url) == 2  # b still uses it
     metrics.fetched(b, url="https://git.example/org/moved", result="failed", seconds=0.1)
