@@ -50,6 +50,16 @@ class _Object:
     durations: list[float] | None = None  # per bucket (not cumulative), then +Inf, then the sum
 
 
+
+def cumulative_buckets(bounds: Sequence[float], counts: Sequence[float]) -> list[tuple[str, float]]:
+    """A histogram's buckets as prometheus writes them: ``le`` labels (``bounds`` then +Inf) and
+    cumulative counts, from a count per bucket (``counts``: one more than ``bounds``)."""
+    cumulative, buckets = 0.0, []
+    for bound, count in zip((*bounds, float("inf")), counts, strict=True):
+        cumulative += count
+        buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
+    return buckets
+
 class ObjectSeries(Collector):
     def __init__(self, *, buckets: Sequence[float]):
         self._buckets = tuple(buckets)
@@ -152,11 +162,8 @@ class ObjectSeries(Collector):
                                          1 if current == value.value else 0)
             suspended.add_metric([kind, namespace, name], 1 if obj.suspended else 0)
             if obj.durations is not None:
-                cumulative, buckets = 0.0, []
-                for bound, count in zip((*self._buckets, float("inf")), obj.durations[:-1], strict=True):
-                    cumulative += count
-                    buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
-                duration.add_metric([kind, namespace, name], buckets, obj.durations[-1])
+                duration.add_metric([kind, namespace, name],
+                                    cumulative_buckets(self._buckets, obj.durations[:-1]), obj.durations[-1])
             for stage_name, stage in obj.stages.items():
                 if stage.shown:
                     for each in StagePhase:

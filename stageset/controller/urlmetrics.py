@@ -20,7 +20,8 @@ from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
+
+from stageset.controller.objectmetrics import cumulative_buckets
 
 RESULTS = ("fetched", "unchanged", "failed")
 
@@ -59,11 +60,7 @@ class UrlSeries(Collector):
         for url, numbers in urls:
             for index, result in enumerate(RESULTS):
                 fetches.add_metric([url, result], numbers[index])
-            cumulative, buckets = 0.0, []
             counts = numbers[len(RESULTS):-1]
-            for bound, count in zip((*self._buckets, float("inf")), counts, strict=True):
-                cumulative += count
-                buckets.append((floatToGoString(bound), cumulative))  # type: ignore[no-untyped-call]
-            duration.add_metric([url], buckets, numbers[-1])
+            duration.add_metric([url], cumulative_buckets(self._buckets, counts), numbers[-1])
         yield fetches
         yield duration
