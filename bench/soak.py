@@ -260,9 +260,10 @@ def main(argv: list[str] | None = None) -> int:
                     log(f"minute {minute}: changed {changed} StageSets")
                 rss, fds, threads = _proc(controller.process.pid)
                 ready = sum(1 for key in keys if is_ready(tracker.get(key)))
-                samples.append(Sample(elapsed / 60, rss, fds, threads, _disk_mib(mirrors), ready))
+                disk = _disk_mib(mirrors)
+                samples.append(Sample(elapsed / 60, rss, fds, threads, disk, ready))
                 log(f"sample {elapsed / 60:.1f} min: rss {rss:.1f} MiB, {fds} fds, {threads} threads, "
-                    f"{ready}/{len(keys)} Ready")
+                    f"mirrors {disk:.2f} MiB, {ready}/{len(keys)} Ready")
                 time.sleep(options.sample_seconds)
         except KeyboardInterrupt:  # Ctrl-C (SIGINT): stop early and report what was measured
             log(f"interrupted after {(time.monotonic() - start) / 60:.0f} of {options.minutes:g} minutes")
