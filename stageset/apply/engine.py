@@ -16,8 +16,10 @@ Invariants:
   list per kind and namespace, as the stage's identity) is still the one our last write or
   check left (:mod:`stageset.apply.versions`), is unchanged — provided the identity may still
   write such objects there: one object per kind and namespace is still dry-run, so rights taken
-  away fail the pass with RBACDenied as before.  Any other object takes the dry-run path, so
-  drift is still found and corrected.
+  away fail the pass with RBACDenied as before — except in a periodic pass (``recheck_rights``
+  false) when the identity showed those rights within ``--rights-recheck-interval``
+  (:mod:`stageset.apply.rights`): then the list alone decides, and the pass writes nothing
+  either way.  Any other object takes the dry-run path, so drift is still found and corrected.
 - On a stage's first apply one object is not dry-run: the first object the stage writes (new to
   the inventory, in the first phase), written only after every other object's dry-run passed.
   Its own write is its check: when it fails, nothing else has been written (and its dry-run
@@ -57,6 +59,7 @@ from stageset.apply.ownership import (
 )
 from stageset.apply.plan import phases
 from stageset.apply.readiness import Readiness, Status, readiness
+from stageset.apply.rights import ShownRights
 from stageset.apply.settings import ApplySettings
 from stageset.apply.versions import LiveVersions, Seen
 from stageset.kube.client import ApiError, KubeClient
@@ -174,6 +177,11 @@ def _pilot(first_phase: list[KubeObject], bound: Mapping[int, AppliedObject | No
                and other.manifest["metadata"].get("namespace") == namespace for other in fresh):
             return item
     return None
+
+
+def _namespace(item: AppliedObject) -> str | None:
+    namespace = item.manifest["metadata"].get("namespace")
+    return str(namespace) if namespace else None
 
 
 class HealthJudge(Protocol):
@@ -301,12 +309,14 @@ class StageApplier:
     """Applies stages; one instance is shared by all workers (it holds only settings)."""
 
     def __init__(self, *, mapper: RestMapper, settings: ApplySettings | None = None,
-                 versions: LiveVersions | None = None):
+                 versions: LiveVersions | None = None, rights: ShownRights | None = None):
         self._mapper = mapper
         self._settings = settings or ApplySettings()
         self.versions = versions if versions is not None else LiveVersions(
             max_bytes=self._settings.versions_max_bytes)
         """What each object looked like after our last write or check (shared by the targets)."""
+        self.rights = rights if rights is not None else ShownRights(max_age=self._settings.rights_max_age)
+        """When each identity last showed it may write a kind in a namespace (shared by the targets)."""
 
     def resolve(self, obj: KubeObject, default_namespace: str) -> tuple[KubeObject, Resource | None]:
         """Default a namespaced object's namespace; the resource is ``None`` while its kind is unserved."""
@@ -488,10 +498,13 @@ class StageApplier:
 
     def apply(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
               default_namespace: str, force: bool = False, conflicts: ConflictResolver | None = None,
-              previous: Mapping[ObjectId, InventoryEntry] | None = None) -> StageResult:
+              previous: Mapping[ObjectId, InventoryEntry] | None = None,
+              recheck_rights: bool = True) -> StageResult:
         """Apply ``objects`` as ``client``'s identity; raise :class:`StageError` on failure.
 
-        ``conflicts`` answers immutable-field conflicts (default: fail, or recreate with ``force``)."""
+        ``conflicts`` answers immutable-field conflicts (default: fail, or recreate with ``force``).
+        ``recheck_rights=False`` (a periodic pass): unchanged objects of a kind and namespace where
+        the identity showed its rights within ``rights_max_age`` are not dry-run."""
         previous = previous or {}
         conflicts = conflicts or ConflictResolver.forcing(force)
         labelled = [label_object(obj, owner) for obj in objects]
@@ -499,7 +512,23 @@ class StageApplier:
         created = frozenset(str(o["metadata"]["name"]) for o in labelled
                             if o.get("kind") == "Namespace" and o.get("apiVersion") == "v1")
         served = [b for b in bound if b is not None]
-        settled = self._unchanged(client, owner, served, previous)
+        try:
+            return self._apply(client, labelled=labelled, bound=bound, served=served, created=created,
+                               default_namespace=default_namespace, conflicts=conflicts, previous=previous,
+                               owner=owner, recheck_rights=recheck_rights)
+        except StageError as error:
+            if error.reason is Reason.RBAC_DENIED:
+                # Refused somewhere in the stage: every kind and namespace it writes is asked again
+                # by the next pass of any stage of this identity.
+                for item in served:
+                    self.rights.denied(self._rights_key(client, item.resource, _namespace(item)))
+            raise
+
+    def _apply(self, client: KubeClient, *, labelled: list[KubeObject], bound: list[AppliedObject | None],
+               served: list[AppliedObject], created: frozenset[str], default_namespace: str,
+               conflicts: ConflictResolver, previous: Mapping[ObjectId, InventoryEntry], owner: StageOwner,
+               recheck_rights: bool) -> StageResult:
+        settled = self._unchanged(client, owner, served, previous, recheck_rights=recheck_rights)
         pending = [b for b in served if id(b) not in settled]
         bound_by_object = {id(obj): item for obj, item in zip(labelled, bound, strict=True)}
         pilot = _pilot(phases(labelled)[0] if labelled else [], bound_by_object, previous, created, settled)
@@ -529,6 +558,11 @@ class StageApplier:
             self._wait_established(client, items)
             result.objects.extend(items)
         self._remember(client, result.objects)
+        # Every object not settled by the list was dry-run or written, successfully: its identity
+        # has shown it may write that kind there.
+        for item in result.objects:
+            if id(item) not in settled and item.action is not Action.SKIPPED:
+                self.rights.shown(self._rights_key(client, item.resource, _namespace(item)))
         return result
 
     # -- the warm path: versions instead of dry-runs -------------------------------------------
@@ -536,12 +570,19 @@ class StageApplier:
     def _key(self, client: KubeClient, path: str) -> tuple[str, str, str]:
         return client.cluster.name, client.identity.user or "", path
 
+    def _rights_key(self, client: KubeClient, resource: Resource, namespace: str | None
+                    ) -> tuple[str, str, str]:
+        """Rights are per identity, kind and namespace: the collection's path names the last two."""
+        return self._key(client, resource.collection_path(namespace))
+
     def _unchanged(self, client: KubeClient, owner: StageOwner, items: list[AppliedObject],
-                   previous: Mapping[ObjectId, InventoryEntry]) -> set[int]:
+                   previous: Mapping[ObjectId, InventoryEntry], *, recheck_rights: bool = True) -> set[int]:
         """The objects nobody changed since our last write or check (their ``id()``); each gets
         the listed object as ``live`` and ``dry_run`` (readiness is judged from it) and action
         ``UNCHANGED``.  One label-selected list per kind and namespace, as ``client``; a list
-        that fails (the identity may not list that kind) leaves its objects to the dry-run path."""
+        that fails (the identity may not list that kind) leaves its objects to the dry-run path.
+        With ``recheck_rights`` (or rights not shown recently) one object per kind and namespace is
+        dry-run first."""
         groups: dict[tuple[Resource, str], list[tuple[AppliedObject, Seen]]] = {}
         for item in items:
             before = previous.get(item.id)
@@ -556,12 +597,23 @@ class StageApplier:
             # Nothing is written when nothing changed, but a pass still says whether the identity
             # may write what it owns: one object of the group is dry-run (rights taken away are
             # RBACDenied now, not at the next change; what admission says of it is heard too).
-            probe = members[0][0]
+            probe: AppliedObject | None = members[0][0]
+            rights = self._rights_key(client, resource, namespace or None)
+            if not recheck_rights and self.rights.fresh(rights):
+                probe = None  # a periodic pass, and the identity showed these rights recently
             try:
-                checked = client.apply(probe.path, probe.manifest, field_manager=FIELD_MANAGER, dry_run=True)
+                checked = None if probe is None else client.apply(
+                    probe.path, probe.manifest, field_manager=FIELD_MANAGER, dry_run=True)
+            except ApiError as error:
+                if error.forbidden:
+                    self.rights.denied(rights)
+                continue  # the dry-run path says what is wrong
+            if probe is not None:
+                self.rights.shown(rights)
+            try:
                 live = self._list(client, resource, namespace or None, selector)
             except ApiError:
-                continue  # the dry-run path says what is wrong
+                continue  # may not list: the dry-run path, object by object
             for item, seen in members:
                 found = live.get(str(item.manifest["metadata"]["name"]))
                 if found is None or str((found.get("metadata") or {}).get("resourceVersion")) != seen.version:

@@ -32,6 +32,8 @@ import click
 from sources import Limits
 from sources.limits import ArtifactLimits
 from stageset.api.crd import KINDS, custom_resource_definition, render
+from stageset.apply.rights import DEFAULT_MAX_AGE
+from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
 from stageset.cli import process
 from stageset.cli.check import check, version
@@ -130,6 +132,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
                                               or DefaultSourceKind.GIT_REPOSITORY),
         artifacts=artifact_settings(params),
         allowed_action_hosts=tuple(params.get("allowed_action_hosts") or ()),
+        apply=ApplySettings(rights_max_age=float(params.get("rights_recheck_interval", DEFAULT_MAX_AGE))),
     )
     return dataclasses.replace(settings, mirror_dir=Path(mirror_dir)) if mirror_dir else settings
 
@@ -242,6 +245,10 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
 @click.option("--resync-period", default="5m", show_default=True, type=DURATION,
               help="List every watched kind again this often, whatever the watches said (recovers "
               "events a broken connection lost).")
+@click.option("--rights-recheck-interval", default="1h", show_default=True, type=DURATION,
+              help="A routine pass over a Ready StageSet dry-runs one unchanged object per kind and "
+              "namespace (may its identity still write there?) only if that identity has not shown "
+              "those rights for this long; requested passes always check. 0: every pass checks.")
 @click.option("--max-readiness-watches", default=100, show_default=True, type=click.IntRange(min=0),
               help="Watches stages waiting for readiness may hold at once (each as the stage's identity, "
               "one kind and namespace, label-selected); past that they poll. 0: always poll.")

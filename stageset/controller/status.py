@@ -123,6 +123,8 @@ class StatusWriter(Generic[S]):
         self.conditions: tuple[Condition, ...] = tuple(read.conditions)
         self.generation = int(metadata(obj).get("generation", 0))
         requested = requested_at(obj)
+        self.requested = bool(requested) and requested != read.last_handled_reconcile_at
+        """Someone asked for this reconcile (a ``requestedAt`` not acted on yet): not a periodic one."""
         self._status: S = read.model_copy(update={"last_handled_reconcile_at": requested}) if requested \
             else read
 

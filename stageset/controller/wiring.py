@@ -27,6 +27,7 @@ from sources.addresses import AddressGuard
 from stageset.apply.cel import CelSandbox
 from stageset.apply.engine import StageApplier, WatchSource
 from stageset.apply.health import ExpressionChecker
+from stageset.apply.rights import ShownRights
 from stageset.controller.clock import Clock
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
@@ -107,7 +108,10 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
                         no_cross_namespace_refs=settings.no_cross_namespace_refs, accounts=accounts,
                         default_source_kind=settings.default_source_kind, shard=settings.watch_label_selector)
     cel = CelSandbox(settings.apply.cel)
-    local = StageApplier(mapper=RestMapper(clients.client()), settings=settings.apply)
+    clock = shared.clock
+    # Shown rights age by the injected clock (a periodic pass trusts them for rights_max_age).
+    rights = ShownRights(max_age=settings.apply.rights_max_age, clock=lambda: clock().timestamp())
+    local = StageApplier(mapper=RestMapper(clients.client()), settings=settings.apply, rights=rights)
     targets = Targets(clients=clients, settings=settings.apply, local=local, accounts=accounts)
     records = Records(clients=clients, identities=identities)
     changes = Changes(events=shared.events, metrics=shared.metrics)

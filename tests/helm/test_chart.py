@@ -246,6 +246,11 @@ def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> Non
         "max_readiness_watches"] == 100
     args = controller_args(helm.render("--set", "controller.maxReadinessWatches=0"))
     assert controller.make_context("controller", list(args)).params["max_readiness_watches"] == 0
+    # Rights re-checked by routine passes once an hour unless set; 0s (every pass) is a value.
+    assert controller.make_context("controller", list(controller_args(helm.render()))).params[
+        "rights_recheck_interval"] == 3600.0
+    args = controller_args(helm.render("--set", "controller.rightsRecheckInterval=0s"))
+    assert controller.make_context("controller", list(args)).params["rights_recheck_interval"] == 0.0
     # What an omitted sourceRef.kind means: ours by default, the reference's on request.
     assert controller.make_context("controller", list(controller_args(helm.render()))).params[
         "default_source_kind"] == "GitRepository"
@@ -294,6 +299,7 @@ INVALID = [
     ("--set", "controller.build.maxObjects=5", "'maxObjects'"),
     ("--set", "controller.sourceWorkers=0", "/controller/sourceWorkers"),
     ("--set", "controller.maxReadinessWatches=-1", "/controller/maxReadinessWatches"),
+    ("--set-string", "controller.rightsRecheckInterval=1 hour", "/controller/rightsRecheckInterval"),
     ("--set", "controller.watchNamespaces={Team_A}", "/controller/watchNamespaces/0"),
     ("--set", "controller.watchNamespaces={a,a}", "/controller/watchNamespaces"),
     ("--set", "controller.leaderElection.enabled=maybe", "/controller/leaderElection/enabled"),

@@ -63,15 +63,47 @@ def test_a_quiet_pass_makes_no_writes_at_all(world: World) -> None:
     world.reconcile("shop")
 
     assert world.cluster.writes() == []
-    # Nothing changed the object since it was applied (its resourceVersion says so): the source
-    # read, one dry-run per kind and namespace (may the tenant still write ConfigMaps there?),
-    # and one label-selected list, as the tenant.
+    # Nothing changed the object since it was applied (its resourceVersion says so), and the
+    # tenant showed it may write ConfigMaps there (its writes, 10 minutes ago): the source read and
+    # one label-selected list, as the tenant — two requests.
     assert verbs(world.cluster.by(TENANT)) == [
         ("get", f"/apis/stages.metio.wtf/v1/namespaces/{NS}/gitrepositories/app", False),
-        ("apply", f"{CM}/a", True),
         ("list", CM, False),
     ]
     assert world.get("shop")["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+
+
+def request_reconcile(world: World, name: str, stamp: str) -> None:
+    world.cluster.edit(stageset_path(name), lambda obj: obj["metadata"].setdefault("annotations", {})
+                       .update({"reconcile.fluxcd.io/requestedAt": stamp}))
+
+
+@pytest.mark.parametrize(("how", "dry_runs"), [
+    ("periodic, rights shown 10 minutes ago", 0),
+    ("periodic, rights shown over an hour ago", 1),  # --rights-recheck-interval (1h)
+    ("requested", 1),  # reconcile.fluxcd.io/requestedAt: asked for, so everything is checked
+])
+def test_a_quiet_pass_asks_whether_the_tenant_may_still_write_only_when_due(
+        world: World, how: str, dry_runs: int) -> None:
+    world.commit({"app/a.json": configmap("a")})
+    world.stageset("shop", [{"name": "app", "path": "./app"}])
+    world.reconcile("shop")
+    world.clock.advance(600)
+    world.reconcile("shop")  # a first quiet pass: 10 minutes after the writes, no question
+    world.cluster.clear()
+    if "hour" in how:
+        world.clock.advance(3600)
+    if how == "requested":
+        request_reconcile(world, "shop", "2026-11-27T12:00:00Z")
+    world.cluster.clear()
+
+    world.reconcile("shop")
+
+    tenant = verbs(world.cluster.by(TENANT))
+    assert [r for r in world.cluster.by(TENANT) if r.write and not r.dry_run] == []
+    assert tenant.count(("apply", f"{CM}/a", True)) == dry_runs, tenant
+    assert tenant.count(("list", CM, False)) == 1, tenant
+    assert world.ready("shop")["status"] == "True"
 
 
 def test_a_denied_stage_writes_nothing(world: World) -> None:
@@ -558,17 +590,17 @@ def test_a_tenant_that_may_not_list_gets_the_dry_run_path_in_warm_passes(world: 
 
     assert world.cluster.writes() == []
     tenant = verbs(world.cluster.by(TENANT))
-    assert tenant[:3] == [
+    assert tenant[:2] == [  # a routine pass: its writes showed its rights, no dry-run first
         ("get", f"/apis/stages.metio.wtf/v1/namespaces/{NS}/gitrepositories/app", False),
-        ("apply", f"{CM}/a", True),
         ("list", CM, False),  # denied: nothing is assumed unchanged
     ]
-    assert sorted(tenant[3:]) == [  # each object read and dry-run (in parallel), as before
+    assert sorted(tenant[2:]) == [  # each object read and dry-run (in parallel), as before
         ("apply", f"{CM}/a", True), ("apply", f"{CM}/b", True), ("get", f"{CM}/a", False),
         ("get", f"{CM}/b", False)]
 
 
-def test_rights_taken_away_are_denied_at_the_next_pass_though_nothing_changed(world: World) -> None:
+def test_rights_taken_away_are_denied_at_the_next_requested_or_due_pass_though_nothing_changed(
+        world: World) -> None:
     world.commit({"app/a.json": configmap("a")})
     world.stageset("shop", [{"name": "app", "path": "./app"}])
     world.reconcile("shop")
@@ -578,7 +610,23 @@ def test_rights_taken_away_are_denied_at_the_next_pass_though_nothing_changed(wo
     world.cluster.clear()
     world.clock.advance(600)
 
+    # A routine pass 10 minutes on trusts the rights its writes showed: nothing to write, no question.
     world.reconcile("shop")
-
+    assert world.ready("shop")["status"] == "True"
+    # Asked for, the pass checks them — and so does the first routine pass an hour after they were
+    # last shown (--rights-recheck-interval).
+    request_reconcile(world, "shop", "2026-11-27T12:00:00Z")
+    world.reconcile("shop")
     assert world.ready("shop")["reason"] == "RBACDenied"
-    assert [r for r in world.cluster.by(TENANT) if r.write] == []
+    assert [r for r in world.cluster.by(TENANT) if r.write and not r.dry_run] == []
+
+    world.cluster.grant_namespace(TENANT, NS, "get,list,watch,create,apply,patch,delete")
+    request_reconcile(world, "shop", "2026-11-27T12:01:00Z")
+    world.reconcile("shop")
+    assert world.ready("shop")["status"] == "True"
+    world.cluster.grants.clear()
+    world.cluster.grant_namespace(TENANT, NS, "get,list,watch")
+    world.clock.advance(3601)
+    world.reconcile("shop")
+    assert world.ready("shop")["reason"] == "RBACDenied"
+    assert [r for r in world.cluster.by(TENANT) if r.write and not r.dry_run] == []

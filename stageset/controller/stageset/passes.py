@@ -199,6 +199,9 @@ class PassRunner:
     def _apply_all(self, one: _Pass, graph: nx.DiGraph, rendered: dict[str, Rendered], *,
                    rechecks: set[str]) -> None:
         previous = one.progress.previous.inventories
+        # A routine pass over a Ready StageSet may trust rights its identities showed recently; one
+        # that was asked for, or follows a change or a failure, checks them (stageset/apply/rights.py).
+        recheck_rights = one.writer.requested or not one.progress.previous.ready
         starting: dict[str, plan.StageOutcome] = {}
         request: Request | None = self._release.request(one)
 
@@ -211,7 +214,8 @@ class PassRunner:
             # On a pool thread: reads only what was decided before it was submitted.
             return self._stages.run(StageRun(
                 stageset=one.stageset, rendered=rendered[name], before=starting[name],
-                previous=previous.get(name), recheck=name in rechecks, waiting=tell, redactor=one.redactor))
+                previous=previous.get(name), recheck=name in rechecks, waiting=tell, redactor=one.redactor,
+                recheck_rights=recheck_rights))
 
         def heard(name: str, outcome: plan.StageOutcome) -> None:
             was = one.progress.outcomes[name]

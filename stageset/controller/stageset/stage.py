@@ -67,6 +67,9 @@ class StageRun:
     """Hears the stage's ``Waiting`` outcome (what it waits for) while it waits."""
     redactor: Redactor | None = None
     """The StageSet's Secret values (an ``http`` action adds the ones it reads)."""
+    recheck_rights: bool = True
+    """Dry-run one unchanged object per kind and namespace even where the identity showed its
+    rights recently (false only in a pass nobody asked for: :mod:`stageset.apply.rights`)."""
 
 
 class StageWork(Protocol):
@@ -115,7 +118,7 @@ class StageApply:
             if result is None:
                 result = applier.apply(client=client, owner=owner, objects=rendered.objects,
                                        default_namespace=namespace, conflicts=ConflictResolver.of(stage),
-                                       previous=_entries(run.previous))
+                                       previous=_entries(run.previous), recheck_rights=run.recheck_rights)
         except StageError as error:
             outcome = self._failed(stage, error, client)
             # One line per denial or failure, with the stage's fields; the message may echo

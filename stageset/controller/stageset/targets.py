@@ -104,7 +104,8 @@ class Targets:
             self._clients.register(cluster, remote.configuration)
             discovery = self._clients.client(Identity(), cluster)
             target = Target(cluster, StageApplier(mapper=RestMapper(discovery), settings=self._settings,
-                                                  versions=self.local.applier.versions),
+                                                  versions=self.local.applier.versions,
+                                                  rights=self.local.applier.rights),
                             server=remote.server)
             self._remotes[cluster] = target
             while len(self._remotes) > self._capacity:

@@ -83,6 +83,11 @@ class PassWriter:
     def generation(self) -> int:
         return self._status.generation
 
+    @property
+    def requested(self) -> bool:
+        """The pass was asked for (``reconcile.fluxcd.io/requestedAt``), not only due."""
+        return self._status.requested
+
     # -- the object: finalizer and record ---------------------------------------------------
 
     def finalizer(self, *, present: bool, deferred: bool = False) -> None:
