@@ -299,8 +299,13 @@ def change_and_count(deployed: Deployed, files: dict[str, str | None], mode: Mod
     after = deployed.wait_ready(commit)
     time.sleep(1)  # let the audit log catch up with the last requests
     later = deployed.control_plane.audit_events()[seen:]
-    assert any(e.get("verb") == "patch" and "dryRun=All" in e.get("requestURI", "") for e in later), \
-        "the pass at the new commit did run its dry runs"
+    # Evidence the pass at the new commit looked at its objects: dry-runs of what it would change,
+    # or, where nothing it reads changed, the stages' label-selected lists (an unchanged object
+    # needs no dry-run once its identity has shown its rights: stageset/apply/rights.py).
+    assert any((e.get("verb") == "patch" and "dryRun=All" in e.get("requestURI", "")) or
+               (e.get("verb") == "list" and "labelSelector=stages.metio.wtf" in e.get("requestURI", ""))
+               for e in later if e.get("stage") == "ResponseComplete"), \
+        "the pass at the new commit did look at its objects"
     writers: set[str] = set()
     counts = writes_per_stage(later, owners(before, after), writers)
     if mode.tenants:
