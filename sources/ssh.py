@@ -191,6 +191,26 @@ class StrictSSHVendor(SSHVendor):
             self.timed_out.set()
             process.kill()
 
+    def hangup_reason(self, *, wait: float = 2.0, limit: int = 64 * 1024) -> str:
+        """What the ``ssh`` processes wrote to stderr, once they have ended (at most ``wait``
+        seconds each, ``limit`` bytes each).  A server that refuses a request (``git upload-pack:
+        not our ref``) says why on stderr and hangs up; when the hangup reaches us while we are
+        still writing the request, the broken pipe is all the client sees, and the reason is
+        only here."""
+        reasons: list[str] = []
+        for process in self.processes:
+            if process.stdin is not None:
+                with contextlib.suppress(OSError):
+                    process.stdin.close()
+            try:
+                process.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                continue  # still running: its stderr could block; the pipe error stands alone
+            if process.stderr is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    reasons.append(process.stderr.read(limit).decode("utf-8", "replace"))
+        return "\n".join(r.strip() for r in reasons if r.strip())
+
     def reap(self) -> None:
         """Stop every ``ssh`` this vendor started that is still running, and wait for it."""
         for timer in self._timers:

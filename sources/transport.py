@@ -390,7 +390,11 @@ class Remote:
         except (GitProtocolError, OSError, ValueError, KeyError) as error:
             if vendor.timed_out.is_set():
                 raise self._timed_out(action) from None
-            text = scrub(redact(str(error), secrets), vendor)
+            text = str(error)
+            if isinstance(error, (BrokenPipeError, ConnectionResetError)):
+                # The server hung up while we wrote: its reason, if it gave one, is on stderr.
+                text = "\n".join(t for t in (text, vendor.hangup_reason()) if t)
+            text = scrub(redact(text, secrets), vendor)
             classified = classify_ssh_failure(
                 text, where=where, host=self._ssh_host(),
                 has_identity=bool(self.credentials and self.credentials.identity))
