@@ -104,6 +104,24 @@ def _write_private(path: Path, data: bytes) -> None:
         handle.write(data)
 
 
+_STDERR_WAIT = 2.0
+"""Seconds a closing connection waits for its ``ssh`` to end before its stderr is read."""
+_STDERR_BYTES = 64 * 1024
+"""Most bytes of an ``ssh``'s stderr kept."""
+
+
+class _KeepingWrapper(SubprocessWrapper):
+    """dulwich's pipe wrapper, which lets the vendor keep the process's stderr before closing it."""
+
+    def __init__(self, proc: subprocess.Popen[bytes], *, keep: Callable[[subprocess.Popen[bytes]], None]):
+        super().__init__(proc)
+        self._keep = keep
+
+    def close(self, timeout: int | None = 60) -> None:
+        self._keep(self.proc)
+        super().close(timeout)
+
+
 @dataclass
 class StrictSSHVendor(SSHVendor):
     """Runs ``ssh`` for dulwich with only the caller's key and ``known_hosts``.
@@ -118,6 +136,8 @@ class StrictSSHVendor(SSHVendor):
     """Applied to the connection's ``read`` (the transport counts bytes with it)."""
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
     timed_out: threading.Event = field(default_factory=threading.Event)
+    stderr_kept: list[str] = field(default_factory=list)
+    """What each ended ``ssh`` wrote to stderr, kept as its connection closed (:meth:`hangup_reason`)."""
     _timers: list[threading.Timer] = field(default_factory=list)
 
     def command(self, host: str, remote_command: bytes | str, *, username: str | None,
@@ -181,7 +201,7 @@ class StrictSSHVendor(SSHVendor):
         timer.daemon = True
         timer.start()
         self._timers.append(timer)
-        wrapper = SubprocessWrapper(process)
+        wrapper = _KeepingWrapper(process, keep=self._keep_stderr)
         if self.wrap_read is not None:
             wrapper.read = self.wrap_read(wrapper.read)
         return wrapper
@@ -191,25 +211,29 @@ class StrictSSHVendor(SSHVendor):
             self.timed_out.set()
             process.kill()
 
-    def hangup_reason(self, *, wait: float = 2.0, limit: int = 64 * 1024) -> str:
-        """What the ``ssh`` processes wrote to stderr, once they have ended (at most ``wait``
-        seconds each, ``limit`` bytes each).  A server that refuses a request (``git upload-pack:
-        not our ref``) says why on stderr and hangs up; when the hangup reaches us while we are
-        still writing the request, the broken pipe is all the client sees, and the reason is
-        only here."""
-        reasons: list[str] = []
+    def _keep_stderr(self, process: subprocess.Popen[bytes]) -> None:
+        """Before dulwich closes a connection's pipes: what its ``ssh`` wrote to stderr, once it
+        has ended (at most :data:`_STDERR_WAIT` seconds; at most :data:`_STDERR_BYTES`)."""
+        if process.stdin is not None:
+            with contextlib.suppress(OSError, ValueError):
+                process.stdin.close()
+        try:
+            process.wait(timeout=_STDERR_WAIT)
+        except subprocess.TimeoutExpired:
+            return  # still running: reading its stderr could block; the pipe error stands alone
+        if process.stderr is not None:
+            with contextlib.suppress(OSError, ValueError):
+                self.stderr_kept.append(process.stderr.read(_STDERR_BYTES).decode("utf-8", "replace"))
+
+    def hangup_reason(self) -> str:
+        """What the ended ``ssh`` processes wrote to stderr.  A server that refuses a request
+        (``git upload-pack: not our ref``) says why on stderr and hangs up; when the hangup reaches
+        us while we are still writing the request, the broken pipe is all dulwich sees (and it has
+        closed the pipes by the time the error reaches us), so the reason is only here."""
         for process in self.processes:
-            if process.stdin is not None:
-                with contextlib.suppress(OSError):
-                    process.stdin.close()
-            try:
-                process.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue  # still running: its stderr could block; the pipe error stands alone
-            if process.stderr is not None:
-                with contextlib.suppress(OSError, ValueError):
-                    reasons.append(process.stderr.read(limit).decode("utf-8", "replace"))
-        return "\n".join(r.strip() for r in reasons if r.strip())
+            if process.stderr is not None and not process.stderr.closed:
+                self._keep_stderr(process)
+        return "\n".join(r.strip() for r in self.stderr_kept if r.strip())
 
     def reap(self) -> None:
         """Stop every ``ssh`` this vendor started that is still running, and wait for it."""

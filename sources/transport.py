@@ -81,6 +81,19 @@ _REFUSED_WANT = ("not our ref", "unadvertised object", "not allowed", "no such o
                  "bad object", "not valid")
 
 
+def _hung_up(error: BaseException) -> bool:
+    """Did the other side close the connection under us (dulwich wraps the ``OSError`` of a write
+    in a ``GitProtocolError``)?"""
+    seen: BaseException | None = error
+    for _ in range(4):  # the error, and what it was raised from
+        if seen is None:
+            return False
+        if isinstance(seen, (BrokenPipeError, ConnectionResetError)):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 @dataclass
 class Deadline:
     """The moment an operation (listing, fetching, or all of one ``MirrorStore.fetch``) must end."""
@@ -391,7 +404,7 @@ class Remote:
             if vendor.timed_out.is_set():
                 raise self._timed_out(action) from None
             text = str(error)
-            if isinstance(error, (BrokenPipeError, ConnectionResetError)):
+            if _hung_up(error):
                 # The server hung up while we wrote: its reason, if it gave one, is on stderr.
                 text = "\n".join(t for t in (text, vendor.hangup_reason()) if t)
             text = scrub(redact(text, secrets), vendor)

@@ -13,9 +13,11 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from dulwich.errors import GitProtocolError
 
+from sources import ssh
 from sources.errors import GitOperationError
-from sources.ssh import StrictSSHVendor
+from sources.ssh import StrictSSHVendor, _KeepingWrapper
 from sources.transport import Remote
 from sources.urls import UrlPolicy, parse_url
 
@@ -34,9 +36,19 @@ def remote() -> Remote:
                   timeout=10)
 
 
-@pytest.mark.parametrize("hangup", [BrokenPipeError(32, "Broken pipe"),
-                                    ConnectionResetError(104, "Connection reset by peer")])
-def test_a_refusal_on_stderr_survives_a_broken_pipe(tmp_path: Path, hangup: OSError) -> None:
+def wrapped(cause: OSError) -> GitProtocolError:
+    """As dulwich's ``Protocol.write_pkt_line`` raises a failed write."""
+    error = GitProtocolError(str(cause))
+    error.__cause__ = cause
+    return error
+
+
+@pytest.mark.parametrize("hangup", [
+    BrokenPipeError(32, "Broken pipe"),
+    ConnectionResetError(104, "Connection reset by peer"),
+    wrapped(BrokenPipeError(32, "Broken pipe")),  # what a fetch actually sees
+])
+def test_a_refusal_on_stderr_survives_a_broken_pipe(tmp_path: Path, hangup: Exception) -> None:
     vendor = vendor_with(tmp_path, f"echo 'fatal: git upload-pack: not our ref {PINNED}' >&2")
     try:
         with pytest.raises(GitOperationError, match=f"not our ref {PINNED}"), \
@@ -57,9 +69,27 @@ def test_a_broken_pipe_without_a_reason_stays_a_broken_pipe(tmp_path: Path) -> N
         vendor.reap()
 
 
-def test_an_ssh_that_does_not_end_is_not_waited_for_long(tmp_path: Path) -> None:
+def test_the_reason_is_kept_when_dulwich_closed_the_pipes_first(tmp_path: Path) -> None:
+    """What a fetch really meets: dulwich closes the connection (and with it the process's
+    stderr) before the error reaches the transport; the vendor kept stderr as it closed."""
+    vendor = vendor_with(tmp_path, f"echo 'fatal: git upload-pack: not our ref {PINNED}' >&2")
+    try:
+        _KeepingWrapper(vendor.processes[0], keep=vendor._keep_stderr).close()
+        stderr = vendor.processes[0].stderr
+        assert stderr is not None
+        assert stderr.closed
+        with pytest.raises(GitOperationError, match=f"not our ref {PINNED}"), \
+                remote()._ssh_errors("fetching from", vendor):
+            raise wrapped(BrokenPipeError(32, "Broken pipe"))
+    finally:
+        vendor.reap()
+
+
+def test_an_ssh_that_does_not_end_is_not_waited_for_long(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(ssh, "_STDERR_WAIT", 0.2)
     vendor = vendor_with(tmp_path, "echo 'still talking' >&2; sleep 30")
     try:
-        assert vendor.hangup_reason(wait=0.2) == ""
+        assert vendor.hangup_reason() == ""
     finally:
         vendor.reap()
