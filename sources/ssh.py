@@ -214,9 +214,12 @@ class StrictSSHVendor(SSHVendor):
     def _keep_stderr(self, process: subprocess.Popen[bytes]) -> None:
         """Before dulwich closes a connection's pipes: what its ``ssh`` wrote to stderr, once it
         has ended (at most :data:`_STDERR_WAIT` seconds; at most :data:`_STDERR_BYTES`)."""
-        if process.stdin is not None:
-            with contextlib.suppress(OSError, ValueError):
-                process.stdin.close()
+        # Nothing more is written or read on this connection: an ssh blocked on a full stdout (a
+        # fetch cut short) ends at once instead of after the wait.
+        for stream in (process.stdin, process.stdout):
+            if stream is not None:
+                with contextlib.suppress(OSError, ValueError):
+                    stream.close()
         try:
             process.wait(timeout=_STDERR_WAIT)
         except subprocess.TimeoutExpired:

@@ -604,16 +604,11 @@ class StageApplier:
             try:
                 checked = None if probe is None else client.apply(
                     probe.path, probe.manifest, field_manager=FIELD_MANAGER, dry_run=True)
-            except ApiError as error:
-                if error.forbidden:
-                    self.rights.denied(rights)
-                continue  # the dry-run path says what is wrong
-            if probe is not None:
-                self.rights.shown(rights)
-            try:
                 live = self._list(client, resource, namespace or None, selector)
             except ApiError:
-                continue  # may not list: the dry-run path, object by object
+                continue  # the dry-run path says what is wrong (a denial there forgets the rights)
+            if probe is not None:
+                self.rights.shown(rights)
             for item, seen in members:
                 found = live.get(str(item.manifest["metadata"]["name"]))
                 if found is None or str((found.get("metadata") or {}).get("resourceVersion")) != seen.version:

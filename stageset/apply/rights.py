@@ -7,8 +7,9 @@ StageSet per interval (a third of a periodic pass); its answer changes only when
 RBAC.  So a *periodic* pass (the interval, or ``driftDetectionInterval``) asks only when the
 identity has not shown those rights within ``max_age`` (``--rights-recheck-interval``, 1 hour by
 default) — shown by any write or dry-run of that kind in that namespace, by any stage of the same
-identity.  A requested pass (``reconcile.fluxcd.io/requestedAt``), a pass with anything to write,
-and the first pass after a start always ask, as before.
+identity.  A requested pass (``reconcile.fluxcd.io/requestedAt``), a pass after a failure or a
+change of spec, a pass with anything to write, and the first pass after a start always ask, as
+before.
 
 What this never does: let anything be written without the apiserver deciding.  A skipped check
 only skips a question whose answer would have written nothing either way; every write is still the

@@ -90,7 +90,6 @@ def test_a_quiet_pass_asks_whether_the_tenant_may_still_write_only_when_due(
     world.reconcile("shop")
     world.clock.advance(600)
     world.reconcile("shop")  # a first quiet pass: 10 minutes after the writes, no question
-    world.cluster.clear()
     if "hour" in how:
         world.clock.advance(3600)
     if how == "requested":
