@@ -64,6 +64,14 @@ def test_any_pattern_replaces_the_defaults_but_not_vcs() -> None:
             "logo.png", is_dir=False)
 
 
+def test_sources_without_patterns_share_one_compiled_matcher() -> None:
+    # A compiled RE2 set is ~22 KiB outside Python's heap: one per process, not one per source.
+    first = source_matcher(spec_ignore=None, sourceignore_files=[])
+    assert source_matcher(spec_ignore="\n# nothing\n", sourceignore_files=[]) is first
+    own = source_matcher(spec_ignore="*.md\n", sourceignore_files=[])
+    assert own is not first
+
+
 @pytest.mark.parametrize(("patterns", "path", "excluded"), [
     # Anchoring: a pattern with a slash is relative to its file's directory.
     ("/deploy/secret.yaml", "deploy/secret.yaml", True),
