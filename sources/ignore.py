@@ -235,6 +235,9 @@ class Matcher:
                 f"more than {MAX_PATTERNS} ignore patterns (.sourceignore files and spec.ignore)"
             )
         self.has_inclusions = any(not p.exclude for p in self._patterns)
+        self.size = len(self._patterns)
+        """Patterns compiled: what a cache of matchers bounds (the RE2 program lives outside
+        Python's heap, about 1 to 3.5 KiB a pattern)."""
         self._set: re2.Set | None = None
         if self._patterns:
             options = re2.Options()

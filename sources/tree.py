@@ -60,7 +60,7 @@ from sources.errors import (
     PathNotFoundError,
     UnsafePathError,
 )
-from sources.ignore import IGNORE_FILE, Matcher, source_matcher
+from sources.ignore import IGNORE_FILE, Matcher, default_matcher, source_matcher
 from sources.limits import Limits, MiB
 
 __all__ = ["CommitTree", "IgnoreCache", "Limits", "MiB", "object_size", "read_tree",
@@ -384,12 +384,17 @@ class IgnoreCache:
     """Compiled ignore rules per (root tree, ``spec.ignore``): a commit's ``.sourceignore``
     files are found by walking all its trees, which is worth doing once, not per read.
 
-    Keys are content ids, so one cache may serve every mirror; it keeps the newest
-    ``size`` entries.
+    Keys are content ids, so one cache may serve every mirror; it keeps the newest ``size``
+    entries and at most ``max_patterns`` compiled patterns in all.  The pattern bound is the
+    one that holds memory: a compiled set lives outside Python's heap (9000 patterns: 30 MiB),
+    so 256 entries of a tenant's largest pattern file, one per commit pushed, would otherwise
+    hold gigabytes.  Sources without patterns share one matcher and cost nothing here.
     """
 
-    def __init__(self, size: int = 256) -> None:
+    def __init__(self, size: int = 256, *, max_patterns: int = 20_000) -> None:
         self._size = size
+        self._max_patterns = max_patterns
+        self._patterns = 0
         self._entries: OrderedDict[tuple[bytes, str | None], Matcher] = OrderedDict()
         self._lock = threading.Lock()
 
@@ -405,10 +410,26 @@ class IgnoreCache:
         matcher = source_matcher(spec_ignore=ignore,
                                  sourceignore_files=tree.sourceignore_files(scan))
         with self._lock:
-            self._entries[key] = matcher
-            while len(self._entries) > self._size:
-                self._entries.popitem(last=False)
+            if key not in self._entries:
+                self._entries[key] = matcher
+                self._patterns += self._cost(matcher)
+            while len(self._entries) > self._size or (
+                    self._patterns > self._max_patterns and len(self._entries) > 1):
+                _, dropped = self._entries.popitem(last=False)
+                self._patterns -= self._cost(dropped)
         return matcher
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def held_patterns(self) -> int:
+        """Compiled patterns held (the shared default matcher counts none)."""
+        return self._patterns
+
+    @staticmethod
+    def _cost(matcher: Matcher) -> int:
+        return 0 if matcher is default_matcher() else matcher.size
 
 
 @dataclass
