@@ -108,3 +108,23 @@ def test_a_remote_that_comes_back_is_torn_down_normally(world: World) -> None:
     assert ("delete", f"{CM}/remote") in [(r.verb, r.path) for r in remote.by(TENANT)]
     assert world.reconcile("shop").requeue_after is None
     assert events(world) == []
+
+
+def test_a_forced_release_whose_finalizer_patch_conflicts_warns_once(world: World) -> None:
+    # The finalizer patch that releases the StageSet meets a conflict (someone wrote it meanwhile):
+    # the pass retries, and the TeardownForced warning is told once, for the release that happened.
+    remote = remote_world(world)
+    world.reconcile("shop")
+    delete(world)
+    remote.down = FAILURES["connection refused"]
+    world.reconciler = world.make_reconciler()
+    world.clock.advance(world.settings.max_teardown_wait)
+    world.cluster.failures[("patch", stageset_path("shop"), False)] = _api_error(
+        409, b'{"kind": "Status", "reason": "Conflict", "message": "the object has been modified"}')
+    assert world.reconcile("shop").requeue_after is not None
+    assert world.cluster.get(stageset_path("shop")) is not None
+    assert events(world) == []
+    del world.cluster.failures[("patch", stageset_path("shop"), False)]
+    assert world.reconcile("shop").requeue_after is None
+    assert world.cluster.get(stageset_path("shop")) is None
+    assert [e["reason"] for e in events(world)] == ["TeardownForced"]

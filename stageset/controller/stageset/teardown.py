@@ -162,12 +162,14 @@ class Teardown:
                 return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
                                                            max_wait=self._max_wait))
             break
-        if inventories:
-            self._forced(writer.obj, list(inventories.values()), failure)
         try:
             writer.finalizer(present=False)
         except StageError:
             return Result(requeue_after=AGAIN)  # changed under us: read it again and retry
+        if inventories:
+            # Told once, when the release happened: a finalizer patch that must be retried
+            # (a conflict, an overloaded apiserver) would otherwise warn once per try.
+            self._forced(writer.obj, list(inventories.values()), failure)
         log.info("teardown finished: finalizer removed")
         return Result()
 
