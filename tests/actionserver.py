@@ -1,13 +1,15 @@
 """A loopback HTTP server for ``http`` actions: answers set per path, every request recorded.
 
-Only loopback: tests never send traffic elsewhere.  ``answer(path, status, body=..., redirect=...)``
-sets what a path answers; :attr:`ActionServer.requests` holds what arrived (method, path, headers,
+Only loopback: tests never send traffic elsewhere.  ``answer(path, status, body=..., redirect=..., echo=...)``
+sets what a path answers (``echo``: a body made from the request's headers, as a careless endpoint
+reflects them); :attr:`ActionServer.requests` holds what arrived (method, path, headers,
 body), so a test can assert a call happened once, or never.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from types import TracebackType
@@ -26,6 +28,8 @@ class Reply:
     status: int = 200
     body: bytes = b"ok"
     redirect: str | None = None
+    echo: Callable[[dict[str, str]], bytes] | None = None
+    """The body made from the request's headers (an endpoint that reflects what it was sent)."""
 
 
 @dataclass
@@ -52,11 +56,12 @@ class ActionServer:
                     self.send_header("Content-Length", "0")
                     self.end_headers()
                     return
+                body = reply.echo(dict(self.headers.items())) if reply.echo is not None else reply.body
                 self.send_response(reply.status)
-                self.send_header("Content-Length", str(len(reply.body)))
+                self.send_header("Content-Length", str(len(body)))
                 self.end_headers()
                 if self.command != "HEAD":
-                    self.wfile.write(reply.body)
+                    self.wfile.write(body)
 
             do_GET = do_POST = do_PUT = do_PATCH = do_DELETE = do_HEAD = _serve
 
@@ -85,10 +90,16 @@ class ActionServer:
         return f"http://{self.host}:{self.port}{path}"
 
     def answer(
-        self, path: str, status: int = 200, *, body: bytes = b"ok", redirect: str | None = None
+        self,
+        path: str,
+        status: int = 200,
+        *,
+        body: bytes = b"ok",
+        redirect: str | None = None,
+        echo: Callable[[dict[str, str]], bytes] | None = None,
     ) -> str:
         with self._lock:
-            self.replies[path] = Reply(status=status, body=body, redirect=redirect)
+            self.replies[path] = Reply(status=status, body=body, redirect=redirect, echo=echo)
         return self.url(path)
 
     def received(self, path: str) -> list[Received]:

@@ -3,8 +3,10 @@
 
 Identity: events are created and patched with the controller's own identity (the chart's
 ClusterRole may create and patch Events).  Messages name objects and reasons; every message
-passes the caller's redactor, so Secret values never leave through an event.  A failure to
-record an event is logged and otherwise ignored -- events are advisory.
+passes the caller's redactor before it is cut to the apiserver's bound
+(:func:`~stageset.controller.redact.bounded`), so Secret values never leave through an event, in
+any encoding the redactor knows.  A failure to record an event is logged and otherwise ignored --
+events are advisory.
 
 Repeats are aggregated as client-go's event recorder does: an event equal to one recorded in
 the last :data:`SERIES_WINDOW` seconds (same object, type, reason, action and note) does not
@@ -35,6 +37,7 @@ from dataclasses import dataclass
 from stageset.api.vocabulary import EventReason, EventType, Reason
 from stageset.apply.changeset import WRITES, Change
 from stageset.controller.clock import Clock, system_clock
+from stageset.controller.redact import bounded
 from stageset.kube.client import ApiError, KubeClient, UnreachableError
 from stageset.kube.types import KubeObject, metadata
 
@@ -47,6 +50,10 @@ CONTROLLER = "stages.metio.wtf/stageset-controller"
 LISTED = 10  # objects named in a summary before "and N more"
 
 Redact = Callable[[str], str]
+
+
+def _unchanged(text: str) -> str:
+    return text
 
 
 def micro_time(moment: datetime.datetime) -> str:
@@ -108,7 +115,8 @@ class EventRecorder:
              annotations: Mapping[str, str] | None = None) -> None:
         meta = metadata(obj)
         namespace = meta.get("namespace") or "default"
-        note = (redact(message) if redact is not None else message)[:MAX_NOTE]
+        # Redacted whole, then cut: a cut never leaves the start of a Secret value for the redactor to miss.
+        note = bounded(message, limit=MAX_NOTE, redact=redact or _unchanged)
         key = (namespace, str(obj.get("kind")), meta["name"], str(meta.get("uid")), type_.value, reason.value,
                action, note)
         now = self._clock()

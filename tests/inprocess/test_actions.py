@@ -8,13 +8,17 @@ says what it waits for.  ``http`` actions call a real server on loopback.
 from __future__ import annotations
 
 import base64
+import html
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import pytest
 
+from stageset.controller.redact import MASK, MIN_CUT, LogRedactor, Redactor
+from stageset.controller.stageset.actionsteps import _answer
 from stageset.kube.types import KubeObject
 from tests.actionserver import ActionServer
 from tests.inprocess.conftest import NS, TENANT, World, configmap, stageset_path
@@ -243,7 +247,8 @@ def test_post_http_gates_ready_with_a_secret_header_that_never_leaves(
     assert server.received("/page") == []  # no failure: onFailure never ran
     everything = json.dumps([world.get("shop")["status"], _events(world)]) + caplog.text
     assert token not in everything
-    assert "unavailable: token *** is not known here" in everything  # the echo, redacted
+    assert "unavailable: token" not in everything  # the request carried a Secret: no body is shown
+    assert "the response is not shown, as the request carried values from a Secret" in everything
     assert any(e.get("reason") == "ActionSucceeded" for e in _events(world))
     assert all(r.user in (TENANT, CONTROLLER) for r in world.cluster.requests)
     assert not [r for r in world.cluster.requests if "/secrets/" in r.path and r.user == CONTROLLER]
@@ -414,3 +419,92 @@ def test_a_denied_action_is_rbac_denied_and_not_retried(world: World) -> None:
         in ready["message"]
     )
     assert [r.user for r in world.cluster.requests if "kube-system" in r.path] == [TENANT]
+
+
+ECHOES: dict[str, Callable[[str], str]] = {
+    "url": lambda v: quote(v, safe=""),
+    "form": lambda v: urlencode({"authorization": v}),
+    "hex": lambda v: v.encode().hex(),
+    "HEX": lambda v: v.encode().hex().upper(),
+    "html": lambda v: html.escape(f"<p>{v}</p>"),
+    "html-numeric": lambda v: v.encode("ascii", "xmlcharrefreplace").decode().replace("/", "&#47;"),
+    "json": lambda v: json.dumps({"header": v}),
+    "base64": lambda v: base64.b64encode(f"Authorization: {v}".encode()).decode(),
+    "split": lambda v: v[:17] + "\r\n  " + v[17:],
+    # The value straddling what a message may quote (it used to leave a prefix of the token).
+    "at-the-cut": lambda v: "x" * 230 + v,
+}
+
+
+@pytest.mark.parametrize("encoding", sorted(ECHOES))
+def test_an_endpoint_that_reflects_a_secret_header_leaks_it_nowhere(
+    world: World, server: ActionServer, caplog: pytest.LogCaptureFixture, encoding: str
+) -> None:
+    """The attack of issue 30: an allowed endpoint answers an error that reflects the header it was
+    sent, encoded; the Ready message, the ActionFailed event and the controller's log (through the
+    log filter the controller installs) hold no form of it, and say what the endpoint answered."""
+    token = "tok_9c2e81d4b5a0/Zq+w==:ünï"
+    header = f"Bearer {token}"
+    world.cluster.put(
+        {
+            "apiVersion": "v1",
+            "kind": "Secret",
+            "metadata": {"name": "gate", "namespace": NS},
+            "data": {"Authorization": base64.b64encode(header.encode()).decode()},
+        }
+    )
+    reflect = ECHOES[encoding]
+    url = server.answer(
+        "/smoke", 500, echo=lambda headers: f"error: {reflect(headers['Authorization'])} refused".encode()
+    )
+    world.reconciler = world.make_reconciler(allowed_action_hosts=("127.0.0.1",), allow_insecure_sources=True)
+    world.commit({"app/a.json": configmap("a")})
+    smoke = {
+        "name": "smoke",
+        "http": {"url": url, "headersFrom": [{"name": "gate", "key": "Authorization"}]},
+    }
+    world.stageset("shop", [{"name": "app", "path": "./app", "actions": {"post": [smoke]}}])
+    caplog.handler.addFilter(LogRedactor())  # as the controller's log setup does
+
+    with caplog.at_level(logging.DEBUG):
+        world.reconcile("shop")
+    (received,) = server.received("/smoke")
+    assert received.headers["Authorization"] == header  # it was sent, and echoed
+
+    ready = world.ready("shop")
+    assert (ready["status"], ready["reason"]) == ("False", "ActionFailed")
+    assert "post action 'smoke' failed: POST http://127.0.0.1" in ready["message"]
+    assert "answered HTTP 500, expected 2xx: the response is not shown" in ready["message"]
+    failed = [e for e in _events(world) if e.get("reason") == "ActionFailed"]
+    assert failed
+    assert "answered HTTP 500" in failed[0]["note"]
+    assert "post action 'smoke' failed" in caplog.text
+
+    everything = json.dumps([world.get("shop")["status"], _events(world)]) + caplog.text
+    for piece in ("9c2e81d4", "tok_9c2e", "Zq+w", "Zq%2Bw", "Zq%2bw"):
+        assert piece not in everything, f"{piece} leaked through the {encoding} echo"
+    for name, encode in ECHOES.items():
+        assert encode(token)[:12] not in everything, (encoding, name)
+    # Nor did anything of the body reach a message: its words are not there either.
+    assert "refused" not in everything
+
+
+@pytest.mark.parametrize("encoding", ["url", "hex", "html-numeric", "split", "at-the-cut"])
+def test_an_answer_without_secrets_is_quoted_redacted_before_it_is_cut(encoding: str) -> None:
+    """A request that carried nothing from a Secret shows an excerpt of the answer; a value the
+    StageSet read elsewhere (substituted, decrypted) is redacted in it before the excerpt is cut."""
+    value = "s3cr3t-substituted-Value/42"
+    body = f"error: {ECHOES[encoding](value)} refused\x1b[31m".encode()
+    said = _answer(body, carried_secrets=False, redact=Redactor([value]))
+    assert MASK in said
+    assert len(said) <= 256
+    assert "\x1b" not in said  # printable only
+    for size in range(MIN_CUT, len(value) + 1):
+        assert ECHOES[encoding](value[:size]) not in said or size < MIN_CUT, said
+    assert "s3cr3t" not in said
+    # A body longer than what is read: the value straddling the read is masked as a prefix.
+    long = b"y" * (4096 - 10) + value.encode()
+    assert "s3cr3t" not in _answer(long, carried_secrets=False, redact=Redactor([value]))
+    assert _answer(body, carried_secrets=True, redact=Redactor()) == (
+        "the response is not shown, as the request carried values from a Secret"
+    )

@@ -15,6 +15,12 @@ The controller's own identity makes no request here (discovery aside, which only
 exist).  Secret values are added to the pass's redactor before the request that uses them, so no
 message built afterwards — status, event, log — can carry them.
 
+**What a failure quotes.**  Of what someone else wrote — an endpoint's response body, the
+apiserver's message, a Job's condition — a message quotes at most :data:`_SNIPPET` printable
+characters, redacted before they are cut (:func:`_excerpt`).  Of an ``http`` action's response: the
+status code, and the excerpt only when the request carried nothing from a Secret (:func:`_answer`;
+an endpoint may echo a header in a way no redactor can know).
+
 **Bounds.**  A step waits at most its ``budget`` (one readiness slice, never past the action's
 timeout), then says ``PENDING``; the stage comes back after the readiness requeue, so a slow action
 holds only its own StageSet, and a worker never longer than a slice.  One HTTP request takes at most
@@ -58,7 +64,7 @@ from stageset.apply.inventory import describe
 from stageset.apply.plan import phases
 from stageset.apply.readiness import Status
 from stageset.controller.clock import Clock
-from stageset.controller.redact import Redactor
+from stageset.controller.redact import Redactor, bounded
 from stageset.controller.stageset import actionplan
 from stageset.controller.stageset.reads import read_named
 from stageset.controller.stageset.rendering import Renderer
@@ -75,6 +81,9 @@ FIELD_MANAGER = "stageset-actions"
 JOB_TTL = 24 * 3600
 """``ttlSecondsAfterFinished`` of an action's Job that sets none."""
 _SNIPPET = 256
+"""Characters a message quotes of a text someone else wrote (:func:`_excerpt`)."""
+_BODY_READ = 4096
+"""Bytes of a response body read for its excerpt: redacted whole, then cut to :data:`_SNIPPET`."""
 _MIN_WORD = 8
 _JOB = ("batch/v1", "Job")
 
@@ -148,9 +157,26 @@ class StepSettings:
     ca_certs: str | None = None
 
 
-def _short(text: str) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= _SNIPPET else text[: _SNIPPET - 3] + "..."
+def _excerpt(text: str, redact: Redactor, *, cut: bool = False) -> str:
+    """What a message quotes of a text someone else wrote (an endpoint, the apiserver, a Job's
+    condition): redacted whole first (``cut``: it was cut already, so a start of a value at its end
+    goes too), then printable characters only, on one line, at most :data:`_SNIPPET` characters."""
+    text = redact(text, cut=cut)
+    text = " ".join("".join(c if c.isprintable() else " " for c in text).split())
+    return bounded(text, limit=_SNIPPET, redact=redact)
+
+
+def _answer(body: bytes, *, carried_secrets: bool, redact: Redactor) -> str:
+    """What a failure says of the response's body.  Nothing when the request carried a Secret's
+    value: an endpoint may echo it in a way no redactor knows (reversed, hashed, encoded twice),
+    and the status code is what a user acts on; otherwise an :func:`_excerpt` of its first
+    :data:`_BODY_READ` bytes."""
+    if carried_secrets:
+        return "the response is not shown, as the request carried values from a Secret"
+    if not body:
+        return "(empty)"
+    text = body[:_BODY_READ].decode("utf-8", errors="replace")
+    return _excerpt(text, redact, cut=len(body) > _BODY_READ) or "(empty)"
 
 
 def _denied(error: StageError | ApiError, what: str, identity: Identity) -> Step:
@@ -159,13 +185,13 @@ def _denied(error: StageError | ApiError, what: str, identity: Identity) -> Step
     return Step.failed(message, retryable=False, reason=Reason.RBAC_DENIED)
 
 
-def _api_failure(error: ApiError, what: str, identity: Identity) -> Step:
+def _api_failure(error: ApiError, what: str, ctx: ActionContext) -> Step:
     if error.forbidden:
-        return _denied(error, what, identity)
+        return _denied(error, what, ctx.identity)
     # 400/422: the request itself is wrong and stays wrong; anything else may pass next time.
     retryable = error.status not in (400, 415, 422)
-    return Step.failed(f"{what}: the apiserver answered {error.status}: {_short(error.message)}",
-                       retryable=retryable)
+    said = _excerpt(error.message, ctx.redactor)
+    return Step.failed(f"{what}: the apiserver answered {error.status}: {said}", retryable=retryable)
 
 
 class ActionRunner:
@@ -296,7 +322,7 @@ class ActionRunner:
             if failed:
                 job, why = failed[0]
                 return Step.failed(f"Job {job['metadata'].get('namespace')}/{job['metadata']['name']} failed"
-                                   + (f": {why}" if why else ""), run=run)
+                                   + (f": {_excerpt(why, ctx.redactor)}" if why else ""), run=run)
             if mine and all(state == "complete" for _, state, _ in states):
                 names = ", ".join(sorted(str(j["metadata"]["name"]) for j in mine))
                 return Step.done(f"Job(s) {names} completed", run=run)
@@ -330,7 +356,7 @@ class ActionRunner:
             except ApiError as error:
                 if error.conflict and error.reason == "AlreadyExists":
                     continue  # created by an earlier step that did not get to record it
-                return _api_failure(error, f"create Job {namespace}/{name}", ctx.identity)
+                return _api_failure(error, f"create Job {namespace}/{name}", ctx)
         return None
 
     def _delete_older(self, ctx: ActionContext, resource: Resource, jobs: list[KubeObject],
@@ -390,8 +416,8 @@ class ActionRunner:
         if http.accepts(answer.status):
             return Step.done(f"{what}: HTTP {answer.status}")
         expected = ", ".join(str(s) for s in http.expected_status) or "2xx"
-        snippet = _short(answer.body.decode("utf-8", errors="replace")) or "(empty)"
-        return Step.failed(f"{what} answered HTTP {answer.status}, expected {expected}: {snippet}",
+        said = _answer(answer.body, carried_secrets=http.carries_secrets, redact=ctx.redactor)
+        return Step.failed(f"{what} answered HTTP {answer.status}, expected {expected}: {said}",
                            retryable=actionplan.http_retryable(answer.status))
 
     # -- wait --------------------------------------------------------------------------------------
@@ -423,7 +449,7 @@ class ActionRunner:
                 if error.forbidden:
                     return _denied(error, f"read {what}", ctx.identity)
                 if not error.not_found:
-                    return _api_failure(error, f"reading {what}", ctx.identity)
+                    return _api_failure(error, f"reading {what}", ctx)
                 obj = None
             if obj is None:
                 message = f"{what} not found"
@@ -441,7 +467,7 @@ class ActionRunner:
                 if answer.value:
                     return Step.done(f"{wait.expr} holds on {what}")
                 message = f"{wait.expr} does not hold on {what} yet" + (
-                    f" ({_short(answer.error)})" if answer.error else "")
+                    f" ({_excerpt(answer.error, ctx.redactor)})" if answer.error else "")
             if ctx.left() <= 0 or not self._sleep(ctx, self._settings.poll_interval):
                 return Step.pending(message)
 
@@ -462,7 +488,7 @@ class ActionRunner:
                 listed = ctx.client.request("GET", resource.collection_path(namespace),
                                             query={"labelSelector": query})
             except ApiError as error:
-                return _api_failure(error, f"list {target.kind} ({query})", ctx.identity)
+                return _api_failure(error, f"list {target.kind} ({query})", ctx)
             paths = [resource.object_path(name=o["metadata"]["name"], namespace=namespace)
                      for o in listed.get("items") or []]
         else:
@@ -481,7 +507,7 @@ class ActionRunner:
                         continue  # a custom resource has no strategic merge: a JSON merge patch
                     if error.not_found:
                         return Step.failed(f"{target.kind} {name} not found")
-                    return _api_failure(error, f"patch {target.kind} {name}", ctx.identity)
+                    return _api_failure(error, f"patch {target.kind} {name}", ctx)
         return Step.done(f"patched {len(paths)} {target.kind} object(s)")
 
     def _delete(self, ctx: ActionContext) -> Step:
@@ -495,7 +521,7 @@ class ActionRunner:
         except ApiError as error:
             if error.not_found:
                 return Step.done(f"{what} was not there")
-            return _api_failure(error, f"delete {what}", ctx.identity)
+            return _api_failure(error, f"delete {what}", ctx)
         return Step.done(f"deleted {what}")
 
     # -- apply -------------------------------------------------------------------------------------
@@ -521,7 +547,7 @@ class ActionRunner:
                 try:
                     ctx.client.apply(path, manifest, field_manager=FIELD_MANAGER)
                 except ApiError as error:
-                    return _api_failure(error, f"apply {describe(manifest)}", ctx.identity)
+                    return _api_failure(error, f"apply {describe(manifest)}", ctx)
         if not apply.wait:
             return Step.done(f"applied {len(bound)} object(s)", run=1)
         items = [item for m in bound if (item := ctx.target.applier.reference(m, ctx.namespace)) is not None]
@@ -543,7 +569,7 @@ def _job_state(job: KubeObject) -> tuple[str, str]:
             return "complete", ""
         if condition.get("type") == "Failed":
             why = f"{condition.get('reason') or ''}: {condition.get('message') or ''}".strip(": ")
-            return "failed", _short(why)
+            return "failed", why
     return "running", ""
 
 
