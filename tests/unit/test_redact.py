@@ -173,7 +173,10 @@ def test_no_encoding_of_a_value_survives(value: str, before: str, after: str, en
        splitter=st.sampled_from(sorted(SPLITTERS)), where=st.floats(min_value=0.05, max_value=0.95))
 def test_a_value_split_over_lines_is_masked(value: str, encoder: str, splitter: str, where: float) -> None:
     encoded = ENCODERS[encoder](value)
-    split = SPLITTERS[splitter](encoded, max(1, int(len(encoded) * where)))
+    at = max(1, int(len(encoded) * where))
+    # An escaped line break right after a backslash reads as an escaped backslash and an "n".
+    assume(splitter != "json-newline" or not encoded[:at].endswith("\\"))
+    split = SPLITTERS[splitter](encoded, at)
     redacted = Redactor([value])(f"body: {split} end")
     assert MASK in redacted, (encoder, splitter, redacted)
     for piece in re.split(r"\s+|\\n|<br>", split):
