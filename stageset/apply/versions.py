@@ -4,9 +4,10 @@ A warm pass over an unchanged stage needs no dry-run: if an object still has the
 resourceVersion it had right after our last write (or our last check found it as wanted), and
 its manifest is the one we applied then, nothing has changed it since — any write by anyone
 (a manual edit, another controller, a deletion and re-creation) moves the resourceVersion.
-The engine learns the live versions from one label-selected list per kind and namespace of a
-stage, made as the stage's identity, and sends only the objects whose version moved through the
-dry-run and write path (:meth:`stageset.apply.engine.StageApplier.apply`).
+The engine's warm check (:mod:`stageset.apply.warm`) learns the live versions from one
+label-selected list per kind and namespace of a stage, made as the stage's identity, and sends
+only the objects whose version moved through the dry-run and write path
+(:mod:`stageset.apply.write`).
 
 Keys are ``(cluster, identity, object path)``: what one identity saw is never used for another
 (a new ServiceAccount goes through the full dry-run path, as the first pass of any identity does).
