@@ -498,6 +498,31 @@ def test_a_failing_remote_cluster_gets_a_short_condition_and_backs_off(
     assert isinstance(errors["unauthorized"], ApiError)
 
 
+def test_a_remote_cluster_failing_mid_pass_keeps_what_the_pass_applied_before_it(world: World) -> None:
+    """The pass's progress is a local value of the runner; a remote failure in the second stage
+    still writes the status as the pass stood: the first stage applied, its objects in the inventory."""
+    from stageset.kube.client import UnreachableError
+
+    remote = remote_world(world)
+    world.commit({"app/cm.json": configmap("remote"), "later/cm.json": configmap("second")})
+    world.stageset("shop", [{"name": "app", "path": "./app"},
+                            {"name": "later", "path": "./later", "dependsOn": ["app"]}],
+                   kubeConfig={"secretRef": {"name": "prod"}})
+    broken = UnreachableError(server="https://prod.example:6443", why="connection reset")
+    failing: dict[tuple[str, str, bool | None], Exception] = {("apply", f"{CM}/second", None): broken}
+    remote.failures.update(failing)  # type: ignore[arg-type]  # the connection breaks: not an ApiError
+
+    result = world.reconcile("shop")
+
+    assert result.backoff
+    assert world.ready("shop")["reason"] == "ClusterUnreachable"
+    assert remote.get(f"{CM}/remote") is not None
+    assert world.phases("shop")["app"] == "Ready"
+    inventory = {s["name"]: s for s in world.get("shop")["status"]["inventory"]}
+    assert "app" in inventory, "what the first stage applied is not forgotten"
+    assert any("remote" in json.dumps(entry) for entry in inventory["app"]["entries"])
+
+
 def test_secret_values_never_reach_status_events_or_logs(
     world: World, caplog: pytest.LogCaptureFixture
 ) -> None:

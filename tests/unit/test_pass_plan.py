@@ -11,7 +11,7 @@ from stageset.api.vocabulary import ConditionStatus, Reason, StagePhase
 from stageset.apply.inventory import ObjectId
 from stageset.apply.readiness import Readiness, Status
 from stageset.controller.ordering import StageNode
-from stageset.controller.stageset import plan
+from stageset.controller.stageset import plan, pruning
 from stageset.controller.stageset.plan import Previous, StageOutcome
 
 T0 = datetime.datetime(2030, 1, 1, tzinfo=datetime.UTC)
@@ -268,7 +268,10 @@ def test_verdict(
     case: str, outcomes: list[StageOutcome], ready: bool | None, reason: Reason, requeue: float, prune: bool
 ) -> None:
     verdict = plan.verdict(outcomes, interval=600.0, retry=120.0, readiness_requeue=1.0)
-    assert (verdict.ready, verdict.reason, verdict.requeue_after, verdict.prune) == (
+    # Whether the pass prunes is not the verdict's: the one decision, asked of the same outcomes.
+    course = pruning.Applied(outcomes=outcomes, held_back=(), parked=False, partial=None)
+    prunes = pruning.permission(course).scope is pruning.Scope.STALE
+    assert (verdict.ready, verdict.reason, verdict.requeue_after, prunes) == (
         ready,
         reason,
         requeue,

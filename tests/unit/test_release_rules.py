@@ -21,7 +21,7 @@ from stageset.api.release import (
     UpdateWindow,
 )
 from stageset.api.vocabulary import Reason, StagePhase
-from stageset.controller.stageset import floors, gates, rollback, steering, windows
+from stageset.controller.stageset import floors, gates, pruning, rollback, steering, windows
 from stageset.controller.stageset.plan import StageOutcome, Verdict
 
 UTC = datetime.UTC
@@ -375,8 +375,7 @@ def outcome(name: str, phase: StagePhase, **fields: Any) -> StageOutcome:
 
 
 def test_the_steered_verdict() -> None:
-    ready = Verdict(True, Reason.SUCCEEDED, "applied 2 stage(s) at r1", requeue_after=600, prune=True,
-                    revision="r1")
+    ready = Verdict(True, Reason.SUCCEEDED, "applied 2 stage(s) at r1", requeue_after=600, revision="r1")
     blocked = Verdict(False, Reason.STAGE_FAILED, "stages blocked", requeue_after=60)
     soaking = gates.judge(SOAK, None, revision="r1", ready=True, now=NOW).state
     held = steering.verdict(blocked, [outcome("staging", StagePhase.READY, promotion=soaking),
@@ -384,7 +383,6 @@ def test_the_steered_verdict() -> None:
                             steering=steering.Steering(), now=NOW, interval=600)
     assert held.reason is Reason.SOAKING
     assert held.ready is False
-    assert not held.prune
     # A failure wins over a gate.
     failing = Verdict(False, Reason.STAGE_FAILED, "boom", requeue_after=60)
     assert steering.verdict(failing, [outcome("staging", StagePhase.READY, promotion=soaking),
@@ -397,7 +395,6 @@ def test_the_steered_verdict() -> None:
     deferred = steering.verdict(ready, both_ready, steering=pending, now=NOW, interval=600)
     assert deferred.ready is True
     assert deferred.reason is Reason.UPDATE_DEFERRED
-    assert deferred.prune
     assert deferred.requeue_after is not None
     assert deferred.requeue_after <= 600
     first = steering.steer(stageset(updateWindows=FREEZE),
@@ -408,10 +405,13 @@ def test_the_steered_verdict() -> None:
     never = steering.verdict(blocked, none_ready, steering=first, now=NOW, interval=600)
     assert never.ready is False
     assert never.reason is Reason.UPDATE_DEFERRED
-    assert not never.prune
     parked = steering.Steering(rollback=Rollback(phase=RollbackPhase.ROLLED_BACK, message="'prod' failed"))
     said = steering.verdict(ready, both_ready, steering=parked, now=NOW, interval=600)
     assert said.reason is Reason.ROLLED_BACK
-    assert not said.prune
-    assert not steering.succeeded(said, parked)
-    assert steering.succeeded(ready, steering.Steering())
+    # Whether these passes prune (and take the last good snapshot) is the one prune decision's:
+    # tests/unit/test_pruning.py.
+    may = pruning.PrunePermission(pruning.Scope.STALE, pruning.PruneReason.ALL_READY)
+    assert not steering.succeeded(may, parked)
+    assert steering.succeeded(may, steering.Steering())
+    assert not steering.succeeded(pruning.PrunePermission(pruning.Scope.NOTHING, pruning.PruneReason.FROZEN),
+                                  steering.Steering())

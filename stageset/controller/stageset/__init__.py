@@ -3,12 +3,18 @@
 - ``reconciler`` — orchestration only: copy what the cache handed over, read the spec
   (teardown, suspend), prepare (finalizer, stage graph, dependencies, target), run one pass;
 - ``passes`` — one pass as named steps: render, refuse clashes, recover the inventory, apply
-  over the graph, verdict, prune, conclude;
+  over the graph, verdict, prune, conclude; its progress is a local value each step takes and
+  returns anew;
+- ``context`` — what one pass works on, fixed (the StageSet, its target, its writer), and a remote
+  cluster failing mid-pass (carrying the progress as it stood);
 - ``plan`` — the pure pass plan: rechecks, the quiet-pass rule, the readiness window, the
-  verdict (Ready reason, requeue, *when* prune runs), teardown order.  No I/O; clock injected;
+  verdict (Ready reason, requeue), teardown order.  No I/O; clock injected;
+- ``pruning`` — **whether and what a pass may delete**, one pure decision asked once per pass
+  (and once per teardown), every input required;
 - ``progress`` — what a pass knows so far as one value, and the status it shows (pure);
 - ``writer`` — **everything a reconcile writes to its StageSet, and when**: finalizer,
-  inventory record, announce, progress, throttled waiting messages, conclusion;
+  inventory record, announce, progress, throttled waiting messages, conclusion (a quiet pass is
+  an argument, not a mode of the writer);
 - ``reads`` — what a StageSet names, read as the tenant (sources, variables, dependencies);
 - ``targets`` — the cluster it applies to (``spec.kubeConfig``), a bounded cache of remotes;
 - ``rendering`` — a stage's manifests, built and cached by content; ``Rendered`` carries the
@@ -25,6 +31,10 @@
   windows), ``rollback`` (the plan and its record), ``floors`` (``dependsOn[].minVersion``);
   ``revisions`` is the seam for "a stage's source at a recorded revision".
 
-Who acts as whom: :mod:`stageset.controller.identity`.  What prune deletes, the owner checks,
-the opt-out, ``prune: false``: :mod:`stageset.apply.prune`.
+The modules are layered, one way, from ``reconciler`` down to the pure rules (the import-linter
+contract in ``pyproject.toml``; every module is placed).
+
+Who acts as whom: :mod:`stageset.controller.identity`.  Whether a pass deletes: ``pruning``; what
+prune deletes object by object, the owner checks, the opt-out, ``prune: false``:
+:mod:`stageset.apply.prune`.
 """

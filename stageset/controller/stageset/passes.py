@@ -5,11 +5,16 @@ left mid-way, freeze, re-render stages pinned to a recorded revision, hold stage
 two stages rendering one object -> recover a lost inventory and grow the record -> apply stages as
 the graph allows (each returns an immutable outcome; a stage's promotion gate decides whether its
 dependents start) -> the verdict (:func:`plan.verdict`, then :func:`steering.verdict`) -> roll back
-when a failed release says so -> prune when the verdict says so -> the status the pass ends with
-(:func:`progress.concluded`, then the fields steering owns) -> one conclusion.  Every write goes
-through the pass's :class:`~stageset.controller.stageset.writer.PassWriter`; the pass's state is one
-:class:`~stageset.controller.stageset.progress.Progress` value, replaced on the reconcile's
-thread as stages tell and finish.
+when a failed release says so -> prune as the pass's one prune permission allows
+(:func:`pruning.permission`, asked once on whichever way the pass goes) -> the status the pass
+ends with (:func:`progress.concluded`, then the fields steering owns) -> one conclusion.
+
+What the pass works on is one :class:`~stageset.controller.stageset.context.PassContext`, fixed;
+where it stands is one :class:`~stageset.controller.stageset.progress.Progress` value, a local
+value of the runner: each step (and release steering, gates and rollback) takes it and returns a
+new one, on the reconcile's thread as stages tell and finish.  Whether the pass is quiet
+(:func:`plan.quiet`) is decided once and passed to every write that shows progress.  Every write
+goes through the pass's :class:`~stageset.controller.stageset.writer.PassWriter`.
 
 Identity, per request (the rules: :mod:`stageset.controller.identity`): a stage's source,
 ``substituteFrom`` objects and its objects' dry-run, apply, readiness reads and prune as the
@@ -20,7 +25,6 @@ as the controller.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass, field
 
 import networkx as nx
 
@@ -29,17 +33,20 @@ from stageset.api.vocabulary import Reason
 from stageset.apply.engine import StageResult
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import Stale, duplicates, stage_inventory
-from stageset.apply.prune import Owner, candidates, prune
+from stageset.apply.prune import Owner, candidates
+from stageset.apply.prune import prune as prune_stale
+from stageset.apply.record import StageRecord
 from stageset.controller import logs
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.redact import Redactor
-from stageset.controller.rendercache import StageDecryption
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.stageset import plan, records, steering
+from stageset.controller.stageset import plan, pruning, records, steering
 from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.context import Interrupted, PassContext, interruptible
 from stageset.controller.stageset.decryption import for_pass
 from stageset.controller.stageset.progress import Progress, concluded, shown
+from stageset.controller.stageset.pruning import PrunePermission, Scope
 from stageset.controller.stageset.reads import AccountCheck
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.release import Release, Request
@@ -71,23 +78,6 @@ def unreachable(target: Target, error: UnreachableError | ApiError) -> str:
     return f"spec.kubeConfig: the cluster at {target.server} cannot be used: {how}; retrying with backoff"
 
 
-@dataclass
-class _Pass:
-    """One pass: what it works on, and its :class:`Progress` (a value, replaced as it goes)."""
-
-    writer: PassWriter
-    stageset: StageSet
-    target: Target
-    redactor: Redactor
-    retry: float
-    progress: Progress
-    partial: str | None = None
-    """Status had lost the inventory and the cluster could not be searched completely: why."""
-    steering: Steering = field(default_factory=Steering)
-    decryption: StageDecryption | None = None
-    """``spec.decryption`` for this pass (the key Secret read at most once, as the StageSet)."""
-
-
 class PassRunner:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, renderer: Renderer,
                  records: Records, stages: StageWork, changes: Changes, settings: ControllerSettings,
@@ -108,175 +98,197 @@ class PassRunner:
         # spec.decryption: the key Secret is read as the StageSet's ServiceAccount, at most once a pass.
         decryption = for_pass(stageset, policy=self._identities, clients=self._clients,
                               accounts=self._accounts, redactor=redactor)
-        one = _Pass(writer=writer, stageset=stageset, target=target, redactor=redactor, retry=retry,
-                    progress=Progress.start(stageset, previous), decryption=decryption)
+        ctx = PassContext(writer=writer, stageset=stageset, target=target, redactor=redactor, retry=retry,
+                          decryption=decryption)
         try:
-            return self._run(one, graph)
-        except (UnreachableError, ApiError) as error:
-            if not target.remote:
-                raise
+            return self._run(ctx, Progress.start(stageset, previous), graph)
+        except Interrupted as stopped:
             # A tenant's remote cluster that fails: a short condition (nothing the remote sent),
-            # the inventory kept, and the key's backoff — never a traceback per retry.
+            # the inventory kept (as the pass stood), and the key's backoff — never a traceback
+            # per retry.
             writer.conclude(ready=False, reason=Reason.CLUSTER_UNREACHABLE,
-                            message=unreachable(target, error), status=shown(writer.status, one.progress))
+                            message=unreachable(target, stopped.error),
+                            status=shown(writer.status, stopped.progress))
             return Result(backoff=True)
 
-    def _run(self, one: _Pass, graph: nx.DiGraph) -> Result:
-        rendered = self._render_all(one)
-        current = {n: r.revision for n, r in rendered.items()}
-        interval = one.stageset.spec.requeue_when_ready(self._settings.default_interval)
-        one.steering, rendered = self._release.steer(one, rendered)
-        if one.steering.resume and one.steering.rollback is not None:
-            return self._conclude_steered(one, rendered, self._release.resume(
-                one, one.steering.rollback, interval=interval), rolled=True)
-        if one.steering.frozen:
-            return self._conclude_steered(one, rendered, steering.frozen_verdict(
-                one.steering, was_ready=one.progress.previous.ready, interval=interval), rolled=False)
-        clash = plan.clash_message(duplicates({n: r.ids for n, r in rendered.items()}))
-        if clash:
-            one.writer.conclude(ready=False, reason=Reason.INVALID_SPEC, message=clash, stalled=True,
-                                status=shown(one.writer.status, one.progress))
-            return Result()
-        try:
-            self._recover(one, rendered)
-        except StageError as error:  # the finalizer could not be added: the object changed
-            failure = plan.before_stages(error.reason, retry=one.retry)
-            one.writer.conclude(ready=False, reason=error.reason, message=error.message,
-                                stalled=failure.stalled, status=shown(one.writer.status, one.progress))
-            return Result(requeue_after=failure.requeue_after)
-        previous, stages = one.progress.previous, len(one.stageset.spec.stages)
-        revisions = {n: r.revision for n, r in rendered.items()}
-        one.writer.quiet = plan.quiet(previous, revisions, stages=stages)
-        rechecks = plan.rechecks(previous, revisions)
-        one.progress = one.progress.rechecked(rechecks)
-        if plan.announce(previous, is_quiet=one.writer.quiet,
-                         only_rechecks=rechecks == set(rendered) and len(rendered) == stages):
-            one.writer.announce(one.progress, "applying stages")
-        self._apply_all(one, graph, rendered, rechecks=rechecks)
-        outcomes = [one.progress.outcomes[n] for n in one.progress.order]
-        base = plan.verdict(outcomes, interval=interval, retry=one.retry,
-                            readiness_requeue=self._settings.readiness_requeue,
-                            watched_requeue=self._settings.watched_requeue)
-        verdict = steering.verdict(base, outcomes, steering=one.steering, now=self._release.now(),
-                                   interval=interval)
-        if one.partial:
-            verdict = plan.without_prune(verdict, one.partial, retry=one.retry)
-        failed = self._release.should_roll_back(one, rendered, one.steering) if not verdict.ready else None
-        if failed is not None:
-            return self._conclude_steered(one, rendered, self._release.roll_back(
-                one, graph, *failed, current=current, interval=interval), rolled=True)
-        return self._conclude(one, verdict, rendered)
+    def _run(self, ctx: PassContext, progress: Progress, graph: nx.DiGraph) -> Result:
+        with interruptible(ctx, lambda: progress):
+            rendered, progress = self._render_all(ctx, progress)
+            current = {n: r.revision for n, r in rendered.items()}
+            interval = ctx.stageset.spec.requeue_when_ready(self._settings.default_interval)
+            steered = self._release.steer(ctx, progress, rendered)
+            steer, rendered, progress = steered.steering, steered.rendered, steered.progress
+            if steer.resume and steer.rollback is not None:
+                prune = pruning.permission(pruning.RollingBack())
+                resumed = self._release.resume(ctx, progress, steer.rollback, prune=prune, interval=interval)
+                progress = resumed.progress
+                return self._conclude(ctx, progress, steer, resumed.verdict, rendered, prune=prune,
+                                      rolled=True)
+            if steer.frozen:
+                prune = pruning.permission(pruning.Frozen())
+                verdict = steering.frozen_verdict(steer, was_ready=progress.previous.ready, interval=interval)
+                return self._conclude(ctx, progress, steer, verdict, rendered, prune=prune, rolled=False)
+            clash = plan.clash_message(duplicates({n: r.ids for n, r in rendered.items()}))
+            if clash:
+                ctx.writer.conclude(ready=False, reason=Reason.INVALID_SPEC, message=clash, stalled=True,
+                                    status=shown(ctx.writer.status, progress))
+                return Result()
+            wanted = records.wanted(ctx.stageset, rendered)
+            progress, partial = self._recover(ctx, progress, wanted)
+            try:
+                ctx.writer.record(records.grown(ctx.writer.obj, wanted), before_apply=True)
+            except StageError as error:  # the finalizer could not be added: the object changed
+                failure = plan.before_stages(error.reason, retry=ctx.retry)
+                ctx.writer.conclude(ready=False, reason=error.reason, message=error.message,
+                                    stalled=failure.stalled, status=shown(ctx.writer.status, progress))
+                return Result(requeue_after=failure.requeue_after)
+        return self._apply(ctx, progress, graph, rendered, steer=steer, partial=partial, current=current,
+                           interval=interval)
 
-    def _render_all(self, one: _Pass) -> dict[str, Rendered]:
+    def _apply(self, ctx: PassContext, progress: Progress, graph: nx.DiGraph, rendered: dict[str, Rendered],
+               *, steer: Steering, partial: str | None, current: dict[str, str], interval: float) -> Result:
+        """Apply the stages, judge the pass, roll back or prune, conclude."""
+        with interruptible(ctx, lambda: progress):
+            previous, stages = progress.previous, len(ctx.stageset.spec.stages)
+            revisions = {n: r.revision for n, r in rendered.items()}
+            quiet = plan.quiet(previous, revisions, stages=stages)
+            rechecks = plan.rechecks(previous, revisions)
+            progress = progress.rechecked(rechecks)
+            if plan.announce(previous, is_quiet=quiet,
+                             only_rechecks=rechecks == set(rendered) and len(rendered) == stages):
+                ctx.writer.announce(progress, "applying stages")
+            progress = self._apply_all(ctx, progress, graph, rendered, rechecks=rechecks, quiet=quiet)
+            outcomes = [progress.outcomes[n] for n in progress.order]
+            base = plan.verdict(outcomes, interval=interval, retry=ctx.retry,
+                                readiness_requeue=self._settings.readiness_requeue,
+                                watched_requeue=self._settings.watched_requeue)
+            verdict = steering.verdict(base, outcomes, steering=steer, now=self._release.now(),
+                                       interval=interval)
+            failed = None if verdict.ready else self._release.should_roll_back(ctx, progress, rendered, steer)
+            if failed is not None:
+                prune = pruning.permission(pruning.RollingBack())
+                rolled = self._release.roll_back(ctx, progress, graph, *failed, current=current, prune=prune,
+                                                 interval=interval)
+                progress = rolled.progress
+                return self._conclude(ctx, progress, steer, rolled.verdict, rendered, prune=prune,
+                                      rolled=True)
+            prune = pruning.permission(pruning.Applied(outcomes=outcomes, held_back=tuple(steer.skip),
+                                                       parked=steer.parked, partial=partial))
+            if partial is not None and prune.reason is pruning.PruneReason.INVENTORY_INCOMPLETE:
+                verdict = plan.inventory_incomplete(partial, retry=ctx.retry)
+            return self._conclude(ctx, progress, steer, verdict, rendered, prune=prune, rolled=False)
+
+    def _render_all(self, ctx: PassContext, progress: Progress) -> tuple[dict[str, Rendered], Progress]:
         rendered: dict[str, Rendered] = {}
-        namespace = str(one.stageset.metadata["namespace"])
-        for stage in one.stageset.spec.stages:
-            kind = "tenant" if self._identities.stage_account(one.stageset, stage) else "controller"
-            with logs.bind(stage=stage.name, identity=kind):
-                try:
-                    identity = self._identities.for_stage(one.stageset, stage)
-                    rendered[stage.name] = self._renderer.render(
-                        stage=stage, identity=identity, namespace=namespace, target=one.target,
-                        redactor=one.redactor, decryption=one.decryption,
-                        salt=str(one.stageset.metadata.get("uid", "")))
-                except StageError as error:
-                    log_denial(error)
-                    failed = one.progress.outcomes[stage.name].failed(error.reason, error.message)
-                    one.progress = one.progress.with_outcome(failed)
-        return rendered
+        namespace = ctx.ref[0]
+        with interruptible(ctx, lambda: progress):
+            for stage in ctx.stageset.spec.stages:
+                kind = "tenant" if self._identities.stage_account(ctx.stageset, stage) else "controller"
+                with logs.bind(stage=stage.name, identity=kind):
+                    try:
+                        identity = self._identities.for_stage(ctx.stageset, stage)
+                        rendered[stage.name] = self._renderer.render(
+                            stage=stage, identity=identity, namespace=namespace, target=ctx.target,
+                            redactor=ctx.redactor, decryption=ctx.decryption,
+                            salt=str(ctx.stageset.metadata.get("uid", "")))
+                    except StageError as error:
+                        log_denial(error)
+                        failed = progress.outcomes[stage.name].failed(error.reason, error.message)
+                        progress = progress.with_outcome(failed)
+        return rendered, progress
 
-    def _recover(self, one: _Pass, rendered: dict[str, Rendered]) -> None:
+    def _recover(self, ctx: PassContext, progress: Progress, wanted: dict[str, StageRecord]
+                 ) -> tuple[Progress, str | None]:
         """Before anything is written or pruned: an inventory status lost is rebuilt from the
-        cluster, and the durable record covers whatever is about to be applied."""
-        wanted = records.wanted(one.stageset, rendered)
-        found = self._records.recover(one.writer.obj, inventories=one.progress.previous.inventories,
-                                      wanted=wanted, target=one.target)
-        one.writer.record(found.record)
-        one.partial = found.problem
-        one.progress = one.progress.recovered(found.inventories)
-        one.writer.record(records.grown(one.writer.obj, wanted), before_apply=True)
+        cluster (the record it found written).  Returns the progress with the inventories found,
+        and why they are incomplete (``None``: complete).  The record is then grown to cover
+        ``wanted``, what is about to be applied (by the caller, before the first apply)."""
+        found = self._records.recover(ctx.writer.obj, inventories=progress.previous.inventories,
+                                      wanted=wanted, target=ctx.target)
+        ctx.writer.record(found.record)
+        return progress.recovered(found.inventories), found.problem
 
-    def _apply_all(self, one: _Pass, graph: nx.DiGraph, rendered: dict[str, Rendered], *,
-                   rechecks: set[str]) -> None:
-        previous = one.progress.previous.inventories
+    def _apply_all(self, ctx: PassContext, start: Progress, graph: nx.DiGraph, rendered: dict[str, Rendered],
+                   *, rechecks: set[str], quiet: bool) -> Progress:
+        """Run the stages as the graph allows; returns the progress they leave.  The scheduler calls
+        back on this (the reconcile's) thread only, so ``progress`` is this method's local value,
+        replaced as stages start, tell and finish."""
+        progress = start
+        previous = start.previous.inventories
         # A routine pass over a Ready StageSet may trust rights its identities showed recently; one
         # that was asked for, or follows a change or a failure, checks them (stageset/apply/rights.py).
-        recheck_rights = one.writer.requested or not one.progress.previous.ready
+        recheck_rights = ctx.writer.requested or not start.previous.ready
         starting: dict[str, plan.StageOutcome] = {}
-        request: Request | None = self._release.request(one)
+        request: Request | None = self._release.request(ctx, start)
 
         def started(name: str) -> None:
+            nonlocal progress
             if name not in rechecks:
-                one.progress = one.progress.applying(name)
-            starting[name] = one.progress.outcomes[name]
+                progress = progress.applying(name)
+            starting[name] = progress.outcomes[name]
 
         def work(name: str, tell: Tell) -> Done:
             # On a pool thread: reads only what was decided before it was submitted.
             return self._stages.run(StageRun(
-                stageset=one.stageset, rendered=rendered[name], before=starting[name],
-                previous=previous.get(name), recheck=name in rechecks, waiting=tell, redactor=one.redactor,
+                stageset=ctx.stageset, rendered=rendered[name], before=starting[name],
+                previous=previous.get(name), recheck=name in rechecks, waiting=tell, redactor=ctx.redactor,
                 recheck_rights=recheck_rights))
 
         def heard(name: str, outcome: plan.StageOutcome) -> None:
-            was = one.progress.outcomes[name]
-            one.progress = one.progress.with_outcome(outcome)
-            one.writer.waiting(was, one.progress)
+            nonlocal progress
+            was = progress.outcomes[name]
+            progress = progress.with_outcome(outcome)
+            ctx.writer.waiting(was, progress, quiet=quiet)
 
         def finished(name: str, done: Done) -> bool:
+            nonlocal progress
             outcome, result = done
             inventory = None if result is None else stage_inventory(
                 name, rendered[name].account, (o.entry() for o in result.objects))
-            outcome, released = self._release.gate(one, outcome, request)
-            one.progress = one.progress.applied(outcome, inventory)
+            outcome, released = self._release.gate(ctx, progress, outcome, request)
+            progress = progress.applied(outcome, inventory)
             if result is not None:
-                self._changes.applied(one.writer.obj, name, result, one.redactor)
+                self._changes.applied(ctx.writer.obj, name, result, ctx.redactor)
             return released
 
-        def progress(done: int) -> None:
+        def shown(done: int) -> None:
             del done
-            one.writer.show(one.progress)
+            ctx.writer.show(progress, quiet=quiet)
 
-        name = str(one.stageset.metadata["name"])
-        scheduler: StageScheduler[Done] = StageScheduler(graph=graph, name=name,
+        scheduler: StageScheduler[Done] = StageScheduler(graph=graph, name=ctx.ref[1],
                                                          parallelism=self._settings.stage_parallelism)
-        scheduler.run(skip=[n for n in one.progress.order if n not in rendered], work=work, started=started,
-                      finished=finished, heard=heard, progress=progress)
-        self._release.unheard(one, request)
+        with interruptible(ctx, lambda: progress):
+            scheduler.run(skip=[n for n in start.order if n not in rendered], work=work, started=started,
+                          finished=finished, heard=heard, progress=shown)
+            return self._release.unheard(ctx, progress, request)
 
-    def _prune(self, one: _Pass) -> tuple[list[Stale], int]:
+    def _prune(self, ctx: PassContext, progress: Progress) -> tuple[list[Stale], int]:
         """Delete what no stage renders any more, as each inventory's identity; returns what could
         not be deleted (still tracked) and how many objects were."""
-        namespace, name = str(one.stageset.metadata["namespace"]), str(one.stageset.metadata["name"])
-        result = prune(stale=candidates(old=one.progress.previous.inventories, new=one.progress.fresh,
-                                        stageset=one.stageset),
-                       client_for=inventory_clients(clients=self._clients, identities=self._identities,
-                                                    namespace=namespace, target=one.target),
-                       applier=one.target.applier, owner=Owner(namespace, name))
-        return result.kept, self._changes.pruned(one.writer.obj, result, one.redactor)
+        namespace, name = ctx.ref
+        stale = candidates(old=progress.previous.inventories, new=progress.fresh, stageset=ctx.stageset)
+        clients = inventory_clients(clients=self._clients, identities=self._identities, namespace=namespace,
+                                    target=ctx.target)
+        result = prune_stale(stale=stale, client_for=clients, applier=ctx.target.applier,
+                             owner=Owner(namespace, name))
+        return result.kept, self._changes.pruned(ctx.writer.obj, result, ctx.redactor)
 
-    def _conclude(self, one: _Pass, verdict: plan.Verdict, rendered: dict[str, Rendered]) -> Result:
-        kept, pruned = self._prune(one) if verdict.prune else ([], 0)
-        status = self._release.concluded(one, concluded(one.writer.status, one.progress, verdict, kept=kept),
-                                         one.steering, verdict, rendered)
-        self._release.told(one, one.steering)
-        if verdict.prune:
-            one.writer.record(records.settled(status.inventory))
-            self._changes.succeeded(one.writer.obj, was_ready=one.progress.previous.ready,
-                                    stages=len(one.progress.order), pruned=pruned,
-                                    revision=verdict.revision or "", redactor=one.redactor)
-        one.writer.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message,
-                            status=status, stalled=verdict.reason is Reason.ROLLED_BACK)
-        return Result(requeue_after=verdict.requeue_after)
-
-    def _conclude_steered(self, one: _Pass, rendered: dict[str, Rendered], verdict: plan.Verdict, *,
-                          rolled: bool) -> Result:
-        """A pass that rolled back (``rolled``: the record is the one the rollback wrote), resumed a
-        rollback, or applied nothing (a freeze): no prune."""
-        status = self._release.concluded(one, concluded(one.writer.status, one.progress, verdict),
-                                         one.steering, verdict, rendered,
-                                         rolled=one.writer.status.rollback if rolled else None,
-                                         rolling=rolled)
-        self._release.told(one, one.steering)
-        one.writer.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message,
+    def _conclude(self, ctx: PassContext, progress: Progress, steer: Steering, verdict: plan.Verdict,
+                  rendered: dict[str, Rendered], *, prune: PrunePermission, rolled: bool) -> Result:
+        """The one conclusion of a pass that got past its stages' rendering: prune what ``prune``
+        allows (a rollback pruned as it restored), the status it ends with, one write.  ``rolled``:
+        the pass rolled back or resumed a rollback, and the record is the one the rollback wrote."""
+        stale = prune.scope is Scope.STALE
+        kept, pruned = self._prune(ctx, progress) if stale else ([], 0)
+        status = self._release.concluded(
+            ctx, progress, concluded(ctx.writer.status, progress, verdict, prune=prune, kept=kept), steer,
+            rendered, prune=prune, rolled=ctx.writer.status.rollback if rolled else None, rolling=rolled)
+        self._release.told(ctx, steer)
+        if stale:
+            ctx.writer.record(records.settled(status.inventory))
+            self._changes.succeeded(ctx.writer.obj, was_ready=progress.previous.ready,
+                                    stages=len(progress.order), pruned=pruned,
+                                    revision=verdict.revision or "", redactor=ctx.redactor)
+        ctx.writer.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message,
                             status=status, stalled=verdict.reason is Reason.ROLLED_BACK)
         return Result(requeue_after=verdict.requeue_after)

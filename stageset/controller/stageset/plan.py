@@ -8,7 +8,9 @@ Time comes in as ``now`` (the reconciler's injected clock), so each rule is a ta
 - :func:`readiness_window` / :func:`judge_readiness` — how long a stage may wait now, and
   what the wait means against its timeout (which spans reconciles through ``waitingSince``);
 - :func:`verdict` — the StageSet's Ready condition and when to run again, from the stage
-  outcomes (which failure wins the reason; when prune may run);
+  outcomes (which failure wins the reason); :func:`inventory_incomplete` — the verdict of a pass
+  that may not prune because its inventory is incomplete.  *Whether* a pass prunes is not a
+  verdict's: :func:`~stageset.controller.stageset.pruning.permission` decides it;
 - :func:`teardown_order` and :func:`teardown_expired` — deleting a StageSet.
 """
 
@@ -222,8 +224,6 @@ class Verdict:
     reason: Reason
     message: str
     requeue_after: float | None
-    prune: bool = False
-    """Every stage is Ready: prune, then keep only the new inventory."""
     revision: str | None = None
     """``status.lastAppliedRevision`` when every stage is Ready."""
 
@@ -240,7 +240,7 @@ def verdict(outcomes: Sequence[StageOutcome], *, interval: float, retry: float,
     if all(o.phase is StagePhase.READY for o in outcomes):
         revision = applied_revision(outcomes)
         return Verdict(True, Reason.SUCCEEDED, f"applied {len(outcomes)} stage(s) at {revision}",
-                       requeue_after=interval, prune=True, revision=revision)
+                       requeue_after=interval, revision=revision)
     waiting = [o for o in outcomes if o.phase is StagePhase.WAITING]
     failures = [o for o in outcomes if o.reason and o.phase not in (StagePhase.READY, StagePhase.WAITING)]
     if waiting and not failures:
@@ -290,11 +290,10 @@ def status_lost(status: Mapping[str, object] | None) -> bool:
     return not status or not (status.get("conditions") or status.get("observedGeneration"))
 
 
-def without_prune(verdict: Verdict, problem: str, *, retry: float) -> Verdict:
-    """A pass that would prune, over an inventory rebuilt from a partial view: prune nothing,
-    say why, and try again soon (the rebuild is retried on every pass until it is complete)."""
-    if not verdict.prune:
-        return verdict
+def inventory_incomplete(problem: str, *, retry: float) -> Verdict:
+    """A pass that would prune, over an inventory rebuilt from a partial view (its prune permission
+    says ``InventoryIncomplete``): it pruned nothing; say why, and try again soon (the rebuild is
+    retried on every pass until it is complete)."""
     return Verdict(False, Reason.INVENTORY_INCOMPLETE,
                    f"applied, but nothing is pruned until the lost inventory can be rebuilt: {problem}",
                    requeue_after=min(retry, SOON))

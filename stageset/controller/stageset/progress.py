@@ -3,8 +3,9 @@
 - :class:`Progress` — every stage's outcome and the inventories (before the pass, shown, fresh);
   each change makes a new value;
 - :func:`shown` — the status showing the stages and inventory as they stand (while a pass runs);
-- :func:`concluded` — the status a pass ends with, before its conditions: after a prune only
-  what is still owned, and the revision applied;
+- :func:`concluded` — the status a pass ends with, before its conditions: after a prune of what
+  is stale (its :class:`~stageset.controller.stageset.pruning.PrunePermission`) only what is
+  still owned, and the revision applied;
 - :func:`waiting_due` — the throttle: a waiting stage's phase shows at once, a new message at
   most every :data:`PROGRESS_INTERVAL` seconds.
 
@@ -20,6 +21,7 @@ from stageset.api import StageInventory, StageSet, StageSetStatus, StageStatus
 from stageset.api.vocabulary import StagePhase
 from stageset.apply.inventory import Stale, merged, ordered, with_kept
 from stageset.controller.stageset.plan import Previous, StageOutcome, Verdict
+from stageset.controller.stageset.pruning import PrunePermission, Scope
 
 # A stage that only waits updates its message in status at most this often (its phase at once).
 PROGRESS_INTERVAL = 5.0
@@ -73,6 +75,12 @@ class Progress:
         return replace(done, fresh={**self.fresh, name: inventory},
                        current={**self.current, name: merged(self.previous.inventories.get(name), inventory)})
 
+    def restored(self, outcome: StageOutcome, inventory: StageInventory) -> Progress:
+        """A rollback restored a stage: ``outcome``, and ``inventory`` is all it holds now (what the
+        failed revision added was deleted, or is still listed if it could not be)."""
+        return replace(self.with_outcome(outcome), current={**self.current, outcome.name: inventory},
+                       fresh={**self.fresh, outcome.name: inventory})
+
     def stages(self) -> list[StageStatus]:
         return [self.outcomes[name].status() for name in self.order]
 
@@ -82,13 +90,13 @@ def shown(status: StageSetStatus, progress: Progress) -> StageSetStatus:
     return status.model_copy(update={"stages": progress.stages(), "inventory": ordered(progress.current)})
 
 
-def concluded(status: StageSetStatus, progress: Progress, verdict: Verdict, *, kept: Sequence[Stale] = ()
-              ) -> StageSetStatus:
-    """The status a pass ends with (its conditions are the writer's to add).  After a prune
-    (every stage Ready): only the new inventory and what could not be deleted (still tracked,
-    so a later pass tries again), and the revision applied."""
+def concluded(status: StageSetStatus, progress: Progress, verdict: Verdict, *, prune: PrunePermission,
+              kept: Sequence[Stale]) -> StageSetStatus:
+    """The status a pass ends with (its conditions are the writer's to add).  After a prune of what
+    is stale (``prune``: the pass's permission): only the new inventory and what could not be
+    deleted (``kept``: still tracked, so a later pass tries again), and the revision applied."""
     ended = shown(status, progress)
-    if not verdict.prune:
+    if prune.scope is not Scope.STALE:
         return ended
     return ended.model_copy(update={"inventory": ordered(with_kept(progress.fresh, kept)),
                                     "last_applied_revision": verdict.revision})

@@ -8,12 +8,18 @@ snapshot.  The decisions are pure (:mod:`.steering`, :mod:`.gates`, :mod:`.windo
 - :meth:`Release.gate` — a stage finished: judge its promotion gate (and a promote request); only
   a released stage lets its dependents start;
 - :meth:`Release.roll_back` / :meth:`Release.resume` — restore the moved stages at their last good
-  revisions, dependents first, deleting what the new revision added; the record in status is
-  written before the first stage and after each, so a controller that stops mid-way resumes with
-  the stages still to restore and re-applies nothing it already restored;
+  revisions, dependents first, deleting what the new revision added (only under the pass's
+  :class:`~stageset.controller.stageset.pruning.PrunePermission` of ``Scope.RESTORED``); the record
+  in status is written before the first stage and after each, so a controller that stops mid-way
+  resumes with the stages still to restore and re-applies nothing it already restored;
 - :meth:`Release.concluded` — the status fields steering owns (``pendingUpdate``,
   ``lastAppliedSnapshot``, ``rollback``, ``lastHandledUpdateOverride``, ``overrideRevisions``), and
   keeping each stage's last good and applied commits readable in the Git mirror.
+
+Every method takes what the pass works on (a :class:`~stageset.controller.stageset.context.PassContext`,
+fixed) and where it stands (a :class:`~stageset.controller.stageset.progress.Progress` value), and
+returns what changed as new values (:class:`Steered`, :class:`RolledBack`, a judged outcome, a
+new progress): nothing here assigns into the pass.
 
 Identity: every re-render reads the stage's source and variables as the stage's identity; every
 apply and delete of a rollback is made as the stage's identity (the deletions as the identity the
@@ -33,50 +39,33 @@ import datetime
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
-from typing import Protocol
 
 import networkx as nx
 
-from stageset.api import StageSet, StageSetStatus, format_time
+from stageset.api import StageInventory, StageSetStatus, format_time
 from stageset.api.release import PromotionPhase, PromotionState, Rollback, StageSnapshot
 from stageset.api.vocabulary import EventReason, EventType, Reason, StagePhase
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import stage_inventory, with_kept
-from stageset.apply.prune import Owner, candidates, prune
+from stageset.apply.prune import Owner, candidates
+from stageset.apply.prune import prune as prune_stale
 from stageset.controller.clock import Clock
 from stageset.controller.events import EventRecorder
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
-from stageset.controller.redact import Redactor
-from stageset.controller.rendercache import StageDecryption
 from stageset.controller.stageset import gates, records, rollback, steering
 from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.context import PassContext, interruptible
 from stageset.controller.stageset.plan import StageOutcome, Verdict
 from stageset.controller.stageset.progress import Progress
+from stageset.controller.stageset.pruning import PrunePermission, Scope
 from stageset.controller.stageset.rendering import Rendered, Renderer
 from stageset.controller.stageset.stage import StageRun, StageWork
 from stageset.controller.stageset.steering import Steering
-from stageset.controller.stageset.targets import Target, inventory_clients
-from stageset.controller.stageset.writer import PassWriter
+from stageset.controller.stageset.targets import inventory_clients
 from stageset.kube.client import ClientPool
 
 log = logging.getLogger(__name__)
-
-
-class PassState(Protocol):
-    """What steering needs of a pass (:class:`~stageset.controller.stageset.passes.PassRunner`'s)."""
-
-    writer: PassWriter
-    stageset: StageSet
-    target: Target
-    redactor: Redactor
-    retry: float
-    progress: Progress
-    decryption: StageDecryption | None
-
-
-def _ref(stageset: StageSet) -> tuple[str, str]:
-    return str(stageset.metadata["namespace"]), str(stageset.metadata["name"])
 
 
 @dataclass(frozen=True)
@@ -85,6 +74,24 @@ class Request:
 
     stage: str
     token: str
+
+
+@dataclass(frozen=True)
+class Steered:
+    """What steering decided for a pass, the stages to apply, and the progress after it."""
+
+    steering: Steering
+    rendered: dict[str, Rendered]
+    """The stages to apply: pinned ones re-rendered at their recorded revision, held ones out."""
+    progress: Progress
+
+
+@dataclass(frozen=True)
+class RolledBack:
+    """A rollback run (or resumed) in this pass: its verdict, and the progress after it."""
+
+    verdict: Verdict
+    progress: Progress
 
 
 class Release:
@@ -104,55 +111,55 @@ class Release:
 
     # -- where stages render --------------------------------------------------------------
 
-    def _render_at(self, one: PassState, name: str, revision: str) -> Rendered:
-        stage = next(s for s in one.stageset.spec.stages if s.name == name)
-        return self._renderer.render(stage=stage, identity=self._identities.for_stage(one.stageset, stage),
-                                     namespace=_ref(one.stageset)[0], target=one.target,
-                                     redactor=one.redactor, decryption=one.decryption, revision=revision,
-                                     salt=str(one.stageset.metadata.get("uid", "")))
+    def _render_at(self, ctx: PassContext, name: str, revision: str) -> Rendered:
+        stage = next(s for s in ctx.stageset.spec.stages if s.name == name)
+        return self._renderer.render(stage=stage, identity=self._identities.for_stage(ctx.stageset, stage),
+                                     namespace=ctx.ref[0], target=ctx.target,
+                                     redactor=ctx.redactor, decryption=ctx.decryption, revision=revision,
+                                     salt=str(ctx.stageset.metadata.get("uid", "")))
 
-    def steer(self, one: PassState, rendered: dict[str, Rendered]) -> tuple[Steering, dict[str, Rendered]]:
+    def steer(self, ctx: PassContext, progress: Progress, rendered: dict[str, Rendered]) -> Steered:
         """Steering for this pass, and the stages to apply (pinned ones re-rendered, held ones out)."""
-        status = one.writer.status
+        status = ctx.writer.status
         sources = {n: r.source.name for n, r in rendered.items() if r.source is not None}
-        decided = steering.steer(one.stageset, status, current={n: r.revision for n, r in rendered.items()},
-                                 sources=sources, now=self._clock(), generation=one.writer.generation)
+        decided = steering.steer(ctx.stageset, status, current={n: r.revision for n, r in rendered.items()},
+                                 sources=sources, now=self._clock(), generation=ctx.writer.generation)
         if decided.resume or decided.frozen:
             # Nothing is applied now: every stage shows what the last pass left.
-            one.progress = one.progress.rechecked([n for n in one.progress.order
-                                                   if n in one.progress.previous.stages])
-            return decided, rendered
+            shown = progress.rechecked([n for n in progress.order if n in progress.previous.stages])
+            return Steered(decided, rendered, shown)
         chosen = {n: r for n, r in rendered.items() if n not in decided.skip}
         skip = dict(decided.skip)
         for name, revision in decided.pins.items():
             if name not in chosen or chosen[name].revision == revision:
                 continue
             try:
-                chosen[name] = self._render_at(one, name, revision)
+                chosen[name] = self._render_at(ctx, name, revision)
             except StageError as error:
                 # The recorded revision is gone: the stage is left as it is (not applied).
                 chosen.pop(name)
                 skip[name] = f"{error.message}; the stage is left as it is"
         for name, why in skip.items():
-            outcome = one.progress.outcomes[name]
-            one.progress = one.progress.with_outcome(replace(outcome, phase=StagePhase.PENDING, reason=None,
-                                                             message=why))
-        return replace(decided, skip=skip), chosen
+            outcome = progress.outcomes[name]
+            progress = progress.with_outcome(replace(outcome, phase=StagePhase.PENDING, reason=None,
+                                                     message=why))
+        return Steered(replace(decided, skip=skip), chosen, progress)
 
     # -- promotion gates --------------------------------------------------------------------
 
     @staticmethod
-    def request(one: PassState) -> Request | None:
-        handled = {n: o.promotion_token for n, o in one.progress.outcomes.items()}
-        found = gates.promote_request(one.stageset.metadata.get("annotations"), handled=handled)
+    def request(ctx: PassContext, progress: Progress) -> Request | None:
+        handled = {n: o.promotion_token for n, o in progress.outcomes.items()}
+        found = gates.promote_request(ctx.stageset.metadata.get("annotations"), handled=handled)
         return Request(*found) if found else None
 
-    def gate(self, one: PassState, outcome: StageOutcome, request: Request | None
+    def gate(self, ctx: PassContext, progress: Progress, outcome: StageOutcome, request: Request | None
              ) -> tuple[StageOutcome, bool]:
-        """``outcome`` with its promotion gate judged; whether its dependents may start."""
+        """``outcome`` with its promotion gate judged (against what the last pass left in
+        ``progress``); whether its dependents may start."""
         name = outcome.name
-        stage = next((s for s in one.stageset.spec.stages if s.name == name), None)
-        before = one.progress.previous.stages.get(name)
+        stage = next((s for s in ctx.stageset.spec.stages if s.name == name), None)
+        before = progress.previous.stages.get(name)
         state = before.promotion_state if before is not None else None
         token = before.last_handled_promotion if before is not None else None
         asked = request is not None and request.stage == name
@@ -163,85 +170,89 @@ class Release:
         if asked and request is not None:
             token = request.token
             if not honoured:
-                self._ignored(one, name, state, outcome)
+                self._ignored(ctx, name, state, outcome)
         if decided.promoted:
-            self._promoted(one, name, decided.promoted, outcome.revision or "")
+            self._promoted(ctx, name, decided.promoted, outcome.revision or "")
         return replace(outcome, promotion=decided.state, promotion_token=token), decided.released
 
-    def unheard(self, one: PassState, request: Request | None) -> None:
+    def unheard(self, ctx: PassContext, progress: Progress, request: Request | None) -> Progress:
         """A promote request for a stage this pass did not reach: acted on (ignored) all the same,
         so it can never promote a revision its sender did not see waiting."""
         if request is None:
-            return
-        outcome = one.progress.outcomes.get(request.stage)
+            return progress
+        outcome = progress.outcomes.get(request.stage)
         if outcome is None or outcome.promotion_token == request.token:
-            return
-        self._ignored(one, request.stage, outcome.promotion, outcome)
-        one.progress = one.progress.with_outcome(replace(outcome, promotion_token=request.token))
+            return progress
+        self._ignored(ctx, request.stage, outcome.promotion, outcome)
+        return progress.with_outcome(replace(outcome, promotion_token=request.token))
 
-    def _promoted(self, one: PassState, stage: str, how: str, revision: str) -> None:
-        self._metrics.promoted(_ref(one.stageset), stage, how=how)
+    def _promoted(self, ctx: PassContext, stage: str, how: str, revision: str) -> None:
+        self._metrics.promoted(ctx.ref, stage, how=how)
         what = "its soak ended" if how == gates.HOW_SOAK else "promoted by request"
-        self._events.emit(one.writer.obj, type_=EventType.NORMAL, reason=EventReason.PROMOTED,
-                          action="Promote", redact=one.redactor,
+        self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.PROMOTED,
+                          action="Promote", redact=ctx.redactor,
                           message=f"stage {stage!r} promoted at {revision} ({what}); "
                                   "the stages after it go on")
 
-    def _ignored(self, one: PassState, stage: str, state: PromotionState | None,
+    def _ignored(self, ctx: PassContext, stage: str, state: PromotionState | None,
                  outcome: StageOutcome) -> None:
         where = f"phase {outcome.phase.value}" if not gates.held(state) or state is None else \
             f"it waited at {state.revision}, and this pass applied {outcome.revision}"
-        self._events.emit(one.writer.obj, type_=EventType.NORMAL, reason=EventReason.PROMOTION_IGNORED,
-                          action="Promote", redact=one.redactor,
+        self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.PROMOTION_IGNORED,
+                          action="Promote", redact=ctx.redactor,
                           message=f"stage {stage!r} was not waiting for a promotion ({where}); "
                                   "nothing promoted")
 
     # -- rollback ---------------------------------------------------------------------------
 
-    def should_roll_back(self, one: PassState, rendered: Mapping[str, Rendered], steered: Steering
-                         ) -> tuple[StageOutcome, list[str]] | None:
+    @staticmethod
+    def should_roll_back(ctx: PassContext, progress: Progress, rendered: Mapping[str, Rendered],
+                         steered: Steering) -> tuple[StageOutcome, list[str]] | None:
         """The failure that fails the release and the stages that moved in it (``None``: no rollback)."""
-        if not one.stageset.spec.rollback_on_failure or steered.parked:
+        if not ctx.stageset.spec.rollback_on_failure or steered.parked:
             return None
-        outcomes = [one.progress.outcomes[n] for n in one.progress.order]
+        outcomes = [progress.outcomes[n] for n in progress.order]
         failed = rollback.trigger(outcomes)
         if failed is None:
             return None
-        good = rollback.good_of(one.writer.status.last_applied_snapshot)
+        good = rollback.good_of(ctx.writer.status.last_applied_snapshot)
         attempted = {n: rollback.Applied(r.revision, r.inputs) for n, r in rendered.items()
-                     if one.progress.outcomes[n].phase is not StagePhase.PENDING}
-        moved = rollback.moved(one.progress.order, good=good, attempted=attempted,
+                     if progress.outcomes[n].phase is not StagePhase.PENDING}
+        moved = rollback.moved(progress.order, good=good, attempted=attempted,
                                applied={o.name: o.revision for o in outcomes})
         return (failed, moved) if moved else None
 
-    def roll_back(self, one: PassState, graph: nx.DiGraph, failed: StageOutcome, moved: list[str],
-                  current: Mapping[str, str], *, interval: float) -> Verdict:
+    def roll_back(self, ctx: PassContext, progress: Progress, graph: nx.DiGraph, failed: StageOutcome,
+                  moved: list[str], current: Mapping[str, str], *, prune: PrunePermission,
+                  interval: float) -> RolledBack:
         """Restore ``moved`` at their last good revisions (or say why that cannot be done)."""
-        good = rollback.good_of(one.writer.status.last_applied_snapshot)
+        good = rollback.good_of(ctx.writer.status.last_applied_snapshot)
         plan = rollback.order(graph, [m for m in moved if m in good])
-        restores, problems = self._restores(one, plan, good)
+        restores, problems = self._restores(ctx, plan, good)
         if problems:
-            self._metrics.rolled_back(_ref(one.stageset), result="unavailable")
-            return Verdict(False, Reason.PREVIOUS_REVISION_UNAVAILABLE,
-                           rollback.unavailable_message(failed, problems), requeue_after=one.retry)
+            self._metrics.rolled_back(ctx.ref, result="unavailable")
+            unavailable = rollback.unavailable_message(failed, problems)
+            return RolledBack(Verdict(False, Reason.PREVIOUS_REVISION_UNAVAILABLE, unavailable,
+                                      requeue_after=ctx.retry), progress)
         record = rollback.started(failed=failed, moved_stages=moved, rollback_order=plan, current=current,
-                                  generation=one.writer.generation, now=self._clock())
+                                  generation=ctx.writer.generation, now=self._clock())
         log.warning("rolling back: %s", record.message)
-        one.writer.release(one.progress, rollback=record)
-        return self._restore(one, record, restores, interval=interval)
+        ctx.writer.release(progress, rollback=record)
+        return self._restore(ctx, progress, record, restores, prune=prune, interval=interval)
 
-    def resume(self, one: PassState, record: Rollback, *, interval: float) -> Verdict:
+    def resume(self, ctx: PassContext, progress: Progress, record: Rollback, *, prune: PrunePermission,
+               interval: float) -> RolledBack:
         """Finish a rollback a stopped controller left mid-way (only the stages still to restore)."""
-        good = rollback.good_of(one.writer.status.last_applied_snapshot)
-        restores, problems = self._restores(one, [s for s in record.remaining if s in good], good)
+        good = rollback.good_of(ctx.writer.status.last_applied_snapshot)
+        restores, problems = self._restores(ctx, [s for s in record.remaining if s in good], good)
         if problems:
-            return Verdict(False, Reason.PREVIOUS_REVISION_UNAVAILABLE,
-                           f"{record.message}; resuming the rollback: {'; '.join(problems)}",
-                           requeue_after=one.retry)
+            return RolledBack(Verdict(False, Reason.PREVIOUS_REVISION_UNAVAILABLE,
+                                      f"{record.message}; resuming the rollback: {'; '.join(problems)}",
+                                      requeue_after=ctx.retry), progress)
         log.info("resuming a rollback: %s still to restore", ", ".join(record.remaining) or "nothing")
-        return self._restore(one, record, restores, interval=interval)
+        return self._restore(ctx, progress, record, restores, prune=prune, interval=interval)
 
-    def _restores(self, one: PassState, plan: list[str], good: Mapping[str, StageSnapshot]
+    def _restores(self, ctx: PassContext, plan: list[str], good: Mapping[str, StageSnapshot]
                   ) -> tuple[dict[str, Rendered], list[str]]:
         """Every stage to restore, rendered at its last good revision, before anything is touched."""
         restores: dict[str, Rendered] = {}
@@ -249,7 +260,7 @@ class Release:
         for name in plan:
             snap = good[name]
             try:
-                item = self._render_at(one, name, snap.revision)
+                item = self._render_at(ctx, name, snap.revision)
             except StageError as error:
                 problems.append(error.message)
                 continue
@@ -260,74 +271,88 @@ class Release:
             restores[name] = item
         return restores, problems
 
-    def _restore(self, one: PassState, record: Rollback, restores: Mapping[str, Rendered], *,
-                 interval: float) -> Verdict:
-        namespace, name = _ref(one.stageset)
-        clients = inventory_clients(clients=self._clients, identities=self._identities, namespace=namespace,
-                                    target=one.target)
-        for stage in list(record.remaining):
-            item = restores.get(stage)
-            if item is None:  # left the spec meanwhile
-                record = rollback.restored(record, stage, "")
-                continue
-            one.writer.record(records.grown(one.writer.obj, records.wanted(one.stageset, {stage: item})))
-            before = replace(one.progress.outcomes[stage], waiting_since=None)
-            existing = one.progress.current.get(stage)
-            outcome, result = self._stages.run(StageRun(stageset=one.stageset, rendered=item, before=before,
-                                                        previous=existing, recheck=False))
-            if result is None:
-                self._metrics.rolled_back((namespace, name), result="failed")
-                one.writer.release(one.progress, rollback=record)
-                return Verdict(False, Reason.STAGE_FAILED, f"{record.message}; restoring stage {stage!r} "
-                               f"failed: {outcome.message}; retrying", requeue_after=one.retry)
-            self._changes.applied(one.writer.obj, stage, result, one.redactor)
-            back = stage_inventory(stage, item.account, (o.entry() for o in result.objects))
-            stale = candidates(old={stage: existing} if existing else {}, new={stage: back},
-                               stageset=one.stageset)
-            pruned = prune(stale=stale, client_for=clients, applier=one.target.applier,
-                           owner=Owner(namespace, name))
-            self._changes.pruned(one.writer.obj, pruned, one.redactor)
-            kept = with_kept({stage: back}, pruned.kept)[stage]
-            # A last good revision passed its gates: the stages after it are not held again by it.
-            gated = item.stage.promotion is not None and item.stage.promotion.gated
-            passed = PromotionState(phase=PromotionPhase.PROMOTED, revision=item.revision,
-                                    since=format_time(self._clock()), promoted_by=gates.HOW_ROLLBACK)
-            restored = replace(outcome, message=f"rolled back to {item.revision}",
-                               promotion=passed if gated else None, promotion_token=before.promotion_token)
-            one.progress = replace(one.progress.with_outcome(restored),
-                                   current={**one.progress.current, stage: kept},
-                                   fresh={**one.progress.fresh, stage: kept})
-            record = rollback.restored(record, stage, item.revision)
-            one.writer.release(one.progress, rollback=record)
-        record = rollback.finished(record)
-        one.writer.release(one.progress, rollback=record)
-        self._metrics.rolled_back((namespace, name), result="rolled_back")
-        self._events.emit(one.writer.obj, type_=EventType.WARNING, reason=EventReason.ROLLED_BACK,
-                          action="Rollback", message=record.message, redact=one.redactor)
-        return Verdict(False, Reason.ROLLED_BACK, record.message, requeue_after=interval)
+    def _restore(self, ctx: PassContext, progress: Progress, record: Rollback,
+                 restores: Mapping[str, Rendered], *, prune: PrunePermission, interval: float) -> RolledBack:
+        """Restore each stage still to restore, in the record's order (the record written after each)."""
+        with interruptible(ctx, lambda: progress):
+            for stage in list(record.remaining):
+                item = restores.get(stage)
+                if item is None:  # left the spec meanwhile
+                    record = rollback.restored(record, stage, "")
+                    continue
+                outcome, inventory = self._restore_stage(ctx, progress, stage, item, prune=prune)
+                if inventory is None:
+                    self._metrics.rolled_back(ctx.ref, result="failed")
+                    ctx.writer.release(progress, rollback=record)
+                    message = f"{record.message}; restoring stage {stage!r} failed: {outcome.message}; " \
+                              "retrying"
+                    return RolledBack(Verdict(False, Reason.STAGE_FAILED, message, requeue_after=ctx.retry),
+                                      progress)
+                progress = progress.restored(outcome, inventory)
+                record = rollback.restored(record, stage, item.revision)
+                ctx.writer.release(progress, rollback=record)
+            record = rollback.finished(record)
+            ctx.writer.release(progress, rollback=record)
+            self._metrics.rolled_back(ctx.ref, result="rolled_back")
+            self._events.emit(ctx.writer.obj, type_=EventType.WARNING, reason=EventReason.ROLLED_BACK,
+                              action="Rollback", message=record.message, redact=ctx.redactor)
+            return RolledBack(Verdict(False, Reason.ROLLED_BACK, record.message, requeue_after=interval),
+                              progress)
+
+    def _restore_stage(self, ctx: PassContext, progress: Progress, stage: str, item: Rendered, *,
+                       prune: PrunePermission) -> tuple[StageOutcome, StageInventory | None]:
+        """Re-apply one stage at its last good revision and delete what the failed revision added
+        (only under ``Scope.RESTORED``); its outcome and inventory (``None``: the apply failed)."""
+        namespace, name = ctx.ref
+        ctx.writer.record(records.grown(ctx.writer.obj, records.wanted(ctx.stageset, {stage: item})))
+        before = replace(progress.outcomes[stage], waiting_since=None)
+        existing = progress.current.get(stage)
+        outcome, result = self._stages.run(StageRun(stageset=ctx.stageset, rendered=item, before=before,
+                                                    previous=existing, recheck=False))
+        if result is None:
+            return outcome, None
+        self._changes.applied(ctx.writer.obj, stage, result, ctx.redactor)
+        back = stage_inventory(stage, item.account, (o.entry() for o in result.objects))
+        stale = candidates(old={stage: existing} if existing else {}, new={stage: back},
+                           stageset=ctx.stageset)
+        kept = stale  # not deleted: still tracked
+        if prune.scope is Scope.RESTORED:
+            clients = inventory_clients(clients=self._clients, identities=self._identities,
+                                        namespace=namespace, target=ctx.target)
+            pruned = prune_stale(stale=stale, client_for=clients, applier=ctx.target.applier,
+                                 owner=Owner(namespace, name))
+            self._changes.pruned(ctx.writer.obj, pruned, ctx.redactor)
+            kept = pruned.kept
+        # A last good revision passed its gates: the stages after it are not held again by it.
+        gated = item.stage.promotion is not None and item.stage.promotion.gated
+        passed = PromotionState(phase=PromotionPhase.PROMOTED, revision=item.revision,
+                                since=format_time(self._clock()), promoted_by=gates.HOW_ROLLBACK)
+        restored = replace(outcome, message=f"rolled back to {item.revision}",
+                           promotion=passed if gated else None, promotion_token=before.promotion_token)
+        return restored, with_kept({stage: back}, kept)[stage]
 
     # -- the end of a pass --------------------------------------------------------------------
 
-    def told(self, one: PassState, steered: Steering) -> None:
+    def told(self, ctx: PassContext, steered: Steering) -> None:
         """What steering decided that is told once: a new held set, an update-now acted on."""
-        ref = _ref(one.stageset)
         if steered.override:
             shipped = ", ".join(f"{s} to {r}" for s, r in sorted(steered.override_revisions.items())) \
                 or "nothing held"
-            self._events.emit(one.writer.obj, type_=EventType.NORMAL, reason=EventReason.UPDATE_OVERRIDDEN,
-                              action="UpdateNow", redact=one.redactor,
+            self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.UPDATE_OVERRIDDEN,
+                              action="UpdateNow", redact=ctx.redactor,
                               message=f"stages.metio.wtf/update-now={steered.override}: shipping {shipped} "
                                       "despite the update windows")
-        if steered.newly_deferred(one.writer.status.pending_update):
-            self._metrics.deferred(ref)
-            self._events.emit(one.writer.obj, type_=EventType.NORMAL, reason=EventReason.UPDATE_DEFERRED,
-                              action="Apply", message=steering.deferral(steered), redact=one.redactor)
+        if steered.newly_deferred(ctx.writer.status.pending_update):
+            self._metrics.deferred(ctx.ref)
+            self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.UPDATE_DEFERRED,
+                              action="Apply", message=steering.deferral(steered), redact=ctx.redactor)
 
-    def concluded(self, one: PassState, status: StageSetStatus, steered: Steering, verdict: Verdict,
-                  rendered: Mapping[str, Rendered], *, rolled: Rollback | None = None,
-                  rolling: bool = False) -> StageSetStatus:
+    def concluded(self, ctx: PassContext, progress: Progress, status: StageSetStatus, steered: Steering,
+                  rendered: Mapping[str, Rendered], *, prune: PrunePermission, rolled: Rollback | None,
+                  rolling: bool) -> StageSetStatus:
         """``status`` with the fields steering owns, as this pass leaves them (``rolling``: the pass
-        rolled back, and ``rolled`` is the record it left)."""
+        rolled back, and ``rolled`` is the record it left; ``prune``: the pass's permission — the
+        revisions become the last good snapshot only in a pass that may prune what is stale)."""
         applied = {stage.name: stage.revision for stage in status.stages}
         update: dict[str, object] = {
             "pending_update": steered.pending,
@@ -338,17 +363,17 @@ class Release:
         }
         if steered.override:
             update["last_handled_update_override"] = steered.override
-        if steering.succeeded(verdict, steered):
+        if steering.succeeded(prune, steered):
             update["last_applied_snapshot"] = rollback.snapshot(
-                one.progress.order, {n: rollback.Applied(r.revision, r.inputs) for n, r in rendered.items()})
+                progress.order, {n: rollback.Applied(r.revision, r.inputs) for n, r in rendered.items()})
         ended = status.model_copy(update=update)
-        self._keep(one, ended, rendered)
+        self._keep(ctx, ended, rendered)
         return ended
 
-    def _keep(self, one: PassState, status: StageSetStatus, rendered: Mapping[str, Rendered]) -> None:
+    def _keep(self, ctx: PassContext, status: StageSetStatus, rendered: Mapping[str, Rendered]) -> None:
         """Each stage's last good and applied commits stay readable in the mirror (refreshed by every
         pass; local disk, no request)."""
-        namespace, name = _ref(one.stageset)
+        namespace, name = ctx.ref
         good = rollback.good_of(status.last_applied_snapshot)
         applied = {s.name: s.revision for s in status.stages}
         for stage, item in rendered.items():
@@ -360,4 +385,3 @@ class Release:
                                               revisions=wanted)
             except OSError as error:
                 log.warning("could not keep stage %s's revisions in the Git mirror: %s", stage, error)
-

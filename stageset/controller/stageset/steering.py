@@ -19,8 +19,9 @@ revision (what its source offers now):
 :func:`verdict` turns the pass's outcomes into the Ready condition when steering says more than
 the plain verdict (:func:`plan.verdict`): promotion gates holding (``Soaking``,
 ``AwaitingPromotion``), revisions deferred (``UpdateDeferred``: Ready stays True when what is
-applied is Ready), a parked rollback (``RolledBack``, Stalled).  Prune never runs while a stage is
-held back entirely (its objects would look stale) or while a rollback is parked.
+applied is Ready), a parked rollback (``RolledBack``, Stalled).  Whether the pass prunes is not a
+verdict's: :func:`~stageset.controller.stageset.pruning.permission` decides it (never while a
+stage is held back entirely — its objects would look stale — nor while a rollback is parked).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from stageset.api.release import ANNOTATION_UPDATE_NOW, PendingUpdate, Rollback,
 from stageset.api.vocabulary import Reason, StagePhase
 from stageset.controller.stageset import gates, rollback, windows
 from stageset.controller.stageset.plan import StageOutcome, Verdict
+from stageset.controller.stageset.pruning import PrunePermission, Scope
 
 RECHECK_MAX = 3600.0
 """A closed window is looked at again at least this often (seconds), even when it opens later."""
@@ -167,7 +169,7 @@ def frozen_verdict(steering: Steering, *, was_ready: bool, interval: float) -> V
                    requeue_after=min(interval, steering.reopen_in or interval))
 
 
-def succeeded(verdict_: Verdict, steering: Steering) -> bool:
-    """A fully successful pass (every stage Ready and promoted, nothing parked): its revisions are
-    the new last good snapshot."""
-    return bool(verdict_.ready) and verdict_.prune and not steering.parked and not steering.skip
+def succeeded(prune: PrunePermission, steering: Steering) -> bool:
+    """A fully successful pass (every stage Ready and promoted, nothing held back or parked: the
+    pass may prune what is stale): its revisions are the new last good snapshot."""
+    return prune.scope is Scope.STALE and not steering.parked and not steering.skip

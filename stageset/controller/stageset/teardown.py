@@ -9,7 +9,9 @@ A stage with ``prune: false`` is not deleted: its objects are released instead �
 labels removed, so a later StageSet can adopt them — and an ``Orphaned`` event names what
 was left behind (:mod:`stageset.apply.orphan`).
 
-A stage's objects must be gone before the next stage's are deleted.
+A stage's objects must be gone before the next stage's are deleted.  That a teardown deletes at
+all is asked once of the one prune decision (:func:`~stageset.controller.stageset.pruning.permission`:
+``Scope.ALL``); were it ever refused, every stage's objects would be released, never deleted.
 
 Teardown always ends: whatever keeps objects from going — a finalizer that never clears, a
 ServiceAccount that lost its rights, a remote cluster that refuses connections, fails TLS,
@@ -41,6 +43,7 @@ from stageset.controller.clock import Clock
 from stageset.controller.events import EventRecorder
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.result import Result
+from stageset.controller.stageset import pruning
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.targets import Target, Targets
@@ -132,7 +135,10 @@ class Teardown:
                     log.warning("teardown of StageSet %s/%s waits: %s", namespace, name, problem)
                     return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
                                                                max_wait=self._max_wait))
+        deletes = pruning.permission(pruning.TearingDown()).scope is pruning.Scope.ALL
         released = set(unpruned_stages(stageset)) if stageset else set()
+        if not deletes:
+            released = set(inventories)
         order = teardown_order(stage_nodes(stageset) if stageset else None, inventories)
         log.debug("tearing down stages in order: %s", ", ".join(order) or "none left")
         for stage in order:

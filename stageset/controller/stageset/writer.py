@@ -17,7 +17,8 @@ What a reconcile writes, in the order a pass does:
    first progress the pass shows — a pass that ends without showing any says it only once, in
    its conclusion (status writes are the costliest requests of a pass);
 4. :meth:`PassWriter.show` — the stages and the merged inventory as they stand, after each stage
-   that finishes while more remain (never in a quiet pass: :func:`plan.quiet`);
+   that finishes while more remain (never in a quiet pass: :func:`plan.quiet`, which the pass
+   runner decides and passes to every call as ``quiet`` — the writer keeps no pass mode);
 5. :meth:`PassWriter.waiting` — a stage waits for readiness: its phase at once, a new message at
    most every :data:`~stageset.controller.stageset.progress.PROGRESS_INTERVAL` seconds;
    :meth:`PassWriter.release` — a rollback's record, before it touches the first stage and after
@@ -64,8 +65,6 @@ class PassWriter:
         self._resource = resource
         self._ticks = ticks
         self._published = 0.0
-        self.quiet = False
-        """A routine pass over a Ready StageSet: nothing is written until its conclusion."""
         self._finalizer_due = False
         """Asked for and not written yet: written with the record before the first apply."""
         self._announced: str | None = None
@@ -141,18 +140,17 @@ class PassWriter:
     # -- status while a pass runs -------------------------------------------------------------
 
     def announce(self, progress: Progress, message: str) -> None:
-        """A pass begins: Ready=Unknown with ``message`` (never in a quiet pass), shown with the
-        first progress the pass shows (:meth:`show`); a pass that shows none concludes without it."""
+        """A pass begins: Ready=Unknown with ``message``, shown with the first progress the pass
+        shows (:meth:`show`); a pass that shows none (a quiet one) concludes without it."""
         del progress  # what is shown is the progress at the first write
-        if self.quiet:
-            return
         self._announced = message
 
-    def show(self, progress: Progress) -> None:
-        """Show the stages as they stand now (and the merged inventory so far) — never in a quiet
-        pass.  Conditions are left to the announcement and the conclusion, so a re-check pass
-        whose stages did not change writes nothing."""
-        if self.quiet:
+    def show(self, progress: Progress, *, quiet: bool) -> None:
+        """Show the stages as they stand now (and the merged inventory so far) — never in a
+        ``quiet`` pass (a routine pass over a Ready StageSet: nothing is written until its
+        conclusion).  Conditions are left to the announcement and the conclusion, so a re-check
+        pass whose stages did not change writes nothing."""
+        if quiet:
             return
         if self._announced is not None:
             message, self._announced = self._announced, None
@@ -163,11 +161,12 @@ class PassWriter:
         if self._status.write(shown(self.status, progress)):
             self._published = self._ticks()
 
-    def waiting(self, before: StageOutcome, progress: Progress) -> None:
-        """A stage waits for readiness (its outcome in ``progress``; ``before``: what it was)."""
+    def waiting(self, before: StageOutcome, progress: Progress, *, quiet: bool) -> None:
+        """A stage waits for readiness (its outcome in ``progress``; ``before``: what it was) —
+        never shown in a ``quiet`` pass."""
         since = self._ticks() - self._published
         if waiting_due(before, progress.outcomes[before.name], since_published=since):
-            self.show(progress)
+            self.show(progress, quiet=quiet)
 
     def release(self, progress: Progress, **fields: object) -> None:
         """Steering a release: the stages and inventory as they stand with ``fields`` (the rollback

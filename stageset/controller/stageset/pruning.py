@@ -1,0 +1,137 @@
+"""Whether a pass may delete, and what: the one decision.  Pure: no I/O, no clock.
+
+Deleting is the destructive path, so it is decided in one place, explicitly: the pass runner
+asks :func:`permission` once per pass (a teardown asks it once too), telling it how the pass went
+(a :data:`Course`), and gets a :class:`PrunePermission` — a :class:`Scope` and the
+:class:`PruneReason` for it.  Every field of every value here is required: no code path enables
+or disables deletion by leaving something out, and nothing downstream decides it again (the pass
+prunes, settles the record and takes the last good snapshot only under ``Scope.STALE``; a rollback
+deletes only under ``Scope.RESTORED``; a teardown deletes only under ``Scope.ALL``).
+
+The rules (first match wins the reason):
+
+- a pass that applied its stages (:class:`Applied`) deletes what no stage renders any more only
+  when no stage is held back entirely by steering (its objects would look stale), every stage is
+  Ready, no Ready stage is held by its promotion gate, no rolled-back release is parked, and the
+  inventory it prunes against is complete (not rebuilt from a partial view of the cluster);
+- a frozen pass (``windowScope: All`` while the update windows are closed) applies nothing and
+  deletes nothing;
+- a rollback, run or resumed (:class:`RollingBack`), deletes, per stage it restores, what the
+  failed revision added to that stage — nothing of a stage it does not restore;
+- a teardown (:class:`TearingDown`) deletes every stage's objects.
+
+What a permitted deletion may touch object by object — the owner check, ``prune: false`` stages
+(never deleted: released on teardown), API paths — is :mod:`stageset.apply.prune`'s; identity
+is the caller's (each inventory's recorded identity, :mod:`stageset.controller.identity`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import assert_never
+
+from stageset.api.vocabulary import StagePhase
+from stageset.controller.stageset import gates
+from stageset.controller.stageset.plan import StageOutcome
+
+
+class Scope(StrEnum):
+    """What a pass may delete."""
+
+    NOTHING = "Nothing"
+    STALE = "Stale"
+    """Every inventoried object no stage renders any more (a complete pass)."""
+    RESTORED = "Restored"
+    """Per stage a rollback restores: what the failed revision added to it."""
+    ALL = "All"
+    """Every stage's objects (the StageSet is deleted)."""
+
+
+class PruneReason(StrEnum):
+    """Why a pass may (or may not) delete."""
+
+    ALL_READY = "AllReady"
+    HELD_BACK = "HeldBack"
+    """Steering holds a stage back entirely (update windows, a parked stage with no last good revision)."""
+    NOT_READY = "NotReady"
+    """A stage failed, waits, or was not started."""
+    PROMOTION_HELD = "PromotionHeld"
+    """A Ready stage soaks or awaits a manual promotion."""
+    ROLLBACK_PARKED = "RollbackParked"
+    INVENTORY_INCOMPLETE = "InventoryIncomplete"
+    """The inventory was rebuilt from a partial view of the cluster."""
+    FROZEN = "Frozen"
+    ROLLING_BACK = "RollingBack"
+    DELETED = "Deleted"
+
+
+@dataclass(frozen=True)
+class PrunePermission:
+    """What a pass may delete, and why."""
+
+    scope: Scope
+    reason: PruneReason
+
+
+@dataclass(frozen=True)
+class Applied:
+    """The pass applied its stages as the graph allowed."""
+
+    outcomes: Sequence[StageOutcome]
+    """Every stage's outcome, in spec order."""
+    held_back: Collection[str]
+    """Stages steering did not apply at all in this pass (``Steering.skip``)."""
+    parked: bool
+    """A rolled-back release is parked (``Steering.parked``)."""
+    partial: str | None
+    """Why the inventory before the pass is incomplete (rebuilt from a partial view); ``None``: complete."""
+
+
+@dataclass(frozen=True)
+class Frozen:
+    """``windowScope: All`` while the update windows are closed: nothing was applied."""
+
+
+@dataclass(frozen=True)
+class RollingBack:
+    """The pass rolls a failed release back, or finishes a rollback left mid-way."""
+
+
+@dataclass(frozen=True)
+class TearingDown:
+    """The StageSet is deleted."""
+
+
+Course = Applied | Frozen | RollingBack | TearingDown
+"""How a pass went, as far as deleting is concerned."""
+
+
+def permission(course: Course) -> PrunePermission:
+    """The one decision of whether and what a pass may delete."""
+    match course:
+        case Applied():
+            return _after_apply(course)
+        case Frozen():
+            return PrunePermission(Scope.NOTHING, PruneReason.FROZEN)
+        case RollingBack():
+            return PrunePermission(Scope.RESTORED, PruneReason.ROLLING_BACK)
+        case TearingDown():
+            return PrunePermission(Scope.ALL, PruneReason.DELETED)
+        case _:
+            assert_never(course)
+
+
+def _after_apply(course: Applied) -> PrunePermission:
+    if course.held_back:
+        return PrunePermission(Scope.NOTHING, PruneReason.HELD_BACK)
+    if any(o.phase is not StagePhase.READY for o in course.outcomes):
+        return PrunePermission(Scope.NOTHING, PruneReason.NOT_READY)
+    if any(o.promotion is not None and gates.held(o.promotion) for o in course.outcomes):
+        return PrunePermission(Scope.NOTHING, PruneReason.PROMOTION_HELD)
+    if course.parked:
+        return PrunePermission(Scope.NOTHING, PruneReason.ROLLBACK_PARKED)
+    if course.partial is not None:
+        return PrunePermission(Scope.NOTHING, PruneReason.INVENTORY_INCOMPLETE)
+    return PrunePermission(Scope.STALE, PruneReason.ALL_READY)
