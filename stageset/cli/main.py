@@ -58,6 +58,7 @@ from stageset.cli.session import StagesetGroup, echo
 from stageset.cli.steer import reconcile, resume, suspend
 from stageset.cli.trace import trace
 from stageset.controller import logs, memory
+from stageset.controller.leader import default_namespace
 from stageset.controller.manager import Manager
 from stageset.controller.metrics import Metrics
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL, ArtifactSettings, ControllerSettings
@@ -111,6 +112,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         watch_namespaces=params.get("watch_namespaces"),
         watch_label_selector=params.get("watch_label_selector"),
         shard_keys=shard_keys(params),
+        shard_handoff_timeout=float(params.get("shard_handoff_timeout", 30.0)),
         cluster_admin=bool(params.get("cluster_admin")),
         no_cross_namespace_refs=bool(params.get("no_cross_namespace_refs")),
         workers=int(params.get("workers", 4)),
@@ -184,6 +186,10 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               callback=_main_shard_only,
               help="Main shard only: the sharding.fluxcd.io/key values the other shards serve; objects "
               "labelled with any other value are reported (Ready=False, reason NoShard), never reconciled.")
+@click.option("--shard-handoff-timeout", default="30s", show_default=True, type=DURATION,
+              help="Label shards: a shard that gains a relabelled StageSet waits at most this long for "
+              "the shard that lost it to record that it stopped writing it (a Lease in the release "
+              "namespace); then it goes on (the old shard is taken for gone).")
 @click.option("--cluster-admin/--no-cluster-admin", default=False,
               help="Single-tenant mode: StageSets without serviceAccountName apply as the controller.")
 @click.option("--no-cross-namespace-refs", is_flag=True, default=False,
@@ -275,6 +281,11 @@ def controller(kubeconfig: str | None, log_level: str, log_format: str, lifecycl
         signal.signal(signal.SIGUSR2, _dump_heap)
     _setup_logging(log_level, log_format)
     settings = controller_settings(params)
+    if settings.watch_label_selector is not None:
+        # The hand-off records of label shards live beside the release's Lease.
+        election = lifecycle.leader_election
+        settings = dataclasses.replace(settings, shard_handoff_namespace=(
+            election.namespace if election is not None else default_namespace()))
     metrics = Metrics()
     clients = ClientPool.from_kubeconfig(kubeconfig)
     try:

@@ -52,6 +52,7 @@ from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder, ready_condition, ready_transition
 from stageset.controller.fluxwatch import FluxWatches
+from stageset.controller.handoff import ShardHandoff
 from stageset.controller.health import Lifecycle
 from stageset.controller.memory import Trimmer
 from stageset.controller.metrics import Metrics
@@ -228,6 +229,11 @@ class Manager:
                         handler=self._unserved_handler(resource.kind), resync=settings.resync_period,
                         label_selector=str(selector.unserved(settings.shard_keys))))
         self.metrics.caches_synced.set_function(lambda: all(r.synced.is_set() for r in self._reflectors))
+        # Label shards: one writer per object across shards (controller/handoff.py).
+        self.handoff = None if selector is None else ShardHandoff(
+            client=admin, selector=selector, namespace=settings.shard_handoff_namespace,
+            timeout=settings.shard_handoff_timeout, metrics=self.metrics, stop=self.stop,
+            synced=lambda: all(r.synced.is_set() for r in self._reflectors))
 
     @staticmethod
     def _mirror_store(settings: ControllerSettings) -> MirrorStore:
@@ -246,6 +252,8 @@ class Manager:
             # TransformStripManagedFields does).  ``obj`` is fresh from the watch, not yet shared.
             metadata.pop("managedFields", None)
             key: Key = (kind, metadata.get("namespace", ""), metadata.get("name", ""))
+            if self.handoff is not None:
+                self.handoff.observe(key, event, obj, known=key in self._objects)
             if event == "DELETED" and not metadata.get("deletionTimestamp") and \
                     self._settings.watch_label_selector is not None:
                 # Gone from this shard's watch: deleted (without a finalizer of ours) or relabelled
@@ -474,7 +482,8 @@ class Manager:
         reconciler: Reconciler = self._stagesets if key[0] == "StageSet" else self._git
         started = time.monotonic()
         try:
-            result = reconciler.reconcile(obj)
+            result = reconciler.reconcile(obj) if self.handoff is None else \
+                self.handoff.run(key, obj, reconciler.reconcile)
         except TerminalError as error:
             log.warning("%s %s/%s: %s; not retried until it changes", *key, error)
             queue.forget(key)

@@ -51,6 +51,7 @@ QUEUE_BUCKETS = tuple(1e-8 * 10**i for i in range(12))
 # Per object (Flux's gotk_reconcile_duration_seconds): few buckets, there is one set per object.
 OBJECT_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
 FETCH_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+HANDOFF_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 REQUEST_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 
 # Actions a stage's apply counts (deletions are prune's, skips are readyChecks references).
@@ -149,6 +150,20 @@ class Metrics:
         self.unserved = Gauge(
             "stageset_unserved_objects", "Objects whose sharding.fluxcd.io/key names no shard of the release "
             "(main shard with --shard-keys only): no controller reconciles them.", ["kind"], registry=r)
+        self.shard_handoffs = Counter(
+            "stageset_shard_handoffs_total", "StageSets this label shard gained from another (relabelled), "
+            "by how the hand-off ended: released (the shard that lost it had already recorded that it "
+            "stopped writing it), waited (this shard waited for that record first), timeout (no record "
+            "came within --shard-handoff-timeout: the other shard was taken for gone).", ["outcome"],
+            registry=r)
+        self.shard_handoff_wait = Histogram(
+            "stageset_shard_handoff_wait_seconds", "How long a label shard waited, before its first write "
+            "to a StageSet it gained, for the shard that lost it to stop writing it.",
+            buckets=HANDOFF_BUCKETS, registry=r)
+        self.shard_writes_fenced = Counter(
+            "stageset_shard_writes_fenced_total", "Writes a pass did not send because its object had left "
+            "this label shard while the pass ran (the pass ends there; the other shard reconciles it).",
+            registry=r)
         self.readiness_watches = Gauge(
             "stageset_readiness_watches", "Watches open for stages waiting for readiness (at most "
             "--max-readiness-watches).", registry=r)

@@ -50,6 +50,12 @@ class ControllerSettings:
     # Main shard only: the sharding.fluxcd.io/key values other shards serve; StageSets and
     # GitRepositories labelled with any other key are reported (NoShard), never reconciled.
     shard_keys: tuple[str, ...] | None = None
+    # Label shards: where a shard records that it stopped writing a StageSet that left it (a Lease
+    # per StageSet, in the release namespace: stageset.controller.handoff); None: no record is
+    # written or waited for.  A shard that gains a StageSet waits at most ``shard_handoff_timeout``
+    # seconds for that record.
+    shard_handoff_namespace: str | None = None
+    shard_handoff_timeout: float = 30.0
     # Single-tenant mode: StageSets without serviceAccountName apply as the controller.
     cluster_admin: bool = False
     no_cross_namespace_refs: bool = False

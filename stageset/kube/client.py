@@ -33,6 +33,7 @@ import urllib3
 from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
+from stageset.kube import fence
 from stageset.kube.types import KubeObject
 
 QueryValue = str | int | bool
@@ -243,7 +244,14 @@ class KubeClient:
         status: list[int] | None = None,
     ) -> KubeObject:
         """One request; ``status``, when given, is told the HTTP status of a successful answer
-        (201 tells a create from an update)."""
+        (201 tells a create from an update).  A write under a revoked fence is never sent
+        (:mod:`stageset.kube.fence`)."""
+        with fence.writing(method):
+            return self._request(method, path, query=query, body=body, content_type=content_type,
+                                 timeout=timeout, status=status)
+
+    def _request(self, method: str, path: str, *, query: Mapping[str, QueryValue] | None, body: Any,
+                 content_type: str, timeout: float | None, status: list[int] | None) -> KubeObject:
         headers = {"Content-Type": content_type} if body is not None else {}
         url, headers = self._prepare(method, path, query, headers)
         # orjson: several times faster than the standard library both ways, on every request.

@@ -69,6 +69,7 @@ from stageset.controller.stageset import actionplan
 from stageset.controller.stageset.reads import read_named
 from stageset.controller.stageset.rendering import Renderer
 from stageset.controller.stageset.targets import Target
+from stageset.kube import fence
 from stageset.kube.client import ApiError, Identity, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
@@ -405,6 +406,7 @@ class ActionRunner:
         timeout = max(0.1, min(actionplan.HTTP_ATTEMPT_CAP, ctx.timeout - actionplan.elapsed(
             ctx.running, now=self._clock())))
         what = f"{http.method} {display(http.url)}"
+        fence.check()  # not when the StageSet left this shard meanwhile (controller/handoff.py)
         try:
             answer = call(http.url, method=http.method, guard=self._settings.guard, timeout=timeout,
                           headers=headers, body=body, check=check, same_origin=http.carries_secrets,
