@@ -4,6 +4,8 @@ Only loopback: tests never send traffic elsewhere.  ``answer(path, status, body=
 sets what a path answers (``echo``: a body made from the request's headers, as a careless endpoint
 reflects them); :attr:`ActionServer.requests` holds what arrived (method, path, headers,
 body), so a test can assert a call happened once, or never.
+``hold=`` (an event) keeps a path's answers back until the test sets it: a pass held in a slow
+action, for as long as the test needs.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ class Reply:
     redirect: str | None = None
     echo: Callable[[dict[str, str]], bytes] | None = None
     """The body made from the request's headers (an endpoint that reflects what it was sent)."""
+    hold: threading.Event | None = None
 
 
 @dataclass
@@ -50,6 +53,8 @@ class ActionServer:
                         Received(self.command, self.path, dict(self.headers.items()), body)
                     )
                     reply = server.replies.get(self.path, Reply(status=404, body=b"no such path"))
+                if reply.hold is not None:
+                    reply.hold.wait(timeout=300)  # bounded: a failed test never leaves it hanging
                 if reply.redirect:
                     self.send_response(reply.status)
                     self.send_header("Location", reply.redirect)
@@ -97,9 +102,11 @@ class ActionServer:
         body: bytes = b"ok",
         redirect: str | None = None,
         echo: Callable[[dict[str, str]], bytes] | None = None,
+        hold: threading.Event | None = None,
     ) -> str:
         with self._lock:
-            self.replies[path] = Reply(status=status, body=body, redirect=redirect, echo=echo)
+            self.replies[path] = Reply(status=status, body=body, redirect=redirect, echo=echo,
+                                      hold=hold)
         return self.url(path)
 
     def received(self, path: str) -> list[Received]:

@@ -2,10 +2,13 @@
 and ``--watch-label-selector`` (Flux's ``sharding.fluxcd.io/key``: two controllers on one control
 plane, each with the chart's ClusterRole and RoleBindings under an account of its own — so the audit
 log tells them apart — and each with its own Lease; a StageSet moved between them by its label, a
-key no shard serves reported by the main shard, and our selector parser against the apiserver's)."""
+move while the losing shard's pass waits in a slow action (no write of that shard after the relabel,
+from the audit log), a key no shard serves reported by the main shard, and our selector parser
+against the apiserver's)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -15,10 +18,12 @@ import pytest
 from click.testing import CliRunner
 
 from stageset.cli.main import main as cli
+from stageset.controller.handoff import RELEASED_BY, RELEASED_UID, record_name
 from stageset.controller.sharding import SHARD_LABEL, LabelSelector, SelectorError
 from stageset.envtest import install
 from stageset.envtest.server import ControlPlane
 from stageset.kube.client import ApiError, KubeClient
+from tests.actionserver import ActionServer
 from tests.e2e.conftest import (
     WRITE_VERBS,
     ControllerProcess,
@@ -30,7 +35,7 @@ from tests.e2e.conftest import (
     wait_for,
 )
 from tests.e2e.metrics import METRICS_ARGS, metrics_url, scrape
-from tests.e2e.stagesets import cm
+from tests.e2e.stagesets import cm, poke
 from tests.gitserver import GitServer
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
@@ -130,7 +135,7 @@ def label_shards(installed: KubeClient, control_plane: ControlPlane,
             handles[shard] = start_controller(kubeconfig=kubeconfig, workdir=workdir, extra=[
                 "--watch-namespaces", ",".join(LABELLED), *SELECTORS[shard], "--leader-elect",
                 "--leader-election-namespace=stageset-system", f"--leader-election-id={account}",
-                *METRICS_ARGS])
+                "--allowed-action-hosts=127.0.0.1", *METRICS_ARGS])
         yield LabelShards(main=handles["main"], shard1=handles["shard1"])
     finally:
         for handle in handles.values():
@@ -225,6 +230,80 @@ def test_relabelling_moves_a_stageset_between_shards_without_teardown_or_second_
                for name, account in ACCOUNTS.items()}
     assert all(holders.values()), holders
     assert len(set(holders.values())) == 2, holders
+
+
+def held_stageset(namespace: str, *, source: str, shard: str | None, action: str) -> dict[str, Any]:
+    """One stage behind a ``pre`` HTTP action: each new revision calls ``action`` before applying."""
+    obj = labelled_stageset(namespace, "holder", source, shard)
+    obj["spec"]["stages"][0]["actions"] = {"pre": [{"name": "gate", "http": {
+        "url": action, "method": "GET", "expectedStatus": [200]}}]}
+    return obj
+
+
+def test_a_pass_of_the_shard_that_lost_a_stageset_writes_nothing_after_the_relabel(
+    label_shards: LabelShards, installed: KubeClient, control_plane: ControlPlane, git_server: GitServer,
+) -> None:
+    """The attack of issue 30: the main shard's pass waits in an action (the endpoint holds its answer)
+    while the StageSet is relabelled to shard1 and a newer commit lands.  shard1 applies the newest
+    revision once the main shard recorded its release; when the action answers, the main shard's stale
+    pass sends nothing: no write of the main shard's account in the namespace after the relabel, and
+    the older revision never comes back."""
+    namespace = LABELLED[0]
+    url = git_server.create_repo("label-hold", {"cm.yaml": cm("held", "one")})
+    apply(installed, gitrepository(namespace, "hold", url, None))
+    apply(installed, gitrepository(namespace, "hold-shard1", url, "shard1"))
+    stagesets = f"/apis/stages.metio.wtf/v1/namespaces/{namespace}"
+    configmap = f"/api/v1/namespaces/{namespace}/configmaps/held"
+    gate = threading.Event()
+    with ActionServer() as server:
+        slow_path, fast_path = f"/{namespace}/slow", f"/{namespace}/fast"
+        slow, fast = server.answer(slow_path), server.answer(fast_path)
+        apply(installed, held_stageset(namespace, source="hold", shard=None, action=slow))
+        wait_for(lambda: ready_at(installed, namespace, "holder") and
+                 installed.get(configmap)["data"]["k"] == "one", what="Ready on the main shard")
+        # The next revision's action is held: the main shard's pass waits in it.
+        server.answer(slow_path, hold=gate)
+        calls = len(server.received(slow_path))
+        git_server.commit("label-hold", {"cm.yaml": cm("held", "two")})
+        poke(installed, f"{stagesets}/gitrepositories/hold")
+        wait_for(lambda: len(server.received(slow_path)) > calls,
+                 what="the main shard's pass held in its action")
+
+        shard1_metrics, main_metrics = metrics_url(label_shards.shard1), metrics_url(label_shards.main)
+        handoffs = scrape(shard1_metrics).value("stageset_shard_handoffs_total")
+        git_server.commit("label-hold", {"cm.yaml": cm("held", "three")})
+        poke(installed, f"{stagesets}/gitrepositories/hold-shard1")
+        mark = len(control_plane.audit_events())
+        # One write: the shard label, shard1's source and an endpoint that answers at once.
+        apply(installed, held_stageset(namespace, source="hold-shard1", shard="shard1", action=fast))
+        wait_for(lambda: installed.get(configmap)["data"]["k"] == "three" and
+                 ready_at(installed, namespace, "holder"), what="shard1 applying the newest revision")
+        # The action answers: the stale pass goes on, and its next write is refused before it is sent.
+        gate.set()
+        wait_for(lambda: scrape(main_metrics).value("stageset_shard_writes_fenced_total") >= 1,
+                 what="the main shard's stale pass refusing its own write")
+        final = installed.get(f"{stagesets}/stagesets/holder")
+    events = control_plane.audit_events()[mark:]
+    tenant_writes = real_writes(events, namespace=namespace)
+    stale = [f"{e['verb']} {e['requestURI']}" for e in tenant_writes
+             if acted_as(e) == LabelShards.user("main")]
+    assert stale == [], stale
+    # The check can fail: shard1's own writes after the relabel are right there.
+    assert [e for e in tenant_writes if acted_as(e) == LabelShards.user("shard1")]
+    assert installed.get(configmap)["data"]["k"] == "three"
+    assert installed.get(f"{stagesets}/stagesets/holder")["status"]["lastAppliedRevision"] == \
+        final["status"]["lastAppliedRevision"]
+    # The hand-off: the main shard recorded its release (in the release namespace, not the tenant's),
+    # shard1 counted one.
+    record = installed.get(f"{LEASES}/{record_name(namespace, 'holder')}")["metadata"]["annotations"]
+    assert record[RELEASED_UID] == final["metadata"]["uid"]
+    assert record[RELEASED_BY]
+    assert [e for e in events if acted_as(e) == LabelShards.user("main") and e.get("verb") in WRITE_VERBS
+            and (e.get("objectRef") or {}).get("resource") == "leases"
+            and (e.get("objectRef") or {}).get("name") == record_name(namespace, "holder")]
+    after = scrape(shard1_metrics)
+    assert after.value("stageset_shard_handoffs_total") == handoffs + 1
+    assert after.value("stageset_shard_handoffs_total", outcome="timeout") == 0
 
 
 def test_a_key_no_shard_serves_is_reported_by_the_main_shard(

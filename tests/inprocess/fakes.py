@@ -427,9 +427,9 @@ class FakeKubeClient(KubeClient):
     def user(self) -> str:
         return self.identity.user or CONTROLLER
 
-    def request(self, method: str, path: str, *, query: Mapping[str, QueryValue] | None = None,
-                body: Any = None, content_type: str = "application/json", timeout: float | None = None,
-                status: list[int] | None = None) -> KubeObject:
+    def _request(self, method: str, path: str, *, query: Mapping[str, QueryValue] | None, body: Any,
+                 content_type: str, timeout: float | None, status: list[int] | None) -> KubeObject:
+        # What is sent: KubeClient.request (the write fence, stageset/kube/fence.py) comes first.
         del timeout  # the fake answers at once
         existed = status is not None and self._cluster.get(path) is not None
         answer = self._cluster.handle(user=self.user, method=method, path=path, query=query, body=body,
