@@ -319,7 +319,7 @@ class ShardHandoff:
             outcome = Outcome.WAITED if gain.looked else Outcome.RELEASED
         elif waited >= self._timeout:
             outcome = Outcome.TIMEOUT
-            log.warning("%s %s/%s: the shard it came from recorded no release within %.0fs; going on (that "
+            log.warning("%s %s/%s: the shard it came from recorded no release within %gs; going on (that "
                         "shard is taken for gone)", *key, self._timeout)
         if outcome is not None:
             with self._lock:

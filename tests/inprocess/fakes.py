@@ -51,6 +51,7 @@ KINDS = [
     ("source.toolkit.fluxcd.io/v1", "GitRepository", "gitrepositories", True),
     ("source.toolkit.fluxcd.io/v1", "OCIRepository", "ocirepositories", True),
     ("source.toolkit.fluxcd.io/v1", "Bucket", "buckets", True),
+    ("coordination.k8s.io/v1", "Lease", "leases", True),
 ]
 ALL_VERBS = "get,list,watch,create,apply,patch,delete"
 _VOLATILE = ("resourceVersion", "managedFields", "generation", "uid", "creationTimestamp")

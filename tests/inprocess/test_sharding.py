@@ -13,6 +13,7 @@ from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
+from stageset.controller.handoff import record_name
 from stageset.controller.manager import Manager
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.sharding import SHARD_LABEL, LabelSelector
@@ -131,3 +132,96 @@ def test_relabelling_moves_a_stageset_without_a_teardown(world: World,
 def test_settings_default_to_no_shards() -> None:
     assert ControllerSettings().watch_label_selector is None
     assert ControllerSettings().shard_keys is None
+
+
+# -- the hand-off between shards (controller/handoff.py) ------------------------------------------------
+
+HANDOFF_NS = "stageset-system"
+LEASES = f"/apis/coordination.k8s.io/v1/namespaces/{HANDOFF_NS}/leases"
+
+
+def may_use_leases(world: World) -> None:
+    """The controller's Role in the release namespace (the chart's, for leader election)."""
+    world.cluster.controller_prefixes = (*(world.cluster.controller_prefixes or ()), LEASES)
+
+
+def synced(manager: Manager) -> bool:
+    return "stageset_caches_synced 1.0" in manager.metrics.exposition().decode()
+
+
+def handoffs(manager: Manager, outcome: str) -> float:
+    line = f'stageset_shard_handoffs_total{{outcome="{outcome}"}} '
+    for text in manager.metrics.exposition().decode().splitlines():
+        if text.startswith(line):
+            return float(text.removeprefix(line))
+    return 0.0
+
+
+def first(requests: list[Any], match: Callable[[Any], bool]) -> int:
+    return next((i for i, r in enumerate(requests) if match(r)), len(requests))
+
+
+def since_relabel(requests: list[Any], path: str) -> list[Any]:
+    """The requests after the test's own relabelling patch (the first patch of ``path``)."""
+    return requests[first(requests, lambda r: r.verb == "patch" and r.path == path) + 1:]
+
+
+def test_the_gaining_shard_writes_only_after_the_losing_shard_recorded_its_release(
+        world: World, running: Callable[..., Manager]) -> None:  # noqa: F811
+    world.sources.commit(URL, {"app/cm.json": configmap("one"), "two/cm.json": configmap("two")})
+    for name, labels in (("app", {}), ("app-shard1", {SHARD_LABEL: "shard1"})):
+        world.cluster.put({"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+                           "metadata": {"name": name, "namespace": NS, "labels": labels},
+                           "spec": {"url": URL}})
+    may_use_leases(world)
+    running(watch_label_selector=MAIN, shard_handoff_namespace=HANDOFF_NS)
+    shard1 = running(watch_label_selector=SHARD1, shard_handoff_namespace=HANDOFF_NS)
+    path = labelled(world, "handed", [{"name": "s", "path": "./app"}], None)
+    eventually(lambda: reason(world, "handed") == "True/Succeeded", what="Ready on the main shard")
+    eventually(lambda: synced(shard1), what="shard1's caches")
+    mark = len(world.cluster.requests)
+    world.pool.client().request("PATCH", path, content_type="application/merge-patch+json", body={
+        "metadata": {"labels": {SHARD_LABEL: "shard1"}},
+        "spec": {"stages": [{"name": "s", "path": "./two", "sourceRef": {"name": "app-shard1"}}]}})
+    eventually(lambda: world.configmap("two") is not None and reason(world, "handed") == "True/Succeeded",
+               what="shard1 applying its revision")
+    after = since_relabel(world.cluster.requests[mark:], path)
+    record = f"{LEASES}/{record_name(NS, 'handed')}"
+    released = first(after, lambda r: r.write and r.path.startswith(LEASES))
+    looked = first(after, lambda r: r.verb == "get" and r.path == record)
+    written = first(after, lambda r: r.write and r.path.startswith(path))
+    # The release was recorded, shard1 read it, and only then wrote the StageSet.
+    assert released < len(after)
+    assert looked < written < len(after)
+    assert released < written
+    annotations = world.cluster.get(record)["metadata"]["annotations"]  # type: ignore[index]
+    assert annotations["stages.metio.wtf/released-uid"] == world.get("handed")["metadata"]["uid"]
+    assert handoffs(shard1, "released") + handoffs(shard1, "waited") == 1
+
+
+def test_a_shard_that_never_releases_is_waited_for_only_until_the_timeout(
+        world: World, running: Callable[..., Manager]) -> None:  # noqa: F811
+    """The losing shard crashed (here: never ran): shard1 waits, then goes on; the wait is counted."""
+    world.sources.commit(URL, {"two/cm.json": configmap("two")})
+    world.cluster.put({"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+                       "metadata": {"name": "app-shard1", "namespace": NS, "labels": {SHARD_LABEL: "shard1"}},
+                       "spec": {"url": URL}})
+    may_use_leases(world)
+    shard1 = running(watch_label_selector=SHARD1, shard_handoff_namespace=HANDOFF_NS,
+                     shard_handoff_timeout=0.5)
+    # Reconciled before by a shard that is gone: it has status.
+    path = labelled(world, "orphan", [{"name": "s", "path": "./two", "sourceRef": {"name": "app-shard1"}}],
+                    None)
+    world.cluster.put({**world.get("orphan"), "status": {"conditions": [
+        {"type": "Ready", "status": "True", "reason": "Succeeded", "message": "applied",
+         "lastTransitionTime": "2024-01-01T00:00:00Z", "observedGeneration": 1}]}})
+    eventually(lambda: synced(shard1), what="shard1's caches")
+    mark = len(world.cluster.requests)
+    relabel(world, path, "shard1")
+    eventually(lambda: handoffs(shard1, "timeout") == 1, what="the hand-off timing out")
+    eventually(lambda: world.configmap("two") is not None, what="shard1 applying after the timeout")
+    after = since_relabel(world.cluster.requests[mark:], path)
+    record = f"{LEASES}/{record_name(NS, 'orphan')}"
+    written = first(after, lambda r: r.write and (r.path.startswith(path) or "/configmaps" in r.path))
+    assert len([r for r in after[:written] if r.verb == "get" and r.path == record]) >= 2
+    assert handoffs(shard1, "released") + handoffs(shard1, "waited") == 0
