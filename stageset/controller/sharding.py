@@ -19,6 +19,10 @@ What is sharded (``docs/install.md#sharding-by-label``):
 * Not Flux's source kinds: Flux serves their artifacts over HTTP to any consumer, so a StageSet of
   any shard may use one; watching them is only a trigger.
 
+Moving a StageSet between shards (relabelling it) never leaves two writers: the losing shard's
+pass stops writing when its watch says the StageSet left, and the gaining shard waits for its
+release record (:mod:`stageset.controller.handoff`).
+
 The main shard may be told the keys the other shards serve (``--shard-keys``): it then also
 watches, label-selected, the objects whose key names none of them (:meth:`LabelSelector.unserved`)
 and reports them (``NoShard``), so a typo in a label is never silently ignored.

@@ -79,6 +79,17 @@ def test_a_main_release_of_one_release_per_shard_may_name_the_shards_keys(helm: 
     assert flag(args, "shard-keys") == "shard1"
 
 
+def test_shards_may_record_their_hand_offs_without_leader_election(helm: Helm) -> None:
+    """The hand-off records (Leases, controller/handoff.py) need the release's Lease Role even when no
+    leader is elected."""
+    off = ["--set", "controller.leaderElection.enabled=false"]
+    for values in (SHARDS, ["--set", "controller.watchLabelSelector=sharding.fluxcd.io/key=shard1"]):
+        roles = [r for r in find(helm.render(*values, *off), "Role")
+                 if r["metadata"]["name"].endswith("-leader-election")]
+        assert [rule["resources"] for rule in roles[0]["rules"]] == [["leases"]]
+    assert not find(helm.render(*off), "Role")
+
+
 def test_the_cleanup_hook_deletes_only_the_release_s_own_stagesets(helm: Helm) -> None:
     docs = helm.render("--set", "cleanupOnDelete.enabled=true",
                        "--set", "controller.watchLabelSelector=sharding.fluxcd.io/key=shard1")
