@@ -255,6 +255,8 @@ def test_a_pass_of_the_shard_that_lost_a_stageset_writes_nothing_after_the_relab
     stagesets = f"/apis/stages.metio.wtf/v1/namespaces/{namespace}"
     configmap = f"/api/v1/namespaces/{namespace}/configmaps/held"
     gate = threading.Event()
+    # Read before the race (the audit log is long); the relabel is found in it afterwards.
+    mark = len(control_plane.audit_events())
     with ActionServer() as server:
         slow_path, fast_path = f"/{namespace}/slow", f"/{namespace}/fast"
         slow, fast = server.answer(slow_path), server.answer(fast_path)
@@ -273,7 +275,6 @@ def test_a_pass_of_the_shard_that_lost_a_stageset_writes_nothing_after_the_relab
         handoffs = scrape(shard1_metrics).value("stageset_shard_handoffs_total")
         git_server.commit("label-hold", {"cm.yaml": cm("held", "three")})
         poke(installed, f"{stagesets}/gitrepositories/hold-shard1")
-        mark = len(control_plane.audit_events())
         # One write: the shard label, shard1's source and an endpoint that answers at once.
         apply(installed, held_stageset(namespace, source="hold-shard1", shard="shard1", action=fast))
         wait_for(lambda: installed.get(configmap)["data"]["k"] == "three" and
@@ -284,7 +285,20 @@ def test_a_pass_of_the_shard_that_lost_a_stageset_writes_nothing_after_the_relab
                  what="the main shard's stale pass refusing its own write")
         final = installed.get(f"{stagesets}/stagesets/holder")
     events = control_plane.audit_events()[mark:]
-    tenant_writes = real_writes(events, namespace=namespace)
+    relabelled = [i for i, e in enumerate(events) if e.get("stage") == "ResponseComplete"
+                  and e.get("verb") == "patch" and (e.get("objectRef") or {}).get("resource") == "stagesets"
+                  and (e.get("objectRef") or {}).get("name") == "holder"
+                  and acted_as(e) not in (LabelShards.user("main"), LabelShards.user("shard1"))]
+    assert len(relabelled) == 2, relabelled  # created on the main shard, then relabelled
+    # Writes to the StageSet and what it applies (its GitRepository "hold" stays the main shard's).
+    def of_holder(found: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return [e for e in real_writes(found, namespace=namespace)
+                if (e.get("objectRef") or {}).get("name") in ("holder", "held")]
+
+    # The main shard wrote the StageSet before the relabel (its passes): the check can see its writes.
+    assert [e for e in of_holder(events[:relabelled[1]]) if acted_as(e) == LabelShards.user("main")]
+    events = events[relabelled[1] + 1:]
+    tenant_writes = of_holder(events)
     stale = [f"{e['verb']} {e['requestURI']}" for e in tenant_writes
              if acted_as(e) == LabelShards.user("main")]
     assert stale == [], stale
