@@ -29,6 +29,9 @@ Not covered, and why (docs/security.md): StageSets a shard finds in its first li
 the watch event), and a reported ``NoShard`` StageSet (the main shard's report is one status write
 and applies nothing): neither is waited for.
 
+Only a process that may reconcile records a release (with leader election: the leader); a standby
+watches as well, but its passes are none, so a release of its own would say nothing.
+
 Identity: the controller's own — the hand-off Leases are written and read as the release's
 ServiceAccount, which the chart lets get/create/update Leases in the release namespace only.
 Nothing of a tenant is in a record but the StageSet's namespace/name and uid.
@@ -152,8 +155,12 @@ class ShardHandoff:
 
     def __init__(self, *, client: KubeClient, selector: LabelSelector, namespace: str | None, timeout: float,
                  metrics: Metrics, synced: Callable[[], bool], stop: threading.Event,
-                 ticks: Ticks = time.monotonic, identity: str | None = None):
+                 leading: Callable[[], bool] = lambda: True, ticks: Ticks = time.monotonic,
+                 identity: str | None = None):
         self._client = client
+        # A standby replica (leader election) watches too, but never writes: a release it recorded
+        # would not say that the leader's passes stopped.
+        self._leading = leading
         self._selector = selector
         self._namespace = namespace
         self._timeout = timeout
@@ -217,7 +224,7 @@ class ShardHandoff:
     # -- the losing side: record the release -------------------------------------------------------
 
     def _publish(self, key: Key, release: Release) -> None:
-        if key[0] != "StageSet" or self._namespace is None:
+        if key[0] != "StageSet" or self._namespace is None or not self._leading():
             return
         self._releases.put(release)
         with self._lock:

@@ -233,7 +233,9 @@ class Manager:
         self.handoff = None if selector is None else ShardHandoff(
             client=admin, selector=selector, namespace=settings.shard_handoff_namespace,
             timeout=settings.shard_handoff_timeout, metrics=self.metrics, stop=self.stop,
-            synced=lambda: all(r.synced.is_set() for r in self._reflectors))
+            synced=lambda: all(r.synced.is_set() for r in self._reflectors),
+            leading=lambda: self.lifecycle is None or self.lifecycle.elector is None or
+            self.lifecycle.elector.leading.is_set())
 
     @staticmethod
     def _mirror_store(settings: ControllerSettings) -> MirrorStore:
