@@ -92,6 +92,10 @@ class ClusterReads:
         return self._reads.source(self._clients.client(identity), stage, namespace)
 
     def variables(self, stage: Stage, *, identity: Identity, namespace: str) -> Variables:
+        if stage.post_build is None:
+            # Nothing to read, so no client is asked for: the CLI's impersonation check waits for
+            # a read that needs it (a local checkout without variables impersonates no one).
+            return None, []
         return self._reads.variables(self._clients.client(identity), stage, namespace)
 
 
