@@ -41,6 +41,7 @@ from stageset.cli.render import (
     POLICY,
     RenderedStage,
     Renderer,
+    SessionClients,
     SourceDirs,
     mask_secret,
     parse_stageset,
@@ -61,12 +62,13 @@ def _warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
 
 
-def _mirror_dir() -> Path:
-    """Git mirrors of the CLI, next to the project's other caches (kept between runs)."""
+def _cache_dir() -> Path:
+    """Where the CLI keeps its Git mirrors and artifacts: beside the project's other caches (kept
+    between runs)."""
     try:
-        return cache_root() / "cli-mirrors"
+        return cache_root()
     except OSError:
-        return Path(tempfile.gettempdir()) / "stageset-cli-mirrors"
+        return Path(tempfile.gettempdir()) / "stageset-cli"
 
 
 def _load(session: Session, name: str | None, file: str | None) -> tuple[StageSet, KubeObject | None]:
@@ -126,9 +128,9 @@ def build(session: Session, name: str | None, file: str | None, source_dirs: tup
     sources = SourceDirs.parse(source_dirs)
     local = file is not None and bool(sources)
     stageset, _ = _load(session, name, file)
-    renderer = Renderer(session=None if local else session, sources=sources, mirror_dir=_mirror_dir(),
-                        warn=_warn, default_source_kind=DefaultSourceKind(default_source_kind),
-                        age_key_file=age_key_file)
+    renderer = Renderer(clients=None if local else SessionClients(session), sources=sources,
+                        cache_dir=_cache_dir(), warn=_warn,
+                        default_source_kind=DefaultSourceKind(default_source_kind), age_key_file=age_key_file)
     stages = renderer.render(stageset)
 
     def shown(obj: KubeObject) -> KubeObject:
@@ -342,7 +344,7 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
             live = read_stageset(session, str(stageset.metadata["name"]))
         except CliError:
             live = None  # a new StageSet: nothing to prune
-    renderer = Renderer(session=session, sources=sources, mirror_dir=_mirror_dir(), warn=_warn,
+    renderer = Renderer(clients=SessionClients(session), sources=sources, cache_dir=_cache_dir(), warn=_warn,
                         default_source_kind=DefaultSourceKind(default_source_kind),
                         age_key_file=age_key_file)
     differ = Differ(session=session, renderer=renderer, stageset=stageset)

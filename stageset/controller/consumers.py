@@ -1,7 +1,9 @@
 """Shared by both reconcilers: whom the Git mirror serves a GitRepository's commits to (its consumer).
 
 The GitRepository reconciler fetches as that consumer; the StageSet reconciler reads only
-commits served to the GitRepository its stage names.  Kept here, not in either reconciler,
+commits served to the GitRepository its stage names, and so does ``stageset build``/``diff``
+in its own mirror (through the same render service), so no CLI path derives a consumer of its
+own.  Kept here, not in either reconciler,
 so the two stay independent of each other (an import-linter contract).  Pure.
 """
 

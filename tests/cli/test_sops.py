@@ -81,10 +81,11 @@ def test_build_and_diff_read_the_key_secret_as_the_stagesets_serviceaccount(
                       body={"metadata": {"name": "keys"}, "data": secret_data(age=[key])})
     installed.request("POST", f"/apis/stages.metio.wtf/v1/namespaces/{tenant.namespace}/stagesets",
                       body=yaml.safe_load(stageset.read_text()))
-    # Not yet allowed to read the key Secret: the read is the ServiceAccount's, not the user's.
+    # Not yet allowed to read the key Secret: the read is the ServiceAccount's, not the user's, and
+    # fails as the controller's read fails (the same message: one render service).
     denied = run_cli("build", "app", "--source-dir", str(root), "-n", tenant.namespace, kubeconfig=kubeconfig)
     assert denied.exit_code != 0
-    expected = f"reading spec.decryption.secretRef {tenant.namespace}/keys as {tenant.username}"
+    expected = f"{tenant.username} may not read Secret {tenant.namespace}/keys (spec.decryption.secretRef)"
     assert expected in denied.stderr, denied.stderr
     tenant.bind_cluster_role("edit")
     built = run_cli("build", "app", "--source-dir", str(root), "-n", tenant.namespace, kubeconfig=kubeconfig)

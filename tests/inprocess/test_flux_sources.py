@@ -105,12 +105,12 @@ def test_an_external_artifact_is_downloaded_once_applied_as_the_tenant_and_woken
     assert stage_status(world, "shop")["revision"] == "latest@sha256:1"
     assert world.configmap("from-artifact") is not None
     # Unchanged artifact: neither downloaded nor built again.
-    builds = flux.world.reconciler._passes._renderer._cache.builds
+    builds = flux.world.reconciler._passes._renderer.cache.builds
     world.clock.advance(600)
     world.reconcile("shop")
     assert flux.store.downloads == 1
     assert flux.scheduled == []
-    assert flux.world.reconciler._passes._renderer._cache.builds == builds
+    assert flux.world.reconciler._passes._renderer.cache.builds == builds
 
 
 def test_a_new_artifact_is_applied_without_a_spec_change(world: World, flux: Flux) -> None:

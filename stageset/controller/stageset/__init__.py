@@ -17,8 +17,13 @@
   an argument, not a mode of the writer);
 - ``reads`` — what a StageSet names, read as the tenant (sources, variables, dependencies);
 - ``targets`` — the cluster it applies to (``spec.kubeConfig``), a bounded cache of remotes;
-- ``rendering`` — a stage's manifests, built and cached by content; ``Rendered`` carries the
-  stage's identity;
+- ``renderservice`` — **the one render pipeline**, which ``stageset build``/``diff`` call too: a
+  stage's source and variables read as the tenant, its files from wherever the caller says, built
+  (``patches``, SOPS, substitution) and cached by content;
+- ``rendering`` — the controller's side of it: files from the shared mirror and the artifact
+  store; ``Rendered`` carries the stage's identity and its objects' ids on the target;
+- ``decryption`` — ``spec.decryption``: the key Secret read as the StageSet's ServiceAccount,
+  once a pass;
 - ``stage`` — applying one stage and judging its readiness within one slice;
 - ``scheduler`` — running stages over the dependency graph, branches concurrently, every
   callback on the reconcile's thread;

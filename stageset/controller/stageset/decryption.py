@@ -1,5 +1,11 @@
 """A StageSet's ``spec.decryption`` for one pass: the key Secret, read as the tenant, once, when needed.
 
+How the render service (:mod:`stageset.controller.stageset.renderservice`) reads keys, in the
+controller and in ``stageset build``/``diff`` alike: the CLI builds the same
+:class:`PassDecryption` over its session (which first checks that the user may impersonate the
+ServiceAccount), so both read the same Secret as the same identity and fail with the same
+message.  Only a CLI given a local age key file (``--sops-age-key-file``) reads no Secret.
+
 Identity: the key Secret (``spec.decryption.secretRef``, always in the StageSet's own
 namespace: the API has no way to name another) is read as the **StageSet's**
 ``serviceAccountName`` (:meth:`~stageset.controller.identity.IdentityPolicy.for_stageset`; the
@@ -27,14 +33,14 @@ from stageset.build.decrypt import DecryptionKeys
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.redact import Redactor
 from stageset.controller.stageset.reads import AccountCheck, read_named
-from stageset.kube.client import ClientPool
+from stageset.controller.stageset.renderservice import Clients
 
 
 class PassDecryption:
     """One StageSet's ``spec.decryption`` during one pass (implements
     :class:`~stageset.controller.rendercache.StageDecryption`)."""
 
-    def __init__(self, *, stageset: StageSet, policy: IdentityPolicy, clients: ClientPool,
+    def __init__(self, *, stageset: StageSet, policy: IdentityPolicy, clients: Clients,
                  accounts: AccountCheck, redactor: Redactor):
         assert stageset.spec.decryption is not None
         assert stageset.spec.decryption.secret_ref is not None
@@ -76,7 +82,7 @@ class PassDecryption:
         self._redactor.add(values)
 
 
-def for_pass(stageset: StageSet, *, policy: IdentityPolicy, clients: ClientPool, accounts: AccountCheck,
+def for_pass(stageset: StageSet, *, policy: IdentityPolicy, clients: Clients, accounts: AccountCheck,
              redactor: Redactor) -> PassDecryption | None:
     """The pass's decryption, or ``None`` when the StageSet has no ``spec.decryption``."""
     decryption = stageset.spec.decryption
