@@ -4,9 +4,9 @@
 against ``--kubeconfig``; hidden from the command list, ``make run`` runs it); the user commands
 (``get``, ``tree``, ``graph``, ``events``, ``trace``, ``build``, ``diff``, ``reconcile``,
 ``suspend``, ``resume``, ``crds``) and the platform commands (``check``, ``version``, ``cleanup``,
-``completion``) live in their own modules and are registered here.  The same group is the
-``kubectl-stageset`` plugin (:func:`kubectl_plugin`).  Exit codes: 0 ok, 1 differences (``diff``), 2 usage,
-3 runtime error (:mod:`stageset.cli.session`).
+``completion``, ``create tenant``, ``delete tenant``) live in their own modules and are registered
+here.  The same group is the ``kubectl-stageset`` plugin (:func:`kubectl_plugin`).  Exit codes: 0 ok,
+1 differences (``diff``), 2 usage, 3 runtime error (:mod:`stageset.cli.session`).
 """
 
 from __future__ import annotations
@@ -56,6 +56,7 @@ from stageset.cli.preview import build, diff
 from stageset.cli.promote import promote
 from stageset.cli.session import StagesetGroup, echo
 from stageset.cli.steer import reconcile, resume, suspend
+from stageset.cli.tenant import create, delete
 from stageset.cli.trace import trace
 from stageset.controller import logs, memory
 from stageset.controller.leader import default_namespace
@@ -357,7 +358,7 @@ def crds(output: str) -> None:
 
 
 for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, trace, check, version,
-                 cleanup, completion, dashboard, promote):
+                 cleanup, completion, dashboard, promote, create, delete):
     main.add_command(_command)
 
 
