@@ -47,6 +47,7 @@ from stageset.cli.params import (
     HOSTS,
     LABEL_SELECTOR,
     NAMESPACES,
+    SERVICE_ACCOUNT_NAME,
     SHARD_KEYS,
     SIZE,
     parse_duration_option,
@@ -115,6 +116,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         shard_keys=shard_keys(params),
         shard_handoff_timeout=float(params.get("shard_handoff_timeout", 30.0)),
         cluster_admin=bool(params.get("cluster_admin")),
+        default_service_account=params.get("default_service_account") or None,
         no_cross_namespace_refs=bool(params.get("no_cross_namespace_refs")),
         workers=int(params.get("workers", 4)),
         source_workers=int(params.get("source_workers", 4)),
@@ -193,6 +195,10 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               "namespace); then it goes on (the old shard is taken for gone).")
 @click.option("--cluster-admin/--no-cluster-admin", default=False,
               help="Single-tenant mode: StageSets without serviceAccountName apply as the controller.")
+@click.option("--default-service-account", envvar="STAGESET_DEFAULT_SERVICE_ACCOUNT", default="",
+              type=SERVICE_ACCOUNT_NAME, help="StageSets, stages and GitRepositories without "
+              "serviceAccountName act as this ServiceAccount of their own namespace (never as the "
+              "controller, even with --cluster-admin); empty: no default.")
 @click.option("--no-cross-namespace-refs", is_flag=True, default=False,
               help="Refuse sourceRef and dependsOn into other namespaces.")
 @click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1),
