@@ -28,6 +28,8 @@ CONTROLLER_RULE_TABLE = [
     # Flux's source kinds, watched for triggers only (read as the tenant when used).
     (["source.toolkit.fluxcd.io"], ["externalartifacts", "gitrepositories", "ocirepositories", "buckets"],
      ["get", "list", "watch"]),
+    # Namespaces' labels, metadata only: the metrics' tenant label.
+    ([""], ["namespaces"], ["get", "list", "watch"]),
 ]
 LEASE_RULE_TABLE = [(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])]
 
