@@ -73,6 +73,8 @@ CONTROLLER_RULES: list[dict[str, Any]] = [
      "verbs": ["get", "patch", "update"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     FLUX_SOURCE_RULE,
+    # Namespaces' labels (read metadata-only): which tenant a namespace belongs to, for metrics.
+    {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
 ]
 
 # Leader election: the release's Lease, granted by a Role in the release namespace only (the

@@ -31,7 +31,7 @@ from stageset.kube.types import KubeObject
 POLL = 2.0
 
 
-def _listed(client: KubeClient, namespaces: tuple[str, ...] | None, selector: LabelSelector | None = None
+def listed(client: KubeClient, namespaces: tuple[str, ...] | None, selector: LabelSelector | None = None
             ) -> list[KubeObject]:
     """The StageSets of ``namespaces`` (None: every namespace) that ``selector`` selects; a namespace
     without the CRD or without StageSets contributes none."""
@@ -83,8 +83,15 @@ def cleanup(session: Session, namespaces: tuple[str, ...] | None, timeout: float
     scope: tuple[str, ...] | None = None if session.all_namespaces else (namespaces or (session.namespace,))
     where = ("every namespace" if scope is None else ", ".join(scope)) + \
         (f" with labels {selector}" if selector else "")
-    client = session.client()
-    doomed = _listed(client, scope, selector)
+    delete_and_wait(session.client(), scope=scope, selector=selector, timeout=timeout, where=where)
+
+
+def delete_and_wait(client: KubeClient, *, scope: tuple[str, ...] | None, selector: LabelSelector | None,
+                    timeout: float, where: str) -> None:
+    """Delete the StageSets of ``scope`` and wait until the controller tore them down (``cleanup``,
+    and ``delete tenant`` before it deletes the tenant's namespaces); raises :class:`CliError`
+    when some remain after ``timeout``."""
+    doomed = listed(client, scope, selector)
     echo(f"deleting {len(doomed)} StageSet(s) in {where}\n")
     for obj in doomed:
         meta = obj["metadata"]
@@ -104,7 +111,7 @@ def cleanup(session: Session, namespaces: tuple[str, ...] | None, timeout: float
     deadline = time.monotonic() + timeout
     reported = -1
     while True:
-        remaining = _listed(client, scope, selector)
+        remaining = listed(client, scope, selector)
         if not remaining:
             echo(f"every StageSet in {where} is gone\n")
             return

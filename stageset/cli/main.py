@@ -4,9 +4,9 @@
 against ``--kubeconfig``; hidden from the command list, ``make run`` runs it); the user commands
 (``get``, ``tree``, ``graph``, ``events``, ``trace``, ``build``, ``diff``, ``reconcile``,
 ``suspend``, ``resume``, ``crds``) and the platform commands (``check``, ``version``, ``cleanup``,
-``completion``) live in their own modules and are registered here.  The same group is the
-``kubectl-stageset`` plugin (:func:`kubectl_plugin`).  Exit codes: 0 ok, 1 differences (``diff``), 2 usage,
-3 runtime error (:mod:`stageset.cli.session`).
+``completion``, ``create tenant``, ``delete tenant``) live in their own modules and are registered
+here.  The same group is the ``kubectl-stageset`` plugin (:func:`kubectl_plugin`).  Exit codes: 0 ok,
+1 differences (``diff``), 2 usage, 3 runtime error (:mod:`stageset.cli.session`).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from stageset.cli.params import (
     HOSTS,
     LABEL_SELECTOR,
     NAMESPACES,
+    SERVICE_ACCOUNT_NAME,
     SHARD_KEYS,
     SIZE,
     parse_duration_option,
@@ -56,6 +57,7 @@ from stageset.cli.preview import build, diff
 from stageset.cli.promote import promote
 from stageset.cli.session import StagesetGroup, echo
 from stageset.cli.steer import reconcile, resume, suspend
+from stageset.cli.tenant import create, delete
 from stageset.cli.trace import trace
 from stageset.controller import logs, memory
 from stageset.controller.leader import default_namespace
@@ -114,6 +116,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         shard_keys=shard_keys(params),
         shard_handoff_timeout=float(params.get("shard_handoff_timeout", 30.0)),
         cluster_admin=bool(params.get("cluster_admin")),
+        default_service_account=params.get("default_service_account") or None,
         no_cross_namespace_refs=bool(params.get("no_cross_namespace_refs")),
         workers=int(params.get("workers", 4)),
         source_workers=int(params.get("source_workers", 4)),
@@ -192,6 +195,10 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               "namespace); then it goes on (the old shard is taken for gone).")
 @click.option("--cluster-admin/--no-cluster-admin", default=False,
               help="Single-tenant mode: StageSets without serviceAccountName apply as the controller.")
+@click.option("--default-service-account", envvar="STAGESET_DEFAULT_SERVICE_ACCOUNT", default="",
+              type=SERVICE_ACCOUNT_NAME, help="StageSets, stages and GitRepositories without "
+              "serviceAccountName act as this ServiceAccount of their own namespace (never as the "
+              "controller, even with --cluster-admin); empty: no default.")
 @click.option("--no-cross-namespace-refs", is_flag=True, default=False,
               help="Refuse sourceRef and dependsOn into other namespaces.")
 @click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1),
@@ -357,7 +364,7 @@ def crds(output: str) -> None:
 
 
 for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, trace, check, version,
-                 cleanup, completion, dashboard, promote):
+                 cleanup, completion, dashboard, promote, create, delete):
     main.add_command(_command)
 
 

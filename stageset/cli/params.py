@@ -8,7 +8,7 @@ from typing import Any
 import click
 
 from stageset.api import duration_seconds
-from stageset.api.common import DNS_LABEL_PATTERN
+from stageset.api.common import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
 from stageset.controller.sharding import LabelSelector, SelectorError, parse_shard_keys
 from stageset.kube.quantity import parse_quantity
 
@@ -77,6 +77,20 @@ class NamespaceListType(click.ParamType[tuple[str, ...] | None]):
         return names or None
 
 
+class AccountNameType(click.ParamType[str | None]):
+    """A ServiceAccount name (an RFC 1123 subdomain); empty: none."""
+
+    name = "name"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | None:
+        text = str(value or "").strip()
+        if not text:
+            return None
+        if len(text) > 253 or re.fullmatch(DNS_SUBDOMAIN_PATTERN, text) is None:
+            self.fail(f"not a ServiceAccount name: {text!r}", param, ctx)
+        return text
+
+
 class BaseUrlType(click.ParamType[str]):
     """An ``http(s)://`` URL, or empty (no links)."""
 
@@ -143,6 +157,7 @@ class ShardKeysType(click.ParamType[tuple[str, ...] | None]):
 SIZE = SizeType()
 DURATION = DurationType()
 NAMESPACES = NamespaceListType()
+SERVICE_ACCOUNT_NAME = AccountNameType()
 BASE_URL = BaseUrlType()
 HOSTS = HostListType()
 LABEL_SELECTOR = LabelSelectorType()

@@ -76,6 +76,7 @@ log = logging.getLogger(__name__)
 STAGESETS = Resource(group=GROUP, version=VERSION, kind="StageSet", plural="stagesets", namespaced=True)
 GITREPOSITORIES = Resource(group=GROUP, version=VERSION, kind="GitRepository",
                            plural="gitrepositories", namespaced=True)
+NAMESPACES = Resource(group="", version="v1", kind="Namespace", plural="namespaces", namespaced=False)
 Key = tuple[str, str, str]  # (kind, namespace, name)
 
 
@@ -228,6 +229,13 @@ class Manager:
                         client=admin, resource=resource, namespace=namespace, stop=self.stop,
                         handler=self._unserved_handler(resource.kind), resync=settings.resync_period,
                         label_selector=str(selector.unserved(settings.shard_keys))))
+        # The metrics' `tenant` label (controller/tenants.py): Namespaces, metadata only, for a
+        # cluster-wide release (one bound per namespace may not list Namespaces: no tenant label).
+        # A report only, like the unserved watches: not part of "synced".
+        if settings.watch_namespaces is None:
+            self._unserved_watches.append(Reflector(
+                client=admin, resource=NAMESPACES, namespace=None, handler=self.metrics.tenants.handle,
+                stop=self.stop, resync=settings.resync_period, metadata_only=True))
         self.metrics.caches_synced.set_function(lambda: all(r.synced.is_set() for r in self._reflectors))
         # Label shards: one writer per object across shards (controller/handoff.py).
         self.handoff = None if selector is None else ShardHandoff(

@@ -5,7 +5,8 @@ Identity: none.  The metrics count what this process did and saw; serving ``/met
 
 Metrics are a tenant-isolation surface (the platform team scrapes them; tenants may see
 dashboards).  Label values are only names the platform team can already list:
-kinds, namespaces, object and stage names, a Git URL as shown without credentials,
+kinds, namespaces, tenants (a Namespace's ``stages.metio.wtf/tenant`` label, which only
+whoever may label Namespaces sets), object and stage names, a Git URL as shown without credentials,
 HTTP verbs and status codes, and words of our own vocabulary (phases, condition
 statuses, change actions).  Never a Secret value, a message, a ServiceAccount name, or
 anything a server sent.  A request's identity is only its kind: ``controller`` or
@@ -32,6 +33,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
 
 from stageset.apply.changeset import Action, ChangeSet
 from stageset.controller.objectmetrics import ObjectSeries
+from stageset.controller.tenants import TenantLabels
 from stageset.controller.urlmetrics import UrlSeries
 from stageset.kube.client import LOCAL, RequestRecord
 from stageset.kube.types import KubeObject
@@ -171,7 +173,10 @@ class Metrics:
             "stageset_readiness_watches_refused_total", "Watches a waiting stage asked for while "
             "--max-readiness-watches were open: it polled instead.", registry=r)
         # -- per object (Flux's gotk_* series): plain numbers, written when scraped -------------
-        self.objects = ObjectSeries(buckets=OBJECT_BUCKETS)
+        # Their `tenant` label: the namespace's stages.metio.wtf/tenant label (controller/tenants.py,
+        # fed by the manager's metadata-only Namespace watch), never a label on the object itself.
+        self.tenants = TenantLabels()
+        self.objects = ObjectSeries(buckets=OBJECT_BUCKETS, tenant_of=self.tenants.of)
         r.register(self.objects)
         # -- steering a release ---------------------------------------------------------------
         self.promotions = Counter(

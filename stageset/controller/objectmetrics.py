@@ -7,6 +7,10 @@ itself in the watch cache, and memory must stay flat as StageSets grow into the 
 and counts per stage, a histogram as a short list) and writes the same series, with the same
 names, help, types and labels, when ``/metrics`` is scraped (a custom collector).
 
+Every series also carries ``tenant``: the namespace's tenant as ``tenant_of`` says at scrape time
+(:class:`~stageset.controller.tenants.TenantLabels`: the Namespace's label, never the object's);
+empty, and so absent from the exposition, for a namespace of no tenant.
+
 What each series means is :mod:`stageset.controller.metrics`' to say (and ``docs/operations.md``'s);
 their lifetimes are its rules: kept by :meth:`~stageset.controller.metrics.Metrics.observe`,
 removed by :meth:`~stageset.controller.metrics.Metrics.forget`.  Identity: none.  Thread-safe.
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import bisect
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
@@ -61,8 +65,9 @@ def cumulative_buckets(bounds: Sequence[float], counts: Sequence[float]) -> list
     return buckets
 
 class ObjectSeries(Collector):
-    def __init__(self, *, buckets: Sequence[float]):
+    def __init__(self, *, buckets: Sequence[float], tenant_of: Callable[[str], str] = lambda _namespace: ""):
         self._buckets = tuple(buckets)
+        self._tenant_of = tenant_of
         self._lock = threading.Lock()
         self._objects: dict[ObjectKey, _Object] = {}
 
@@ -136,49 +141,54 @@ class ObjectSeries(Collector):
             objects = [(key, _snapshot(obj)) for key, obj in self._objects.items()]
         duration = HistogramMetricFamily(
             "stageset_reconcile_duration_seconds", "How long each object's reconciles took.",
-            labels=["kind", "namespace", "name"])
+            labels=["kind", "namespace", "name", "tenant"])
         condition = GaugeMetricFamily(
             "stageset_reconcile_condition", "1 for the status each condition of an object has now, 0 for "
-            "the others.", labels=["kind", "namespace", "name", "type", "status"])
+            "the others.", labels=["kind", "namespace", "name", "type", "status", "tenant"])
         suspended = GaugeMetricFamily("stageset_suspended", "1 while the object's spec.suspend is true.",
-                                      labels=["kind", "namespace", "name"])
+                                      labels=["kind", "namespace", "name", "tenant"])
         phase = GaugeMetricFamily(
             "stageset_stage_phase", "1 for the phase each stage of a StageSet is in now, 0 for the others.",
-            labels=["namespace", "name", "stage", "phase"])
+            labels=["namespace", "name", "stage", "phase", "tenant"])
         stage_objects = GaugeMetricFamily("stageset_stage_objects", "Objects each stage applied last.",
-                                          labels=["namespace", "name", "stage"])
+                                          labels=["namespace", "name", "stage", "tenant"])
         applied = CounterMetricFamily(
             "stageset_objects_applied", "Objects a stage's apply handled, by what it did "
-            "(created, configured, recreated, unchanged).", labels=["namespace", "name", "stage", "action"])
+            "(created, configured, recreated, unchanged).",
+            labels=["namespace", "name", "stage", "action", "tenant"])
         pruned = CounterMetricFamily(
             "stageset_objects_pruned", "Objects no longer in Git, by what prune did (deleted, failed).",
-            labels=["namespace", "name", "result"])
+            labels=["namespace", "name", "result", "tenant"])
         drift = CounterMetricFamily("stageset_drift_corrections", "Objects changed by someone else and "
-                                    "restored.", labels=["namespace", "name", "stage"])
+                                    "restored.", labels=["namespace", "name", "stage", "tenant"])
+        tenants: dict[str, str] = {}
         for (kind, namespace, name), obj in objects:
+            if namespace not in tenants:
+                tenants[namespace] = self._tenant_of(namespace)
+            tenant = tenants[namespace]
             for type_, current in zip(CONDITIONS, obj.conditions, strict=True):
                 for value in ConditionStatus:
-                    condition.add_metric([kind, namespace, name, type_.value, value.value],
+                    condition.add_metric([kind, namespace, name, type_.value, value.value, tenant],
                                          1 if current == value.value else 0)
-            suspended.add_metric([kind, namespace, name], 1 if obj.suspended else 0)
+            suspended.add_metric([kind, namespace, name, tenant], 1 if obj.suspended else 0)
             if obj.durations is not None:
-                duration.add_metric([kind, namespace, name],
+                duration.add_metric([kind, namespace, name, tenant],
                                     cumulative_buckets(self._buckets, obj.durations[:-1]), obj.durations[-1])
             for stage_name, stage in obj.stages.items():
                 if stage.shown:
                     for each in StagePhase:
-                        phase.add_metric([namespace, name, stage_name, each.value],
+                        phase.add_metric([namespace, name, stage_name, each.value, tenant],
                                          1 if stage.phase == each.value else 0)
                     if stage.objects is not None:
-                        stage_objects.add_metric([namespace, name, stage_name], stage.objects)
+                        stage_objects.add_metric([namespace, name, stage_name, tenant], stage.objects)
                 if stage.applied is not None:
                     for action, count in zip(ACTIONS, stage.applied, strict=True):
-                        applied.add_metric([namespace, name, stage_name, action], count)
+                        applied.add_metric([namespace, name, stage_name, action, tenant], count)
                 if stage.drift is not None:
-                    drift.add_metric([namespace, name, stage_name], stage.drift)
+                    drift.add_metric([namespace, name, stage_name, tenant], stage.drift)
             if obj.pruned is not None:
                 for result, count in zip(PRUNE_RESULTS, obj.pruned, strict=True):
-                    pruned.add_metric([namespace, name, result], count)
+                    pruned.add_metric([namespace, name, result, tenant], count)
         yield from (duration, condition, suspended, phase, stage_objects, applied, pruned, drift)
 
 

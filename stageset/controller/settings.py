@@ -58,6 +58,9 @@ class ControllerSettings:
     shard_handoff_timeout: float = 30.0
     # Single-tenant mode: StageSets without serviceAccountName apply as the controller.
     cluster_admin: bool = False
+    # StageSets, stages and GitRepositories without serviceAccountName act as this account of
+    # their own namespace (never as the controller); None: no default.
+    default_service_account: str | None = None
     no_cross_namespace_refs: bool = False
     # Concurrent StageSet reconciles, and (a separate pool) concurrent GitRepository fetches.
     workers: int = 4

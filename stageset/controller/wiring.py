@@ -87,7 +87,8 @@ def reconcilers(shared: Shared, *, store: Store, stagesets: Resource, gitreposit
                 index: DependencyIndex, stop: threading.Event, on_revision: RevisionListener,
                 artifacts: ArtifactTrees | None = None) -> Reconcilers:
     """Both reconcilers, sharing one identity policy."""
-    identities = IdentityPolicy(cluster_admin=shared.settings.cluster_admin)
+    identities = IdentityPolicy(cluster_admin=shared.settings.cluster_admin,
+                                default_service_account=shared.settings.default_service_account)
     git = GitRepositoryReconciler(clients=shared.clients, store=store, resource=gitrepositories,
                                   on_revision=on_revision, identities=identities, clock=shared.clock,
                                   events=shared.events, metrics=shared.metrics,

@@ -153,6 +153,13 @@ def cli_reference() -> str:
     for name in sorted(main.list_commands(root), key=lambda n: (n in ("controller", "run"), n)):
         command = main.get_command(root, name)
         assert command is not None
+        if isinstance(command, click.Group):  # `create tenant`, `delete tenant`: one section per subcommand
+            group = click.Context(command, info_name=name, parent=root)
+            for sub in sorted(command.list_commands(group)):
+                subcommand = command.get_command(group, sub)
+                assert subcommand is not None
+                lines += _command_section(sub, subcommand, group)
+            continue
         lines += _command_section(name, command, root)
     return "\n".join(lines)
 

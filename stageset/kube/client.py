@@ -204,6 +204,12 @@ class PathHealth:
             self.epoch += 1
 
 
+# Metadata-only lists and watches (PartialObjectMetadata, as client-go's metadata informers ask):
+# only each object's metadata travels; plain JSON where a server cannot transform.
+METADATA_LIST = "application/json;as=PartialObjectMetadataList;g=meta.k8s.io;v=v1,application/json"
+METADATA = "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json"
+
+
 class KubeClient:
     """Requests to one cluster as one identity.  Thread-safe (urllib3 pools are)."""
 
@@ -242,17 +248,22 @@ class KubeClient:
         content_type: str = "application/json",
         timeout: float | None = None,
         status: list[int] | None = None,
+        accept: str | None = None,
     ) -> KubeObject:
         """One request; ``status``, when given, is told the HTTP status of a successful answer
-        (201 tells a create from an update).  A write under a revoked fence is never sent
+        (201 tells a create from an update); ``accept`` asks for another form of the answer
+        (:data:`METADATA_LIST`: metadata only).  A write under a revoked fence is never sent
         (:mod:`stageset.kube.fence`)."""
         with fence.writing(method):
             return self._request(method, path, query=query, body=body, content_type=content_type,
-                                 timeout=timeout, status=status)
+                                 timeout=timeout, status=status, accept=accept)
 
     def _request(self, method: str, path: str, *, query: Mapping[str, QueryValue] | None, body: Any,
-                 content_type: str, timeout: float | None, status: list[int] | None) -> KubeObject:
+                 content_type: str, timeout: float | None, status: list[int] | None,
+                 accept: str | None) -> KubeObject:
         headers = {"Content-Type": content_type} if body is not None else {}
+        if accept:
+            headers["Accept"] = accept
         url, headers = self._prepare(method, path, query, headers)
         # orjson: several times faster than the standard library both ways, on every request.
         payload = None if body is None else (body if isinstance(body, bytes) else orjson.dumps(body))
@@ -296,10 +307,11 @@ class KubeClient:
         return parsed
 
     def stream(
-        self, path: str, *, query: Mapping[str, QueryValue], timeout: float
+        self, path: str, *, query: Mapping[str, QueryValue], timeout: float, accept: str | None = None
     ) -> Iterator[KubeObject]:
-        """Yield each JSON line of a streaming GET (a watch)."""
-        url, headers = self._prepare("GET", path, query, {})
+        """Yield each JSON line of a streaming GET (a watch); ``accept`` as for :meth:`request`
+        (:data:`METADATA`: each event's object as metadata only)."""
+        url, headers = self._prepare("GET", path, query, {"Accept": accept} if accept else {})
         started = time.monotonic()
         try:
             response = self._api.rest_client.pool_manager.request(

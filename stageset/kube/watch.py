@@ -33,7 +33,7 @@ from collections.abc import Callable
 
 import urllib3
 
-from stageset.kube.client import ApiError, KubeClient, UnreachableError
+from stageset.kube.client import METADATA, METADATA_LIST, ApiError, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject, WatchEvent
 
@@ -57,8 +57,10 @@ class Reflector:
     def __init__(self, *, client: KubeClient, resource: Resource, namespace: str | None,
                  handler: Handler, stop: threading.Event, resync: float = DEFAULT_RESYNC,
                  rng: random.Random | None = None, label_selector: str | None = None,
-                 field_selector: str | None = None):
+                 field_selector: str | None = None, metadata_only: bool = False):
         self._client = client
+        # Metadata only (PartialObjectMetadata): the handler sees metadata, never spec or status.
+        self._metadata_only = metadata_only
         self._resource = resource
         self._namespace = namespace
         # Scoped by the server (never filtered here): only matching objects are sent at all.
@@ -85,7 +87,8 @@ class Reflector:
         fresh: set[tuple[str, str]] = set()
         query: dict[str, str | int | bool] = {"limit": 500, **self._selectors}
         while True:
-            listing = self._client.request("GET", self._path(), query=query)
+            listing = self._client.request("GET", self._path(), query=query, accept=METADATA_LIST) \
+                if self._metadata_only else self._client.request("GET", self._path(), query=query)
             items = listing.get("items") or []
             for item in items:
                 item.setdefault("apiVersion", self._resource.api_version)
@@ -112,7 +115,11 @@ class Reflector:
             "timeoutSeconds": seconds, **self._selectors}
         # The read timeout is per read: a healthy watch is ended by the server at ``seconds``; one
         # silent for longer than that (plus grace) is a dead connection.
-        for line in self._client.stream(self._path(), query=query, timeout=seconds + _GRACE):
+        # (``accept`` is passed only when asked for: test doubles of a client need not know it.)
+        timeout = seconds + _GRACE
+        lines = self._client.stream(self._path(), query=query, timeout=timeout, accept=METADATA) \
+            if self._metadata_only else self._client.stream(self._path(), query=query, timeout=timeout)
+        for line in lines:
             if self._stop.is_set():
                 break
             event: WatchEvent = {"type": str(line.get("type", "")), "object": line.get("object") or {}}

@@ -28,6 +28,8 @@ CONTROLLER_RULE_TABLE = [
     # Flux's source kinds, watched for triggers only (read as the tenant when used).
     (["source.toolkit.fluxcd.io"], ["externalartifacts", "gitrepositories", "ocirepositories", "buckets"],
      ["get", "list", "watch"]),
+    # Namespaces' labels, metadata only: the metrics' tenant label.
+    ([""], ["namespaces"], ["get", "list", "watch"]),
 ]
 LEASE_RULE_TABLE = [(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])]
 
@@ -220,9 +222,12 @@ def test_rendered_args_are_accepted_by_the_controller_command(helm: Helm) -> Non
     controller = cli.commands["controller"]  # type: ignore[attr-defined]
     for values in ([], ["--set", "rbac.clusterAdmin=true", "--set", "controller.watchNamespaces={a,b}",
                         "--set", "controller.noCrossNamespaceRefs=true",
+                        "--set", "controller.defaultServiceAccount=stageset-deployer",
                         "--set", "controller.logFormat=json"]):
         args = controller_args(helm.render(*values))
         context = controller.make_context("controller", list(args))
+        assert context.params["default_service_account"] == (
+            "stageset-deployer" if values else None)
         assert context.params["workers"] == 4
         assert context.params["leader_elect"] is True
         assert context.params["probe_address"] == ":8081"

@@ -354,6 +354,7 @@ CHECKS = [
     ("update", "stages.metio.wtf", "stagesets", "finalizers"),
     ("create", "stages.metio.wtf", "stagesets", ""),
     ("create", "", "events", ""),
+    ("watch", "", "namespaces", ""),
     ("update", "coordination.k8s.io", "leases", ""),
     ("get", "", "secrets", ""),
     ("get", "", "configmaps", ""),

@@ -130,7 +130,8 @@ def test_extra_args_reach_the_controller_and_cannot_override_a_value(helm: Helm)
     rendered: set[str] = set()
     every = ["--set", "rbac.clusterAdmin=true", "--set", "controller.watchNamespaces={a}",
              "--set", "controller.noCrossNamespaceRefs=true", "--set", "controller.build.maxDepth=5",
-             "--set", "controller.allowedActionHosts={hooks.example.com}"]
+             "--set", "controller.allowedActionHosts={hooks.example.com}",
+             "--set", "controller.defaultServiceAccount=stageset-deployer"]
     for values in ([], every):
         rendered |= {a[2:].partition("=")[0] for a in controller_args(helm.render(*values))}
     for flag in sorted(rendered):

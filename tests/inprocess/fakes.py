@@ -429,9 +429,10 @@ class FakeKubeClient(KubeClient):
         return self.identity.user or CONTROLLER
 
     def _request(self, method: str, path: str, *, query: Mapping[str, QueryValue] | None, body: Any,
-                 content_type: str, timeout: float | None, status: list[int] | None) -> KubeObject:
+                 content_type: str, timeout: float | None, status: list[int] | None,
+                 accept: str | None) -> KubeObject:
         # What is sent: KubeClient.request (the write fence, stageset/kube/fence.py) comes first.
-        del timeout  # the fake answers at once
+        del timeout, accept  # the fake answers at once, always with whole objects
         existed = status is not None and self._cluster.get(path) is not None
         answer = self._cluster.handle(user=self.user, method=method, path=path, query=query, body=body,
                                       content_type=content_type)
@@ -443,8 +444,9 @@ class FakeKubeClient(KubeClient):
     def cluster(self) -> ClusterKey:
         return ClusterKey(self._cluster.name)
 
-    def stream(self, path: str, *, query: Mapping[str, QueryValue], timeout: float) -> Iterator[KubeObject]:
-        del timeout
+    def stream(self, path: str, *, query: Mapping[str, QueryValue], timeout: float,
+               accept: str | None = None) -> Iterator[KubeObject]:
+        del timeout, accept
         watch = Request(user=self.user, verb="watch", path=f"{path}?{urlencode(dict(query))}")
         self._cluster.requests.append(watch)
         since = int(str(query.get("resourceVersion") or 0))

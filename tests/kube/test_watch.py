@@ -97,3 +97,33 @@ def test_namespace_scoped_watch_follows_changes_and_relists_after_410(
     finally:
         stop.set()
         thread.join(timeout=10)
+
+
+NAMESPACES = Resource(group="", version="v1", kind="Namespace", plural="namespaces", namespaced=False)
+
+
+def test_a_metadata_only_watch_sees_metadata_and_nothing_else(
+    admin: KubeClient, make_namespace: Callable[..., str],
+) -> None:
+    namespace = make_namespace("meta")
+    seen: list[tuple[str, dict[str, Any]]] = []
+    stop = threading.Event()
+    reflector = Reflector(client=admin, resource=NAMESPACES, namespace=None, stop=stop, metadata_only=True,
+                          handler=lambda event, obj: seen.append((event, obj)),
+                          field_selector=f"metadata.name={namespace}")
+    thread = reflector.start()
+    try:
+        assert reflector.synced.wait(20)
+        admin.request("PATCH", f"/api/v1/namespaces/{namespace}", content_type="application/merge-patch+json",
+                      body={"metadata": {"labels": {"stages.metio.wtf/tenant": "payments"}}})
+        deadline = time.monotonic() + 20
+        while not any((o["metadata"].get("labels") or {}).get("stages.metio.wtf/tenant") for _, o in seen):
+            assert time.monotonic() < deadline, seen
+            time.sleep(0.05)
+        # Listed and watched: metadata only, never a Namespace's spec or status.
+        assert [event for event, _ in seen][:1] == ["ADDED"]
+        assert {o.get("kind") for event, o in seen if event == "MODIFIED"} == {"PartialObjectMetadata"}
+        assert all("spec" not in o and "status" not in o for _, o in seen)
+    finally:
+        stop.set()
+        thread.join(timeout=10)

@@ -221,3 +221,31 @@ def test_release_series_count_promotions_deferrals_rollbacks_and_go_with_the_obj
     for series in ("stageset_stage_promotions_total", "stageset_stage_promotion_pending",
                    "stageset_update_deferred_total", "stageset_rollbacks_total"):
         assert samples(metrics, series) == [], series
+
+
+def test_every_per_object_series_carries_the_tenant_of_its_namespace_never_of_the_object() -> None:
+    metrics = Metrics()
+    namespace = {"metadata": {"name": "shop", "labels": {"stages.metio.wtf/tenant": "payments"}}}
+    metrics.tenants.handle("ADDED", namespace)
+    # The StageSet claims another tenant with the same label: a tenant's own labels never count.
+    claimed = {**stageset(ready="True", stages=[{"name": "app", "phase": "Ready", "objects": 1}]),
+               "metadata": {"labels": {"stages.metio.wtf/tenant": "billing"}}}
+    metrics.observe(KEY, claimed)
+    metrics.reconciled(KEY, result="success", seconds=0.2)
+    metrics.applied(("shop", "web"), "app", ChangeSet())
+    metrics.pruned(("shop", "web"), deleted=0, failed=0)
+    metrics.observe(("StageSet", "elsewhere", "web"), claimed)  # a namespace of no tenant
+    per_object = ("stageset_reconcile_condition", "stageset_suspended",
+                  "stageset_reconcile_duration_seconds_count", "stageset_stage_phase",
+                  "stageset_stage_objects", "stageset_objects_applied_total", "stageset_objects_pruned_total")
+    for series in per_object:
+        found = samples(metrics, series, namespace="shop")
+        assert found, series
+        assert {labels["tenant"] for labels, _ in found} == {"payments"}, series
+        assert {labels.get("tenant") for labels, _ in samples(metrics, series, namespace="elsewhere")} <= {""}
+    # Relabelled (or unlabelled) namespaces move their series at the next scrape.
+    metrics.tenants.handle("MODIFIED", {"metadata": {"name": "shop",
+                                                     "labels": {"stages.metio.wtf/tenant": "shops"}}})
+    assert {s["tenant"] for s, _ in samples(metrics, "stageset_suspended", namespace="shop")} == {"shops"}
+    metrics.tenants.handle("DELETED", namespace)
+    assert {s["tenant"] for s, _ in samples(metrics, "stageset_suspended", namespace="shop")} == {""}

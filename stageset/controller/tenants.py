@@ -1,0 +1,41 @@
+"""Which tenant each namespace belongs to, from the Namespace's ``stages.metio.wtf/tenant`` label.
+
+Identity: the controller's own, for a metadata-only list and watch of Namespaces (the manager's
+Reflector; the chart's ClusterRole grants ``get``/``list``/``watch`` on namespaces).  Only
+metadata travels, and only the one label is kept.
+
+Invariant: a tenant is named by the Namespace and by nothing a tenant writes — a label on a
+StageSet or GitRepository is never read here — so a tenant cannot put its series under another
+tenant's name.  Used for the ``tenant`` label of the per-object metric series
+(:mod:`stageset.controller.objectmetrics`), read at scrape time, so a relabelled namespace moves
+its series at the next scrape.  Thread-safe.
+"""
+
+from __future__ import annotations
+
+import threading
+
+from stageset.api.tenancy import TENANT_LABEL
+from stageset.kube.types import KubeObject
+
+
+class TenantLabels:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._tenants: dict[str, str] = {}
+
+    def handle(self, event: str, obj: KubeObject) -> None:
+        """A Reflector handler for Namespaces (metadata only)."""
+        metadata = obj.get("metadata") or {}
+        namespace = str(metadata.get("name") or "")
+        tenant = (metadata.get("labels") or {}).get(TENANT_LABEL) if event != "DELETED" else None
+        with self._lock:
+            if tenant:
+                self._tenants[namespace] = str(tenant)
+            else:
+                self._tenants.pop(namespace, None)
+
+    def of(self, namespace: str) -> str:
+        """The namespace's tenant; empty (no ``tenant`` label on the series) when it names none."""
+        with self._lock:
+            return self._tenants.get(namespace, "")

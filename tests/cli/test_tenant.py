@@ -1,0 +1,294 @@
+"""``stageset create tenant`` / ``delete tenant``: the export is deterministic and contacts no
+cluster; applied to the real apiserver it grants exactly the per-namespace rights (asked of the
+apiserver's own authorizer with SubjectAccessReviews), its quota's admission refuses a third
+StageSet, its LimitRange fills in a container's resources, and its NetworkPolicies have the
+documented shape.  Applying without ``--export`` is server-side as the kubeconfig's user, and
+``delete tenant`` is a dry run until ``--yes``, deleting StageSets before namespaces.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from stageset.api.tenancy import TENANT_LABEL
+from stageset.cli.tenantobjects import object_path
+from stageset.envtest.server import ControlPlane
+from stageset.kube.client import ApiError, KubeClient
+from tests.cli.conftest import run_cli
+
+STAGESETS = "/apis/stages.metio.wtf/v1/namespaces/{ns}/stagesets"
+SAR = "/apis/authorization.k8s.io/v1/subjectaccessreviews"
+QUOTA = "requests.cpu=4,requests.memory=8Gi,stagesets=2"
+LIMITS = "default-cpu=500m,default-memory=512Mi,request-cpu=100m,request-memory=128Mi"
+
+
+def export(*args: str) -> str:
+    # No kubeconfig anywhere: --export must not need (or look for) a cluster.
+    result = run_cli("create", "tenant", *args, "--export", env={"HOME": "/nonexistent"})
+    assert result.exit_code == 0, result.output + result.stderr
+    return result.stdout
+
+
+# -- the export, without a cluster -----------------------------------------------------------------
+
+def test_export_is_deterministic_and_labels_every_object_with_the_tenant() -> None:
+    args = ("payments", "--with-namespace", "payments-web", "--with-namespace", "payments-db",
+            "--control-plane-namespace", "payments-cp", "--quota", QUOTA, "--limit-range", LIMITS)
+    first = export(*args)
+    # The same tenant with the namespaces in another order is the same YAML, byte for byte.
+    assert export(*args) == first
+    assert export("payments", "--with-namespace", "payments-db", "--with-namespace", "payments-web",
+                  "--control-plane-namespace", "payments-cp", "--quota", "stagesets=2,requests.memory=8Gi,"
+                  "requests.cpu=4", "--limit-range", LIMITS) == first
+    assert "&id" not in first
+    assert "*id" not in first
+    objects = list(yaml.safe_load_all(first))
+    assert all(o["metadata"]["labels"] == {TENANT_LABEL: "payments"} for o in objects)
+    kinds = [o["kind"] for o in objects]
+    assert kinds[:3] == ["Namespace"] * 3
+    # Nothing cluster-scoped but the namespaces: no ClusterRole, no ClusterRoleBinding.
+    assert set(kinds) == {"Namespace", "ServiceAccount", "RoleBinding", "NetworkPolicy", "ResourceQuota",
+                          "LimitRange"}
+    quota = next(o for o in objects if o["kind"] == "ResourceQuota")
+    assert quota["spec"]["hard"] == {"count/stagesets.stages.metio.wtf": "2", "requests.cpu": "4",
+                                     "requests.memory": "8Gi"}
+
+
+@pytest.mark.parametrize(("flag", "value", "says"), [
+    ("--quota", "requests.cpu", "is not KEY=VALUE"),
+    ("--quota", "pods=lots", "not a Kubernetes quantity"),
+    ("--quota", "Pods=1", "not a resource name"),
+    ("--limit-range", "max-cpu=1", "unknown key 'max-cpu'"),
+    ("--limit-range", "default-cpu=1,default-cpu=2", "given twice"),
+])
+def test_bad_quota_and_limit_range_are_usage_errors(flag: str, value: str, says: str) -> None:
+    result = run_cli("create", "tenant", "t", "--with-namespace", "t", flag, value, "--export")
+    assert result.exit_code == 2
+    assert says in result.stderr
+
+
+def test_the_control_plane_namespace_is_not_a_workload_namespace() -> None:
+    result = run_cli("create", "tenant", "t", "--with-namespace", "t", "--control-plane-namespace", "t",
+                     "--export")
+    assert result.exit_code == 2
+    assert "cannot also be a workload namespace" in result.stderr
+
+
+# -- the export applied to the real apiserver ------------------------------------------------------
+
+@dataclass
+class Applied:
+    name: str
+    control_plane: str
+    workloads: tuple[str, str]
+    objects: list[dict[str, Any]]
+
+
+@pytest.fixture(scope="module")
+def applied(installed: KubeClient) -> Iterator[Applied]:
+    """A tenant with two workload namespaces and a control-plane namespace, from --export, applied
+    server-side by the admin exactly as printed."""
+    name = f"tn-{uuid.uuid4().hex[:6]}"
+    web, db, cp = f"{name}-web", f"{name}-db", f"{name}-cp"
+    objects = list(yaml.safe_load_all(export(name, "--with-namespace", web, "--with-namespace", db,
+                                             "--control-plane-namespace", cp, "--quota", QUOTA,
+                                             "--limit-range", LIMITS)))
+    for obj in objects:
+        installed.apply(object_path(obj), obj, field_manager="platform-git")
+    yield Applied(name=name, control_plane=cp, workloads=(web, db), objects=objects)
+    for namespace in (web, db, cp):
+        installed.delete(f"/api/v1/namespaces/{namespace}")
+
+
+def allowed(admin: KubeClient, user: str, *, verb: str, resource: str, group: str = "",
+            namespace: str | None = None) -> bool:
+    """The apiserver's own authorizer: may ``user`` (a ServiceAccount, with its groups) do this?"""
+    sa_namespace = user.split(":")[2]
+    attributes: dict[str, str] = {"verb": verb, "resource": resource, "group": group}
+    if namespace is not None:
+        attributes["namespace"] = namespace
+    review = admin.request("POST", SAR, body={
+        "apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
+        "spec": {"user": user, "groups": ["system:serviceaccounts", f"system:serviceaccounts:{sa_namespace}",
+                                          "system:authenticated"],
+                 "resourceAttributes": attributes}})
+    return bool(review["status"].get("allowed"))
+
+
+def deployer(namespace: str) -> str:
+    return f"system:serviceaccount:{namespace}:stageset-deployer"
+
+
+@pytest.mark.apiserver
+def test_each_deployer_may_deploy_in_its_own_namespace_only(installed: KubeClient, applied: Applied,
+                                                            make_namespace: Any) -> None:
+    web, db = applied.workloads
+    elsewhere = make_namespace("other")
+    for own, other in ((web, db), (db, web)):
+        assert allowed(installed, deployer(own), verb="create", resource="deployments", group="apps",
+                       namespace=own)
+        assert not allowed(installed, deployer(own), verb="create", resource="deployments", group="apps",
+                           namespace=other)
+        assert not allowed(installed, deployer(own), verb="create", resource="stagesets",
+                           group="stages.metio.wtf", namespace=applied.control_plane)
+    for namespace in (web, db, applied.control_plane):
+        assert not allowed(installed, deployer(namespace), verb="get", resource="configmaps",
+                           namespace=elsewhere)
+
+
+@pytest.mark.apiserver
+def test_the_control_plane_deployer_may_deploy_in_every_workload_namespace(installed: KubeClient,
+                                                                           applied: Applied,
+                                                                           make_namespace: Any) -> None:
+    cp = deployer(applied.control_plane)
+    for namespace in applied.workloads:
+        assert allowed(installed, cp, verb="create", resource="deployments", group="apps",
+                       namespace=namespace)
+        assert allowed(installed, cp, verb="delete", resource="secrets", namespace=namespace)
+    # Its own namespace: its StageSets' own reads (dependsOn, kubeConfig) run as it there.
+    assert allowed(installed, cp, verb="get", resource="stagesets", group="stages.metio.wtf",
+                   namespace=applied.control_plane)
+    assert not allowed(installed, cp, verb="create", resource="deployments", group="apps",
+                       namespace=make_namespace("other"))
+
+
+@pytest.mark.apiserver
+def test_nothing_cluster_wide_is_granted(installed: KubeClient, applied: Applied) -> None:
+    for namespace in (*applied.workloads, applied.control_plane):
+        user = deployer(namespace)
+        for verb, resource, group in (("list", "namespaces", ""), ("create", "namespaces", ""),
+                                      ("create", "clusterrolebindings", "rbac.authorization.k8s.io"),
+                                      ("list", "deployments", "apps"), ("list", "secrets", ""),
+                                      ("create", "customresourcedefinitions", "apiextensions.k8s.io")):
+            assert not allowed(installed, user, verb=verb, resource=resource, group=group), \
+                (user, verb, resource)
+        # Nor its own namespace's quota, limits or bindings: `edit` may not change them.
+        for resource, group in (("resourcequotas", ""), ("limitranges", ""),
+                                ("rolebindings", "rbac.authorization.k8s.io")):
+            assert not allowed(installed, user, verb="patch", resource=resource, group=group,
+                               namespace=namespace), (user, resource)
+        # `edit` does let it change its own NetworkPolicies (docs/tenants.md says so, and how to
+        # bind a narrower --cluster-role): this pins the documented caveat.
+        assert allowed(installed, user, verb="delete", resource="networkpolicies", group="networking.k8s.io",
+                       namespace=namespace)
+
+
+def stageset(namespace: str, name: str) -> dict[str, Any]:
+    return {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+            "metadata": {"name": name, "namespace": namespace},
+            "spec": {"serviceAccountName": "stageset-deployer", "suspend": True,
+                     "stages": [{"name": "app", "sourceRef": {"name": "app"}, "path": "app"}]}}
+
+
+@pytest.mark.apiserver
+def test_the_quota_admission_refuses_a_third_stageset(installed: KubeClient, applied: Applied) -> None:
+    namespace = applied.control_plane
+    path = f"/api/v1/namespaces/{namespace}/resourcequotas/stageset-tenant"
+    quota = installed.get(path)
+    # The quota's admission (inside kube-apiserver) judges against status.hard and status.used, which
+    # kube-controller-manager's quota controller fills; this control plane runs none, so the test
+    # writes the status that controller writes for an empty namespace.  Admission itself, counting
+    # and refusing, is the apiserver's own.
+    hard = quota["spec"]["hard"]
+    installed.request("PUT", f"{path}/status", body={**quota, "status": {
+        "hard": hard, "used": {key: "0" for key in hard}}})
+    collection = STAGESETS.format(ns=namespace)
+    for name in ("one", "two"):
+        installed.request("POST", collection, body=stageset(namespace, name))
+    with pytest.raises(ApiError) as refused:
+        installed.request("POST", collection, body=stageset(namespace, "three"))
+    assert refused.value.forbidden
+    assert "exceeded quota: stageset-tenant" in refused.value.message
+    assert "count/stagesets.stages.metio.wtf=2" in refused.value.message
+    assert installed.get(path)["status"]["used"]["count/stagesets.stages.metio.wtf"] == "2"
+
+
+@pytest.mark.apiserver
+def test_the_limit_range_fills_in_a_containers_resources(installed: KubeClient, applied: Applied) -> None:
+    namespace = applied.workloads[0]
+    pod = installed.request("POST", f"/api/v1/namespaces/{namespace}/pods", query={"dryRun": "All"}, body={
+        "apiVersion": "v1", "kind": "Pod", "metadata": {"name": "bare"},
+        "spec": {"containers": [{"name": "app", "image": "registry.invalid/app:1"}]}})
+    assert pod["spec"]["containers"][0]["resources"] == {
+        "limits": {"cpu": "500m", "memory": "512Mi"}, "requests": {"cpu": "100m", "memory": "128Mi"}}
+
+
+@pytest.mark.apiserver
+def test_the_network_policies_deny_by_default_and_allow_the_tenant_and_dns(installed: KubeClient,
+                                                                          applied: Applied) -> None:
+    selector = {"matchLabels": {TENANT_LABEL: applied.name}}
+    for namespace in (*applied.workloads, applied.control_plane):
+        live = {p["metadata"]["name"]: p["spec"] for p in installed.get(
+            f"/apis/networking.k8s.io/v1/namespaces/{namespace}/networkpolicies")["items"]}
+        assert set(live) == {"stageset-tenant-deny-all", "stageset-tenant-same-tenant",
+                             "stageset-tenant-allow-dns"}
+        deny = live["stageset-tenant-deny-all"]
+        assert deny["podSelector"] == {}
+        assert deny["policyTypes"] == ["Ingress", "Egress"]
+        assert "ingress" not in deny
+        assert "egress" not in deny
+        same = live["stageset-tenant-same-tenant"]
+        assert same["ingress"] == [{"from": [{"namespaceSelector": selector}]}]
+        assert same["egress"] == [{"to": [{"namespaceSelector": selector}]}]
+        dns = live["stageset-tenant-allow-dns"]
+        assert dns["policyTypes"] == ["Egress"]
+        assert "ingress" not in dns
+        assert dns["egress"][0]["to"] == [{
+            "namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": "kube-system"}},
+            "podSelector": {"matchLabels": {"k8s-app": "kube-dns"}}}]
+        ports = sorted((p["protocol"], p["port"]) for p in dns["egress"][0]["ports"])
+        assert ports == [("TCP", 53), ("UDP", 53)]
+
+
+# -- applied by the command, and deleted -----------------------------------------------------------
+
+@pytest.mark.apiserver
+def test_create_applies_server_side_as_the_user_and_delete_is_a_dry_run_until_yes(
+        installed: KubeClient, kubeconfig: Path, control_plane: ControlPlane) -> None:
+    name = f"tc-{uuid.uuid4().hex[:6]}"
+    web, cp = f"{name}-web", f"{name}-cp"
+    args = ("create", "tenant", name, "--with-namespace", web, "--control-plane-namespace", cp,
+            "--quota", "stagesets=5")
+    created = run_cli(*args, kubeconfig=kubeconfig)
+    assert created.exit_code == 0, created.output + created.stderr
+    assert f"applied RoleBinding {web}/stageset-tenant" in created.stdout
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    binding = installed.get(f"{rbac}/namespaces/{web}/rolebindings/stageset-tenant")
+    assert [m["manager"] for m in binding["metadata"]["managedFields"]] == ["stageset"]
+    assert [m["operation"] for m in binding["metadata"]["managedFields"]] == ["Apply"]
+    assert run_cli(*args, kubeconfig=kubeconfig).exit_code == 0  # again: nothing to change, no error
+    installed.request("POST", STAGESETS.format(ns=cp), body=stageset(cp, "app"))
+
+    dry = run_cli("delete", "tenant", name, kubeconfig=kubeconfig)
+    assert dry.exit_code == 0, dry.output + dry.stderr
+    lines = dry.stdout.splitlines()
+    assert lines[1:4] == [f"  StageSet {cp}/app", f"  Namespace {cp}", f"  Namespace {web}"]
+    assert "dry run: nothing deleted" in dry.stdout
+    assert installed.get(f"{STAGESETS.format(ns=cp)}/app")  # still there
+    assert not installed.get(f"/api/v1/namespaces/{web}")["metadata"].get("deletionTimestamp")
+
+    done = run_cli("delete", "tenant", name, "--yes", "--timeout", "30s", kubeconfig=kubeconfig)
+    assert done.exit_code == 0, done.output + done.stderr
+    # No controller runs here and the StageSet holds no finalizer: it goes at once.  The namespaces
+    # are Terminating (this control plane has no namespace controller to finish them).
+    deletes = [e["objectRef"]["resource"] for e in control_plane.audit_events()
+               if e.get("verb") == "delete" and e.get("stage") == "ResponseComplete"
+               and e["objectRef"].get("name") in ("app", web, cp)
+               and e["objectRef"].get("namespace", e["objectRef"].get("name")) in (web, cp)]
+    assert deletes == ["stagesets", "namespaces", "namespaces"]
+    for namespace in (web, cp):
+        assert installed.get(f"/api/v1/namespaces/{namespace}")["metadata"].get("deletionTimestamp")
+
+
+@pytest.mark.apiserver
+def test_delete_of_an_unknown_tenant_fails(installed: KubeClient, kubeconfig: Path) -> None:
+    result = run_cli("delete", "tenant", f"none-{uuid.uuid4().hex[:6]}", kubeconfig=kubeconfig)
+    assert result.exit_code == 3
+    assert "no namespace is labelled stages.metio.wtf/tenant=" in result.stderr
