@@ -1,4 +1,4 @@
-"""Artifacts at the documented limits, as an attacker within them would publish: for the memory tests and bench.
+"""Artifacts at the documented limits, as an attacker within them would publish them (memory tests, bench).
 
 :func:`at_the_limits` is a gzip-compressed tarball of :data:`ZERO_FILES` files of
 :data:`ZERO_FILE_BYTES` zero bytes each (just under ``--artifact-max-file-size``, together just under
