@@ -423,6 +423,25 @@ def prepare(files: Mapping[str, bytes], *, path: str = ".", limits: BuildLimits 
     return prepared
 
 
+class _Inputs(Mapping[str, bytes]):
+    """The files given to kustomize, each read when it is handed over: a stored artifact's come from
+    disk then, one at a time, instead of all at once beside the stream they are copied into."""
+
+    def __init__(self, prepared: Prepared, names: Sequence[str]):
+        self._prepared, self._names = prepared, frozenset(names)
+
+    def __getitem__(self, name: str) -> bytes:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._prepared.content(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
 def _check_sizes(prepared: Prepared) -> None:
     """Before a byte is read: every plain file, and the files given to kustomize together, within
     the stage's bytes (``max_stage_bytes``) and each file within ``max_file_bytes`` — so a build
@@ -462,7 +481,7 @@ def render(prepared: Prepared, *, variables: Mapping[str, str] | None = None,
         manifests.extend(_read_plain(name, prepared.content(name), limits=limits, budget=budget,
                                      keep_nodes=keep_nodes))
     if plan.units:
-        inputs = {name: prepared.content(name) for name in plan.inputs if name not in prepared.withheld}
+        inputs = _Inputs(prepared, [name for name in plan.inputs if name not in prepared.withheld])
         for name, content in inputs.items():
             # kustomize's YAML parser has no depth or expansion limits of ours: check first.
             if name.endswith(MANIFEST_SUFFIXES) or posixpath.basename(name) in KUSTOMIZATION_FILES:
