@@ -67,13 +67,13 @@ def _stageset(admin: KubeClient, tenant: Tenant, name: str, *, source: str, stag
     return f"/apis/stages.metio.wtf/v1/namespaces/{tenant.namespace}/stagesets/{name}"
 
 
-def _settled(admin: KubeClient, where: str, *, status: str, reason: str | None = None,
+def _settled(admin: KubeClient, where: str, *, status: str, reason: str | None = None, says: str = "",
              timeout: float = 180) -> dict[str, Any]:
     def check() -> Any:
         obj = admin.get(where)
         found = condition(obj)
         ok = found and found["status"] == status and (reason is None or found["reason"] == reason)
-        return obj if ok else None
+        return obj if ok and says in found["message"] else None
     found: dict[str, Any] = wait_for(check, timeout=timeout, what=f"{where} Ready={status} {reason or ''}")
     return found
 
@@ -125,8 +125,9 @@ def test_another_tenants_digest_with_a_url_that_serves_nothing_gets_nothing(
     set_status(flux_crds, mine, ready={"status": "True", "reason": "Succeeded", "message": "stored artifact"},
                artifact={"url": artifacts.url(nothing), "digest": digest, "revision": "latest@sha256:forged",
                          "path": nothing, "size": 100, "lastUpdateTime": now()})
+    # First "downloading artifact ..." (ArtifactNotFound too), then, once its URL answered, why not.
     obj = _settled(flux_crds, _stageset(flux_crds, attacker, "app", source="app", stage_path="./"),
-                   status="False", reason="ArtifactNotFound", timeout=60)
+                   status="False", reason="ArtifactNotFound", says="cannot be downloaded yet", timeout=90)
     message = condition(obj)["message"]  # type: ignore[index]
     assert "cannot be downloaded yet" in message, message
     assert "HTTP 404" in message, message
