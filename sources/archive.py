@@ -1,7 +1,15 @@
-"""Unpacking an artifact (a gzip-compressed tarball) into memory, bounded and refusing unsafe entries.
+"""Unpacking an artifact (a gzip-compressed tarball) onto disk, streaming, bounded, refusing unsafe entries.
 
 Identity: none.  Input is a file already verified against its digest (:mod:`sources.artifacts`
-never calls this before); output is ``{path: bytes}`` plus the paths a build may not load.
+never calls this before); output is the files' contents written one after another into a file
+the caller gives, and an :class:`Index` — per path its offset, size and SHA-256 in that file —
+plus the paths a build may not load.
+
+**Memory is bounded by design, not by content.**  A file's bytes go from the decompressor to the
+output file in :data:`CHUNK` steps (hashed on the way); nothing holds a whole file, let alone a
+whole tree.  What stays in memory is the index: one entry per path, its path bounded by
+``max_path_bytes`` and all paths together by ``max_paths_bytes``.  Links cost no bytes on disk:
+an in-root link is an index entry naming its target's bytes.
 
 Why our own walk over :mod:`tarfile` rather than ``extractall``: nothing is written where an entry
 says; every entry is checked by :func:`entry_path` and :func:`link_target` (pure, table-tested),
@@ -15,8 +23,9 @@ failing the whole artifact with :class:`~sources.errors.UnsafePathError` naming 
 
 A symbolic link that stays inside the root is read as its target's content (as a symlink in a
 Git tree is); one to a directory, or to nothing, is listed in ``unreadable`` and fails only a
-build that loads it.  A hard link is a copy of an earlier file.  Every copy counts against the
-limits again, so links cannot multiply a small archive into a large tree.
+build that loads it.  A hard link reads as an earlier file.  Every link counts its target's size
+against the limits again, so links cannot multiply a small archive into a large tree for a
+reader (a build reading the same bytes under many names is bounded as if they were copies).
 
 Bounds (:class:`~sources.limits.ArtifactLimits`): a file's size is checked from its header before
 a byte of it is inflated; the decompressed stream as a whole — tar headers, long-name and pax
@@ -27,10 +36,10 @@ is cut off past ``max_unpacked_bytes`` plus a small allowance per entry.
 from __future__ import annotations
 
 import gzip
+import hashlib
 import posixpath
 import tarfile
 import zlib
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import IO
 
@@ -43,22 +52,12 @@ _LINK_HOPS = 40
 """Symbolic links followed in a row before one counts as a loop (the kernel's limit)."""
 _FILE_TYPES = {tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE}
 _MAX_COMPONENT = 255
+CHUNK = 64 * 1024
+"""Bytes copied from the decompressor to disk at a time: the most of one file ever in memory."""
 
 
 class ArchiveError(SourceError):
     """The artifact is not a readable gzip-compressed tarball."""
-
-
-@dataclass
-class Unpacked:
-    """An artifact's files (paths relative to its root, ``/``-separated) and what may not be loaded."""
-
-    files: dict[str, bytes] = field(default_factory=dict)
-    unreadable: dict[str, str] = field(default_factory=dict)
-
-    @property
-    def size(self) -> int:
-        return sum(len(p) + len(c) for p, c in self.files.items())
 
 
 def entry_path(name: str, *, limits: ArtifactLimits) -> str:
@@ -138,14 +137,39 @@ def _refuse_special(member: tarfile.TarInfo, path: str) -> None:
                               f"not read ({member.type!r})")
 
 
+@dataclass(frozen=True)
+class FileRef:
+    """Where a file's bytes are in the unpacked file, and their SHA-256 (hex)."""
+
+    offset: int
+    size: int
+    sha256: str
+
+
+@dataclass
+class Index:
+    """An artifact's files (paths relative to its root, ``/``-separated) and what may not be loaded."""
+
+    files: dict[str, FileRef] = field(default_factory=dict)
+    unreadable: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def size(self) -> int:
+        """Bytes a reader could read (links count their target again), paths included."""
+        return sum(len(p) + ref.size for p, ref in self.files.items())
+
+
 @dataclass
 class _Walk:
     limits: ArtifactLimits
-    result: Unpacked = field(default_factory=Unpacked)
+    out: IO[bytes]
+    offset: int
+    result: Index = field(default_factory=Index)
     kinds: dict[str, str] = field(default_factory=dict)
     symlinks: dict[str, str] = field(default_factory=dict)
     total: int = 0
     entries: int = 0
+    paths: int = 0
 
     def claim(self, path: str, kind: str, member: tarfile.TarInfo) -> None:
         if path in self.kinds:
@@ -157,6 +181,10 @@ class _Walk:
                 raise UnsafePathError(f"archive entry {member.name!r} is inside {parent!r}, which is a "
                                       f"{held}")
             parent = posixpath.dirname(parent)
+        self.paths += len(path.encode("utf-8", "surrogateescape"))
+        if self.paths > self.limits.max_paths_bytes:
+            raise LimitExceededError(f"the artifact's paths add up to more than "
+                                     f"{self.limits.max_paths_bytes} bytes; it was refused")
         self.kinds[path] = kind
 
     def add_bytes(self, path: str, size: int) -> None:
@@ -167,6 +195,20 @@ class _Walk:
         if self.total > self.limits.max_unpacked_bytes:
             raise LimitExceededError(f"the artifact's files hold more than {self.limits.max_unpacked_bytes} "
                                      "bytes (--artifact-max-unpacked-size)")
+
+    def copy(self, member: tarfile.TarInfo, reader: IO[bytes] | None) -> FileRef:
+        """The entry's bytes from the archive into ``out``, a chunk at a time, hashed on the way."""
+        hasher, left = hashlib.sha256(), member.size
+        while left > 0:
+            chunk = reader.read(min(CHUNK, left)) if reader is not None else b""
+            if not chunk:
+                raise ArchiveError(f"archive entry {member.name!r} is truncated")
+            hasher.update(chunk)
+            self.out.write(chunk)
+            left -= len(chunk)
+        ref = FileRef(offset=self.offset, size=member.size, sha256=hasher.hexdigest())
+        self.offset += member.size
+        return ref
 
     def member(self, archive: tarfile.TarFile, member: tarfile.TarInfo) -> None:
         self.entries += 1
@@ -185,11 +227,7 @@ class _Walk:
         if member.type in _FILE_TYPES:
             self.claim(path, "file", member)
             self.add_bytes(path, member.size)
-            reader = archive.extractfile(member)
-            data = reader.read(member.size + 1) if reader is not None else b""
-            if len(data) != member.size:
-                raise ArchiveError(f"archive entry {member.name!r} is truncated")
-            self.result.files[path] = data
+            self.result.files[path] = self.copy(member, archive.extractfile(member))
         elif member.issym():
             self.claim(path, "link", member)
             self.symlinks[path] = link_target(path, member.linkname, symbolic=True)
@@ -199,18 +237,17 @@ class _Walk:
                 raise UnsafePathError(f"archive entry {member.name!r} is a hard link to {member.linkname!r}, "
                                       "which is not a file earlier in the artifact")
             self.claim(path, "file", member)
-            self.add_bytes(path, len(self.result.files[target]))
+            self.add_bytes(path, self.result.files[target].size)
             self.result.files[path] = self.result.files[target]
 
-
     def resolve_symlinks(self) -> None:
-        """In-root symbolic links become copies of the file they reach; the rest are unreadable."""
+        """In-root symbolic links read as the file they reach; the rest are unreadable."""
         for path in sorted(self.symlinks):
             target, hops = self.symlinks[path], 0
             while target in self.symlinks and hops < _LINK_HOPS:
                 target, hops = self.symlinks[target], hops + 1
             if target in self.result.files:
-                self.add_bytes(path, len(self.result.files[target]))
+                self.add_bytes(path, self.result.files[target].size)
                 self.result.files[path] = self.result.files[target]
             elif hops >= _LINK_HOPS:
                 self.result.unreadable[path] = "a symbolic link loop"
@@ -220,13 +257,15 @@ class _Walk:
                 self.result.unreadable[path] = f"a symbolic link to {target!r}, which the artifact lacks"
 
 
-def unpack(stream: IO[bytes], *, limits: ArtifactLimits) -> Unpacked:
-    """Every entry of the gzip-compressed tarball ``stream``, checked and bounded (see the module)."""
+def unpack(stream: IO[bytes], *, into: IO[bytes], limits: ArtifactLimits) -> Index:
+    """Every entry of the gzip-compressed tarball ``stream``, checked and bounded (see the module),
+    its files' bytes written to ``into`` from its current position on (offsets in the index are
+    ``into``'s positions)."""
     head = stream.read(2)
     if head != b"\x1f\x8b":
         raise ArchiveError("the artifact is not a gzip-compressed tarball")
     stream.seek(0)
-    walk = _Walk(limits)
+    walk = _Walk(limits, out=into, offset=into.tell())
     inflated = _Bounded(gzip.GzipFile(fileobj=stream, mode="rb"),  # type: ignore[arg-type]
                         limits.max_unpacked_bytes + _HEADER_ALLOWANCE * (limits.max_files + 2))
     try:
@@ -237,7 +276,3 @@ def unpack(stream: IO[bytes], *, limits: ArtifactLimits) -> Unpacked:
         raise ArchiveError(f"the artifact is not a readable gzip-compressed tarball: {error}") from None
     walk.resolve_symlinks()
     return walk.result
-
-
-def tree_size(files: Mapping[str, bytes]) -> int:
-    return sum(len(p) + len(c) for p, c in files.items())

@@ -59,7 +59,9 @@ class ArtifactLimits:
       everything the decompressor produces, tar headers included, with a small allowance);
     * ``max_file_bytes``: bytes of one file (its header's size is checked before it is read);
     * ``max_files``: entries of the archive (files, directories and links);
-    * ``max_depth``: directory nesting of one path; ``max_path_bytes``: length of one path.
+    * ``max_depth``: directory nesting of one path; ``max_path_bytes``: length of one path;
+    * ``max_paths_bytes``: length of every path together — the artifact's index, which every
+      render of it holds in memory (10,000 paths of 400 bytes; real trees use a tenth of that).
 
     The defaults match the Git limits (``--git-max-*``): an artifact may hold what one read of a
     Git source may return.  Flags: ``--artifact-max-*`` (docs/sources.md).
@@ -71,3 +73,4 @@ class ArtifactLimits:
     max_files: int = 10_000
     max_depth: int = 128
     max_path_bytes: int = 4096
+    max_paths_bytes: int = 4 * MiB

@@ -53,7 +53,8 @@ class BuildLimits:
     max_stage_objects: int = 20_000
     """Kubernetes objects one stage renders."""
     max_stage_bytes: int = 32 * MiB
-    """Manifest bytes one stage parses: plain files read plus kustomize's output."""
+    """Manifest bytes one stage parses: plain files read plus kustomize's output; and, counted
+    apart, the files given to kustomize together (checked from their sizes before any is read)."""
     kustomize_timeout: float = 60.0
     """Seconds one kustomize run may take."""
     kustomize_memory_bytes: int = 256 * MiB

@@ -418,7 +418,48 @@ def prepare(files: Mapping[str, bytes], *, path: str = ".", limits: BuildLimits 
     limits = limits or BuildLimits()
     budget = StageBudget(limits)
     tree, plan = plan_build(files, path, limits=limits, budget=budget, unreadable=unreadable)
-    return Prepared(path=path, tree=tree, plan=plan, limits=limits, budget=budget)
+    prepared = Prepared(path=path, tree=tree, plan=plan, limits=limits, budget=budget)
+    _check_sizes(prepared)  # before anything reads the files (SOPS detection, the build)
+    return prepared
+
+
+class _Inputs(Mapping[str, bytes]):
+    """The files given to kustomize, each read when it is handed over: a stored artifact's come from
+    disk then, one at a time, instead of all at once beside the stream they are copied into."""
+
+    def __init__(self, prepared: Prepared, names: Sequence[str]):
+        self._prepared, self._names = prepared, frozenset(names)
+
+    def __getitem__(self, name: str) -> bytes:
+        if name not in self._names:
+            raise KeyError(name)
+        return self._prepared.content(name)
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(sorted(self._names))
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _check_sizes(prepared: Prepared) -> None:
+    """Before a byte is read: every plain file, and the files given to kustomize together, within
+    the stage's bytes (``max_stage_bytes``) and each file within ``max_file_bytes`` — so a build
+    holds at most what the limits allow, however large the tree (sizes come from an artifact's
+    index without reading, :meth:`SourceTree.size`)."""
+    limits, plan, tree = prepared.limits, prepared.plan, prepared.tree
+    given = [name for name in plan.inputs if name not in prepared.withheld] if plan.units else []
+    for names, what in ((plan.plain, "the stage's manifest files"), (given, "the files given to kustomize")):
+        total = 0
+        for name in names:
+            size = len(prepared.decrypted[name]) if name in prepared.decrypted else tree.size(name)
+            if size > limits.max_file_bytes and (names is plan.plain or name.endswith(MANIFEST_SUFFIXES)
+                                                 or posixpath.basename(name) in KUSTOMIZATION_FILES):
+                raise BuildError(f"{name}: {size} bytes is more than the limit of "
+                                 f"{limits.max_file_bytes} bytes per file")
+            total += size
+            if total > limits.max_stage_bytes:
+                raise BuildError(f"{name}: {what} add up to more than {limits.max_stage_bytes} bytes")
 
 
 def render(prepared: Prepared, *, variables: Mapping[str, str] | None = None,
@@ -435,11 +476,12 @@ def render(prepared: Prepared, *, variables: Mapping[str, str] | None = None,
     plan, limits, budget, path = prepared.plan, prepared.limits, prepared.budget, prepared.path
     keep_nodes = variables is not None
     manifests: list[_Manifest] = []
+    _check_sizes(prepared)
     for name in plan.plain:
         manifests.extend(_read_plain(name, prepared.content(name), limits=limits, budget=budget,
                                      keep_nodes=keep_nodes))
     if plan.units:
-        inputs = {name: prepared.content(name) for name in plan.inputs if name not in prepared.withheld}
+        inputs = _Inputs(prepared, [name for name in plan.inputs if name not in prepared.withheld])
         for name, content in inputs.items():
             # kustomize's YAML parser has no depth or expansion limits of ours: check first.
             if name.endswith(MANIFEST_SUFFIXES) or posixpath.basename(name) in KUSTOMIZATION_FILES:

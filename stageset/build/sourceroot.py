@@ -47,7 +47,7 @@ import re
 from collections import defaultdict
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 from stageset.build.errors import BuildError
 from stageset.build.limits import BuildLimits
@@ -93,11 +93,26 @@ def _join(directory: str, entry: str) -> str | None:
     return resolved
 
 
+@runtime_checkable
+class IndexedFiles(Protocol):
+    """Files that know each file's size and SHA-256 without reading it (a stored artifact,
+    :class:`sources.artifacts.StoredTree`): planning and keying a build then read only the files
+    the build loads, and sizes are checked before a byte is read."""
+
+    def size(self, name: str, /) -> int: ...
+
+    def sha256(self, name: str, /) -> str: ...
+
+
 class SourceTree:
-    """The files of a source root (relative POSIX path -> content), with directory look-ups."""
+    """The files of a source root (relative POSIX path -> content), with directory look-ups.
+
+    ``files`` may read each file when it is looked up (:class:`IndexedFiles`): nothing here reads
+    a file the build does not load, so a build's memory is what it loads, not the tree's size."""
 
     def __init__(self, files: Mapping[str, bytes], unreadable: Mapping[str, str] | None = None):
         self.files = files
+        self._indexed = files if isinstance(files, IndexedFiles) else None
         # Entries the source could not read safely (submodules, links leaving the root): path ->
         # why.  Only a build that would load one of them fails, with that reason.
         self.unreadable = dict(unreadable or {})
@@ -115,6 +130,16 @@ class SourceTree:
 
     def is_file(self, path: str) -> bool:
         return path in self.files
+
+    def size(self, name: str) -> int:
+        """Bytes of file ``name`` (from the index when there is one: nothing is read)."""
+        return self._indexed.size(name) if self._indexed is not None else len(self.files[name])
+
+    def sha256(self, name: str) -> str:
+        """SHA-256 (hex) of file ``name`` (from the index when there is one: nothing is read)."""
+        if self._indexed is not None:
+            return self._indexed.sha256(name)
+        return hashlib.sha256(self.files[name]).hexdigest()
 
     def is_dir(self, path: str) -> bool:
         return path in self._dirs
@@ -175,11 +200,8 @@ class Plan:
     def digest_material(self, tree: SourceTree) -> list[Any]:
         """Everything the build's result depends on, for a cache key (contents as SHA-256)."""
 
-        def digest(name: str) -> str:
-            return hashlib.sha256(tree.files[name]).hexdigest()
-
-        return [self.stage_dir, list(self.units), [[n, digest(n)] for n in self.plain],
-                [[n, digest(n)] for n in self.inputs]]
+        return [self.stage_dir, list(self.units), [[n, tree.sha256(n)] for n in self.plain],
+                [[n, tree.sha256(n)] for n in self.inputs]]
 
 
 # --------------------------------------------------------------------------- kustomization entries
@@ -289,8 +311,8 @@ class _Closure:
         self.plugin_dirs: dict[str, str] = {}
 
     def _load(self, name: str) -> list[Any]:
+        self.budget.charge_bytes(self.tree.size(name), name)  # before a byte is read
         content = self.tree.files[name]
-        self.budget.charge_bytes(len(content), name)
         try:
             text = content.decode("utf-8")
         except UnicodeDecodeError:

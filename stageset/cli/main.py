@@ -167,6 +167,7 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
     return ArtifactSettings(
         directory=Path(directory),
         max_bytes=params.get("artifact_cache_max_size") or known.max_bytes,
+        max_tenant_bytes=params.get("artifact_tenant_max_size") or known.max_tenant_bytes,
         timeout=float(params.get("artifact_timeout") or known.timeout),
         discovery_interval=max(1.0, float(params.get("flux_discovery_interval") or known.discovery_interval)),
         limits=ArtifactLimits(
@@ -240,6 +241,9 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               help="Where verified Flux artifacts are kept (default: a temporary directory).")
 @click.option("--artifact-cache-max-size", default="1Gi", show_default=True, type=SIZE,
               help="Delete least recently read artifacts past this size on disk.")
+@click.option("--artifact-tenant-max-size", default="256Mi", show_default=True, type=SIZE,
+              help="Delete a namespace's least recently read artifacts past this size on disk (the trees "
+              "its downloads stored).")
 @click.option("--artifact-max-size", default="100Mi", show_default=True, type=SIZE,
               help="Largest artifact (the compressed file) a download accepts.")
 @click.option("--artifact-max-unpacked-size", default="100Mi", show_default=True, type=SIZE,

@@ -172,7 +172,7 @@ class CliFiles:
             digest = Digest.parse(source.digest)
             store = self._artifact_store()
             store.fetch(source.url, digest, timeout=120)
-            tree = store.read(digest)
+            tree = store.read(digest, url=source.url)
         except TransferError as error:
             raise CliError(
                 f"stage {stage.name!r}: {source.what}: cannot download its artifact from this machine "
@@ -181,7 +181,7 @@ class CliFiles:
                 f"{stage.source_ref.name}=DIR") from None
         except SourceError as error:
             raise CliError(f"stage {stage.name!r}: {source.what}: {error}") from None
-        root = SourceRoot(files=dict(tree.files), unreadable=dict(tree.unreadable))
+        root = SourceRoot(files=tree, unreadable=dict(tree.unreadable), on_disk=True)  # read a file at a time
         return Files(url=ARTIFACT_URL, commit=source.digest, read_root=lambda: root)
 
     def mirror(self) -> GitMirror:

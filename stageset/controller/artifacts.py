@@ -2,27 +2,35 @@
 
 Identity: downloads carry no identity at all (Flux serves artifacts without credentials); the
 URL and digest come from a source object the *tenant* read
-(:mod:`~stageset.controller.stageset.reads`), and a tree is handed to a stage only for the digest
-its own read named (:class:`sources.artifacts.ArtifactStore`).
+(:mod:`~stageset.controller.stageset.reads`), and a tree is handed to a stage only once **its own
+source's URL** served that digest to this controller (:meth:`ArtifactStore.proven
+<sources.artifacts.ArtifactStore.proven>`): naming another tenant's digest with a URL that serves
+nothing gets a download that fails, and nothing of the stored tree.
 
 How a stage gets its tree (:meth:`ArtifactFetcher.tree`, called while rendering):
 
-* stored already (the same digest, downloaded for anyone): read it — no download, and the
-  render cache keyed by the digest skips the build too;
-* not stored: a download job is queued in the **source pool** — the pool that fetches Git, with
+* proven for its URL already: read it from disk (the index in memory, each file read when the
+  build asks for it) — no download, and the render cache keyed by the digest skips the build too;
+* not proven: a download job is queued in the **source pool** — the pool that fetches Git, with
   its per-namespace cap, keyed by the StageSet's namespace — and the stage waits
   (``ArtifactNotFound``, phase Pending: objects kept, nothing pruned).  A StageSet worker never
   waits on an artifact server, and one tenant's slow or hostile server holds at most its own
   namespace's share of the source pool.  When the job ends the StageSets naming the source are
-  requeued at once (:attr:`wake`).
+  requeued at once (:attr:`wake`).  The digest being stored for another URL changes nothing but
+  the cost: the file is downloaded and verified, not unpacked again.
 * a download that failed for a reason retrying cannot fix — digest mismatch, an unsafe or
   oversized archive, a refused address, an unverifiable digest — fails the stage with that
   reason and is **not retried until the source names another artifact** (another digest or URL);
 * a failure that may pass (connection, HTTP status, time limit) is retried with the source
   pool's backoff while StageSets still ask for it, and the stage waits meanwhile, saying why.
 
+The tree a download stores is charged to the namespace that asked (the store's per-tenant disk
+budget, ``--artifact-tenant-max-size``).
+
 A source in another namespace than the StageSet is reported without its URL or the server's
-words (``cross_namespace``).
+words (``cross_namespace``).  Digests are logged at debug level only: at info and above a log
+line names the namespace and the URL's host and path, never a digest (a digest someone else's
+source names is nobody's business in a shared log).
 """
 
 from __future__ import annotations
@@ -111,7 +119,7 @@ class ArtifactFetcher:
             digest = Digest.parse(source.digest)
         except DigestError as error:
             raise StageError(Reason.STAGE_FAILED, f"{what}: {error}") from None
-        if self.store.has(digest):
+        if self.store.proven(digest, url=source.url):
             return digest
         name = job_name(digest, source.url)
         with self._lock:
@@ -139,11 +147,11 @@ class ArtifactFetcher:
         """The source's files (read from the store), or :class:`StageError` as :meth:`require`."""
         digest = self.require(source, stage=stage, requester=requester)
         try:
-            unpacked = self.store.read(digest)
+            stored = self.store.read(digest, url=source.url)
         except NotStoredError:
             # Evicted since: queue it again.
             return self.tree(source, stage=stage, requester=requester)
-        return SourceRoot(files=unpacked.files, unreadable=unpacked.unreadable)
+        return SourceRoot(files=stored, unreadable=stored.unreadable, on_disk=True)
 
     # -- the source pool's side ---------------------------------------------------------------------
 
@@ -155,14 +163,19 @@ class ArtifactFetcher:
             return Result()
         key = (job.digest.key, job.url)
         try:
-            stored = self.store.fetch(job.url, job.digest, timeout=self._timeout, cancel=self._stop)
+            stored = self.store.fetch(job.url, job.digest, timeout=self._timeout, tenant=namespace,
+                                      cancel=self._stop)
         except _TERMINAL as error:
-            log.warning("artifact %s from %s refused: %s", job.digest, display(job.url), error)
+            log.debug("artifact %s from %s refused: %s", job.digest, display(job.url), error)
+            log.warning("an artifact for namespace %s from %s was refused: %s", namespace, display(job.url),
+                        _scrubbed(error))
             self._finish(namespace, name, job, Failure(True, str(error), _scrubbed(error)))
             return Result()
         except (TransferError, SourceError, OSError) as error:
             message = str(error) if isinstance(error, SourceError) else f"{type(error).__name__}: {error}"
-            log.warning("artifact %s from %s not downloaded: %s", job.digest, display(job.url), message)
+            log.debug("artifact %s from %s not downloaded: %s", job.digest, display(job.url), message)
+            log.warning("an artifact for namespace %s from %s was not downloaded: %s", namespace,
+                        display(job.url), message)
             with self._lock:
                 self._remember(key, Failure(False, message, "the artifact server cannot be reached"))
                 wanted = self._clock() - job.wanted < _WANTED_FOR
@@ -172,7 +185,10 @@ class ArtifactFetcher:
             self.wake(origins)
             return Result(backoff=True) if wanted else Result()
         if stored.downloaded:
-            log.info("artifact %s downloaded (%d bytes stored)", job.digest, stored.size)
+            log.debug("artifact %s downloaded from %s (%d bytes stored)", job.digest, display(job.url),
+                      stored.size)
+            log.info("an artifact for namespace %s was downloaded from %s (%d bytes stored)", namespace,
+                     display(job.url), stored.size)
         self._finish(namespace, name, job, None)
         return Result()
 

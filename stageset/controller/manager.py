@@ -187,7 +187,8 @@ class Manager:
         self.artifacts = ArtifactFetcher(
             store=ArtifactStore(root=settings.artifacts.directory, limits=settings.artifacts.limits,
                                 guard=AddressGuard(allow_insecure=settings.allow_insecure_sources),
-                                max_bytes=settings.artifacts.max_bytes),
+                                max_bytes=settings.artifacts.max_bytes,
+                                max_tenant_bytes=settings.artifacts.max_tenant_bytes),
             timeout=settings.artifacts.timeout, wake=self._wake, stop=self.stop,
             schedule=lambda namespace, job: self._enqueue((JOB_KIND, namespace, job)))
         self.flux = FluxWatches(client=admin, namespaces=settings.watch_namespaces, stop=self.stop,

@@ -80,6 +80,9 @@ class SourceRoot:
 
     files: Mapping[str, bytes]
     unreadable: Mapping[str, str] = field(default_factory=dict)
+    on_disk: bool = False
+    """``files`` reads each file from disk when asked (a stored artifact): never kept in the tree
+    cache, whose bytes it would both cost (a read of every file) and not save."""
 
 
 def _variables_material(variables: Mapping[str, str] | None) -> list[list[str]] | None:
@@ -248,6 +251,8 @@ class RenderCache:
                 self._trees.move_to_end(tree_id)
                 return found[0]
         files = read()
+        if files.on_disk:
+            return files
         # What the files cost in memory, not only their bytes: in a tree of many small files
         # the path strings, bytes headers and dict slots outweigh the contents.
         size = sum(len(path) + len(content) + _FILE_OVERHEAD for path, content in files.files.items())

@@ -32,6 +32,9 @@ class ArtifactSettings:
         default_factory=lambda: Path(tempfile.gettempdir()) / f"stageset-artifacts-{os.getpid()}")
     # Past this many bytes on disk, least recently read artifacts are deleted.
     max_bytes: int | None = 1024 * 1024 * 1024
+    # Past this many bytes of trees its downloads stored, a namespace's least recently read
+    # artifacts are deleted (one tenant cannot fill the store and evict everyone else's).
+    max_tenant_bytes: int | None = 256 * 1024 * 1024
     limits: ArtifactLimits = field(default_factory=ArtifactLimits)
     # One download, every redirect included, ends after this many seconds.
     timeout: float = 60.0

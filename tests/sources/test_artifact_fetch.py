@@ -8,6 +8,7 @@ refusal is then the real rule, at the real place (connect time, every hop).
 
 from __future__ import annotations
 
+import hashlib
 import ipaddress
 import os
 import threading
@@ -61,13 +62,14 @@ def test_download_verify_unpack_and_share(server: ArtifactServer, tmp_path: Path
     digest = Digest.parse(digest_of(body))
     first = artifacts.fetch(url, digest, timeout=10)
     assert first.downloaded
-    assert artifacts.read(digest).files == FILES
-    # The same digest again (any reader whose own source names it): no second download.
+    assert dict(artifacts.read(digest, url=url)) == FILES
+    # The same digest from the same URL again (any reader whose own source names both): no second
+    # download.
     again = artifacts.fetch(url, digest, timeout=10)
     assert not again.downloaded
     assert server.requests["/gitrepository/ns/app/abc.tar.gz"] == 1
-    # A restarted controller keeps what it verified: the digest proves the content.
-    assert store(tmp_path).read(digest).files == FILES
+    # A restarted controller keeps what it verified, and which URL proved it.
+    assert dict(store(tmp_path).read(digest, url=url)) == FILES
 
 
 def test_sha512_digests(server: ArtifactServer, tmp_path: Path) -> None:
@@ -85,7 +87,7 @@ def test_digest_mismatch_stores_nothing(server: ArtifactServer, tmp_path: Path) 
         artifacts.fetch(url, named, timeout=10)
     assert not artifacts.has(named)
     with pytest.raises(NotStoredError):
-        artifacts.read(named)
+        artifacts.read(named, url=url)
     assert not list((tmp_path / "artifacts").iterdir())  # the spool file is gone too
 
 
@@ -121,10 +123,11 @@ def test_lru_bounded_in_bytes(server: ArtifactServer, tmp_path: Path) -> None:
     bodies = [tarball({"f.yaml": bytes([65 + i]) * 4000}) for i in range(3)]
     digests = [Digest.parse(digest_of(b)) for b in bodies]
     artifacts = store(tmp_path, max_bytes=9000)
-    for i, body in enumerate(bodies[:2]):
-        artifacts.fetch(server.publish(f"{i}.tar.gz", body), digests[i], timeout=10)
-    artifacts.read(digests[0])  # 0 is now more recent than 1
-    artifacts.fetch(server.publish("2.tar.gz", bodies[2]), digests[2], timeout=10)
+    urls = [server.publish(f"{i}.tar.gz", body) for i, body in enumerate(bodies)]
+    for i in range(2):
+        artifacts.fetch(urls[i], digests[i], timeout=10)
+    artifacts.read(digests[0], url=urls[0])  # 0 is now more recent than 1
+    artifacts.fetch(urls[2], digests[2], timeout=10)
     assert [artifacts.has(d) for d in digests] == [True, False, True]
     assert artifacts.disk_usage() <= 9000
 
@@ -233,7 +236,9 @@ def test_a_slow_url_does_not_hold_up_the_same_digest_from_a_good_one(server: Art
         time.sleep(0.01)
     assert artifacts.fetch(good, digest, timeout=5).downloaded
     assert thread.is_alive()  # the tarpit is still trickling; the good reader did not wait for it
-    assert artifacts.read(digest).files == FILES
+    assert dict(artifacts.read(digest, url=good)) == FILES
+    with pytest.raises(NotStoredError):  # the tarpit proved nothing
+        artifacts.read(digest, url=slow)
 
 
 def test_a_download_is_abandoned_when_the_controller_stops(server: ArtifactServer, tmp_path: Path) -> None:
@@ -243,3 +248,89 @@ def test_a_download_is_abandoned_when_the_controller_stops(server: ArtifactServe
     threading.Timer(0.5, stop.set).start()
     with pytest.raises(TransferError, match="abandoned: the controller is stopping"):
         store(tmp_path).fetch(url, Digest.parse(digest_of(body)), timeout=60, cancel=stop)
+
+
+# -- a digest is no capability: content only for a URL that served it -----------------------------
+
+
+def test_a_digest_is_served_only_for_a_url_that_served_it(server: ArtifactServer, tmp_path: Path) -> None:
+    """Tenant B names tenant A's digest with a URL that serves nothing: no content, no proof; with a
+    URL that serves the same file, B's own download proves it (and the tree is not unpacked again)."""
+    body = tarball(FILES)
+    digest = Digest.parse(digest_of(body))
+    theirs = server.publish("a/app.tar.gz", body)
+    artifacts = store(tmp_path)
+    artifacts.fetch(theirs, digest, timeout=10, tenant="a")
+    stored = artifacts.disk_usage()
+    nothing = server.url("b/nothing.tar.gz")
+    assert not artifacts.proven(digest, url=nothing)
+    with pytest.raises(NotStoredError):
+        artifacts.read(digest, url=nothing)
+    with pytest.raises(TransferError, match="HTTP 404"):
+        artifacts.fetch(nothing, digest, timeout=10, tenant="b")
+    assert server.requests["/b/nothing.tar.gz"] == 1  # asked its own URL, not the store
+    assert not artifacts.proven(digest, url=nothing)
+    with pytest.raises(NotStoredError):
+        artifacts.read(digest, url=nothing)
+    # A URL serving something else is a mismatch, and proves nothing either.
+    other = server.publish("b/other.tar.gz", tarball({"evil.yaml": b"kind: Secret\n"}))
+    with pytest.raises(DigestMismatchError):
+        artifacts.fetch(other, digest, timeout=10, tenant="b")
+    assert not artifacts.proven(digest, url=other)
+    # Its own URL serving the very file: downloaded and verified, then served from the store.
+    mine = server.publish("b/app.tar.gz", body)
+    assert artifacts.fetch(mine, digest, timeout=10, tenant="b").downloaded
+    assert dict(artifacts.read(digest, url=mine)) == FILES
+    assert artifacts.disk_usage() == stored  # one tree, two proofs
+    assert artifacts.tenant_usage("a") == stored
+    assert artifacts.tenant_usage("b") == 0
+    # Proofs survive a restart; the URL itself is not written anywhere.
+    again = store(tmp_path)
+    assert again.proven(digest, url=mine)
+    assert not again.proven(digest, url=nothing)
+    for path in (tmp_path / "artifacts").iterdir():
+        assert b"127.0.0.1" not in path.read_bytes(), path.name
+
+
+def test_disk_is_bounded_per_tenant(server: ArtifactServer, tmp_path: Path) -> None:
+    """Past its budget a tenant's own least recently read trees go; another tenant's stay."""
+    bodies = [tarball({"f.yaml": os.urandom(4000)}) for _ in range(4)]
+    digests = [Digest.parse(digest_of(b)) for b in bodies]
+    urls = [server.publish(f"{i}.tar.gz", body) for i, body in enumerate(bodies)]
+    artifacts = store(tmp_path, max_tenant_bytes=9000)
+    artifacts.fetch(urls[3], digests[3], timeout=10, tenant="quiet")
+    for i in range(3):
+        artifacts.fetch(urls[i], digests[i], timeout=10, tenant="noisy")
+    assert [artifacts.has(d) for d in digests] == [False, True, True, True]
+    assert artifacts.tenant_usage("noisy") <= 9000
+    assert sorted(p.name.rsplit(".", 1)[1] for p in (tmp_path / "artifacts").iterdir()) == \
+        ["meta"] * 3 + ["tree"] * 3  # the evicted tree's files are gone
+
+
+def test_a_tree_is_read_a_file_at_a_time_and_survives_eviction_while_open(server: ArtifactServer,
+                                                                         tmp_path: Path) -> None:
+    files = {"a.yaml": b"a: 1\n", "big.bin": os.urandom(200_000)}
+    body = tarball(files)
+    digest = Digest.parse(digest_of(body))
+    url = server.publish("t.tar.gz", body)
+    artifacts = store(tmp_path, max_bytes=1)
+    artifacts.fetch(url, digest, timeout=10)
+    tree = artifacts.read(digest, url=url)
+    assert tree.size("big.bin") == 200_000
+    assert tree.sha256("a.yaml") == hashlib.sha256(b"a: 1\n").hexdigest()
+    other = tarball({"x.yaml": b"x: 1\n"})
+    artifacts.fetch(server.publish("o.tar.gz", other), Digest.parse(digest_of(other)), timeout=10)
+    assert not artifacts.has(digest)  # evicted (max_bytes=1) ...
+    assert tree["big.bin"] == files["big.bin"]  # ... yet still readable by whoever holds it open
+    tree.close()
+
+
+def test_trees_of_an_older_format_or_without_proofs_are_deleted_at_start(tmp_path: Path) -> None:
+    root = tmp_path / "artifacts"
+    root.mkdir()
+    (root / f"sha256-{'a' * 64}.tree").write_bytes(b"SSTREE1\n" + b"\0" * 16)
+    (root / f"sha256-{'b' * 64}.tree").write_bytes(b"SSTREE2\n" + b"\0" * 16)  # no .meta: no proof
+    (root / ".spool-x").write_bytes(b"half a download")
+    artifacts = store(tmp_path)
+    assert artifacts.disk_usage() == 0
+    assert not list(root.iterdir())

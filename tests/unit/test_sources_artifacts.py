@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import hashlib
 import io
 import ipaddress
+import os
 import tarfile
 
 import pytest
 
 from sources.addresses import AddressGuard, AddressLookupError, AddressRefusedError, refusal
-from sources.archive import ArchiveError, entry_path, link_target, unpack
+from sources.archive import CHUNK, ArchiveError, Index, entry_path, link_target, unpack
 from sources.digests import Digest, DigestError, DigestMismatchError, verify
 from sources.errors import LimitExceededError, UnsafePathError
 from sources.limits import ArtifactLimits
@@ -154,8 +156,38 @@ def test_link_targets_refused(path: str, target: str, symbolic: bool) -> None:
 
 # -- unpacking -------------------------------------------------------------------------------
 
+def _read(data: bytes, limits: ArtifactLimits = LIMITS) -> tuple[Index, bytes]:
+    out = io.BytesIO()
+    index = unpack(io.BytesIO(data), into=out, limits=limits)
+    return index, out.getvalue()
+
+
 def _unpack(data: bytes, limits: ArtifactLimits = LIMITS) -> dict[str, bytes]:
-    return unpack(io.BytesIO(data), limits=limits).files
+    index, written = _read(data, limits)
+    return {path: written[ref.offset:ref.offset + ref.size] for path, ref in index.files.items()}
+
+
+def test_files_are_written_once_with_their_digest_and_links_name_the_same_bytes() -> None:
+    data = hostile_tarball([Entry("a.yaml", data=b"x" * 1000), Entry("b.yaml", data=b"y" * 10),
+                            Entry("hard", type=tarfile.LNKTYPE, linkname="a.yaml"),
+                            Entry("soft", type=tarfile.SYMTYPE, linkname="a.yaml")])
+    index, written = _read(data)
+    assert len(written) == 1010  # the links are index entries, not copies on disk
+    assert index.files["hard"] == index.files["soft"] == index.files["a.yaml"]
+    assert index.files["b.yaml"].sha256 == hashlib.sha256(b"y" * 10).hexdigest()
+    assert index.size == sum(len(p) for p in index.files) + 3 * 1000 + 10
+
+
+def test_a_file_larger_than_a_chunk_is_copied_in_chunks() -> None:
+    big = os.urandom(3 * CHUNK + 17)
+    assert _unpack(tarball({"big.bin": big})) == {"big.bin": big}
+
+
+def test_the_paths_together_are_bounded() -> None:
+    """The index is what every render holds in memory: its paths are bounded together."""
+    files = {f"{'d' * 200}/{i:04}.yaml": b"" for i in range(30)}
+    with pytest.raises(LimitExceededError, match="paths add up"):
+        _unpack(tarball(files, directories=False), ArtifactLimits(max_paths_bytes=4000))
 
 
 def test_unpack_a_flux_like_tarball() -> None:
@@ -174,9 +206,10 @@ def test_in_root_links_read_as_their_target_and_the_rest_is_unreadable() -> None
         Entry("loop-a", type=tarfile.SYMTYPE, linkname="loop-b"),
         Entry("loop-b", type=tarfile.SYMTYPE, linkname="loop-a"),
     ])
-    unpacked = unpack(io.BytesIO(data), limits=LIMITS)
-    assert unpacked.files["overlay/cm.yaml"] == unpacked.files["hard.yaml"] == b"kind: ConfigMap\n"
-    assert set(unpacked.unreadable) == {"to-dir", "dangling", "loop-a", "loop-b"}
+    index, _ = _read(data)
+    files = _unpack(data)
+    assert files["overlay/cm.yaml"] == files["hard.yaml"] == b"kind: ConfigMap\n"
+    assert set(index.unreadable) == {"to-dir", "dangling", "loop-a", "loop-b"}
 
 
 @pytest.mark.parametrize(("entries", "says"), [
