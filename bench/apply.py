@@ -79,7 +79,7 @@ from bench.common import (
 )
 from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE
 from stageset.apply.settings import ApplySettings
-from stageset.controller.manager import GITREPOSITORIES, STAGESETS
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.settings import ControllerSettings
 from stageset.envtest import install
 from stageset.envtest import server as envtest

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from stageset.controller.conditions import READY, find_condition, ready_at_generation
-from stageset.controller.manager import STAGESETS
+from stageset.controller.kinds import STAGESETS
 from stageset.controller.status import REQUESTED_AT
 from stageset.envtest import install
 from stageset.envtest.server import ControlPlane

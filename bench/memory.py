@@ -30,7 +30,7 @@ from pathlib import Path
 
 from bench.common import machine, markdown_table, replace_section, revision
 from bench.peers import MANAGER, ROOT, Bench, gone, log, ready
-from stageset.controller.manager import GITREPOSITORIES, STAGESETS
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.envtest.controller import ControllerProcess, memory_mib
 from stageset.kube.types import KubeObject
 

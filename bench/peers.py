@@ -66,7 +66,7 @@ from bench import flux
 from bench.common import CpuMeter, machine, markdown_table, replace_section, revision
 from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE
 from stageset.controller.conditions import ready_at_generation
-from stageset.controller.manager import GITREPOSITORIES, STAGESETS
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.sharding import SHARD_LABEL
 from stageset.envtest import install
 from stageset.envtest import server as envtest

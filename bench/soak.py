@@ -42,7 +42,7 @@ from bench.common import (
     replace_section,
     revision,
 )
-from stageset.controller.manager import GITREPOSITORIES, STAGESETS
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.envtest import install
 from stageset.envtest import server as envtest
 from stageset.envtest.controller import ControllerProcess

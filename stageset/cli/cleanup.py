@@ -23,7 +23,7 @@ from stageset.api.vocabulary import ConditionType
 from stageset.cli.params import DURATION, LABEL_SELECTOR, NAMESPACES
 from stageset.cli.session import CliError, Session, cluster_options, echo
 from stageset.controller.conditions import find_condition
-from stageset.controller.manager import STAGESETS
+from stageset.controller.kinds import STAGESETS
 from stageset.controller.sharding import LabelSelector
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.types import KubeObject

@@ -39,7 +39,8 @@ from stageset.build.kustomize import cache_root
 from stageset.cli.process import LifecycleSettings, make_lifecycle
 from stageset.cli.session import CliError
 from stageset.controller.conditions import READY, find_condition
-from stageset.controller.manager import GITREPOSITORIES, STAGESETS, Manager
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
+from stageset.controller.manager import Manager
 from stageset.controller.metrics import Metrics
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset.plan import WAITING_FOR_SOURCE

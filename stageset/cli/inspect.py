@@ -27,7 +27,7 @@ from stageset.cli.session import (
     table,
 )
 from stageset.controller.conditions import find_condition
-from stageset.controller.manager import GITREPOSITORIES, STAGESETS
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.ordering import OrderingError, StageNode, stage_graph
 from stageset.controller.sharding import SHARD_LABEL
 from stageset.kube.client import ApiError, KubeClient

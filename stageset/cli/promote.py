@@ -21,7 +21,7 @@ from stageset.cli.inspect import read_stageset
 from stageset.cli.params import DURATION
 from stageset.cli.session import DNS_LABEL, CliError, Session, cluster_options, echo
 from stageset.cli.steer import POLL, patch
-from stageset.controller.manager import STAGESETS
+from stageset.controller.kinds import STAGESETS
 from stageset.kube.types import KubeObject
 
 HELD = ("Soaking", "AwaitingManual")

@@ -53,7 +53,7 @@ from stageset.build.decrypt import DecryptionKeys
 from stageset.cli.session import CliError, Session
 from stageset.cli.sourcefiles import CliFiles, GitMirror, SourceDirs
 from stageset.controller.identity import IdentityPolicy
-from stageset.controller.manager import GITREPOSITORIES, STAGESETS
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.redact import MASK, Redactor
 from stageset.controller.rendercache import StageDecryption
 from stageset.controller.sourcekinds import DefaultSourceKind

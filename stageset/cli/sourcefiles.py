@@ -44,7 +44,7 @@ from stageset.api import GitRepository, Stage
 from stageset.cli.session import CliError
 from stageset.controller.gitrepository import credentials_from, secret_values
 from stageset.controller.identity import IdentityPolicy
-from stageset.controller.manager import GITREPOSITORIES
+from stageset.controller.kinds import GITREPOSITORIES
 from stageset.controller.redact import Redactor
 from stageset.controller.rendercache import SourceRoot
 from stageset.controller.stageset.reads import ArtifactSource, Source

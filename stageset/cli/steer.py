@@ -23,7 +23,7 @@ from stageset.cli.inspect import read_stageset, sources_of, summary
 from stageset.cli.params import DURATION
 from stageset.cli.session import CliError, Session, cluster_options, echo
 from stageset.controller.conditions import find_condition
-from stageset.controller.manager import GITREPOSITORIES, STAGESETS
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.status import REQUESTED_AT
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource

@@ -24,7 +24,7 @@ from stageset.apply.inventory import ObjectId
 from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE
 from stageset.cli.session import CliError, Session, cluster_options, dump, echo
 from stageset.controller.conditions import find_condition
-from stageset.controller.manager import STAGESETS
+from stageset.controller.kinds import STAGESETS
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError, split_api_version
 from stageset.kube.types import KubeObject

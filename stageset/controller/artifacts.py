@@ -56,6 +56,7 @@ from sources.errors import (
 )
 from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
+from stageset.controller.keys import JobKey
 from stageset.controller.rendercache import SourceRoot
 from stageset.controller.result import Result
 from stageset.controller.sourcekinds import SourceObject
@@ -64,7 +65,7 @@ from stageset.controller.stageset.reads import ArtifactSource
 log = logging.getLogger(__name__)
 
 JOB_KIND = "Artifact"
-"""The work-queue kind of download jobs (``(JOB_KIND, namespace, job)`` keys in the source pool)."""
+"""The job runner of downloads: ``JobKey(JOB_KIND, namespace, job)`` keys, run in the source pool."""
 _TERMINAL = (DigestError, DigestMismatchError, UnsafePathError, LimitExceededError, ArchiveError,
              UrlPolicyError)
 _WANTED_FOR = 600.0
@@ -154,6 +155,14 @@ class ArtifactFetcher:
         return SourceRoot(files=stored, unreadable=stored.unreadable, on_disk=True)
 
     # -- the source pool's side ---------------------------------------------------------------------
+
+    def job(self, key: JobKey) -> Result:
+        """One download job as a worker of the source pool runs it (never raises)."""
+        try:
+            return self.run(key.namespace, key.name)
+        except Exception:  # never lose a worker to a download
+            log.exception("artifact download %s/%s failed", key.namespace, key.name)
+            return Result(backoff=True)
 
     def run(self, namespace: str, name: str) -> Result:
         """One download job; ``backoff=True`` to be retried (a transient failure still wanted)."""

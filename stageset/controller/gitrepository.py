@@ -15,6 +15,9 @@ Each commit is served to this GitRepository (by uid) only after the mirror prove
 readable with this GitRepository's own credentials, and StageSets read only commits served
 to the GitRepository they name (:func:`artifact_consumer`; see :mod:`sources.mirror`).
 
+What requeues a GitRepository: :meth:`GitRepositoryReconciler.controller` (declared to the
+manager, :mod:`stageset.controller.setup`).
+
 Each fetch is counted and timed per URL as shown without credentials (metrics), a new
 revision is told as a ``NewArtifact`` event, and failures are logged (the source layer's
 messages name the URL without credentials; the log filter redacts the Secret's values too).
@@ -47,6 +50,7 @@ from stageset.controller.metrics import Metrics
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
+from stageset.controller.setup import Controller, reconcile_trigger
 from stageset.controller.status import StatusWriter, WriteListener, validation_message
 from stageset.kube.client import ApiError, ClientPool
 from stageset.kube.mapping import Resource
@@ -133,6 +137,13 @@ class GitRepositoryReconciler:
         self._clock = clock
         self._events = events
         self._metrics = metrics
+
+    def controller(self, *, workers: int) -> Controller:
+        """What this reconciler watches (its ``SetupWithManager``): its own kind only — a new
+        generation, a ``requestedAt`` or a deletion requeues a GitRepository; a status write does
+        not.  The StageSets naming one are woken by the StageSet reconciler's watch of this kind."""
+        return Controller(resource=self._resource, reconciler=self, workers=workers,
+                          trigger=reconcile_trigger)
 
     def _credentials(self, repo: GitRepository, redactor: Redactor) -> Credentials | None:
         if repo.spec.secret_ref is None:

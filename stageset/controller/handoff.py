@@ -24,6 +24,11 @@ prevent it:
   writes nothing.  Each hand-off is counted (``stageset_shard_handoffs_total{outcome}``) and its
   wait timed (``stageset_shard_handoff_wait_seconds``).
 
+The wiring (:mod:`stageset.controller.wiring`) declares one :class:`ShardHandoff` per process as the
+:class:`~stageset.controller.setup.Guard` of every controller when it runs as a label shard (each
+kind is watched under the selector, so every kind's passes are fenced); only StageSets' releases
+are recorded and waited for.
+
 Not covered, and why (docs/security.md): StageSets a shard finds in its first list after it started
 (it cannot tell a move from its own restart; the losing shard's fence still stops its writes at
 the watch event), and a reported ``NoShard`` StageSet (the main shard's report is one status write
@@ -52,9 +57,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
 
+from stageset.controller.keys import ObjectKey
+from stageset.controller.kinds import STAGESETS
 from stageset.controller.leader import default_identity
 from stageset.controller.metrics import Metrics
 from stageset.controller.result import Result
+from stageset.controller.setup import Event
 from stageset.controller.sharding import LabelSelector
 from stageset.kube import fence
 from stageset.kube.client import ApiError, KubeClient, UnreachableError
@@ -62,7 +70,6 @@ from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
 
-Key = tuple[str, str, str]  # (kind, namespace, name), as the manager keys its work
 Ticks = Callable[[], float]
 
 LABEL = "stages.metio.wtf/shard-handoff"
@@ -170,18 +177,18 @@ class ShardHandoff:
         self._ticks = ticks
         self._identity = identity or default_identity()
         self._lock = threading.Lock()
-        self._fences: dict[Key, fence.Fence] = {}
-        self._departed: dict[Key, float] = {}  # when it left (ticks)
-        self._gains: dict[Key, _Gain] = {}
+        self._fences: dict[ObjectKey, fence.Fence] = {}
+        self._departed: dict[ObjectKey, float] = {}  # when it left (ticks)
+        self._gains: dict[ObjectKey, _Gain] = {}
         self._releases: queue.SimpleQueue[Release | None] = queue.SimpleQueue()
         self._publisher: threading.Thread | None = None
 
     # -- the watch: what left, what arrived ------------------------------------------------------
 
-    def observe(self, key: Key, event: str, obj: KubeObject, *, known: bool) -> None:
+    def observe(self, key: ObjectKey, event: Event, obj: KubeObject, *, known: bool) -> None:
         """A watch event of this shard's label-selected watch (``known``: the key was in the cache)."""
         meta = obj.get("metadata") or {}
-        if event == "DELETED":
+        if event is Event.DELETED:
             # Relabelled away: its labels no longer match (a relist's DELETED carries none: taken as
             # left).  A deletion proper (labels still matching) hands nothing over.
             if not meta.get("deletionTimestamp") and not (meta.get("labels") and
@@ -190,9 +197,9 @@ class ShardHandoff:
         elif not known:
             self._gained(key, obj)
 
-    def _left(self, key: Key, obj: KubeObject) -> None:
+    def _left(self, key: ObjectKey, obj: KubeObject) -> None:
         meta = obj.get("metadata") or {}
-        release = Release(namespace=key[1], name=key[2], uid=str(meta.get("uid") or ""),
+        release = Release(namespace=key.namespace, name=key.name, uid=str(meta.get("uid") or ""),
                           version=_version(obj))
         now = self._ticks()
         with self._lock:
@@ -204,14 +211,14 @@ class ShardHandoff:
         if running is None:
             self._publish(key, release)
             return
-        log.info("%s %s/%s left this shard during its pass: the pass writes nothing more", *key)
+        log.info("%s %s/%s left this shard during its pass: the pass writes nothing more", *key.ref)
         if running.revoke(on_quiet=lambda: self._publish(key, release)):
             self._publish(key, release)
 
-    def _gained(self, key: Key, obj: KubeObject) -> None:
+    def _gained(self, key: ObjectKey, obj: KubeObject) -> None:
         with self._lock:
             self._departed.pop(key, None)
-        if key[0] != "StageSet" or self._namespace is None or not self._synced():
+        if key.kind != STAGESETS.kind or self._namespace is None or not self._synced():
             return  # the first list: a restart cannot be told from a move (see the module docstring)
         if not (obj.get("status") or {}).get("conditions") or _ready_reason(obj) == "NoShard":
             return  # never reconciled (new), or only reported by the main shard
@@ -219,12 +226,13 @@ class ShardHandoff:
         with self._lock:
             self._gains[key] = _Gain(uid=str(meta.get("uid") or ""), version=_version(obj),
                                      since=self._ticks())
-        log.info("%s %s/%s arrived from another shard: waiting until that shard has stopped writing it", *key)
+        log.info("%s %s/%s arrived from another shard: waiting until that shard has stopped writing it",
+                 *key.ref)
 
     # -- the losing side: record the release -------------------------------------------------------
 
-    def _publish(self, key: Key, release: Release) -> None:
-        if key[0] != "StageSet" or self._namespace is None or not self._leading():
+    def _publish(self, key: ObjectKey, release: Release) -> None:
+        if key.kind != STAGESETS.kind or self._namespace is None or not self._leading():
             return
         self._releases.put(release)
         with self._lock:
@@ -284,7 +292,7 @@ class ShardHandoff:
 
     # -- the gaining side, and every reconcile -----------------------------------------------------
 
-    def run(self, key: Key, obj: KubeObject, reconcile: Callable[[KubeObject], Result]) -> Result:
+    def run(self, key: ObjectKey, obj: KubeObject, reconcile: Callable[[KubeObject], Result]) -> Result:
         """One reconcile of ``key`` under a fence of its own; a StageSet gained from another shard is
         not reconciled until the hand-off (a requeue until then)."""
         with self._lock:
@@ -303,7 +311,7 @@ class ShardHandoff:
             except Exception:
                 if held.revoked:
                     log.info("%s %s/%s: the pass stopped at its first write after the object left this "
-                             "shard", *key)
+                             "shard", *key.ref)
                     return Result()
                 raise
             return Result() if held.revoked else result
@@ -312,7 +320,7 @@ class ShardHandoff:
                 if self._fences.get(key) is held:
                     del self._fences[key]
 
-    def _handed_over(self, key: Key) -> float | None:
+    def _handed_over(self, key: ObjectKey) -> float | None:
         """``None`` once ``key`` may be written (no hand-off pending, or it ended); else the seconds
         until the next look."""
         with self._lock:
@@ -327,7 +335,7 @@ class ShardHandoff:
         elif waited >= self._timeout:
             outcome = Outcome.TIMEOUT
             log.warning("%s %s/%s: the shard it came from recorded no release within %gs; going on (that "
-                        "shard is taken for gone)", *key, self._timeout)
+                        "shard is taken for gone)", *key.ref, self._timeout)
         if outcome is not None:
             with self._lock:
                 if self._gains.get(key) is gain:
@@ -341,12 +349,12 @@ class ShardHandoff:
         delay, gain.delay = gain.delay, min(LONGEST_LOOK, gain.delay * 2)
         return max(0.01, min(delay, self._timeout - waited))
 
-    def _read(self, key: Key) -> KubeObject | None:
+    def _read(self, key: ObjectKey) -> KubeObject | None:
         try:
-            return self._client.request("GET", self._path(record_name(key[1], key[2])))
+            return self._client.request("GET", self._path(record_name(key.namespace, key.name)))
         except ApiError as error:
             if not error.not_found:
-                log.warning("reading the hand-off record of %s %s/%s failed: %s", *key, error)
+                log.warning("reading the hand-off record of %s %s/%s failed: %s", *key.ref, error)
             return None
         except UnreachableError:
             return None

@@ -1,7 +1,8 @@
 """Which tenant each namespace belongs to, from the Namespace's ``stages.metio.wtf/tenant`` label.
 
-Identity: the controller's own, for a metadata-only list and watch of Namespaces (the manager's
-Reflector; the chart's ClusterRole grants ``get``/``list``/``watch`` on namespaces).  Only
+Identity: the controller's own, for a metadata-only list and watch of Namespaces (a Reflector of
+:data:`NAMESPACES` the wiring declares as one of the manager's runnables; the chart's ClusterRole
+grants ``get``/``list``/``watch`` on namespaces).  Only
 metadata travels, and only the one label is kept.
 
 Invariant: a tenant is named by the Namespace and by nothing a tenant writes — a label on a
@@ -16,7 +17,10 @@ from __future__ import annotations
 import threading
 
 from stageset.api.tenancy import TENANT_LABEL
+from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
+
+NAMESPACES = Resource(group="", version="v1", kind="Namespace", plural="namespaces", namespaced=False)
 
 
 class TenantLabels:

@@ -24,7 +24,9 @@ from typing import Any
 from stageset.api import GitRepositoryStatus, StageSetStatus
 from stageset.api.vocabulary import Reason
 from stageset.controller.clock import Clock
+from stageset.controller.keys import ObjectKey, ReportKey
 from stageset.controller.metrics import Metrics
+from stageset.controller.result import Result
 from stageset.controller.sharding import SHARD_LABEL, unserved_message
 from stageset.controller.status import StatusWriter
 from stageset.kube.client import KubeClient
@@ -32,11 +34,6 @@ from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
-
-KIND_PREFIX = "Unserved:"
-"""Work-queue keys of reports: ``(KIND_PREFIX + kind, namespace, name)``."""
-
-Key = tuple[str, str, str]
 
 
 class Unserved:
@@ -50,7 +47,7 @@ class Unserved:
         self._clock = clock
         self._runbooks = runbook_base_url
         self._lock = threading.Lock()
-        self._objects: dict[Key, KubeObject] = {}
+        self._objects: dict[ObjectKey, KubeObject] = {}
         for kind in resources:
             metrics.unserved.labels(kind).set_function(self._counter(kind))
 
@@ -59,12 +56,12 @@ class Unserved:
 
     def count(self, kind: str) -> int:
         with self._lock:
-            return sum(1 for key in self._objects if key[0] == kind)
+            return sum(1 for key in self._objects if key.kind == kind)
 
-    def handle(self, kind: str, event: str, obj: KubeObject) -> Key | None:
-        """A watch event; returns the work-queue key of a report to write, if one is due."""
+    def handle(self, kind: str, event: str, obj: KubeObject) -> ReportKey | None:
+        """A watch event; returns the report to write, if one is due."""
         metadata = obj.get("metadata", {})
-        key: Key = (kind, str(metadata.get("namespace", "")), str(metadata.get("name", "")))
+        key = ObjectKey.of(obj, kind=kind)
         with self._lock:
             if event == "DELETED":
                 self._objects.pop(key, None)
@@ -73,15 +70,24 @@ class Unserved:
             self._objects[key] = obj
         label = (metadata.get("labels") or {}).get(SHARD_LABEL)
         if before is None or (before.get("metadata", {}).get("labels") or {}).get(SHARD_LABEL) != label:
-            log.warning("%s %s/%s carries %s=%s, which no shard serves (shards: %s)", kind, key[1], key[2],
-                        SHARD_LABEL, label, ", ".join(self._keys) or "none")
-        return (KIND_PREFIX + kind, key[1], key[2])
+            log.warning("%s %s/%s carries %s=%s, which no shard serves (shards: %s)", kind, key.namespace,
+                        key.name, SHARD_LABEL, label, ", ".join(self._keys) or "none")
+        return ReportKey(kind, key.namespace, key.name)
 
-    def report(self, key: Key) -> None:
-        """Write ``NoShard`` on the object (a worker; raises on an API failure, to be retried)."""
-        kind = key[0].removeprefix(KIND_PREFIX)
+    def run(self, key: ReportKey) -> Result:
+        """One report, as a worker runs it: an API failure is retried with the key's backoff."""
+        try:
+            self.report(key)
+        except Exception as error:  # never lose a worker to a report
+            log.warning("reporting %s/%s as served by no shard failed: %s", key.namespace, key.name, error)
+            return Result(backoff=True)
+        return Result()
+
+    def report(self, key: ReportKey) -> None:
+        """Write ``NoShard`` on the object (raises on an API failure)."""
+        kind = key.kind
         with self._lock:
-            obj = self._objects.get((kind, key[1], key[2]))
+            obj = self._objects.get(key.object)
         if obj is None:
             return  # relabelled to a served key, or deleted, meanwhile
         label = str((obj.get("metadata", {}).get("labels") or {}).get(SHARD_LABEL, ""))

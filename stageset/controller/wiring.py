@@ -1,15 +1,30 @@
-"""The one place that wires the controller: every collaborator of both reconcilers, built once.
+"""The one place that wires the controller: every collaborator of both reconcilers, built once, and
+what the manager runs (:func:`wire` returns the :class:`~stageset.controller.setup.Setup`).
 
 The reconcilers build nothing themselves; the manager (and the in-process tests, so they run
-the controller as wired) call :func:`reconcilers` / :func:`stageset_reconciler`.  Built here:
+the controller as wired) call :func:`wire` / :func:`stageset_reconciler`.  Built here:
 
-- one :class:`~stageset.controller.identity.IdentityPolicy` for both kinds (who acts as whom);
+- the Git mirror (unless one is given) and one :class:`~stageset.controller.identity.IdentityPolicy`
+  for both kinds (who acts as whom);
 - the tenant reads and the ServiceAccount check after a denial (one :class:`AccountCheck`);
 - the target clusters (this one, and a bounded cache of remote ones: :class:`Targets`);
 - the renderer and its cache (reading old revisions through the mirror's kept commits), the CEL
   sandbox, the stage applier and the actions around it (their ``--allowed-action-hosts`` and
   address guard), the records, the change reports, the release steering (gates, windows,
-  rollback), the pass runner and the teardown of the StageSet reconciler.
+  rollback), the pass runner and the teardown of the StageSet reconciler;
+- the event sources outside the manager's own watches: Flux source watches (discovery) and
+  artifact downloads (jobs in the GitRepository pool), both waking StageSets through the
+  StageSet reconciler's source index (:mod:`stageset.controller.stageset.watches`);
+- with ``--shard-keys`` on a label shard, the main shard's report of objects no shard serves
+  (:mod:`stageset.controller.unserved`; its reports run in the StageSet pool);
+- on a label shard, the hand-off (:class:`~stageset.controller.handoff.ShardHandoff`), declared as
+  the guard of every controller (each kind is watched under the shard's selector);
+- for a cluster-wide release, the metadata-only Namespace watch behind the metrics' ``tenant``
+  label (:mod:`stageset.controller.tenants`), a runnable: a report only, not part of "synced".
+
+Which kind each pool and job belongs to is said here and in the reconcilers' declarations
+(:meth:`StageSetWatches.controller`, :meth:`GitRepositoryReconciler.controller`); the manager
+knows no kind by name.
 
 Identity: nothing here makes a request; each collaborator's docstring says whose identity its
 requests use.
@@ -20,22 +35,30 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
+from sources import MirrorStore, UrlPolicy
 from sources.addresses import AddressGuard
+from sources.artifacts import ArtifactStore
 from stageset.apply.cel import CelSandbox
 from stageset.apply.engine import StageApplier, WatchSource
 from stageset.apply.health import ExpressionChecker
 from stageset.apply.rights import ShownRights
+from stageset.controller.artifacts import JOB_KIND, ArtifactFetcher
 from stageset.controller.clock import Clock
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
-from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler, RevisionListener
+from stageset.controller.fluxwatch import FluxWatches
+from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
+from stageset.controller.handoff import ShardHandoff
 from stageset.controller.identity import IdentityPolicy
+from stageset.controller.keys import JobKey, ObjectKey
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.metrics import Metrics
 from stageset.controller.rendercache import RenderCache
 from stageset.controller.settings import ControllerSettings
+from stageset.controller.setup import Controller, Enqueue, Jobs, Reports, Setup
 from stageset.controller.stageset.actions import ActionStage
 from stageset.controller.stageset.actionsteps import ActionRunner, StepSettings
 from stageset.controller.stageset.changes import Changes
@@ -49,9 +72,13 @@ from stageset.controller.stageset.revisions import GitRevisions, Keeper
 from stageset.controller.stageset.stage import StageApply, Wake
 from stageset.controller.stageset.targets import Targets
 from stageset.controller.stageset.teardown import Teardown
+from stageset.controller.stageset.watches import SourceIndex, StageSetWatches
 from stageset.controller.status import WriteListener
-from stageset.kube.client import ClientPool
+from stageset.controller.tenants import NAMESPACES
+from stageset.controller.unserved import Unserved
+from stageset.kube.client import ClientPool, KubeClient
 from stageset.kube.mapping import Resource, RestMapper
+from stageset.kube.watch import Reflector
 
 
 class Store(Fetcher, SourceTrees, Protocol):
@@ -73,30 +100,111 @@ class Shared:
     """The monotonic clock of the throttle of waiting messages (seconds)."""
     watches: WatchSource | None = None
     """Readiness watches (bounded), as each stage's identity; ``None``: stages poll."""
-    wake: Wake | None = None
-    """Queue a reconcile of a StageSet (a watched object it waits for changed)."""
+    enqueue: Enqueue | None = None
+    """The manager's work queues (``None``: nothing is queued, as in tests that run one reconciler)."""
+    synced: Callable[[], bool] = lambda: True
+    """Whether the manager's watch caches have synced (their first lists are in)."""
+    leading: Callable[[], bool] = lambda: True
+    """Whether this process may reconcile now (with leader election: while it leads)."""
 
 
 @dataclass(frozen=True)
-class Reconcilers:
-    stagesets: StageSetReconciler
-    gitrepositories: GitRepositoryReconciler
+class Wired:
+    """What :func:`wire` built: the manager's :class:`Setup`, and the parts tests look into."""
+
+    setup: Setup
+    flux: FluxWatches
+    artifacts: ArtifactFetcher
 
 
-def reconcilers(shared: Shared, *, store: Store, stagesets: Resource, gitrepositories: Resource,
-                index: DependencyIndex, stop: threading.Event, on_revision: RevisionListener,
-                artifacts: ArtifactTrees | None = None) -> Reconcilers:
-    """Both reconcilers, sharing one identity policy."""
-    identities = IdentityPolicy(cluster_admin=shared.settings.cluster_admin,
-                                default_service_account=shared.settings.default_service_account)
-    git = GitRepositoryReconciler(clients=shared.clients, store=store, resource=gitrepositories,
-                                  on_revision=on_revision, identities=identities, clock=shared.clock,
+def mirror_store(settings: ControllerSettings) -> MirrorStore:
+    policy = UrlPolicy(allow_http=settings.allow_insecure_sources, allow_file=settings.allow_local_sources)
+    return MirrorStore(root=settings.mirror_dir, policy=policy, limits=settings.source_limits,
+                       max_bytes=settings.mirror_max_bytes)
+
+
+def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Store | None = None) -> Wired:
+    """Both reconcilers (sharing one identity policy), their declarations and the event sources
+    that wake StageSets; ``enqueue`` is the manager's."""
+    settings, admin = shared.settings, shared.clients.client()
+    shared = replace(shared, enqueue=enqueue)
+    if store is None:
+        store = mirror_store(settings)
+    if isinstance(store, MirrorStore):
+        shared.metrics.mirror(store.disk_usage)
+    identities = IdentityPolicy(cluster_admin=settings.cluster_admin,
+                                default_service_account=settings.default_service_account)
+    index, sources = DependencyIndex(), SourceIndex(enqueue=enqueue)
+    artifacts = ArtifactFetcher(
+        store=ArtifactStore(root=settings.artifacts.directory, limits=settings.artifacts.limits,
+                            guard=AddressGuard(allow_insecure=settings.allow_insecure_sources),
+                            max_bytes=settings.artifacts.max_bytes,
+                            max_tenant_bytes=settings.artifacts.max_tenant_bytes),
+        timeout=settings.artifacts.timeout, wake=sources.wake, stop=stop,
+        schedule=lambda namespace, job: enqueue(JobKey(JOB_KIND, namespace, job)))
+    flux = FluxWatches(client=admin, namespaces=settings.watch_namespaces, stop=stop, on_change=sources.wake,
+                       resync=settings.resync_period, interval=settings.artifacts.discovery_interval)
+    stagesets = StageSetWatches(
+        reconciler=stageset_reconciler(shared, identities=identities, store=store, resource=STAGESETS,
+                                       source_resource=GITREPOSITORIES, index=index, stop=stop,
+                                       artifacts=artifacts),
+        resource=STAGESETS, source_kind=GITREPOSITORIES.kind, index=index, sources=sources,
+        poke=flux.poke, default_source_kind=settings.default_source_kind,
+        no_cross_namespace_refs=settings.no_cross_namespace_refs)
+    git = GitRepositoryReconciler(clients=shared.clients, store=store, resource=GITREPOSITORIES,
+                                  on_revision=stagesets.revised, identities=identities, clock=shared.clock,
                                   events=shared.events, metrics=shared.metrics,
-                                  runbook_base_url=shared.settings.runbook_base_url, on_write=shared.on_write)
-    return Reconcilers(stagesets=stageset_reconciler(shared, identities=identities, store=store,
-                                                     resource=stagesets, source_resource=gitrepositories,
-                                                     index=index, stop=stop, artifacts=artifacts),
-                       gitrepositories=git)
+                                  runbook_base_url=settings.runbook_base_url, on_write=shared.on_write)
+    controllers = _sharded((stagesets.controller(workers=settings.workers),
+                            git.controller(workers=settings.source_workers)), shared, admin=admin, stop=stop)
+    # Artifact downloads share the source pool (and its per-namespace cap) with Git fetches.
+    setup = Setup(controllers=controllers,
+                  jobs=(Jobs(runner=JOB_KIND, pool=GITREPOSITORIES.kind, run=artifacts.job),),
+                  reports=_unserved(shared, admin=admin),
+                  runnables=(flux, *_tenant_labels(shared, admin=admin, stop=stop)))
+    return Wired(setup=setup, flux=flux, artifacts=artifacts)
+
+
+def _sharded(controllers: tuple[Controller, ...], shared: Shared, *, admin: KubeClient,
+             stop: threading.Event) -> tuple[Controller, ...]:
+    """On a label shard, every controller guarded by one hand-off (one writer per object across
+    shards, :mod:`stageset.controller.handoff`): the manager watches each kind under the selector,
+    so any of their passes may see its object leave."""
+    settings = shared.settings
+    selector = settings.watch_label_selector
+    if selector is None:
+        return controllers
+    handoff = ShardHandoff(client=admin, selector=selector, namespace=settings.shard_handoff_namespace,
+                           timeout=settings.shard_handoff_timeout, metrics=shared.metrics, stop=stop,
+                           synced=shared.synced, leading=shared.leading)
+    return tuple(replace(controller, guard=handoff) for controller in controllers)
+
+
+def _tenant_labels(shared: Shared, *, admin: KubeClient, stop: threading.Event) -> tuple[Reflector, ...]:
+    """The metrics' ``tenant`` label: Namespaces, metadata only, for a cluster-wide release (one
+    bound per namespace may not list Namespaces: no tenant label).  A report only, like the
+    unserved watches: not cached, not part of "synced"."""
+    settings = shared.settings
+    if settings.watch_namespaces is not None:
+        return ()
+    return (Reflector(client=admin, resource=NAMESPACES, namespace=None, stop=stop,
+                      handler=shared.metrics.tenants.handle, resync=settings.resync_period,
+                      metadata_only=True),)
+
+
+def _unserved(shared: Shared, *, admin: KubeClient) -> Reports | None:
+    """The main shard's report of objects no shard serves (``--shard-keys`` on a label shard);
+    its reports run in the StageSet pool."""
+    settings = shared.settings
+    selector, shard_keys = settings.watch_label_selector, settings.shard_keys
+    if shard_keys is None or selector is None:
+        return None
+    resources = (STAGESETS, GITREPOSITORIES)
+    unserved = Unserved(client=admin, shard_keys=shard_keys, resources={r.kind: r for r in resources},
+                        clock=shared.clock, metrics=shared.metrics,
+                        runbook_base_url=settings.runbook_base_url)
+    return Reports(resources=resources, label_selector=str(selector.unserved(shard_keys)),
+                   handle=unserved.handle, run=unserved.run, pool=STAGESETS.kind)
 
 
 def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: SourceTrees, resource: Resource,
@@ -121,9 +229,12 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     renderer = Renderer(clients=clients, store=store, reads=reads, limits=settings.build_limits,
                         cache=RenderCache(max_builds=settings.workers), artifacts=artifacts,
                         revisions=GitRevisions(keeper))
+    enqueue = shared.enqueue
+    wake: Wake | None = None if enqueue is None else \
+        (lambda namespace, name: enqueue(ObjectKey(resource.kind, namespace, name)))
     applier = StageApply(clients=clients, clock=shared.clock, readiness_slice=settings.readiness_slice,
                          stop=stop, sandbox=cel, accounts=accounts, watches=shared.watches,
-                         wake=shared.wake, watched_requeue=settings.watched_requeue)
+                         wake=wake, watched_requeue=settings.watched_requeue)
     guard = AddressGuard(allow_insecure=settings.allow_insecure_sources, purpose="actions", verb="call")
     runner = ActionRunner(renderer=renderer, sandbox=cel, clock=shared.clock, stop=stop,
                           settings=StepSettings(allowed_hosts=settings.allowed_action_hosts, guard=guard,

@@ -20,7 +20,7 @@ from stageset.controller.consumers import artifact_consumer
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
 from stageset.controller.identity import IdentityPolicy
-from stageset.controller.manager import GITREPOSITORIES, STAGESETS
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.metrics import Metrics
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings

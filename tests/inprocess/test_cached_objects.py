@@ -14,7 +14,8 @@ import pytest
 
 from stageset.controller.gitrepository import GitRepositoryReconciler
 from stageset.controller.identity import IdentityPolicy
-from stageset.controller.manager import GITREPOSITORIES, Manager
+from stageset.controller.kinds import GITREPOSITORIES
+from stageset.controller.manager import Manager
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
 from stageset.kube.types import KubeObject
@@ -118,7 +119,7 @@ class Recording(dict[Any, KubeObject]):
 def manager(world: World) -> Iterator[Manager]:
     manager = Manager(clients=world.pool, store=world.sources, clock=world.clock,
                       settings=ControllerSettings(readiness_slice=0.0, readiness_requeue=0.05))
-    manager._objects = Recording()
+    manager.cache.objects = Recording()
     thread = threading.Thread(target=manager.run, daemon=True)
     thread.start()
     yield manager
@@ -133,7 +134,7 @@ def test_the_managers_cache_is_never_changed_by_the_reconciles_it_feeds(world: W
     eventually(lambda: world.phases("shop").get("web") == "Waiting", what="web waiting")
     world.roll_out("web")
     eventually(lambda: is_ready(world, "shop"), what="StageSet Ready")
-    stored = manager._objects.stored  # type: ignore[attr-defined]
+    stored = manager.cache.objects.stored  # type: ignore[attr-defined]
     # The cache holds each object as compressed JSON bytes: immutable, so no reconcile can change
     # it (each gets a copy parsed from them).
     assert all(isinstance(raw, bytes) for raw, _ in stored)

@@ -12,7 +12,7 @@ import pytest
 from stageset.controller.manager import Manager
 from stageset.controller.settings import ArtifactSettings, ControllerSettings
 from tests.artifactserver import ArtifactServer
-from tests.inprocess.conftest import NS, TENANT, World, configmap
+from tests.inprocess.conftest import TENANT, World, configmap
 from tests.inprocess.test_flux_sources import FLUX, Flux, stage
 from tests.inprocess.test_manager import eventually
 
@@ -39,14 +39,15 @@ def test_kinds_installed_later_are_watched_and_only_the_naming_stagesets_are_req
             flux.publish("ExternalArtifact", name, {"cm.yaml": configmap(f"cm-{name}", "one")})
             world.stageset(name, [stage("app", kind="ExternalArtifact", name=name)])
         eventually(lambda: world.configmap("cm-a") and world.configmap("cm-b"), what="both applied")
-        assert manager.flux.watched() == {}
+        assert manager.wired.flux.watched() == {}
 
         def reads_of_b() -> int:
             return len([r for r in world.cluster.by(TENANT) if r.path.endswith("/externalartifacts/b")])
 
         before = reads_of_b()
         world.cluster.unserved.clear()  # Flux's CRDs are installed now
-        eventually(lambda: "ExternalArtifact" in manager.flux.watched(), what="a watch on ExternalArtifacts")
+        eventually(lambda: "ExternalArtifact" in manager.wired.flux.watched(),
+                   what="a watch on ExternalArtifacts")
         # The new watch's first list names every object once: their StageSets run once more.
         eventually(lambda: reads_of_b() > before, what="b requeued by the first list")
         settled = reads_of_b()
@@ -54,9 +55,9 @@ def test_kinds_installed_later_are_watched_and_only_the_naming_stagesets_are_req
                      revision="latest@sha256:2")
         eventually(lambda: (world.configmap("cm-a") or {}).get("data") == {"k": "two"},
                    what="the new artifact applied with no spec change")
-        eventually(lambda: manager._queue(("StageSet", NS, "a")).__len__() == 0, what="the queue drained")
+        eventually(lambda: len(manager.pools["StageSet"].queue) == 0, what="the queue drained")
         assert reads_of_b() == settled
         # The download ran as a job of the source pool, for the StageSet's namespace.
-        assert manager.artifacts.store.downloads == 3
+        assert manager.wired.artifacts.store.downloads == 3
         assert not [r for r in world.cluster.by(TENANT) if r.write and FLUX in r.path]
 

@@ -7,7 +7,7 @@ import base64
 from sources import GitOperationError, Snapshot
 from stageset.controller.gitrepository import GitRepositoryReconciler
 from stageset.controller.identity import IdentityPolicy
-from stageset.controller.manager import GITREPOSITORIES
+from stageset.controller.kinds import GITREPOSITORIES
 from tests.inprocess.conftest import NS, SA, TENANT, URL, World
 from tests.inprocess.fakes import CONTROLLER
 

@@ -24,7 +24,7 @@ from stageset.cli.render import Renderer as CliRenderer
 from stageset.cli.render import SourceDirs, parse_stageset
 from stageset.controller.consumers import artifact_consumer
 from stageset.controller.identity import IdentityPolicy
-from stageset.controller.manager import GITREPOSITORIES
+from stageset.controller.kinds import GITREPOSITORIES
 from stageset.controller.redact import Redactor
 from stageset.controller.stageset.decryption import for_pass
 from stageset.controller.stageset.reads import AccountCheck

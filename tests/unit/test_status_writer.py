@@ -14,7 +14,7 @@ from stageset.api import Condition, StageInventory, StageSet, StageSetStatus
 from stageset.api.vocabulary import ConditionStatus, Reason, StagePhase
 from stageset.apply.errors import StageError
 from stageset.apply.record import ANNOTATION, Record, StageRecord
-from stageset.controller.manager import STAGESETS
+from stageset.controller.kinds import STAGESETS
 from stageset.controller.stageset.plan import Previous, StageOutcome
 from stageset.controller.stageset.progress import PROGRESS_INTERVAL, Progress, shown
 from stageset.controller.stageset.writer import PassWriter

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import click
 
 from stageset.cli.session import DNS_LABEL, CliError, Session, echo
-from stageset.controller.manager import STAGESETS
+from stageset.controller.kinds import STAGESETS
 from stageset.kube.client import ApiError
 from stageset.kube.kubeconfig import list_contexts
 

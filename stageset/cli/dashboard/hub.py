@@ -51,7 +51,7 @@ from stageset.cli.dashboard.views import (
 )
 from stageset.cli.inspect import event_row
 from stageset.controller.conditions import find_condition, ready_at_generation
-from stageset.controller.manager import STAGESETS
+from stageset.controller.kinds import STAGESETS
 from stageset.kube.client import ApiError, KubeClient, QueryValue, UnreachableError
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError
 from stageset.kube.types import KubeObject, conditions

@@ -1,0 +1,14 @@
+"""The kinds this controller serves, as the apiserver names them (``stages.metio.wtf/v1``).
+
+Identity: none; these are names.  The manager knows neither: each reconciler's declaration
+(:mod:`stageset.controller.setup`) says which it is ``For`` and which it watches.
+"""
+
+from __future__ import annotations
+
+from stageset.api import GROUP, VERSION
+from stageset.kube.mapping import Resource
+
+STAGESETS = Resource(group=GROUP, version=VERSION, kind="StageSet", plural="stagesets", namespaced=True)
+GITREPOSITORIES = Resource(group=GROUP, version=VERSION, kind="GitRepository",
+                           plural="gitrepositories", namespaced=True)
