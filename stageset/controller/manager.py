@@ -220,6 +220,12 @@ class Manager:
         before, now = self.cache.update(key, None if gone else obj, states=states)
         if gone:
             REGISTRY.drop(key.ref)  # its Secret values leave the log filter with it
+        self._triggered(key, watches, before, now)
+
+    def _triggered(self, key: ObjectKey, watches: tuple[Watch, ...], before: States | None,
+                   now: States | None) -> None:
+        """Queue the keys of every watch whose state moved as its predicate says (in watch order:
+        the object's own key first)."""
         for i, watch in enumerate(watches):
             if watch.fires.fires(None if before is None else before[i], None if now is None else now[i]):
                 for target in watch.keys(key):
@@ -371,19 +377,39 @@ class Manager:
         """Run until :attr:`stop` is set."""
         if self.lifecycle:
             self.lifecycle.start()
-        for reflector in (*self._reflectors, *self._report_watches):
-            reflector.start()
-        for runnable in self._runnables:
-            runnable.start()
+        for started in (*self._reflectors, *self._report_watches, *self._runnables):
+            started.start()
+        if self._synced():
+            self._run_workers()
+        else:
+            for pool in self.pools.values():
+                pool.queue.shutdown()
         if self.lifecycle:
-            # Caches synced, then the Lease held; returns False at once when stopped meanwhile.
-            if not self.lifecycle.before_workers([r.synced for r in self._reflectors]):
-                for pool in self.pools.values():
-                    pool.queue.shutdown()
-                self.lifecycle.after_workers()
-                return
-        elif not wait_synced(self._reflectors, timeout=60, stop=self.stop) and not self.stop.is_set():
+            self.lifecycle.after_workers()
+
+    def _run_workers(self) -> None:
+        """Every pool's workers, until :attr:`stop` is set."""
+        workers = self._start_workers()
+        wait_until_set(self.stop)
+        if self.watches is not None:
+            self.watches.close()
+        for pool in self.pools.values():
+            pool.queue.shutdown()
+        # One deadline for all workers: in-flight passes finish or are abandoned within it.
+        deadline = time.monotonic() + self._settings.shutdown_timeout
+        for worker in workers:
+            worker.join(timeout=max(0.0, deadline - time.monotonic()))
+
+    def _synced(self) -> bool:
+        """Wait for the caches (then the Lease, with a lifecycle); ``False``: stopped meanwhile, no
+        workers are to start."""
+        if self.lifecycle:
+            return self.lifecycle.before_workers([r.synced for r in self._reflectors])
+        if not wait_synced(self._reflectors, timeout=60, stop=self.stop) and not self.stop.is_set():
             log.warning("caches not synced after 60s; starting workers anyway")
+        return True
+
+    def _start_workers(self) -> list[threading.Thread]:
         workers = [threading.Thread(target=self._work, args=(pool.queue,), daemon=True,
                                     name=f"{pool.name.lower()}-worker-{i}")
                    for pool in self.pools.values() for i in range(pool.workers)]
@@ -395,14 +421,4 @@ class Manager:
                            for pool in self.pools.values()),
                  ", ".join(self._settings.watch_namespaces or ("all",)),
                  self._settings.watch_label_selector or "all")
-        wait_until_set(self.stop)
-        if self.watches is not None:
-            self.watches.close()
-        for pool in self.pools.values():
-            pool.queue.shutdown()
-        # One deadline for all workers: in-flight passes finish or are abandoned within it.
-        deadline = time.monotonic() + self._settings.shutdown_timeout
-        for worker in workers:
-            worker.join(timeout=max(0.0, deadline - time.monotonic()))
-        if self.lifecycle:
-            self.lifecycle.after_workers()
+        return workers
