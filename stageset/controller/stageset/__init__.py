@@ -2,6 +2,8 @@
 
 - ``reconciler`` — orchestration only: copy what the cache handed over, read the spec
   (teardown, suspend), prepare (finalizer, stage graph, dependencies, target), run one pass;
+- ``watches`` — its declaration to the manager: what requeues a StageSet (its spec and
+  requests, its dependencies, the sources it names), and the indexes its watch keeps;
 - ``passes`` — one pass as named steps: render, refuse clashes, recover the inventory, apply
   over the graph, verdict, prune, conclude; its progress is a local value each step takes and
   returns anew;
