@@ -82,7 +82,7 @@ def test_stage_limits_on_bytes_files_and_objects() -> None:
     with pytest.raises(BuildError, match=r"big\.yaml: 2001 bytes is more than the limit of 2000 bytes per"):
         build_stage({"big.yaml": (CM % 0).encode() + b"#" * (2001 - len(CM % 0))}, limits=SMALL)
     spread = {f"f{i}.yaml": (CM % i).encode() + b"#" * 1500 for i in range(4)}
-    with pytest.raises(BuildError, match=r"the stage's manifests add up to more than 5000 bytes"):
+    with pytest.raises(BuildError, match=r"the stage's manifest files add up to more than 5000 bytes"):
         build_stage(spread, limits=SMALL)
 
 

@@ -169,7 +169,7 @@ def test_prune_is_counted_and_what_it_could_not_delete_is_a_warning() -> None:
     assert (event["type_"], event["reason"]) == (EventType.WARNING, EventReason.PRUNE_FAILED)
     assert event["message"] == "could not delete 1 object(s) no longer in Git: ConfigMap shop/stuck"
     def count(result: str) -> float | None:
-        labels = {"namespace": "shop", "name": "app", "result": result}
+        labels = {"namespace": "shop", "name": "app", "result": result, "tenant": ""}
         return metrics.registry.get_sample_value("stageset_objects_pruned_total", labels)
 
     assert (count("deleted"), count("failed")) == (1, 1)
