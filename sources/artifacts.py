@@ -37,7 +37,8 @@ that tenant's least recently read trees are deleted until it holds at most ``max
 then anyone's until the store holds at most ``max_bytes`` (the tree just stored is kept even when
 it alone is larger).  A tree deleted while unread is downloaded again when next needed.  While
 downloads run, each holds at most ``max_download_bytes`` (its spool) plus ``max_unpacked_bytes``
-and its index (its staged tree) beyond the budget.
+and :data:`MAX_TREE_OVERHEAD_BYTES` (its staged tree: the files, then the index) beyond the budget —
+the figures the chart's artifact volume is sized from (``helm/stageset``, docs/sizing.md).
 
 Downloads of the same digest from the same URL are made once at a time (later callers wait
 and find it stored); the same digest from *another* URL is downloaded independently, so a slow
@@ -64,13 +65,20 @@ from sources.addresses import AddressGuard
 from sources.archive import FileRef, Index, unpack
 from sources.digests import Digest, verify
 from sources.download import display, download
-from sources.limits import ArtifactLimits
+from sources.errors import LimitExceededError
+from sources.limits import ArtifactLimits, MiB
 
 _MAGIC = b"SSTREE2\n"
 _TRAILER = struct.Struct(">Q8s")
 """After the index: its length and the magic again (a truncated file is not a tree)."""
 _TREE = ".tree"
 _META = ".meta"
+MAX_TREE_OVERHEAD_BYTES = 8 * MiB
+"""Most bytes a stored tree holds beyond its files (the magic, the index, the trailer); an artifact
+whose index would be larger is refused.  The limits bound the paths (``max_paths_bytes``) but not
+their JSON escapes nor the targets of dangling links named in ``unreadable``, so this bounds them,
+with room over the 5 MiB that 10,000 entries and 4 MiB of plain paths take.  The chart adds it per download in
+flight to its artifact volume (``helm/stageset/templates/deployment.yaml``; tests/helm keep them equal)."""
 _MAX_PROOFS = 64
 """URLs remembered per digest (the most recent): every one cost its caller a download."""
 
@@ -103,6 +111,9 @@ def _url_key(url: str) -> str:
 def _write_index(out: IO[bytes], index: Index) -> None:
     body = json.dumps({"files": [[p, r.offset, r.size, r.sha256] for p, r in index.files.items()],
                        "unreadable": index.unreadable}, separators=(",", ":")).encode()
+    if len(_MAGIC) + len(body) + _TRAILER.size > MAX_TREE_OVERHEAD_BYTES:
+        raise LimitExceededError(f"the artifact's index takes more than {MAX_TREE_OVERHEAD_BYTES} bytes "
+                                 "(its paths and link targets); it was refused")
     out.write(body + _TRAILER.pack(len(body), _MAGIC))
 
 

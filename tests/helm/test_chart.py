@@ -186,10 +186,11 @@ def test_restricted_pod_security_probes_and_ports(helm: Helm) -> None:
     service = one(docs, "Service")
     assert service["spec"]["ports"] == [{"name": "metrics", "port": 8080, "targetPort": "metrics",
                                          "protocol": "TCP"}]
-    # Everything written goes to the two emptyDirs: the mirrors and /tmp.
+    # Everything written goes to the three emptyDirs: the mirrors, the artifacts and /tmp.
     mounts = {m["mountPath"] for m in container["volumeMounts"]}
-    assert mounts == {"/var/cache/stageset", "/tmp"}
+    assert mounts == {"/var/cache/stageset", "/var/cache/stageset-artifacts", "/tmp"}
     assert "--mirror-dir=/var/cache/stageset" in args
+    assert "--artifact-dir=/var/cache/stageset-artifacts" in args
 
 
 def test_leader_election_strategy_pdb_and_service_monitor(helm: Helm) -> None:

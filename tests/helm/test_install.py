@@ -490,6 +490,9 @@ def pod_args(cluster: Cluster, release: Release) -> list[str]:
         if flag == "--mirror-dir":
             assert value == "/var/cache/stageset"  # the emptyDir's mount path
             arg = f"--mirror-dir={mirrors}"
+        elif flag == "--artifact-dir":
+            assert value == "/var/cache/stageset-artifacts"  # the artifacts emptyDir's mount path
+            arg = f"--artifact-dir={cluster.workdir / f'{release.name}-artifacts'}"
         elif flag in ("--probe-address", "--metrics-address"):
             assert re.fullmatch(r":\d+", value), arg  # the pod's ports
             arg = f"{flag}=127.0.0.1:{free_port()}"

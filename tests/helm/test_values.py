@@ -16,7 +16,11 @@ from stageset.api.crd import KINDS, MIN_KUBERNETES, custom_resource_definition
 from stageset.apply.cel import CelLimits
 from stageset.build import BuildLimits
 from stageset.build.kustomize import _GO_RUNTIME_DATA
+from sources.artifacts import MAX_TREE_OVERHEAD_BYTES
+from sources.limits import ArtifactLimits
+from stageset.cli.main import artifact_settings
 from stageset.cli.main import main as cli
+from stageset.controller.settings import ArtifactSettings
 from tests.helm.chart import CHART, Helm, controller_args, controller_container, find, one
 
 MiB = 2**20
@@ -99,6 +103,42 @@ def test_mirror_volume_has_headroom_over_the_budget_and_tmp_is_bounded(helm: Hel
     assert tuned["tmp"]["emptyDir"]["sizeLimit"] == "64Mi"
 
 
+def test_artifacts_have_a_volume_of_their_own_sized_for_the_budget_and_downloads_in_flight(
+        helm: Helm) -> None:
+    """Not /tmp: a store that fills its budget, with every source worker downloading at the limits,
+    stays within its emptyDir's sizeLimit, so the kubelet never evicts the pod for it."""
+    controller = cli.commands["controller"]  # type: ignore[attr-defined]
+
+    def rendered(*values: str) -> tuple[ArtifactSettings, dict[str, Any], dict[str, Any]]:
+        docs = helm.render(*values)
+        params = controller.make_context("controller", list(controller_args(docs))).params
+        mounts = {m["name"]: m["mountPath"] for m in controller_container(docs)["volumeMounts"]}
+        return artifact_settings(params), {v["name"]: v for v in pod_spec(docs)["volumes"]}, mounts
+
+    settings, volumes, mounts = rendered()
+    assert str(settings.directory) == mounts["artifacts"] == "/var/cache/stageset-artifacts"
+    # The controller's own defaults, now said by the chart.
+    assert (settings.max_bytes, settings.max_tenant_bytes) == (ArtifactSettings().max_bytes,
+                                                               ArtifactSettings().max_tenant_bytes)
+    assert settings.limits == ArtifactLimits()
+    # 1Gi of trees + 4 source workers x (100Mi spool + 100Mi staged tree + its index).
+    per_download = 100 * MiB + 100 * MiB + MAX_TREE_OVERHEAD_BYTES
+    assert MAX_TREE_OVERHEAD_BYTES == 8 * MiB  # the 8Mi the template adds per download
+    assert volumes["artifacts"]["emptyDir"]["sizeLimit"] == f"{(1024 * MiB + 4 * per_download) // MiB}Mi"
+    assert volumes["tmp"]["emptyDir"]["sizeLimit"] == "256Mi"  # nothing of the artifacts lands there
+
+    settings, volumes, _ = rendered(
+        "--set", "controller.artifacts.maxSize=3Gi", "--set", "controller.artifacts.tenantMaxSize=1Gi",
+        "--set", "controller.artifacts.maxDownloadSize=20M", "--set", "controller.artifacts.maxUnpackedSize=300Mi",
+        "--set", "controller.sourceWorkers=3")
+    assert (settings.max_bytes, settings.max_tenant_bytes) == (3 * 1024 * MiB, 1024 * MiB)
+    assert (settings.limits.max_download_bytes, settings.limits.max_unpacked_bytes) == (20_000_000, 300 * MiB)
+    in_flight = 3 * (20_000_000 + 300 * MiB + MAX_TREE_OVERHEAD_BYTES)
+    assert volumes["artifacts"]["emptyDir"]["sizeLimit"] == f"{-(-(3 * 1024 * MiB + in_flight) // MiB)}Mi"
+    # A tenant's share equal to the whole store is allowed (a single-tenant cluster).
+    helm.render("--set", "controller.artifacts.tenantMaxSize=1Gi")
+
+
 # --------------------------------------------------------------------------- escape hatches
 
 CA_BUNDLE = [
@@ -159,6 +199,11 @@ def test_extra_args_reach_the_controller_and_cannot_override_a_value(helm: Helm)
     (["--set", "crds.install=maybe"], "/crds/install"),
     (["--set", "cleanupOnDelete.timeout=10"], "/cleanupOnDelete/timeout"),
     (["--set", "controller.tmp.maxSize=lots"], "/controller/tmp/maxSize"),
+    (["--set", "controller.artifacts.maxSize=1GB"], "/controller/artifacts/maxSize"),
+    (["--set", "controller.artifacts.tenantMaxSize=-1"], "/controller/artifacts/tenantMaxSize"),
+    (["--set", "controller.artifacts.maxDownloadSize=big"], "/controller/artifacts/maxDownloadSize"),
+    (["--set", "controller.artifacts.maxUnpackedSize=1.5Gi"], "/controller/artifacts/maxUnpackedSize"),
+    (["--set", "controller.artifacts.maxFiles=10"], "'maxFiles'"),
 ])
 def test_new_values_are_schema_checked(helm: Helm, values: list[str], named: str) -> None:
     result = helm.template(*values, check=False)
@@ -172,6 +217,14 @@ def test_new_values_are_schema_checked(helm: Helm, values: list[str], named: str
      'extraVolumes: the volume name "tmp" is the chart\'s own'),
     (["--set", "extraVolumeMounts[0].name=x", "--set", "extraVolumeMounts[0].mountPath=/tmp/"],
      "extraVolumeMounts: /tmp/ (x) is the chart's own mount"),
+    (["--set", "extraVolumes[0].name=artifacts", "--set", "extraVolumes[0].emptyDir.medium=Memory"],
+     'extraVolumes: the volume name "artifacts" is the chart\'s own'),
+    (["--set", "extraVolumeMounts[0].name=x", "--set", "extraVolumeMounts[0].mountPath=/var/cache/stageset-artifacts"],
+     "extraVolumeMounts: /var/cache/stageset-artifacts (x) is the chart's own mount"),
+    (["--set", "controller.artifacts.tenantMaxSize=2Gi"],
+     "controller.artifacts.tenantMaxSize=2Gi is larger than controller.artifacts.maxSize=1Gi"),
+    (["--set", "controller.artifacts.maxSize=64Mi", "--set", "controller.artifacts.tenantMaxSize=64Mi"],
+     "controller.artifacts.maxSize=64Mi is smaller than controller.artifacts.maxUnpackedSize=100Mi"),
     (["--set", "serviceAccount.create=false"], "serviceAccount.create=false needs serviceAccount.name"),
     (["--set", "controller.mirrors.maxSize=500Mi"],
      "controller.mirrors.maxSize=500Mi is smaller than controller.git.maxFetchSize=512Mi"),

@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 import ipaddress
 import os
+import tarfile
 import threading
 import time
 from collections.abc import Iterator
@@ -20,7 +21,7 @@ import pytest
 
 from sources.addresses import AddressGuard, AddressRefusedError, IPAddress, refusal
 from sources.archive import ArchiveError
-from sources.artifacts import ArtifactStore, NotStoredError
+from sources.artifacts import MAX_TREE_OVERHEAD_BYTES, ArtifactStore, NotStoredError
 from sources.digests import Digest, DigestMismatchError
 from sources.errors import LimitExceededError, TransferError, UnsafePathError, UrlPolicyError
 from sources.limits import ArtifactLimits
@@ -334,3 +335,23 @@ def test_trees_of_an_older_format_or_without_proofs_are_deleted_at_start(tmp_pat
     artifacts = store(tmp_path)
     assert artifacts.disk_usage() == 0
     assert not list(root.iterdir())
+
+
+def test_an_index_past_its_bound_is_refused(server: ArtifactServer, tmp_path: Path) -> None:
+    """Short paths (within max_paths_bytes) whose dangling links name long targets: the index that
+    lists them as unreadable would outgrow what the chart's artifact volume allows a staged tree
+    beyond its files (MAX_TREE_OVERHEAD_BYTES), so the artifact is refused and nothing is left."""
+    target = "missing/" + "t" * 2500
+    links = [Entry(f"l{n:05}", type=tarfile.SYMTYPE, linkname=target) for n in range(3500)]
+    body = hostile_tarball(links)
+    url = server.publish("links.tar.gz", body)
+    digest = Digest.parse(digest_of(body))
+    artifacts = store(tmp_path)
+    with pytest.raises(LimitExceededError, match=f"index takes more than {MAX_TREE_OVERHEAD_BYTES} bytes"):
+        artifacts.fetch(url, digest, timeout=10)
+    assert not artifacts.has(digest)
+    assert not list((tmp_path / "artifacts").iterdir())
+    # A tenth of them fits: the bound refuses only what is past it.
+    few = hostile_tarball(links[:350])
+    url = server.publish("few.tar.gz", few)
+    assert artifacts.fetch(url, Digest.parse(digest_of(few)), timeout=10).downloaded
