@@ -12,12 +12,12 @@ from typing import Any
 import pytest
 import yaml
 
+from sources.artifacts import MAX_TREE_OVERHEAD_BYTES
+from sources.limits import ArtifactLimits
 from stageset.api.crd import KINDS, MIN_KUBERNETES, custom_resource_definition
 from stageset.apply.cel import CelLimits
 from stageset.build import BuildLimits
 from stageset.build.kustomize import _GO_RUNTIME_DATA
-from sources.artifacts import MAX_TREE_OVERHEAD_BYTES
-from sources.limits import ArtifactLimits
 from stageset.cli.main import artifact_settings
 from stageset.cli.main import main as cli
 from stageset.controller.settings import ArtifactSettings
@@ -123,13 +123,14 @@ def test_artifacts_have_a_volume_of_their_own_sized_for_the_budget_and_downloads
     assert settings.limits == ArtifactLimits()
     # 1Gi of trees + 4 source workers x (100Mi spool + 100Mi staged tree + its index).
     per_download = 100 * MiB + 100 * MiB + MAX_TREE_OVERHEAD_BYTES
-    assert MAX_TREE_OVERHEAD_BYTES == 8 * MiB  # the 8Mi the template adds per download
+    assert 8 * MiB == MAX_TREE_OVERHEAD_BYTES  # the 8Mi the template adds per download
     assert volumes["artifacts"]["emptyDir"]["sizeLimit"] == f"{(1024 * MiB + 4 * per_download) // MiB}Mi"
     assert volumes["tmp"]["emptyDir"]["sizeLimit"] == "256Mi"  # nothing of the artifacts lands there
 
     settings, volumes, _ = rendered(
         "--set", "controller.artifacts.maxSize=3Gi", "--set", "controller.artifacts.tenantMaxSize=1Gi",
-        "--set", "controller.artifacts.maxDownloadSize=20M", "--set", "controller.artifacts.maxUnpackedSize=300Mi",
+        "--set", "controller.artifacts.maxDownloadSize=20M",
+        "--set", "controller.artifacts.maxUnpackedSize=300Mi",
         "--set", "controller.sourceWorkers=3")
     assert (settings.max_bytes, settings.max_tenant_bytes) == (3 * 1024 * MiB, 1024 * MiB)
     assert (settings.limits.max_download_bytes, settings.limits.max_unpacked_bytes) == (20_000_000, 300 * MiB)
@@ -219,7 +220,8 @@ def test_new_values_are_schema_checked(helm: Helm, values: list[str], named: str
      "extraVolumeMounts: /tmp/ (x) is the chart's own mount"),
     (["--set", "extraVolumes[0].name=artifacts", "--set", "extraVolumes[0].emptyDir.medium=Memory"],
      'extraVolumes: the volume name "artifacts" is the chart\'s own'),
-    (["--set", "extraVolumeMounts[0].name=x", "--set", "extraVolumeMounts[0].mountPath=/var/cache/stageset-artifacts"],
+    (["--set", "extraVolumeMounts[0].name=x",
+      "--set", "extraVolumeMounts[0].mountPath=/var/cache/stageset-artifacts"],
      "extraVolumeMounts: /var/cache/stageset-artifacts (x) is the chart's own mount"),
     (["--set", "controller.artifacts.tenantMaxSize=2Gi"],
      "controller.artifacts.tenantMaxSize=2Gi is larger than controller.artifacts.maxSize=1Gi"),
