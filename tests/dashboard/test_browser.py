@@ -382,6 +382,39 @@ def test_the_example_s_graph_objects_and_last_change(
     expect(page.locator("#events table")).to_contain_text("GitRepository/shop")  # the source's events too
 
 
+def test_after_a_revert_the_last_change_names_the_revision_applied(
+    world: World, admin_dashboard: DashboardProcess, git_server: GitServer, page: Page
+) -> None:
+    # A change, then its revert: the two writes have the same summary ("ConfigMap/… configured"),
+    # the event of each must name its own revision (the recorder folded the revert into the
+    # change's event, which named the change's revision).
+    settings = (EXAMPLES / "app" / "config" / "settings.yaml").read_text()
+    shown = page.locator("#stage-config p.last-change code")
+    page.goto(f"{admin_dashboard.url}stagesets/{LIVE}/shop")
+    live(page)
+    for text in (settings.replace("EUR", "CHF"), settings):
+        commit = git_server.commit(f"{LIVE}-examples", {"app/config/settings.yaml": text})
+        result = run_cli("reconcile", "shop", "-n", LIVE, "--with-source", "--wait",
+                         kubeconfig=world.plane.kubeconfig)
+        assert result.exit_code == 0, result.output + result.stderr
+        applied = stageset(world.admin, LIVE, "shop")["status"]["lastAppliedRevision"]
+        assert applied.endswith(commit), applied
+        expect(shown).to_have_attribute("title", applied, timeout=WAIT)
+    expect(page.locator("#stage-config ul.changes")).to_contain_text(f"configured ConfigMap/{LIVE}/")
+
+
+def test_a_dependency_that_failed_is_drawn_failed(admin_dashboard: DashboardProcess, page: Page) -> None:
+    # team/release waits for other/plans, whose Ready=False StageFailed was said about its generation.
+    page.goto(f"{admin_dashboard.url}stagesets/{TEAM}/release")
+    live(page)
+    dependency = node(page, f"stageset:{OTHER}/plans")
+    expect(dependency).to_have_attribute("data-phase", "Failed", timeout=WAIT)
+    stroke = dependency.locator("rect").evaluate("rect => getComputedStyle(rect).stroke")
+    assert stroke == colour(page, "--failed")
+    assert fill(page, f"stageset:{OTHER}/plans") == colour(page, "--failed-fill")
+    expect(page.locator("ul.dependencies .badge")).to_have_text("Failed")
+
+
 # -- the team's StageSets, their status written by the test ----------------------------------------------
 
 
@@ -468,6 +501,51 @@ def test_hostile_names_and_messages_render_as_text(team_dashboard: DashboardProc
     # Also after the live stream swapped the fragments in again.
     page.reload()
     live(page)
+    assert page.evaluate("window.pwned") is None
+
+
+RUNBOOK = "https://stages.metio.wtf/runbooks/stagefailed/"
+LINKED = "https://docs.example/why?a=1&b=2"
+
+
+def test_runbooks_and_urls_in_messages_are_links_and_nothing_else(
+    world: World, team_dashboard: DashboardProcess, page: Page
+) -> None:
+    hostile = f'{LINKED}"><img src=x onerror="window.pwned=4"> javascript:window.pwned=5 data:text/html,x'
+    apply(
+        world.admin,
+        f"{API.format(ns=TEAM)}/linked",
+        {
+            "apiVersion": "stages.metio.wtf/v1",
+            "kind": "StageSet",
+            "metadata": {"name": "linked", "namespace": TEAM},
+            "spec": {"stages": [{"name": "only", "sourceRef": {"name": "app"}}]},
+        },
+    )
+    write_status(
+        world.admin,
+        TEAM,
+        "linked",
+        {
+            "observedGeneration": 1,
+            "conditions": ready(
+                "False", "StageFailed", f"stage 'only' failed: {hostile}; runbook: {RUNBOOK}"
+            ),
+            "stages": [stage_status("only", "Failed", message=f"see {hostile}")],
+        },
+    )
+    page.goto(f"{team_dashboard.url}stagesets/{TEAM}/linked")
+    live(page)
+    expect(page.locator("#summary a.runbook")).to_have_attribute("href", RUNBOOK)
+    expect(page.locator("#summary a.runbook")).to_have_text("runbook")
+    expect(page.locator("#stage-only pre.message a")).to_have_attribute("href", LINKED)
+    expect(page.locator("#stage-only pre.message")).to_have_text(f"see {hostile}")
+    hrefs = [a.get_attribute("href") for a in page.locator("main a[href]").all()]
+    assert all(h and (h.startswith(("/", "#", "https://"))) for h in hrefs), hrefs
+    assert {RUNBOOK, LINKED} <= set(hrefs)
+    for anchor in page.locator("main a[target=_blank]").all():
+        assert anchor.get_attribute("rel") == "noopener noreferrer"
+    assert page.locator("img, [onerror]").count() == 0
     assert page.evaluate("window.pwned") is None
 
 

@@ -548,3 +548,91 @@ def test_the_dashboard_s_client_refuses_every_verb_but_get(mocker: Any) -> None:
     assert client.request.call_count == 0
     reader.request("GET", "/api/v1/namespaces/shop/configmaps", query={"limit": 1})
     client.request.assert_called_once_with("GET", "/api/v1/namespaces/shop/configmaps", query={"limit": 1})
+
+
+# -- links and failed dependencies (issue 37) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "html"),
+    [
+        ("plain & <b>", "plain &amp; &lt;b&gt;"),
+        (
+            "failed; runbook: https://stages.metio.wtf/runbooks/stagefailed/.",
+            'failed; runbook: <a href="https://stages.metio.wtf/runbooks/stagefailed/" '
+            'rel="noopener noreferrer" target="_blank">https://stages.metio.wtf/runbooks/stagefailed/</a>.',
+        ),
+        # A quote or an angle bracket ends the URL: it can never leave the attribute.
+        (
+            'see http://x.example/a"onmouseover="alert(1)',
+            'see <a href="http://x.example/a" rel="noopener noreferrer" target="_blank">'
+            "http://x.example/a</a>&#34;onmouseover=&#34;alert(1)",
+        ),
+        ("javascript:alert(1) data:text/html,<script>", "javascript:alert(1) data:text/html,&lt;script&gt;"),
+        ("https://", "https://"),
+        ("a&b https://h.example/?a=1&b=<2>", 'a&amp;b <a href="https://h.example/?a=1&amp;b=" '
+         'rel="noopener noreferrer" target="_blank">https://h.example/?a=1&amp;b=</a>&lt;2&gt;'),
+    ],
+)
+def test_linkify_links_only_http_urls_and_escapes_the_rest(text: str, html: str) -> None:
+    from stageset.cli.dashboard.links import linkify
+
+    assert str(linkify(text)) == html
+
+
+@pytest.mark.parametrize(
+    ("message", "parts"),
+    [
+        ("stage 'api' failed; runbook: https://h.example/runbooks/stagefailed/",
+         ("stage 'api' failed", "https://h.example/runbooks/stagefailed/")),
+        ("runbook: https://h.example/r/", ("", "https://h.example/r/")),
+        ("no link here", ("no link here", None)),
+        ("runbook: javascript:alert(1)", ("runbook: javascript:alert(1)", None)),
+    ],
+)
+def test_split_runbook(message: str, parts: tuple[str, str | None]) -> None:
+    from stageset.cli.dashboard.links import split_runbook
+
+    assert split_runbook(message) == parts
+
+
+def _with_conditions(*found: dict[str, Any], generation: int = 2) -> dict[str, Any]:
+    obj = stageset([{"name": "a"}], status={"conditions": list(found)})
+    obj["metadata"]["generation"] = generation
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("found", "state"),
+    [
+        ([{"type": "Ready", "status": "False", "reason": "StageFailed", "observedGeneration": 2}], "Failed"),
+        ([{"type": "Ready", "status": "False", "reason": "Stalled", "observedGeneration": 1},
+          {"type": "Stalled", "status": "True", "reason": "Stalled"}], "Failed"),
+        # Waiting for something else, still working, or said about an older generation: in progress.
+        ([{"type": "Ready", "status": "False", "reason": "DependencyNotReady", "observedGeneration": 2}],
+         "InProgress"),
+        ([{"type": "Ready", "status": "False", "reason": "StageFailed", "observedGeneration": 1}],
+         "InProgress"),
+        ([{"type": "Ready", "status": "False", "reason": "StageFailed", "observedGeneration": 2},
+          {"type": "Reconciling", "status": "True", "reason": "Progressing"}], "InProgress"),
+        ([{"type": "Ready", "status": "True", "reason": "Succeeded", "observedGeneration": 2}], "Current"),
+    ],
+)
+def test_a_stageset_that_failed_is_failed_not_in_progress(found: list[dict[str, Any]], state: str) -> None:
+    from stageset.cli.dashboard.hub import object_state
+
+    assert object_state(_with_conditions(*found)).status == state
+
+
+def test_a_failed_dependency_is_drawn_failed() -> None:
+    waits = ready("False", "DependencyNotReady", "StageSet shop/base is not Ready")
+    obj = stageset([{"name": "a"}], depends_on=[{"name": "base"}], status={"conditions": waits})
+    failed = views.ObjectState("Failed", "Ready=False StageFailed: boom")
+    found = views.detail(obj, lookup=lambda _ref: failed, events=[], activity=[], linkable=lambda _ns: True,
+                         now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+    node = found.nodes["stageset:shop/base"]
+    assert node.phase == "Failed"
+    assert node.css == "dependency bad"
+    waiting = views.detail(obj, lookup=lambda _ref: views.ObjectState("InProgress"), events=[], activity=[],
+                           linkable=lambda _ns: True, now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+    assert waiting.nodes["stageset:shop/base"].css == "dependency progress"

@@ -43,6 +43,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stageset.cli.dashboard import layout, views
 from stageset.cli.dashboard.hub import Hub, Lease
+from stageset.cli.dashboard.links import link, linkify
 from stageset.cli.session import age, short_revision
 
 SETTLE = 0.15
@@ -72,6 +73,8 @@ def environment() -> jinja2.Environment:
         return age(value, now=now(datetime.UTC)) if value else "-"
 
     env.filters["age"] = age_filter
+    env.filters["linkify"] = linkify
+    env.globals["link"] = link
     env.filters["short_revision"] = short_revision
     env.filters["first_line"] = lambda text, limit=200: views.first_line(str(text or ""), limit)
     env.globals["layout"] = layout

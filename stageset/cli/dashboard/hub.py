@@ -36,9 +36,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from stageset.api import API_VERSION, parse_time
-from stageset.api.vocabulary import ConditionType
+from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason
 from stageset.apply.readiness import readiness
 from stageset.cli.dashboard.diffs import REVISION_ANNOTATION, EventRow
+from stageset.cli.dashboard.links import split_runbook
 from stageset.cli.dashboard.views import (
     STAGESET_KIND,
     ObjectState,
@@ -54,7 +55,7 @@ from stageset.controller.conditions import find_condition, ready_at_generation
 from stageset.controller.kinds import STAGESETS
 from stageset.kube.client import ApiError, KubeClient, QueryValue, UnreachableError
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError
-from stageset.kube.types import KubeObject, conditions
+from stageset.kube.types import KubeObject, conditions, metadata
 from stageset.kube.watch import DEFAULT_RESYNC, Reflector, object_key
 
 log = logging.getLogger(__name__)
@@ -99,9 +100,29 @@ def _normal_time(value: Any) -> str | None:
     return parsed.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if parsed else None
 
 
+# Ready=False reasons that mean "waiting for something else", not "failed".
+WAITING_REASONS = frozenset({Reason.DEPENDENCY_NOT_READY, Reason.SOURCE_NOT_READY, Reason.ARTIFACT_NOT_FOUND,
+                             Reason.PROGRESSING, Reason.STAGE_PROGRESSING, Reason.SOAKING,
+                             Reason.AWAITING_PROMOTION, Reason.UPDATE_DEFERRED, Reason.SUSPENDED})
+
+
+def failed(obj: KubeObject) -> bool:
+    """One of our kinds failed: ``Stalled=True``, or the controller concluded ``Ready=False`` about
+    the current generation (no longer ``Reconciling``) for a reason that is not a wait."""
+    found = conditions(obj)
+    if find_condition(found, ConditionType.STALLED).get("status") == ConditionStatus.TRUE:
+        return True
+    ready = find_condition(found, ConditionType.READY)
+    return (ready.get("status") == ConditionStatus.FALSE
+            and ready.get("observedGeneration") == metadata(obj).get("generation")
+            and find_condition(found, ConditionType.RECONCILING).get("status") != ConditionStatus.TRUE
+            and ready.get("reason") not in WAITING_REASONS)
+
+
 def object_state(obj: KubeObject) -> ObjectState:
     """kstatus, except for our own kinds: they are Current only once Ready=True was said about
-    their current generation (kstatus would call one with no status yet Current)."""
+    their current generation (kstatus would call one with no status yet Current), and Failed
+    when :func:`failed` (kstatus would call a plain Ready=False InProgress)."""
     revision = ((obj.get("status") or {}).get("artifact") or {}).get("revision")
     artifact = revision if isinstance(revision, str) else None
     if obj.get("apiVersion") == API_VERSION:
@@ -110,8 +131,9 @@ def object_state(obj: KubeObject) -> ObjectState:
             return ObjectState("Current", "", artifact)
         if not ready:
             return ObjectState("InProgress", "not reconciled yet", artifact)
-        text = f"Ready={ready.get('status', 'Unknown')} {ready.get('reason', '')}: {ready.get('message', '')}"
-        return ObjectState("InProgress", text.rstrip(": "), artifact)
+        message = split_runbook(str(ready.get("message", "")))[0]
+        text = f"Ready={ready.get('status', 'Unknown')} {ready.get('reason', '')}: {message}"
+        return ObjectState("Failed" if failed(obj) else "InProgress", text.rstrip(": "), artifact)
     verdict = readiness(obj)
     return ObjectState(verdict.status.value, verdict.message, artifact)
 
