@@ -12,7 +12,7 @@ import pytest
 from stageset.apply.changeset import Action, Change
 from stageset.apply.inventory import ObjectId
 from stageset.cli.dashboard import layout, views
-from stageset.cli.dashboard.app import ListPage, StageSetPage, environment
+from stageset.cli.dashboard.app import ListPage, SourcesPage, StageSetPage, environment
 from stageset.cli.dashboard.command import Address, is_loopback, parse_address
 from stageset.cli.dashboard.diffs import EventRow, last_changes, parse_summary
 from stageset.controller.events import change_summary
@@ -423,6 +423,15 @@ class FakeHub:
     def lookup(self, _ref: views.Ref) -> views.ObjectState:
         return views.ObjectState("Failed", HOSTILE, revision=HOSTILE)
 
+    def sources(self) -> list[dict[str, Any]]:
+        return [{
+            "apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+            "metadata": {"name": "app", "namespace": "shop"},
+            "spec": {"url": f"https://x.example/{HOSTILE}", "ref": {"branch": HOSTILE}},
+            "status": {"artifact": {"revision": HOSTILE, "lastUpdateTime": HOSTILE},
+                       "conditions": ready("False", HOSTILE, f"{HOSTILE}; runbook: https://r.example/{HOSTILE}")},
+        }]
+
     def events_for(self, _obj: dict[str, Any]) -> list[EventRow]:
         return [
             EventRow(
@@ -478,6 +487,7 @@ def test_every_template_escapes_tenant_text() -> None:
     )
     dashboard = Dashboard(FakeHub(obj), scope=HOSTILE)  # type: ignore[arg-type]
     pages = [ListPage(dashboard), StageSetPage(dashboard, namespace="shop", name="shop")]
+    pages.append(SourcesPage(dashboard))
     rendered = [str(f.html) for page in pages for f in page.fragments()]
     rendered.append(
         str(
@@ -636,3 +646,46 @@ def test_a_failed_dependency_is_drawn_failed() -> None:
     waiting = views.detail(obj, lookup=lambda _ref: views.ObjectState("InProgress"), events=[], activity=[],
                            linkable=lambda _ns: True, now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
     assert waiting.nodes["stageset:shop/base"].css == "dependency progress"
+
+
+# -- the Sources page -----------------------------------------------------------------------------------
+
+
+def test_a_source_row_never_shows_credentials_and_names_its_users() -> None:
+    from stageset.cli.dashboard.sources import source_rows, without_credentials
+
+    assert without_credentials("https://user:t0ken@git.example/app.git") == "https://git.example/app.git"
+    assert without_credentials("ssh://git@git.example:22/app.git") == "ssh://git.example:22/app.git"
+    assert without_credentials("https://git.example/a@b") == "https://git.example/a@b"
+    ours = {
+        "apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+        "metadata": {"name": "app", "namespace": "shop"},
+        "spec": {"url": "https://user:t0ken@git.example/app.git", "ref": {"branch": "main"},
+                 "secretRef": {"name": "git-credentials"}},
+        "status": {"artifact": {"revision": "main@sha1:" + "a" * 40,
+                                "lastUpdateTime": "2026-01-01T00:00:00Z"},
+                   "conditions": ready("False", "AuthenticationFailed", "denied; runbook: https://r.example/x/")},
+    }
+    flux = {
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
+        "metadata": {"name": "app", "namespace": "shop"},
+        "spec": {"url": "https://git.example/flux.git", "ref": {"tag": "v1"}},
+        "status": {"conditions": ready("True", "Succeeded", "stored")},
+    }
+    users = [
+        stageset([{"name": "a"}]),  # sourceRef app: ours
+        {**stageset([{"name": "b", "sourceRef": {"name": "app", "kind": "GitRepository",
+                                                  "apiVersion": "source.toolkit.fluxcd.io/v1"}}]),
+         "metadata": {"name": "other", "namespace": "shop"}},
+    ]
+    mine, theirs = source_rows([ours, flux], users, linkable=lambda _ns: True)
+    by_group = {row.group: row for row in (mine, theirs)}
+    ours_row, flux_row = by_group["stages.metio.wtf"], by_group["source.toolkit.fluxcd.io"]
+    assert ours_row.url == "https://git.example/app.git"
+    assert "t0ken" not in repr(ours_row)
+    assert "git-credentials" not in repr(ours_row)
+    assert (ours_row.ref, ours_row.ready, ours_row.reason) == ("branch main", "False", "AuthenticationFailed")
+    assert (ours_row.message, ours_row.runbook) == ("denied", "https://r.example/x/")
+    assert [u.name for u in ours_row.used_by] == ["shop"]
+    assert [u.name for u in flux_row.used_by] == ["other"]
+    assert (flux_row.message, flux_row.ref) == ("", "tag v1")

@@ -15,8 +15,12 @@ What is watched:
   the sources' kinds) in the namespaces involved, selected on the server by
   ``involvedObject.apiVersion``.  A watch no page has needed for ``idle`` seconds is stopped.
 
+- while the Sources page is open, every source kind the cluster serves (our GitRepository and
+  Flux's source kinds) in the dashboard's scope.
+
 Memory: StageSets are kept whole (the pages show them); of every other object only its kstatus
-verdict (and a source's artifact revision) is kept; Events are kept as short rows, at most
+verdict (and a source's artifact revision) is kept, of a source the Sources page lists only its
+URL, ref, artifact revision and time and conditions; Events are kept as short rows, at most
 :data:`MAX_EVENTS` per namespace and API version, newest first.
 
 A kind the user may not list in a namespace is not watched: its objects show as ``Unknown`` with
@@ -53,6 +57,7 @@ from stageset.cli.dashboard.views import (
 from stageset.cli.inspect import event_row
 from stageset.controller.conditions import find_condition, ready_at_generation
 from stageset.controller.kinds import STAGESETS
+from stageset.controller.sourcekinds import FLUX_GROUP, FLUX_KINDS, FLUX_VERSIONS
 from stageset.kube.client import ApiError, KubeClient, QueryValue, UnreachableError
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError
 from stageset.kube.types import KubeObject, conditions, metadata
@@ -151,7 +156,27 @@ def _row(event: KubeObject) -> EventRow:
 
 
 WatchKey = tuple[str, str, str]
-"""("objects", plural.group, namespace) or ("events", apiVersion, namespace)."""
+"""("objects", plural.group, namespace), ("events", apiVersion, namespace) or ("sources",
+plural.group, namespace or "" for every namespace)."""
+
+SOURCE_KINDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    ((API_VERSION,), "GitRepository"),
+    *((tuple(f"{FLUX_GROUP}/{version}" for version in FLUX_VERSIONS), kind) for kind in FLUX_KINDS),
+)
+"""The Sources page's kinds: ours, and Flux's source kinds (the first version the cluster serves)."""
+
+
+def _trimmed(obj: KubeObject) -> KubeObject:
+    """What the Sources page shows of a source (its URL, ref, artifact and conditions), nothing more."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    artifact = status.get("artifact") or {}
+    return {
+        "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+        "spec": {k: spec[k] for k in ("url", "ref", "endpoint", "bucketName", "sourceRef") if k in spec},
+        "status": {"conditions": status.get("conditions") or [],
+                   "artifact": {k: artifact[k] for k in ("revision", "lastUpdateTime") if k in artifact}},
+    }
 
 
 @dataclass
@@ -163,6 +188,7 @@ class _Watch:
     idle_since: float = field(default_factory=time.monotonic)
     states: dict[str, ObjectState] = field(default_factory=dict)
     events: dict[str, EventRow] = field(default_factory=dict)
+    sources: dict[tuple[str, str], KubeObject] = field(default_factory=dict)
 
     @property
     def synced(self) -> bool:
@@ -308,6 +334,30 @@ class Hub:
                     wanted[key] = self._object_starter(ref)
             for api_version, namespace in event_scopes(obj):
                 wanted[("events", api_version, namespace)] = self._event_starter(api_version, namespace)
+        return self._hold(wanted, previous)
+
+    def source_lease(self, previous: Lease | None = None) -> Lease:
+        """Hold a watch of every source kind the cluster serves, in the dashboard's scope (the
+        Sources page)."""
+        wanted: dict[WatchKey, Callable[[threading.Event, _Watch], Reflector | None]] = {}
+        for versions, kind in SOURCE_KINDS:
+            for api_version in versions:
+                resource = self._resource(api_version, kind)
+                if isinstance(resource, Resource):
+                    key: WatchKey = ("sources", f"{resource.plural}.{resource.group}/{resource.version}",
+                                     self.namespace or "")
+                    wanted[key] = self._source_starter(resource)
+                    break
+        return self._hold(wanted, previous)
+
+    def sources(self) -> list[KubeObject]:
+        """The sources the Sources page's watches hold (what the viewer may list)."""
+        with self._lock:
+            return [obj for (kind, _, _), watch in self._watches.items() if kind == "sources"
+                    for obj in watch.sources.values()]
+
+    def _hold(self, wanted: dict[WatchKey, Callable[[threading.Event, _Watch], Reflector | None]],
+              previous: Lease | None) -> Lease:
         started: list[Reflector] = []
         with self._lock:
             fresh = [key for key in wanted if key not in self._watches]
@@ -375,6 +425,36 @@ class Hub:
                         watch.states.pop(name, None)
                     else:
                         watch.states[name] = state
+                self._changed()
+
+            reflector = Reflector(client=self._client, resource=resource, namespace=namespace,
+                                  handler=handle, stop=stop, resync=self._resync)
+            reflector.start()
+            return reflector
+
+        return start
+
+    def _source_starter(self, resource: Resource) -> Callable[[threading.Event, _Watch], Reflector | None]:
+        namespace = self.namespace
+
+        def start(stop: threading.Event, watch: _Watch) -> Reflector | None:
+            where = f" in namespace {namespace}" if namespace else " in every namespace"
+            error = self._probe(resource.collection_path(namespace), {},
+                                f"{resource.plural}.{resource.group}{where}")
+            if error is not None:
+                watch.error = error
+                return None
+
+            def handle(kind: str, obj: KubeObject) -> None:
+                key = object_key(obj)
+                kept = None if kind == "DELETED" else _trimmed(obj)
+                with self._lock:
+                    if watch.sources.get(key) == kept:
+                        return
+                    if kept is None:
+                        watch.sources.pop(key, None)
+                    else:
+                        watch.sources[key] = kept
                 self._changed()
 
             reflector = Reflector(client=self._client, resource=resource, namespace=namespace,
