@@ -31,7 +31,7 @@ from click.shell_completion import (
 )
 
 from stageset.cli.session import Session, echo
-from stageset.controller.manager import STAGESETS
+from stageset.controller.kinds import STAGESETS
 
 SHELLS = ("bash", "zsh", "fish", "powershell")
 COMPLETE_VAR = "_STAGESET_COMPLETE"

@@ -47,6 +47,33 @@ def _key(obj: KubeObject) -> tuple[str, str, str]:
     return str(obj.get("kind", "")), str(meta.get("namespace", "")), str(meta.get("name", ""))
 
 
+class _Versions:
+    """The ``resourceVersion`` last handed on of each object: a relist that re-sends an unchanged
+    object is no change."""
+
+    def __init__(self) -> None:
+        self._seen: dict[tuple[str, str, str], str] = {}
+
+    def change(self, kind: str, obj: KubeObject) -> Change | None:
+        key = _key(obj)
+        if kind == "DELETED":
+            return Change("DELETED", obj) if self._seen.pop(key, None) is not None else None
+        version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
+        before = self._seen.get(key)
+        if before == version:
+            return None
+        self._seen[key] = version
+        return Change("ADDED" if before is None else "MODIFIED", obj)
+
+
+def _probe(client: KubeClient, resource: Resource, scopes: Sequence[Scope]) -> None:
+    """A list refused (403, an unknown kind) is the command's error, not a reflector's retry loop."""
+    for scope in scopes:
+        selectors = {k: v for k, v in (("labelSelector", scope.label_selector),
+                                       ("fieldSelector", scope.field_selector)) if v}
+        client.request("GET", resource.collection_path(scope.namespace), query={"limit": 1, **selectors})
+
+
 def follow(client: KubeClient, resource: Resource, scopes: Sequence[Scope], *,
            stop: threading.Event | None = None) -> Iterator[list[Change]]:
     """The first list of every scope (one batch), then each change (a batch of one), until
@@ -57,33 +84,8 @@ def follow(client: KubeClient, resource: Resource, scopes: Sequence[Scope], *,
                             handler=lambda kind, obj: handed.put((kind, obj)), stop=stop,
                             label_selector=scope.label_selector, field_selector=scope.field_selector)
                   for scope in scopes]
-    versions: dict[tuple[str, str, str], str] = {}
-
-    def changed(kind: str, obj: KubeObject) -> Change | None:
-        key = _key(obj)
-        if kind == "DELETED":
-            return Change("DELETED", obj) if versions.pop(key, None) is not None else None
-        version = str((obj.get("metadata") or {}).get("resourceVersion", ""))
-        before = versions.get(key)
-        if before == version:
-            return None  # a relist re-sent it unchanged
-        versions[key] = version
-        return Change("ADDED" if before is None else "MODIFIED", obj)
-
-    def drain() -> list[Change]:
-        found: list[Change] = []
-        while True:
-            try:
-                kind, obj = handed.get_nowait()
-            except queue.Empty:
-                return found
-            if (change := changed(kind, obj)) is not None:
-                found.append(change)
-
-    for scope in scopes:  # a list refused (403, an unknown kind) is the command's error, not a retry loop
-        selectors = {k: v for k, v in (("labelSelector", scope.label_selector),
-                                       ("fieldSelector", scope.field_selector)) if v}
-        client.request("GET", resource.collection_path(scope.namespace), query={"limit": 1, **selectors})
+    versions = _Versions()
+    _probe(client, resource, scopes)
     try:
         for reflector in reflectors:
             reflector.start()
@@ -91,13 +93,17 @@ def follow(client: KubeClient, resource: Resource, scopes: Sequence[Scope], *,
             while not reflector.synced.wait(POLL):
                 if stop.is_set():
                     return
-        yield drain()
+        first: list[Change] = []
+        while not handed.empty():
+            if (change := versions.change(*handed.get_nowait())) is not None:
+                first.append(change)
+        yield first
         while not stop.is_set():
             try:
                 kind, obj = handed.get(timeout=POLL)
             except queue.Empty:
                 continue
-            if (change := changed(kind, obj)) is not None:
+            if (change := versions.change(kind, obj)) is not None:
                 yield [change]
     finally:
         stop.set()
