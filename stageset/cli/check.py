@@ -4,11 +4,13 @@
 (:data:`~stageset.api.crd.MIN_KUBERNETES`), and whether the user may install the chart's
 cluster-wide objects.  ``check``: that too, then the CRDs (installed, established, and the same
 schema this CLI generates), then every controller Deployment the chart installed (found by its
-labels): ready replicas, the rights its ServiceAccount needs for the flags it runs with (asked of
-the apiserver with SubjectAccessReviews), the leader Lease held and fresh, and ``/metrics``
-answering (through the apiserver's service proxy, or ``--metrics-url`` when the apiserver cannot
-reach the pod network, e.g. behind ``kubectl port-forward``).  As ``flux check`` does: one line
-per check, exit 3 when any failed.
+labels): ready replicas (and when some are not, why: each pod's failing container -- an image
+that cannot be pulled, a crash loop -- or why it is not scheduled), the rights its
+ServiceAccount needs for the flags it runs with (asked of the apiserver with
+SubjectAccessReviews), the leader Lease held and fresh, and ``/metrics`` answering (through the
+apiserver's service proxy, or ``--metrics-url`` when the apiserver cannot reach the pod network,
+e.g. behind ``kubectl port-forward``).  As ``flux check`` does: one line per check, exit 3 when
+any failed.
 
 ``version``: this CLI's version, the apiserver's, and each installed controller's (its Deployment's
 image and chart labels).
@@ -73,6 +75,8 @@ class Controller:
     selector: dict[str, str] = field(default_factory=dict)
     app_version: str = ""
     """The chart's ``app.kubernetes.io/version`` label (its appVersion)."""
+    replica_failure: str = ""
+    """The Deployment's ``ReplicaFailure`` message (its pods could not be created: quota, policy)."""
 
     @property
     def version(self) -> str:
@@ -121,8 +125,70 @@ def find_controllers(client: KubeClient, namespace: str | None) -> list[Controll
             replicas=int(spec.get("replicas", 1)),
             ready=int((item.get("status") or {}).get("readyReplicas", 0)),
             selector=dict((spec.get("selector") or {}).get("matchLabels") or {}),
-            app_version=labels.get("app.kubernetes.io/version", "")))
+            app_version=labels.get("app.kubernetes.io/version", ""),
+            replica_failure=next((str(c.get("message") or c.get("reason") or "")
+                                  for c in (item.get("status") or {}).get("conditions") or []
+                                  if c.get("type") == "ReplicaFailure" and c.get("status") == "True"), "")))
     return sorted(found, key=lambda c: (c.namespace, c.name))
+
+
+# Waiting reasons that are only a pod starting, not a failure.
+_STARTING = {"ContainerCreating", "PodInitializing"}
+
+
+def _container_problems(pod: str, statuses: list[dict[str, Any]]) -> Iterator[str]:
+    for status in statuses:
+        state = status.get("state") or {}
+        waiting, terminated = state.get("waiting") or {}, state.get("terminated") or {}
+        where = f"pod {pod} container {status.get('name')}"
+        if waiting.get("reason") and waiting["reason"] not in _STARTING:
+            message = str(waiting.get("message") or "").strip()
+            yield f"{where}: {waiting['reason']}" + (f" ({_short(message)})" if message else "")
+        elif terminated and terminated.get("exitCode") not in (0, None):
+            yield (f"{where}: {terminated.get('reason') or 'terminated'} (exit code {terminated['exitCode']}"
+                   + (f": {_short(str(terminated['message']))}" if terminated.get("message") else "") + ")")
+        last = (status.get("lastState") or {}).get("terminated") or {}
+        if waiting.get("reason") == "CrashLoopBackOff" and last.get("exitCode") not in (0, None):
+            yield f"{where} last exited with code {last['exitCode']} ({last.get('reason') or 'Error'})"
+
+
+def _short(text: str, limit: int = 200) -> str:
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit - 1] + "…"
+
+
+def pod_problems(client: KubeClient, controller: Controller) -> list[str]:
+    """Why the controller's pods are not ready, named as ``kubectl describe pod`` would: a
+    container waiting (``ImagePullBackOff``, ``CrashLoopBackOff``, ``CreateContainerConfigError``)
+    or exited with an error, a pod that cannot be scheduled, or no pod at all (the Deployment's
+    ``ReplicaFailure``).  Read as the user; empty when nothing is known to be wrong."""
+    if controller.replica_failure:
+        return [f"pods cannot be created: {_short(controller.replica_failure)}"]
+    selector = ",".join(f"{k}={v}" for k, v in sorted(controller.selector.items()))
+    try:
+        pods = client.request("GET", f"/api/v1/namespaces/{controller.namespace}/pods",
+                              query={"labelSelector": selector}).get("items", [])
+    except ApiError as error:
+        if error.forbidden:
+            return [f"you may not list pods in {controller.namespace}: {error.message}"]
+        raise
+    if not pods:
+        return ["no pods: see `kubectl -n " f"{controller.namespace} describe deployment {controller.name}`"]
+    found: list[str] = []
+    for pod in sorted(pods, key=lambda p: str(p["metadata"]["name"])):
+        name, status = str(pod["metadata"]["name"]), pod.get("status") or {}
+        problems = [*_container_problems(name, status.get("initContainerStatuses") or []),
+                    *_container_problems(name, status.get("containerStatuses") or [])]
+        scheduled: dict[str, Any] = next(
+            (c for c in status.get("conditions") or [] if c.get("type") == "PodScheduled"), {})
+        if scheduled.get("status") == "False":
+            problems.append(f"pod {name}: {scheduled.get('reason') or 'not scheduled'}"
+                            + (f" ({_short(str(scheduled['message']))})" if scheduled.get("message") else ""))
+        if status.get("phase") == "Failed":
+            why = _short(str(status.get("reason") or status.get("message") or ""))
+            problems.append(f"pod {name}: Failed ({why})")
+        found.extend(problems)
+    return found
 
 
 # -- the report ----------------------------------------------------------------------------------
@@ -326,8 +392,10 @@ def _controllers(report: Report, client: KubeClient, *, namespace: str | None, m
         report.section(f"{controller.namespace}/{controller.name} (release {controller.release}, "
                        f"{controller.image})")
         replicas = f"{controller.ready}/{controller.replicas}"
+        problems = pod_problems(client, controller) if controller.ready < controller.replicas else []
         report.outcome(controller.ready >= 1, f"deployment: {replicas} replicas ready"
-                       + (" (scaled to zero)" if controller.replicas == 0 else ""))
+                       + (" (scaled to zero)" if controller.replicas == 0 else "")
+                       + (": " + "; ".join(problems) if problems else ""))
         try:
             checks, missing = check_rbac(client, controller)
         except ApiError as error:

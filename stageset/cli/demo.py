@@ -27,6 +27,7 @@ import string
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
@@ -37,7 +38,7 @@ from stageset.api.crd import KINDS, custom_resource_definition
 from stageset.api.vocabulary import ConditionStatus, Reason
 from stageset.build.kustomize import cache_root
 from stageset.cli.process import LifecycleSettings, make_lifecycle
-from stageset.cli.session import CliError
+from stageset.cli.session import CliError, short_revision
 from stageset.controller.conditions import READY, find_condition
 from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.manager import Manager
@@ -114,38 +115,52 @@ def look_around(*, kubeconfig: Path, namespace: str, name: str, demo: bool) -> s
     return "\n".join(lines)
 
 
-class _Progress:
-    """Prints each change of the StageSet's status, fed by a watch (so no change is missed).
+class Progress:
+    """Prints each real change of the StageSets' status, fed by a watch (so no change is missed).
+
+    Every line names its StageSet (``shop/shop: stage config Ready at main@sha1:…``), and a line
+    is printed only when what it says changed -- a stage's phase, revision or message, or a
+    StageSet's Ready -- kept per StageSet and stage, so an update of one StageSet never reprints
+    the others, and a new revision is a line even when the phase stays ``Ready``.
 
     A source that has no artifact yet is shown as waiting: at start the StageSet is reconciled
     before its GitRepository's first fetch, and that is not a failure.
     """
 
-    def __init__(self, *, stop: threading.Event, once: bool):
+    def __init__(self, *, stop: threading.Event, once: bool, say: Callable[[str], None] = _say):
         self._stop = stop
         self._once = once
-        self._shown: dict[str, str] = {}
+        self._say = say
+        self._shown: dict[tuple[str, str, str], str] = {}
 
-    def __call__(self, _event: str, obj: KubeObject) -> None:
+    def _tell(self, key: tuple[str, str, str], line: str) -> None:
+        if self._shown.get(key) != line:
+            self._shown[key] = line
+            self._say(line)
+
+    def __call__(self, event: str, obj: KubeObject) -> None:
+        meta = obj["metadata"]
+        namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        what = f"StageSet {namespace}/{name}"
+        if event == "DELETED":
+            for key in [k for k in self._shown if k[:2] == (namespace, name)]:
+                del self._shown[key]
+            self._say(f"{what}: deleted")
+            return
         status = obj.get("status") or {}
         for stage in status.get("stages", []):
             message = stage.get("message", "")
-            line = f"stage {stage['name']:<10} {stage['phase']:<12} {message}".rstrip()
-            if self._shown.get(stage["name"]) != line:
-                self._shown[stage["name"]] = line
-                _say(line)
+            revision = f" at {short_revision(stage['revision'])}" if stage.get("revision") else ""
+            line = f"{namespace}/{name}: stage {stage['name']:<10} {stage['phase']:<12}{revision} {message}"
+            self._tell((namespace, name, str(stage["name"])), line.rstrip())
         ready = find_condition(status.get("conditions"), READY)
         if ready:
-            meta = obj["metadata"]
-            what = f"StageSet {meta['namespace']}/{meta['name']}"
             message = re.sub(r";? ?runbook: \S+$", "", ready.get("message", ""))
             if ready["status"] == ConditionStatus.FALSE and ready.get("reason") in _WAITING:
                 line = f"{what}: waiting ({ready['reason']}): {message}"
             else:
                 line = f"{what}: Ready={ready['status']} ({ready['reason']}) {message}".rstrip()
-            if self._shown.get("") != line:
-                self._shown[""] = line
-                _say(line)
+            self._tell((namespace, name, ""), line)
             if self._once and ready["status"] == ConditionStatus.TRUE:
                 self._stop.set()
 
@@ -198,7 +213,7 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event, settings: Con
         controller = threading.Thread(target=manager.run, name="controller", daemon=True)
         controller.start()
         progress = Reflector(client=admin, resource=STAGESETS, namespace=namespace,
-                             handler=_Progress(stop=stop, once=once), stop=stop)
+                             handler=Progress(stop=stop, once=once), stop=stop)
         progress.start()
         try:
             while not stop.wait(0.5):

@@ -1,8 +1,9 @@
 """``get``, ``tree``, ``graph``, ``events``: what a StageSet is doing, read as the user.
 
-Identity: every request is the user's own (the kubeconfig's credentials): these commands
-never impersonate, so they show exactly what the user may read.  An object the user may not
-read is shown as such, never guessed at.
+Identity: every request is the user's own (the kubeconfig's credentials, or whom ``--as``
+names): these commands never impersonate anyone else, so they show exactly what the user may
+read.  ``-w``/``--watch`` lists and watches (:mod:`stageset.cli.watching`), nothing more.  An
+object the user may not read is shown as such, never guessed at.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from stageset.api import API_VERSION
 from stageset.api.vocabulary import ConditionType, StagePhase
 from stageset.apply.inventory import ObjectId
 from stageset.apply.readiness import readiness
+from stageset.cli.params import LABEL_SELECTOR
 from stageset.cli.session import (
     CliError,
     Session,
@@ -26,13 +28,15 @@ from stageset.cli.session import (
     short_revision,
     table,
 )
+from stageset.cli.watching import EVENTS, Scope, follow
 from stageset.controller.conditions import find_condition
 from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.ordering import OrderingError, StageNode, stage_graph
-from stageset.controller.sharding import SHARD_LABEL
-from stageset.kube.client import ApiError, KubeClient
+from stageset.controller.sharding import SHARD_LABEL, LabelSelector
+from stageset.kube.client import ApiError, KubeClient, QueryValue
 from stageset.kube.mapping import RestMapper, UnknownKindError
 from stageset.kube.types import KubeObject
+from stageset.kube.watch import object_key
 
 
 def read_stageset(session: Session, name: str) -> KubeObject:
@@ -72,7 +76,9 @@ def summary(obj: KubeObject) -> dict[str, Any]:
             "objects": (stages.get(stage.get("name")) or {}).get("objects"),
             "message": (stages.get(stage.get("name")) or {}).get("message", ""),
             "promotionState": (stages.get(stage.get("name")) or {}).get("promotionState"),
+            "lastAppliedTime": (stages.get(stage.get("name")) or {}).get("lastAppliedTime"),
         } for stage in spec.get("stages") or []],
+        "sources": _sources_text(obj),
         "pendingUpdate": status.get("pendingUpdate"),
         "rollback": status.get("rollback"),
     }
@@ -114,58 +120,178 @@ def _first_line(text: str, limit: int = 100) -> str:
     return line if len(line) <= limit else line[:limit - 1] + "…"
 
 
-@click.command("get")
-@click.argument("name", required=False)
-@cluster_options(all_namespaces=True)
-def get(session: Session, name: str | None) -> None:
-    """Show StageSets: ready state, each stage's phase and revision.
+def _sources_text(obj: KubeObject) -> str:
+    """The sources its stages name (``GitRepository/shop``), each once, in stage order."""
+    found: list[str] = []
+    for stage in (obj.get("spec") or {}).get("stages") or []:
+        ref = stage.get("sourceRef") or {}
+        where = f"{ref['namespace']}/" if ref.get("namespace") else ""
+        text = f"{ref.get('kind', 'GitRepository')}/{where}{ref.get('name')}"
+        if text not in found:
+            found.append(text)
+    return ",".join(found) or "-"
 
-    Without NAME, every StageSet of the namespace (-A: of every namespace); with NAME,
-    that StageSet and a line per stage.
-    """
-    if name is not None:
-        if session.all_namespaces:
-            raise click.UsageError("NAME and --all-namespaces cannot be combined")
-        view = summary(read_stageset(session, name))
-        if session.output != "table":
-            echo(dump(view, session.output))
-            return
-        echo(f"StageSet {view['namespace']}/{view['name']}: Ready={view['ready']}"
-             + (f" ({view['reason']})" if view["reason"] else "")
-             + (" [suspended]" if view["suspended"] else "")
-             + (f" [shard {view['shard']}]" if view["shard"] else "") + "\n")
-        if view["message"]:
-            echo(f"  {view['message']}\n")
-        echo(f"  revision: {view['revision'] or '-'}\n")
-        for line in steering_lines(view):
-            echo(f"  {line}\n")
-        echo("\n")
-        echo(table(["STAGE", "PHASE", "GATE", "REVISION", "OBJECTS", "MESSAGE"],
-                   [[s["name"], s["phase"], gate_text(s["promotionState"]), short_revision(s["revision"]),
-                     "-" if s["objects"] is None else str(s["objects"]), _first_line(s["message"])]
-                    for s in view["stages"]]))
-        return
-    namespace = None if session.all_namespaces else session.namespace
-    listed = session.client().get(STAGESETS.collection_path(namespace)).get("items", [])
-    views = sorted((summary(obj) for obj in listed), key=lambda v: (v["namespace"], v["name"]))
-    if session.output != "table":
-        echo(dump(views, session.output))
-        return
-    if not views:
-        where = "any namespace" if namespace is None else f"namespace {namespace}"
-        click.echo(f"No StageSets found in {where}.", err=True)
-        return
+
+def object_name(view: dict[str, Any]) -> str:
+    """``-o name``: as kubectl names objects (``stageset.stages.metio.wtf/shop``)."""
+    return f"{STAGESETS.kind.lower()}.{STAGESETS.group}/{view['name']}"
+
+
+def list_table(views: list[dict[str, Any]], *, every: bool, wide: bool) -> tuple[list[str], list[list[str]]]:
+    """The header and rows of ``get`` without NAME (``wide``: generation, phases, sources, the whole
+    message)."""
     headers = ["NAME", "READY", "REASON", "STAGES", "REVISION", "SUSPENDED", "AGE", "MESSAGE"]
     rows = [[v["name"], v["ready"], v["reason"] or "-", _stages_ready(v), short_revision(v["revision"]),
-             str(v["suspended"]).lower(), age(v["created"]), _first_line(v["message"], 80)] for v in views]
+             str(v["suspended"]).lower(), age(v["created"]),
+             _first_line(v["message"], 1000 if wide else 80)] for v in views]
+    if wide:
+        headers = [*headers[:-1], "GENERATION", "PHASES", "SOURCES", headers[-1]]
+        rows = [[*row[:-1], f"{v['observedGeneration'] or '-'}/{v['generation'] or '-'}",
+                 ",".join(f"{s['name']}={s['phase']}" for s in v["stages"]) or "-", v["sources"], row[-1]]
+                for v, row in zip(views, rows, strict=True)]
     if any(v["shard"] for v in views):  # label shards in use: which shard each one is for
         headers = [headers[0], "SHARD", *headers[1:]]
         rows = [[row[0], v["shard"] or "-", *row[1:]] for v, row in zip(views, rows, strict=True)]
-    if namespace is None:
+    if every:
         headers = ["NAMESPACE", *headers]
         rows = [[v["namespace"], *row] for v, row in zip(views, rows, strict=True)]
+    return headers, rows
+
+
+def _one(session: Session, view: dict[str, Any]) -> None:
+    """``get NAME`` as a table: a few lines about the StageSet, then a line per stage."""
+    wide = session.output == "wide"
+    echo(f"StageSet {view['namespace']}/{view['name']}: Ready={view['ready']}"
+         + (f" ({view['reason']})" if view["reason"] else "")
+         + (" [suspended]" if view["suspended"] else "")
+         + (f" [shard {view['shard']}]" if view["shard"] else "") + "\n")
+    if view["message"]:
+        echo(f"  {view['message']}\n")
+    echo(f"  revision: {view['revision'] or '-'}\n")
+    if wide:
+        echo(f"  generation: {view['generation'] or '-'} (observed {view['observedGeneration'] or '-'}); "
+             f"sources: {view['sources']}\n")
+    for line in steering_lines(view):
+        echo(f"  {line}\n")
+    echo("\n")
+    headers = ["STAGE", "PHASE", "GATE", "REVISION", "OBJECTS", "MESSAGE"]
+    limit = 1000 if wide else 100
+    rows = [[s["name"], s["phase"], gate_text(s["promotionState"]), short_revision(s["revision"]),
+             "-" if s["objects"] is None else str(s["objects"]), _first_line(s["message"], limit)]
+            for s in view["stages"]]
+    if wide:
+        headers = [*headers[:-1], "LAST APPLIED", headers[-1]]
+        rows = [[*row[:-1], age(s["lastAppliedTime"]) if s["lastAppliedTime"] else "-", row[-1]]
+                for s, row in zip(view["stages"], rows, strict=True)]
     echo(table(headers, rows))
-    _warn_unreconciled(views)
+
+
+def _print_views(session: Session, views: list[dict[str, Any]], *, name: str | None, every: bool) -> None:
+    if session.output == "name":
+        echo("".join(object_name(v) + "\n" for v in views))
+    elif session.output in ("yaml", "json"):
+        echo(dump(views[0] if name is not None else views, session.output))
+    elif name is not None:
+        _one(session, views[0])
+    elif views:
+        echo(table(*list_table(views, every=every, wide=session.output == "wide")))
+
+
+class _Columns:
+    """Rows printed after the first table (``-w``), padded to that table's columns."""
+
+    def __init__(self) -> None:
+        self.widths: list[int] = []
+
+    def first(self, headers: list[str], rows: list[list[str]]) -> str:
+        text = table(headers, rows)
+        self.widths = [max(len(str(r[i])) for r in [headers, *rows]) for i in range(len(headers))]
+        return text
+
+    def more(self, rows: list[list[str]]) -> str:
+        return "".join("   ".join(str(cell).ljust(width)
+                                   for cell, width in zip(row, self.widths, strict=False)).rstrip() + "\n"
+                       for row in rows)
+
+
+def _watch(session: Session, *, name: str | None, selector: str | None) -> None:
+    """``get -w``: the list, then a line (or document) per change, until Ctrl-C."""
+    namespace = None if session.all_namespaces else session.namespace
+    scope = Scope(namespace=namespace, label_selector=selector,
+                  field_selector=f"metadata.name={name}" if name else None)
+    columns = _Columns()
+    every = namespace is None
+    first = True
+    try:
+        for batch in follow(session.client(), STAGESETS, [scope]):
+            changes = sorted(batch, key=lambda c: object_key(c.obj)) if first else batch
+            views = [summary(c.obj) for c in changes]
+            if session.output in ("table", "wide") and name is None:
+                headers, rows = list_table(views, every=every, wide=session.output == "wide")
+                if first and views:
+                    echo(columns.first(headers, rows))
+                elif first:
+                    echo(table(headers, []))
+                    columns.first(headers, [])
+                else:
+                    echo(columns.more([[*row[:-1], f"{row[-1]} [deleted]" if c.type == "DELETED" else row[-1]]
+                                       for c, row in zip(changes, rows, strict=True)]))
+            elif session.output in ("yaml", "json"):
+                for view in views:
+                    echo(("---\n" if session.output == "yaml" else "") + dump(view, session.output))
+            elif session.output == "name":
+                echo("".join(object_name(v) + "\n" for v in views))
+            else:
+                for change, view in zip(changes, views, strict=True):
+                    if change.type == "DELETED":
+                        echo(f"StageSet {view['namespace']}/{view['name']} deleted\n")
+                    else:
+                        _one(session, view)
+            first = False
+    except KeyboardInterrupt:
+        return
+
+
+@click.command("get")
+@click.argument("name", required=False)
+@click.option("-l", "--selector", type=LABEL_SELECTOR, default=None,
+              help="Only StageSets with these labels (Kubernetes' selector syntax, e.g. team=shop,tier!=db), "
+              "selected by the apiserver.")
+@click.option("-w", "--watch", is_flag=True, default=False,
+              help="After listing, print each change as it happens (a watch), until Ctrl-C.")
+@cluster_options(all_namespaces=True, outputs=("table", "wide", "name", "yaml", "json"))
+def get(session: Session, name: str | None, selector: LabelSelector | None, watch: bool) -> None:
+    """Show StageSets: ready state, each stage's phase and revision.
+
+    Without NAME, every StageSet of the namespace (-A: of every namespace; -l: with these
+    labels); with NAME, that StageSet and a line per stage.  -o wide adds the generation, every
+    stage's phase, the sources and the whole message; -o name prints stageset.stages.metio.wtf/NAME.
+    """
+    if name is not None and session.all_namespaces:
+        raise click.UsageError("NAME and --all-namespaces cannot be combined")
+    if name is not None and selector is not None:
+        raise click.UsageError("NAME and --selector cannot be combined")
+    labels = None if selector is None else str(selector)
+    if watch:
+        _watch(session, name=name, selector=labels)
+        return
+    if name is not None:
+        view = summary(read_stageset(session, name))
+        _print_views(session, [view], name=name, every=False)
+        return
+    namespace = None if session.all_namespaces else session.namespace
+    query: dict[str, QueryValue] = {"labelSelector": labels} if labels else {}
+    path = STAGESETS.collection_path(namespace)
+    listed = session.client().request("GET", path, query=query).get("items", [])
+    views = sorted((summary(obj) for obj in listed), key=lambda v: (v["namespace"], v["name"]))
+    if not views and session.output in ("table", "wide"):
+        where = "any namespace" if namespace is None else f"namespace {namespace}"
+        click.echo(f"No StageSets found in {where}" + (f" with labels {labels}" if labels else "") + ".",
+                   err=True)
+        return
+    _print_views(session, views, name=None, every=namespace is None)
+    if session.output in ("table", "wide"):
+        _warn_unreconciled(views)
 
 
 def _warn_unreconciled(views: list[dict[str, Any]]) -> None:
@@ -380,6 +506,7 @@ def event_row(event: KubeObject) -> dict[str, Any]:
     last = (series.get("lastObservedTime") or event.get("lastTimestamp") or event.get("eventTime")
             or (event.get("metadata") or {}).get("creationTimestamp"))
     return {"lastSeen": last, "type": event.get("type", ""), "reason": event.get("reason", ""),
+            "namespace": (event.get("metadata") or {}).get("namespace") or involved.get("namespace", ""),
             "object": f"{involved.get('kind')}/{involved.get('name')}",
             "count": series.get("count") or event.get("count") or 1, "message": event.get("message", "")}
 
@@ -396,6 +523,16 @@ def sources_of(obj: KubeObject) -> list[tuple[str, str]]:
     return found
 
 
+def _involved(obj: KubeObject, *, with_sources: bool) -> dict[str, set[tuple[str, str]]]:
+    """{namespace: {(kind, name)}}: the objects whose events ``events NAME`` shows."""
+    namespace, name = str(obj["metadata"]["namespace"]), str(obj["metadata"]["name"])
+    wanted: dict[str, set[tuple[str, str]]] = {namespace: {("StageSet", name)}}
+    if with_sources:
+        for source_ns, source in sources_of(obj):
+            wanted.setdefault(source_ns, set()).add((GITREPOSITORIES.kind, source))
+    return wanted
+
+
 def collect_events(session: Session, obj: KubeObject, *, with_sources: bool) -> list[dict[str, Any]]:
     client = session.client()
     namespace, name = str(obj["metadata"]["namespace"]), str(obj["metadata"]["name"])
@@ -410,23 +547,97 @@ def collect_events(session: Session, obj: KubeObject, *, with_sources: bool) -> 
     return sorted(rows, key=lambda r: str(r["lastSeen"] or ""))
 
 
-def render_events(rows: Iterable[dict[str, Any]]) -> str:
-    return table(["LAST SEEN", "TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"],
-                 [[age(r["lastSeen"]), r["type"], r["reason"], r["object"], str(r["count"]), r["message"]]
-                  for r in rows])
+def _all_events(session: Session, namespace: str | None) -> list[dict[str, Any]]:
+    """Every event about our kinds in ``namespace`` (``None``: every namespace)."""
+    path = f"/api/v1/namespaces/{namespace}/events" if namespace else "/api/v1/events"
+    try:
+        found = session.client().request("GET", path, query={"fieldSelector": OUR_EVENTS}).get("items", [])
+    except ApiError as error:
+        if error.forbidden:
+            where = f"in namespace {namespace}" if namespace else "in every namespace (-A)"
+            raise CliError(f"you may not list events {where}: {error.message}") from None
+        raise
+    return sorted((event_row(e) for e in found), key=lambda r: str(r["lastSeen"] or ""))
+
+
+OUR_EVENTS = f"involvedObject.apiVersion={API_VERSION}"
+
+
+def event_table(rows: Iterable[dict[str, Any]], *, every: bool) -> tuple[list[str], list[list[str]]]:
+    headers = ["LAST SEEN", "TYPE", "REASON", "OBJECT", "COUNT", "MESSAGE"]
+    cells = [[age(r["lastSeen"]), r["type"], r["reason"], r["object"], str(r["count"]), r["message"]]
+             for r in rows]
+    if every:
+        return ["NAMESPACE", *headers], [[r["namespace"], *c] for r, c in zip(rows, cells, strict=True)]
+    return headers, cells
+
+
+def render_events(rows: Iterable[dict[str, Any]], *, every: bool = False) -> str:
+    return table(*event_table(list(rows), every=every))
+
+
+def _watch_events(session: Session, scopes: dict[str | None, set[tuple[str, str]] | None], *,
+                  every: bool) -> None:
+    """``events --watch``: the events kept now, then each new one (or one counted again), until
+    Ctrl-C.  ``scopes``: {namespace: the (kind, name) shown there, ``None``: all of our kinds}."""
+    def shown(event: KubeObject) -> bool:
+        involved = event.get("involvedObject") or {}
+        namespace = (event.get("metadata") or {}).get("namespace")
+        wanted = scopes.get(namespace, scopes.get(None))
+        return wanted is None or (involved.get("kind"), involved.get("name")) in wanted
+
+    columns = _Columns()
+    first = True
+    try:
+        for batch in follow(session.client(), EVENTS,
+                            [Scope(namespace=ns, field_selector=OUR_EVENTS) for ns in scopes]):
+            rows = [event_row(c.obj) for c in batch if c.type != "DELETED" and shown(c.obj)]
+            if first:
+                rows.sort(key=lambda r: str(r["lastSeen"] or ""))
+            if session.output != "table":
+                for row in rows:
+                    echo(("---\n" if session.output == "yaml" else "") + dump(row, session.output))
+            elif first:
+                echo(columns.first(*event_table(rows, every=every)))
+            elif rows:
+                echo(columns.more(event_table(rows, every=every)[1]))
+            first = False
+    except KeyboardInterrupt:
+        return
 
 
 @click.command("events")
-@click.argument("name")
+@click.argument("name", required=False)
 @click.option("--with-sources/--no-sources", default=True, show_default=True,
               help="Also show the events of the GitRepositories its stages use.")
-@cluster_options()
-def events(session: Session, name: str, with_sources: bool) -> None:
-    """Show the events of a StageSet (and of its sources), oldest first."""
-    rows = collect_events(session, read_stageset(session, name), with_sources=with_sources)
+@click.option("-w", "--watch", is_flag=True, default=False,
+              help="After the events kept now, print each new one as it happens (a watch), until Ctrl-C.")
+@cluster_options(all_namespaces=True)
+def events(session: Session, name: str | None, with_sources: bool, watch: bool) -> None:
+    """Show the events of a StageSet (and of its sources), oldest first.
+
+    Without NAME, the events of every StageSet and GitRepository in the namespace (-A: in every
+    namespace you may list events in).
+    """
+    if name is not None and session.all_namespaces:
+        raise click.UsageError("NAME and --all-namespaces cannot be combined")
+    every = name is None and session.all_namespaces
+    if watch:
+        if name is None:
+            _watch_events(session, {None if every else session.namespace: None}, every=every)
+        else:
+            involved = _involved(read_stageset(session, name), with_sources=with_sources)
+            _watch_events(session, dict(involved.items()), every=len(involved) > 1)
+        return
+    if name is None:
+        rows = _all_events(session, None if every else session.namespace)
+    else:
+        rows = collect_events(session, read_stageset(session, name), with_sources=with_sources)
     if session.output != "table":
         echo(dump(rows, session.output))
     elif not rows:
-        click.echo(f"No events for StageSet {session.namespace}/{name}.", err=True)
+        what = f"StageSet {session.namespace}/{name}" if name else \
+            ("any namespace" if every else f"namespace {session.namespace}")
+        click.echo(f"No events for {what}.", err=True)
     else:
-        echo(render_events(rows))
+        echo(render_events(rows, every=every))

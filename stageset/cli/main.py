@@ -35,6 +35,7 @@ from stageset.api.crd import KINDS, custom_resource_definition, render
 from stageset.apply.rights import DEFAULT_MAX_AGE
 from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
+from stageset.cli import completion as completion_names
 from stageset.cli import process
 from stageset.cli.check import check, version
 from stageset.cli.cleanup import cleanup
@@ -370,6 +371,7 @@ def crds(output: str) -> None:
 for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, trace, check, version,
                  cleanup, completion, dashboard, promote, create, delete):
     main.add_command(_command)
+completion_names.attach(main)  # NAME and --stage of every command above complete from the cluster
 
 
 def kubectl_plugin() -> None:

@@ -1,9 +1,13 @@
 """What every user command shares: the kubeconfig, the namespace, output formats and exit codes.
 
 Identity: a :class:`Session` talks to the cluster as **the user** — the kubeconfig's own
-credentials, never the controller's.  Only ``build`` and ``diff`` go further and impersonate
-the StageSet's ServiceAccount (see :mod:`stageset.cli.render`), which the apiserver allows only
-when the user may ``impersonate`` it.
+credentials, never the controller's — or, with ``--as USER`` (and ``--as-group GROUP``), as
+kubectl's flags of those names do: every request impersonates that user (``Impersonate-User``
+and ``Impersonate-Group`` headers), which the apiserver allows only when the kubeconfig's user
+may ``impersonate`` them.  Only ``build`` and ``diff`` go further and impersonate the StageSet's
+ServiceAccount (see :mod:`stageset.cli.render`) for the render; that request impersonates the
+ServiceAccount with the kubeconfig's own credentials (one impersonation per request), not on
+top of ``--as``.
 
 The kubeconfig is found as kubectl finds it: ``--kubeconfig``, else ``$KUBECONFIG`` (a
 ``:``-separated list, merged), else ``~/.kube/config``; inside a Pod with none of those, the
@@ -111,6 +115,10 @@ class Session:
     namespace_flag: str | None = None
     all_namespaces: bool = False
     output: str = "table"
+    as_user: str | None = None
+    """``--as``: every request as this user (the apiserver's impersonation; you need ``impersonate``)."""
+    as_groups: tuple[str, ...] = ()
+    """``--as-group``: and as these groups."""
     _pool: ClientPool | None = field(default=None, repr=False)
     _path: str | None = field(default=None, repr=False)
     _resolved: bool = field(default=False, repr=False)
@@ -127,9 +135,15 @@ class Session:
             self._pool = ClientPool.from_kubeconfig(self._config(), context=self.context)
         return self._pool
 
+    @property
+    def acting_as(self) -> Identity:
+        """The user (``Identity()``: the kubeconfig's own), or whom ``--as``/``--as-group`` name."""
+        return Identity(user=self.as_user, groups=self.as_groups) if self.as_user else Identity()
+
     def client(self, identity: Identity | None = None) -> KubeClient:
-        """A client as the user, or impersonating ``identity``."""
-        return self.pool.client(identity or Identity())
+        """A client as the user (``--as`` when given), or impersonating ``identity`` -- with the
+        kubeconfig's own credentials: the apiserver allows one impersonation per request."""
+        return self.pool.client(identity or self.acting_as)
 
     @functools.cached_property
     def namespace(self) -> str:
@@ -147,10 +161,13 @@ def cluster_options(*, all_namespaces: bool = False, outputs: Sequence[str] = ("
     def decorate(command: F) -> F:
         @functools.wraps(command)
         def run(*args: Any, kubeconfig: str | None, context: str | None, namespace: str | None,
-                output: str, **kwargs: Any) -> Any:
+                output: str, as_user: str | None, as_groups: tuple[str, ...], **kwargs: Any) -> Any:
             every = bool(kwargs.pop("all_namespaces", False))
+            if as_groups and not as_user:
+                raise click.UsageError("--as-group needs --as (the apiserver impersonates groups only "
+                                       "together with a user)")
             session = Session(kubeconfig=kubeconfig, context=context, namespace_flag=namespace,
-                              all_namespaces=every, output=output)
+                              all_namespaces=every, output=output, as_user=as_user, as_groups=as_groups)
             try:
                 return command(session, *args, **kwargs)
             finally:
@@ -161,9 +178,15 @@ def cluster_options(*, all_namespaces: bool = False, outputs: Sequence[str] = ("
                          help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)."),
             click.option("--context", default=None, help="Kubeconfig context (default: the current one)."),
             click.option("-n", "--namespace", default=None, type=DNS_LABEL,
+                         shell_complete=_complete_namespaces,
                          help="Namespace (default: the context's, else 'default')."),
             click.option("-o", "--output", type=click.Choice(list(outputs)), default=outputs[0],
                          show_default=True, help="Output format."),
+            click.option("--as", "as_user", default=None, metavar="USER",
+                         help="Act as this user (impersonation: you need the impersonate right), "
+                         "e.g. system:serviceaccount:shop:deployer."),
+            click.option("--as-group", "as_groups", multiple=True, metavar="GROUP",
+                         help="Act as a member of this group too (repeatable; needs --as)."),
         ]
         if all_namespaces:
             options.append(click.option("-A", "--all-namespaces", is_flag=True, default=False,
@@ -175,6 +198,12 @@ def cluster_options(*, all_namespaces: bool = False, outputs: Sequence[str] = ("
         return result
 
     return decorate
+
+
+def _complete_namespaces(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
+    from stageset.cli.completion import complete_namespaces
+
+    return complete_namespaces(ctx, param, incomplete)
 
 
 class DnsLabelType(click.ParamType[str]):

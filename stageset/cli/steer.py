@@ -5,8 +5,8 @@ the ``reconcile.fluxcd.io/requestedAt`` annotation (``patch`` on stagesets, and 
 gitrepositories with ``--with-source``), and with ``--update-now`` the reference's
 ``stages.metio.wtf/update-now`` annotation, which ships revisions the update windows hold (once
 per value; the controller records it in an event and ``status.lastHandledUpdateOverride``);
-``suspend``/``resume`` set ``spec.suspend``.  The
-controller does the work; ``--wait`` only watches its status.
+``suspend``/``resume`` set ``spec.suspend``.  ``--all`` does the same to every StageSet of the
+namespace (listed as the user).  The controller does the work; ``--wait`` only watches its status.
 """
 
 from __future__ import annotations
@@ -94,22 +94,52 @@ def _outcome(kind: str, obj: KubeObject) -> tuple[bool, str]:
     return ready.get("status") == ConditionStatus.TRUE, line
 
 
-def _finish(session: Session, name: str, *, stamp: str, wait: bool, timeout: float) -> None:
+def _finish(session: Session, name: str, *, stamp: str, wait: bool, timeout: float) -> bool:
+    """Report (and with ``wait``, wait for) the reconcile; whether it ended Ready (or was not waited)."""
     namespace = session.namespace
     if not wait:
         echo(f"requested a reconcile of StageSet {namespace}/{name} ({REQUESTED_AT}={stamp})\n")
-        return
+        return True
     echo(f"waiting for StageSet {namespace}/{name} to reconcile\n")
     obj = wait_handled(session.client(), STAGESETS, namespace, name, stamp=stamp, timeout=timeout,
                        settled=True)
     ok, line = _outcome("StageSet", obj)
     echo(line + "\n")
-    if not ok:
-        raise CliError(f"StageSet {namespace}/{name} is not Ready")
+    return ok
+
+
+def targets(session: Session, name: str | None, every: bool) -> list[KubeObject]:
+    """The StageSet NAME, or with ``--all`` every StageSet of the namespace (by name)."""
+    if (name is None) == (not every):
+        raise click.UsageError("name one StageSet, or pass --all for every StageSet of the namespace")
+    if name is not None:
+        return [read_stageset(session, name)]
+    namespace = session.namespace
+    try:
+        listed = session.client().get(STAGESETS.collection_path(namespace)).get("items", [])
+    except ApiError as error:
+        if error.forbidden:
+            raise CliError(f"you may not list StageSets in namespace {namespace}: {error.message}") from None
+        raise
+    if not listed:
+        echo(f"no StageSets in namespace {namespace}\n")
+    return sorted(listed, key=lambda o: str(o["metadata"]["name"]))
+
+
+def _not_ready(failed: list[str], namespace: str) -> None:
+    if len(failed) == 1:
+        raise CliError(f"StageSet {namespace}/{failed[0]} is not Ready")
+    if failed:
+        raise CliError(f"{len(failed)} StageSets are not Ready in namespace {namespace}: {', '.join(failed)}")
+
+
+ALL = click.option("--all", "every", is_flag=True, default=False,
+                   help="Every StageSet of the namespace (instead of NAME).")
 
 
 @click.command("reconcile")
-@click.argument("name")
+@click.argument("name", required=False)
+@ALL
 @click.option("--with-source", is_flag=True, default=False,
               help="First fetch the GitRepositories its stages use, and wait for them.")
 @click.option("--wait", is_flag=True, default=False, help="Wait until the StageSet is Ready (or fails).")
@@ -117,61 +147,93 @@ def _finish(session: Session, name: str, *, stamp: str, wait: bool, timeout: flo
 @click.option("--update-now", is_flag=True, default=False,
               help="Ship the revisions its update windows hold back, at once (stages.metio.wtf/update-now).")
 @cluster_options(outputs=("table",))
-def reconcile(session: Session, name: str, with_source: bool, wait: bool, timeout: float,
+def reconcile(session: Session, name: str | None, every: bool, with_source: bool, wait: bool, timeout: float,
               update_now: bool) -> None:
     """Ask the controller to reconcile a StageSet now (reconcile.fluxcd.io/requestedAt).
 
     With --update-now, revisions its update windows hold back roll out now, despite the windows
-    (recorded in an UpdateOverridden event).  Exit code 3 when --wait ends with the StageSet not
+    (recorded in an UpdateOverridden event).  With --all, every StageSet of the namespace (a
+    suspended one is left out and said so).  Exit code 3 when --wait ends with a StageSet not
     Ready.
     """
-    obj = read_stageset(session, name)
+    chosen = targets(session, name, every)
     namespace = session.namespace
-    if summary(obj)["suspended"]:
-        raise CliError(f"StageSet {namespace}/{name} is suspended: `stageset resume {name} -n {namespace}` "
-                       "resumes and reconciles it")
     client = session.client()
     stamp = request_stamp()
-    if with_source:
-        for source_ns, source in sources_of(obj):
-            request_reconcile(client, GITREPOSITORIES, source_ns, source, stamp)
-            echo(f"fetching GitRepository {source_ns}/{source}\n")
-            fetched = wait_handled(client, GITREPOSITORIES, source_ns, source, stamp=stamp, timeout=timeout,
-                                   settled=False)
-            echo(_outcome("GitRepository", fetched)[1] + "\n")
-    request_reconcile(client, STAGESETS, namespace, name, stamp, update_now=update_now)
-    if update_now:
-        echo(f"asked to ship held revisions of StageSet {namespace}/{name} now "
-             f"({ANNOTATION_UPDATE_NOW}={stamp})\n")
-    _finish(session, name, stamp=stamp, wait=wait, timeout=timeout)
+    fetched: set[tuple[str, str]] = set()
+    failed: list[str] = []
+    for obj in chosen:
+        current = str(obj["metadata"]["name"])
+        if summary(obj)["suspended"]:
+            hint = f"`stageset resume {current} -n {namespace}` resumes and reconciles it"
+            if not every:
+                raise CliError(f"StageSet {namespace}/{current} is suspended: {hint}")
+            echo(f"skipped StageSet {namespace}/{current}: suspended ({hint})\n")
+            continue
+        if with_source:
+            for source_ns, source in sources_of(obj):
+                if (source_ns, source) in fetched:
+                    continue  # --all: a source several StageSets share is fetched once
+                fetched.add((source_ns, source))
+                request_reconcile(client, GITREPOSITORIES, source_ns, source, stamp)
+                echo(f"fetching GitRepository {source_ns}/{source}\n")
+                done = wait_handled(client, GITREPOSITORIES, source_ns, source, stamp=stamp, timeout=timeout,
+                                    settled=False)
+                echo(_outcome("GitRepository", done)[1] + "\n")
+        request_reconcile(client, STAGESETS, namespace, current, stamp, update_now=update_now)
+        if update_now:
+            echo(f"asked to ship held revisions of StageSet {namespace}/{current} now "
+                 f"({ANNOTATION_UPDATE_NOW}={stamp})\n")
+        if not _finish(session, current, stamp=stamp, wait=wait, timeout=timeout):
+            failed.append(current)
+    _not_ready(failed, namespace)
 
 
 @click.command("suspend")
-@click.argument("name")
+@click.argument("name", required=False)
+@ALL
 @cluster_options(outputs=("table",))
-def suspend(session: Session, name: str) -> None:
-    """Stop reconciling a StageSet (spec.suspend=true); its objects stay as they are."""
-    obj = read_stageset(session, name)
+def suspend(session: Session, name: str | None, every: bool) -> None:
+    """Stop reconciling a StageSet (spec.suspend=true); its objects stay as they are.
+
+    With --all, every StageSet of the namespace.
+    """
+    chosen = targets(session, name, every)
     namespace = session.namespace
-    if summary(obj)["suspended"]:
-        echo(f"StageSet {namespace}/{name} is already suspended\n")
-        return
-    patch(session.client(), STAGESETS, namespace, name, {"spec": {"suspend": True}})
-    echo(f"suspended StageSet {namespace}/{name}\n")
+    for obj in chosen:
+        current = str(obj["metadata"]["name"])
+        if summary(obj)["suspended"]:
+            echo(f"StageSet {namespace}/{current} is already suspended\n")
+            continue
+        patch(session.client(), STAGESETS, namespace, current, {"spec": {"suspend": True}})
+        echo(f"suspended StageSet {namespace}/{current}\n")
 
 
 @click.command("resume")
-@click.argument("name")
+@click.argument("name", required=False)
+@ALL
 @click.option("--wait", is_flag=True, default=False, help="Wait until the StageSet is Ready (or fails).")
 @click.option("--timeout", type=DURATION, default="5m", show_default=True, help="How long --wait waits.")
 @cluster_options(outputs=("table",))
-def resume(session: Session, name: str, wait: bool, timeout: float) -> None:
-    """Resume a suspended StageSet (spec.suspend=false) and reconcile it now."""
-    read_stageset(session, name)
+def resume(session: Session, name: str | None, every: bool, wait: bool, timeout: float) -> None:
+    """Resume a suspended StageSet (spec.suspend=false) and reconcile it now.
+
+    With --all, every suspended StageSet of the namespace (the others are left alone).
+    """
+    chosen = targets(session, name, every)
     namespace = session.namespace
     stamp = request_stamp()
-    patch(session.client(), STAGESETS, namespace, name,
-           {"metadata": {"annotations": {REQUESTED_AT: stamp}}, "spec": {"suspend": False}})
-    echo(f"resumed StageSet {namespace}/{name}\n")
-    _finish(session, name, stamp=stamp, wait=wait, timeout=timeout)
-
+    resumed: list[str] = []
+    for obj in chosen:
+        current = str(obj["metadata"]["name"])
+        if every and not summary(obj)["suspended"]:
+            continue
+        patch(session.client(), STAGESETS, namespace, current,
+              {"metadata": {"annotations": {REQUESTED_AT: stamp}}, "spec": {"suspend": False}})
+        echo(f"resumed StageSet {namespace}/{current}\n")
+        resumed.append(current)
+    if every and not resumed:
+        echo(f"no suspended StageSets in namespace {namespace}\n")
+    failed = [current for current in resumed
+              if not _finish(session, current, stamp=stamp, wait=wait, timeout=timeout)]
+    _not_ready(failed, namespace)

@@ -9,7 +9,8 @@ any encoding the redactor knows.  A failure to record an event is logged and oth
 events are advisory.
 
 Repeats are aggregated as client-go's event recorder does: an event equal to one recorded in
-the last :data:`SERIES_WINDOW` seconds (same object, type, reason, action and note) does not
+the last :data:`SERIES_WINDOW` seconds (same object, type, reason, action, note and annotations
+-- so the revision an event is annotated with is always the one it reports) does not
 create an Event object; it patches the first one's ``series`` (``count``, ``lastObservedTime``).
 After a quiet window a repeat starts a new Event.  The cache of recent events is bounded
 (least recently used entries go first).
@@ -117,8 +118,10 @@ class EventRecorder:
         namespace = meta.get("namespace") or "default"
         # Redacted whole, then cut: a cut never leaves the start of a Secret value for the redactor to miss.
         note = bounded(message, limit=MAX_NOTE, redact=redact or _unchanged)
+        # The annotations (the revision applied) are part of the key: a repeat at another revision is
+        # a new Event, never folded into one that names the old revision (a revert A -> B -> A).
         key = (namespace, str(obj.get("kind")), meta["name"], str(meta.get("uid")), type_.value, reason.value,
-               action, note)
+               action, note, *(f"{k}={v}" for k, v in sorted((annotations or {}).items())))
         now = self._clock()
         with self._lock:
             series = self._recent.get(key)

@@ -25,7 +25,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlencode
 
 import orjson
@@ -55,6 +55,9 @@ class Identity:
     """Who a request acts as: ``None`` is the controller's own credentials."""
 
     user: str | None = None
+    groups: tuple[str, ...] = ()
+    """``Impersonate-Group`` values (with ``user`` only: the apiserver refuses groups alone); one
+    header line each, as the apiserver reads them (a comma-joined value would be one group)."""
 
     @classmethod
     def service_account(cls, *, namespace: str, name: str) -> Identity:
@@ -236,6 +239,11 @@ class KubeClient:
         if query:
             encoded = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in query.items()}
             url = f"{url}?{urlencode(encoded)}"
+        if self.identity.groups:  # repeated header lines: urllib3 sends each value of a HTTPHeaderDict
+            repeated = urllib3.HTTPHeaderDict(all_headers)
+            for group in self.identity.groups:
+                repeated.add("Impersonate-Group", group)
+            return url, cast("dict[str, str]", repeated)
         return url, all_headers
 
     def request(

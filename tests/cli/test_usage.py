@@ -259,3 +259,60 @@ def test_zsh_and_fish_scripts(shell: str, marker: str) -> None:
     assert result.exit_code == 0
     assert marker in result.stdout
     assert run_cli("completion", "tcsh").exit_code == 2
+
+
+def test_powershell_script_and_its_completion_protocol() -> None:
+    from click.testing import CliRunner
+
+    from stageset.cli.main import main
+
+    script = run_cli("completion", "powershell")
+    assert script.exit_code == 0
+    assert "Register-ArgumentCompleter -Native -CommandName stageset" in script.stdout
+    assert '$env:_STAGESET_COMPLETE = "powershell_complete"' in script.stdout
+    # What the script's call gets back: type, value and help, tab-separated, one per line.
+    env = {"_STAGESET_COMPLETE": "powershell_complete", "COMP_WORDS": "stageset r", "COMP_CWORD": "r"}
+    answer = CliRunner().invoke(main, [], env=env, prog_name="stageset", complete_var="_STAGESET_COMPLETE")
+    assert answer.exit_code == 0
+    values = sorted(line.split("\t")[1] for line in answer.stdout.splitlines() if line)
+    assert values == ["reconcile", "resume"]
+    env = {"_STAGESET_COMPLETE": "powershell_complete", "COMP_WORDS": "stageset get -o ", "COMP_CWORD": ""}
+    answer = CliRunner().invoke(main, [], env=env, prog_name="stageset", complete_var="_STAGESET_COMPLETE")
+    assert sorted(line.split("\t")[1] for line in answer.stdout.splitlines() if line) == [
+        "json", "name", "table", "wide", "yaml"]
+
+
+def test_usage_errors_of_the_conventions(no_cluster: dict[str, str]) -> None:
+    # Refused before any request: exit code 2, naming the flags.
+    assert "--as-group needs --as" in run_cli("get", "--as-group", "g", env=no_cluster).stderr
+    assert run_cli("get", "shop", "-l", "a=b", env=no_cluster).exit_code == 2
+    assert run_cli("get", "-l", "a=b=c", env=no_cluster).exit_code == 2
+    for command in ("reconcile", "suspend", "resume"):
+        neither = run_cli(command, env=no_cluster)
+        assert neither.exit_code == 2, command
+        assert "--all" in neither.stderr
+    assert run_cli("events", "shop", "-A", env=no_cluster).exit_code == 2
+
+
+def test_the_run_progress_log_names_the_stageset_and_prints_only_changes() -> None:
+    import threading
+
+    from stageset.cli.demo import Progress
+
+    said: list[str] = []
+    progress = Progress(stop=threading.Event(), once=False, say=said.append)
+
+    def stageset(namespace: str, phases: dict[str, tuple[str, str]]) -> dict[str, object]:
+        stages = [{"name": n, "phase": p, "revision": r} for n, (p, r) in phases.items()]
+        return {"metadata": {"namespace": namespace, "name": "shop"}, "status": {"stages": stages}}
+
+    a, b = "main@sha1:" + "a" * 40, "main@sha1:" + "b" * 40
+    progress("ADDED", stageset("one", {"config": ("Ready", a)}))
+    progress("ADDED", stageset("two", {"config": ("Failed", a)}))
+    assert said == [f"one/shop: stage config     Ready        at main@sha1:{'a' * 12}",
+                    f"two/shop: stage config     Failed       at main@sha1:{'a' * 12}"]
+    progress("MODIFIED", stageset("one", {"config": ("Ready", a)}))  # nothing changed: nothing said
+    progress("MODIFIED", stageset("two", {"config": ("Failed", a)}))
+    assert len(said) == 2
+    progress("MODIFIED", stageset("one", {"config": ("Ready", b)}))  # a new revision, still Ready
+    assert said[2:] == [f"one/shop: stage config     Ready        at main@sha1:{'b' * 12}"]

@@ -382,6 +382,39 @@ def test_the_example_s_graph_objects_and_last_change(
     expect(page.locator("#events table")).to_contain_text("GitRepository/shop")  # the source's events too
 
 
+def test_after_a_revert_the_last_change_names_the_revision_applied(
+    world: World, admin_dashboard: DashboardProcess, git_server: GitServer, page: Page
+) -> None:
+    # A change, then its revert: the two writes have the same summary ("ConfigMap/… configured"),
+    # the event of each must name its own revision (the recorder folded the revert into the
+    # change's event, which named the change's revision).
+    settings = (EXAMPLES / "app" / "config" / "settings.yaml").read_text()
+    shown = page.locator("#stage-config p.last-change code")
+    page.goto(f"{admin_dashboard.url}stagesets/{LIVE}/shop")
+    live(page)
+    for text in (settings.replace("EUR", "CHF"), settings):
+        commit = git_server.commit(f"{LIVE}-examples", {"app/config/settings.yaml": text})
+        result = run_cli("reconcile", "shop", "-n", LIVE, "--with-source", "--wait",
+                         kubeconfig=world.plane.kubeconfig)
+        assert result.exit_code == 0, result.output + result.stderr
+        applied = stageset(world.admin, LIVE, "shop")["status"]["lastAppliedRevision"]
+        assert applied.endswith(commit), applied
+        expect(shown).to_have_attribute("title", applied, timeout=WAIT)
+    expect(page.locator("#stage-config ul.changes")).to_contain_text(f"configured ConfigMap/{LIVE}/")
+
+
+def test_a_dependency_that_failed_is_drawn_failed(admin_dashboard: DashboardProcess, page: Page) -> None:
+    # team/release waits for other/plans, whose Ready=False StageFailed was said about its generation.
+    page.goto(f"{admin_dashboard.url}stagesets/{TEAM}/release")
+    live(page)
+    dependency = node(page, f"stageset:{OTHER}/plans")
+    expect(dependency).to_have_attribute("data-phase", "Failed", timeout=WAIT)
+    stroke = dependency.locator("rect").evaluate("rect => getComputedStyle(rect).stroke")
+    assert stroke == colour(page, "--failed")
+    assert fill(page, f"stageset:{OTHER}/plans") == colour(page, "--failed-fill")
+    expect(page.locator("ul.dependencies .badge")).to_have_text("Failed")
+
+
 # -- the team's StageSets, their status written by the test ----------------------------------------------
 
 
@@ -469,6 +502,147 @@ def test_hostile_names_and_messages_render_as_text(team_dashboard: DashboardProc
     page.reload()
     live(page)
     assert page.evaluate("window.pwned") is None
+
+
+RUNBOOK = "https://stages.metio.wtf/runbooks/stagefailed/"
+LINKED = "https://docs.example/why?a=1&b=2"
+
+
+def test_runbooks_and_urls_in_messages_are_links_and_nothing_else(
+    world: World, team_dashboard: DashboardProcess, page: Page
+) -> None:
+    hostile = f'{LINKED}"><img src=x onerror="window.pwned=4"> javascript:window.pwned=5 data:text/html,x'
+    apply(
+        world.admin,
+        f"{API.format(ns=TEAM)}/linked",
+        {
+            "apiVersion": "stages.metio.wtf/v1",
+            "kind": "StageSet",
+            "metadata": {"name": "linked", "namespace": TEAM},
+            "spec": {"stages": [{"name": "only", "sourceRef": {"name": "app"}}]},
+        },
+    )
+    write_status(
+        world.admin,
+        TEAM,
+        "linked",
+        {
+            "observedGeneration": 1,
+            "conditions": ready(
+                "False", "StageFailed", f"stage 'only' failed: {hostile}; runbook: {RUNBOOK}"
+            ),
+            "stages": [stage_status("only", "Failed", message=f"see {hostile}")],
+        },
+    )
+    page.goto(f"{team_dashboard.url}stagesets/{TEAM}/linked")
+    live(page)
+    expect(page.locator("#summary a.runbook")).to_have_attribute("href", RUNBOOK)
+    expect(page.locator("#summary a.runbook")).to_have_text("runbook")
+    expect(page.locator("#stage-only pre.message a")).to_have_attribute("href", LINKED)
+    expect(page.locator("#stage-only pre.message")).to_have_text(f"see {hostile}")
+    hrefs = [a.get_attribute("href") for a in page.locator("main a[href]").all()]
+    assert all(h and (h.startswith(("/", "#", "https://"))) for h in hrefs), hrefs
+    assert {RUNBOOK, LINKED} <= set(hrefs)
+    for anchor in page.locator("main a[target=_blank]").all():
+        assert anchor.get_attribute("rel") == "noopener noreferrer"
+    assert page.locator("img, [onerror]").count() == 0
+    assert page.evaluate("window.pwned") is None
+
+
+TOKEN = f"t0ken-{SUFFIX}"
+
+
+def _git_repository(namespace: str, name: str, url: str) -> dict[str, Any]:
+    return {
+        "apiVersion": "stages.metio.wtf/v1",
+        "kind": "GitRepository",
+        "metadata": {"name": name, "namespace": namespace},
+        "spec": {"url": url, "ref": {"branch": "main"}, "interval": "1m"},
+    }
+
+
+def _source_status(admin: KubeClient, namespace: str, name: str, status: dict[str, Any]) -> None:
+    admin.request(
+        "PATCH",
+        f"/apis/stages.metio.wtf/v1/namespaces/{namespace}/gitrepositories/{name}/status",
+        body={"status": status},
+        content_type="application/merge-patch+json",
+    )
+
+
+def test_the_sources_page_lists_what_the_viewer_may_list_and_who_uses_it(
+    world: World, team_dashboard: DashboardProcess, page: Page
+) -> None:
+    sources = "/apis/stages.metio.wtf/v1/namespaces/{ns}/gitrepositories/{name}"
+    apply(
+        world.admin,
+        sources.format(ns=TEAM, name="app"),
+        _git_repository(TEAM, "app", f"https://deploy:{TOKEN}@git.example/team/app.git"),
+    )
+    _source_status(
+        world.admin,
+        TEAM,
+        "app",
+        {
+            "observedGeneration": 1,
+            "artifact": {"revision": REVISION, "lastUpdateTime": "2026-01-01T00:00:00Z"},
+            "conditions": ready(
+                "False", "AuthenticationFailed", f"the server refused the credentials; runbook: {RUNBOOK}"
+            ),
+        },
+    )
+    apply(world.admin, sources.format(ns=OTHER, name="plans"), _git_repository(OTHER, "plans", f"https://x/{MARKER}"))
+
+    page.goto(team_dashboard.url)
+    live(page)
+    page.locator("header nav.pages a", has_text="Sources").click()
+    expect(page).to_have_url(f"{team_dashboard.url}sources")
+    live(page)
+    row = page.locator(f"tr[data-source='GitRepository/{TEAM}/app']")
+    expect(row).to_be_visible(timeout=WAIT)
+    expect(row.locator("td.url")).to_have_text("https://git.example/team/app.git")
+    expect(row).to_contain_text("branch main")
+    expect(row.locator("code")).to_have_attribute("title", REVISION)
+    expect(row.locator(".badge")).to_have_text("False")
+    error = page.locator("tr.error-row").first
+    expect(error).to_contain_text("AuthenticationFailed: the server refused the credentials")
+    expect(error.locator("a.runbook")).to_have_attribute("href", RUNBOOK)
+    used = row.locator("td.used-by a")
+    expect(used.filter(has_text="release")).to_have_attribute("href", f"/stagesets/{TEAM}/release")
+    html = page.content()
+    assert TOKEN not in html  # the URL's credentials are cut
+    assert MARKER not in html  # another namespace's source: not listed, not watched
+    assert page.locator("tr[data-source]").count() == 1
+
+    # Fetched again: the page follows without a reload.
+    _source_status(
+        world.admin,
+        TEAM,
+        "app",
+        {"conditions": ready("True", "Succeeded", "stored artifact")},
+    )
+    expect(row.locator(".badge")).to_have_text("True", timeout=WAIT)
+    expect(page.locator("tr.error-row")).to_have_count(0)
+
+    # And a StageSet's page links its stage's source here.
+    used.filter(has_text="release").click()
+    live(page)
+    page.locator("#stage-db summary").click()
+    page.locator("#stage-db dd a", has_text=f"GitRepository {TEAM}/app").click()
+    expect(page.locator(f"tr[data-source='GitRepository/{TEAM}/app']")).to_be_visible(timeout=WAIT)
+
+
+def test_the_sources_page_as_admin_shows_the_example_s_fetch(
+    world: World, admin_dashboard: DashboardProcess, page: Page
+) -> None:
+    page.goto(f"{admin_dashboard.url}sources")
+    live(page)
+    row = page.locator(f"tr[data-source='GitRepository/{LIVE}/shop']")
+    expect(row.locator(".badge")).to_have_text("True", timeout=WAIT)
+    fetched = world.admin.get(f"/apis/stages.metio.wtf/v1/namespaces/{LIVE}/gitrepositories/shop")
+    expect(row.locator("code")).to_have_attribute("title", fetched["status"]["artifact"]["revision"])
+    expect(row.locator("td.used-by a")).to_have_attribute("href", f"/stagesets/{LIVE}/shop")
+    expect(page.locator(f"tr[data-source='GitRepository/{OTHER}/plans']")).to_be_visible()
 
 
 def test_a_user_who_may_read_one_namespace_sees_only_it(

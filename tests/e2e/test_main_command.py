@@ -153,6 +153,10 @@ def test_the_first_run_teaches(tmp_path: Path, examples: Path) -> None:
             client.close()
         assert live["data"]["currency"] == "USD"
         assert second.group(1) != first.group(1)
+        # The progress log names whose stage changed, and a new revision is a line of its own.
+        short = second.group(1).split(":")[1][:12]
+        for stage in ("config", "backend", "frontend"):
+            assert re.search(rf"shop/shop: stage {stage} +Ready +at main@sha1:{short}", demo.output()), stage
     finally:
         code = demo.stop()
     assert code == 0, demo.output()

@@ -12,7 +12,7 @@ import pytest
 from stageset.apply.changeset import Action, Change
 from stageset.apply.inventory import ObjectId
 from stageset.cli.dashboard import layout, views
-from stageset.cli.dashboard.app import ListPage, StageSetPage, environment
+from stageset.cli.dashboard.app import ListPage, SourcesPage, StageSetPage, environment
 from stageset.cli.dashboard.command import Address, is_loopback, parse_address
 from stageset.cli.dashboard.diffs import EventRow, last_changes, parse_summary
 from stageset.controller.events import change_summary
@@ -423,6 +423,15 @@ class FakeHub:
     def lookup(self, _ref: views.Ref) -> views.ObjectState:
         return views.ObjectState("Failed", HOSTILE, revision=HOSTILE)
 
+    def sources(self) -> list[dict[str, Any]]:
+        return [{
+            "apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+            "metadata": {"name": "app", "namespace": "shop"},
+            "spec": {"url": f"https://x.example/{HOSTILE}", "ref": {"branch": HOSTILE}},
+            "status": {"artifact": {"revision": HOSTILE, "lastUpdateTime": HOSTILE},
+                       "conditions": ready("False", HOSTILE, f"{HOSTILE}; runbook: https://r.example/{HOSTILE}")},
+        }]
+
     def events_for(self, _obj: dict[str, Any]) -> list[EventRow]:
         return [
             EventRow(
@@ -478,6 +487,7 @@ def test_every_template_escapes_tenant_text() -> None:
     )
     dashboard = Dashboard(FakeHub(obj), scope=HOSTILE)  # type: ignore[arg-type]
     pages = [ListPage(dashboard), StageSetPage(dashboard, namespace="shop", name="shop")]
+    pages.append(SourcesPage(dashboard))
     rendered = [str(f.html) for page in pages for f in page.fragments()]
     rendered.append(
         str(
@@ -548,3 +558,134 @@ def test_the_dashboard_s_client_refuses_every_verb_but_get(mocker: Any) -> None:
     assert client.request.call_count == 0
     reader.request("GET", "/api/v1/namespaces/shop/configmaps", query={"limit": 1})
     client.request.assert_called_once_with("GET", "/api/v1/namespaces/shop/configmaps", query={"limit": 1})
+
+
+# -- links and failed dependencies (issue 37) -----------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "html"),
+    [
+        ("plain & <b>", "plain &amp; &lt;b&gt;"),
+        (
+            "failed; runbook: https://stages.metio.wtf/runbooks/stagefailed/.",
+            'failed; runbook: <a href="https://stages.metio.wtf/runbooks/stagefailed/" '
+            'rel="noopener noreferrer" target="_blank">https://stages.metio.wtf/runbooks/stagefailed/</a>.',
+        ),
+        # A quote or an angle bracket ends the URL: it can never leave the attribute.
+        (
+            'see http://x.example/a"onmouseover="alert(1)',
+            'see <a href="http://x.example/a" rel="noopener noreferrer" target="_blank">'
+            "http://x.example/a</a>&#34;onmouseover=&#34;alert(1)",
+        ),
+        ("javascript:alert(1) data:text/html,<script>", "javascript:alert(1) data:text/html,&lt;script&gt;"),
+        ("https://", "https://"),
+        ("a&b https://h.example/?a=1&b=<2>", 'a&amp;b <a href="https://h.example/?a=1&amp;b=" '
+         'rel="noopener noreferrer" target="_blank">https://h.example/?a=1&amp;b=</a>&lt;2&gt;'),
+    ],
+)
+def test_linkify_links_only_http_urls_and_escapes_the_rest(text: str, html: str) -> None:
+    from stageset.cli.dashboard.links import linkify
+
+    assert str(linkify(text)) == html
+
+
+@pytest.mark.parametrize(
+    ("message", "parts"),
+    [
+        ("stage 'api' failed; runbook: https://h.example/runbooks/stagefailed/",
+         ("stage 'api' failed", "https://h.example/runbooks/stagefailed/")),
+        ("runbook: https://h.example/r/", ("", "https://h.example/r/")),
+        ("no link here", ("no link here", None)),
+        ("runbook: javascript:alert(1)", ("runbook: javascript:alert(1)", None)),
+    ],
+)
+def test_split_runbook(message: str, parts: tuple[str, str | None]) -> None:
+    from stageset.cli.dashboard.links import split_runbook
+
+    assert split_runbook(message) == parts
+
+
+def _with_conditions(*found: dict[str, Any], generation: int = 2) -> dict[str, Any]:
+    obj = stageset([{"name": "a"}], status={"conditions": list(found)})
+    obj["metadata"]["generation"] = generation
+    return obj
+
+
+@pytest.mark.parametrize(
+    ("found", "state"),
+    [
+        ([{"type": "Ready", "status": "False", "reason": "StageFailed", "observedGeneration": 2}], "Failed"),
+        ([{"type": "Ready", "status": "False", "reason": "Stalled", "observedGeneration": 1},
+          {"type": "Stalled", "status": "True", "reason": "Stalled"}], "Failed"),
+        # Waiting for something else, still working, or said about an older generation: in progress.
+        ([{"type": "Ready", "status": "False", "reason": "DependencyNotReady", "observedGeneration": 2}],
+         "InProgress"),
+        ([{"type": "Ready", "status": "False", "reason": "StageFailed", "observedGeneration": 1}],
+         "InProgress"),
+        ([{"type": "Ready", "status": "False", "reason": "StageFailed", "observedGeneration": 2},
+          {"type": "Reconciling", "status": "True", "reason": "Progressing"}], "InProgress"),
+        ([{"type": "Ready", "status": "True", "reason": "Succeeded", "observedGeneration": 2}], "Current"),
+    ],
+)
+def test_a_stageset_that_failed_is_failed_not_in_progress(found: list[dict[str, Any]], state: str) -> None:
+    from stageset.cli.dashboard.hub import object_state
+
+    assert object_state(_with_conditions(*found)).status == state
+
+
+def test_a_failed_dependency_is_drawn_failed() -> None:
+    waits = ready("False", "DependencyNotReady", "StageSet shop/base is not Ready")
+    obj = stageset([{"name": "a"}], depends_on=[{"name": "base"}], status={"conditions": waits})
+    failed = views.ObjectState("Failed", "Ready=False StageFailed: boom")
+    found = views.detail(obj, lookup=lambda _ref: failed, events=[], activity=[], linkable=lambda _ns: True,
+                         now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+    node = found.nodes["stageset:shop/base"]
+    assert node.phase == "Failed"
+    assert node.css == "dependency bad"
+    waiting = views.detail(obj, lookup=lambda _ref: views.ObjectState("InProgress"), events=[], activity=[],
+                           linkable=lambda _ns: True, now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+    assert waiting.nodes["stageset:shop/base"].css == "dependency progress"
+
+
+# -- the Sources page -----------------------------------------------------------------------------------
+
+
+def test_a_source_row_never_shows_credentials_and_names_its_users() -> None:
+    from stageset.cli.dashboard.sources import source_rows, without_credentials
+
+    assert without_credentials("https://user:t0ken@git.example/app.git") == "https://git.example/app.git"
+    assert without_credentials("ssh://git@git.example:22/app.git") == "ssh://git.example:22/app.git"
+    assert without_credentials("https://git.example/a@b") == "https://git.example/a@b"
+    ours = {
+        "apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+        "metadata": {"name": "app", "namespace": "shop"},
+        "spec": {"url": "https://user:t0ken@git.example/app.git", "ref": {"branch": "main"},
+                 "secretRef": {"name": "git-credentials"}},
+        "status": {"artifact": {"revision": "main@sha1:" + "a" * 40,
+                                "lastUpdateTime": "2026-01-01T00:00:00Z"},
+                   "conditions": ready("False", "AuthenticationFailed", "denied; runbook: https://r.example/x/")},
+    }
+    flux = {
+        "apiVersion": "source.toolkit.fluxcd.io/v1", "kind": "GitRepository",
+        "metadata": {"name": "app", "namespace": "shop"},
+        "spec": {"url": "https://git.example/flux.git", "ref": {"tag": "v1"}},
+        "status": {"conditions": ready("True", "Succeeded", "stored")},
+    }
+    users = [
+        stageset([{"name": "a"}]),  # sourceRef app: ours
+        {**stageset([{"name": "b", "sourceRef": {"name": "app", "kind": "GitRepository",
+                                                  "apiVersion": "source.toolkit.fluxcd.io/v1"}}]),
+         "metadata": {"name": "other", "namespace": "shop"}},
+    ]
+    mine, theirs = source_rows([ours, flux], users, linkable=lambda _ns: True)
+    by_group = {row.group: row for row in (mine, theirs)}
+    ours_row, flux_row = by_group["stages.metio.wtf"], by_group["source.toolkit.fluxcd.io"]
+    assert ours_row.url == "https://git.example/app.git"
+    assert "t0ken" not in repr(ours_row)
+    assert "git-credentials" not in repr(ours_row)
+    assert (ours_row.ref, ours_row.ready, ours_row.reason) == ("branch main", "False", "AuthenticationFailed")
+    assert (ours_row.message, ours_row.runbook) == ("denied", "https://r.example/x/")
+    assert [u.name for u in ours_row.used_by] == ["shop"]
+    assert [u.name for u in flux_row.used_by] == ["other"]
+    assert (flux_row.message, flux_row.ref) == ("", "tag v1")

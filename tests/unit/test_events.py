@@ -144,3 +144,31 @@ def test_forget_ends_an_objects_series() -> None:
     recorder.forget("shop", "web")
     recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="boom")
     assert [r[0] for r in client.requests] == ["POST", "POST"]
+
+
+def test_a_repeat_at_another_revision_is_a_new_event_never_folded_into_the_old_one() -> None:
+    # A revert: A, then B, then A again within the window.  Each event must keep the revision it
+    # reports; a repeat of A at A may count on A's event, never on B's.
+    client, clock = Recording(), Clock()
+    recorder = EventRecorder(client, clock=clock, instance="test")  # type: ignore[arg-type]
+
+    def succeeded(revision: str) -> None:
+        recorder.emit(
+            OBJ,
+            type_=EventType.NORMAL,
+            reason=EventReason.RECONCILIATION_SUCCEEDED,
+            message="ConfigMap/shop/x configured",
+            annotations={"stages.metio.wtf/revision": revision},
+        )
+        clock.now += datetime.timedelta(seconds=30)
+
+    for revision in ("main@sha1:aaa", "main@sha1:bbb", "main@sha1:aaa"):
+        succeeded(revision)
+    creates = [r for r in client.requests if r[0] == "POST"]
+    assert [c[2]["metadata"]["annotations"]["stages.metio.wtf/revision"] for c in creates] == [
+        "main@sha1:aaa",
+        "main@sha1:bbb",
+    ]
+    patches = [r for r in client.requests if r[0] == "PATCH"]
+    assert len(patches) == 1
+    assert patches[0][1].endswith("/" + creates[0][2]["metadata"]["name"])  # A's own event

@@ -41,8 +41,9 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stageset.cli.dashboard import layout, views
+from stageset.cli.dashboard import layout, sources, views
 from stageset.cli.dashboard.hub import Hub, Lease
+from stageset.cli.dashboard.links import link, linkify
 from stageset.cli.session import age, short_revision
 
 SETTLE = 0.15
@@ -72,11 +73,14 @@ def environment() -> jinja2.Environment:
         return age(value, now=now(datetime.UTC)) if value else "-"
 
     env.filters["age"] = age_filter
+    env.filters["linkify"] = linkify
+    env.globals["link"] = link
     env.filters["short_revision"] = short_revision
     env.filters["first_line"] = lambda text, limit=200: views.first_line(str(text or ""), limit)
     env.globals["layout"] = layout
     env.globals["phase_class"] = views.phase_class
     env.globals["status_class"] = views.status_class
+    env.globals["source_anchor"] = sources.source_anchor
     return env
 
 
@@ -141,6 +145,29 @@ class ListPage(Page):
 
     def context(self) -> dict[str, Any]:
         return {"live": "/live/"}
+
+
+class SourcesPage(Page):
+    """Every source the viewer may list in the dashboard's scope, and the StageSets using each."""
+
+    template = "sources.html"
+
+    def __init__(self, dashboard: Dashboard):
+        self.dashboard = dashboard
+        self.title = "Sources"
+
+    def lease(self, previous: Lease | None) -> Lease:
+        return self.dashboard.hub.source_lease(previous)
+
+    def fragments(self) -> list[Fragment]:
+        hub = self.dashboard.hub
+        rows = sources.source_rows(hub.sources(), hub.stagesets(), linkable=hub.in_scope)
+        return [Fragment("sources", self.dashboard.render(
+            "fragments/sources.html", rows=rows, every=hub.namespace is None, scope=self.dashboard.scope,
+            problems=self.dashboard.problems()))]
+
+    def context(self) -> dict[str, Any]:
+        return {"live": "/live/sources"}
 
 
 class StageSetPage(Page):
@@ -285,6 +312,12 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None) -> 
     async def live_index(request: Request) -> Response:
         return live(request, ListPage(dashboard))
 
+    def sources_page(_request: Request) -> Response:
+        return _page_response(dashboard, SourcesPage(dashboard))
+
+    async def live_sources(request: Request) -> Response:
+        return live(request, SourcesPage(dashboard))
+
     async def live_stageset(request: Request) -> Response:
         page = stageset_page(request)
         if page is None:
@@ -297,7 +330,9 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None) -> 
     routes = [
         Route("/", index),
         Route("/stagesets/{namespace}/{name}", stageset),
+        Route("/sources", sources_page),
         Route("/live/", live_index),
+        Route("/live/sources", live_sources),
         Route("/live/stagesets/{namespace}/{name}", live_stageset),
         Route("/healthz", healthz),
         Mount("/static", app=StaticFiles(packages=[("stageset.cli.dashboard", "static")]), name="static"),

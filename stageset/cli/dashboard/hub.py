@@ -15,8 +15,12 @@ What is watched:
   the sources' kinds) in the namespaces involved, selected on the server by
   ``involvedObject.apiVersion``.  A watch no page has needed for ``idle`` seconds is stopped.
 
+- while the Sources page is open, every source kind the cluster serves (our GitRepository and
+  Flux's source kinds) in the dashboard's scope.
+
 Memory: StageSets are kept whole (the pages show them); of every other object only its kstatus
-verdict (and a source's artifact revision) is kept; Events are kept as short rows, at most
+verdict (and a source's artifact revision) is kept, of a source the Sources page lists only its
+URL, ref, artifact revision and time and conditions; Events are kept as short rows, at most
 :data:`MAX_EVENTS` per namespace and API version, newest first.
 
 A kind the user may not list in a namespace is not watched: its objects show as ``Unknown`` with
@@ -36,9 +40,10 @@ from dataclasses import dataclass, field
 from typing import Any, cast
 
 from stageset.api import API_VERSION, parse_time
-from stageset.api.vocabulary import ConditionType
+from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason
 from stageset.apply.readiness import readiness
 from stageset.cli.dashboard.diffs import REVISION_ANNOTATION, EventRow
+from stageset.cli.dashboard.links import split_runbook
 from stageset.cli.dashboard.views import (
     STAGESET_KIND,
     ObjectState,
@@ -52,9 +57,10 @@ from stageset.cli.dashboard.views import (
 from stageset.cli.inspect import event_row
 from stageset.controller.conditions import find_condition, ready_at_generation
 from stageset.controller.kinds import STAGESETS
+from stageset.controller.sourcekinds import FLUX_GROUP, FLUX_KINDS, FLUX_VERSIONS
 from stageset.kube.client import ApiError, KubeClient, QueryValue, UnreachableError
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError
-from stageset.kube.types import KubeObject, conditions
+from stageset.kube.types import KubeObject, conditions, metadata
 from stageset.kube.watch import DEFAULT_RESYNC, Reflector, object_key
 
 log = logging.getLogger(__name__)
@@ -99,9 +105,29 @@ def _normal_time(value: Any) -> str | None:
     return parsed.astimezone(datetime.UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ") if parsed else None
 
 
+# Ready=False reasons that mean "waiting for something else", not "failed".
+WAITING_REASONS = frozenset({Reason.DEPENDENCY_NOT_READY, Reason.SOURCE_NOT_READY, Reason.ARTIFACT_NOT_FOUND,
+                             Reason.PROGRESSING, Reason.STAGE_PROGRESSING, Reason.SOAKING,
+                             Reason.AWAITING_PROMOTION, Reason.UPDATE_DEFERRED, Reason.SUSPENDED})
+
+
+def failed(obj: KubeObject) -> bool:
+    """One of our kinds failed: ``Stalled=True``, or the controller concluded ``Ready=False`` about
+    the current generation (no longer ``Reconciling``) for a reason that is not a wait."""
+    found = conditions(obj)
+    if find_condition(found, ConditionType.STALLED).get("status") == ConditionStatus.TRUE:
+        return True
+    ready = find_condition(found, ConditionType.READY)
+    return (ready.get("status") == ConditionStatus.FALSE
+            and ready.get("observedGeneration") == metadata(obj).get("generation")
+            and find_condition(found, ConditionType.RECONCILING).get("status") != ConditionStatus.TRUE
+            and ready.get("reason") not in WAITING_REASONS)
+
+
 def object_state(obj: KubeObject) -> ObjectState:
     """kstatus, except for our own kinds: they are Current only once Ready=True was said about
-    their current generation (kstatus would call one with no status yet Current)."""
+    their current generation (kstatus would call one with no status yet Current), and Failed
+    when :func:`failed` (kstatus would call a plain Ready=False InProgress)."""
     revision = ((obj.get("status") or {}).get("artifact") or {}).get("revision")
     artifact = revision if isinstance(revision, str) else None
     if obj.get("apiVersion") == API_VERSION:
@@ -110,8 +136,9 @@ def object_state(obj: KubeObject) -> ObjectState:
             return ObjectState("Current", "", artifact)
         if not ready:
             return ObjectState("InProgress", "not reconciled yet", artifact)
-        text = f"Ready={ready.get('status', 'Unknown')} {ready.get('reason', '')}: {ready.get('message', '')}"
-        return ObjectState("InProgress", text.rstrip(": "), artifact)
+        message = split_runbook(str(ready.get("message", "")))[0]
+        text = f"Ready={ready.get('status', 'Unknown')} {ready.get('reason', '')}: {message}"
+        return ObjectState("Failed" if failed(obj) else "InProgress", text.rstrip(": "), artifact)
     verdict = readiness(obj)
     return ObjectState(verdict.status.value, verdict.message, artifact)
 
@@ -129,7 +156,27 @@ def _row(event: KubeObject) -> EventRow:
 
 
 WatchKey = tuple[str, str, str]
-"""("objects", plural.group, namespace) or ("events", apiVersion, namespace)."""
+"""("objects", plural.group, namespace), ("events", apiVersion, namespace) or ("sources",
+plural.group, namespace or "" for every namespace)."""
+
+SOURCE_KINDS: tuple[tuple[tuple[str, ...], str], ...] = (
+    ((API_VERSION,), "GitRepository"),
+    *((tuple(f"{FLUX_GROUP}/{version}" for version in FLUX_VERSIONS), kind) for kind in FLUX_KINDS),
+)
+"""The Sources page's kinds: ours, and Flux's source kinds (the first version the cluster serves)."""
+
+
+def _trimmed(obj: KubeObject) -> KubeObject:
+    """What the Sources page shows of a source (its URL, ref, artifact and conditions), nothing more."""
+    meta, spec, status = obj.get("metadata") or {}, obj.get("spec") or {}, obj.get("status") or {}
+    artifact = status.get("artifact") or {}
+    return {
+        "apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"),
+        "metadata": {"name": meta.get("name"), "namespace": meta.get("namespace")},
+        "spec": {k: spec[k] for k in ("url", "ref", "endpoint", "bucketName", "sourceRef") if k in spec},
+        "status": {"conditions": status.get("conditions") or [],
+                   "artifact": {k: artifact[k] for k in ("revision", "lastUpdateTime") if k in artifact}},
+    }
 
 
 @dataclass
@@ -141,6 +188,7 @@ class _Watch:
     idle_since: float = field(default_factory=time.monotonic)
     states: dict[str, ObjectState] = field(default_factory=dict)
     events: dict[str, EventRow] = field(default_factory=dict)
+    sources: dict[tuple[str, str], KubeObject] = field(default_factory=dict)
 
     @property
     def synced(self) -> bool:
@@ -286,6 +334,30 @@ class Hub:
                     wanted[key] = self._object_starter(ref)
             for api_version, namespace in event_scopes(obj):
                 wanted[("events", api_version, namespace)] = self._event_starter(api_version, namespace)
+        return self._hold(wanted, previous)
+
+    def source_lease(self, previous: Lease | None = None) -> Lease:
+        """Hold a watch of every source kind the cluster serves, in the dashboard's scope (the
+        Sources page)."""
+        wanted: dict[WatchKey, Callable[[threading.Event, _Watch], Reflector | None]] = {}
+        for versions, kind in SOURCE_KINDS:
+            for api_version in versions:
+                resource = self._resource(api_version, kind)
+                if isinstance(resource, Resource):
+                    key: WatchKey = ("sources", f"{resource.plural}.{resource.group}/{resource.version}",
+                                     self.namespace or "")
+                    wanted[key] = self._source_starter(resource)
+                    break
+        return self._hold(wanted, previous)
+
+    def sources(self) -> list[KubeObject]:
+        """The sources the Sources page's watches hold (what the viewer may list)."""
+        with self._lock:
+            return [obj for (kind, _, _), watch in self._watches.items() if kind == "sources"
+                    for obj in watch.sources.values()]
+
+    def _hold(self, wanted: dict[WatchKey, Callable[[threading.Event, _Watch], Reflector | None]],
+              previous: Lease | None) -> Lease:
         started: list[Reflector] = []
         with self._lock:
             fresh = [key for key in wanted if key not in self._watches]
@@ -353,6 +425,36 @@ class Hub:
                         watch.states.pop(name, None)
                     else:
                         watch.states[name] = state
+                self._changed()
+
+            reflector = Reflector(client=self._client, resource=resource, namespace=namespace,
+                                  handler=handle, stop=stop, resync=self._resync)
+            reflector.start()
+            return reflector
+
+        return start
+
+    def _source_starter(self, resource: Resource) -> Callable[[threading.Event, _Watch], Reflector | None]:
+        namespace = self.namespace
+
+        def start(stop: threading.Event, watch: _Watch) -> Reflector | None:
+            where = f" in namespace {namespace}" if namespace else " in every namespace"
+            error = self._probe(resource.collection_path(namespace), {},
+                                f"{resource.plural}.{resource.group}{where}")
+            if error is not None:
+                watch.error = error
+                return None
+
+            def handle(kind: str, obj: KubeObject) -> None:
+                key = object_key(obj)
+                kept = None if kind == "DELETED" else _trimmed(obj)
+                with self._lock:
+                    if watch.sources.get(key) == kept:
+                        return
+                    if kept is None:
+                        watch.sources.pop(key, None)
+                    else:
+                        watch.sources[key] = kept
                 self._changed()
 
             reflector = Reflector(client=self._client, resource=resource, namespace=namespace,

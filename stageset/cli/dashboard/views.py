@@ -28,6 +28,7 @@ from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason, Stag
 from stageset.apply.inventory import ObjectId
 from stageset.cli.dashboard import layout
 from stageset.cli.dashboard.diffs import EventRow, StageChange, last_changes
+from stageset.cli.dashboard.links import split_runbook
 from stageset.controller.conditions import find_condition
 from stageset.controller.ordering import OrderingError, StageNode, stage_graph
 from stageset.kube.types import KubeObject
@@ -91,6 +92,12 @@ def phase_class(phase: str) -> str:
 def status_class(status: str) -> str:
     return {"Current": "ok", "InProgress": "progress", "Failed": "bad", "NotFound": "bad",
             "True": "ok", "False": "bad"}.get(status, "unknown")
+
+
+def dependency_class(status: str) -> str:
+    """A StageSet dependency's node: red only when it failed; one not found (yet) is waited for."""
+    return {"Current": "ok", "Failed": "bad", "InProgress": "progress", "NotFound": "progress"}.get(
+        status, "unknown")
 
 
 def stageset_href(namespace: str, name: str) -> str:
@@ -207,8 +214,7 @@ def first_line(text: str, limit: int = 160) -> str:
 
 
 def _without_runbook(message: str) -> str:
-    head, sep, _tail = message.rpartition("runbook: ")
-    return head.rstrip("; ").rstrip() if sep and "\n" not in _tail and " " not in _tail.strip() else message
+    return split_runbook(message)[0]
 
 
 def holding(obj: KubeObject, *, dependencies: Mapping[str, ObjectState] | None = None) -> Holding | None:
@@ -357,6 +363,8 @@ class Detail:
     ready: str
     reason: str
     message: str
+    runbook: str | None
+    """The runbook the Ready message ends with (an http(s) URL), shown as a link."""
     revision: str | None
     suspended: bool
     created: str | None
@@ -474,13 +482,14 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
         views[node_id] = Node(id=node_id, label=_label(ref.name),
                               title=f"StageSet {ref.namespace}/{ref.name}",
                               phase=state.status, detail=f"{where} · {state.status}",
-                              css=f"dependency {status_class(state.status)}",
+                              css=f"dependency {dependency_class(state.status)}",
                               href=href, holding=node_id in held_nodes)
 
     shown_events = sorted(events, key=lambda e: e.last_seen or "", reverse=True)[:EVENTS_SHOWN]
+    message, runbook = split_runbook(str(ready.get("message", "")))
     return Detail(
         namespace=namespace, name=name, ready=str(ready.get("status", "Unknown")),
-        reason=str(ready.get("reason", "")), message=_without_runbook(str(ready.get("message", ""))),
+        reason=str(ready.get("reason", "")), message=message, runbook=runbook,
         revision=status.get("lastAppliedRevision"), suspended=bool(_spec(obj).get("suspend", False)),
         created=meta.get("creationTimestamp"), generation=meta.get("generation"),
         observed_generation=status.get("observedGeneration"), holding=held, graph_error=problem,
