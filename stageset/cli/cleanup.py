@@ -88,14 +88,16 @@ def cleanup(session: Session, namespaces: tuple[str, ...] | None, timeout: float
     scope: tuple[str, ...] | None = None if session.all_namespaces else (namespaces or (session.namespace,))
     where = ("every namespace" if scope is None else ", ".join(scope)) + \
         (f" with labels {selector}" if selector else "")
-    delete_and_wait(session.client(), scope=scope, selector=selector, timeout=timeout, where=where)
+    delete_and_wait(session.client(), scope=scope, selector=selector, timeout=timeout, where=where,
+                    release_remaining=release_remaining)
 
 
 def delete_and_wait(client: KubeClient, *, scope: tuple[str, ...] | None, selector: LabelSelector | None,
-                    timeout: float, where: str) -> None:
+                    timeout: float, where: str, release_remaining: bool = False) -> None:
     """Delete the StageSets of ``scope`` and wait until the controller tore them down (``cleanup``,
     and ``delete tenant`` before it deletes the tenant's namespaces); raises :class:`CliError`
-    when some remain after ``timeout``."""
+    when some remain after ``timeout`` -- unless ``release_remaining``: then their finalizers are
+    dropped (what they applied stays) and it returns."""
     doomed = listed(client, scope, selector)
     echo(f"deleting {len(doomed)} StageSet(s) in {where}\n")
     for obj in doomed:
