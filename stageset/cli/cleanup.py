@@ -92,6 +92,20 @@ def cleanup(session: Session, namespaces: tuple[str, ...] | None, timeout: float
                     release_remaining=release_remaining)
 
 
+def _give_up(client: KubeClient, remaining: list[KubeObject], *, timeout: float, where: str,
+             release_remaining: bool) -> None:
+    """At the timeout: drop the finalizers of what is left (``release_remaining``: what each applied
+    stays), or raise :class:`CliError` naming each with why."""
+    if not release_remaining:
+        lines = "\n".join(f"  {_key(obj)}{_why(obj)}" for obj in remaining)
+        raise CliError(f"timed out after {timeout:g}s: {len(remaining)} StageSet(s) still being torn "
+                       f"down (is the controller running?):\n{lines}")
+    for obj in remaining:
+        if release_finalizer(client, obj):
+            echo(f"released StageSet {_key(obj)} after {timeout:g}s: what it applied stays{_why(obj)}\n")
+    echo(f"every StageSet in {where} is gone or released\n")
+
+
 def delete_and_wait(client: KubeClient, *, scope: tuple[str, ...] | None, selector: LabelSelector | None,
                     timeout: float, where: str, release_remaining: bool = False) -> None:
     """Delete the StageSets of ``scope`` and wait until the controller tore them down (``cleanup``,
@@ -125,17 +139,9 @@ def delete_and_wait(client: KubeClient, *, scope: tuple[str, ...] | None, select
         if len(remaining) != reported:
             echo(f"waiting for the controller to tear down {len(remaining)} StageSet(s)\n")
             reported = len(remaining)
-        if time.monotonic() >= deadline and release_remaining:
-            for obj in remaining:
-                if release_finalizer(client, obj):
-                    echo(f"released StageSet {_key(obj)} after {timeout:g}s: what it applied stays"
-                         f"{_why(obj)}\n")
-            echo(f"every StageSet in {where} is gone or released\n")
-            return
         if time.monotonic() >= deadline:
-            lines = "\n".join(f"  {_key(obj)}{_why(obj)}" for obj in remaining)
-            raise CliError(f"timed out after {timeout:g}s: {len(remaining)} StageSet(s) still being torn "
-                           f"down (is the controller running?):\n{lines}")
+            _give_up(client, remaining, timeout=timeout, where=where, release_remaining=release_remaining)
+            return
         for obj in remaining:  # created after the first pass, or its delete raced a replacement
             if not obj["metadata"].get("deletionTimestamp"):
                 try:

@@ -40,7 +40,7 @@ import yaml
 from stageset.apply.ownership import FINALIZER
 from stageset.cli.params import DURATION, NAMESPACES
 from stageset.cli.session import CliError, Session, echo
-from stageset.controller.manager import STAGESETS
+from stageset.controller.kinds import STAGESETS
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import RestMapper, UnknownKindError
 from stageset.kube.types import KubeObject
@@ -320,40 +320,54 @@ def _uninstall(client: KubeClient, *, release_name: str, namespace: str, keep_ob
         raise CliError(f"release {namespace}/{release_name} has no controller Deployment to read the "
                        "watched namespaces from; name them (--namespaces or -A)")
     stagesets = list_stagesets(client, scopes)
-    mode = "--keep-objects" if keep_objects else "--teardown" if teardown else ""
-    prefix = "" if yes else "would "
     echo(f"StageSets in {'; '.join(s.describe() for s in scopes)}: {len(stagesets)}\n")
-    if stagesets and not mode:
+    if stagesets and not (keep_objects or teardown):
         raise CliError(f"{len(stagesets)} StageSet(s) would be left with a finalizer no controller removes: "
                        "choose --keep-objects (keep them and what they applied) or --teardown (delete "
                        "what they applied first)")
+    _plan(release, stagesets, keep_objects=keep_objects, prefix="" if yes else "would ")
+    if not yes:
+        echo("dry run: nothing changed; pass --yes to uninstall\n")
+        return
+    if keep_objects:
+        _keep(client, stagesets, scopes)
+    elif teardown and stagesets:
+        _tear_down(client, stagesets, scopes, timeout=timeout)
+    if release is not None:
+        remove_release(client, release)
+    echo("uninstalled\n" if release is not None else "done\n")
+
+
+def _plan(release: Release | None, stagesets: list[KubeObject], *, keep_objects: bool, prefix: str) -> None:
     for obj in stagesets:
         action = "suspend, then drop the finalizer of" if keep_objects else "delete (teardown)"
         echo(f"  {prefix}{action} StageSet {key(obj)}\n")
     if release is not None:
         for obj in [*release.objects, *leases(release)]:
             echo(f"  {prefix}delete {describe(obj)}\n")
-        echo(f"  {prefix}delete Helm's records of release {namespace}/{release_name}\n")
-    if not yes:
-        echo("dry run: nothing changed; pass --yes to uninstall\n")
-        return
-    if keep_objects:
-        for obj in stagesets:
-            if not obj["metadata"].get("deletionTimestamp"):
-                suspend(client, obj)
-        for obj in list_stagesets(client, scopes):  # read again: suspending changed each
-            if release_finalizer(client, obj):
-                echo(f"  released StageSet {key(obj)} (suspended; what it applied stays)\n")
-    elif teardown and stagesets:
-        for obj in stagesets:
-            delete_stageset(client, obj)
-            echo(f"  deleted StageSet {key(obj)}\n")
-        left = wait_for_teardown(client, scopes, timeout=timeout)
-        if left:
-            raise CliError(f"timed out after {timeout:g}s: {len(left)} StageSet(s) still being torn down "
-                           f"({', '.join(key(o) for o in left)}); the release is left in place so its "
-                           "controller can finish: run again, or release them with --keep-objects")
-        echo("  every StageSet is gone\n")
-    if release is not None:
-        remove_release(client, release)
-    echo("uninstalled\n" if release is not None else "done\n")
+        echo(f"  {prefix}delete Helm's records of release {release.namespace}/{release.name}\n")
+
+
+def _keep(client: KubeClient, stagesets: list[KubeObject], scopes: list[Scope]) -> None:
+    """Suspend each StageSet, then drop its finalizer (read again: suspending changed each)."""
+    for obj in stagesets:
+        if not obj["metadata"].get("deletionTimestamp"):
+            suspend(client, obj)
+    for obj in list_stagesets(client, scopes):
+        if release_finalizer(client, obj):
+            echo(f"  released StageSet {key(obj)} (suspended; what it applied stays)\n")
+
+
+def _tear_down(client: KubeClient, stagesets: list[KubeObject], scopes: list[Scope], *,
+               timeout: float) -> None:
+    """Delete each StageSet and wait for the controller; raises :class:`CliError` (the release left
+    in place) when some remain after ``timeout``."""
+    for obj in stagesets:
+        delete_stageset(client, obj)
+        echo(f"  deleted StageSet {key(obj)}\n")
+    left = wait_for_teardown(client, scopes, timeout=timeout)
+    if left:
+        raise CliError(f"timed out after {timeout:g}s: {len(left)} StageSet(s) still being torn down "
+                       f"({', '.join(key(o) for o in left)}); the release is left in place so its "
+                       "controller can finish: run again, or release them with --keep-objects")
+    echo("  every StageSet is gone\n")
