@@ -1,8 +1,8 @@
 """Generate our CustomResourceDefinitions from the pydantic models.
 
-The models are the single source of truth for the API: the CRDs under ``crds/`` (and the
-chart's copy in ``helm/stageset/files/crds/``, which ``templates/crds.yaml`` renders) are
-derived from their JSON schema, and ``python -m stageset.api.crd --check``
+The models are the single source of truth for the API: the CRDs under ``crds/`` (and what
+``stageset crds`` prints and ``stageset crds --apply`` applies -- the chart's hook runs the latter
+in the image) are derived from their JSON schema, and ``python -m stageset.api.crd --check``
 (run by a test) fails when the checked-in files drift from the models.
 
 Pydantic emits JSON Schema 2020-12; the apiserver wants a *structural* OpenAPI v3
@@ -42,9 +42,11 @@ from stageset.api.gitrepository import GitRepository
 from stageset.api.stageset import StageSet
 
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parents[2] / "crds"
+VERSION_ANNOTATION = "stages.metio.wtf/version"
+"""On a CRD in a cluster: the stageset version whose models generated the schema last applied
+(``stageset crds --apply``, the chart's hook; its downgrade guard and ``stageset check`` read it)."""
 # The chart renders its CRDs from here (templates/crds.yaml), so ``helm upgrade`` updates them; not
 # the chart's ``crds/`` folder, which Helm only ever installs.
-HELM_OUTPUT_DIR = Path(__file__).resolve().parents[2] / "helm" / "stageset" / "files" / "crds"
 
 MIN_KUBERNETES = (1, 30)
 """The oldest Kubernetes the CRDs work on: their CEL rules set ``reason`` and ``fieldPath``, GA in
@@ -301,9 +303,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--check", action="store_true",
                         help="write nothing; exit 1 with a diff when the files are out of date")
     parser.add_argument("--output-dir", type=Path, action="append", default=None,
-                        help="directory of the CRD files (default: crds/ and the Helm chart's files/crds/)")
+                        help="directory of the CRD files (default: crds/)")
     args = parser.parse_args(argv)
-    output_dirs: list[Path] = args.output_dir or [DEFAULT_OUTPUT_DIR, HELM_OUTPUT_DIR]
+    output_dirs: list[Path] = args.output_dir or [DEFAULT_OUTPUT_DIR]
     if args.check:
         diff = "".join(stale(output_dir=directory) for directory in output_dirs)
         if diff:

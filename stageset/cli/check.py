@@ -34,7 +34,7 @@ import click
 import urllib3
 
 from stageset.api import parse_time
-from stageset.api.crd import KINDS, MIN_KUBERNETES, custom_resource_definition
+from stageset.api.crd import KINDS, MIN_KUBERNETES, VERSION_ANNOTATION, custom_resource_definition
 from stageset.api.rbac import CONTROLLER_RULES, LEADER_ELECTION_RULES
 from stageset.cli.session import CliError, Session, cluster_options, dump, echo
 from stageset.kube.client import ApiError, KubeClient
@@ -355,21 +355,22 @@ def _crds(report: Report, client: KubeClient) -> None:
             if not error.not_found:
                 raise
             report.fail(f"{kind.crd_name} is not installed (helm install with crds.install=true, or "
-                        "`stageset crds | kubectl apply --server-side -f -`)")
+                        "`stageset crds --apply`)")
             continue
         conditions = {c.get("type"): c.get("status")
                       for c in (live.get("status") or {}).get("conditions", [])}
         wanted = custom_resource_definition(kind)["spec"]["versions"]
         current = _schemas((live.get("spec") or {}).get("versions", [])) == _schemas(wanted)
-        owner = (live["metadata"].get("annotations") or {}).get("meta.helm.sh/release-name")
-        chart = (live["metadata"].get("labels") or {}).get("helm.sh/chart")
-        by = f"release {(live['metadata'].get('annotations') or {}).get('meta.helm.sh/release-namespace')}/" \
-             f"{owner}, {chart}" if owner else "no Helm release"
+        annotations = live["metadata"].get("annotations") or {}
+        applied, owner = annotations.get(VERSION_ANNOTATION), annotations.get("meta.helm.sh/release-name")
+        by = (f"applied by stageset {applied}" if applied else
+              f"release {annotations.get('meta.helm.sh/release-namespace')}/{owner}" if owner else
+              "applied outside stageset")
         if conditions.get("Established") != "True":
             report.fail(f"{kind.crd_name} is not established ({by})")
         elif not current:
-            report.fail(f"{kind.crd_name} differs from this CLI's ({client_version()}; {by}): upgrade the "
-                        "release that installs the CRDs, or use the CLI of the installed version")
+            report.fail(f"{kind.crd_name} differs from this CLI's ({client_version()}; {by}): upgrade a "
+                        "release (its hook applies them), or use the CLI of the installed version")
         else:
             report.ok(f"{kind.crd_name} (established, schema of stageset {client_version()}; {by})")
 

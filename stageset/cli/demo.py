@@ -34,9 +34,11 @@ from types import FrameType
 import click
 import yaml
 
-from stageset.api.crd import KINDS, custom_resource_definition
+from stageset.api.crd import KINDS, VERSION_ANNOTATION, custom_resource_definition
 from stageset.api.vocabulary import ConditionStatus, Reason
 from stageset.build.kustomize import cache_root
+from stageset.cli.check import client_version
+from stageset.cli.crds import FIELD_MANAGER
 from stageset.cli.process import LifecycleSettings, make_lifecycle
 from stageset.cli.session import CliError, short_revision
 from stageset.controller.conditions import READY, find_condition
@@ -244,8 +246,10 @@ def ensure_crds(admin: KubeClient, *, timeout: float = 60.0) -> list[str]:
     missing = [kind for kind in KINDS if kind.plural not in _served(admin)]
     for kind in missing:
         crd = custom_resource_definition(kind)
+        # The field manager and version of every path we ship (stageset.cli.crds): the chart takes over.
+        crd["metadata"]["annotations"] = {VERSION_ANNOTATION: client_version()}
         try:
-            admin.apply(f"{_CRDS}/{kind.crd_name}", crd, field_manager="stageset-run")
+            admin.apply(f"{_CRDS}/{kind.crd_name}", crd, field_manager=FIELD_MANAGER)
         except ApiError as error:
             if error.forbidden:
                 raise CliError(

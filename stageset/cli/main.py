@@ -14,7 +14,6 @@ from __future__ import annotations
 import dataclasses
 import faulthandler
 import inspect
-import json
 import logging
 import os
 import signal
@@ -31,7 +30,6 @@ import click
 
 from sources import Limits
 from sources.limits import ArtifactLimits
-from stageset.api.crd import KINDS, custom_resource_definition, render
 from stageset.apply.rights import DEFAULT_MAX_AGE
 from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
@@ -40,6 +38,7 @@ from stageset.cli import process
 from stageset.cli.check import check, version
 from stageset.cli.cleanup import cleanup
 from stageset.cli.completion import completion
+from stageset.cli.crds import crds
 from stageset.cli.dashboard.command import dashboard
 from stageset.cli.inspect import events, get, graph, tree
 from stageset.cli.params import (
@@ -56,10 +55,11 @@ from stageset.cli.params import (
 )
 from stageset.cli.preview import build, diff
 from stageset.cli.promote import promote
-from stageset.cli.session import StagesetGroup, echo
+from stageset.cli.session import StagesetGroup
 from stageset.cli.steer import reconcile, resume, suspend
 from stageset.cli.tenant import create, delete
 from stageset.cli.trace import trace
+from stageset.cli.uninstall import uninstall
 from stageset.controller import logs, memory
 from stageset.controller.leader import default_namespace
 from stageset.controller.manager import Manager
@@ -357,19 +357,10 @@ def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: 
                            lifecycle=lifecycle))
 
 
-@main.command("crds")
-@click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
-def crds(output: str) -> None:
-    """Print the CustomResourceDefinitions (apply them with `kubectl apply --server-side -f -`)."""
-    if output == "json":
-        items = [custom_resource_definition(kind) for kind in KINDS]
-        echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2) + "\n")
-        return
-    echo("---\n".join(render(kind) for kind in KINDS))
-
-
 for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, trace, check, version,
                  cleanup, completion, dashboard, promote, create, delete):
+    main.add_command(_command)
+for _command in (crds, uninstall):  # install and uninstall (stageset.cli.crds, stageset.cli.uninstall)
     main.add_command(_command)
 completion_names.attach(main)  # NAME and --stage of every command above complete from the cluster
 

@@ -19,9 +19,10 @@ from stageset.controller.sharding import LabelSelector
 from stageset.controller.sourcekinds import DefaultSourceKind
 
 # Where each condition reason's runbook lives: ``<base>/<reason in lower case>/`` (the docs site's
-# runbooks/ section, built by ``make docs``).  Operators who host the docs elsewhere set
-# ``--runbook-base-url``; an empty base leaves messages without links.
-DEFAULT_RUNBOOK_BASE_URL = "https://stages.metio.wtf/runbooks/"
+# runbooks/ section, built by ``make docs``; this project's site is the GitHub Pages of
+# github.com/stageset/stageset, mkdocs.yml's site_url, which a test keeps equal).  Operators who
+# host the docs elsewhere set ``--runbook-base-url``; an empty base leaves messages without links.
+DEFAULT_RUNBOOK_BASE_URL = "https://stageset.github.io/stageset/runbooks/"
 
 
 @dataclass(frozen=True)

@@ -188,7 +188,7 @@ def runbook_index() -> str:
         _GENERATED, "# Runbooks", "",
         "One page per reason of the `Ready` condition (of StageSets and GitRepositories). Every "
         "non-ready condition message ends with its reason's page, e.g. "
-        "`…; runbook: https://stages.metio.wtf/runbooks/rbacdenied/` (the controller's "
+        "`…; runbook: https://stageset.github.io/stageset/runbooks/rbacdenied/` (the controller's "
         "`--runbook-base-url` points the links at your own copy of these docs).", "",
         "Start with `stageset get NAME -n NAMESPACE` (the reason and each stage's phase), "
         "`stageset tree` (which object is not ready) and `stageset events` (what the controller did).", "",

@@ -456,5 +456,5 @@ def test_a_failing_stageset_makes_reconcile_wait_exit_3(shop: Shop) -> None:
     result = shop.cli("reconcile", "broken", "-n", shop.namespace, "--wait", "--timeout", "60s")
     assert result.exit_code == 3, result.output
     assert "Ready=False (StageFailed)" in result.stdout
-    assert "runbook: https://stages.metio.wtf/runbooks/stagefailed/" in result.stdout
+    assert "runbook: https://stageset.github.io/stageset/runbooks/stagefailed/" in result.stdout
     shop.admin.delete(f"{STAGESETS.format(ns=shop.namespace)}/broken")

@@ -63,6 +63,25 @@ def test_the_runbook_base_url_is_the_sites_runbooks_section() -> None:
     assert str(_config()["site_url"]) + "runbooks/" == DEFAULT_RUNBOOK_BASE_URL
 
 
+def test_the_site_loads_nothing_from_another_host(site: Path) -> None:
+    """Every script, stylesheet, image and font of every page is the site's own: it works offline
+    and tells no CDN who reads it (the theme's highlight.js came from cdnjs; Pygments highlights at
+    build time instead)."""
+    tag = re.compile(r"<(?:script|link|img|source|iframe)\b[^>]*>", re.IGNORECASE)
+    loads_from_afar = re.compile(r"""\b(?:src|href)=["'](?:https?:)?//""", re.IGNORECASE)
+    pages = sorted(site.rglob("*.html"))
+    assert len(pages) > 40
+    offenders = sorted({f"{page.relative_to(site)}: {found}" for page in pages
+                        for found in tag.findall(page.read_text())
+                        # rel=canonical names the page's published address; nothing is loaded from it
+                        if loads_from_afar.search(found) and 'rel="canonical"' not in found})
+    assert offenders == []
+    styles = "".join(p.read_text() for p in site.rglob("*.css"))
+    assert "@import url(http" not in styles
+    assert "url(//" not in styles
+    assert 'class="codehilite"' in (site / "install" / "index.html").read_text()  # still highlighted
+
+
 def test_generated_pages_are_current() -> None:
     stale = [str(p.relative_to(ROOT)) for p in docs.stale()]
     assert stale == [], f"run `make docs`: {stale} not current"

@@ -281,7 +281,7 @@ def test_a_failing_remote_cluster_gets_a_short_condition_backs_off_and_logs_no_t
     handle = shard([s.ns])
     s.stageset("refused", [{"name": "app", "path": "./app"}], kubeConfig={"secretRef": {"name": "refused"}})
     s.stageset("gateway", [{"name": "app", "path": "./app"}], kubeConfig={"secretRef": {"name": "gateway"}})
-    runbook = "; runbook: https://stages.metio.wtf/runbooks/clusterunreachable/"
+    runbook = "; runbook: https://stageset.github.io/stageset/runbooks/clusterunreachable/"
     assert message(s, "refused", "ClusterUnreachable") == (
         f"spec.kubeConfig: the cluster at {closed_url} cannot be used: connection refused; "
         "retrying with backoff" + runbook)

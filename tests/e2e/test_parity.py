@@ -243,7 +243,7 @@ def test_an_expression_that_is_not_a_bool_is_invalid_spec_before_anything_is_app
                        {"name": "infra", "path": "./infra", "readyChecks": {"exprs": exprs}}])
     refused = s.wait_reason("bad", "InvalidSpec")
     assert refused["message"] == "stage 'infra': readyChecks.exprs[0].current returns int, not bool; " \
-        "runbook: https://stages.metio.wtf/runbooks/invalidspec/"
+        "runbook: https://stageset.github.io/stageset/runbooks/invalidspec/"
     stalled = {c["type"]: c["status"] for c in s.get("bad")["status"]["conditions"]}
     assert stalled["Stalled"] == "True"
     assert s.configmap("first") is None, "nothing is applied, not even the stages before"

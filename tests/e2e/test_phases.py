@@ -81,7 +81,7 @@ def test_a_waiting_stage_reads_waiting_with_what_it_waits_for_and_costs_no_write
     )
     assert concluded["status"] == "Unknown"
     assert concluded["message"] == f"waiting for readiness: stage 'web': {first['message']}; " \
-        "runbook: https://stages.metio.wtf/runbooks/progressing/"
+        "runbook: https://stageset.github.io/stageset/runbooks/progressing/"
 
     # Sampled for 9 s while the stage waits, woken only by its watch: always Waiting.
     start = len(control_plane.audit_events())

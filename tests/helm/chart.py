@@ -71,3 +71,13 @@ def controller_container(docs: list[dict[str, Any]]) -> dict[str, Any]:
 def controller_args(docs: list[dict[str, Any]]) -> list[str]:
     """The flags the Deployment gives ``stageset controller`` (the image's entrypoint)."""
     return list(controller_container(docs)["args"])
+
+
+def hook(doc: dict[str, Any]) -> str:
+    """The Helm hook(s) an object belongs to (``pre-install,pre-upgrade``), empty for the release's own."""
+    return str((doc["metadata"].get("annotations") or {}).get("helm.sh/hook", ""))
+
+
+def without_hooks(docs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The release's own objects: what the chart renders without its hook Jobs and their rights."""
+    return [d for d in docs if not hook(d)]

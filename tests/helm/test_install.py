@@ -6,8 +6,9 @@ the CRDs and the aggregate ClusterRoles, which the other suites install without 
 (a) ``stageset`` in ``stageset-system``: the defaults -- multi-tenant, every namespace; installed
     as the previous chart version (``tests/fixtures/chart/stageset-0.2.0.tgz``, whose CRDs live in
     Helm's ``crds/`` folder) and upgraded to this one, as a platform team would;
-(b) ``shard-a`` / ``shard-b`` in ``shards-a`` / ``shards-b``: disjoint ``controller.watchNamespaces``,
-    ``crds.install=false`` and ``rbac.aggregateToDefaultRoles=false`` (release (a) owns those);
+(b) ``shard-a`` / ``shard-b`` in ``shards-a`` / ``shards-b``: disjoint ``controller.watchNamespaces`` and
+    nothing else (no release owns anything another needs: the CRDs are applied by each release's
+    hook, the aggregate roles are named after the release);
 (c) ``platform`` in ``platform``: ``rbac.clusterAdmin=true``.
 
 After the controllers' tests, the platform commands run against these releases (``check``,
@@ -32,7 +33,6 @@ import datetime
 import json
 import os
 import re
-import shutil
 import signal
 import subprocess
 import sys
@@ -47,7 +47,8 @@ import pytest
 import yaml
 from click.testing import CliRunner
 
-from stageset.api.crd import KINDS, custom_resource_definition
+from stageset.api.crd import KINDS, VERSION_ANNOTATION, custom_resource_definition
+from stageset.cli.check import client_version
 from stageset.cli.main import main as cli_main
 from stageset.envtest import server as envtest
 from stageset.envtest.aggregation import aggregate_cluster_roles
@@ -58,13 +59,13 @@ from stageset.envtest.kubectl import ensure_kubectl
 from stageset.envtest.server import ControlPlane, free_port
 from stageset.kube.client import ApiError, ClientPool, KubeClient
 from tests.helm.chart import CHART, Helm, controller_args, documents, find
+from tests.helm.hooks import HookedRun, Plane, helm_with_hooks
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
 
 DOCS = Path(__file__).resolve().parents[2] / "docs" / "install.md"
 PREVIOUS_CHART = Path(__file__).resolve().parents[1] / "fixtures" / "chart" / "stageset-0.2.0.tgz"
 """Release N-1: the chart as main shipped it before its CRDs became templates (``helm package``)."""
-SHARED = ("--set", "crds.install=false", "--set", "rbac.aggregateToDefaultRoles=false")
 CM = "/api/v1/namespaces/{ns}/configmaps/{name}"
 STAGESETS = "/apis/stages.metio.wtf/v1/namespaces/{ns}/stagesets"
 GITREPOS = "/apis/stages.metio.wtf/v1/namespaces/{ns}/gitrepositories"
@@ -89,11 +90,11 @@ class Release:
 
 DEFAULT = Release("(a) default", "stageset", "stageset-system", watched=())
 SHARD_A = Release("(b) shard-a", "shard-a", "shards-a",
-                  ("--set", "controller.watchNamespaces={team-a1,team-a2}", *SHARED),
+                  ("--set", "controller.watchNamespaces={team-a1,team-a2}"),
                   watched=("team-a1", "team-a2"))
 SHARD_B = Release("(b) shard-b", "shard-b", "shards-b",
-                  ("--set", "controller.watchNamespaces={team-b}", *SHARED), watched=("team-b",))
-PLATFORM = Release("(c) cluster-admin", "platform", "platform", ("--set", "rbac.clusterAdmin=true", *SHARED))
+                  ("--set", "controller.watchNamespaces={team-b}"), watched=("team-b",))
+PLATFORM = Release("(c) cluster-admin", "platform", "platform", ("--set", "rbac.clusterAdmin=true"))
 RELEASES = [DEFAULT, SHARD_A, SHARD_B, PLATFORM]
 TENANTS = ["tenant-x", "team-a1", "team-a2", "team-b"]
 
@@ -109,6 +110,17 @@ class Cluster:
     manifests: dict[str, list[dict[str, Any]]] = field(default_factory=dict)
     upgrade: dict[str, Any] = field(default_factory=dict)
     """What installing release N-1 and upgrading it showed (for the upgrade test)."""
+
+    @property
+    def hooks(self) -> Plane:
+        return Plane(admin=self.admin, server=self.plane.url, ca_cert=self.plane.pki.ca_cert,
+                     workdir=self.workdir)
+
+    def hooked(self, *args: str, namespace: str) -> HookedRun:
+        """``helm ARGS`` with its hook Jobs played (the CRDs before install/upgrade: tests/helm/hooks.py)."""
+        run = helm_with_hooks(self.helm, self.hooks, *args, namespace=namespace)
+        assert run.result.returncode == 0, run.result.stderr + "\n".join(p.output for p in run.played)
+        return run
 
 
 def wait_for(check: Any, *, timeout: float = 60.0, what: str) -> Any:
@@ -170,18 +182,16 @@ def crd(admin: KubeClient, name: str) -> dict[str, Any]:
 def install_previous_then_upgrade(cluster: Cluster) -> None:
     """Release (a) as a platform team has it: chart N-1 installed, then upgraded to this chart.
 
-    N-1 installed its CRDs from Helm's ``crds/`` folder, which leaves them owned by no release;
-    the first upgrade to templated CRDs adopts them once with ``--take-ownership``
-    (docs/upgrading.md).  What a plain upgrade says first is kept for the test.
+    N-1 installed its CRDs from Helm's ``crds/`` folder (created by Helm, owned by no release); a plain
+    ``helm upgrade`` takes them over in its pre-upgrade hook (docs/upgrading.md#the-crds).
     """
     helm, release = cluster.helm, DEFAULT
     helm.run("install", release.name, str(PREVIOUS_CHART), "--namespace", release.namespace,
              "--create-namespace")
     wait_for(lambda: crds_served(cluster.admin), what="chart N-1's CRDs served")
     cluster.upgrade["previous"] = {kind.crd_name: crd(cluster.admin, kind.crd_name) for kind in KINDS}
-    plain = helm.run("upgrade", release.name, str(CHART), "--namespace", release.namespace, check=False)
-    cluster.upgrade["plain"] = plain
-    helm.run("upgrade", release.name, str(CHART), "--namespace", release.namespace, "--take-ownership")
+    cluster.upgrade["plain"] = cluster.hooked("upgrade", release.name, str(CHART), "--namespace",
+                                              release.namespace, namespace=release.namespace)
 
 
 @pytest.fixture(scope="module")
@@ -200,8 +210,8 @@ def installed(cluster: Cluster) -> Cluster:
     install_previous_then_upgrade(cluster)
     for release in RELEASES:
         if release is not DEFAULT:
-            cluster.helm.run("install", release.name, str(CHART), "--namespace", release.namespace,
-                             "--create-namespace", *release.values)
+            cluster.hooked("install", release.name, str(CHART), "--namespace", release.namespace,
+                           "--create-namespace", *release.values, namespace=release.namespace)
         manifest = cluster.helm.run("get", "manifest", release.name, "--namespace", release.namespace).stdout
         cluster.manifests[release.name] = documents(manifest)
     wait_for(lambda: crds_served(cluster.admin), what="the chart's CRDs served")
@@ -211,20 +221,16 @@ def installed(cluster: Cluster) -> Cluster:
 
 
 def test_the_previous_chart_upgrades_to_crds_that_serve_this_version_s_schema(installed: Cluster) -> None:
-    """Release N-1 -> N: the CRDs, installed by N-1's ``crds/`` folder, are adopted once with
-    ``--take-ownership`` and from then on follow the chart: the apiserver serves exactly the schema
-    generated from this version's models (so every field added since N-1 is served)."""
+    """Release N-1 -> N with a plain ``helm upgrade``: the pre-upgrade hook takes over the CRDs that N-1's
+    ``crds/`` folder created, and the apiserver serves exactly the schema generated from this
+    version's models (so every field added since N-1 is served)."""
     plain = installed.upgrade["plain"]
-    assert plain.returncode != 0  # the one-time adoption docs/upgrading.md describes
-    assert "invalid ownership metadata" in plain.stderr, plain.stderr
-    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert [p.command for p in plain.played] == [["stageset", "crds", "--apply"]]
     for kind in KINDS:
         live = crd(installed.admin, kind.crd_name)
         previous = installed.upgrade["previous"][kind.crd_name]
-        assert "meta.helm.sh/release-name" not in (previous["metadata"].get("annotations") or {})
-        assert live["metadata"]["annotations"]["meta.helm.sh/release-name"] == "stageset"
-        assert live["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
-        assert live["metadata"]["labels"]["helm.sh/chart"] == f"stageset-{chart['version']}"
+        assert "meta.helm.sh/release-name" not in (live["metadata"].get("annotations") or {})
+        assert live["metadata"]["annotations"][VERSION_ANNOTATION] == client_version()
         assert live["spec"]["versions"] == custom_resource_definition(kind)["spec"]["versions"]
         # Fields added since N-1 (none until a schema change lands after it) are served now.
         added = property_paths(live) - property_paths(previous)
@@ -244,50 +250,14 @@ def property_paths(obj: dict[str, Any]) -> set[str]:
                                                                     version["name"])}
 
 
-def test_the_crds_follow_the_chart_on_every_upgrade(installed: Cluster) -> None:
-    """An upgrade to a chart whose StageSet schema has one more field serves that field at once (a
-    strict create with it passes), and the upgrade back removes it again (refused as unknown)."""
-    changed = installed.workdir / "chart-next"
-    shutil.copytree(CHART, changed)
-    path = changed / "files" / "crds" / "stages.metio.wtf_stagesets.yaml"
-    document = yaml.safe_load(path.read_text())
-    spec_schema = document["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
-    spec_schema["properties"]["upgradeProbe"] = {"type": "string", "description": "added by the test"}
-    path.write_text(yaml.safe_dump(document))
-    probe = {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
-             "metadata": {"name": "probe", "namespace": "tenant-x"},
-             "spec": {"upgradeProbe": "x", "serviceAccountName": "deployer",
-                      "stages": [{"name": "app", "sourceRef": {"name": "apps"}}]}}
-
-    def strict_create() -> None:
-        installed.admin.request("POST", STAGESETS.format(ns="tenant-x"), body=probe,
-                                query={"dryRun": "All", "fieldValidation": "Strict"})
-
-    with pytest.raises(ApiError, match="upgradeProbe"):
-        strict_create()
-    try:
-        installed.helm.run("upgrade", DEFAULT.name, str(changed), "--namespace", DEFAULT.namespace,
-                           "--reuse-values")
-        wait_for(lambda: _accepts(strict_create), timeout=30, what="the new field served")
-    finally:
-        installed.helm.run("upgrade", DEFAULT.name, str(CHART), "--namespace", DEFAULT.namespace,
-                           "--reuse-values")
-    wait_for(lambda: not _accepts(strict_create), timeout=30, what="the field gone again")
-
-
-def _accepts(create: Any) -> bool:
-    try:
-        create()
-    except ApiError:
-        return False
-    return True
-
-
 def test_helm_template_piped_to_kubectl_apply_server_side(installed: Cluster) -> None:
-    """The third way to install: the rendered chart (CRDs included) applied by kubectl with
-    server-side apply, here as a server-side dry run over release (a)'s objects."""
+    """The third way to install (docs/install.md): ``stageset crds --apply``, then the chart rendered
+    without its hooks applied by kubectl with server-side apply, here as a server-side dry run over
+    release (a)'s objects.  Without ``--no-hooks`` the rendering would carry the hook Jobs as plain
+    Jobs (which the test refuses to apply: the cleanup hook's would delete StageSets at once)."""
     rendered = installed.helm.run("template", DEFAULT.name, str(CHART), "--namespace",
-                                  DEFAULT.namespace).stdout
+                                  DEFAULT.namespace, "--no-hooks").stdout
+    assert not [d for d in documents(rendered) if d["kind"] in ("Job", "CustomResourceDefinition")]
 
     def apply(text: str, *extra: str) -> subprocess.CompletedProcess[str]:
         return subprocess.run([str(ensure_kubectl(log=False)), "apply", "--server-side", "--dry-run=server",
@@ -297,37 +267,15 @@ def test_helm_template_piped_to_kubectl_apply_server_side(installed: Cluster) ->
 
     applied = apply(rendered)
     assert applied.returncode == 0, applied.stderr
-    for kind in KINDS:
-        assert f"customresourcedefinition.apiextensions.k8s.io/{kind.crd_name} serverside-applied" in \
-            applied.stdout
+    assert "deployment.apps/stageset serverside-applied" in applied.stdout
     # Label shards: one Deployment more per shard, each valid as the apiserver sees it (the main one's
     # args differ from what helm installed: taken over, in this dry run).
     sharded = apply(installed.helm.run("template", DEFAULT.name, str(CHART), "--namespace", DEFAULT.namespace,
-                                       "--set", "controller.shards={shard1,shard2}").stdout,
+                                       "--no-hooks", "--set", "controller.shards={shard1,shard2}").stdout,
                     "--force-conflicts")
     assert sharded.returncode == 0, sharded.stderr
     for name in ("stageset", "stageset-shard1", "stageset-shard2"):
         assert f"deployment.apps/{name} serverside-applied" in sharded.stdout
-
-
-@pytest.mark.parametrize(("other", "refusal"), [
-    ("rbac.aggregateToDefaultRoles=false",
-     'crds.install: the CustomResourceDefinition gitrepositories.stages.metio.wtf is already owned by '
-     'release "stageset" in namespace "stageset-system"'),
-    ("crds.install=false",
-     'the ClusterRole stageset-edit is already owned by release "stageset" in namespace "stageset-system"'),
-], ids=["crds", "aggregate-roles"])
-def test_a_second_owner_of_the_shared_objects_is_refused_by_name(installed: Cluster, other: str,
-                                                                  refusal: str) -> None:
-    """The CRDs and the aggregate ClusterRoles are cluster-wide: a second release installing either
-    is refused naming the owner and the value to set."""
-    result = installed.helm.run("install", "shard-c", str(CHART), "--namespace", "shards-c",
-                                "--create-namespace", "--set", "controller.watchNamespaces={team-c}",
-                                "--set", other, check=False)
-    assert result.returncode != 0
-    assert refusal in result.stderr, result.stderr
-    value = "crds.install" if other.startswith("rbac") else "rbac.aggregateToDefaultRoles"
-    assert f"set {value}=false" in result.stderr
 
 
 def test_every_release_is_deployed_with_its_own_objects(installed: Cluster) -> None:
@@ -338,9 +286,14 @@ def test_every_release_is_deployed_with_its_own_objects(installed: Cluster) -> N
         deployment = installed.admin.get(f"/apis/apps/v1/namespaces/{release.namespace}/deployments/"
                                          f"{release.account}")
         assert deployment["metadata"]["labels"]["app.kubernetes.io/instance"] == release.name
-    for name in ("stageset-edit", "stageset-view"):
-        role = installed.admin.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}")
-        assert role["metadata"]["annotations"]["meta.helm.sh/release-name"] == "stageset"
+        # Installed with only their own values: each release's aggregate roles are its own.
+        for suffix in ("edit", "view"):
+            role = installed.admin.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/"
+                                       f"{release.namespace}-{release.account}-{suffix}")
+            assert role["metadata"]["annotations"]["meta.helm.sh/release-name"] == release.name
+    # Tenants bound to edit manage StageSets through any of them (aggregation unites the rules).
+    edit = installed.admin.get("/apis/rbac.authorization.k8s.io/v1/clusterroles/edit")
+    assert any("stagesets" in rule.get("resources", []) for rule in edit.get("rules") or [])
 
 
 # --------------------------------------------------------------------------- SubjectAccessReviews
@@ -687,7 +640,7 @@ def test_check_version_trace_and_kubectl_stageset_against_the_releases(installed
         assert healthy.returncode == 0, healthy.stdout + healthy.stderr
         for line in ("✔ Kubernetes 1.35", "✔ you may create customresourcedefinitions",
                      "✔ stagesets.stages.metio.wtf (established, schema of stageset",
-                     "release stageset-system/stageset", "✔ deployment: 1/1 replicas ready",
+                     f"; applied by stageset {client_version()})", "✔ deployment: 1/1 replicas ready",
                      "✔ RBAC: ServiceAccount stageset-system/stageset has all",
                      f"✔ leader {lease_holder(installed, DEFAULT)}", "✔ metrics: ", "✔ all checks passed"):
             assert line in healthy.stdout, line
@@ -809,8 +762,8 @@ def test_uninstall_with_cleanup_on_delete_leaves_no_stageset_behind(installed: C
     pull the image or start the pod (tests/image runs the image's entrypoint)."""
     admin, release = installed.admin, SHARD_B
     job_name = f"{release.account}-cleanup"
-    installed.helm.run("upgrade", release.name, str(CHART), "--namespace", release.namespace,
-                       "--reuse-values", "--set", "cleanupOnDelete.enabled=true")
+    installed.hooked("upgrade", release.name, str(CHART), "--namespace", release.namespace,
+                     "--reuse-values", "--set", "cleanupOnDelete.enabled=true", namespace=release.namespace)
     installed.manifests[release.name] = documents(installed.helm.run(
         "get", "manifest", release.name, "--namespace", release.namespace).stdout)
     assert admin.get(f"{STAGESETS.format(ns='team-b')}/apps")
@@ -862,9 +815,8 @@ def test_uninstall_keeps_the_crds_and_the_stagesets(installed: Cluster) -> None:
     installed.helm.run("uninstall", DEFAULT.name, "--namespace", DEFAULT.namespace)
     deployment = f"/apis/apps/v1/namespaces/{DEFAULT.namespace}/deployments/stageset"
     assert get_or_none(installed.admin, deployment) is None
-    for kind in KINDS:
-        kept = crd(installed.admin, kind.crd_name)
-        assert kept["metadata"]["annotations"]["helm.sh/resource-policy"] == "keep"
+    for kind in KINDS:  # no release's objects: the hook applied them
+        assert crd(installed.admin, kind.crd_name)["metadata"]["annotations"][VERSION_ANNOTATION]
     assert crds_served(installed.admin)
     assert installed.admin.get(f"{STAGESETS.format(ns='tenant-x')}/apps")
     assert not find(documents(installed.helm.run("get", "manifest", PLATFORM.name, "--namespace",

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from stageset.cli.main import main as cli
-from tests.helm.chart import Helm, controller_args, find
+from tests.helm.chart import Helm, controller_args, find, one
 
 SHARDS = ["--set", "controller.shards={shard1,shard2}"]
 
@@ -43,8 +43,9 @@ def test_shards_render_a_deployment_each_beside_the_main_one(helm: Helm) -> None
         assert flag(args, "shard-keys") is None
         assert flag(args, "leader-election-id") == f"gitops-stageset-{key}"  # a Lease of its own
         selector = shard["spec"]["selector"]["matchLabels"]
-        assert selector["stages.metio.wtf/shard"] == key
-        assert shard["spec"]["template"]["metadata"]["labels"]["stages.metio.wtf/shard"] == key
+        assert selector == {"app.kubernetes.io/name": "stageset-shard",
+                            "app.kubernetes.io/instance": "gitops", "stages.metio.wtf/shard": key}
+        assert selector.items() <= shard["spec"]["template"]["metadata"]["labels"].items()
         # The rest of the pod is the main one's (same values): only the flags above differ.
         differing = {a for a in set(args) ^ set(main) if not a.startswith(
             ("--watch-label-selector=", "--shard-keys=", "--leader-election-id="))}
@@ -52,6 +53,36 @@ def test_shards_render_a_deployment_each_beside_the_main_one(helm: Helm) -> None
     # The main Deployment's selector is what it always was (immutable on upgrade).
     plain = deployments(helm.render(release="gitops"))["gitops-stageset"]
     assert found["gitops-stageset"]["spec"]["selector"] == plain["spec"]["selector"]
+
+
+def selects(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    return selector.items() <= labels.items()
+
+
+def test_selectors_are_disjoint_with_a_metrics_service_and_a_budget_per_deployment(helm: Helm) -> None:
+    """Overlapping Deployment selectors are unsupported: each Deployment, metrics Service and
+    PodDisruptionBudget selects the pods of exactly one Deployment (and no hook's)."""
+    docs = helm.render(*SHARDS, "--set", "replicaCount=2", "--set", "cleanupOnDelete.enabled=true",
+                       release="gitops")
+    pods = {name: d["spec"]["template"]["metadata"]["labels"] for name, d in deployments(docs).items()}
+    pods.update({d["metadata"]["name"]: d["spec"]["template"]["metadata"]["labels"]
+                 for d in find(docs, "Job")})
+    assert len(pods) == 5  # three Deployments, the CRD hook and the cleanup hook
+    services = {d["metadata"]["name"]: d["spec"]["selector"] for d in find(docs, "Service")}
+    budgets = {d["metadata"]["name"]: d["spec"]["selector"]["matchLabels"]
+               for d in find(docs, "PodDisruptionBudget")}
+    assert sorted(services) == ["gitops-stageset-metrics", "gitops-stageset-shard1-metrics",
+                                "gitops-stageset-shard2-metrics"]
+    assert sorted(budgets) == ["gitops-stageset", "gitops-stageset-shard1", "gitops-stageset-shard2"]
+    for name, deployment in deployments(docs).items():
+        own = deployment["spec"]["selector"]["matchLabels"]
+        assert [pod for pod, labels in pods.items() if selects(own, labels)] == [name]
+        assert [pod for pod, labels in pods.items() if selects(services[f"{name}-metrics"], labels)] == [name]
+        assert [pod for pod, labels in pods.items() if selects(budgets[name], labels)] == [name]
+    # One ServiceMonitor scrapes every metrics Service of the release.
+    monitor = one(helm.render(*SHARDS, "--set", "metrics.serviceMonitor.enabled=true", release="gitops"),
+                  "ServiceMonitor")["spec"]["selector"]["matchLabels"]
+    assert all(selects(monitor, d["metadata"]["labels"]) for d in find(docs, "Service"))
 
 
 def test_every_rendered_flag_is_one_the_controller_accepts(helm: Helm) -> None:
@@ -93,10 +124,10 @@ def test_shards_may_record_their_hand_offs_without_leader_election(helm: Helm) -
 def test_the_cleanup_hook_deletes_only_the_release_s_own_stagesets(helm: Helm) -> None:
     docs = helm.render("--set", "cleanupOnDelete.enabled=true",
                        "--set", "controller.watchLabelSelector=sharding.fluxcd.io/key=shard1")
-    job = next(d for d in find(docs, "Job"))
+    job = one(docs, "Job", "stageset-cleanup")
     command = job["spec"]["template"]["spec"]["containers"][0]["command"]
     assert "--selector=sharding.fluxcd.io/key=shard1" in command
-    plain = next(d for d in find(helm.render("--set", "cleanupOnDelete.enabled=true"), "Job"))
+    plain = one(helm.render("--set", "cleanupOnDelete.enabled=true"), "Job", "stageset-cleanup")
     assert not [c for c in plain["spec"]["template"]["spec"]["containers"][0]["command"]
                 if c.startswith("--selector")]
 

@@ -1,4 +1,4 @@
-"""Every value of issue 17 rendered by the real ``helm``: CRDs as templates, sizing derived from the
+"""Every value of issue 17 rendered by the real ``helm``: the CRDs' hook, sizing derived from the
 flags, the escape hatches (still schema-checked), the cleanupOnDelete hook, NetworkPolicy,
 topology spread, the ServiceAccount, common labels and annotations, and the OpenShift rendering.
 
@@ -14,14 +14,14 @@ import yaml
 
 from sources.artifacts import MAX_TREE_OVERHEAD_BYTES
 from sources.limits import ArtifactLimits
-from stageset.api.crd import KINDS, MIN_KUBERNETES, custom_resource_definition
+from stageset.api.crd import MIN_KUBERNETES
 from stageset.apply.cel import CelLimits
 from stageset.build import BuildLimits
 from stageset.build.kustomize import _GO_RUNTIME_DATA
 from stageset.cli.main import artifact_settings
 from stageset.cli.main import main as cli
 from stageset.controller.settings import ArtifactSettings
-from tests.helm.chart import CHART, Helm, controller_args, controller_container, find, one
+from tests.helm.chart import CHART, Helm, controller_args, controller_container, find, one, without_hooks
 
 MiB = 2**20
 CONTROLLER_BASE = 256 * MiB
@@ -43,18 +43,32 @@ def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- CRDs
 
 
-def test_crds_render_as_the_generated_ones_kept_on_uninstall(helm: Helm) -> None:
-    docs = helm.render()
-    for kind in KINDS:
-        crd = one(docs, "CustomResourceDefinition", kind.crd_name)
-        generated = custom_resource_definition(kind)
-        assert crd["spec"] == generated["spec"]  # data from files/crds, never templated
-        assert crd["metadata"]["annotations"] == {"helm.sh/resource-policy": "keep"}
-        assert crd["metadata"]["labels"]["app.kubernetes.io/component"] == "crds"
-    loose = helm.render("--set", "crds.keep=false", "--set", "crds.annotations.owner=platform")
-    assert one(loose, "CustomResourceDefinition", KINDS[0].crd_name)["metadata"]["annotations"] == {
-        "owner": "platform"}
-    assert not find(helm.render("--set", "crds.install=false"), "CustomResourceDefinition")
+def test_the_crds_are_applied_by_a_hook_never_rendered(helm: Helm) -> None:
+    """The CRDs are no objects of the release (so no release owns them, and uninstalling never deletes
+    them): a pre-install/pre-upgrade hook Job applies the image's (`stageset crds --apply`), before
+    anything else of the release, with the controller pod's image, security context and placement."""
+    docs = helm.render("--set", "nodeSelector.pool=system", "--set", "imagePullSecrets[0].name=pull")
+    assert not find(docs, "CustomResourceDefinition")
+    job = one(docs, "Job", "stageset-crds")
+    assert job["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
+    weights = {d["kind"]: int(d["metadata"]["annotations"]["helm.sh/hook-weight"]) for d in docs
+               if d["metadata"]["name"].endswith("-crds")}
+    assert weights["Job"] > weights["ServiceAccount"] == weights["ClusterRoleBinding"]  # rights first
+    pod = job["spec"]["template"]["spec"]
+    controller = pod_spec(docs)
+    assert pod["containers"][0]["command"] == ["stageset", "crds", "--apply"]
+    cli.commands["crds"].make_context("crds", ["--apply"])  # type: ignore[attr-defined]
+    assert pod["containers"][0]["image"] == controller["containers"][0]["image"]
+    assert pod["securityContext"] == controller["securityContext"]
+    assert pod["containers"][0]["securityContext"] == controller["containers"][0]["securityContext"]
+    assert pod["nodeSelector"] == {"pool": "system"}
+    assert pod["imagePullSecrets"] == [{"name": "pull"}]
+    assert pod["serviceAccountName"] == "stageset-crds"
+    # Not selected by the controller Deployment, its Service or its PDB (no app.kubernetes.io/name).
+    assert "app.kubernetes.io/name" not in job["spec"]["template"]["metadata"]["labels"]
+    # Accepted (and ignored) for --reuse-values upgrades from charts that rendered the CRDs.
+    helm.render("--set", "crds.keep=false", "--set", "crds.annotations.owner=platform")
+    assert not find(helm.render("--set", "crds.install=false"), "Job")
 
 
 def test_kube_version_is_what_the_crds_need(helm: Helm) -> None:
@@ -230,8 +244,13 @@ def test_new_values_are_schema_checked(helm: Helm, values: list[str], named: str
     (["--set", "serviceAccount.create=false"], "serviceAccount.create=false needs serviceAccount.name"),
     (["--set", "controller.mirrors.maxSize=500Mi"],
      "controller.mirrors.maxSize=500Mi is smaller than controller.git.maxFetchSize=512Mi"),
-    (["--set", "cleanupOnDelete.enabled=true", "--set", "cleanupOnDelete.timeout=5m"],
-     "cleanupOnDelete.timeout=5m must exceed controller.maxTeardownWait=1h"),
+    (["--set", "cleanupOnDelete.enabled=true", "--set", "cleanupOnDelete.timeout=65m"],
+     "cleanupOnDelete.timeout=65m does not fit in the time helm uninstall waits for its hook "
+     "(cleanupOnDelete.uninstallTimeout=5m; Helm's default --timeout is 5m) with 30s for the pod to start: "
+     "lower cleanupOnDelete.timeout, or pass `helm uninstall --timeout 3960s` and set "
+     "cleanupOnDelete.uninstallTimeout to that"),
+    (["--set", "cleanupOnDelete.enabled=true", "--set", "cleanupOnDelete.timeout=4m31s"],
+     "cleanupOnDelete.timeout=4m31s does not fit"),
 ])
 def test_inconsistent_new_values_are_refused_with_what_to_do(helm: Helm, values: list[str],
                                                              message: str) -> None:
@@ -241,13 +260,14 @@ def test_inconsistent_new_values_are_refused_with_what_to_do(helm: Helm, values:
 
 
 def test_an_existing_service_account_is_bound_instead_of_created(helm: Helm) -> None:
-    docs = helm.render("--set", "serviceAccount.create=false", "--set", "serviceAccount.name=platform-gitops")
+    docs = without_hooks(helm.render("--set", "serviceAccount.create=false",
+                                     "--set", "serviceAccount.name=platform-gitops"))
     assert not find(docs, "ServiceAccount")
     assert pod_spec(docs)["serviceAccountName"] == "platform-gitops"
     for binding in find(docs, "ClusterRoleBinding") + find(docs, "RoleBinding"):
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "platform-gitops",
                                         "namespace": "stageset-system"}]
-    named = helm.render("--set", "serviceAccount.name=gitops")
+    named = without_hooks(helm.render("--set", "serviceAccount.name=gitops"))
     assert one(named, "ServiceAccount")["metadata"]["name"] == "gitops"
 
 
@@ -259,7 +279,7 @@ def test_common_labels_and_annotations_on_every_object(helm: Helm) -> None:
                        "--set", "metrics.serviceMonitor.enabled=true",
                        "--set", "metrics.prometheusRule.enabled=true",
                        "--set", "metrics.grafanaDashboard.enabled=true", "--set", "podAnnotations.scrape=yes")
-    assert len({d["kind"] for d in docs}) >= 14
+    assert len({d["kind"] for d in docs}) >= 13  # every kind the chart renders (the CRDs are the hook's)
     for doc in docs:
         meta = doc["metadata"]
         assert meta["labels"]["team"] == "platform", (doc["kind"], meta["name"])
@@ -281,8 +301,8 @@ def test_openshift_rendering_leaves_the_ids_to_the_scc(helm: Helm) -> None:
     assert not {"runAsUser", "runAsGroup"} & set(container["securityContext"])
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert container["securityContext"]["allowPrivilegeEscalation"] is False
-    hook = one(helm.render(*OPENSHIFT, "--set", "cleanupOnDelete.enabled=true"), "Job")
-    assert "runAsUser" not in hook["spec"]["template"]["spec"]["securityContext"]
+    for job in find(helm.render(*OPENSHIFT, "--set", "cleanupOnDelete.enabled=true"), "Job"):
+        assert "runAsUser" not in job["spec"]["template"]["spec"]["securityContext"]
 
 
 OPENSHIFT = ["--set", "podSecurityContext.runAsUser=null", "--set", "podSecurityContext.runAsGroup=null",
@@ -298,7 +318,10 @@ def test_network_policy_and_topology_spread(helm: Helm) -> None:
                        "--set", "topologySpreadConstraints[0].whenUnsatisfiable=ScheduleAnyway")
     policy = one(docs, "NetworkPolicy")["spec"]
     selector = one(docs, "Deployment")["spec"]["selector"]["matchLabels"]
-    assert policy["podSelector"]["matchLabels"] == selector
+    # Every controller pod of the release (each shard's too), never a hook's.
+    assert policy["podSelector"]["matchLabels"] == {"app.kubernetes.io/instance": "stageset",
+                                                    "app.kubernetes.io/part-of": "stageset",
+                                                    "app.kubernetes.io/component": "controller"}
     assert policy["policyTypes"] == ["Ingress"]  # egress stays open unless rules are given
     assert policy["ingress"] == [{"ports": [{"port": "metrics", "protocol": "TCP"}],
                                   "from": [{"namespaceSelector": {"matchLabels": {"team": "monitoring"}}}]}]
@@ -316,7 +339,7 @@ def test_network_policy_and_topology_spread(helm: Helm) -> None:
 
 
 def test_cleanup_hook_deletes_only_stagesets_of_the_release_s_namespaces(helm: Helm) -> None:
-    assert not find(helm.render(), "Job")
+    assert not find(helm.render(), "Job", "stageset-cleanup")
     docs = helm.render("--set", "cleanupOnDelete.enabled=true", "--set", "controller.watchNamespaces={a,b}",
                        release="shard", namespace="ops")
     hooks = [d for d in docs if (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "pre-delete"]
@@ -325,18 +348,18 @@ def test_cleanup_hook_deletes_only_stagesets_of_the_release_s_namespaces(helm: H
         ("Job", "ops")}
     role = one(docs, "ClusterRole", "ops-shard-stageset-cleanup")
     assert role["rules"] == [{"apiGroups": ["stages.metio.wtf"], "resources": ["stagesets"],
-                              "verbs": ["get", "list", "watch", "delete"]}]
-    job = one(docs, "Job")
+                              "verbs": ["get", "list", "watch", "delete", "patch"]}]
+    job = one(docs, "Job", "shard-stageset-cleanup")
     assert job["spec"]["backoffLimit"] == 0
-    assert job["spec"]["activeDeadlineSeconds"] == 65 * 60 + 120
+    assert job["spec"]["activeDeadlineSeconds"] == 4 * 60 + 30  # inside Helm's default 5m
     pod = job["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == "shard-stageset-cleanup"
     command = pod["containers"][0]["command"]
-    assert command == ["stageset", "cleanup", "--namespaces=a,b", "--timeout=65m"]
+    assert command == ["stageset", "cleanup", "--namespaces=a,b", "--timeout=4m", "--release-remaining"]
     # The command is the CLI's, with flags it accepts.
     cli.commands["cleanup"].make_context("cleanup", command[2:])  # type: ignore[attr-defined]
     everywhere = helm.render("--set", "cleanupOnDelete.enabled=true")
-    hook = one(everywhere, "Job")["spec"]["template"]["spec"]["containers"][0]
+    hook = one(everywhere, "Job", "stageset-cleanup")["spec"]["template"]["spec"]["containers"][0]
     assert "--all-namespaces" in hook["command"]
     assert one(everywhere, "ClusterRoleBinding", "stageset-system-stageset-cleanup")
 

@@ -491,7 +491,7 @@ def test_a_failing_remote_cluster_gets_a_short_condition_and_backs_off(
     assert (ready["status"], ready["reason"]) == ("False", "ClusterUnreachable")
     assert ready["message"] == (
         "spec.kubeConfig: the cluster at https://prod.example:6443 cannot be used: "
-        f"{how}; retrying with backoff; runbook: https://stages.metio.wtf/runbooks/clusterunreachable/"
+        f"{how}; retrying with backoff; runbook: https://stageset.github.io/stageset/runbooks/clusterunreachable/"
     )
     assert "REMOTE-BODY" not in json.dumps(world.get("shop"))
     assert world.get("shop")["status"]["inventory"] == inventory, "nothing forgotten"

@@ -13,16 +13,12 @@ from stageset.api.rbac import CONTROLLER_RULES, LEADER_ELECTION_RULES
 CHART = Path(__file__).resolve().parents[2] / "helm" / "stageset"
 
 
-def test_chart_crds_are_the_generated_ones() -> None:
-    """The chart renders its CRDs from files/crds/ (templates/crds.yaml); Helm's crds/ folder, which
-    `helm upgrade` never updates, stays empty."""
-    root = CHART.parents[1] / "crds"
-    generated = sorted(root.glob("*.yaml"))
-    assert generated
-    assert sorted(p.name for p in (CHART / "files" / "crds").glob("*.yaml")) == [p.name for p in generated]
-    for crd in generated:
-        assert (CHART / "files" / "crds" / crd.name).read_text() == crd.read_text()
+def test_the_chart_carries_no_crds() -> None:
+    """The chart's hook applies the CRDs the image generates (`stageset crds --apply`,
+    templates/crds.yaml): no copy in the chart that could drift, and no Helm crds/ folder, which
+    `helm upgrade` never updates."""
     assert not (CHART / "crds").exists()
+    assert not (CHART / "files" / "crds").exists()
 
 
 def test_controller_has_no_secret_read_or_general_write() -> None:

@@ -37,6 +37,19 @@ app.kubernetes.io/name: {{ include "stageset.name" . }}
 app.kubernetes.io/instance: {{ .Release.Name }}
 {{- end -}}
 
+{{/* The pod selector of one controller Deployment (an item of stageset.instances, with "root"):
+the main one's is selectorLabels (immutable, as it always was); a shard's pods are named
+<name>-shard, so the main selector never matches them, and carry their key.  Disjoint selectors:
+each Deployment, metrics Service and PodDisruptionBudget selects its own pods only. */}}
+{{- define "stageset.podSelector" -}}
+{{- $selector := include "stageset.selectorLabels" .root | fromYaml -}}
+{{- if .key -}}
+{{- $_ := set $selector "app.kubernetes.io/name" (printf "%s-shard" (include "stageset.name" .root)) -}}
+{{- $_ := set $selector "stages.metio.wtf/shard" .key -}}
+{{- end -}}
+{{- toYaml $selector -}}
+{{- end -}}
+
 {{/* Every object's labels: commonLabels first, so the chart's own always win. */}}
 {{- define "stageset.labels" -}}
 {{ with omit .Values.commonLabels "helm.sh/chart" "app.kubernetes.io/name" "app.kubernetes.io/instance" "app.kubernetes.io/version" "app.kubernetes.io/managed-by" "app.kubernetes.io/component" "app.kubernetes.io/part-of" }}{{ toYaml . }}
@@ -154,4 +167,47 @@ when set, is part of every one of them. */}}
 {{- $out = append $out (dict "suffix" "" "key" "" "selector" $base "shardKeys" "") -}}
 {{- end -}}
 {{- toJson $out -}}
+{{- end -}}
+
+{{/* The pod template of a hook Job (the CRDs before install/upgrade, the cleanup before uninstall):
+the controller's image, security context and placement, run as the hook's own ServiceAccount.
+Called with (dict "root" $ "account" NAME "component" NAME "command" LIST). */}}
+{{- define "stageset.hookPod" -}}
+{{- $root := .root -}}
+{{- /* Without app.kubernetes.io/name: the controller Deployment's selector (name and instance) and
+the metrics Service must never select a hook's pod. */ -}}
+{{- $labels := omit (include "stageset.labels" $root | fromYaml) "app.kubernetes.io/name" -}}
+{{- $_ := set $labels "app.kubernetes.io/component" .component -}}
+metadata:
+  labels: {{- toYaml $labels | nindent 4 }}
+spec:
+  serviceAccountName: {{ .account }}
+  restartPolicy: Never
+  enableServiceLinks: false
+  {{- with $root.Values.priorityClassName }}
+  priorityClassName: {{ . }}
+  {{- end }}
+  {{- with $root.Values.imagePullSecrets }}
+  imagePullSecrets: {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $root.Values.podSecurityContext }}
+  securityContext: {{- toYaml . | nindent 4 }}
+  {{- end }}
+  containers:
+    - name: {{ .component }}
+      image: {{ include "stageset.image" $root | quote }}
+      imagePullPolicy: {{ $root.Values.image.pullPolicy }}
+      command: {{- toYaml .command | nindent 8 }}
+      {{- with $root.Values.securityContext }}
+      securityContext: {{- toYaml . | nindent 8 }}
+      {{- end }}
+      resources:
+        requests: {cpu: 10m, memory: 64Mi}
+        limits: {memory: 256Mi}
+  {{- with $root.Values.nodeSelector }}
+  nodeSelector: {{- toYaml . | nindent 4 }}
+  {{- end }}
+  {{- with $root.Values.tolerations }}
+  tolerations: {{- toYaml . | nindent 4 }}
+  {{- end }}
 {{- end -}}
