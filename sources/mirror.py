@@ -133,6 +133,10 @@ SERVED_DIR = "stageset-served"
 _SERVED_KEEP = 16
 """Commits remembered per consumer (the newest), so a status a little behind still reads."""
 
+_DEBRIS_AGE = 600.0
+"""Seconds after which an unfinished ``.init-``/``.evict-`` directory is debris, not another process's
+work in progress (mirror roots may be shared by CLI processes)."""
+
 KEPT_DIR = "stageset-kept"
 """Per mirror: commits kept for a consumer beyond the newest few, one file per holder."""
 
@@ -619,9 +623,14 @@ class MirrorStore:
 
     def _adopt_existing(self) -> None:
         """Account for mirrors left by an earlier process; clear its unfinished work."""
+        now = time.time()
         for entry in self._root.iterdir():
             if entry.name.startswith((".evict-", ".init-")):
-                shutil.rmtree(entry, ignore_errors=True)
+                # Debris of a process that stopped mid-way; a recent one may be another live
+                # process's work on a shared root (the CLI's cache), which takes milliseconds.
+                with contextlib.suppress(OSError):
+                    if now - entry.stat().st_mtime > _DEBRIS_AGE:
+                        shutil.rmtree(entry, ignore_errors=True)
             elif entry.is_dir() and (entry / "HEAD").exists():
                 marker = entry / _USED_MARKER
                 used = marker.stat().st_mtime if marker.exists() else entry.stat().st_mtime

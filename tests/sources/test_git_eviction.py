@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -107,9 +108,13 @@ def test_a_new_store_adopts_the_mirrors_on_disk(git_server: GitServer, tmp_path:
     for url in urls:
         old.fetch(url)
     total = old.disk_usage()
-    # Leftovers of an eviction or init interrupted by a crash.
+    # Leftovers of an eviction or init interrupted by a crash (an hour old), and an init another
+    # process sharing the root (the CLI's cache) has under way right now: kept.
     (tmp_path / "mirrors" / ".evict-deadbeef-1-2").mkdir()
     (tmp_path / "mirrors" / ".init-x").mkdir()
+    (tmp_path / "mirrors" / ".init-live").mkdir()
+    for debris in (".evict-deadbeef-1-2", ".init-x"):
+        os.utime(tmp_path / "mirrors" / debris, (time.time() - 3600, time.time() - 3600))
     # Mirror 0 was used last.
     os.utime(old.mirror_path(urls[1]) / "stageset-last-used", (1, 1))
     os.utime(old.mirror_path(urls[2]) / "stageset-last-used", (2, 2))
@@ -118,6 +123,7 @@ def test_a_new_store_adopts_the_mirrors_on_disk(git_server: GitServer, tmp_path:
     assert new.disk_usage() == total
     assert not (tmp_path / "mirrors" / ".evict-deadbeef-1-2").exists()
     assert not (tmp_path / "mirrors" / ".init-x").exists()
+    assert (tmp_path / "mirrors" / ".init-live").exists()
     assert new.evict() == [new.mirror_path(urls[1]).name]
 
 
