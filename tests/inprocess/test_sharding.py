@@ -183,8 +183,14 @@ def test_the_gaining_shard_writes_only_after_the_losing_shard_recorded_its_relea
     world.pool.client().request("PATCH", path, content_type="application/merge-patch+json", body={
         "metadata": {"labels": {SHARD_LABEL: "shard1"}},
         "spec": {"stages": [{"name": "s", "path": "./two", "sourceRef": {"name": "app-shard1"}}]}})
-    eventually(lambda: world.configmap("two") is not None and reason(world, "handed") == "True/Succeeded",
-               what="shard1 applying its revision")
+    def concluded_by_shard1() -> bool:
+        # shard1 applied its revision and wrote the StageSet since the relabel: the ConfigMap alone
+        # shows it applied, and the main shard's earlier Ready is still there until it writes.
+        after = since_relabel(world.cluster.requests[mark:], path)
+        return (world.configmap("two") is not None and reason(world, "handed") == "True/Succeeded"
+                and first(after, lambda r: r.write and r.path.startswith(path)) < len(after))
+
+    eventually(concluded_by_shard1, what="shard1 applying its revision and writing the StageSet")
     after = since_relabel(world.cluster.requests[mark:], path)
     record = f"{LEASES}/{record_name(NS, 'handed')}"
     released = first(after, lambda r: r.write and r.path.startswith(LEASES))
