@@ -350,12 +350,15 @@ def _guarded(installed: KubeClient, s: Scenario, controllers: Controllers, serve
             for i, (url, _) in enumerate(GUARDED)
         ],
     )
-    wait_for(
-        lambda: all(stage_status(s, f"s{i}").get("phase") == "Failed" for i in range(len(GUARDED))),
-        what="every stage refused",
-    )
+    def refused() -> list[dict[str, Any]] | None:
+        # One read of the status for every stage: a retry pass may start (and clear a message) between two.
+        stages = {st["name"]: st for st in (s.get("shop").get("status") or {}).get("stages") or []}
+        found = [stages.get(f"s{i}", {}) for i in range(len(GUARDED))]
+        return found if all(st.get("phase") == "Failed" and st.get("message") for st in found) else None
+
+    failed = wait_for(refused, what="every stage refused")
     for i, (_, says) in enumerate(GUARDED):
-        message = stage_status(s, f"s{i}")["message"]
+        message = failed[i]["message"]
         assert "pre action 'call' failed" in message
         assert says in message, message
         if "host hooks" not in message:
