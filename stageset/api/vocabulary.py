@@ -45,6 +45,8 @@ class Reason(StrEnum):
     CLUSTER_UNREACHABLE = "ClusterUnreachable"
     INVENTORY_INCOMPLETE = "InventoryIncomplete"
     """Status had no inventory and the cluster could not be searched completely: nothing pruned."""
+    OWNERSHIP_CONFLICT = "OwnershipConflict"
+    """A stage renders an object another live StageSet owns: the stage writes nothing until it is released."""
     # Steering a release (the reference's words; none of them is a failure but the last two)
     SOAKING = "Soaking"
     """A stage is Ready and soaking: its dependents start when the soak ends."""

@@ -33,6 +33,7 @@ from stageset.api import InventoryEntry
 from stageset.apply import preview as _preview
 from stageset.apply import wait as _wait
 from stageset.apply import write as _write
+from stageset.apply.claims import Claims
 from stageset.apply.conflicts import ConflictResolver
 from stageset.apply.core import AppliedObject, ApplyCore, StageResult
 from stageset.apply.inventory import ObjectId
@@ -60,13 +61,14 @@ class StageApplier(ApplyCore):
         return StageResult(objects=[item for item in bound if item is not None])
 
     def apply(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
-              default_namespace: str, force: bool = False, conflicts: ConflictResolver | None = None,
+              default_namespace: str, claims: Claims, force: bool = False,
+              conflicts: ConflictResolver | None = None,
               previous: Mapping[ObjectId, InventoryEntry] | None = None,
               recheck_rights: bool = True) -> StageResult:
         """Apply ``objects`` as ``client``'s identity (:func:`stageset.apply.write.apply`)."""
         return _write.apply(self, client=client, owner=owner, objects=objects,
-                            default_namespace=default_namespace, force=force, conflicts=conflicts,
-                            previous=previous, recheck_rights=recheck_rights)
+                            default_namespace=default_namespace, claims=claims, force=force,
+                            conflicts=conflicts, previous=previous, recheck_rights=recheck_rights)
 
     def preview(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
                 default_namespace: str, conflicts: ConflictResolver | None = None) -> Preview:

@@ -2,7 +2,9 @@
 
 Prune and teardown only ever delete objects that still carry these labels, so an
 object a user adopted (by removing the labels) is never deleted by us, nor one that
-opts out with ``stages.metio.wtf/prune: disabled`` (annotation or label).  Pure.
+opts out with ``stages.metio.wtf/prune: disabled`` (annotation or label).  The labels also say
+which StageSet holds an object (:func:`holder`): one that another *live* StageSet holds is never
+written (:mod:`stageset.apply.claims`).  Pure.
 """
 
 from __future__ import annotations
@@ -38,6 +40,14 @@ def owned_by(obj: KubeObject, *, namespace: str, name: str) -> bool:
     """Does the live object still carry the owner labels of StageSet ``namespace/name``?"""
     labels = (obj.get("metadata") or {}).get("labels") or {}
     return bool(labels.get(LABEL_NAME) == name and labels.get(LABEL_NAMESPACE) == namespace)
+
+
+def holder(obj: KubeObject | None) -> tuple[str, str] | None:
+    """The StageSet ``(namespace, name)`` the live object's owner labels name (``None``: none, or
+    only part of them, so no StageSet can claim it)."""
+    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    namespace, name = labels.get(LABEL_NAMESPACE), labels.get(LABEL_NAME)
+    return (str(namespace), str(name)) if namespace and name else None
 
 
 def prune_disabled(obj: KubeObject) -> bool:

@@ -30,6 +30,9 @@ Invariants:
   (:mod:`stageset.apply.conflicts`): fail, recreate, or keep the live object untouched.
 - A denial anywhere in the stage forgets the identity's shown rights for every kind and
   namespace of the stage: the next pass asks again.
+- An object another live StageSet holds is never written (:mod:`stageset.apply.claims`): the stage
+  fails with OwnershipConflict before its first write (the pilot is create-only, so it cannot
+  write an existing object unseen); one whose holder let it go is adopted in place.
 
 The result is a :class:`~stageset.apply.core.StageResult`: one action per object.
 """
@@ -43,6 +46,7 @@ from stageset.api import InventoryEntry
 from stageset.api.vocabulary import Reason
 from stageset.apply import warm
 from stageset.apply.changeset import Action
+from stageset.apply.claims import Claims, create_only, read_existing, refuse_claimed
 from stageset.apply.conflicts import ConflictResolver
 from stageset.apply.core import (
     AppliedObject,
@@ -65,11 +69,14 @@ from stageset.kube.types import KubeObject
 
 
 def apply(core: ApplyCore, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
-          default_namespace: str, force: bool = False, conflicts: ConflictResolver | None = None,
+          default_namespace: str, claims: Claims, force: bool = False,
+          conflicts: ConflictResolver | None = None,
           previous: Mapping[ObjectId, InventoryEntry] | None = None,
           recheck_rights: bool = True) -> StageResult:
     """Apply ``objects`` as ``client``'s identity; raise :class:`StageError` on failure.
 
+    ``claims`` says whether another StageSet still holds an object the stage renders (required:
+    no path may write without asking).
     ``conflicts`` answers immutable-field conflicts (default: fail, or recreate with ``force``).
     ``recheck_rights=False`` (a periodic pass): unchanged objects of a kind and namespace where
     the identity showed its rights within ``rights_max_age`` are not dry-run."""
@@ -81,7 +88,8 @@ def apply(core: ApplyCore, *, client: KubeClient, owner: StageOwner, objects: li
     try:
         return _phases(core, client=client, labelled=labelled, bound=bound, served=served,
                        created=created_namespaces(labelled), default_namespace=default_namespace,
-                       conflicts=conflicts, previous=previous, owner=owner, recheck_rights=recheck_rights)
+                       conflicts=conflicts, previous=previous, owner=owner, recheck_rights=recheck_rights,
+                       claims=claims)
     except StageError as error:
         if error.reason is Reason.RBAC_DENIED:
             warm.rights_denied(core, client=client, items=served)
@@ -91,9 +99,10 @@ def apply(core: ApplyCore, *, client: KubeClient, owner: StageOwner, objects: li
 def _phases(core: ApplyCore, *, client: KubeClient, labelled: list[KubeObject],
             bound: list[AppliedObject | None], served: list[AppliedObject], created: frozenset[str],
             default_namespace: str, conflicts: ConflictResolver, previous: Mapping[ObjectId, InventoryEntry],
-            owner: StageOwner, recheck_rights: bool) -> StageResult:
-    """The warm check, one dry-run of everything it did not settle, then phase by phase: the
-    late dry-runs (kinds or namespaces an earlier phase made), the pilot, the writes, the CRD wait."""
+            owner: StageOwner, recheck_rights: bool, claims: Claims) -> StageResult:
+    """The warm check, one dry-run of everything it did not settle (and whether another StageSet
+    holds any of it), then phase by phase: the late dry-runs (kinds or namespaces an earlier phase
+    made), the pilot, the writes, the CRD wait."""
     settled = warm.unchanged(core, client=client, owner=owner, items=served, previous=previous,
                              recheck_rights=recheck_rights)
     bound_by_object = {id(obj): item for obj, item in zip(labelled, bound, strict=True)}
@@ -102,6 +111,14 @@ def _phases(core: ApplyCore, *, client: KubeClient, labelled: list[KubeObject],
     unsettled = [b for b in served if id(b) not in settled and b is not pilot]
     deferred = {id(item) for item in dry_run(core, client=client, items=unsettled, conflicts=conflicts,
                                              previous=previous, created=created)}
+    _held(core, client=client, items=[i for i in unsettled if id(i) not in deferred], previous=previous,
+          owner=owner, claims=claims)
+    if pilot is not None and any(i.id not in previous and i.live is not None for i in unsettled):
+        # Objects new to the inventory exist already (an adoption): the pilot likely does too, so
+        # it is dry-run like the others rather than written create-only and refused.
+        dry_run(core, client=client, items=[pilot], conflicts=conflicts, previous=previous)
+        _held(core, client=client, items=[pilot], previous=previous, owner=owner, claims=claims)
+        pilot = None
     result = StageResult()
     for phase in staged:
         items: list[AppliedObject] = []
@@ -119,8 +136,10 @@ def _phases(core: ApplyCore, *, client: KubeClient, labelled: list[KubeObject],
                 late.append(item)  # its namespace is written by an earlier phase of this stage
             items.append(item)
         dry_run(core, client=client, items=late, conflicts=conflicts, previous=previous)
+        _held(core, client=client, items=late, previous=previous, owner=owner, claims=claims)
         if pilot is not None and pilot in items:
-            _write_pilot(core, client=client, item=pilot, conflicts=conflicts, previous=previous)
+            _write_pilot(core, client=client, item=pilot, conflicts=conflicts, previous=previous,
+                         owner=owner, claims=claims)
         write(core, client=client, items=[i for i in items if i is not pilot and id(i) not in settled],
               previous=previous)
         _wait_established(core, client=client, items=items)
@@ -150,16 +169,27 @@ def _pilot(first_phase: list[KubeObject], bound: Mapping[int, AppliedObject | No
     return None
 
 
+def _held(core: ApplyCore, *, client: KubeClient, items: list[AppliedObject],
+          previous: Mapping[ObjectId, InventoryEntry], owner: StageOwner, claims: Claims) -> None:
+    """After a dry-run, before any write: read what exists but is new to the inventory, and fail
+    with OwnershipConflict if another live StageSet holds any of it."""
+    read_existing(core, client=client, items=items, previous=previous)
+    refuse_claimed(items, owner=owner, claims=claims)
+
+
 def _write_pilot(core: ApplyCore, *, client: KubeClient, item: AppliedObject, conflicts: ConflictResolver,
-                 previous: Mapping[ObjectId, InventoryEntry]) -> None:
-    """The stage's first write, made without a dry-run once every other object's passed: when it
-    fails nothing else has been written, and its dry-run says why (or resolves an
-    immutable-field conflict) before it is written as any other object would be."""
+                 previous: Mapping[ObjectId, InventoryEntry], owner: StageOwner, claims: Claims) -> None:
+    """The stage's first write, made without a dry-run once every other object's passed, and
+    create-only: when it fails (the object exists — perhaps another StageSet's —, or anything
+    else) nothing else has been written, and its dry-run says why (or resolves an immutable-field
+    conflict, or finds its holder) before it is written as any other object would be."""
     status: list[int] = []
     try:
-        item.live = client.apply(item.path, item.manifest, field_manager=FIELD_MANAGER, status=status)
+        item.live = client.apply(item.path, create_only(item.manifest), field_manager=FIELD_MANAGER,
+                                 status=status)
     except ApiError:
         dry_run(core, client=client, items=[item], conflicts=conflicts, previous=previous)
+        _held(core, client=client, items=[item], previous=previous, owner=owner, claims=claims)
         write(core, client=client, items=[item], previous=previous)
         return
     item.action = Action.CREATED if status == [201] else Action.CONFIGURED

@@ -127,7 +127,7 @@ class FakeCluster:
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
-        self._versions = itertools.count(1)
+        self._versions = itertools.count(2)  # as etcd: its first write is revision 2
         self._recorded: dict[int, float] = {}  # event version -> when it happened
 
     # -- set-up -------------------------------------------------------------------------
@@ -274,6 +274,10 @@ class FakeCluster:
     def _apply(self, parsed: Parsed, body: Any, *, dry_run: bool) -> KubeObject:
         manifest = json.loads(body) if isinstance(body, bytes) else copy.deepcopy(body)
         existing = self.objects.get(parsed.object_path)
+        wanted = (manifest.get("metadata") or {}).get("resourceVersion")
+        if existing is not None and wanted and wanted != existing["metadata"].get("resourceVersion"):
+            # A resourceVersion in an apply is a precondition, as on a real apiserver.
+            raise ApiError(status=409, reason="Conflict", message="the object has been modified")
         if existing is not None and _content(existing) == _content(manifest):
             return copy.deepcopy(existing)
         result = copy.deepcopy(manifest)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from stageset.apply.changeset import Action
+from stageset.apply.claims import Unclaimed
 from stageset.apply.engine import StageApplier, StageResult
 from stageset.apply.inventory import by_id, stage_inventory
 from stageset.apply.ownership import StageOwner
@@ -51,6 +52,7 @@ def test_one_action_per_object_across_passes() -> None:
             default_namespace=NS,
             force=force,
             previous=by_id(inventory) if inventory else None,
+            claims=Unclaimed(),
         )
 
     first = apply([cm("a"), cm("b")], None)
@@ -99,7 +101,7 @@ def test_waiting_tells_progress_naming_the_first_object_not_ready_and_how_many_m
                 "spec": {"replicas": 3}}
 
     result = applier.apply(client=client, owner=OWNER, objects=[deploy("a"), deploy("b")],
-                           default_namespace=NS)
+                           default_namespace=NS, claims=Unclaimed())
     heard: list[Readiness] = []
     final = applier.wait_ready(client=client, applied=result.objects, timeout=0.1, stop=threading.Event(),
                                progress=heard.append)

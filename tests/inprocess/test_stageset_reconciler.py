@@ -380,8 +380,8 @@ def test_a_cycle_message_names_only_this_namespaces_stagesets(world: World) -> N
 
 
 def test_the_dependency_of_a_stageset_is_read_as_its_service_account(world: World) -> None:
-    world.commit({"app/cm.json": configmap("x")})
-    world.stageset("db", [{"name": "app", "path": "./app"}])
+    world.commit({"app/cm.json": configmap("x"), "db/cm.json": configmap("y")})
+    world.stageset("db", [{"name": "app", "path": "./db"}])
     world.stageset("app", [{"name": "app", "path": "./app"}], dependsOn=[{"name": "db"}])
     world.reconcile("app")
     assert world.ready("app")["reason"] == "DependencyNotReady"

@@ -35,8 +35,8 @@ from stageset.controller.ordering import OrderingError, StageNode, stage_graph
 
 # Which failure wins the StageSet's Ready reason when several stages fail.
 REASON_PRIORITY = [Reason.RBAC_DENIED, Reason.INVALID_SPEC, Reason.RESOLVE_FAILED, Reason.CLUSTER_UNREACHABLE,
-                   Reason.STAGE_FAILED, Reason.ACTION_FAILED, Reason.DEPENDENCY_NOT_READY,
-                   Reason.SOURCE_NOT_READY,
+                   Reason.OWNERSHIP_CONFLICT, Reason.STAGE_FAILED, Reason.ACTION_FAILED,
+                   Reason.DEPENDENCY_NOT_READY, Reason.SOURCE_NOT_READY,
                    Reason.ARTIFACT_NOT_FOUND, Reason.STAGE_PROGRESSING]
 # Reasons that clear up by themselves soon (a source being fetched, a stage still rolling
 # out): retried within this many seconds even when ``retryInterval`` is longer.

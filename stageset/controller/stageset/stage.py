@@ -2,7 +2,9 @@
 
 Identity: every request goes through the client for the stage's identity on the stage's
 target cluster (the tenant's ServiceAccount, impersonated; the controller itself only in
-single-tenant mode).  ``readyChecks.checks`` are read as the same identity, and so are the
+single-tenant mode).  Whether another StageSet still holds an object the stage renders is read
+as the controller (:mod:`~stageset.controller.stageset.claims`).  ``readyChecks.checks`` are read
+as the same identity, and so are the
 watches a waiting stage opens (:mod:`stageset.kube.watches`, through the engine).  After a denial,
 whether the ServiceAccount exists is asked as :class:`~stageset.controller.stageset.reads.AccountCheck`
 says.
@@ -40,6 +42,7 @@ from stageset.controller import logs
 from stageset.controller.clock import Clock
 from stageset.controller.events import change_summary
 from stageset.controller.redact import Redactor
+from stageset.controller.stageset.claims import LiveClaims
 from stageset.controller.stageset.plan import StageOutcome, judge_readiness, on_timeout, readiness_window
 from stageset.controller.stageset.reads import AccountCheck
 from stageset.controller.stageset.rendering import Rendered
@@ -116,8 +119,11 @@ class StageApply:
             result = applier.bind(owner=owner, objects=rendered.objects,
                                   default_namespace=namespace) if run.recheck else None
             if result is None:
+                claims = LiveClaims(controller=self._clients.client(), ours=(owner.namespace, owner.name),
+                                    tenant=self._clients.client(rendered.identity))
                 result = applier.apply(client=client, owner=owner, objects=rendered.objects,
-                                       default_namespace=namespace, conflicts=ConflictResolver.of(stage),
+                                       default_namespace=namespace, claims=claims,
+                                       conflicts=ConflictResolver.of(stage),
                                        previous=_entries(run.previous), recheck_rights=run.recheck_rights)
         except StageError as error:
             outcome = self._failed(stage, error, client)

@@ -1,0 +1,111 @@
+"""Objects another live StageSet holds: found before a stage's first write, and never written.
+
+An object's owner labels (:mod:`stageset.apply.ownership`) name the StageSet that holds it.  When a
+stage renders an object whose labels name *another* StageSet, the engine asks :class:`Claims`
+whether that StageSet still holds it (the controller's answer, and what "live" means:
+:mod:`stageset.controller.stageset.claims`).  A live holder fails the stage with
+``OwnershipConflict`` before anything of the stage is written (a dry-run writes nothing); a holder
+that is gone, or no longer lists the object, lets the stage adopt it: the same object is applied
+with our labels — same UID, nothing deleted or recreated.
+
+Cost: nothing for a StageSet that never meets another's object.  An object in the inventory is read
+before its dry-run anyway; one new to the inventory is read (:func:`read_existing`) only when its
+dry-run shows it exists (a create's dry-run carries no ``resourceVersion``); and a stage's one write
+without a dry-run (the pilot, :mod:`stageset.apply.write`) is made create-only (:func:`create_only`),
+so it can never write an existing object unseen.  ``Claims`` is asked only about objects whose labels
+name another StageSet, at most once per holder and stage.
+
+Identity: reads go through the ``client`` handed in (the stage's identity); :class:`Claims` answers
+with whatever identity its implementation documents (the controller's, reading StageSets).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from stageset.api import InventoryEntry
+from stageset.api.vocabulary import Reason
+from stageset.apply.changeset import Action
+from stageset.apply.core import AppliedObject, ApplyCore, read_error
+from stageset.apply.errors import StageError
+from stageset.apply.inventory import ObjectId
+from stageset.apply.ownership import StageOwner, holder
+from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.types import KubeObject
+
+CREATE_ONLY = "1"
+"""A ``resourceVersion`` precondition no stored object meets (etcd's first write is its revision 2):
+an apply carrying it creates an absent object, and is refused (409 Conflict) for an existing one —
+without changing the managed fields it records."""
+
+
+@dataclass(frozen=True)
+class Claim:
+    """Another StageSet still holds an object."""
+
+    holder: str
+    """How messages name that StageSet: ``StageSet <namespace>/<name>``, or a fixed text that names
+    nothing when the stage's identity may not read it."""
+
+
+class Claims(Protocol):
+    """Whether the StageSet an object's owner labels name still holds it."""
+
+    def claim(self, *, holder: tuple[str, str], oid: ObjectId) -> Claim | None:
+        """``holder``'s claim on ``oid``; ``None`` when it no longer holds it (gone, or it no longer
+        lists the object): the object may be adopted."""
+        ...
+
+
+class Unclaimed:
+    """No StageSet holds anything: what an engine without a controller behind it assumes (tests)."""
+
+    def claim(self, *, holder: tuple[str, str], oid: ObjectId) -> Claim | None:
+        del holder, oid
+        return None
+
+
+def create_only(manifest: KubeObject) -> KubeObject:
+    """``manifest`` with the :data:`CREATE_ONLY` precondition (the digest is the caller's, unchanged)."""
+    return {**manifest, "metadata": {**manifest["metadata"], "resourceVersion": CREATE_ONLY}}
+
+
+def read_existing(core: ApplyCore, *, client: KubeClient, items: list[AppliedObject],
+                  previous: Mapping[ObjectId, InventoryEntry]) -> None:
+    """Read the live object of each item new to the inventory that exists (its dry-run carries a
+    ``resourceVersion``, or the conflict policy recreates it), so its owner labels can be judged."""
+    def exists(item: AppliedObject) -> bool:
+        version = ((item.dry_run or {}).get("metadata") or {}).get("resourceVersion")
+        return item.action is Action.RECREATED or bool(version)
+
+    def one(item: AppliedObject) -> None:
+        try:
+            item.live = client.get(item.path)
+        except ApiError as error:
+            if not error.not_found:
+                raise read_error(item, error, client.identity.describe()) from error
+
+    core.each([i for i in items if i.live is None and i.id not in previous and exists(i)], one)
+
+
+def refuse_claimed(items: list[AppliedObject], *, owner: StageOwner, claims: Claims) -> None:
+    """Fail with ``OwnershipConflict`` when another StageSet still holds an object the stage would write."""
+    held: list[tuple[AppliedObject, Claim]] = []
+    for item in items:
+        found = holder(item.live)
+        if item.action is Action.SKIPPED or found is None or found == (owner.namespace, owner.name):
+            continue
+        claim = claims.claim(holder=found, oid=item.id)
+        if claim is not None:
+            held.append((item, claim))
+    if not held:
+        return
+    item, claim = held[0]
+    more = f" (and {len(held) - 1} more object(s) held by other StageSets)" if len(held) > 1 else ""
+    raise StageError(Reason.OWNERSHIP_CONFLICT,
+                     f"{item.id.describe()} is held by {claim.holder}, which still applies it{more}; "
+                     "nothing of this stage is written until it lets the object go (deleted with "
+                     "deletionPolicy: Orphan, or no longer rendering it): then this StageSet adopts it "
+                     "in place")

@@ -1,0 +1,102 @@
+"""Whether another StageSet still holds an object: the controller's answer to the engine's :class:`Claims`.
+
+A stage that renders an object whose owner labels name another StageSet asks this (through
+:mod:`stageset.apply.claims`) before it writes anything.  That StageSet is **live** for the object
+— and the stage fails with ``OwnershipConflict`` — when:
+
+- it exists on this cluster (one being deleted counts: its teardown still deletes, or releases,
+  what it holds), and
+- it lists the object: in ``status.inventory`` (any stage; namespace, name, group and kind), or,
+  when its status carries no inventory at all (lost in a restore, or not written yet), its durable
+  record (:mod:`stageset.apply.record`) covers the object's kind in the object's namespace — the
+  record grows before anything is applied, so a StageSet about to write the object already holds it.
+
+Anything else lets the stage adopt the object in place: the StageSet is gone (404), or it lists the
+object nowhere (it stopped rendering it; a ``prune: false`` stage dropped it; ``deletionPolicy:
+Orphan`` released it, labels and all).  A StageSet the controller cannot read now holds the object:
+what cannot be judged is never written.
+
+Identity: the holder is read as the controller (its role reads StageSets cluster-wide).  Whether the
+message may name it is the stage's identity's: a holder in the StageSet's own namespace is named; one
+in another namespace only when that identity may read it (a GET as it succeeds), else a fixed text
+that names nothing of the other namespace — as refused cross-namespace references are told.
+
+Cost: nothing unless an object's labels name another StageSet; then one read per holder per stage
+(this object lives for one stage's apply), and one more as the tenant for a holder elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from stageset.api import API_VERSION
+from stageset.apply.claims import Claim
+from stageset.apply.inventory import ObjectId
+from stageset.apply.record import parse
+from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.types import KubeObject
+
+UNREADABLE_HOLDER = "another StageSet (in a namespace this StageSet's identity may not read)"
+
+
+def stageset_path(namespace: str, name: str) -> str:
+    return f"/apis/{API_VERSION}/namespaces/{namespace}/stagesets/{name}"
+
+
+def lists(holder: KubeObject, oid: ObjectId) -> bool:
+    """Does the StageSet ``holder`` (as read) list ``oid``: its inventory, else its record?  Pure."""
+    inventory = (holder.get("status") or {}).get("inventory") or []
+    if inventory:
+        encoded = oid.encode()
+        return any(entry.get("id") == encoded for stage in inventory for entry in stage.get("entries") or [])
+    for stage in parse(holder).stages.values():
+        for kind, namespaces in stage.kinds.items():
+            if kind.kind == oid.kind and kind.api_version.rpartition("/")[0] == oid.group \
+                    and oid.namespace in namespaces:
+                return True
+    return False
+
+
+@dataclass
+class LiveClaims:
+    """The claims of live StageSets, judged for one stage of StageSet ``ours`` (see the module)."""
+
+    controller: KubeClient
+    """The controller's own client on this cluster (reads the holder)."""
+    tenant: KubeClient
+    """The stage's identity on this cluster (whether the message may name the holder)."""
+    ours: tuple[str, str]
+    _read: dict[tuple[str, str], KubeObject | None] = field(default_factory=dict)
+    _named: dict[tuple[str, str], str] = field(default_factory=dict)
+
+    def claim(self, *, holder: tuple[str, str], oid: ObjectId) -> Claim | None:
+        if holder == self.ours:
+            return None
+        if holder not in self._read:
+            self._read[holder] = self._fetch(holder)
+        found = self._read[holder]
+        if found is not None and not lists(found, oid):
+            return None
+        return Claim(self._name(holder))
+
+    def _fetch(self, holder: tuple[str, str]) -> KubeObject | None:
+        """The holder as the controller reads it: ``{}`` when it is gone (it lists nothing);
+        ``None`` when it cannot be read now (it holds everything: what cannot be judged is never
+        written)."""
+        try:
+            return self.controller.get(stageset_path(*holder))
+        except ApiError as error:
+            if error.not_found:
+                return {}  # gone: lists nothing
+            return None  # cannot be judged: held
+
+    def _name(self, holder: tuple[str, str]) -> str:
+        if holder not in self._named:
+            named = f"StageSet {holder[0]}/{holder[1]}"
+            if holder[0] != self.ours[0]:
+                try:
+                    self.tenant.get(stageset_path(*holder))
+                except ApiError:
+                    named = UNREADABLE_HOLDER
+            self._named[holder] = named
+        return self._named[holder]

@@ -1,0 +1,138 @@
+"""Ownership is explicit (issue 32 item 5): an object another live StageSet holds is never written.
+
+Over the fake cluster, with the reconciler wired as the manager wires it: which requests each
+StageSet makes on the contested objects, as whom.  The real-apiserver evidence (audit log, UIDs) is
+tests/e2e/test_ownership.py.
+"""
+
+from __future__ import annotations
+
+from stageset.api.vocabulary import Reason
+from stageset.apply.inventory import ObjectId
+from stageset.controller.stageset.claims import UNREADABLE_HOLDER, LiveClaims, lists
+from stageset.kube.client import Identity
+from tests.inprocess.conftest import NS, SA, TENANT, World, configmap, stageset_path
+from tests.inprocess.fakes import FakeClientPool, FakeCluster
+
+CM = f"/api/v1/namespaces/{NS}/configmaps"
+
+
+def labels(world: World, name: str) -> dict[str, str]:
+    found = world.configmap(name)
+    assert found is not None
+    return dict(found["metadata"].get("labels") or {})
+
+
+def tenant_writes(world: World, path: str) -> list[str]:
+    return [r.verb for r in world.cluster.by(TENANT, writes_only=True) if r.path == path]
+
+
+def test_a_second_stageset_reports_the_conflict_and_writes_nothing_until_the_holder_is_gone(
+        world: World) -> None:
+    world.commit({"app/a.json": configmap("a"), "app/b.json": configmap("b")})
+    world.stageset("old", [{"name": "app", "path": "./app"}])
+    world.reconcile("old")
+    assert world.ready("old")["status"] == "True"
+    uid = world.configmap("a")["metadata"]["uid"]  # type: ignore[index]
+    world.cluster.clear()
+
+    world.stageset("new", [{"name": "app", "path": "./app"}])
+    world.reconcile("new")
+    ready = world.ready("new")
+    assert (ready["status"], ready["reason"]) == ("False", Reason.OWNERSHIP_CONFLICT.value)
+    assert f"held by StageSet {NS}/old" in ready["message"]
+    # Dry-runs only: neither object was written (nor labelled) by the new StageSet.
+    assert tenant_writes(world, f"{CM}/a") == tenant_writes(world, f"{CM}/b") == []
+    assert labels(world, "a")["stages.metio.wtf/name"] == "old"
+    # The holder is not disturbed: a pass over it writes nothing to its objects.
+    world.reconcile("old")
+    assert world.ready("old")["status"] == "True"
+    assert labels(world, "b")["stages.metio.wtf/name"] == "old"
+
+    # The holder is gone (deleted after orphaning, say): the next pass adopts in place.
+    world.cluster.remove(stageset_path("old"))
+    world.cluster.clear()
+    world.reconcile("new")
+    assert world.ready("new")["status"] == "True"
+    assert labels(world, "a")["stages.metio.wtf/name"] == "new"
+    assert world.configmap("a")["metadata"]["uid"] == uid  # type: ignore[index]
+    assert "delete" not in tenant_writes(world, f"{CM}/a")
+    assert [e["id"] for e in world.get("new")["status"]["inventory"][0]["entries"]] == [
+        f"{NS}_a__ConfigMap", f"{NS}_b__ConfigMap"]
+
+
+def test_the_first_write_without_a_dry_run_never_takes_an_existing_object(world: World) -> None:
+    """The pilot (the stage's first write, made without a dry-run) is create-only: here the only
+    contested object is the pilot itself, its sibling is new."""
+    world.commit({"app/a.json": configmap("a")}, url="https://git.example/old.git", name="old-src")
+    world.stageset("old", [{"name": "app", "path": "./app", "sourceRef": {"name": "old-src"}}])
+    world.reconcile("old")
+    before = world.configmap("a")
+    assert before is not None
+    world.commit({"app/a.json": configmap("a"), "app/b.json": configmap("b")})
+    world.stageset("new", [{"name": "app", "path": "./app"}])
+    world.cluster.clear()
+
+    world.reconcile("new")
+
+    assert world.ready("new")["reason"] == Reason.OWNERSHIP_CONFLICT.value
+    after = world.configmap("a")
+    assert after is not None
+    assert after["metadata"]["resourceVersion"] == before["metadata"]["resourceVersion"]
+    assert world.configmap("b") is None  # nothing of the stage was written
+
+
+def test_a_holder_that_no_longer_lists_the_object_lets_it_be_adopted(world: World) -> None:
+    world.commit({"app/a.json": configmap("a")})
+    world.stageset("old", [{"name": "app", "path": "./app"}])
+    world.reconcile("old")
+    # The holder stopped listing it (a prune: false stage dropped it from its inventory).
+    world.cluster.edit(stageset_path("old"), lambda o: o["status"].update(
+        inventory=[{"name": "app", "serviceAccountName": SA, "entries": []}]))
+    world.stageset("new", [{"name": "app", "path": "./app"}])
+    world.reconcile("new")
+    assert world.ready("new")["status"] == "True"
+    assert labels(world, "a")["stages.metio.wtf/name"] == "new"
+
+
+def test_liveness_reads_the_inventory_then_the_record() -> None:
+    oid = ObjectId(namespace="shop", name="a", group="", kind="ConfigMap")
+    listed = {"status": {"inventory": [{"name": "app", "entries": [{"id": oid.encode(), "v": "v1"}]}]}}
+    assert lists(listed, oid)
+    other = {"status": {"inventory": [{"name": "app", "entries": [{"id": "shop_b__ConfigMap", "v": "v1"}]}]}}
+    assert not lists(other, oid)
+    # Status lost: the durable record covers ConfigMaps in shop, so the holder still holds it.
+    record = '{"v":1,"stages":{"app":{"sa":"d","kinds":{"v1//ConfigMap":["shop"]}}}}'
+    recorded = {"metadata": {"annotations": {"stages.metio.wtf/inventory-record": record}}}
+    assert lists(recorded, oid)
+    assert not lists(recorded, ObjectId(namespace="web", name="a", group="", kind="ConfigMap"))
+    assert not lists({}, oid)
+
+
+def test_a_holder_the_tenant_may_not_read_is_not_named() -> None:
+    cluster = FakeCluster()
+    cluster.grant_namespace(TENANT, NS)
+    pool = FakeClientPool(cluster)
+    cluster.put({"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+                 "metadata": {"name": "secret-plan", "namespace": "platform"}, "spec": {"stages": []}})
+    oid = ObjectId(namespace=NS, name="a", group="", kind="ConfigMap")
+    claims = LiveClaims(controller=pool.client(), tenant=pool.client(Identity.service_account(
+        namespace=NS, name=SA)), ours=(NS, "new"))
+    # No inventory and no record: it holds nothing, whoever reads it.
+    assert claims.claim(holder=("platform", "secret-plan"), oid=oid) is None
+    cluster.edit(stageset_path("secret-plan", "platform"), lambda o: o.update(status={"inventory": [
+        {"name": "x", "entries": [{"id": oid.encode(), "v": "v1"}]}]}))
+    claims = LiveClaims(controller=pool.client(), tenant=pool.client(Identity.service_account(
+        namespace=NS, name=SA)), ours=(NS, "new"))
+    claim = claims.claim(holder=("platform", "secret-plan"), oid=oid)
+    assert claim is not None
+    assert claim.holder == UNREADABLE_HOLDER
+    assert "platform" not in claim.holder
+    assert "secret-plan" not in claim.holder
+    # Once the tenant may read it, it is named.
+    cluster.grant(TENANT, "/apis/stages.metio.wtf/v1/namespaces/platform/stagesets/", "get")
+    claims = LiveClaims(controller=pool.client(), tenant=pool.client(Identity.service_account(
+        namespace=NS, name=SA)), ours=(NS, "new"))
+    named = claims.claim(holder=("platform", "secret-plan"), oid=oid)
+    assert named is not None
+    assert named.holder == "StageSet platform/secret-plan"
