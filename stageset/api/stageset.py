@@ -445,6 +445,18 @@ class Patch(ApiModel):
         return self
 
 
+# -- deletion policy -----------------------------------------------------------------------------
+
+class DeletionPolicy(StrEnum):
+    """What deleting a StageSet does to the objects it applied."""
+
+    DELETE = "Delete"
+    """Delete them, dependents first (a ``prune: false`` stage's are released instead)."""
+    ORPHAN = "Orphan"
+    """Release every one of them: the owner labels are removed, the objects stay (another StageSet
+    may then adopt them in place)."""
+
+
 # -- conflict policies ---------------------------------------------------------------------------
 
 class ConflictAction(StrEnum):
@@ -673,6 +685,15 @@ class StageSetSpec(ApiModel):
     """
     kube_config: KubeConfigRef | None = None
     """Apply to the remote cluster this kubeconfig points at."""
+    target_namespace: DNSLabel | None = None
+    """Put every namespaced object of every stage into this namespace, overriding what its manifest
+    says (Flux's ``targetNamespace``); cluster-scoped objects are left as they are.  Bounded by the
+    stage identity's rights there, like any write.  Changing it moves the objects: created in the new
+    namespace, the old ones pruned once every stage is Ready."""
+    deletion_policy: DeletionPolicy = DeletionPolicy.DELETE
+    """What deleting this StageSet does to its objects: ``Delete`` them (a ``prune: false`` stage's
+    are released), or ``Orphan`` — release every one (owner labels removed, objects kept, an
+    ``Orphaned`` event lists them)."""
     decryption: Decryption | None = None
     """Decrypt SOPS-encrypted files of the stages' sources (age and OpenPGP keys from a Secret)."""
     interval: Duration | None = None

@@ -16,6 +16,7 @@ import pytest
 
 from stageset.api import StageSet, StageSetStatus, StageStatus
 from stageset.api.release import Promotion, PromotionPhase, PromotionState, Rollback, RollbackPhase
+from stageset.api.stageset import DeletionPolicy
 from stageset.api.vocabulary import Reason, StagePhase
 from stageset.controller.stageset import gates, plan, steering
 from stageset.controller.stageset.plan import StageOutcome, Verdict
@@ -142,7 +143,9 @@ CASES: list[tuple[str, Pass | Course, Scope, PruneReason]] = [
     # The other ways a pass goes.
     ("frozen: windowScope All while closed", Frozen(), Scope.NOTHING, PruneReason.FROZEN),
     ("rollback: run or resumed", RollingBack(), Scope.RESTORED, PruneReason.ROLLING_BACK),
-    ("teardown", TearingDown(), Scope.ALL, PruneReason.DELETED),
+    ("teardown", TearingDown(DeletionPolicy.DELETE), Scope.ALL, PruneReason.DELETED),
+    ("teardown with deletionPolicy Orphan: released, never deleted", TearingDown(DeletionPolicy.ORPHAN),
+     Scope.NOTHING, PruneReason.ORPHANED),
 ]
 
 

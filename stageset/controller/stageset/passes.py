@@ -1,13 +1,14 @@
 """One pass over a prepared StageSet, as named steps whose results are values.
 
-render every stage -> steer (:mod:`~stageset.controller.stageset.release`: finish a rollback
-left mid-way, freeze, re-render stages pinned to a recorded revision, hold stages back) -> refuse
-two stages rendering one object -> recover a lost inventory and grow the record -> apply stages as
-the graph allows (each returns an immutable outcome; a stage's promotion gate decides whether its
-dependents start) -> the verdict (:func:`plan.verdict`, then :func:`steering.verdict`) -> roll back
-when a failed release says so -> prune as the pass's one prune permission allows
-(:func:`pruning.permission`, asked once on whichever way the pass goes) -> the status the pass
-ends with (:func:`progress.concluded`, then the fields steering owns) -> one conclusion.
+render every stage (placed where ``spec.targetNamespace`` says) -> steer
+(:mod:`~stageset.controller.stageset.release`: finish a rollback left mid-way, freeze, re-render
+stages pinned to a recorded revision, hold stages back) -> refuse two stages rendering one object ->
+recover a lost inventory and grow the record -> apply stages as the graph allows (each returns an
+immutable outcome; a stage's promotion gate decides whether its dependents start) -> the verdict
+(:func:`plan.verdict`, then :func:`steering.verdict`) -> roll back when a failed release says so
+-> prune as the pass's one prune permission allows (:func:`pruning.permission`, asked once on
+whichever way the pass goes) -> the status the pass ends with (:func:`progress.concluded`, then
+the fields steering owns) -> one conclusion.
 
 What the pass works on is one :class:`~stageset.controller.stageset.context.PassContext`, fixed;
 where it stands is one :class:`~stageset.controller.stageset.progress.Progress` value, a local
@@ -45,6 +46,7 @@ from stageset.controller.stageset import plan, pruning, records, steering
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.context import Interrupted, PassContext, interruptible
 from stageset.controller.stageset.decryption import for_pass
+from stageset.controller.stageset.placement import placed
 from stageset.controller.stageset.progress import Progress, concluded, shown
 from stageset.controller.stageset.pruning import PrunePermission, Scope
 from stageset.controller.stageset.reads import AccountCheck
@@ -187,10 +189,10 @@ class PassRunner:
                 with logs.bind(stage=stage.name, identity=kind):
                     try:
                         identity = self._identities.for_stage(ctx.stageset, stage)
-                        rendered[stage.name] = self._renderer.render(
+                        rendered[stage.name] = placed(self._renderer.render(
                             stage=stage, identity=identity, namespace=namespace, target=ctx.target,
                             redactor=ctx.redactor, decryption=ctx.decryption,
-                            salt=str(ctx.stageset.metadata.get("uid", "")))
+                            salt=str(ctx.stageset.metadata.get("uid", ""))), ctx.stageset)
                     except StageError as error:
                         log_denial(error)
                         failed = progress.outcomes[stage.name].failed(error.reason, error.message)

@@ -18,7 +18,8 @@ The rules (first match wins the reason):
   deletes nothing;
 - a rollback, run or resumed (:class:`RollingBack`), deletes, per stage it restores, what the
   failed revision added to that stage — nothing of a stage it does not restore;
-- a teardown (:class:`TearingDown`) deletes every stage's objects.
+- a teardown (:class:`TearingDown`) deletes every stage's objects under ``deletionPolicy: Delete``,
+  and nothing under ``Orphan`` (every stage's objects are released: labels removed, objects kept).
 
 What a permitted deletion may touch object by object — the owner check, ``prune: false`` stages
 (never deleted: released on teardown), API paths — is :mod:`stageset.apply.prune`'s; identity
@@ -32,6 +33,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import assert_never
 
+from stageset.api.stageset import DeletionPolicy
 from stageset.api.vocabulary import StagePhase
 from stageset.controller.stageset import gates
 from stageset.controller.stageset.plan import StageOutcome
@@ -65,6 +67,8 @@ class PruneReason(StrEnum):
     FROZEN = "Frozen"
     ROLLING_BACK = "RollingBack"
     DELETED = "Deleted"
+    ORPHANED = "Orphaned"
+    """The StageSet is deleted with ``deletionPolicy: Orphan``: its objects are released, never deleted."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +107,9 @@ class RollingBack:
 class TearingDown:
     """The StageSet is deleted."""
 
+    policy: DeletionPolicy
+    """``spec.deletionPolicy`` (a StageSet whose spec cannot be read: ``Delete``, as before)."""
+
 
 Course = Applied | Frozen | RollingBack | TearingDown
 """How a pass went, as far as deleting is concerned."""
@@ -117,6 +124,8 @@ def permission(course: Course) -> PrunePermission:
             return PrunePermission(Scope.NOTHING, PruneReason.FROZEN)
         case RollingBack():
             return PrunePermission(Scope.RESTORED, PruneReason.ROLLING_BACK)
+        case TearingDown(policy=DeletionPolicy.ORPHAN):
+            return PrunePermission(Scope.NOTHING, PruneReason.ORPHANED)
         case TearingDown():
             return PrunePermission(Scope.ALL, PruneReason.DELETED)
         case _:

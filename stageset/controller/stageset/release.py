@@ -56,6 +56,7 @@ from stageset.controller.metrics import Metrics
 from stageset.controller.stageset import gates, records, rollback, steering
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.context import PassContext, interruptible
+from stageset.controller.stageset.placement import placed
 from stageset.controller.stageset.plan import StageOutcome, Verdict
 from stageset.controller.stageset.progress import Progress
 from stageset.controller.stageset.pruning import PrunePermission, Scope
@@ -113,10 +114,11 @@ class Release:
 
     def _render_at(self, ctx: PassContext, name: str, revision: str) -> Rendered:
         stage = next(s for s in ctx.stageset.spec.stages if s.name == name)
-        return self._renderer.render(stage=stage, identity=self._identities.for_stage(ctx.stageset, stage),
-                                     namespace=ctx.ref[0], target=ctx.target,
-                                     redactor=ctx.redactor, decryption=ctx.decryption, revision=revision,
-                                     salt=str(ctx.stageset.metadata.get("uid", "")))
+        identity = self._identities.for_stage(ctx.stageset, stage)
+        rendered = self._renderer.render(stage=stage, identity=identity, namespace=ctx.ref[0],
+                                         target=ctx.target, redactor=ctx.redactor, decryption=ctx.decryption,
+                                         revision=revision, salt=str(ctx.stageset.metadata.get("uid", "")))
+        return placed(rendered, ctx.stageset)
 
     def steer(self, ctx: PassContext, progress: Progress, rendered: dict[str, Rendered]) -> Steered:
         """Steering for this pass, and the stages to apply (pinned ones re-rendered, held ones out)."""

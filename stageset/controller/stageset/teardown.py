@@ -6,12 +6,14 @@ its inventory; see :mod:`stageset.controller.identity`), on the StageSet's targe
 are written as the controller.
 
 A stage with ``prune: false`` is not deleted: its objects are released instead — our owner
-labels removed, so a later StageSet can adopt them — and an ``Orphaned`` event names what
-was left behind (:mod:`stageset.apply.orphan`).
+labels removed, so a later StageSet can adopt them in place — and an ``Orphaned`` event names what
+was left behind (:mod:`stageset.apply.orphan`).  ``spec.deletionPolicy: Orphan`` releases every
+stage so.
 
 A stage's objects must be gone before the next stage's are deleted.  That a teardown deletes at
-all is asked once of the one prune decision (:func:`~stageset.controller.stageset.pruning.permission`:
-``Scope.ALL``); were it ever refused, every stage's objects would be released, never deleted.
+all is asked once of the one prune decision (:func:`~stageset.controller.stageset.pruning.permission`,
+told the deletion policy: ``Scope.ALL`` for ``Delete``); refused (``Orphan``), every stage's objects
+are released, never deleted.
 
 Teardown always ends: whatever keeps objects from going — a finalizer that never clears, a
 ServiceAccount that lost its rights, a remote cluster that refuses connections, fails TLS,
@@ -34,6 +36,7 @@ from dataclasses import dataclass
 import urllib3
 
 from stageset.api import InventoryEntry, StageInventory, StageSet
+from stageset.api.stageset import DeletionPolicy
 from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import entry_id, left_behind, ordered, stage_inventory
@@ -135,16 +138,20 @@ class Teardown:
                     log.warning("teardown of StageSet %s/%s waits: %s", namespace, name, problem)
                     return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
                                                                max_wait=self._max_wait))
-        deletes = pruning.permission(pruning.TearingDown()).scope is pruning.Scope.ALL
-        released = set(unpruned_stages(stageset)) if stageset else set()
+        policy = stageset.spec.deletion_policy if stageset else DeletionPolicy.DELETE
+        deletes = pruning.permission(pruning.TearingDown(policy)).scope is pruning.Scope.ALL
+        unpruned = set(unpruned_stages(stageset)) if stageset else set()
+        released = set(unpruned)
         if not deletes:
             released = set(inventories)
+        why = "(deletionPolicy: Orphan)"
         order = teardown_order(stage_nodes(stageset) if stageset else None, inventories)
         log.debug("tearing down stages in order: %s", ", ".join(order) or "none left")
         for stage in order:
             inv = inventories[stage]
             release = None if stage not in released else \
-                functools.partial(self._leave_behind, writer.obj, stage, inv, owner=owner)
+                functools.partial(self._leave_behind, writer.obj, stage, inv, owner=owner,
+                                  why="has prune: false" if stage in unpruned else why)
             progress, failed = self._stage(inv, target=target, namespace=namespace, owner=owner,
                                            release=release)
             failure = failed or failure
@@ -152,7 +159,7 @@ class Teardown:
             for entry in inv.entries:
                 if entry.id not in still_there:
                     log.info("teardown of stage %s: %s %s", stage, entry_id(entry).describe(),
-                             "released (prune: false)" if stage in released else "deleted")
+                             "released" if stage in released else "deleted")
             if progress.remaining:
                 inventories[stage] = stage_inventory(inv.name, inv.service_account_name, progress.remaining)
             else:
@@ -190,15 +197,16 @@ class Teardown:
         return recovered.inventories, recovered.problem
 
     def _leave_behind(self, obj: KubeObject, stage: str, inventory: StageInventory,
-                      client: KubeClient, target: Target, *, owner: Owner) -> list[InventoryEntry]:
-        """``prune: false``: release the stage's objects (owner labels removed, as the stage's
-        identity) instead of deleting them; returns what could not be released."""
+                      client: KubeClient, target: Target, *, owner: Owner, why: str) -> list[InventoryEntry]:
+        """``prune: false`` or ``deletionPolicy: Orphan`` (``why``): release the stage's objects (owner
+        labels removed, as the stage's identity) instead of deleting them; returns what could not be
+        released."""
         result = release_stage(inventory=inventory, client=client, owner=owner, applier=target.applier)
         if result.released:
             names = ", ".join(sorted(oid.describe() for oid in result.released)[:10])
             more = f" and {len(result.released) - 10} more" if len(result.released) > 10 else ""
             self._events.emit(obj, type_=EventType.NORMAL, reason=EventReason.ORPHANED,
-                              message=f"stage {stage!r} has prune: false: left {len(result.released)} "
+                              message=f"stage {stage!r} {why}: left {len(result.released)} "
                               f"object(s) in place without owner labels: {names}{more}", action="Teardown")
         return result.remaining
 
