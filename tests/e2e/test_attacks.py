@@ -168,14 +168,18 @@ def test_no_message_tells_whether_something_exists_in_an_unreadable_namespace(
     installed.request("POST", f"/apis/apps/v1/namespaces/{victim}/deployments", body=yaml.safe_load(
         "metadata: {name: real}\nspec:\n  selector: {matchLabels: {a: b}}\n"
         "  template: {metadata: {labels: {a: b}}, spec: {containers: [{name: c, image: x}]}}\n"))
-    s = scenario(installed, git_server, make_tenant("prober"), {"app/cm.yaml": cm("mine"), **CANARY})
+    # Each StageSet that gets to apply renders its own ConfigMap: two rendering one object would
+    # be an OwnershipConflict, not the probe this test makes.
+    s = scenario(installed, git_server, make_tenant("prober"), {
+        "app/cm.yaml": cm("mine"), "real/cm.yaml": cm("mine-real"), "fake/cm.yaml": cm("mine-fake"),
+        **CANARY})
     handle = shard([s.ns])
     for name in ("real", "fake"):
         s.stageset(f"source-{name}", [{"name": "app", "path": "./app",
                                        "sourceRef": {"name": name, "namespace": victim}}])
         s.stageset(f"depends-{name}", [{"name": "app", "path": "./app"}],
                    dependsOn=[{"name": name, "namespace": victim}])
-        s.stageset(f"checks-{name}", [{"name": "app", "path": "./app", "readyChecks": {"objects": [
+        s.stageset(f"checks-{name}", [{"name": "app", "path": f"./{name}", "readyChecks": {"objects": [
             {"apiVersion": "apps/v1", "kind": "Deployment", "name": name, "namespace": victim}]}}])
     for probe in ("source", "depends", "checks"):
         real = message(s, f"{probe}-real", "RBACDenied")
