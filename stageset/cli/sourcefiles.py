@@ -48,7 +48,7 @@ from stageset.controller.kinds import GITREPOSITORIES
 from stageset.controller.redact import Redactor
 from stageset.controller.rendercache import SourceRoot
 from stageset.controller.stageset.reads import ArtifactSource, Source
-from stageset.controller.stageset.renderservice import ARTIFACT_URL, Checkout, Clients, Files
+from stageset.controller.stageset.renderservice import ARTIFACT_URL, Checkout, Clients, Files, mirror_files
 from stageset.controller.status import validation_message
 from stageset.kube.client import ApiError, Identity
 
@@ -155,15 +155,8 @@ class CliFiles:
         except SourceError as error:
             raise CliError(f"stage {stage.name!r}: {error}") from None
 
-        def read(path: str) -> SourceRoot:
-            # Served only to this GitRepository (by uid), once its own credentials proved the commit readable.
-            unreadable: dict[str, str] = {}
-            files = mirror.read_tree(url, commit=commit, path=path, ignore=ignore, consumer=consumer,
-                                     unreadable=unreadable)
-            return SourceRoot(files=files, unreadable=unreadable)
-
-        return Files(url=url, commit=commit, ignore=ignore, read_root=lambda: read("./"),
-                     read_path=lambda: read(stage.path))
+        return mirror_files(mirror, url=url, commit=commit, ignore=ignore, consumer=consumer,
+                            stage_path=stage.path)
 
     def artifact(self, source: ArtifactSource, *, stage: Stage, namespace: str) -> Files:
         """The artifact, downloaded from this machine and verified as the controller does."""

@@ -46,6 +46,7 @@ from stageset.controller.stageset.renderservice import (
     ClusterReads,
     Files,
     RenderService,
+    mirror_files,
 )
 from stageset.controller.stageset.revisions import RevisionContent
 from stageset.controller.stageset.targets import Target
@@ -128,16 +129,8 @@ class MirrorFiles:
                              "fetched for it (yet)")
         store = self._store
 
-        def read(path: str) -> SourceRoot:
-            unreadable: dict[str, str] = {}
-            files = store.read_tree(url, commit=commit, path=path, ignore=ignore, consumer=consumer,
-                                    unreadable=unreadable)
-            return SourceRoot(files=files, unreadable=unreadable)
-
-        # The whole root, as the GitRepository was served it (a submodule or a link leaving the root
-        # fails only a build that loads it); or only the stage's own directory, enough for a plain path.
-        return Files(url=url, commit=commit, ignore=ignore, read_root=lambda: read("./"),
-                     read_path=lambda: read(stage.path))
+        return mirror_files(store, url=url, commit=commit, ignore=ignore, consumer=consumer,
+                            stage_path=stage.path)
 
     def artifact(self, source: ArtifactSource, *, stage: Stage, namespace: str) -> Files:
         if self._artifacts is None:

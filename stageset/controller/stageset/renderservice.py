@@ -114,6 +114,30 @@ class Files:
     """Only the stage's own directory (keys relative to it): enough for a plain path."""
 
 
+class TreeReader(Protocol):
+    """A Git mirror's tree reads (:class:`sources.MirrorStore`), as both callers hold one."""
+
+    def read_tree(self, url: str, *, commit: str, path: str = "./", ignore: str | None = None,
+                  consumer: str | None = None, unreadable: dict[str, str] | None = None
+                  ) -> dict[str, bytes]: ...
+
+
+def mirror_files(store: TreeReader, *, url: str, commit: str, ignore: str | None, consumer: str,
+                 stage_path: str) -> Files:
+    """A commit's files from a Git mirror, served only to ``consumer`` (the GitRepository by uid,
+    once its own credentials proved the commit readable): the whole root, as the GitRepository was
+    served it (a submodule or a link leaving the root fails only a build that loads it), or only the
+    stage's own directory, enough for a plain path."""
+    def read(path: str) -> SourceRoot:
+        unreadable: dict[str, str] = {}
+        files = store.read_tree(url, commit=commit, path=path, ignore=ignore, consumer=consumer,
+                                unreadable=unreadable)
+        return SourceRoot(files=files, unreadable=unreadable)
+
+    return Files(url=url, commit=commit, ignore=ignore, read_root=lambda: read("./"),
+                 read_path=lambda: read(stage_path))
+
+
 @dataclass(frozen=True)
 class Checkout:
     """Files that stand in for a stage's source (the CLI's ``--source-dir``): its object is not read."""
