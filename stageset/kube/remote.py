@@ -39,6 +39,20 @@ class RemoteConfig:
     fingerprint: str
     configuration: k8s.Configuration
     server: str
+    cluster_id: str = ""
+    """Which cluster this is, stably across credential rotations: :func:`cluster_id`."""
+
+
+def cluster_id(*, server: str, ca_data: bytes | None) -> str:
+    """A cluster's stable identity: its server URL and the fingerprint of the CA it is trusted by.
+
+    Never a credential: a rotated token or client certificate for the same cluster keeps the id, a
+    kubeconfig that names another cluster (another URL, or the same URL served under another CA, as a
+    re-created cluster or a vcluster behind one address is) changes it.  ``insecure`` when the
+    kubeconfig trusts no CA (``insecure-skip-tls-verify``, or the system store).
+    """
+    fingerprint = hashlib.sha256(ca_data).hexdigest()[:16] if ca_data else "insecure"
+    return f"{server}#{fingerprint}"
 
 
 def _named(entries: Any, name: str, what: str) -> dict[str, Any]:
@@ -86,9 +100,10 @@ def parse_remote_kubeconfig(raw: bytes, *, scratch: Path | None = None) -> Remot
     configuration.connection_pool_maxsize = 32
     if cluster.get("insecure-skip-tls-verify"):
         configuration.verify_ssl = False
+    ca_data = None
     if "certificate-authority-data" in cluster:
-        configuration.ca_cert_data = _decode(cluster["certificate-authority-data"],
-                                             "certificate-authority-data").decode()
+        ca_data = _decode(cluster["certificate-authority-data"], "certificate-authority-data")
+        configuration.ca_cert_data = ca_data.decode()
     if "token" in user:
         configuration.api_key = {"authorization": f"Bearer {user['token']}"}
     elif "client-certificate-data" in user and "client-key-data" in user:
@@ -104,4 +119,4 @@ def parse_remote_kubeconfig(raw: bytes, *, scratch: Path | None = None) -> Remot
         raise KubeconfigError("kubeconfig user needs a token or client-certificate-data and "
                               "client-key-data")
     return RemoteConfig(fingerprint=hashlib.sha256(raw).hexdigest()[:16], configuration=configuration,
-                        server=server)
+                        server=server, cluster_id=cluster_id(server=server, ca_data=ca_data))

@@ -32,6 +32,9 @@ from stageset.kube.client import LOCAL, ClientPool, ClusterKey, Identity, KubeCl
 from stageset.kube.mapping import RestMapper
 from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
 
+# The target id of the cluster the controller runs in.
+LOCAL_TARGET = "this-cluster"
+
 # Remote clusters (distinct kubeconfig contents) kept at once: discovery of each is cached.
 MAX_REMOTES = 64
 
@@ -44,6 +47,9 @@ class Target:
     applier: StageApplier
     server: str = ""
     """The remote's URL (empty for this cluster), for messages."""
+    id: str = LOCAL_TARGET
+    """Which cluster, stably (:func:`stageset.kube.remote.cluster_id`; :data:`LOCAL_TARGET` for this one):
+    what an inventory records it was applied on, so a changed target is seen as a move."""
 
     @property
     def remote(self) -> bool:
@@ -106,7 +112,7 @@ class Targets:
             target = Target(cluster, StageApplier(mapper=RestMapper(discovery), settings=self._settings,
                                                   versions=self.local.applier.versions,
                                                   rights=self.local.applier.rights),
-                            server=remote.server)
+                            server=remote.server, id=remote.cluster_id)
             self._remotes[cluster] = target
             while len(self._remotes) > self._capacity:
                 evicted, _ = self._remotes.popitem(last=False)
