@@ -1,4 +1,5 @@
-"""Our kinds, ``StageSet``, ``GitRepository`` and ``StageTarget`` (``stages.metio.wtf/v1``), as pydantic models.
+"""Our kinds, ``StageSet``, ``GitRepository`` and ``StageTarget`` (``stages.metio.wtf/v1``), as
+pydantic models.
 
 This is the bottom layer of the reconciler: it knows nothing about clients or
 clusters.  Parse live objects with ``StageSet.model_validate(raw)`` and write them

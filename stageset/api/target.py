@@ -69,6 +69,11 @@ class StageTargetStatus(StatusModel):
     """The cluster's server URL, from the kubeconfig."""
     kubernetes_version: str | None = Field(default=None, max_length=256)
     """The Kubernetes version the cluster reported (``/version``'s ``gitVersion``)."""
+    observed_secret_version: str | None = Field(default=None, max_length=256)
+    """The ``resourceVersion`` of the kubeconfig Secret last read: a change (a rotated credential,
+    another cluster) wakes every StageSet on the target."""
+    last_handled_reconcile_at: str | None = Field(default=None, max_length=256)
+    """The last ``reconcile.fluxcd.io/requestedAt`` annotation value acted on."""
 
 
 class StageTarget(ApiModel):
