@@ -107,6 +107,14 @@ class Connection:
     secret_version: str
 
 
+def newer(version: str, *, than: str) -> bool:
+    """Whether the watch saw a Secret version after the one read (etcd's versions are numbers; any
+    other change of an opaque one counts as newer)."""
+    if version.isdigit() and than.isdigit():
+        return int(version) > int(than)
+    return version != than
+
+
 def spec_of(obj: KubeObject) -> TargetSpec | None:
     """A StageTarget's spec, or ``None`` when it does not parse (refused like a missing one)."""
     try:
@@ -207,7 +215,7 @@ class PlatformTargets:
             if connection is None or connection.secret != (spec.secret, spec.key):
                 return None
             watched = self._secret_versions.get((name[0], spec.secret))
-        if watched is not None and watched != connection.secret_version:
+        if watched is not None and newer(watched, than=connection.secret_version):
             return None  # the Secret changed since it was read
         return remotes.cached(connection.cluster)
 
