@@ -13,6 +13,7 @@ version it saw), never anything of the kubeconfig's credentials.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, Literal
 
 from pydantic import Field
@@ -98,3 +99,14 @@ class TargetRef(ApiModel):
     """Name of the StageTarget."""
     namespace: DNSLabel
     """Namespace of the StageTarget (one of the controller's ``--target-namespaces``)."""
+
+
+def target_text(spec: Mapping[str, Any]) -> str | None:
+    """The cluster a StageSet's raw ``spec`` applies to, by name (the CLI and the dashboard show it):
+    ``StageTarget <namespace>/<name>`` (the platform's, never its server), ``kubeConfig Secret
+    <name>``, or ``None`` for the controller's own cluster."""
+    ref = spec.get("targetRef") or {}
+    if ref.get("name"):
+        return f"StageTarget {ref.get('namespace')}/{ref['name']}"
+    secret = ((spec.get("kubeConfig") or {}).get("secretRef") or {}).get("name")
+    return f"kubeConfig Secret {secret}" if secret else None
