@@ -1,4 +1,5 @@
-"""Our two kinds, ``StageSet`` and ``GitRepository`` (``stages.metio.wtf/v1``), as pydantic models.
+"""Our kinds, ``StageSet``, ``GitRepository`` and ``StageTarget`` (``stages.metio.wtf/v1``), as
+pydantic models.
 
 This is the bottom layer of the reconciler: it knows nothing about clients or
 clusters.  Parse live objects with ``StageSet.model_validate(raw)`` and write them
@@ -43,6 +44,7 @@ from stageset.api.stageset import (
     StageStatus,
     SubstituteRef,
 )
+from stageset.api.target import StageTarget, StageTargetSpec, StageTargetStatus, TargetRef
 
 __all__ = [
     "API_VERSION",
@@ -71,7 +73,11 @@ __all__ = [
     "StageSetSpec",
     "StageSetStatus",
     "StageStatus",
+    "StageTarget",
+    "StageTargetSpec",
+    "StageTargetStatus",
     "SubstituteRef",
+    "TargetRef",
     "duration_seconds",
     "format_time",
     "parse_time",

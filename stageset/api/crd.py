@@ -40,6 +40,7 @@ from pydantic import BaseModel
 from stageset.api.common import GROUP, VERSION
 from stageset.api.gitrepository import GitRepository
 from stageset.api.stageset import StageSet
+from stageset.api.target import StageTarget
 
 DEFAULT_OUTPUT_DIR = Path(__file__).resolve().parents[2] / "crds"
 VERSION_ANNOTATION = "stages.metio.wtf/version"
@@ -82,8 +83,14 @@ GITREPOSITORY_COLUMNS = [
     _column("Revision", "string", ".status.artifact.revision", "The revision last fetched."),
     *_TAIL_COLUMNS,
 ]
+STAGETARGET_COLUMNS = [
+    *_READY_COLUMNS,
+    _column("Server", "string", ".status.server", "The cluster's server URL."),
+    _column("Version", "string", ".status.kubernetesVersion", "The Kubernetes version the cluster reported."),
+    _column("Age", "date", ".metadata.creationTimestamp", "Since the object was created."),
+]
 
-# Both kinds in one category of their own: `kubectl get stages` lists them together, and
+# Both tenant kinds in one category of their own: `kubectl get stages` lists them together, and
 # nothing of Flux's (or any other group's) is in it.
 CATEGORY = "stages"
 
@@ -122,6 +129,10 @@ KINDS = (
          short_names=("ss",), columns=tuple(STAGESET_COLUMNS)),
     Kind(model=GitRepository, kind="GitRepository", plural="gitrepositories",
          singular="gitrepository", short_names=("ssgitrepo", "ssgr"), columns=tuple(GITREPOSITORY_COLUMNS)),
+    # The platform's kind: not in the tenants' category (a tenant's `kubectl get stages` would only
+    # be refused it).
+    Kind(model=StageTarget, kind="StageTarget", plural="stagetargets", singular="stagetarget",
+         short_names=("sstarget",), columns=tuple(STAGETARGET_COLUMNS), categories=()),
 )
 
 

@@ -77,6 +77,16 @@ CONTROLLER_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["namespaces"], "verbs": ["get", "list", "watch"]},
 ]
 
+# Platform targets (``--target-namespaces``): StageTargets and the kubeconfig Secrets beside them,
+# granted by a Role in each target namespace only (the chart's "<release>-targets" Roles), never
+# cluster-wide, and never aggregated into a tenant's admin/edit/view: only the controller reads a
+# target's credentials, and only the platform creates targets.
+TARGET_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [GROUP], "resources": ["stagetargets"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [GROUP], "resources": ["stagetargets/status"], "verbs": ["get", "patch", "update"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]},
+]
+
 # Leader election: the release's Lease, granted by a Role in the release namespace only (the
 # chart's "<release>-leader-election" Role), not cluster-wide.
 LEADER_ELECTION_RULES: list[dict[str, Any]] = [

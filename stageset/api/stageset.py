@@ -47,6 +47,7 @@ from stageset.api.release import (
     checked_min_version,
 )
 from stageset.api.sourceref import SourceRef
+from stageset.api.target import TargetRef
 from stageset.api.vocabulary import StagePhase
 
 MAX_STAGES = 64
@@ -659,8 +660,17 @@ _KNOWN_DEPENDENCIES: JsonDict = {
 }
 
 
+_ONE_TARGET: JsonDict = {
+    "rule": "!(has(self.kubeConfig) && has(self.targetRef))",
+    "message": "kubeConfig and targetRef are exclusive: name a StageTarget or give a kubeconfig, not both",
+    "fieldPath": ".targetRef", "reason": "FieldValueForbidden",
+}
+
+
 class StageSetSpec(ApiModel):
     """The desired state of a StageSet."""
+
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [_ONE_TARGET]})
 
     stages: list[Stage] = Field(
         min_length=1,
@@ -685,6 +695,10 @@ class StageSetSpec(ApiModel):
     """
     kube_config: KubeConfigRef | None = None
     """Apply to the remote cluster this kubeconfig points at."""
+    target_ref: TargetRef | None = None
+    """Apply to the cluster a StageTarget of the platform names (exclusive with ``kubeConfig``).  The
+    target and its kubeconfig are read by the controller; this namespace must be one of the target's
+    ``allowedNamespaces``.  Writes there still impersonate the stage's ServiceAccount."""
     target_namespace: DNSLabel | None = None
     """Put every namespaced object of every stage into this namespace, overriding what its manifest
     says (Flux's ``targetNamespace``); cluster-scoped objects are left as they are.  Bounded by the
@@ -742,6 +756,12 @@ class StageSetSpec(ApiModel):
         if self.drift_detection_interval and duration_seconds(self.drift_detection_interval) > 0:
             return min(interval, duration_seconds(self.drift_detection_interval))
         return interval
+
+    @model_validator(mode="after")
+    def _one_target(self) -> StageSetSpec:
+        if self.kube_config is not None and self.target_ref is not None:
+            raise ValueError(str(_ONE_TARGET["message"]))
+        return self
 
     @model_validator(mode="after")
     def _stage_graph_names(self) -> StageSetSpec:

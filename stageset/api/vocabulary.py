@@ -45,6 +45,9 @@ class Reason(StrEnum):
     CLUSTER_UNREACHABLE = "ClusterUnreachable"
     INVENTORY_INCOMPLETE = "InventoryIncomplete"
     """Status had no inventory and the cluster could not be searched completely: nothing pruned."""
+    TARGET_NOT_AVAILABLE = "TargetNotAvailable"
+    """``spec.targetRef`` names no StageTarget this StageSet may use (missing, outside the target
+    namespaces, or not allowing its namespace: one message for all); nothing is sent to any cluster."""
     OWNERSHIP_CONFLICT = "OwnershipConflict"
     """A stage renders an object another live StageSet owns: the stage writes nothing until it is released."""
     # Steering a release (the reference's words; none of them is a failure but the last two)

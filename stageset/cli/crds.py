@@ -11,7 +11,7 @@ a conflict (docs/upgrading.md#the-crds).  A CRD that carries a newer project ver
 one cluster never downgrade each other's schema.
 
 Identity: the caller's own credentials (the kubeconfig; in the chart's hook Job, a ServiceAccount
-that may only get, create and patch these two CRDs, and exists only while the hook runs).
+that may only get, create and patch our CRDs, and exists only while the hook runs).
 """
 
 from __future__ import annotations

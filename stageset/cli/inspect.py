@@ -14,6 +14,7 @@ from typing import Any
 import click
 
 from stageset.api import API_VERSION
+from stageset.api.target import target_text
 from stageset.api.vocabulary import ConditionType, StagePhase
 from stageset.apply.inventory import ObjectId
 from stageset.apply.readiness import readiness
@@ -79,6 +80,7 @@ def summary(obj: KubeObject) -> dict[str, Any]:
             "lastAppliedTime": (stages.get(stage.get("name")) or {}).get("lastAppliedTime"),
         } for stage in spec.get("stages") or []],
         "sources": _sources_text(obj),
+        "target": target_text(spec),
         "pendingUpdate": status.get("pendingUpdate"),
         "rollback": status.get("rollback"),
     }
@@ -145,9 +147,10 @@ def list_table(views: list[dict[str, Any]], *, every: bool, wide: bool) -> tuple
              str(v["suspended"]).lower(), age(v["created"]),
              _first_line(v["message"], 1000 if wide else 80)] for v in views]
     if wide:
-        headers = [*headers[:-1], "GENERATION", "PHASES", "SOURCES", headers[-1]]
+        headers = [*headers[:-1], "GENERATION", "PHASES", "SOURCES", "TARGET", headers[-1]]
         rows = [[*row[:-1], f"{v['observedGeneration'] or '-'}/{v['generation'] or '-'}",
-                 ",".join(f"{s['name']}={s['phase']}" for s in v["stages"]) or "-", v["sources"], row[-1]]
+                 ",".join(f"{s['name']}={s['phase']}" for s in v["stages"]) or "-", v["sources"],
+                 v["target"] or "-", row[-1]]
                 for v, row in zip(views, rows, strict=True)]
     if any(v["shard"] for v in views):  # label shards in use: which shard each one is for
         headers = [headers[0], "SHARD", *headers[1:]]
@@ -168,6 +171,8 @@ def _one(session: Session, view: dict[str, Any]) -> None:
     if view["message"]:
         echo(f"  {view['message']}\n")
     echo(f"  revision: {view['revision'] or '-'}\n")
+    if view["target"]:
+        echo(f"  target: {view['target']}\n")
     if wide:
         echo(f"  generation: {view['generation'] or '-'} (observed {view['observedGeneration'] or '-'}); "
              f"sources: {view['sources']}\n")
@@ -352,13 +357,14 @@ def tree_view(session: Session, obj: KubeObject) -> dict[str, Any]:
         stages.append({**stage, "serviceAccountName": inventory.get("serviceAccountName"),
                        "objects": objects})
     return {"namespace": view["namespace"], "name": view["name"], "ready": view["ready"],
-            "reason": view["reason"], "revision": view["revision"], "stages": stages,
-            "pendingUpdate": view["pendingUpdate"], "rollback": view["rollback"]}
+            "reason": view["reason"], "revision": view["revision"], "target": view["target"],
+            "stages": stages, "pendingUpdate": view["pendingUpdate"], "rollback": view["rollback"]}
 
 
 def render_tree(view: dict[str, Any]) -> str:
     lines = [f"StageSet/{view['namespace']}/{view['name']}  Ready={view['ready']}"
-             + (f" ({view['reason']})" if view["reason"] else "")]
+             + (f" ({view['reason']})" if view["reason"] else "")
+             + (f"  on {view['target']}" if view.get("target") else "")]
     lines.extend(f"  {line}" for line in steering_lines(view))
     stages = view["stages"]
     for i, stage in enumerate(stages):

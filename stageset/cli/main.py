@@ -133,6 +133,8 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         max_teardown_wait=float(params.get("max_teardown_wait", 3600.0)),
         resync_period=max(1.0, float(params.get("resync_period", 300.0))),
         max_readiness_watches=int(params.get("max_readiness_watches", 100)),
+        target_namespaces=tuple(params.get("target_namespaces") or ()),
+        max_remote_targets=int(params.get("max_remote_targets", 64)),
         runbook_base_url=str(params.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL)),
         default_source_kind=DefaultSourceKind(params.get("default_source_kind")
                                               or DefaultSourceKind.GIT_REPOSITORY),
@@ -267,6 +269,13 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               help="A routine pass over a Ready StageSet dry-runs one unchanged object per kind and "
               "namespace (may its identity still write there?) only if that identity has not shown "
               "those rights for this long; requested passes always check. 0: every pass checks.")
+@click.option("--target-namespaces", envvar="STAGESET_TARGET_NAMESPACES", default="", type=NAMESPACES,
+              help="Comma-separated namespaces whose StageTargets (the platform's clusters) are honoured; "
+              "the controller reads their kubeconfig Secrets as itself. Empty: StageTargets are off and "
+              "every spec.targetRef is refused.")
+@click.option("--max-remote-targets", default=64, show_default=True, type=click.IntRange(min=1),
+              help="Remote clusters (StageTargets and spec.kubeConfig contents) kept connected at once, "
+              "each with its discovery; past it the least recently used is dropped (reconnected when used).")
 @click.option("--max-readiness-watches", default=100, show_default=True, type=click.IntRange(min=0),
               help="Watches stages waiting for readiness may hold at once (each as the stage's identity, "
               "one kind and namespace, label-selected); past that they poll. 0: always poll.")

@@ -16,11 +16,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from typing import TypeVar
 
-from stageset.api import Condition, GitRepositoryStatus, StageSetStatus
+from stageset.api import Condition, GitRepositoryStatus, StageSetStatus, StageTargetStatus
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason
 from stageset.kube.types import ConditionDict, KubeObject, conditions, metadata
 
-S = TypeVar("S", StageSetStatus, GitRepositoryStatus)
+S = TypeVar("S", StageSetStatus, GitRepositoryStatus, StageTargetStatus)
 Redact = Callable[[str], str]
 
 READY = ConditionType.READY

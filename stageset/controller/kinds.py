@@ -12,3 +12,7 @@ from stageset.kube.mapping import Resource
 STAGESETS = Resource(group=GROUP, version=VERSION, kind="StageSet", plural="stagesets", namespaced=True)
 GITREPOSITORIES = Resource(group=GROUP, version=VERSION, kind="GitRepository",
                            plural="gitrepositories", namespaced=True)
+STAGETARGETS = Resource(group=GROUP, version=VERSION, kind="StageTarget", plural="stagetargets",
+                        namespaced=True)
+SECRETS = Resource(group="", version="v1", kind="Secret", plural="secrets", namespaced=True)
+"""Watched metadata-only in the target namespaces (a kubeconfig Secret changed), never cached."""

@@ -8,8 +8,8 @@ its revision and the identity kind -- and :class:`ContextFilter` copies them ont
 record, whichever module logs.  Threads started for a reconcile must carry its context
 (``contextvars.copy_context().run``), as the stage scheduler does.
 
-Fields (JSON keys; the text format appends them as ``key=value``): ``stageset`` or
-``gitrepository`` (``namespace/name`` of the object reconciled), ``reconcileID`` (one per
+Fields (JSON keys; the text format appends them as ``key=value``): ``stageset``,
+``gitrepository`` or ``stagetarget`` (``namespace/name`` of the object reconciled), ``reconcileID`` (one per
 reconcile, as controller-runtime's), ``stage``, ``revision``, ``identity`` (``controller`` or
 ``tenant`` -- never the ServiceAccount's name).
 
@@ -40,7 +40,7 @@ from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
 from stageset.controller.redact import install_log_filter
 
-FIELDS = ("stageset", "gitrepository", "stage", "revision", "identity", "reconcileID")
+FIELDS = ("stageset", "gitrepository", "stagetarget", "stage", "revision", "identity", "reconcileID")
 _VARS: dict[str, contextvars.ContextVar[str | None]] = {
     field: contextvars.ContextVar(f"stageset_log_{field}", default=None) for field in FIELDS}
 

@@ -16,12 +16,13 @@ controller's own identity; everything a reconcile applies goes through the per-t
 the reconcilers ask :class:`ClientPool` for.
 
 Watches are namespace-scoped when ``watch_namespaces`` is set (one list/watch per namespace), so a
-sharded release never needs cluster-wide list rights.  With ``watch_label_selector`` (label
-shards, :mod:`stageset.controller.sharding`) the lists and watches carry the selector: the
-apiserver sends only this shard's objects, and an object relabelled away arrives as ``DELETED`` —
-forgotten here, never torn down (teardown follows a ``deletionTimestamp`` only); the wiring then
-declares the hand-off between shards (:mod:`stageset.controller.handoff`) as every controller's
-guard.  Declared
+sharded release never needs cluster-wide list rights; a controller that declares its own
+``namespaces`` (the platform's StageTargets) is watched in those instead, without a label selector.
+With ``watch_label_selector`` (label shards, :mod:`stageset.controller.sharding`) the lists and
+watches carry the selector: the apiserver sends only this shard's objects, and an object relabelled
+away arrives as ``DELETED`` — forgotten here, never torn down (teardown follows a
+``deletionTimestamp`` only); the wiring then declares the hand-off between shards
+(:mod:`stageset.controller.handoff`) as the guard of every sharded kind. Declared
 :class:`~stageset.controller.setup.Reports` (the main shard's report of objects no shard serves)
 watch under their own selector, uncached and not waited for.
 
@@ -140,10 +141,11 @@ class Manager:
         self._watches = watches_by_kind(setup)
         self._runnables = setup.runnables
         selector = settings.watch_label_selector
-        self._reflectors = [self._reflector(admin, controller.resource, namespace, self._handler(controller),
-                                            selector=None if selector is None else str(selector))
-                            for namespace in settings.watch_namespaces or (None,)
-                            for controller in setup.controllers]
+        self._reflectors = [
+            self._reflector(admin, controller.resource, namespace, self._handler(controller),
+                            selector=None if selector is None or controller.namespaces else str(selector))
+            for controller in setup.controllers
+            for namespace in controller.namespaces or settings.watch_namespaces or (None,)]
         self._report_watches = [] if setup.reports is None else [
             self._reflector(admin, resource, namespace, self._report_handler(setup.reports, resource.kind),
                             selector=setup.reports.label_selector)

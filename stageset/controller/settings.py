@@ -66,6 +66,12 @@ class ControllerSettings:
     # their own namespace (never as the controller); None: no default.
     default_service_account: str | None = None
     no_cross_namespace_refs: bool = False
+    # Platform targets: the namespaces whose StageTargets are honoured (and whose Secrets the controller
+    # reads, as itself); empty: no StageTarget is, and every spec.targetRef is refused.
+    target_namespaces: tuple[str, ...] = ()
+    # Remote clusters (platform targets and spec.kubeConfig contents) kept connected at once, each
+    # with its discovery; past it the least recently used is dropped and connected again when used.
+    max_remote_targets: int = 64
     # Concurrent StageSet reconciles, and (a separate pool) concurrent GitRepository fetches.
     workers: int = 4
     source_workers: int = 4

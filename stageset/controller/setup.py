@@ -138,6 +138,9 @@ class Controller:
     such as the StageSets' dependency graph); also where a controller forgets a deleted object."""
     guard: Guard | None = None
     """Sees every event of this kind first and runs around every reconcile (:class:`Guard`)."""
+    namespaces: tuple[str, ...] | None = None
+    """Watched in these namespaces (one list/watch each, without the shard's label selector)
+    instead of the manager's: a platform kind that lives only where the platform keeps it."""
 
     @property
     def kind(self) -> str:

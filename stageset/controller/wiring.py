@@ -7,7 +7,11 @@ the controller as wired) call :func:`wire` / :func:`stageset_reconciler`.  Built
 - the Git mirror (unless one is given) and one :class:`~stageset.controller.identity.IdentityPolicy`
   for both kinds (who acts as whom);
 - the tenant reads and the ServiceAccount check after a denial (one :class:`AccountCheck`);
-- the target clusters (this one, and a bounded cache of remote ones: :class:`Targets`);
+- the target clusters (this one, and a bounded cache of remote ones, ``--max-remote-targets``:
+  :class:`Targets`); with ``--target-namespaces``, the platform's StageTargets
+  (:class:`~stageset.controller.stageset.platform.PlatformTargets`), their reconciler (``For``
+  StageTargets in those namespaces only, one worker) and the metadata-only watch of the Secrets
+  there (a runnable), and the StageSets' watch of StageTargets;
 - the renderer and its cache (reading old revisions through the mirror's kept commits), the CEL
   sandbox, the stage applier and the actions around it (their ``--allowed-action-hosts`` and
   address guard), the records, the change reports, the release steering (gates, windows,
@@ -54,7 +58,7 @@ from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
 from stageset.controller.handoff import ShardHandoff
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.keys import JobKey, ObjectKey
-from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS, STAGETARGETS
 from stageset.controller.metrics import Metrics
 from stageset.controller.rendercache import RenderCache
 from stageset.controller.settings import ControllerSettings
@@ -63,6 +67,7 @@ from stageset.controller.stageset.actions import ActionStage
 from stageset.controller.stageset.actionsteps import ActionRunner, StepSettings
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.passes import PassRunner
+from stageset.controller.stageset.platform import PlatformTargets
 from stageset.controller.stageset.reads import AccountCheck, TenantReads
 from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.records import Records
@@ -73,6 +78,7 @@ from stageset.controller.stageset.stage import StageApply, Wake
 from stageset.controller.stageset.targets import Targets
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.stageset.watches import SourceIndex, StageSetWatches
+from stageset.controller.stagetarget import StageTargetReconciler
 from stageset.controller.status import WriteListener
 from stageset.controller.tenants import NAMESPACES
 from stageset.controller.unserved import Unserved
@@ -144,24 +150,37 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
         schedule=lambda namespace, job: enqueue(JobKey(JOB_KIND, namespace, job)))
     flux = FluxWatches(client=admin, namespaces=settings.watch_namespaces, stop=stop, on_change=sources.wake,
                        resync=settings.resync_period, interval=settings.artifacts.discovery_interval)
+    platform = PlatformTargets(admin=admin, namespaces=settings.target_namespaces) \
+        if settings.target_namespaces else None
+    reconciler = stageset_reconciler(shared, identities=identities, store=store, resource=STAGESETS,
+                                     source_resource=GITREPOSITORIES, index=index, stop=stop,
+                                     artifacts=artifacts, platform=platform)
     stagesets = StageSetWatches(
-        reconciler=stageset_reconciler(shared, identities=identities, store=store, resource=STAGESETS,
-                                       source_resource=GITREPOSITORIES, index=index, stop=stop,
-                                       artifacts=artifacts),
+        reconciler=reconciler,
         resource=STAGESETS, source_kind=GITREPOSITORIES.kind, index=index, sources=sources,
         poke=flux.poke, default_source_kind=settings.default_source_kind,
-        no_cross_namespace_refs=settings.no_cross_namespace_refs)
+        no_cross_namespace_refs=settings.no_cross_namespace_refs,
+        target_kind=None if platform is None else STAGETARGETS.kind)
     git = GitRepositoryReconciler(clients=shared.clients, store=store, resource=GITREPOSITORIES,
                                   on_revision=stagesets.revised, identities=identities, clock=shared.clock,
                                   events=shared.events, metrics=shared.metrics,
                                   runbook_base_url=settings.runbook_base_url, on_write=shared.on_write)
     controllers = _sharded((stagesets.controller(workers=settings.workers),
                             git.controller(workers=settings.source_workers)), shared, admin=admin, stop=stop)
+    secrets: tuple[Reflector, ...] = ()
+    if platform is not None:
+        # Not sharded: every shard needs every target; one worker, a target's connect is short.
+        targets = StageTargetReconciler(clients=shared.clients, targets=reconciler.targets,
+                                        resource=STAGETARGETS, namespaces=settings.target_namespaces,
+                                        interval=settings.default_interval, clock=shared.clock,
+                                        runbook_base_url=settings.runbook_base_url, on_write=shared.on_write)
+        controllers = (*controllers, targets.controller(workers=1))
+        secrets = targets.secrets(enqueue=enqueue, stop=stop, resync=settings.resync_period)
     # Artifact downloads share the source pool (and its per-namespace cap) with Git fetches.
     setup = Setup(controllers=controllers,
                   jobs=(Jobs(runner=JOB_KIND, pool=GITREPOSITORIES.kind, run=artifacts.job),),
                   reports=_unserved(shared, admin=admin),
-                  runnables=(flux, *_tenant_labels(shared, admin=admin, stop=stop)))
+                  runnables=(flux, *_tenant_labels(shared, admin=admin, stop=stop), *secrets))
     return Wired(setup=setup, flux=flux, artifacts=artifacts)
 
 
@@ -209,8 +228,10 @@ def _unserved(shared: Shared, *, admin: KubeClient) -> Reports | None:
 
 def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: SourceTrees, resource: Resource,
                         source_resource: Resource, index: DependencyIndex, stop: threading.Event,
-                        artifacts: ArtifactTrees | None = None) -> StageSetReconciler:
-    """The StageSet reconciler and everything it works with."""
+                        artifacts: ArtifactTrees | None = None, platform: PlatformTargets | None = None
+                        ) -> StageSetReconciler:
+    """The StageSet reconciler and everything it works with (``platform``: the StageTargets'
+    registry, with ``--target-namespaces``)."""
     clients, settings = shared.clients, shared.settings
     accounts = AccountCheck(clients=clients, controller_reads_accounts=settings.cluster_admin)
     reads = TenantReads(stagesets=resource, sources=source_resource,
@@ -221,7 +242,8 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     # Shown rights age by the injected clock (a periodic pass trusts them for rights_max_age).
     rights = ShownRights(max_age=settings.apply.rights_max_age, clock=lambda: clock().timestamp())
     local = StageApplier(mapper=RestMapper(clients.client()), settings=settings.apply, rights=rights)
-    targets = Targets(clients=clients, settings=settings.apply, local=local, accounts=accounts)
+    targets = Targets(clients=clients, settings=settings.apply, local=local, accounts=accounts,
+                      capacity=settings.max_remote_targets, platform=platform)
     records = Records(clients=clients, identities=identities)
     changes = Changes(events=shared.events, metrics=shared.metrics)
     keeper = store if isinstance(store, Keeper) else None

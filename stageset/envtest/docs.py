@@ -94,7 +94,8 @@ def api_reference() -> str:
         schema = object_schema(kind.model)
         lines += [f"## {kind.kind}", "", _cell(schema.get("description", "")), "",
                   f"`kubectl get {kind.plural}.stages.metio.wtf` (short names: "
-                  + ", ".join(f"`{s}`" for s in kind.short_names) + "; category `stages`).", ""]
+                  + ", ".join(f"`{s}`" for s in kind.short_names)
+                  + "".join(f"; category `{c}`" for c in kind.categories) + ").", ""]
         for part in ("spec", "status"):
             node = schema["properties"][part]
             lines += [f"### {kind.kind} {part}", "", _cell(node.get("description", "")), "",

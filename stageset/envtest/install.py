@@ -12,7 +12,12 @@ from typing import Any
 
 import yaml
 
-from stageset.api.rbac import LEADER_ELECTION_RULES, aggregated_cluster_roles, controller_cluster_role
+from stageset.api.rbac import (
+    LEADER_ELECTION_RULES,
+    TARGET_RULES,
+    aggregated_cluster_roles,
+    controller_cluster_role,
+)
 from stageset.envtest.aggregation import aggregate_cluster_roles
 from stageset.kube.client import KubeClient
 
@@ -80,13 +85,15 @@ def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
                           namespace: str = "stageset-system",
                           account: str = "stageset-controller",
                           watch_namespaces: list[str] | None = None,
-                          leader_election: bool = False) -> Path:
+                          leader_election: bool = False, target_namespaces: list[str] | None = None) -> Path:
     """A kubeconfig for a ServiceAccount bound to exactly the chart's controller ClusterRole.
 
     Lets tests and benchmarks run the controller with the rights it has in a real
     multi-tenant install rather than as ``system:masters``.  With ``watch_namespaces``
     the role is bound by one RoleBinding per namespace, as the chart does for a shard; with
-    ``leader_election`` the account may also use Leases in ``namespace``, as the chart's Role allows.
+    ``leader_election`` the account may also use Leases in ``namespace``, as the chart's Role allows;
+    with ``target_namespaces`` it may read StageTargets and Secrets (and write StageTargets' status)
+    in each of them, by a Role there, as the chart's ``targets.namespaces`` grants.
     """
     admin.apply(f"/api/v1/namespaces/{namespace}",
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
@@ -122,6 +129,19 @@ def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
                      "metadata": {"name": f"{account}-leader-election", "namespace": namespace},
                      "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                  "name": f"{account}-leader-election"}},
+                    field_manager="stageset-install")
+    for target in target_namespaces or ():
+        role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": f"{account}-targets"}
+        admin.apply(f"/api/v1/namespaces/{target}",
+                    {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": target}},
+                    field_manager="stageset-install")
+        admin.apply(f"{rbac}/namespaces/{target}/roles/{account}-targets",
+                    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                     "metadata": {"name": f"{account}-targets", "namespace": target}, "rules": TARGET_RULES},
+                    field_manager="stageset-install")
+        admin.apply(f"{rbac}/namespaces/{target}/rolebindings/{account}-targets",
+                    {**binding, "kind": "RoleBinding", "roleRef": role_ref,
+                     "metadata": {"name": f"{account}-targets", "namespace": target}},
                     field_manager="stageset-install")
     token = admin.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}/token",
                           body={"spec": {"expirationSeconds": 86400}})["status"]["token"]

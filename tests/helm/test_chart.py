@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from stageset.api.rbac import CONTROLLER_RULES, LEADER_ELECTION_RULES, aggregated_cluster_roles
+from stageset.api.rbac import CONTROLLER_RULES, LEADER_ELECTION_RULES, TARGET_RULES, aggregated_cluster_roles
 from stageset.build import BuildLimits
 from stageset.cli.main import main as cli
 from tests.helm.chart import CHART, Helm, controller_args, controller_container, find, one
@@ -32,6 +32,12 @@ CONTROLLER_RULE_TABLE = [
     ([""], ["namespaces"], ["get", "list", "watch"]),
 ]
 LEASE_RULE_TABLE = [(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])]
+# Platform targets: a Role in each target namespace only.
+TARGET_RULE_TABLE = [
+    (["stages.metio.wtf"], ["stagetargets"], ["get", "list", "watch"]),
+    (["stages.metio.wtf"], ["stagetargets/status"], ["get", "patch", "update"]),
+    ([""], ["secrets"], ["get", "list", "watch"]),
+]
 
 
 def rules(role: dict[str, Any]) -> list[tuple[list[str], list[str], list[str]]]:
@@ -65,6 +71,7 @@ def test_lint_strict_in_every_mode(helm: Helm) -> None:
 def test_rules_in_the_chart_are_the_code_s() -> None:
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in CONTROLLER_RULES] == CONTROLLER_RULE_TABLE
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in LEADER_ELECTION_RULES] == LEASE_RULE_TABLE
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in TARGET_RULES] == TARGET_RULE_TABLE
 
 
 def test_multi_tenant_default_rbac_rule_by_rule(helm: Helm) -> None:
@@ -120,6 +127,30 @@ def test_sharded_rbac_binds_only_the_watched_namespaces(helm: Helm) -> None:
     assert "--watch-namespaces=team-a,team-b" in controller_args(docs)
     assert f"--leader-election-id={full}" in controller_args(docs)
     assert "--leader-election-namespace=shards" in controller_args(docs)
+
+
+def test_targets_add_a_role_in_each_target_namespace_and_nothing_for_tenants(helm: Helm) -> None:
+    default = helm.render()
+    assert "--max-remote-targets=64" in controller_args(default)
+    assert not any(a.startswith("--target-namespaces") for a in controller_args(default))
+    docs = helm.render("--set", "targets.namespaces={platform-a,platform-b}",
+                       "--set", "targets.maxRemoteTargets=200")
+    assert rbac_objects(docs) - rbac_objects(default) == {
+        ("Role", "platform-a", "stageset-targets"), ("RoleBinding", "platform-a", "stageset-targets"),
+        ("Role", "platform-b", "stageset-targets"), ("RoleBinding", "platform-b", "stageset-targets")}
+    for namespace in ("platform-a", "platform-b"):
+        (role,) = [d for d in find(docs, "Role", "stageset-targets")
+                   if d["metadata"]["namespace"] == namespace]
+        assert rules(role) == TARGET_RULE_TABLE
+        assert binding(docs, "RoleBinding", "stageset-targets", namespace) == ("Role", "stageset-targets", SA)
+    # Never cluster-wide, never a tenant's: no ClusterRole names StageTargets or Secrets.
+    for role in (d for d in docs if d["kind"] == "ClusterRole" and "crds" not in d["metadata"]["name"]):
+        assert not {"stagetargets", "secrets"} & {r for rule in role["rules"] for r in rule["resources"]}
+    args = controller_args(docs)
+    assert "--target-namespaces=platform-a,platform-b" in args
+    controller = cli.commands["controller"]  # type: ignore[attr-defined]
+    params = controller.make_context("controller", list(args)).params
+    assert (params["target_namespaces"], params["max_remote_targets"]) == (("platform-a", "platform-b"), 200)
 
 
 def test_cluster_admin_mode_adds_exactly_a_cluster_admin_binding(helm: Helm) -> None:

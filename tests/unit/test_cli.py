@@ -85,3 +85,18 @@ def test_get_and_tree_show_each_stages_gate_and_what_holds_the_release() -> None
     tree = render_tree({**view, "stages": [{**s, "objects": []} for s in view["stages"]]})
     assert "stage staging  Ready  main@sha1:aaaaaaaaaaaa  [Soaking until 2030-01-01T00:10:00Z]" in tree
     assert "held by update windows" in tree
+    assert view["target"] is None
+
+
+def test_get_and_tree_name_the_target_cluster() -> None:
+    from stageset.cli.inspect import list_table, render_tree, summary
+
+    obj = {"metadata": {"namespace": "shop", "name": "shop"},
+           "spec": {"stages": [{"name": "app"}], "targetRef": {"name": "prod-eu", "namespace": "platform"}}}
+    view = summary(obj)
+    assert view["target"] == "StageTarget platform/prod-eu"
+    assert "on StageTarget platform/prod-eu" in render_tree({**view, "stages": []})
+    headers, rows = list_table([view], every=False, wide=True)
+    assert rows[0][headers.index("TARGET")] == "StageTarget platform/prod-eu"
+    remote = summary({**obj, "spec": {"stages": [], "kubeConfig": {"secretRef": {"name": "prod-kc"}}}})
+    assert remote["target"] == "kubeConfig Secret prod-kc"

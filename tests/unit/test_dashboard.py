@@ -547,6 +547,18 @@ def test_stage_status_fields_this_dashboard_does_not_know_are_shown_as_they_are(
     ]
 
 
+def test_the_page_names_the_platform_target_and_never_its_server() -> None:
+    def page(obj: dict[str, Any]) -> views.Detail:
+        return views.detail(obj, lookup=lambda _ref: views.ObjectState("Current"), events=[], activity=[],
+                            linkable=lambda _namespace: True,
+                            now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+
+    obj = stageset([{"name": "db"}])
+    obj["spec"]["targetRef"] = {"name": "prod-eu", "namespace": "platform"}
+    assert page(obj).target == "StageTarget platform/prod-eu"
+    assert page(stageset([{"name": "db"}])).target is None
+
+
 def test_the_dashboard_s_client_refuses_every_verb_but_get(mocker: Any) -> None:
     from stageset.cli.dashboard.hub import ReadOnlyClient
 

@@ -24,6 +24,7 @@ from urllib.parse import quote
 import networkx as nx
 
 from stageset.api import API_VERSION, parse_time
+from stageset.api.target import target_text
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason, StagePhase
 from stageset.apply.inventory import ObjectId
 from stageset.cli.dashboard import layout
@@ -368,6 +369,8 @@ class Detail:
     revision: str | None
     suspended: bool
     created: str | None
+    target: str | None
+    """The cluster it applies to, by name (``StageTarget <namespace>/<name>``); ``None``: this one."""
     generation: int | None
     observed_generation: int | None
     holding: Holding | None
@@ -491,7 +494,8 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
         namespace=namespace, name=name, ready=str(ready.get("status", "Unknown")),
         reason=str(ready.get("reason", "")), message=message, runbook=runbook,
         revision=status.get("lastAppliedRevision"), suspended=bool(_spec(obj).get("suspend", False)),
-        created=meta.get("creationTimestamp"), generation=meta.get("generation"),
+        created=meta.get("creationTimestamp"), target=target_text(_spec(obj)),
+        generation=meta.get("generation"),
         observed_generation=status.get("observedGeneration"), holding=held, graph_error=problem,
         wide=layout.picture(graph, order=order), tall=layout.picture(graph, order=order, vertical=True),
         nodes=views, stages=stages, dependencies=dependencies, events=shown_events, activity=list(activity))

@@ -77,7 +77,7 @@ def unreachable(target: Target, error: UnreachableError | ApiError) -> str:
         how = error.why
     else:
         how = f"answered HTTP {error.status}" + (f" {error.reason}" if error.reason else "")
-    return f"spec.kubeConfig: the cluster at {target.server} cannot be used: {how}; retrying with backoff"
+    return f"{target.where} cannot be used: {how}; retrying with backoff"
 
 
 class PassRunner:

@@ -65,6 +65,11 @@ class StageSetReconciler:
         self._on_write = on_write
         self._default_interval = default_interval
 
+    @property
+    def targets(self) -> Targets:
+        """The clusters this reconciler applies to (the StageTarget reconciler connects the platform's)."""
+        return self._targets
+
     def forget(self, namespace: str, name: str) -> None:
         """The StageSet is gone: drop what this reconciler remembers of it."""
         self._changes.forget(namespace, name)
@@ -145,6 +150,8 @@ class StageSetReconciler:
                                        name=f"{ref.namespace or namespace}/{ref.name}")
             if why is not None:
                 raise StageError(Reason.DEPENDENCY_NOT_READY, why)
+        if stageset.spec.target_ref is not None:
+            return graph, self._targets.for_target_ref(stageset)  # read as the controller, never the tenant
         if stageset.spec.kube_config is None:
             return graph, self._targets.local
         return graph, self._targets.resolve(self._stageset_client(stageset, what="reading spec.kubeConfig"),

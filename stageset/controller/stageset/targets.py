@@ -1,15 +1,18 @@
-"""The cluster a StageSet applies to: this one, or the one its ``spec.kubeConfig`` names.
+"""The cluster a StageSet applies to: this one, the one its ``spec.kubeConfig`` names, or the
+platform's StageTarget its ``spec.targetRef`` names.
 
 Identity: the kubeConfig Secret is read from this cluster as the StageSet's identity
-(``spec.serviceAccountName``).  Requests to the remote cluster use the kubeconfig's
-credentials, impersonating the stage's ServiceAccount there exactly as here; discovery
-on the remote uses the kubeconfig's own identity.  A kubeconfig is only ever accepted
-with inline data (:mod:`stageset.kube.remote`): no commands, files or proxies.
+(``spec.serviceAccountName``); a StageTarget and its Secret are read as the controller itself,
+never as the tenant (:mod:`~stageset.controller.stageset.platform`).  Requests to the remote
+cluster use the kubeconfig's credentials, impersonating the stage's ServiceAccount there exactly
+as here; discovery on the remote uses the kubeconfig's own identity.  A kubeconfig is only ever
+accepted with inline data (:mod:`stageset.kube.remote`): no commands, files or proxies.
 
-One :class:`Target` (client configuration and discovery cache) per kubeconfig content, at
-most :data:`MAX_REMOTES` of them: the least recently used is dropped (with its clients) past
-that, and built again — the Secret read, discovery run — when a StageSet uses it next.  A
-rotated kubeconfig is new content, so the old one ages out instead of staying forever.
+One :class:`Target` (client configuration and discovery cache) per kubeconfig content, shared by
+every StageSet using it, at most ``capacity`` of them (``--max-remote-targets``, default
+:data:`MAX_REMOTES`): the least recently used is dropped (with its clients) past that, and built
+again — the Secret read, discovery run — when a StageSet uses it next.  A rotated kubeconfig is
+new content, so the old one ages out instead of staying forever.
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from stageset.apply.errors import StageError
 from stageset.apply.prune import ClientFor
 from stageset.apply.settings import ApplySettings
 from stageset.controller.identity import IdentityPolicy
+from stageset.controller.stageset.platform import PlatformTargets, unavailable
 from stageset.controller.stageset.reads import AccountCheck, read_named
 from stageset.kube.client import LOCAL, ClientPool, ClusterKey, Identity, KubeClient
 from stageset.kube.mapping import RestMapper
@@ -35,7 +39,8 @@ from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
 # The target id of the cluster the controller runs in.
 LOCAL_TARGET = "this-cluster"
 
-# Remote clusters (distinct kubeconfig contents) kept at once: discovery of each is cached.
+# Remote clusters (distinct kubeconfig contents) kept at once by default (``--max-remote-targets``):
+# discovery of each is cached.
 MAX_REMOTES = 64
 
 
@@ -50,10 +55,20 @@ class Target:
     id: str = LOCAL_TARGET
     """Which cluster, stably (:func:`stageset.kube.remote.cluster_id`; :data:`LOCAL_TARGET` for this one):
     what an inventory records it was applied on, so a changed target is seen as a move."""
+    name: str = ""
+    """The platform StageTarget (``namespace/name``) this cluster is, if it is one."""
 
     @property
     def remote(self) -> bool:
         return self.cluster != LOCAL
+
+    @property
+    def where(self) -> str:
+        """The cluster as a tenant's messages name it: a StageTarget by its name only (its server is
+        the platform's), a kubeConfig by its server."""
+        if self.name:
+            return f"spec.targetRef: the cluster of StageTarget {self.name}"
+        return f"spec.kubeConfig: the cluster at {self.server}"
 
 
 def inventory_clients(*, clients: ClientPool, identities: IdentityPolicy, namespace: str, target: Target
@@ -68,8 +83,10 @@ def inventory_clients(*, clients: ClientPool, identities: IdentityPolicy, namesp
 
 class Targets:
     def __init__(self, *, clients: ClientPool, settings: ApplySettings, local: StageApplier,
-                 accounts: AccountCheck | None = None, capacity: int = MAX_REMOTES):
+                 accounts: AccountCheck | None = None, capacity: int = MAX_REMOTES,
+                 platform: PlatformTargets | None = None):
         self._clients = clients
+        self.platform = platform
         self._accounts = accounts
         self._settings = settings
         self._capacity = capacity
@@ -98,21 +115,46 @@ class Targets:
                              f"key {key!r}")
         raw = base64.b64decode(encoded)
         cluster = ClusterKey(f"{namespace}/{secret_name}#{hashlib.sha256(raw).hexdigest()[:16]}")
+        if (found := self.cached(cluster)) is not None:
+            return found
+        try:
+            return self.remote(cluster, raw)
+        except KubeconfigError as error:
+            raise StageError(Reason.INVALID_SPEC, f"spec.kubeConfig: {error}") from error
+
+    def for_target_ref(self, stageset: StageSet) -> Target:
+        """The platform target ``spec.targetRef`` names (read as the controller), or :class:`StageError`:
+        the same refusal for a missing, foreign or disallowed target when targets are off too."""
+        ref = stageset.spec.target_ref
+        assert ref is not None
+        if self.platform is None:
+            raise unavailable(target=(ref.namespace, ref.name), namespace=str(stageset.metadata["namespace"]))
+        return self.platform.target(stageset, remotes=self)
+
+    def cached(self, cluster: ClusterKey) -> Target | None:
+        """The connected cluster of this key (now the most recently used), if it is still kept."""
+        with self._lock:
+            found = self._remotes.get(cluster)
+            if found is not None:
+                self._remotes.move_to_end(cluster)
+            return found
+
+    def remote(self, cluster: ClusterKey, raw: bytes, *, name: str = "") -> Target:
+        """Connect to the kubeconfig ``raw`` under ``cluster`` (one key per content; the one already
+        connected if another thread was first); raises :class:`KubeconfigError`.  No request is made:
+        discovery runs when a stage first resolves a kind."""
         with self._lock:
             found = self._remotes.get(cluster)
             if found is not None:
                 self._remotes.move_to_end(cluster)
                 return found
-            try:
-                remote = parse_remote_kubeconfig(raw)
-            except KubeconfigError as error:
-                raise StageError(Reason.INVALID_SPEC, f"spec.kubeConfig: {error}") from error
+            remote = parse_remote_kubeconfig(raw)
             self._clients.register(cluster, remote.configuration)
             discovery = self._clients.client(Identity(), cluster)
             target = Target(cluster, StageApplier(mapper=RestMapper(discovery), settings=self._settings,
                                                   versions=self.local.applier.versions,
                                                   rights=self.local.applier.rights),
-                            server=remote.server, id=remote.cluster_id)
+                            server=remote.server, id=remote.cluster_id, name=name)
             self._remotes[cluster] = target
             while len(self._remotes) > self._capacity:
                 evicted, _ = self._remotes.popitem(last=False)

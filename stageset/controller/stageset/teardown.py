@@ -86,6 +86,8 @@ class Teardown:
         if stageset is None:
             return self._targets.local, None
         try:
+            if stageset.spec.target_ref is not None:
+                return self._targets.for_target_ref(stageset), None
             identity = self._identities.for_stageset(stageset, what="reading spec.kubeConfig")
             return self._targets.resolve(self._clients.client(identity), stageset), None
         except StageError as error:
@@ -113,7 +115,7 @@ class Teardown:
                 progress = teardown_stage(inventory=inventory, client=client, owner=owner,
                                           applier=target.applier)
         except _CLUSTER_ERRORS as error:
-            where = f"the cluster at {target.server}" if target.remote else "the cluster"
+            where = target.where if target.remote else "the cluster"
             return TeardownProgress(remaining=list(inventory.entries), failed=len(inventory.entries)), \
                 f"{where} cannot be used: {_why(error)}"
         if progress.failed:

@@ -9,6 +9,10 @@
 - ``Watches`` GitRepositories (:func:`~stageset.controller.sourcekinds.trigger`): a change of
   its artifact or readiness — a failure too, so the StageSets say so now rather than at their
   next retry — wakes exactly the StageSets whose stages name it.
+- ``Watches`` StageTargets (:func:`target_trigger`, only with ``--target-namespaces``): a new
+  generation (``allowedNamespaces`` changed), a kubeconfig Secret read at a new version (rotated,
+  or naming another cluster) or a change of its readiness wakes exactly the StageSets whose
+  ``spec.targetRef`` names it, at once (indexed beside the sources they name).
 - From outside the watches, through :meth:`SourceIndex.wake`: a Flux source's change
   (:mod:`~stageset.controller.fluxwatch`), an artifact download that ended
   (:mod:`~stageset.controller.artifacts`), a GitRepository's new revision (also a known one a
@@ -85,6 +89,22 @@ def as_dependency(obj: KubeObject) -> tuple[Any, ...]:
     return ready_at_generation(obj), status.get("lastAppliedRevision"), held
 
 
+def target_trigger(obj: KubeObject) -> tuple[Any, ...]:
+    """What of a StageTarget its StageSets act on: its spec (``allowedNamespaces``), the version of
+    the kubeconfig Secret last read and whether it is Ready."""
+    status = obj.get("status") or {}
+    ready = next((c.get("status") for c in status.get("conditions") or [] if c.get("type") == "Ready"), None)
+    return obj.get("metadata", {}).get("generation"), status.get("observedSecretVersion"), ready
+
+
+def target_named(obj: KubeObject, *, kind: str) -> set[SourceObject]:
+    """The StageTarget a StageSet's ``spec.targetRef`` names, as the source index keys it."""
+    ref = (obj.get("spec") or {}).get("targetRef") or {}
+    if not ref.get("name") or not ref.get("namespace"):
+        return set()
+    return {SourceObject(OUR_GROUP, kind, str(ref["namespace"]), str(ref["name"]))}
+
+
 def depends_on(key: ObjectKey, obj: KubeObject, *, no_cross_namespace_refs: bool) -> list[tuple[str, str]]:
     """The StageSets ``obj``'s ``spec.dependsOn`` names, as (namespace, name)."""
     found = [(dep.get("namespace") or key.namespace, dep.get("name", ""))
@@ -96,7 +116,8 @@ def depends_on(key: ObjectKey, obj: KubeObject, *, no_cross_namespace_refs: bool
 
 
 class SourceIndex:
-    """StageSets by the sources they name, and back: a source's change requeues its StageSets."""
+    """StageSets by the sources they name, and back: a source's change requeues its StageSets.
+    The StageTarget a StageSet's ``targetRef`` names is kept here too (its kind tells it apart)."""
 
     def __init__(self, *, enqueue: Enqueue):
         self._enqueue = enqueue
@@ -132,7 +153,8 @@ class SourceIndex:
 class StageSetWatches:
     def __init__(self, *, reconciler: Reconciles, resource: Resource, source_kind: str,
                  index: DependencyIndex, sources: SourceIndex, poke: Callable[[str], None],
-                 default_source_kind: DefaultSourceKind, no_cross_namespace_refs: bool):
+                 default_source_kind: DefaultSourceKind, no_cross_namespace_refs: bool,
+                 target_kind: str | None = None):
         self._reconciler = reconciler
         self._resource = resource
         self._source_kind = source_kind
@@ -141,6 +163,7 @@ class StageSetWatches:
         self._poke = poke
         self._default_source_kind = default_source_kind
         self._no_cross_namespace_refs = no_cross_namespace_refs
+        self._target_kind = target_kind
 
     def controller(self, *, workers: int) -> Controller:
         kind = self._resource.kind
@@ -148,7 +171,10 @@ class StageSetWatches:
             resource=self._resource, reconciler=self._reconciler, workers=workers, trigger=trigger,
             watches=(Watch(kind=kind, state=as_dependency, fires=ANY_CHANGE, keys=self._dependents),
                      Watch(kind=self._source_kind, state=source_trigger, fires=CHANGED_OR_GONE,
-                           keys=self._naming)),
+                           keys=self._naming),
+                     *([] if self._target_kind is None else
+                       [Watch(kind=self._target_kind, state=target_trigger, fires=ANY_CHANGE,
+                              keys=self._naming)])),
             indexed=self._indexed)
 
     def revised(self, namespace: str, name: str, revision: str) -> None:
@@ -171,6 +197,8 @@ class StageSetWatches:
                 self._poke(source.kind)
             elif source.group != OUR_GROUP:
                 self._poke(EXTERNAL_ARTIFACT)
+        if self._target_kind is not None:
+            named |= target_named(obj, kind=self._target_kind)
         self._sources.update(key, named)
 
     def _dependents(self, key: ObjectKey) -> list[ObjectKey]:
