@@ -52,7 +52,7 @@ run python -m stageset.envtest.docs --check
 site="$(mktemp -d)"; run mkdocs build --strict --site-dir "$site"; rm -rf "$site"
 [ "${1:-}" = "--lint-only" ] && exit 0
 
-echo "== control plane (built once, cached in ~/.cache/stageset)"
+echo "== control plane: etcd, kube-apiserver, then kube-controller-manager (same Go build cache; built once, cached in ~/.cache/stageset)"
 run python -m stageset.envtest.build
 echo "== kustomize and the SOPS helper (built once, cached in ~/.cache/stageset)"
 run python -m stageset.build

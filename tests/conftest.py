@@ -24,10 +24,11 @@ from stageset.envtest import server as envtest
 from stageset.kube.client import ClientPool, KubeClient
 
 
-def started_control_plane() -> Iterator[envtest.ControlPlane]:
-    """A fresh control plane for a fixture to yield (skipped where none can start, failed under CI)."""
+def started_control_plane(*, controller_manager: bool = False) -> Iterator[envtest.ControlPlane]:
+    """A fresh control plane for a fixture to yield (skipped where none can start, failed under CI);
+    with ``controller_manager``, kube-controller-manager runs too (``tests/e2e/managed/``)."""
     try:
-        plane = envtest.start()
+        plane = envtest.start(controller_manager=controller_manager)
     except Exception as error:
         if os.environ.get("CI") == "true":
             pytest.fail(f"the control plane could not start under CI: {error}", pytrace=False)

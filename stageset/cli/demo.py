@@ -188,7 +188,7 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event, settings: Con
              lifecycle: LifecycleSettings | None = None) -> int:
     if not build.assets_dir().exists():
         _say("building etcd and kube-apiserver from the Go module proxy (first run only, a few minutes)")
-    assets = build.ensure_assets()
+    assets = build.ensure_assets(controller_manager=False)  # the demo runs none
     _say("starting a local control plane")
     with server.start(assets=assets) as plane, \
             gitserve.serve_directory(examples, live=True) as git_url:

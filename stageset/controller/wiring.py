@@ -24,7 +24,8 @@ the controller as wired) call :func:`wire` / :func:`stageset_reconciler`.  Built
 - on a label shard, the hand-off (:class:`~stageset.controller.handoff.ShardHandoff`), declared as
   the guard of every controller (each kind is watched under the shard's selector);
 - for a cluster-wide release, the metadata-only Namespace watch behind the metrics' ``tenant``
-  label (:mod:`stageset.controller.tenants`), a runnable: a report only, not part of "synced".
+  label (:mod:`stageset.controller.tenants`) and the teardown's knowledge of terminating namespaces
+  (:mod:`stageset.controller.terminating`), a runnable: a report only, not part of "synced".
 
 Which kind each pool and job belongs to is said here and in the reconcilers' declarations
 (:meth:`StageSetWatches.controller`, :meth:`GitRepositoryReconciler.controller`); the manager
@@ -39,7 +40,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from sources import MirrorStore, UrlPolicy
@@ -81,9 +82,11 @@ from stageset.controller.stageset.watches import SourceIndex, StageSetWatches
 from stageset.controller.stagetarget import StageTargetReconciler
 from stageset.controller.status import WriteListener
 from stageset.controller.tenants import NAMESPACES
+from stageset.controller.terminating import TerminatingNamespaces
 from stageset.controller.unserved import Unserved
 from stageset.kube.client import ClientPool, KubeClient
 from stageset.kube.mapping import Resource, RestMapper
+from stageset.kube.types import KubeObject
 from stageset.kube.watch import Reflector
 
 
@@ -112,6 +115,8 @@ class Shared:
     """Whether the manager's watch caches have synced (their first lists are in)."""
     leading: Callable[[], bool] = lambda: True
     """Whether this process may reconcile now (with leader election: while it leads)."""
+    terminating: TerminatingNamespaces = field(default_factory=TerminatingNamespaces)
+    """The namespaces being deleted, from the Namespace watch (none known without it)."""
 
 
 @dataclass(frozen=True)
@@ -200,15 +205,21 @@ def _sharded(controllers: tuple[Controller, ...], shared: Shared, *, admin: Kube
 
 
 def _tenant_labels(shared: Shared, *, admin: KubeClient, stop: threading.Event) -> tuple[Reflector, ...]:
-    """The metrics' ``tenant`` label: Namespaces, metadata only, for a cluster-wide release (one
-    bound per namespace may not list Namespaces: no tenant label).  A report only, like the
-    unserved watches: not cached, not part of "synced"."""
+    """The metrics' ``tenant`` label and the terminating namespaces a teardown leaves alone:
+    Namespaces, metadata only, for a cluster-wide release (one bound per namespace may not list
+    Namespaces: no tenant label, and teardowns as before).  A report only, like the unserved
+    watches: not cached, not part of "synced"."""
     settings = shared.settings
     if settings.watch_namespaces is not None:
         return ()
+    tenants, terminating = shared.metrics.tenants, shared.terminating
+
+    def handle(event: str, obj: KubeObject) -> None:
+        tenants.handle(event, obj)
+        terminating.handle(event, obj)
+
     return (Reflector(client=admin, resource=NAMESPACES, namespace=None, stop=stop,
-                      handler=shared.metrics.tenants.handle, resync=settings.resync_period,
-                      metadata_only=True),)
+                      handler=handle, resync=settings.resync_period, metadata_only=True),)
 
 
 def _unserved(shared: Shared, *, admin: KubeClient) -> Reports | None:
@@ -269,7 +280,8 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
                         settings=settings, renderer=renderer, stages=stages, release=release,
                         accounts=accounts)
     teardown = Teardown(clients=clients, identities=identities, targets=targets, events=shared.events,
-                        clock=shared.clock, max_wait=settings.max_teardown_wait, records=records)
+                        clock=shared.clock, max_wait=settings.max_teardown_wait, records=records,
+                        terminating=shared.terminating)
     return StageSetReconciler(clients=clients, resource=resource, identities=identities, reads=reads,
                               expressions=ExpressionChecker(cel), index=index, targets=targets, passes=passes,
                               teardown=teardown, changes=changes, clock=shared.clock,

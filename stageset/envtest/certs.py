@@ -1,4 +1,5 @@
-"""Throw-away PKI for a local control plane: a CA, a serving cert, an admin client cert, SA keys."""
+"""Throw-away PKI for a local control plane: a CA, a serving cert, an admin client cert, the
+controller manager's client cert, SA keys."""
 
 from __future__ import annotations
 
@@ -24,6 +25,10 @@ class Pki:
     admin_key: Path
     sa_public: Path
     sa_private: Path
+    controller_manager_cert: Path
+    """``system:kube-controller-manager``, the user the bootstrap RBAC policy grants the controller
+    manager's own rights (it then acts as one ServiceAccount per controller, as on a real cluster)."""
+    controller_manager_key: Path
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -101,6 +106,13 @@ def write_pki(directory: Path) -> Pki:
         .sign(ca_key, hashes.SHA256())
     )
 
+    manager_key = _key()
+    manager = (
+        _builder(_name("system:kube-controller-manager"), ca_name, manager_key.public_key())
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())
+    )
+
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
 
     pki = Pki(
@@ -111,18 +123,22 @@ def write_pki(directory: Path) -> Pki:
         admin_key=directory / "admin.key",
         sa_public=directory / "sa.pub",
         sa_private=directory / "sa.key",
+        controller_manager_cert=directory / "controller-manager.crt",
+        controller_manager_key=directory / "controller-manager.key",
     )
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
     pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
     pki.serving_key.write_bytes(_pem_key(serving_key))
     pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
     pki.admin_key.write_bytes(_pem_key(admin_key))
+    pki.controller_manager_cert.write_bytes(manager.public_bytes(serialization.Encoding.PEM))
+    pki.controller_manager_key.write_bytes(_pem_key(manager_key))
     pki.sa_private.write_bytes(_pem_key(sa_key))
     pki.sa_public.write_bytes(
         sa_key.public_key().public_bytes(
             serialization.Encoding.PEM, serialization.PublicFormat.SubjectPublicKeyInfo
         )
     )
-    for private in (pki.serving_key, pki.admin_key, pki.sa_private):
+    for private in (pki.serving_key, pki.admin_key, pki.controller_manager_key, pki.sa_private):
         private.chmod(0o600)
     return pki

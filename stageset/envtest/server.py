@@ -1,5 +1,18 @@
 """Start etcd and kube-apiserver on loopback, wait until ready, and always tear them down.
 
+On request (``controller_manager=True``) a kube-controller-manager of the same release joins them,
+running only :data:`CONTROLLERS` — the namespace lifecycle, garbage collection and quota status
+that tests of offboarding and quotas need — so those tests run against the real controllers, not
+a simulation.  The shared control plane of the test suite runs none: without it a deleted
+namespace stays ``Terminating`` and owner references are never followed, which the other tests
+rely on.
+
+Identity: the admin client certificate (``system:masters``) for our own readiness checks; the
+controller manager authenticates as ``system:kube-controller-manager`` and runs each controller as
+its own ServiceAccount in ``kube-system`` (``--use-service-account-credentials``, granted by the
+apiserver's bootstrap RBAC policy), so the audit log names e.g.
+``system:serviceaccount:kube-system:namespace-controller`` for what the namespace controller deletes.
+
 Each process runs in its own session and is asked to die with its parent
 (``PR_SET_PDEATHSIG``), so even a ``kill -9`` of the test runner leaves no
 apiserver behind.  Ports are picked free on 127.0.0.1.
@@ -32,6 +45,12 @@ from stageset.envtest.certs import Pki, write_pki
 
 _READY_TIMEOUT = 120.0
 
+CONTROLLERS = ("namespace-controller", "garbage-collector-controller", "resourcequota-controller")
+"""What the controller manager runs, when it runs (``--controllers``)."""
+CONTROLLER_ACCOUNTS = ("namespace-controller", "generic-garbage-collector", "resourcequota-controller")
+"""The ``kube-system`` ServiceAccounts the controller manager creates as it starts each of
+:data:`CONTROLLERS` (its credentials for that controller): all there, every controller started."""
+
 
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -59,6 +78,8 @@ class ControlPlane:
     _owns_workdir: bool = True
     etcd_url: str = ""
     """etcd's client URL (plain HTTP on loopback): the fault tests compact it."""
+    controller_manager: bool = False
+    """Whether a kube-controller-manager runs :data:`CONTROLLERS` against this apiserver."""
 
     def admin_ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
@@ -131,14 +152,16 @@ def _wait_ready(plane: ControlPlane, *, logs: list[Path]) -> None:
     raise RuntimeError(f"kube-apiserver not ready after {_READY_TIMEOUT:.0f}s: {last_error}")
 
 
-def write_kubeconfig(*, path: Path, url: str, pki: Pki, context: str = "envtest") -> None:
+def write_kubeconfig(*, path: Path, url: str, pki: Pki, context: str = "envtest",
+                     client: tuple[Path, Path] | None = None) -> None:
+    """A kubeconfig for ``url``, as the admin or as ``client`` (certificate, key)."""
+    cert, key = client or (pki.admin_cert, pki.admin_key)
     config = {
         "apiVersion": "v1",
         "kind": "Config",
         "clusters": [{"name": context,
                       "cluster": {"server": url, "certificate-authority": str(pki.ca_cert)}}],
-        "users": [{"name": "admin", "user": {
-            "client-certificate": str(pki.admin_cert), "client-key": str(pki.admin_key)}}],
+        "users": [{"name": "admin", "user": {"client-certificate": str(cert), "client-key": str(key)}}],
         "contexts": [{"name": context, "context": {"cluster": context, "user": "admin"}}],
         "current-context": context,
     }
@@ -146,13 +169,53 @@ def write_kubeconfig(*, path: Path, url: str, pki: Pki, context: str = "envtest"
     path.chmod(0o600)
 
 
+def _controller_manager_args(plane: ControlPlane, *, assets: Assets) -> list[str]:
+    kubeconfig = plane.workdir / "controller-manager.kubeconfig"
+    write_kubeconfig(path=kubeconfig, url=plane.url, pki=plane.pki,
+                     client=(plane.pki.controller_manager_cert, plane.pki.controller_manager_key))
+    return [
+        str(assets.kube_controller_manager),
+        f"--kubeconfig={kubeconfig}",
+        f"--controllers={','.join(CONTROLLERS)}",
+        "--use-service-account-credentials=true",
+        "--leader-elect=false",
+        "--secure-port=0",  # nothing scrapes it; readiness is read from the apiserver
+        # Quota status and garbage collection pick up kinds installed after the start (our CRDs)
+        # at their discovery resync (30s by default): a few seconds keeps the tests' waits short.
+        "--resource-quota-sync-period=5s",
+        "--v=1",
+    ]
+
+
+def _wait_controllers(plane: ControlPlane, *, process: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the controller manager has started every controller (their ServiceAccounts exist)."""
+    context = plane.admin_ssl_context()
+    deadline = time.monotonic() + _READY_TIMEOUT
+    url = f"{plane.url}/api/v1/namespaces/kube-system/serviceaccounts"
+    found: set[str] = set()
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            tail = log.read_text(errors="replace")[-3000:]
+            raise RuntimeError(f"kube-controller-manager exited with {process.returncode}:\n{tail}")
+        with contextlib.suppress(urllib.error.URLError, OSError, ValueError):
+            # The URL is our own https:// apiserver address.
+            with urllib.request.urlopen(url, context=context, timeout=5) as reply:  # noqa: S310
+                found = {item["metadata"]["name"] for item in json.load(reply).get("items", [])}
+            if found.issuperset(CONTROLLER_ACCOUNTS):
+                return
+        time.sleep(0.25)
+    missing = sorted(set(CONTROLLER_ACCOUNTS) - found)
+    raise RuntimeError(f"kube-controller-manager did not start {', '.join(missing)} in {_READY_TIMEOUT:.0f}s")
+
+
 def start(*, assets: Assets | None = None, workdir: Path | None = None,
-          apiserver_flags: Sequence[str] = ()) -> ControlPlane:
+          apiserver_flags: Sequence[str] = (), controller_manager: bool = False) -> ControlPlane:
     """Start a fresh control plane; the caller must ``stop()`` it (or use it as a context manager).
 
     ``apiserver_flags`` come after the defaults, so they win (the fault tests turn API Priority
-    and Fairness on, for example)."""
-    assets = assets or ensure_assets()
+    and Fairness on, for example).  ``controller_manager`` adds a kube-controller-manager running
+    :data:`CONTROLLERS` and returns once each has started."""
+    assets = assets or ensure_assets(controller_manager=controller_manager)
     owns = workdir is None
     root = Path(tempfile.mkdtemp(prefix="stageset-envtest-")) if workdir is None else workdir
     root.mkdir(parents=True, exist_ok=True)
@@ -160,7 +223,8 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
     etcd_port, etcd_peer, api_port = free_port(), free_port(), free_port()
     url = f"https://127.0.0.1:{api_port}"
     plane = ControlPlane(workdir=root, url=url, pki=pki, kubeconfig=root / "kubeconfig",
-                         _owns_workdir=owns, etcd_url=f"http://127.0.0.1:{etcd_port}")
+                         _owns_workdir=owns, etcd_url=f"http://127.0.0.1:{etcd_port}",
+                         controller_manager=controller_manager)
     write_kubeconfig(path=plane.kubeconfig, url=url, pki=pki)
     logs = [root / "etcd.log", root / "kube-apiserver.log"]
     # Metadata-level audit of every request: tests and benchmarks count writes from it.
@@ -207,6 +271,10 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
             *apiserver_flags,
         ], log=logs[1]))
         _wait_ready(plane, logs=logs)
+        if controller_manager:
+            log = root / "kube-controller-manager.log"
+            plane._processes.append(_spawn(_controller_manager_args(plane, assets=assets), log=log))
+            _wait_controllers(plane, process=plane._processes[-1], log=log)
     except BaseException:
         plane.stop()
         raise

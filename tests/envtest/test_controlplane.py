@@ -67,6 +67,45 @@ def test_kubebuilder_assets_win(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
         build.ensure_assets()
 
 
+def test_a_cache_from_before_the_controller_manager_builds_only_it(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("KUBEBUILDER_ASSETS", raising=False)
+    monkeypatch.setenv("STAGESET_CACHE_DIR", str(tmp_path))
+    target = build.assets_dir()
+    target.mkdir(parents=True)
+    for name in build.REQUIRED:
+        (target / name).write_text("built before")
+    built: list[tuple[str, str]] = []
+
+    def go_build(args: list[str], *, cwd: Path) -> None:
+        output = Path(args[args.index("-o") + 1])
+        output.write_text("built now")
+        built.append((output.name, cwd.name))
+
+    monkeypatch.setattr(build, "_go_build", go_build)
+    monkeypatch.setattr(build.shutil, "which", lambda _name: "/usr/bin/go")
+    assert build.ensure_assets(log=False, controller_manager=False).directory == target
+    assert built == [], "a control plane without a controller manager needs none built"
+    assets = build.ensure_assets(log=False)
+    # From the kube-apiserver wrapper: the same k8s.io/kubernetes release, the same go.sum.
+    assert built == [("kube-controller-manager", "kube-apiserver")]
+    assert assets.kube_controller_manager.read_text() == "built now"
+    assert {name: (target / name).read_text() for name in build.REQUIRED} == {
+        name: "built before" for name in build.REQUIRED}
+    assert sorted(p.name for p in tmp_path.joinpath("controlplane").iterdir()) == [".build.lock", target.name]
+
+
+def test_kubebuilder_assets_without_a_controller_manager_serve_all_but_its_tests(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in build.REQUIRED:
+        (tmp_path / name).write_text("#!/bin/sh\n")
+    monkeypatch.setenv("KUBEBUILDER_ASSETS", str(tmp_path))
+    assets = build.ensure_assets()
+    assert assets.directory == tmp_path
+    with pytest.raises(RuntimeError, match="holds no kube-controller-manager"):
+        _ = assets.kube_controller_manager
+
+
 @pytest.mark.apiserver
 def test_rbac_is_enforced(control_plane: envtest.ControlPlane, kube_pool: object) -> None:
     from stageset.kube.client import ApiError, ClientPool, Identity

@@ -26,6 +26,7 @@ from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.rendering import ArtifactTrees
+from stageset.controller.terminating import TerminatingNamespaces
 from stageset.controller.wiring import Shared, stageset_reconciler
 from stageset.kube.types import KubeObject
 from tests.inprocess.fakes import FakeClientPool, FakeCluster, FakeSources
@@ -90,6 +91,8 @@ class World:
     settings: ControllerSettings = field(default_factory=lambda: ControllerSettings(readiness_slice=0.0))
     stop: threading.Event = field(default_factory=threading.Event)
     index: DependencyIndex = field(default_factory=DependencyIndex)
+    terminating: TerminatingNamespaces = field(default_factory=TerminatingNamespaces)
+    """The namespaces the Namespace watch would report terminating (fed by the test)."""
 
     def __post_init__(self) -> None:
         self.pool = FakeClientPool(self.cluster)
@@ -100,7 +103,8 @@ class World:
         if settings:
             self.settings = ControllerSettings(**{**self.settings.__dict__, **settings})
         shared = Shared(clients=self.pool, settings=self.settings, metrics=Metrics(), clock=self.clock,
-                        events=EventRecorder(self.pool.client(), clock=self.clock))
+                        events=EventRecorder(self.pool.client(), clock=self.clock),
+                        terminating=self.terminating)
         identities = IdentityPolicy(cluster_admin=self.settings.cluster_admin)
         return stageset_reconciler(shared, identities=identities,
                                    store=self.sources, resource=STAGESETS, source_resource=GITREPOSITORIES,

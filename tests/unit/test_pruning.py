@@ -1,5 +1,6 @@
 """The one prune decision, over every way a pass can go: a plain pass, a steered one (gates,
-windows, a parked rollback), a frozen one, one over a partial inventory, a rollback, a teardown.
+windows, a parked rollback), a frozen one, one over a partial inventory, a rollback, a teardown
+(with either deletion policy, and while the StageSet's own namespace is terminating: offboarding).
 
 Each row of a pass that applied its stages is also judged by the verdict (:func:`plan.verdict`,
 then :func:`steering.verdict`): such a pass deletes exactly when it ends Ready — the decision and
@@ -26,6 +27,7 @@ from stageset.controller.stageset.pruning import (
     Frozen,
     PrunePermission,
     PruneReason,
+    Reach,
     RollingBack,
     Scope,
     TearingDown,
@@ -143,16 +145,30 @@ CASES: list[tuple[str, Pass | Course, Scope, PruneReason]] = [
     # The other ways a pass goes.
     ("frozen: windowScope All while closed", Frozen(), Scope.NOTHING, PruneReason.FROZEN),
     ("rollback: run or resumed", RollingBack(), Scope.RESTORED, PruneReason.ROLLING_BACK),
-    ("teardown", TearingDown(DeletionPolicy.DELETE), Scope.ALL, PruneReason.DELETED),
-    ("teardown with deletionPolicy Orphan: released, never deleted", TearingDown(DeletionPolicy.ORPHAN),
-     Scope.NOTHING, PruneReason.ORPHANED),
+    ("teardown", TearingDown(DeletionPolicy.DELETE, namespace_terminating=False),
+     Scope.ALL, PruneReason.DELETED),
+    ("teardown with deletionPolicy Orphan: released, never deleted",
+     TearingDown(DeletionPolicy.ORPHAN, namespace_terminating=False), Scope.NOTHING, PruneReason.ORPHANED),
+    # Offboarding: the StageSet's namespace is deleted with it.
+    ("teardown in a terminating namespace: everything elsewhere, nothing inside it",
+     TearingDown(DeletionPolicy.DELETE, namespace_terminating=True),
+     Scope.ALL, PruneReason.NAMESPACE_TERMINATING),
+    ("teardown with deletionPolicy Orphan in a terminating namespace: released elsewhere, nothing inside",
+     TearingDown(DeletionPolicy.ORPHAN, namespace_terminating=True), Scope.NOTHING, PruneReason.ORPHANED),
 ]
+# Where a pass may delete or release at all: everywhere, but for the rows named here.
+REACHES = {
+    "teardown in a terminating namespace: everything elsewhere, nothing inside it":
+        Reach.OUTSIDE_OWN_NAMESPACE,
+    "teardown with deletionPolicy Orphan in a terminating namespace: released elsewhere, nothing inside":
+        Reach.OUTSIDE_OWN_NAMESPACE,
+}
 
 
 @pytest.mark.parametrize(("case", "given", "scope", "reason"), CASES, ids=[c[0] for c in CASES])
 def test_the_one_prune_decision(case: str, given: Pass | Course, scope: Scope, reason: PruneReason) -> None:
     course = given.course() if isinstance(given, Pass) else given
-    assert permission(course) == PrunePermission(scope, reason), case
+    assert permission(course) == PrunePermission(scope, reason, REACHES.get(case, Reach.EVERYWHERE)), case
     if isinstance(given, Pass) and given.partial is None:
         # A pass that applied its stages deletes exactly when it ends Ready.
         assert (scope is Scope.STALE) == (given.verdict().ready is True), case
@@ -161,6 +177,8 @@ def test_the_one_prune_decision(case: str, given: Pass | Course, scope: Scope, r
 def test_the_table_covers_every_scope_and_reason() -> None:
     assert {c[2] for c in CASES} == set(Scope)
     assert {c[3] for c in CASES} == set(PruneReason)
+    assert {*REACHES.values(), Reach.EVERYWHERE} == set(Reach)
+    assert set(REACHES) <= {c[0] for c in CASES}
 
 
 @pytest.mark.parametrize("kind", [PrunePermission, Applied, Frozen, RollingBack, TearingDown])
@@ -180,7 +198,7 @@ def test_a_verdict_no_longer_carries_prune() -> None:
 def test_a_stage_held_back_is_never_pruned_even_if_every_outcome_says_ready() -> None:
     # Belt and braces: held back wins over outcomes (its objects would look stale).
     course = Applied(outcomes=BOTH_READY, held_back=("prod",), parked=False, partial=None)
-    assert permission(course) == PrunePermission(Scope.NOTHING, PruneReason.HELD_BACK)
+    assert permission(course) == PrunePermission(Scope.NOTHING, PruneReason.HELD_BACK, Reach.EVERYWHERE)
 
 
 def test_the_promoted_gate_is_really_promoted() -> None:

@@ -410,8 +410,9 @@ def test_the_steered_verdict() -> None:
     assert said.reason is Reason.ROLLED_BACK
     # Whether these passes prune (and take the last good snapshot) is the one prune decision's:
     # tests/unit/test_pruning.py.
-    may = pruning.PrunePermission(pruning.Scope.STALE, pruning.PruneReason.ALL_READY)
+    may = pruning.PrunePermission(pruning.Scope.STALE, pruning.PruneReason.ALL_READY,
+                                  pruning.Reach.EVERYWHERE)
     assert not steering.succeeded(may, parked)
     assert steering.succeeded(may, steering.Steering())
-    assert not steering.succeeded(pruning.PrunePermission(pruning.Scope.NOTHING, pruning.PruneReason.FROZEN),
-                                  steering.Steering())
+    assert not steering.succeeded(pruning.PrunePermission(pruning.Scope.NOTHING, pruning.PruneReason.FROZEN,
+                                                          pruning.Reach.EVERYWHERE), steering.Steering())

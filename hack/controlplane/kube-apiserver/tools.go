@@ -1,6 +1,9 @@
 //go:build tools
 
-// Package tools pins the command this module builds, so `go mod tidy` keeps go.sum whole.
+// Package tools pins the commands this module builds, so `go mod tidy` keeps go.sum whole.
 package tools
 
-import _ "k8s.io/kubernetes/cmd/kube-apiserver"
+import (
+	_ "k8s.io/kubernetes/cmd/kube-apiserver"
+	_ "k8s.io/kubernetes/cmd/kube-controller-manager"
+)

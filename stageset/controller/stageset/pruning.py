@@ -2,11 +2,13 @@
 
 Deleting is the destructive path, so it is decided in one place, explicitly: the pass runner
 asks :func:`permission` once per pass (a teardown asks it once too), telling it how the pass went
-(a :data:`Course`), and gets a :class:`PrunePermission` — a :class:`Scope` and the
-:class:`PruneReason` for it.  Every field of every value here is required: no code path enables
-or disables deletion by leaving something out, and nothing downstream decides it again (the pass
-prunes, settles the record and takes the last good snapshot only under ``Scope.STALE``; a rollback
-deletes only under ``Scope.RESTORED``; a teardown deletes only under ``Scope.ALL``).
+(a :data:`Course`), and gets a :class:`PrunePermission` — a :class:`Scope`, the
+:class:`PruneReason` for it and the :class:`Reach` of every delete or release.  Every field of
+every value here is required: no code path enables or disables deletion by leaving something out,
+and nothing downstream decides it again (the pass prunes, settles the record and takes the last
+good snapshot only under ``Scope.STALE``; a rollback deletes only under ``Scope.RESTORED``; a
+teardown deletes only under ``Scope.ALL``, and touches nothing in its own namespace under
+``Reach.OUTSIDE_OWN_NAMESPACE``).
 
 The rules (first match wins the reason):
 
@@ -19,7 +21,12 @@ The rules (first match wins the reason):
 - a rollback, run or resumed (:class:`RollingBack`), deletes, per stage it restores, what the
   failed revision added to that stage — nothing of a stage it does not restore;
 - a teardown (:class:`TearingDown`) deletes every stage's objects under ``deletionPolicy: Delete``,
-  and nothing under ``Orphan`` (every stage's objects are released: labels removed, objects kept).
+  and nothing under ``Orphan`` (every stage's objects are released: labels removed, objects kept);
+- a teardown while the StageSet's own namespace is terminating (offboarding: the namespace was
+  deleted with the StageSet in it) neither deletes nor releases anything in that namespace — its
+  deletion takes those objects, and the tenant's RoleBindings there go with them, so a delete as the
+  tenant would race the namespace controller, be denied and only wait — and treats every object
+  elsewhere (other namespaces, cluster-scoped, on a remote cluster) by the policy as before.
 
 What a permitted deletion may touch object by object — the owner check, ``prune: false`` stages
 (never deleted: released on teardown), API paths — is :mod:`stageset.apply.prune`'s; identity
@@ -69,6 +76,17 @@ class PruneReason(StrEnum):
     DELETED = "Deleted"
     ORPHANED = "Orphaned"
     """The StageSet is deleted with ``deletionPolicy: Orphan``: its objects are released, never deleted."""
+    NAMESPACE_TERMINATING = "NamespaceTerminating"
+    """The StageSet is deleted with its namespace: what is in the namespace goes with it."""
+
+
+class Reach(StrEnum):
+    """Where a pass may delete or release objects at all."""
+
+    EVERYWHERE = "Everywhere"
+    OUTSIDE_OWN_NAMESPACE = "OutsideOwnNamespace"
+    """Nothing in the StageSet's own namespace on its own cluster: the namespace is terminating
+    and its deletion takes every object in it."""
 
 
 @dataclass(frozen=True)
@@ -77,6 +95,7 @@ class PrunePermission:
 
     scope: Scope
     reason: PruneReason
+    reach: Reach
 
 
 @dataclass(frozen=True)
@@ -109,6 +128,8 @@ class TearingDown:
 
     policy: DeletionPolicy
     """``spec.deletionPolicy`` (a StageSet whose spec cannot be read: ``Delete``, as before)."""
+    namespace_terminating: bool
+    """The StageSet's own namespace is being deleted (its ``deletionTimestamp`` is set): offboarding."""
 
 
 Course = Applied | Frozen | RollingBack | TearingDown
@@ -121,26 +142,33 @@ def permission(course: Course) -> PrunePermission:
         case Applied():
             return _after_apply(course)
         case Frozen():
-            return PrunePermission(Scope.NOTHING, PruneReason.FROZEN)
+            return PrunePermission(Scope.NOTHING, PruneReason.FROZEN, Reach.EVERYWHERE)
         case RollingBack():
-            return PrunePermission(Scope.RESTORED, PruneReason.ROLLING_BACK)
-        case TearingDown(policy=DeletionPolicy.ORPHAN):
-            return PrunePermission(Scope.NOTHING, PruneReason.ORPHANED)
+            return PrunePermission(Scope.RESTORED, PruneReason.ROLLING_BACK, Reach.EVERYWHERE)
         case TearingDown():
-            return PrunePermission(Scope.ALL, PruneReason.DELETED)
+            return _teardown(course)
         case _:
             assert_never(course)
 
 
+def _teardown(course: TearingDown) -> PrunePermission:
+    reach = Reach.OUTSIDE_OWN_NAMESPACE if course.namespace_terminating else Reach.EVERYWHERE
+    if course.policy is DeletionPolicy.ORPHAN:
+        return PrunePermission(Scope.NOTHING, PruneReason.ORPHANED, reach)
+    if course.namespace_terminating:
+        return PrunePermission(Scope.ALL, PruneReason.NAMESPACE_TERMINATING, reach)
+    return PrunePermission(Scope.ALL, PruneReason.DELETED, reach)
+
+
 def _after_apply(course: Applied) -> PrunePermission:
     if course.held_back:
-        return PrunePermission(Scope.NOTHING, PruneReason.HELD_BACK)
+        return PrunePermission(Scope.NOTHING, PruneReason.HELD_BACK, Reach.EVERYWHERE)
     if any(o.phase is not StagePhase.READY for o in course.outcomes):
-        return PrunePermission(Scope.NOTHING, PruneReason.NOT_READY)
+        return PrunePermission(Scope.NOTHING, PruneReason.NOT_READY, Reach.EVERYWHERE)
     if any(o.promotion is not None and gates.held(o.promotion) for o in course.outcomes):
-        return PrunePermission(Scope.NOTHING, PruneReason.PROMOTION_HELD)
+        return PrunePermission(Scope.NOTHING, PruneReason.PROMOTION_HELD, Reach.EVERYWHERE)
     if course.parked:
-        return PrunePermission(Scope.NOTHING, PruneReason.ROLLBACK_PARKED)
+        return PrunePermission(Scope.NOTHING, PruneReason.ROLLBACK_PARKED, Reach.EVERYWHERE)
     if course.partial is not None:
-        return PrunePermission(Scope.NOTHING, PruneReason.INVENTORY_INCOMPLETE)
-    return PrunePermission(Scope.STALE, PruneReason.ALL_READY)
+        return PrunePermission(Scope.NOTHING, PruneReason.INVENTORY_INCOMPLETE, Reach.EVERYWHERE)
+    return PrunePermission(Scope.STALE, PruneReason.ALL_READY, Reach.EVERYWHERE)

@@ -15,6 +15,16 @@ all is asked once of the one prune decision (:func:`~stageset.controller.stagese
 told the deletion policy: ``Scope.ALL`` for ``Delete``); refused (``Orphan``), every stage's objects
 are released, never deleted.
 
+Offboarding — the StageSet's own namespace is terminating (deleted with the StageSet in it, as the
+namespace watch tells: :mod:`stageset.controller.terminating`): the prune decision then reaches
+only outside that namespace (``Reach.OUTSIDE_OWN_NAMESPACE``).  Every object inside it, on this
+cluster, is left to the namespace's own deletion — dropped from the inventory, no request made
+for it — since the tenant's RoleBindings there are being deleted too: a delete as the tenant
+would race the namespace controller, could be denied and would then only wait.  Objects elsewhere
+(other namespaces, cluster-scoped, a remote cluster's) are deleted or released as before, as
+before by the identity that applied them; if that identity is denied there (its rights came from
+a binding in the terminating namespace), that counts toward the wait as any denial does.
+
 Teardown always ends: whatever keeps objects from going — a finalizer that never clears, a
 ServiceAccount that lost its rights, a remote cluster that refuses connections, fails TLS,
 times out or answers 5xx, a kubeConfig Secret that is gone — counts toward
@@ -73,8 +83,10 @@ class Attempt:
 
 class Teardown:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, targets: Targets,
-                 events: EventRecorder, clock: Clock, max_wait: float, records: Records):
+                 events: EventRecorder, clock: Clock, max_wait: float, records: Records,
+                 terminating: Callable[[str], bool]):
         self._clients = clients
+        self._terminating = terminating
         self._records = records
         self._identities = identities
         self._targets = targets
@@ -141,7 +153,10 @@ class Teardown:
                     return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
                                                                max_wait=self._max_wait))
         policy = stageset.spec.deletion_policy if stageset else DeletionPolicy.DELETE
-        deletes = pruning.permission(pruning.TearingDown(policy)).scope is pruning.Scope.ALL
+        allowed = pruning.permission(pruning.TearingDown(
+            policy=policy, namespace_terminating=self._terminating(namespace)))
+        deletes = allowed.scope is pruning.Scope.ALL
+        inventories = _within_reach(writer, inventories, reach=allowed.reach, target=target)
         unpruned = set(unpruned_stages(stageset)) if stageset else set()
         released = set(unpruned)
         if not deletes:
@@ -221,6 +236,31 @@ class Teardown:
                     message)
         self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.TEARDOWN_FORCED,
                           message=message, action="Teardown")
+
+
+def _within_reach(writer: PassWriter, inventories: dict[str, StageInventory], *, reach: pruning.Reach,
+                  target: Target | None) -> dict[str, StageInventory]:
+    """The inventories a teardown may touch: under ``Reach.OUTSIDE_OWN_NAMESPACE`` without what lies
+    in the StageSet's own, terminating namespace on this cluster (its deletion takes it), recorded
+    so; a remote target's namespaces are other namespaces."""
+    if reach is pruning.Reach.EVERYWHERE or target is None or target.remote:
+        return inventories
+    meta = writer.obj["metadata"]
+    namespace, stageset = str(meta["namespace"]), str(meta["name"])
+    kept: dict[str, StageInventory] = {}
+    left = 0
+    for stage, inv in inventories.items():
+        elsewhere = [entry for entry in inv.entries if entry_id(entry).namespace != namespace]
+        left += len(inv.entries) - len(elsewhere)
+        if elsewhere:
+            kept[stage] = stage_inventory(inv.name, inv.service_account_name, elsewhere)
+    if left:
+        # Only logged: an Event cannot be created in a terminating namespace.
+        log.info("StageSet %s/%s: namespace %s is terminating; left %d object(s) in it to its deletion, "
+                 "tearing down %d elsewhere", namespace, stageset, namespace, left,
+                 sum(len(inv.entries) for inv in kept.values()))
+        writer.inventory(ordered(kept))
+    return kept
 
 
 def _why(error: BaseException) -> str:
