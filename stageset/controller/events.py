@@ -84,11 +84,44 @@ def ready_condition(obj: KubeObject) -> Mapping[str, str] | None:
     return next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), None)
 
 
+REVISION_ANNOTATION = "stages.metio.wtf/revision"
+
+
+def failing_revision(obj: KubeObject) -> str:
+    """The revision a StageSet's failure is about: its failed stages' revisions (joined by ``, ``),
+    else every stage's; "" when its status names none."""
+    stages = [s for s in (obj.get("status") or {}).get("stages") or [] if isinstance(s, Mapping)]
+    failed = [s for s in stages if s.get("phase") == "Failed"] or stages
+    return ", ".join(sorted({str(s["revision"]) for s in failed if s.get("revision")}))
+
+
+def revision_annotation(revision: str) -> dict[str, str] | None:
+    return {REVISION_ANNOTATION: revision} if revision else None
+
+
 def ready_transition(before: Mapping[str, str] | None, after: Mapping[str, str] | None) -> bool:
     """Did Ready turn ``False`` (or change its reason while ``False``)?"""
     if after is None or after.get("status") != "False":
         return False
     return before is None or before.get("status") != "False" or before.get("reason") != after.get("reason")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """An event as recorded (its note redacted and bounded), for what listens to the recorder
+    (notifications).  Told once per new Event, never for a repeat folded into a series."""
+
+    regarding: Mapping[str, str]
+    """``apiVersion``, ``kind``, ``namespace``, ``name``, ``uid`` of the object."""
+    labels: Mapping[str, str]
+    type: EventType
+    reason: str
+    note: str
+    annotations: Mapping[str, str]
+    time: str
+
+
+Listener = Callable[[Recorded], None]
 
 
 @dataclass
@@ -101,8 +134,11 @@ class _Series:
 
 class EventRecorder:
     def __init__(self, client: KubeClient, *, controller: str = CONTROLLER, instance: str | None = None,
-                 clock: Clock = system_clock, window: float = SERIES_WINDOW, cache_size: int = CACHE_SIZE):
+                 clock: Clock = system_clock, window: float = SERIES_WINDOW, cache_size: int = CACHE_SIZE,
+                 listener: Listener | None = None):
         self._client = client
+        # Told every new event (not its repeats); must not block (the notifier only queues it).
+        self._listener = listener
         self._controller = controller
         self._instance = (instance or f"stageset-controller-{socket.gethostname()}")[:128]
         self._clock = clock
@@ -132,6 +168,9 @@ class EventRecorder:
                 repeat: _Series | None = _Series(series.name, namespace, series.count, now)
             else:
                 repeat = None
+        if repeat is None and self._listener is not None:
+            self._tell(obj, namespace=namespace, type_=type_, reason=reason, note=note, now=now,
+                       annotations=annotations)
         try:
             if repeat is not None and self._patch_series(repeat):
                 return
@@ -146,6 +185,19 @@ class EventRecorder:
             self._recent.move_to_end(key)
             while len(self._recent) > self._size:
                 self._recent.popitem(last=False)
+
+    def _tell(self, obj: KubeObject, *, namespace: str, type_: EventType, reason: EventReason | Reason,
+              note: str, now: datetime.datetime, annotations: Mapping[str, str] | None) -> None:
+        assert self._listener is not None
+        meta = metadata(obj)
+        regarding = {"apiVersion": str(obj.get("apiVersion") or ""), "kind": str(obj.get("kind") or ""),
+                     "namespace": namespace, "name": str(meta["name"]), "uid": str(meta.get("uid") or "")}
+        try:
+            self._listener(Recorded(regarding=regarding, labels=dict(meta.get("labels") or {}), type=type_,
+                                    reason=reason.value, note=note, annotations=dict(annotations or {}),
+                                    time=micro_time(now)))
+        except Exception:  # advisory, like the event itself: a listener's fault never fails a reconcile
+            log.exception("an event listener failed on %s %s/%s", reason.value, namespace, meta["name"])
 
     def forget(self, namespace: str, name: str) -> None:
         """The object is gone: its recent events no longer aggregate (and free their cache entries)."""
