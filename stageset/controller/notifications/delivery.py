@@ -105,6 +105,7 @@ class _Outbox:
         self._counters = counters
         self._stop = stop
         self._queue: deque[Outgoing] = deque()
+        self._sending = False
         self._ready = threading.Condition()
         self._bucket = _TokenBucket(rate=settings.rate, burst=settings.burst, clock=clock)
         self._thread = threading.Thread(target=self._run, name=f"notify-{provider.name}"[:60], daemon=True)
@@ -121,8 +122,9 @@ class _Outbox:
             self._ready.notify()
 
     def pending(self) -> int:
+        """Requests queued or being sent."""
         with self._ready:
-            return len(self._queue)
+            return len(self._queue) + (1 if self._sending else 0)
 
     def wake(self) -> None:
         with self._ready:
@@ -136,13 +138,21 @@ class _Outbox:
             with self._ready:
                 while not self._queue and not self._stop.is_set():
                     self._ready.wait(1.0)
-                if self._stop.is_set():
-                    return
-                request, provider = self._queue.popleft(), self.provider
+            # What waits for a token stays in the queue (and counts against its bound); only this
+            # thread takes from it, so it is still there after the wait.
             while (delay := self._bucket.wait_time()) > 0:
                 if self._stop.wait(delay):
                     return
-            self._deliver(request, provider)
+            if self._stop.is_set():
+                return
+            with self._ready:
+                request, provider = self._queue.popleft(), self.provider
+                self._sending = True
+            try:
+                self._deliver(request, provider)
+            finally:
+                with self._ready:
+                    self._sending = False
 
     def _deliver(self, request: Outgoing, provider: Provider) -> None:
         delay = self._settings.backoff
