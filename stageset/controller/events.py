@@ -87,12 +87,15 @@ def ready_condition(obj: KubeObject) -> Mapping[str, str] | None:
 REVISION_ANNOTATION = "stages.metio.wtf/revision"
 
 
-def failing_revision(obj: KubeObject) -> str:
-    """The revision a StageSet's failure is about: its failed stages' revisions (joined by ``, ``),
-    else every stage's; "" when its status names none."""
+def failing_revision(obj: KubeObject, attempted: Mapping[str, str]) -> str:
+    """The revision a StageSet's failure is about (joined by ``, ``): what its last pass attempted
+    for its failed stages (``attempted``, by stage), else for every stage, else the revisions its
+    status names; "" when none is known."""
     stages = [s for s in (obj.get("status") or {}).get("stages") or [] if isinstance(s, Mapping)]
-    failed = [s for s in stages if s.get("phase") == "Failed"] or stages
-    return ", ".join(sorted({str(s["revision"]) for s in failed if s.get("revision")}))
+    failed = {str(s.get("name")) for s in stages if s.get("phase") == "Failed"}
+    chosen = [r for n, r in attempted.items() if n in failed] or list(attempted.values()) \
+        or [str(s["revision"]) for s in stages if s.get("revision")]
+    return ", ".join(sorted({r for r in chosen if r}))
 
 
 def revision_annotation(revision: str) -> dict[str, str] | None:
@@ -146,6 +149,21 @@ class EventRecorder:
         self._size = cache_size
         self._lock = threading.Lock()
         self._recent: OrderedDict[tuple[str, ...], _Series] = OrderedDict()
+        # Per StageSet, the revisions its last pass set out to apply, by stage (bounded like the
+        # series cache): what a failure event names, since status keeps only applied revisions.
+        self._attempted: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
+
+    def attempting(self, namespace: str, name: str, revisions: Mapping[str, str]) -> None:
+        """A pass of the StageSet sets out to apply ``revisions`` (by stage)."""
+        with self._lock:
+            self._attempted[(namespace, name)] = dict(revisions)
+            self._attempted.move_to_end((namespace, name))
+            while len(self._attempted) > self._size:
+                self._attempted.popitem(last=False)
+
+    def attempted(self, namespace: str, name: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self._attempted.get((namespace, name), {}))
 
     def emit(self, obj: KubeObject, *, type_: EventType, reason: EventReason | Reason, message: str,
              action: str = "Reconcile", redact: Redact | None = None,
@@ -204,6 +222,7 @@ class EventRecorder:
         with self._lock:
             for key in [k for k in self._recent if k[0] == namespace and k[2] == name]:
                 del self._recent[key]
+            self._attempted.pop((namespace, name), None)
 
     def _path(self, namespace: str) -> str:
         return f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"

@@ -346,7 +346,8 @@ class Manager:
         # Annotated with the revision that failed, so a notification sets its commit's status.
         self.events.emit(obj, type_=EventType.WARNING, reason=reason, message=str(after.get("message", "")),
                          redact=Redactor(REGISTRY.of(key.ref)),
-                         annotations=revision_annotation(failing_revision(self._latest(key, obj))))
+                         annotations=revision_annotation(failing_revision(
+                             self._latest(key, obj), self.events.attempted(key.namespace, key.name))))
 
     def _reconcile_once(self, queue: WorkQueue[WorkKey], key: ObjectKey, obj: KubeObject) -> str:
         """One reconcile; returns controller-runtime's result word for the metrics."""
