@@ -194,3 +194,4 @@ def test_events_reach_webhook_slack_teams_and_commit_statuses_with_no_secret(
                    for p in ("no-secret", "refuses")}
         return (sent, failing) if sent >= 2 and all(v >= 2 for v in failing.values()) else None
     wait_for(counted, what="sends and failures in the metrics")
+    assert "/refuses" not in controller.output(), "a failure names the receiver's origin, never its path"

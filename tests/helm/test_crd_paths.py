@@ -218,7 +218,7 @@ def test_install_and_upgrade_take_over_the_crds_from_whoever_applied_them(cluste
 
 def test_a_fresh_cluster_gets_the_crds_from_the_hook_with_its_narrow_rights(cluster: Cluster) -> None:
     """No CRDs at all: the hook creates them (server-side apply authorizes a create by the CRD's name,
-    so the hook's role names exactly the two CRDs); the same rights refuse every other CRD."""
+    so the hook's role names exactly our CRDs); the same rights refuse every other CRD."""
     delete_crds(cluster.admin)
     release = namespace = "fresh"
     run = hooked(cluster, "install", release, str(CHART), "--namespace", namespace, "--create-namespace",

@@ -17,7 +17,8 @@ Invariants:
   after ``backoff`` seconds doubling up to ``backoff_cap``; a final failure is counted
   (``stageset_notification_failures_total``), a success too (``..._sent_total``).  Labels are
   the provider's name (platform-owned) and type, never anything of a tenant's.
-- What a receiver answers is never logged (it may echo the request).
+- What a receiver answers is never logged (it may echo the request), nor a receiver's path (a
+  webhook URL's path is its credential): only its origin.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import urlsplit
 
 from sources.addresses import AddressGuard
 from sources.download import call, display
@@ -73,6 +75,11 @@ def http_sender(guard: AddressGuard) -> Send:
                       body=body, same_origin=True, max_body=4096)
         return answer.status
     return send
+
+
+def _origin(url: str) -> str:
+    parts = urlsplit(url)
+    return f"{parts.scheme}://{parts.hostname or ''}" + (f":{parts.port}" if parts.port else "")
 
 
 def retryable(status: int) -> bool:
@@ -173,8 +180,10 @@ class _Outbox:
                 return
             delay = min(delay * 2, self._settings.backoff_cap)
         self._counters.notification_failed(provider.name, provider.type.value)
-        log.warning("notifications: provider %s could not send to %s: %s", provider.name,
-                    display(request.url), problem)
+        # Only the receiver's origin: a webhook URL's path is its credential (Slack, Teams).
+        origin = _origin(request.url)
+        log.warning("notifications: provider %s could not send to %s: %s", provider.name, origin,
+                    problem.replace(display(request.url), origin))
 
 
 class Outboxes:
