@@ -106,8 +106,8 @@ class EventSource(ApiModel):
     """The StageSet's name, or ``*`` for every StageSet (of ``namespace``, matching ``matchLabels``)."""
     namespace: Annotated[str, Field(min_length=1, max_length=63)] = "*"
     """The StageSet's namespace, or ``*`` for every namespace."""
-    match_labels: dict[Annotated[str, Field(max_length=317)], Annotated[str, Field(max_length=63)]] = Field(
-        default_factory=dict, max_length=32)
+    # (Keys unbounded in the schema: the apiserver drops ``propertyNames``; no CEL rule reads them.)
+    match_labels: dict[str, Annotated[str, Field(max_length=63)]] = Field(default_factory=dict, max_length=32)
     """Labels the StageSet must carry (all of them)."""
 
 
