@@ -39,6 +39,7 @@ from pydantic import BaseModel
 
 from stageset.api.common import GROUP, VERSION
 from stageset.api.gitrepository import GitRepository
+from stageset.api.notification import NotificationAlert, NotificationProvider
 from stageset.api.stageset import StageSet
 from stageset.api.target import StageTarget
 
@@ -76,6 +77,17 @@ STAGESET_COLUMNS = [
     _column("Revision", "string", ".status.lastAppliedRevision",
             "The source revision of the last complete apply of all stages."),
     *_TAIL_COLUMNS,
+]
+NOTIFICATION_COLUMNS = [
+    _column("Type", "string", ".spec.type", "Where the provider sends."),
+    _column("Suspended", "boolean", ".spec.suspend", "Sending is suspended."),
+    _column("Age", "date", ".metadata.creationTimestamp", "Since the object was created."),
+]
+ALERT_COLUMNS = [
+    _column("Provider", "string", ".spec.providerRef.name", "The provider the alert sends to."),
+    _column("Severity", "string", ".spec.eventSeverity", "info: every event; error: Warnings only."),
+    _column("Suspended", "boolean", ".spec.suspend", "Sending is suspended."),
+    _column("Age", "date", ".metadata.creationTimestamp", "Since the object was created."),
 ]
 GITREPOSITORY_COLUMNS = [
     _column("URL", "string", ".spec.url", "The repository URL."),
@@ -133,6 +145,13 @@ KINDS = (
     # be refused it).
     Kind(model=StageTarget, kind="StageTarget", plural="stagetargets", singular="stagetarget",
          short_names=("sstarget",), columns=tuple(STAGETARGET_COLUMNS), categories=()),
+    # Platform-owned (read only in the controller's notification namespace): no status, no Ready;
+    # not in the tenants' category either.
+    Kind(model=NotificationProvider, kind="NotificationProvider", plural="notificationproviders",
+         singular="notificationprovider", short_names=("ssprovider",), columns=tuple(NOTIFICATION_COLUMNS),
+         categories=()),
+    Kind(model=NotificationAlert, kind="NotificationAlert", plural="notificationalerts",
+         singular="notificationalert", short_names=("ssalert",), columns=tuple(ALERT_COLUMNS), categories=()),
 )
 
 

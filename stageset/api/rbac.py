@@ -92,3 +92,12 @@ TARGET_RULES: list[dict[str, Any]] = [
 LEADER_ELECTION_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
 ]
+
+# Notifications: the providers, alerts and the providers' Secrets, granted by a Role in the one
+# platform namespace the controller reads them from (``--notification-namespace``; the chart's
+# "<release>-notifications" Role), never cluster-wide: the controller reads no tenant's Secret.
+NOTIFICATION_RULES: list[dict[str, Any]] = [
+    {"apiGroups": ["stages.metio.wtf"], "resources": ["notificationproviders", "notificationalerts"],
+     "verbs": ["get", "list"]},
+    {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get"]},
+]

@@ -109,6 +109,9 @@ class EventReason(StrEnum):
     """A deleted StageSet left a ``prune: false`` stage's objects in place (owner labels removed)."""
     PROMOTED = "Promoted"
     """A stage passed its promotion gate (soak ended, or promoted by hand)."""
+    AWAITING_PROMOTION = "AwaitingPromotion"
+    """A stage is Ready at a new revision and waits for ``stageset promote`` (told once per revision,
+    so a notification reaches whoever must promote)."""
     PROMOTION_IGNORED = "PromotionIgnored"
     """A ``stages.metio.wtf/promote`` request named a stage that was not waiting for one."""
     UPDATE_DEFERRED = "UpdateDeferred"

@@ -46,6 +46,7 @@ from stageset.cli.params import (
     DURATION,
     HOSTS,
     LABEL_SELECTOR,
+    NAMESPACE_OR_EMPTY,
     NAMESPACES,
     SERVICE_ACCOUNT_NAME,
     SHARD_KEYS,
@@ -64,6 +65,8 @@ from stageset.controller import logs, memory
 from stageset.controller.leader import default_namespace
 from stageset.controller.manager import Manager
 from stageset.controller.metrics import Metrics
+from stageset.controller.notifications.delivery import DeliverySettings
+from stageset.controller.notifications.notifier import NotificationSettings
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL, ArtifactSettings, ControllerSettings
 from stageset.controller.sharding import SHARD_LABEL, LabelSelector
 from stageset.controller.sourcekinds import DefaultSourceKind
@@ -140,6 +143,10 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
                                               or DefaultSourceKind.GIT_REPOSITORY),
         artifacts=artifact_settings(params),
         allowed_action_hosts=tuple(params.get("allowed_action_hosts") or ()),
+        notifications=NotificationSettings(
+            namespace=params.get("notification_namespace") or None,
+            delivery=DeliverySettings(rate=float(params.get("notification_rate", 1.0)),
+                                      burst=int(params.get("notification_burst", 10)))),
         apply=ApplySettings(rights_max_age=float(params.get("rights_recheck_interval", DEFAULT_MAX_AGE))),
     )
     return dataclasses.replace(settings, mirror_dir=Path(mirror_dir)) if mirror_dir else settings
@@ -222,6 +229,16 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               help="Comma-separated hosts an http action may call (shell wildcards: *.example.com); "
               "none when empty. Loopback, link-local and metadata addresses stay refused unless "
               "--allow-insecure-sources.")
+@click.option("--notification-namespace", envvar="STAGESET_NOTIFICATION_NAMESPACE", default="",
+              type=NAMESPACE_OR_EMPTY,
+              help="Send StageSet events as the NotificationAlerts and NotificationProviders of this "
+              "namespace say (read with the controller's identity, with the providers' Secrets; "
+              "docs/notifications.md); empty: no notifications.")
+@click.option("--notification-rate", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
+              help="Notifications per second each provider sends once its burst is spent.")
+@click.option("--notification-burst", default=10, show_default=True, type=click.IntRange(min=1),
+              help="Notifications each provider may send at once; what waits past its queue "
+              "(100 per provider) is dropped and counted.")
 @click.option("--allow-local-sources", is_flag=True, default=False,
               help="Single-tenant only: allow file:// Git URLs and local paths (never the "
               "controller's own mirrors or system paths).")

@@ -77,6 +77,20 @@ class NamespaceListType(click.ParamType[tuple[str, ...] | None]):
         return names or None
 
 
+class NamespaceType(click.ParamType[str | None]):
+    """One namespace name (an RFC 1123 label); empty: none."""
+
+    name = "namespace"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str | None:
+        text = str(value or "").strip()
+        if not text:
+            return None
+        if len(text) > 63 or re.fullmatch(DNS_LABEL_PATTERN, text) is None:
+            self.fail(f"not a namespace name: {text!r}", param, ctx)
+        return text
+
+
 class AccountNameType(click.ParamType[str | None]):
     """A ServiceAccount name (an RFC 1123 subdomain); empty: none."""
 
@@ -157,6 +171,7 @@ class ShardKeysType(click.ParamType[tuple[str, ...] | None]):
 SIZE = SizeType()
 DURATION = DurationType()
 NAMESPACES = NamespaceListType()
+NAMESPACE_OR_EMPTY = NamespaceType()
 SERVICE_ACCOUNT_NAME = AccountNameType()
 BASE_URL = BaseUrlType()
 HOSTS = HostListType()

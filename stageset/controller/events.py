@@ -84,11 +84,47 @@ def ready_condition(obj: KubeObject) -> Mapping[str, str] | None:
     return next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), None)
 
 
+REVISION_ANNOTATION = "stages.metio.wtf/revision"
+
+
+def failing_revision(obj: KubeObject, attempted: Mapping[str, str]) -> str:
+    """The revision a StageSet's failure is about (joined by ``, ``): what its last pass attempted
+    for its failed stages (``attempted``, by stage), else for every stage, else the revisions its
+    status names; "" when none is known."""
+    stages = [s for s in (obj.get("status") or {}).get("stages") or [] if isinstance(s, Mapping)]
+    failed = {str(s.get("name")) for s in stages if s.get("phase") == "Failed"}
+    chosen = [r for n, r in attempted.items() if n in failed] or list(attempted.values()) \
+        or [str(s["revision"]) for s in stages if s.get("revision")]
+    return ", ".join(sorted({r for r in chosen if r}))
+
+
+def revision_annotation(revision: str) -> dict[str, str] | None:
+    return {REVISION_ANNOTATION: revision} if revision else None
+
+
 def ready_transition(before: Mapping[str, str] | None, after: Mapping[str, str] | None) -> bool:
     """Did Ready turn ``False`` (or change its reason while ``False``)?"""
     if after is None or after.get("status") != "False":
         return False
     return before is None or before.get("status") != "False" or before.get("reason") != after.get("reason")
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """An event as recorded (its note redacted and bounded), for what listens to the recorder
+    (notifications).  Told once per new Event, never for a repeat folded into a series."""
+
+    regarding: Mapping[str, str]
+    """``apiVersion``, ``kind``, ``namespace``, ``name``, ``uid`` of the object."""
+    labels: Mapping[str, str]
+    type: EventType
+    reason: str
+    note: str
+    annotations: Mapping[str, str]
+    time: str
+
+
+Listener = Callable[[Recorded], None]
 
 
 @dataclass
@@ -101,8 +137,11 @@ class _Series:
 
 class EventRecorder:
     def __init__(self, client: KubeClient, *, controller: str = CONTROLLER, instance: str | None = None,
-                 clock: Clock = system_clock, window: float = SERIES_WINDOW, cache_size: int = CACHE_SIZE):
+                 clock: Clock = system_clock, window: float = SERIES_WINDOW, cache_size: int = CACHE_SIZE,
+                 listener: Listener | None = None):
         self._client = client
+        # Told every new event (not its repeats); must not block (the notifier only queues it).
+        self._listener = listener
         self._controller = controller
         self._instance = (instance or f"stageset-controller-{socket.gethostname()}")[:128]
         self._clock = clock
@@ -110,6 +149,21 @@ class EventRecorder:
         self._size = cache_size
         self._lock = threading.Lock()
         self._recent: OrderedDict[tuple[str, ...], _Series] = OrderedDict()
+        # Per StageSet, the revisions its last pass set out to apply, by stage (bounded like the
+        # series cache): what a failure event names, since status keeps only applied revisions.
+        self._attempted: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
+
+    def attempting(self, namespace: str, name: str, revisions: Mapping[str, str]) -> None:
+        """A pass of the StageSet sets out to apply ``revisions`` (by stage)."""
+        with self._lock:
+            self._attempted[(namespace, name)] = dict(revisions)
+            self._attempted.move_to_end((namespace, name))
+            while len(self._attempted) > self._size:
+                self._attempted.popitem(last=False)
+
+    def attempted(self, namespace: str, name: str) -> dict[str, str]:
+        with self._lock:
+            return dict(self._attempted.get((namespace, name), {}))
 
     def emit(self, obj: KubeObject, *, type_: EventType, reason: EventReason | Reason, message: str,
              action: str = "Reconcile", redact: Redact | None = None,
@@ -132,6 +186,9 @@ class EventRecorder:
                 repeat: _Series | None = _Series(series.name, namespace, series.count, now)
             else:
                 repeat = None
+        if repeat is None and self._listener is not None:
+            self._tell(obj, namespace=namespace, type_=type_, reason=reason, note=note, now=now,
+                       annotations=annotations)
         try:
             if repeat is not None and self._patch_series(repeat):
                 return
@@ -147,11 +204,25 @@ class EventRecorder:
             while len(self._recent) > self._size:
                 self._recent.popitem(last=False)
 
+    def _tell(self, obj: KubeObject, *, namespace: str, type_: EventType, reason: EventReason | Reason,
+              note: str, now: datetime.datetime, annotations: Mapping[str, str] | None) -> None:
+        assert self._listener is not None
+        meta = metadata(obj)
+        regarding = {"apiVersion": str(obj.get("apiVersion") or ""), "kind": str(obj.get("kind") or ""),
+                     "namespace": namespace, "name": str(meta["name"]), "uid": str(meta.get("uid") or "")}
+        try:
+            self._listener(Recorded(regarding=regarding, labels=dict(meta.get("labels") or {}), type=type_,
+                                    reason=reason.value, note=note, annotations=dict(annotations or {}),
+                                    time=micro_time(now)))
+        except Exception:  # advisory, like the event itself: a listener's fault never fails a reconcile
+            log.exception("an event listener failed on %s %s/%s", reason.value, namespace, meta["name"])
+
     def forget(self, namespace: str, name: str) -> None:
         """The object is gone: its recent events no longer aggregate (and free their cache entries)."""
         with self._lock:
             for key in [k for k in self._recent if k[0] == namespace and k[2] == name]:
                 del self._recent[key]
+            self._attempted.pop((namespace, name), None)
 
     def _path(self, namespace: str) -> str:
         return f"/apis/events.k8s.io/v1/namespaces/{namespace}/events"

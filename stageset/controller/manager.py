@@ -44,15 +44,24 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 
+from sources.addresses import AddressGuard
 from stageset.api.vocabulary import NO_TRANSITION_EVENT, EventType, Reason
 from stageset.controller import logs
 from stageset.controller.cache import ObjectCache, States
 from stageset.controller.clock import Clock, system_clock
-from stageset.controller.events import EventRecorder, ready_condition, ready_transition
+from stageset.controller.events import (
+    EventRecorder,
+    failing_revision,
+    ready_condition,
+    ready_transition,
+    revision_annotation,
+)
 from stageset.controller.health import Lifecycle
 from stageset.controller.keys import JobKey, ObjectKey, ReportKey, WorkKey
 from stageset.controller.memory import Trimmer
 from stageset.controller.metrics import Metrics
+from stageset.controller.notifications.delivery import http_sender
+from stageset.controller.notifications.notifier import Notifier
 from stageset.controller.queue import Backoff, WorkQueue
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
@@ -122,7 +131,14 @@ class Manager:
         self.trimmer = Trimmer()
         self.cache = ObjectCache()
         admin = clients.client()
-        self.events = EventRecorder(admin, clock=clock)
+        # Notifications (off without --notification-namespace): the recorder tells the notifier every
+        # new event; it queues and returns, so no reconcile waits for a receiver.
+        self.notifier = Notifier(admin, settings=settings.notifications, counters=self.metrics,
+                                 send=http_sender(AddressGuard(allow_insecure=settings.allow_insecure_sources,
+                                                               purpose="notifications", verb="send to"))) \
+            if settings.notifications.namespace else None
+        self.events = EventRecorder(admin, clock=clock,
+                                    listener=self.notifier.offer if self.notifier is not None else None)
         # Waiting stages watch what they wait for (each watch as the stage's identity), bounded.
         self.watches = WatchPool(capacity=settings.max_readiness_watches,
                                  on_refused=self.metrics.readiness_watches_refused.inc) \
@@ -327,8 +343,11 @@ class Manager:
             return
         if reason in NO_TRANSITION_EVENT:
             return  # a release held as asked, or a rollback the reconciler told itself
+        # Annotated with the revision that failed, so a notification sets its commit's status.
         self.events.emit(obj, type_=EventType.WARNING, reason=reason, message=str(after.get("message", "")),
-                         redact=Redactor(REGISTRY.of(key.ref)))
+                         redact=Redactor(REGISTRY.of(key.ref)),
+                         annotations=revision_annotation(failing_revision(
+                             self._latest(key, obj), self.events.attempted(key.namespace, key.name))))
 
     def _reconcile_once(self, queue: WorkQueue[WorkKey], key: ObjectKey, obj: KubeObject) -> str:
         """One reconcile; returns controller-runtime's result word for the metrics."""
@@ -401,6 +420,8 @@ class Manager:
         deadline = time.monotonic() + self._settings.shutdown_timeout
         for worker in workers:
             worker.join(timeout=max(0.0, deadline - time.monotonic()))
+        if self.notifier is not None:  # what is queued gets what is left of the deadline, then is dropped
+            self.notifier.close(timeout=max(0.5, deadline - time.monotonic()))
 
     def _synced(self) -> bool:
         """Wait for the caches (then the Lease, with a lifecycle); ``False``: stopped meanwhile, no

@@ -192,6 +192,19 @@ class Metrics:
             "stageset_rollbacks_total", "Failed releases rolled back, by result (rolled_back, unavailable: "
             "the last good revision is gone, failed: restoring a stage failed and is retried).",
             ["namespace", "name", "result"], registry=r)
+        # -- notifications (controller/notifications): labels are the provider's name and type,
+        # platform-owned objects of the notification namespace; never a tenant's name or a message.
+        self.notifications_sent = Counter(
+            "stageset_notifications_sent_total", "Notifications a provider's receiver accepted (a 2xx).",
+            ["provider", "type"], registry=r)
+        self.notification_failures = Counter(
+            "stageset_notification_failures_total", "Notifications that could not be sent: every attempt "
+            "failed, the receiver refused, or the provider cannot send (its Secret, its address).",
+            ["provider", "type"], registry=r)
+        self.notifications_dropped = Counter(
+            "stageset_notifications_dropped_total", "Notifications dropped before sending (queue_full: the "
+            "provider's rate-limited queue was full; intake_full: the notifier's queue was full, provider "
+            "empty; too_many_providers).", ["provider", "reason"], registry=r)
         # -- Git ------------------------------------------------------------------------------
         # Per repository URL (stageset_git_fetches_total, stageset_git_fetch_duration_seconds):
         # plain numbers, written when scraped.
@@ -325,6 +338,15 @@ class Metrics:
         with self._lock:
             if ("StageSet", *stageset) in self._alive:
                 self.promotions.labels(*stageset, stage, how).inc()
+
+    def notification_sent(self, provider: str, type_: str) -> None:
+        self.notifications_sent.labels(provider, type_).inc()
+
+    def notification_failed(self, provider: str, type_: str) -> None:
+        self.notification_failures.labels(provider, type_).inc()
+
+    def notification_dropped(self, provider: str, reason: str) -> None:
+        self.notifications_dropped.labels(provider, reason).inc()
 
     def deferred(self, stageset: tuple[str, str]) -> None:
         """Update windows hold back a new set of revisions."""

@@ -15,6 +15,7 @@ from sources import Limits
 from sources.limits import ArtifactLimits
 from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
+from stageset.controller.notifications.notifier import NotificationSettings
 from stageset.controller.sharding import LabelSelector
 from stageset.controller.sourcekinds import DefaultSourceKind
 
@@ -124,6 +125,9 @@ class ControllerSettings:
     # ``--allowed-action-hosts``: the hosts an ``http`` action may call (shell wildcards); none when
     # empty.  The address guard applies as well (off only with ``allow_insecure_sources``).
     allowed_action_hosts: tuple[str, ...] = ()
+    # ``--notification-namespace``: where NotificationProviders, NotificationAlerts and their Secrets
+    # are read (with the controller's identity); off (no notifications) by default.
+    notifications: NotificationSettings = field(default_factory=NotificationSettings)
 
     def namespace_cap(self, pool: int) -> int:
         """How many of a pool's ``pool`` workers one namespace may hold at once."""

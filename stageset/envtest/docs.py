@@ -86,7 +86,7 @@ def _fields(node: dict[str, Any], path: str, required: bool) -> Iterator[list[st
 
 def api_reference() -> str:
     lines = [_GENERATED, "# API reference (`stages.metio.wtf/v1`)", "",
-             "Every field of our two kinds, generated from the pydantic models in `stageset/api/` through "
+             "Every field of our kinds, generated from the pydantic models in `stageset/api/` through "
              "the same structural schema the CRDs carry, so this page says exactly what the apiserver "
              "accepts. `kubectl explain stageset.spec.stages` shows the same descriptions. The "
              "[API overview](../api.md) explains the fields in context.", ""]
@@ -97,6 +97,8 @@ def api_reference() -> str:
                   + ", ".join(f"`{s}`" for s in kind.short_names)
                   + "".join(f"; category `{c}`" for c in kind.categories) + ").", ""]
         for part in ("spec", "status"):
+            if part not in schema["properties"]:
+                continue  # the platform's notification kinds have no status
             node = schema["properties"][part]
             lines += [f"### {kind.kind} {part}", "", _cell(node.get("description", "")), "",
                       "| field | type | required | default | validation | description |",

@@ -14,6 +14,7 @@ import yaml
 
 from stageset.api.rbac import (
     LEADER_ELECTION_RULES,
+    NOTIFICATION_RULES,
     TARGET_RULES,
     aggregated_cluster_roles,
     controller_cluster_role,
@@ -78,6 +79,26 @@ def create_tenant(admin: KubeClient, *, namespace: str, service_account: str,
          "metadata": {"name": binding, "namespace": namespace},
          "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": cluster_role},
          "subjects": [{"kind": "ServiceAccount", "name": service_account, "namespace": namespace}]},
+        field_manager="stageset-install")
+
+
+def grant_notifications(admin: KubeClient, *, namespace: str, account: str = "stageset-controller",
+                        account_namespace: str = "stageset-system") -> None:
+    """``namespace`` as the controller's notification namespace: the Namespace, and a Role (the
+    chart's ``<release>-notifications``) bound to the controller's account there only."""
+    admin.apply(f"/api/v1/namespaces/{namespace}",
+                {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
+                field_manager="stageset-install")
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    name = f"{account}-notifications"
+    admin.apply(f"{rbac}/roles/{name}", {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+                                         "metadata": {"name": name, "namespace": namespace},
+                                         "rules": NOTIFICATION_RULES}, field_manager="stageset-install")
+    admin.apply(f"{rbac}/rolebindings/{name}", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": account_namespace}]},
         field_manager="stageset-install")
 
 

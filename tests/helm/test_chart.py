@@ -13,7 +13,13 @@ from typing import Any
 import pytest
 import yaml
 
-from stageset.api.rbac import CONTROLLER_RULES, LEADER_ELECTION_RULES, TARGET_RULES, aggregated_cluster_roles
+from stageset.api.rbac import (
+    CONTROLLER_RULES,
+    LEADER_ELECTION_RULES,
+    NOTIFICATION_RULES,
+    TARGET_RULES,
+    aggregated_cluster_roles,
+)
 from stageset.build import BuildLimits
 from stageset.cli.main import main as cli
 from tests.helm.chart import CHART, Helm, controller_args, controller_container, find, one
@@ -228,6 +234,25 @@ def test_restricted_pod_security_probes_and_ports(helm: Helm) -> None:
     assert mounts == {"/var/cache/stageset", "/var/cache/stageset-artifacts", "/tmp"}
     assert "--mirror-dir=/var/cache/stageset" in args
     assert "--artifact-dir=/var/cache/stageset-artifacts" in args
+
+
+def test_notifications_are_off_by_default_and_read_only_in_their_namespace(helm: Helm) -> None:
+    docs = helm.render()
+    assert not any(a.startswith("--notification") for a in controller_args(docs))
+    assert not find(docs, "Role", "stageset-notifications")
+    docs = helm.render("--set", "controller.notifications.namespace=platform-alerts",
+                       "--set-json", "controller.notifications.rate=0.5")
+    args = controller_args(docs)
+    assert "--notification-namespace=platform-alerts" in args
+    assert "--notification-rate=0.5" in args
+    assert "--notification-burst=10" in args
+    role = one(docs, "Role", "stageset-notifications")
+    assert role["metadata"]["namespace"] == "platform-alerts"
+    assert rules(role) == [(r["apiGroups"], r["resources"], r["verbs"]) for r in NOTIFICATION_RULES]
+    assert binding(docs, "RoleBinding", "stageset-notifications", "platform-alerts") == \
+        ("Role", "stageset-notifications", SA)
+    # The ClusterRole still reads no Secret anywhere.
+    assert not any("secrets" in r["resources"] for d in find(docs, "ClusterRole") for r in d["rules"])
 
 
 def test_leader_election_strategy_pdb_and_service_monitor(helm: Helm) -> None:

@@ -218,7 +218,7 @@ def test_install_and_upgrade_take_over_the_crds_from_whoever_applied_them(cluste
 
 def test_a_fresh_cluster_gets_the_crds_from_the_hook_with_its_narrow_rights(cluster: Cluster) -> None:
     """No CRDs at all: the hook creates them (server-side apply authorizes a create by the CRD's name,
-    so the hook's role names exactly the two CRDs); the same rights refuse every other CRD."""
+    so the hook's role names exactly our CRDs); the same rights refuse every other CRD."""
     delete_crds(cluster.admin)
     release = namespace = "fresh"
     run = hooked(cluster, "install", release, str(CHART), "--namespace", namespace, "--create-namespace",
@@ -228,14 +228,14 @@ def test_a_fresh_cluster_gets_the_crds_from_the_hook_with_its_narrow_rights(clus
     cluster.helm.run("uninstall", release, "--namespace", namespace)
 
 
-def test_the_hook_role_names_only_our_two_crds(helm: Helm) -> None:
+def test_the_hook_role_names_only_our_crds(helm: Helm) -> None:
     from tests.helm.chart import find
 
     docs = helm.render()
     role = next(d for d in find(docs, "ClusterRole") if d["metadata"]["name"].endswith("-crds"))
     assert role["rules"] == [{
         "apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
-        "resourceNames": ["stagesets.stages.metio.wtf", "gitrepositories.stages.metio.wtf"],
+        "resourceNames": [kind.crd_name for kind in KINDS],
         "verbs": ["get", "create", "patch"]}]
     assert role["metadata"]["annotations"]["helm.sh/hook"] == "pre-install,pre-upgrade"
     assert not find(docs, "CustomResourceDefinition")  # never an object of the release

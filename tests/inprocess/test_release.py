@@ -113,6 +113,14 @@ def test_a_manual_gate_is_released_once_by_a_promote_token_for_the_revision_it_w
     assert [e["note"] for e in events(world, "PromotionIgnored")] == [
         "stage 'prod' was not waiting for a promotion (phase Pending); nothing promoted"]
     assert world.configmap("prod")["data"]["k"] == "v"  # type: ignore[index]
+    # Each revision the gate waits at is told once (a notification reaches whoever promotes), with
+    # the revision it waits at: the first, then the second; passes that keep waiting tell nothing.
+    world.reconcile("shop")
+    waiting = events(world, "AwaitingPromotion")
+    revisions = [e["metadata"]["annotations"]["stages.metio.wtf/revision"] for e in waiting]
+    assert len(waiting) == 2
+    assert len(set(revisions)) == 2
+    assert all("stage 'staging' is Ready at" in e["note"] for e in waiting)
 
 
 def test_a_closed_window_keeps_the_applied_revision_corrected_and_holds_the_new_one(world: World) -> None:

@@ -282,8 +282,14 @@ def test_crd_envelope(kind: crdgen.Kind) -> None:
     if kind.kind == "StageTarget":
         # The platform's kind: not in the tenants' category (their `kubectl get stages` is refused it).
         columns = ["Ready", "Status", "Server", "Version", "Age"]
+    # The platform's notification kinds have no status (nothing reconciles them on their own).
+    if kind.kind == "NotificationProvider":
+        columns = ["Type", "Suspended", "Age"]
+    if kind.kind == "NotificationAlert":
+        columns = ["Provider", "Severity", "Suspended", "Age"]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == columns
-    assert spec["names"]["categories"] == ([] if kind.kind == "StageTarget" else ["stages"])
+    platform = {"StageTarget", "NotificationProvider", "NotificationAlert"}
+    assert spec["names"]["categories"] == ([] if kind.kind in platform else ["stages"])
 
 
 def test_recursive_models_are_refused() -> None:

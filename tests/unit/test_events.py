@@ -10,7 +10,13 @@ import pytest
 from stageset.api.vocabulary import EventReason, EventType, Reason
 from stageset.apply.changeset import Action, Change
 from stageset.apply.inventory import ObjectId
-from stageset.controller.events import EventRecorder, change_summary, ready_transition
+from stageset.controller.events import (
+    EventRecorder,
+    Recorded,
+    change_summary,
+    failing_revision,
+    ready_transition,
+)
 from stageset.kube.client import ApiError
 
 
@@ -172,3 +178,51 @@ def test_a_repeat_at_another_revision_is_a_new_event_never_folded_into_the_old_o
     patches = [r for r in client.requests if r[0] == "PATCH"]
     assert len(patches) == 1
     assert patches[0][1].endswith("/" + creates[0][2]["metadata"]["name"])  # A's own event
+
+
+def test_a_listener_hears_each_new_event_redacted_never_a_repeat_and_never_fails_the_emit() -> None:
+    client, clock = Recording(), Clock()
+    heard: list[Recorded] = []
+    recorder = EventRecorder(client, clock=clock, instance="test", listener=heard.append)  # type: ignore[arg-type]
+    obj = {**OBJ, "metadata": {**OBJ["metadata"], "labels": {"team": "a"}}}  # type: ignore[dict-item]
+    for _ in range(3):
+        recorder.emit(obj, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="token s3cret!",
+                      redact=lambda text: text.replace("s3cret!", "***"),
+                      annotations={"stages.metio.wtf/revision": "main@sha1:abc"})
+    assert len(heard) == 1, "a repeat folded into the series is not told again"
+    told = heard[0]
+    assert (told.type, told.reason, told.note) == (EventType.WARNING, "StageFailed", "token ***")
+    assert told.regarding == {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet", "namespace": "shop",
+                              "name": "web", "uid": "u-1"}
+    assert told.labels == {"team": "a"}
+    assert told.annotations == {"stages.metio.wtf/revision": "main@sha1:abc"}
+
+    def broken(_: Recorded) -> None:
+        raise RuntimeError("listener bug")
+
+    failing = EventRecorder(client, clock=clock, instance="test", listener=broken)  # type: ignore[arg-type]
+    failing.emit(OBJ, type_=EventType.NORMAL, reason=EventReason.NEW_ARTIFACT, message="x")
+    assert client.requests[-1][0] == "POST", "the event is recorded all the same"
+
+
+@pytest.mark.parametrize(("stages", "attempted", "revision"), [
+    # A failed stage: what the pass attempted for it, not what status says it last applied.
+    ([{"name": "a", "phase": "Failed", "revision": "main@sha1:old"}, {"name": "b", "phase": "Ready"}],
+     {"a": "main@sha1:new", "b": "main@sha1:other"}, "main@sha1:new"),
+    ([{"name": "a", "phase": "Pending"}], {"a": "main@sha1:new", "b": "v1@sha1:b"},
+     "main@sha1:new, v1@sha1:b"),
+    ([{"name": "a", "phase": "Failed", "revision": "main@sha1:old"}], {}, "main@sha1:old"),
+    ([], {}, ""),
+])
+def test_a_failure_names_the_revision_its_pass_attempted(stages: list[dict[str, str]],
+                                                        attempted: dict[str, str], revision: str) -> None:
+    assert failing_revision({"status": {"stages": stages}}, attempted) == revision
+
+
+def test_attempted_revisions_are_kept_per_stageset_and_forgotten_with_it() -> None:
+    recorder = EventRecorder(Recording(), clock=Clock(), instance="test")  # type: ignore[arg-type]
+    recorder.attempting("shop", "web", {"a": "main@sha1:1"})
+    assert recorder.attempted("shop", "web") == {"a": "main@sha1:1"}
+    assert recorder.attempted("shop", "api") == {}
+    recorder.forget("shop", "web")
+    assert recorder.attempted("shop", "web") == {}

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 
 from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.changeset import WRITES, Change
@@ -60,6 +60,11 @@ class Changes:
         log.info("drift corrected in stage %s: restored %s%s", stage, names, more)
         self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.DRIFT_CORRECTED,
                           message=f"stage {stage!r}: restored {names}{more}", action="Apply", redact=redactor)
+
+    def attempting(self, obj: KubeObject, revisions: Mapping[str, str]) -> None:
+        """This pass sets out to apply ``revisions`` (by stage): a failure event names them."""
+        namespace, name = ref_of(obj)
+        self._events.attempting(namespace, name, revisions)
 
     def _remember(self, ref: StageSetRef, changes: Iterable[Change]) -> None:
         with self._lock:

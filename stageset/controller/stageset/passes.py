@@ -120,6 +120,8 @@ class PassRunner:
             interval = ctx.stageset.spec.requeue_when_ready(self._settings.default_interval)
             steered = self._release.steer(ctx, progress, rendered)
             steer, rendered, progress = steered.steering, steered.rendered, steered.progress
+            # What a failure event names (status keeps only the revisions applied).
+            self._changes.attempting(ctx.writer.obj, {n: r.revision for n, r in rendered.items()})
             if steer.resume and steer.rollback is not None:
                 prune = pruning.permission(pruning.RollingBack())
                 resumed = self._release.resume(ctx, progress, steer.rollback, prune=prune, interval=interval)

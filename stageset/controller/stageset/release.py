@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 import networkx as nx
@@ -50,7 +50,7 @@ from stageset.apply.inventory import stage_inventory, with_kept
 from stageset.apply.prune import Owner, candidates
 from stageset.apply.prune import prune as prune_stale
 from stageset.controller.clock import Clock
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, revision_annotation
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
 from stageset.controller.stageset import gates, records, rollback, steering
@@ -67,6 +67,18 @@ from stageset.controller.stageset.targets import inventory_clients
 from stageset.kube.client import ClientPool
 
 log = logging.getLogger(__name__)
+
+
+def _joined(revisions: Iterable[str]) -> str:
+    return ", ".join(sorted({r for r in revisions if r}))
+
+
+def _newly_awaiting(before: PromotionState | None, after: PromotionState | None) -> bool:
+    """The gate began awaiting a promotion in this pass (not at this revision before)."""
+    if after is None or after.phase is not PromotionPhase.AWAITING_MANUAL:
+        return False
+    return before is None or before.phase is not PromotionPhase.AWAITING_MANUAL \
+        or before.revision != after.revision
 
 
 @dataclass(frozen=True)
@@ -175,6 +187,8 @@ class Release:
                 self._ignored(ctx, name, state, outcome)
         if decided.promoted:
             self._promoted(ctx, name, decided.promoted, outcome.revision or "")
+        if _newly_awaiting(state, decided.state):
+            self._awaiting(ctx, name, outcome.revision or "")
         return replace(outcome, promotion=decided.state, promotion_token=token), decided.released
 
     def unheard(self, ctx: PassContext, progress: Progress, request: Request | None) -> Progress:
@@ -195,6 +209,13 @@ class Release:
                           action="Promote", redact=ctx.redactor,
                           message=f"stage {stage!r} promoted at {revision} ({what}); "
                                   "the stages after it go on")
+
+    def _awaiting(self, ctx: PassContext, stage: str, revision: str) -> None:
+        """Told once per revision a stage waits at (a notification reaches whoever promotes)."""
+        self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.AWAITING_PROMOTION,
+                          action="Promote", redact=ctx.redactor, annotations=revision_annotation(revision),
+                          message=f"stage {stage!r} is Ready at {revision} and awaits promotion "
+                                  f"(stageset promote NAME --stage {stage}); the stages after it wait")
 
     def _ignored(self, ctx: PassContext, stage: str, state: PromotionState | None,
                  outcome: StageOutcome) -> None:
@@ -296,8 +317,10 @@ class Release:
             record = rollback.finished(record)
             ctx.writer.release(progress, rollback=record)
             self._metrics.rolled_back(ctx.ref, result="rolled_back")
+            # Annotated with the revisions that failed (their commits' statuses fail).
             self._events.emit(ctx.writer.obj, type_=EventType.WARNING, reason=EventReason.ROLLED_BACK,
-                              action="Rollback", message=record.message, redact=ctx.redactor)
+                              action="Rollback", message=record.message, redact=ctx.redactor,
+                              annotations=revision_annotation(_joined(record.failed.values())))
             return RolledBack(Verdict(False, Reason.ROLLED_BACK, record.message, requeue_after=interval),
                               progress)
 
@@ -346,8 +369,10 @@ class Release:
                                       "despite the update windows")
         if steered.newly_deferred(ctx.writer.status.pending_update):
             self._metrics.deferred(ctx.ref)
+            held = steered.pending.revisions.values() if steered.pending is not None else ()
             self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.UPDATE_DEFERRED,
-                              action="Apply", message=steering.deferral(steered), redact=ctx.redactor)
+                              action="Apply", message=steering.deferral(steered), redact=ctx.redactor,
+                              annotations=revision_annotation(_joined(held)))
 
     def concluded(self, ctx: PassContext, progress: Progress, status: StageSetStatus, steered: Steering,
                   rendered: Mapping[str, Rendered], *, prune: PrunePermission, rolled: Rollback | None,

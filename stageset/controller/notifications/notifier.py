@@ -1,0 +1,111 @@
+"""The notifier: hears every event the recorder records (:mod:`stageset.controller.events`) and
+hands what an alert selects to its provider's outbox.
+
+Identity: the controller's own, for reading the configuration in the notification namespace only
+(:mod:`~stageset.controller.notifications.config`); no Kubernetes request otherwise.
+
+Invariants: :meth:`Notifier.offer` (called from the recorder, in a reconcile's thread) only puts
+the event on a bounded intake queue -- a full queue drops it, counted -- so neither a slow
+receiver nor a slow configuration read stalls a reconcile.  One dispatcher thread matches events
+to alerts; per-provider outboxes send (:mod:`~stageset.controller.notifications.delivery`).  Every
+text of a notice passes the StageSet's redactor once more (:data:`~stageset.controller.redact.REGISTRY`
+holds its Secret values), beside the recorder's own redaction.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import queue
+import threading
+from dataclasses import dataclass, field, replace
+
+from stageset.controller.events import Recorded
+from stageset.controller.notifications.config import ConfigReader, Subject, routes
+from stageset.controller.notifications.delivery import Counters, DeliverySettings, Outboxes, Send
+from stageset.controller.notifications.payloads import AddressError, notice, requests_for
+from stageset.controller.redact import REGISTRY, Redactor
+from stageset.kube.client import KubeClient
+
+log = logging.getLogger(__name__)
+
+INTAKE_PROVIDER = ""
+"""The provider label of a drop at intake (before any provider was chosen)."""
+
+
+@dataclass(frozen=True)
+class NotificationSettings:
+    namespace: str | None = None
+    """Where providers, alerts and their Secrets are read (``--notification-namespace``); ``None``: off."""
+    refresh: float = 30.0
+    """How long a read configuration is used before it is read again."""
+    intake: int = 1000
+    """Events waiting to be matched at most; past that, new ones are dropped."""
+    delivery: DeliverySettings = field(default_factory=DeliverySettings)
+
+
+class Notifier:
+    def __init__(self, client: KubeClient, *, settings: NotificationSettings, counters: Counters, send: Send):
+        assert settings.namespace, "the notifier needs a namespace"
+        self._reader = ConfigReader(client, namespace=settings.namespace, refresh=settings.refresh)
+        self._counters = counters
+        self._intake: queue.Queue[Recorded | None] = queue.Queue(maxsize=settings.intake)
+        self._outboxes = Outboxes(settings=settings.delivery, send=send, counters=counters)
+        self._thread = threading.Thread(target=self._run, name="notifier", daemon=True)
+        self._thread.start()
+
+    def offer(self, event: Recorded) -> None:
+        """Queue ``event`` (never blocks)."""
+        if event.regarding.get("kind") != "StageSet":
+            return
+        try:
+            self._intake.put_nowait(event)
+        except queue.Full:
+            self._counters.notification_dropped(INTAKE_PROVIDER, "intake_full")
+
+    def idle(self) -> bool:
+        """Nothing waits to be matched or sent (tests and shutdown)."""
+        return self._intake.unfinished_tasks == 0 and self._outboxes.pending() == 0
+
+    def close(self, timeout: float = 5.0) -> None:
+        with contextlib.suppress(queue.Full):  # full: the dispatcher is a daemon, left to the exit
+            self._intake.put_nowait(None)
+        self._outboxes.close(timeout)
+        self._thread.join(timeout)
+
+    def _run(self) -> None:
+        while True:
+            event = self._intake.get()
+            try:
+                if event is None:
+                    return
+                self._dispatch(event)
+            except Exception:  # one bad event never ends the dispatcher
+                log.exception("notifications: dispatching an event failed")
+            finally:
+                self._intake.task_done()
+
+    def _dispatch(self, event: Recorded) -> None:
+        ref = event.regarding
+        subject = Subject(namespace=ref["namespace"], name=ref["name"], labels=event.labels, type=event.type,
+                          reason=event.reason)
+        found = routes(self._reader.get(), subject)
+        if not found:
+            return
+        redact = Redactor(REGISTRY.of((ref["kind"], ref["namespace"], ref["name"])))
+        base = notice(obj_ref=ref, type_=event.type, reason=event.reason, message=event.note,
+                      annotations=event.annotations, timestamp=event.time, redact=redact)
+        for provider, summary in found:
+            if provider.problem:
+                self._counters.notification_failed(provider.name, provider.type.value)
+                log.warning("notifications: provider %s cannot send: %s", provider.name, provider.problem)
+                continue
+            item = replace(base, summary=redact(summary)) if summary else base
+            try:
+                requests = requests_for(provider.type, item, address=provider.address, token=provider.token,
+                                        channel=provider.channel, username=provider.username)
+            except AddressError as error:
+                self._counters.notification_failed(provider.name, provider.type.value)
+                log.warning("notifications: provider %s cannot send: %s", provider.name, error)
+                continue
+            self._outboxes.put(provider, requests)
