@@ -188,7 +188,7 @@ class StageSetPage(Page):
             gone = self.dashboard.render("fragments/gone.html", namespace=self.namespace, name=self.name,
                                          synced=hub.synced)
             return [Fragment("summary", gone), *(Fragment(i, Markup("")) for i in
-                                                 ("graph", "stages", "activity", "events"))]
+                                                 ("graph", "stages", "history", "activity", "events"))]
         detail = views.detail(obj, lookup=hub.lookup, events=hub.events_for(obj),
                               activity=hub.activity(self.namespace, self.name), linkable=hub.in_scope,
                               now=datetime.datetime.now(datetime.UTC))
@@ -198,6 +198,7 @@ class StageSetPage(Page):
                                        problems=self.dashboard.problems())),
             Fragment("graph", render("fragments/graph.html", d=detail)),
             Fragment("stages", render("fragments/stages.html", d=detail)),
+            Fragment("history", render("fragments/history.html", d=detail)),
             Fragment("activity", render("fragments/activity.html", d=detail)),
             Fragment("events", render("fragments/events.html", d=detail)),
         ]

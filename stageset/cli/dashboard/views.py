@@ -30,6 +30,7 @@ from stageset.apply.inventory import ObjectId
 from stageset.cli.dashboard import layout
 from stageset.cli.dashboard.diffs import EventRow, StageChange, last_changes
 from stageset.cli.dashboard.links import split_runbook
+from stageset.cli.releases import HistoryRow, history_rows
 from stageset.controller.conditions import find_condition
 from stageset.controller.ordering import OrderingError, StageNode, stage_graph
 from stageset.kube.types import KubeObject
@@ -382,6 +383,8 @@ class Detail:
     dependencies: list[tuple[Ref, ObjectState, str | None]]
     events: list[EventRow]
     activity: list[Transition]
+    history: list[HistoryRow] = field(default_factory=list)
+    """``status.history``: the releases the controller recorded, newest first (durable)."""
 
 
 def _shown(value: Any) -> str:
@@ -498,7 +501,8 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
         generation=meta.get("generation"),
         observed_generation=status.get("observedGeneration"), holding=held, graph_error=problem,
         wide=layout.picture(graph, order=order), tall=layout.picture(graph, order=order, vertical=True),
-        nodes=views, stages=stages, dependencies=dependencies, events=shown_events, activity=list(activity))
+        nodes=views, stages=stages, dependencies=dependencies, events=shown_events, activity=list(activity),
+        history=history_rows(obj))
 
 
 # -- what the watch saw change ----------------------------------------------------------------------
