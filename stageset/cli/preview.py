@@ -344,8 +344,8 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
             live = read_stageset(session, str(stageset.metadata["name"]))
         except CliError:
             live = None  # a new StageSet: nothing to prune
-    renderer = Renderer(clients=SessionClients(session), sources=sources, cache_dir=cli_cache_dir(), warn=_warn,
-                        default_source_kind=DefaultSourceKind(default_source_kind),
+    renderer = Renderer(clients=SessionClients(session), sources=sources, cache_dir=cli_cache_dir(),
+                        warn=_warn, default_source_kind=DefaultSourceKind(default_source_kind),
                         age_key_file=age_key_file)
     differ = Differ(session=session, renderer=renderer, stageset=stageset)
     rendered = renderer.render(stageset)

@@ -72,4 +72,5 @@ def test_history_is_bounded() -> None:
 
 def test_a_stage_gone_from_the_spec_keeps_no_history() -> None:
     first = run([], "r1")
-    assert recorded(first, order=["other"], outcomes={}, applied=[], changes={}, pruned={}, generation=2) == []
+    gone = recorded(first, order=["other"], outcomes={}, applied=[], changes={}, pruned={}, generation=2)
+    assert gone == []

@@ -68,7 +68,8 @@ def recorded(previous: Iterable[StageHistory], *, order: Sequence[str], outcomes
         outcome = outcomes.get(name)
         if name in done and outcome is not None and outcome.revision is not None:
             newest = releases[0] if releases else None
-            same = newest is not None and (newest.revision, newest.generation) == (outcome.revision, generation)
+            same = newest is not None and (newest.revision, newest.generation) == (outcome.revision,
+                                                                                   generation)
             release = _release(outcome, generation=generation, changes=changes.get(name, ()),
                                pruned=pruned.get(name, 0), before=newest if same else None)
             releases = [release, *(releases[1:] if same else releases)]

@@ -77,7 +77,8 @@ class Progress:
         if inventory is None:
             return done
         name = outcome.name
-        return replace(done, fresh={**self.fresh, name: inventory}, written={**self.written, name: tuple(changes)},
+        return replace(done, fresh={**self.fresh, name: inventory},
+                       written={**self.written, name: tuple(changes)},
                        current={**self.current, name: merged(self.previous.inventories.get(name), inventory)})
 
     def restored(self, outcome: StageOutcome, inventory: StageInventory) -> Progress:
