@@ -62,7 +62,9 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self';
        "base-uri 'none'; form-action {forms}; frame-ancestors 'none'")
 SECURITY_HEADERS = [
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    # Never a referrer to another origin; same-origin (not no-referrer) so that a form post carries
+    # its real Origin, which the action guard checks (under no-referrer the browser sends "null").
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
     (b"cache-control", b"no-store"),
 ]
