@@ -33,6 +33,7 @@ from stageset.api.common import (
     Time,
     duration_seconds,
 )
+from stageset.api.history import StageHistory
 from stageset.api.release import (
     MAX_WINDOWS,
     MIN_VERSION_RULE,
@@ -876,6 +877,10 @@ class StageSetStatus(StatusModel):
     """The revisions ``update-now`` let through, by stage, until each stage has applied its own (ours)."""
     rollback: Rollback | None = None
     """The last rollback, while its failed revisions are still what the sources offer."""
+    history: list[StageHistory] = Field(
+        default_factory=list, max_length=MAX_STAGES,
+        json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["stage"]})
+    """Each stage's last applied releases, newest first (bounded: see ``stageset history``)."""
 
 
 class StageSet(ApiModel):

@@ -2,7 +2,7 @@
 
 ``controller`` runs the controller (production); ``run`` is the local demo (or the controller
 against ``--kubeconfig``; hidden from the command list, ``make run`` runs it); the user commands
-(``get``, ``tree``, ``graph``, ``events``, ``trace``, ``build``, ``diff``, ``reconcile``,
+(``get``, ``tree``, ``graph``, ``events``, ``history``, ``trace``, ``build``, ``diff``, ``reconcile``,
 ``suspend``, ``resume``, ``crds``) and the platform commands (``check``, ``version``, ``cleanup``,
 ``completion``, ``create tenant``, ``delete tenant``) live in their own modules and are registered
 here.  The same group is the ``kubectl-stageset`` plugin (:func:`kubectl_plugin`).  Exit codes: 0 ok,
@@ -40,6 +40,7 @@ from stageset.cli.cleanup import cleanup
 from stageset.cli.completion import completion
 from stageset.cli.crds import crds
 from stageset.cli.dashboard.command import dashboard
+from stageset.cli.history import history
 from stageset.cli.inspect import events, get, graph, tree
 from stageset.cli.params import (
     BASE_URL,
@@ -384,7 +385,7 @@ def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: 
 
 
 for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, trace, check, version,
-                 cleanup, completion, dashboard, promote, create, delete):
+                 cleanup, completion, dashboard, promote, create, delete, history):
     main.add_command(_command)
 for _command in (crds, uninstall):  # install and uninstall (stageset.cli.crds, stageset.cli.uninstall)
     main.add_command(_command)

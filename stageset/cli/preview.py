@@ -62,7 +62,7 @@ def _warn(message: str) -> None:
     click.echo(f"warning: {message}", err=True)
 
 
-def _cache_dir() -> Path:
+def cli_cache_dir() -> Path:
     """Where the CLI keeps its Git mirrors and artifacts: beside the project's other caches (kept
     between runs)."""
     try:
@@ -129,7 +129,7 @@ def build(session: Session, name: str | None, file: str | None, source_dirs: tup
     local = file is not None and bool(sources)
     stageset, _ = _load(session, name, file)
     renderer = Renderer(clients=None if local else SessionClients(session), sources=sources,
-                        cache_dir=_cache_dir(), warn=_warn,
+                        cache_dir=cli_cache_dir(), warn=_warn,
                         default_source_kind=DefaultSourceKind(default_source_kind), age_key_file=age_key_file)
     stages = renderer.render(stageset)
 
@@ -344,8 +344,8 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
             live = read_stageset(session, str(stageset.metadata["name"]))
         except CliError:
             live = None  # a new StageSet: nothing to prune
-    renderer = Renderer(clients=SessionClients(session), sources=sources, cache_dir=_cache_dir(), warn=_warn,
-                        default_source_kind=DefaultSourceKind(default_source_kind),
+    renderer = Renderer(clients=SessionClients(session), sources=sources, cache_dir=cli_cache_dir(),
+                        warn=_warn, default_source_kind=DefaultSourceKind(default_source_kind),
                         age_key_file=age_key_file)
     differ = Differ(session=session, renderer=renderer, stageset=stageset)
     rendered = renderer.render(stageset)

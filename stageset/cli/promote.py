@@ -22,6 +22,7 @@ from stageset.cli.params import DURATION
 from stageset.cli.session import DNS_LABEL, CliError, Session, cluster_options, echo
 from stageset.cli.steer import POLL, patch
 from stageset.controller.kinds import STAGESETS
+from stageset.kube.client import KubeClient
 from stageset.kube.types import KubeObject
 
 HELD = ("Soaking", "AwaitingManual")
@@ -36,6 +37,31 @@ def _stage_status(obj: KubeObject, stage: str) -> dict[str, Any]:
 def token() -> str:
     """A fresh token: the time (readable) and randomness (two promotions in one second differ)."""
     return f"{int(time.time())}-{secrets.token_hex(4)}"
+
+
+def request_promotion(client: KubeClient, obj: KubeObject, stage: str, *, force: bool = False
+                      ) -> tuple[str, dict[str, Any]]:
+    """Stamp ``stage@token`` on ``obj`` with ``client`` (the user's), after the checks the command
+    makes; returns the value and the gate it promotes.  Raises :class:`CliError` (with what to say)
+    when there is nothing to promote, or the user may not patch the StageSet."""
+    namespace, name = str(obj["metadata"]["namespace"]), str(obj["metadata"]["name"])
+    stages = (obj.get("spec") or {}).get("stages") or []
+    spec_stage = next((s for s in stages if s.get("name") == stage), None)
+    if spec_stage is None:
+        raise CliError(f"StageSet {namespace}/{name} has no stage {stage!r}")
+    if not spec_stage.get("promotion"):
+        raise CliError(f"stage {stage!r} of StageSet {namespace}/{name} has no promotion gate "
+                       "(spec.stages[].promotion): there is nothing to promote")
+    if (obj.get("spec") or {}).get("suspend") and not force:
+        raise CliError(f"StageSet {namespace}/{name} is suspended and will not act on a promotion "
+                       "(--force asks anyway)")
+    gate: dict[str, Any] = _stage_status(obj, stage).get("promotionState") or {}
+    if gate.get("phase") not in HELD and not force:
+        raise CliError(f"stage {stage!r} is not waiting for a promotion (promotionState: "
+                       f"{gate.get('phase') or 'none'}); --force asks anyway")
+    value = f"{stage}@{token()}"
+    patch(client, STAGESETS, namespace, name, {"metadata": {"annotations": {ANNOTATION_PROMOTE: value}}})
+    return value, gate
 
 
 @click.command("promote")
@@ -57,23 +83,7 @@ def promote(session: Session, name: str, stage: str, wait: bool, timeout: float,
     """
     obj = read_stageset(session, name)
     namespace = session.namespace
-    stages = (obj.get("spec") or {}).get("stages") or []
-    spec_stage = next((s for s in stages if s.get("name") == stage), None)
-    if spec_stage is None:
-        raise CliError(f"StageSet {namespace}/{name} has no stage {stage!r}")
-    if not spec_stage.get("promotion"):
-        raise CliError(f"stage {stage!r} of StageSet {namespace}/{name} has no promotion gate "
-                       "(spec.stages[].promotion): there is nothing to promote")
-    if (obj.get("spec") or {}).get("suspend") and not force:
-        raise CliError(f"StageSet {namespace}/{name} is suspended and will not act on a promotion "
-                       "(--force asks anyway)")
-    gate = _stage_status(obj, stage).get("promotionState") or {}
-    if gate.get("phase") not in HELD and not force:
-        raise CliError(f"stage {stage!r} is not waiting for a promotion (promotionState: "
-                       f"{gate.get('phase') or 'none'}); --force asks anyway")
-    value = f"{stage}@{token()}"
-    patch(session.client(), STAGESETS, namespace, name,
-          {"metadata": {"annotations": {ANNOTATION_PROMOTE: value}}})
+    value, gate = request_promotion(session.client(), obj, stage, force=force)
     echo(f"asked to promote stage {stage!r} of StageSet {namespace}/{name} at "
          f"{gate.get('revision') or 'its current revision'} ({ANNOTATION_PROMOTE}={value})\n")
     if not wait:

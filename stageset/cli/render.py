@@ -249,6 +249,10 @@ class Renderer:
         decryption = self._decryption(stageset)
         return [self._render_stage(stageset, stage, decryption) for stage in stageset.spec.stages]
 
+    def render_stage(self, stageset: StageSet, stage: Stage) -> RenderedStage:
+        """One stage, as :meth:`render` renders each (the dashboard's object diff)."""
+        return self._render_stage(stageset, stage, self._decryption(stageset))
+
     def _render_stage(self, stageset: StageSet, stage: Stage, decryption: StageDecryption | None
                       ) -> RenderedStage:
         identity = POLICY.for_stage(stageset, stage)

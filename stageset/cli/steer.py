@@ -56,6 +56,26 @@ def request_reconcile(client: KubeClient, resource: Resource, namespace: str, na
     patch(client, resource, namespace, name, {"metadata": {"annotations": annotations}})
 
 
+def suspend_one(client: KubeClient, namespace: str, name: str) -> None:
+    """``spec.suspend=true``, as ``client`` (the user's)."""
+    patch(client, STAGESETS, namespace, name, {"spec": {"suspend": True}})
+
+
+def resume_one(client: KubeClient, namespace: str, name: str, stamp: str) -> None:
+    """``spec.suspend=false``, and a reconcile requested with ``stamp``, in one patch as ``client``."""
+    patch(client, STAGESETS, namespace, name,
+          {"metadata": {"annotations": {REQUESTED_AT: stamp}}, "spec": {"suspend": False}})
+
+
+def request_sources(client: KubeClient, obj: KubeObject, stamp: str) -> list[tuple[str, str]]:
+    """Ask for a fetch of every GitRepository ``obj``'s stages use (``--with-source``), as
+    ``client``; returns them (namespace, name) -- the caller waits for them, or not."""
+    found = sources_of(obj)
+    for source_ns, source in found:
+        request_reconcile(client, GITREPOSITORIES, source_ns, source, stamp)
+    return found
+
+
 def _ready(obj: KubeObject) -> dict[str, Any]:
     return dict(find_condition((obj.get("status") or {}).get("conditions"), ConditionType.READY))
 
@@ -205,7 +225,7 @@ def suspend(session: Session, name: str | None, every: bool) -> None:
         if summary(obj)["suspended"]:
             echo(f"StageSet {namespace}/{current} is already suspended\n")
             continue
-        patch(session.client(), STAGESETS, namespace, current, {"spec": {"suspend": True}})
+        suspend_one(session.client(), namespace, current)
         echo(f"suspended StageSet {namespace}/{current}\n")
 
 
@@ -228,8 +248,7 @@ def resume(session: Session, name: str | None, every: bool, wait: bool, timeout:
         current = str(obj["metadata"]["name"])
         if every and not summary(obj)["suspended"]:
             continue
-        patch(session.client(), STAGESETS, namespace, current,
-              {"metadata": {"annotations": {REQUESTED_AT: stamp}}, "spec": {"suspend": False}})
+        resume_one(session.client(), namespace, current, stamp)
         echo(f"resumed StageSet {namespace}/{current}\n")
         resumed.append(current)
     if every and not resumed:

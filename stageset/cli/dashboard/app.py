@@ -12,9 +12,14 @@ stylesheet, so even a mistake in escaping could not run a script.
 Streams wake on the hub's changes (its watches), wait :data:`SETTLE` seconds so a burst of
 changes renders once, and re-render every :data:`REFRESH` seconds regardless so ages stay true.
 
-Requests: only ``GET`` (and ``HEAD``) routes exist.  Hosts: on loopback, a request must name a
-loopback host (``Host: 127.0.0.1:8090``, ``localhost``, ``[::1]``), so a web page elsewhere cannot
-reach the dashboard through DNS rebinding.
+Requests: ``GET`` (and ``HEAD``) routes only, unless actions are allowed (``--allow-actions``):
+then ``POST /stagesets/NAMESPACE/NAME/actions/VERB`` too, guarded against cross-site requests and
+made as the viewer (:mod:`~stageset.cli.dashboard.actions`).  An object's page
+(``/stagesets/NAMESPACE/NAME/object?stage=STAGE&id=ID``, one inventory entry) shows its live YAML and
+its diff as the viewer (:mod:`~stageset.cli.dashboard.objects`); it is not live (it renders and
+dry-runs the stage once per load).  Hosts: on loopback, a request must name a loopback host
+(``Host: 127.0.0.1:8090``, ``localhost``, ``[::1]``), so a web page elsewhere cannot reach the
+dashboard through DNS rebinding.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import json
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import parse_qs
 
 import anyio
 import jinja2
@@ -36,26 +42,29 @@ from starlette.concurrency import run_in_threadpool
 from starlette.middleware import Middleware
 from starlette.middleware.trustedhost import TrustedHostMiddleware
 from starlette.requests import Request
-from starlette.responses import HTMLResponse, PlainTextResponse, Response
+from starlette.responses import HTMLResponse, PlainTextResponse, RedirectResponse, Response
 from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from stageset.cli.dashboard import layout, sources, views
+from stageset.apply.inventory import ObjectId
+from stageset.cli.dashboard import layout, objects, sources, views
+from stageset.cli.dashboard.actions import COOKIE, ActionLog, Guard, Verb, perform
 from stageset.cli.dashboard.hub import Hub, Lease
 from stageset.cli.dashboard.links import link, linkify
-from stageset.cli.session import age, short_revision
+from stageset.cli.session import Session, age, short_revision
 
 SETTLE = 0.15
 REFRESH = 10.0
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
-       "base-uri 'none'; form-action 'none'; frame-ancestors 'none'")
+       "base-uri 'none'; form-action {forms}; frame-ancestors 'none'")
 SECURITY_HEADERS = [
-    (b"content-security-policy", CSP.encode()),
     (b"x-content-type-options", b"nosniff"),
-    (b"referrer-policy", b"no-referrer"),
+    # Never a referrer to another origin; same-origin (not no-referrer) so that a form post carries
+    # its real Origin, which the action guard checks (under no-referrer the browser sends "null").
+    (b"referrer-policy", b"same-origin"),
     (b"x-frame-options", b"DENY"),
     (b"cache-control", b"no-store"),
 ]
@@ -115,11 +124,16 @@ class Page:
 
 
 class Dashboard:
-    """The pages over one hub."""
+    """The pages over one hub.  ``session``: the viewer's (object pages, actions); ``actions``: the
+    action log when actions are allowed (``None``: read-only)."""
 
-    def __init__(self, hub: Hub, *, scope: str):
+    def __init__(self, hub: Hub, *, scope: str, session: Session | None = None,
+                 actions: ActionLog | None = None):
         self.hub = hub
         self.scope = scope
+        self.session = session
+        self.actions = actions
+        self.guard = Guard()
         self.env = environment()
 
     def render(self, template: str, **context: Any) -> Markup:
@@ -127,6 +141,10 @@ class Dashboard:
 
     def problems(self) -> list[str]:
         return self.hub.problems() if self.hub.synced else ["listing StageSets…", *self.hub.problems()]
+
+    @property
+    def mode(self) -> str:
+        return "read-only" if self.actions is None else "actions allowed, as you"
 
 
 class ListPage(Page):
@@ -173,10 +191,12 @@ class SourcesPage(Page):
 class StageSetPage(Page):
     template = "stageset.html"
 
-    def __init__(self, dashboard: Dashboard, *, namespace: str, name: str):
+    def __init__(self, dashboard: Dashboard, *, namespace: str, name: str, token: str | None = None):
+        """``token``: the viewer's session token, for the action forms (``None``: no forms)."""
         self.dashboard = dashboard
         self.namespace, self.name = namespace, name
         self.title = f"{namespace}/{name}"
+        self.token = token if dashboard.actions is not None else None
 
     def lease(self, previous: Lease | None) -> Lease:
         return self.dashboard.hub.lease(self.dashboard.hub.stageset(self.namespace, self.name), previous)
@@ -188,17 +208,22 @@ class StageSetPage(Page):
             gone = self.dashboard.render("fragments/gone.html", namespace=self.namespace, name=self.name,
                                          synced=hub.synced)
             return [Fragment("summary", gone), *(Fragment(i, Markup("")) for i in
-                                                 ("graph", "stages", "activity", "events"))]
+                                                 ("graph", "stages", "history", "activity", "events"))]
         detail = views.detail(obj, lookup=hub.lookup, events=hub.events_for(obj),
                               activity=hub.activity(self.namespace, self.name), linkable=hub.in_scope,
                               now=datetime.datetime.now(datetime.UTC))
         render = self.dashboard.render
+        log = self.dashboard.actions
+        done = log.of(self.namespace, self.name) if log is not None else []
+        forms = None if self.token is None else {
+            "token": self.token, "action": f"{views.stageset_href(self.namespace, self.name)}/actions/"}
         return [
-            Fragment("summary", render("fragments/summary.html", d=detail,
+            Fragment("summary", render("fragments/summary.html", d=detail, forms=forms,
                                        problems=self.dashboard.problems())),
             Fragment("graph", render("fragments/graph.html", d=detail)),
-            Fragment("stages", render("fragments/stages.html", d=detail)),
-            Fragment("activity", render("fragments/activity.html", d=detail)),
+            Fragment("stages", render("fragments/stages.html", d=detail, forms=forms)),
+            Fragment("history", render("fragments/history.html", d=detail)),
+            Fragment("activity", render("fragments/activity.html", d=detail, done=done)),
             Fragment("events", render("fragments/events.html", d=detail)),
         ]
 
@@ -206,7 +231,9 @@ class StageSetPage(Page):
         return {"live": f"/live{views.stageset_href(self.namespace, self.name)}"}
 
 
-def _page_response(dashboard: Dashboard, page: Page, *, status: int = 200) -> HTMLResponse:
+def _page_response(dashboard: Dashboard, page: Page, *, status: int = 200,
+                   new_session: str | None = None) -> HTMLResponse:
+    """The whole page; ``new_session``: a session id to set in the cookie (a first visit)."""
     lease = page.lease(None)
     try:
         fragments = page.fragments()
@@ -214,13 +241,16 @@ def _page_response(dashboard: Dashboard, page: Page, *, status: int = 200) -> HT
         if lease is not None:
             dashboard.hub.release(lease)
     html = dashboard.render(page.template, title=page.title, fragments={f.id: f for f in fragments},
-                            scope=dashboard.scope, **page.context())
-    return HTMLResponse(str(html), status_code=status)
+                            scope=dashboard.scope, mode=dashboard.mode, **page.context())
+    response = HTMLResponse(str(html), status_code=status)
+    if new_session is not None:
+        response.set_cookie(COOKIE, new_session, httponly=True, samesite="strict", path="/")
+    return response
 
 
 def _not_here(dashboard: Dashboard, namespace: str, name: str) -> HTMLResponse:
     html = dashboard.render("missing.html", title="not shown", namespace=namespace, name=name,
-                            scope=dashboard.scope, live=None)
+                            scope=dashboard.scope, mode=dashboard.mode, live=None)
     return HTMLResponse(str(html), status_code=404)
 
 
@@ -267,11 +297,90 @@ async def _stream(request: Request, page: Page, hub: Hub,
             hub.release(lease)
 
 
-class SecurityHeaders:
-    """The same protective headers on every answer (pages, streams, static files, errors)."""
+async def _act(request: Request, dashboard: Dashboard) -> Response:
+    """``POST .../actions/VERB``: refused before any request unless same-origin with the session's
+    token; then the verb, as the viewer; then back to the page (its activity list says how it went)."""
+    namespace, name = request.path_params["namespace"], request.path_params["name"]
+    verb_text = request.path_params["verb"]
+    actions, session = dashboard.actions, dashboard.session
+    assert actions is not None  # the route exists only with an action log (and a session)
+    assert session is not None
+    body = (await request.body())[:4096].decode(errors="replace")
+    form = {key: values[0] for key, values in parse_qs(body).items()}
+    why = dashboard.guard.refusal(headers=request.headers, scheme=request.url.scheme,
+                                  session=request.cookies.get(COOKIE), token=form.get("token"))
+    if why is not None:
+        actions.refused(namespace=namespace, name=name, verb=verb_text, why=why)
+        return PlainTextResponse(f"refused: {why.value}", status_code=403)
+    if not dashboard.hub.in_scope(namespace):
+        return PlainTextResponse("not in this dashboard's namespace", status_code=404)
+    try:
+        verb = Verb(verb_text)
+    except ValueError:
+        return PlainTextResponse("no such action", status_code=404)
+    stage = form.get("stage") or None
+    ok, message = await run_in_threadpool(perform, session.client(), verb, namespace=namespace, name=name,
+                                          stage=stage)
+    actions.record(namespace=namespace, name=name, verb=verb, stage=stage, ok=ok, message=message)
+    dashboard.hub.touch()
+    return RedirectResponse(f"{views.stageset_href(namespace, name)}#activity", status_code=303)
 
-    def __init__(self, app: ASGIApp):
+
+def _stageset(request: Request, dashboard: Dashboard) -> Response:
+    hub = dashboard.hub
+    namespace, name = request.path_params["namespace"], request.path_params["name"]
+    if not hub.in_scope(namespace):
+        return _not_here(dashboard, namespace, name)
+    # The viewer's session: the cookie's, or a new one this answer sets.
+    viewer = request.cookies.get(COOKIE)
+    new = None if viewer else Guard.new_session()
+    page = StageSetPage(dashboard, namespace=namespace, name=name,
+                        token=dashboard.guard.token(viewer or new or ""))
+    known = hub.stageset(page.namespace, page.name) is not None
+    return _page_response(dashboard, page, status=200 if known or not hub.synced else 404,
+                          new_session=new)
+
+
+async def _object_page(request: Request, dashboard: Dashboard) -> Response:
+    namespace, name = request.path_params["namespace"], request.path_params["name"]
+    session = dashboard.session
+    if not dashboard.hub.in_scope(namespace) or session is None:
+        return _not_here(dashboard, namespace, name)
+    stage, encoded = request.query_params.get("stage", ""), request.query_params.get("id", "")
+    html = await run_in_threadpool(_object_html, dashboard, session, namespace=namespace, name=name,
+                                   stage=stage, encoded=encoded)
+    if html is None:
+        return PlainTextResponse("no such object in this StageSet's inventory", status_code=404)
+    return HTMLResponse(str(html))
+
+
+def _object_html(dashboard: Dashboard, session: Session, *, namespace: str, name: str, stage: str,
+                 encoded: str) -> Markup | None:
+    """An inventory object's page: its live YAML and its diff, both as the viewer (``None``: the
+    StageSet's inventory holds no such entry — only inventory objects are shown)."""
+    obj = dashboard.hub.stageset(namespace, name)
+    if obj is None:
+        return None
+    ref = next((ref for ref, oid in views.inventory(obj).get(stage, []) if oid.encode() == encoded), None)
+    if ref is None:
+        return None
+    live = objects.live(session.client(), ref)
+    change = objects.diff(session, obj, stage=stage, oid=ObjectId.decode(encoded))
+    return dashboard.render("object.html", title=f"{ref.describe()} · {namespace}/{name}", ref=ref,
+                            stage=stage,
+                            live_object=live, change=change, namespace=namespace, name=name,
+                            href=views.stageset_href(namespace, name), scope=dashboard.scope,
+                            mode=dashboard.mode, live=None)
+
+
+class SecurityHeaders:
+    """The same protective headers on every answer (pages, streams, static files, errors).  Forms
+    may post (to this dashboard only) just when actions are allowed."""
+
+    def __init__(self, app: ASGIApp, *, forms: bool = False):
         self.app = app
+        policy = CSP.format(forms="'self'" if forms else "'none'")
+        self.headers = [(b"content-security-policy", policy.encode()), *SECURITY_HEADERS]
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -280,29 +389,37 @@ class SecurityHeaders:
 
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
-                message["headers"] = [*message.get("headers", []), *SECURITY_HEADERS]
+                message["headers"] = [*message.get("headers", []), *self.headers]
             await send(message)
 
         await self.app(scope, receive, with_headers)
 
 
-def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None) -> Starlette:
-    """``allowed_hosts``: the Host names a request may use (``None``: any, for a non-loopback address)."""
-    dashboard = Dashboard(hub, scope=scope)
+def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None, session: Session | None = None,
+               actions: ActionLog | None = None) -> Starlette:
+    """``allowed_hosts``: the Host names a request may use (``None``: any, for a non-loopback
+    address); ``session``: the viewer's, for object pages and actions; ``actions``: the action log
+    when actions are allowed (``None``: no action routes exist)."""
+    dashboard = Dashboard(hub, scope=scope, session=session, actions=actions)
 
     def stageset_page(request: Request) -> StageSetPage | None:
         namespace, name = request.path_params["namespace"], request.path_params["name"]
-        return StageSetPage(dashboard, namespace=namespace, name=name) if hub.in_scope(namespace) else None
+        known = request.cookies.get(COOKIE)
+        token = dashboard.guard.token(known) if known else None
+        return StageSetPage(dashboard, namespace=namespace, name=name, token=token) \
+            if hub.in_scope(namespace) else None
 
     def index(_request: Request) -> Response:
         return _page_response(dashboard, ListPage(dashboard))
 
     def stageset(request: Request) -> Response:
-        page = stageset_page(request)
-        if page is None:
-            return _not_here(dashboard, request.path_params["namespace"], request.path_params["name"])
-        known = hub.stageset(page.namespace, page.name) is not None
-        return _page_response(dashboard, page, status=200 if known or not hub.synced else 404)
+        return _stageset(request, dashboard)
+
+    async def object_page(request: Request) -> Response:
+        return await _object_page(request, dashboard)
+
+    async def act(request: Request) -> Response:
+        return await _act(request, dashboard)
 
     def live(request: Request, page: Page) -> Response:
         shutdown = anyio.Event()
@@ -319,7 +436,7 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None) -> 
         return live(request, SourcesPage(dashboard))
 
     async def live_stageset(request: Request) -> Response:
-        page = stageset_page(request)
+        page = stageset_page(request)  # its forms carry the token of the cookie the page was given
         if page is None:
             return PlainTextResponse("not in this dashboard's namespace", status_code=404)
         return live(request, page)
@@ -330,6 +447,7 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None) -> 
     routes = [
         Route("/", index),
         Route("/stagesets/{namespace}/{name}", stageset),
+        Route("/stagesets/{namespace}/{name}/object", object_page),
         Route("/sources", sources_page),
         Route("/live/", live_index),
         Route("/live/sources", live_sources),
@@ -337,7 +455,9 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None) -> 
         Route("/healthz", healthz),
         Mount("/static", app=StaticFiles(packages=[("stageset.cli.dashboard", "static")]), name="static"),
     ]
-    middleware = [Middleware(SecurityHeaders)]
+    if actions is not None:
+        routes.append(Route("/stagesets/{namespace}/{name}/actions/{verb}", act, methods=["POST"]))
+    middleware = [Middleware(SecurityHeaders, forms=actions is not None)]
     if allowed_hosts is not None:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts),
                                      www_redirect=False))

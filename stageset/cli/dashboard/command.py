@@ -1,9 +1,11 @@
-"""``stageset dashboard``: serve the live, read-only web view on this machine.
+"""``stageset dashboard``: serve the live web view on this machine (read-only by default).
 
-Identity: the user's kubeconfig (as every user command, :mod:`stageset.cli.session`), for reads
-only.  The server listens on loopback unless told otherwise: a non-loopback address needs
-``--allow-remote`` and prints a warning, since the dashboard has no login of its own — whoever
-reaches it sees what the kubeconfig may read.
+Identity: the user's kubeconfig (as every user command, :mod:`stageset.cli.session`): reads, an
+object page's ``stageset diff`` (a dry-run), and — only with ``--allow-actions`` — the requests of
+``reconcile``/``suspend``/``resume``/``promote`` (:mod:`~stageset.cli.dashboard.actions`).  The
+server listens on loopback unless told otherwise: a non-loopback address needs ``--allow-remote``
+and prints a warning, since the dashboard has no login of its own — whoever reaches it sees what
+the kubeconfig may read (and, with ``--allow-actions``, acts as it).
 """
 
 from __future__ import annotations
@@ -112,6 +114,10 @@ def _identity(session: Session) -> str:
 @click.option("--allow-remote", is_flag=True, default=False,
               help="Allow a non-loopback address. The dashboard has no login: anyone who reaches it "
               "sees what your kubeconfig may read.")
+@click.option("--allow-actions", is_flag=True, default=False,
+              help="Offer reconcile (with source), suspend, resume, promote and update-now on the pages, "
+              "each requested as your kubeconfig (RBAC decides), guarded against cross-site requests "
+              "and logged.")
 @click.option("--open", "open_browser", is_flag=True, default=False, help="Open it in your web browser.")
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).")
@@ -119,17 +125,20 @@ def _identity(session: Session) -> str:
 @click.option("-n", "--namespace", default=None, type=DNS_LABEL,
               help="Namespace (default: the context's, else 'default').")
 @click.option("-A", "--all-namespaces", is_flag=True, default=False, help="Every namespace you may list.")
-def dashboard(address: str, allow_remote: bool, open_browser: bool, kubeconfig: str | None,
-              context: str | None, namespace: str | None, all_namespaces: bool) -> None:
-    """Serve a live, read-only web view of StageSets: their stage graph, objects and events.
+def dashboard(address: str, allow_remote: bool, allow_actions: bool, open_browser: bool,
+              kubeconfig: str | None, context: str | None, namespace: str | None,
+              all_namespaces: bool) -> None:
+    """Serve a live web view of StageSets: their stage graph, release history, objects (live YAML
+    and diff) and events.
 
-    It reads with your kubeconfig, so it shows exactly what you may read, and it writes nothing.
-    Pages update within about a second of a change, from watches shared by every open page.
-    Ctrl-C stops it.
+    It reads with your kubeconfig, so it shows exactly what you may read; it writes nothing unless
+    --allow-actions is given (then each action is a request made as you).  Pages update within
+    about a second of a change, from watches shared by every open page.  Ctrl-C stops it.
     """
     # The web stack is imported here, not with the CLI: other commands do not pay for it.
     import uvicorn
 
+    from stageset.cli.dashboard.actions import ActionLog
     from stageset.cli.dashboard.app import LOOPBACK_HOSTS, create_app
     from stageset.cli.dashboard.hub import Hub
 
@@ -161,9 +170,12 @@ def dashboard(address: str, allow_remote: bool, open_browser: bool, kubeconfig: 
                 click.echo(f"no StageSets in namespace {scope} (yet): -n NAMESPACE shows another namespace, "
                            "-A every namespace you may list", err=True)
             hosts = [*LOOPBACK_HOSTS, where.host_header] if local else None
-            app = create_app(hub, scope=shown, allowed_hosts=hosts)
+            who = _identity(session)
+            app = create_app(hub, scope=shown, allowed_hosts=hosts, session=session,
+                             actions=ActionLog(who=who) if allow_actions else None)
+            mode = "actions allowed, made as you" if allow_actions else "read-only"
             echo(f"stageset dashboard: {url}\n"
-                 f"  StageSets in {shown}, read as {_identity(session)}; read-only. Ctrl-C stops it.\n")
+                 f"  StageSets in {shown}, read as {who}; {mode}. Ctrl-C stops it.\n")
             if open_browser:
                 webbrowser.open(url)
             logging.getLogger("stageset").setLevel(logging.WARNING)

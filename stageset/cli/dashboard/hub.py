@@ -250,6 +250,10 @@ class Hub:
 
         return unsubscribe
 
+    def touch(self) -> None:
+        """Something the pages show changed outside the watches (an action taken): render again."""
+        self._changed()
+
     def _changed(self) -> None:
         with self._lock:
             listeners = list(self._listeners)

@@ -4,7 +4,7 @@ Invariant: what :func:`linkify` returns is markup built only from escaped text a
 elements whose ``href`` is an ``http://`` or ``https://`` URL taken from the text, escaped for an
 attribute (so it cannot close the attribute or the element).  Any other scheme (``javascript:``,
 ``data:``) stays text.  Links open in a new tab without a referrer or an opener, matching the
-pages' ``Referrer-Policy: no-referrer``.
+pages' ``Referrer-Policy: same-origin`` (never a referrer to another origin).
 """
 
 from __future__ import annotations

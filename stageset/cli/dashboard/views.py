@@ -19,7 +19,7 @@ import json
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import networkx as nx
 
@@ -30,6 +30,7 @@ from stageset.apply.inventory import ObjectId
 from stageset.cli.dashboard import layout
 from stageset.cli.dashboard.diffs import EventRow, StageChange, last_changes
 from stageset.cli.dashboard.links import split_runbook
+from stageset.cli.releases import HistoryRow, history_rows
 from stageset.controller.conditions import find_condition
 from stageset.controller.ordering import OrderingError, StageNode, stage_graph
 from stageset.kube.types import KubeObject
@@ -103,6 +104,11 @@ def dependency_class(status: str) -> str:
 
 def stageset_href(namespace: str, name: str) -> str:
     return f"/stagesets/{quote(namespace, safe='')}/{quote(name, safe='')}"
+
+
+def object_href(namespace: str, name: str, stage: str, oid: ObjectId) -> str:
+    """An inventory object's page (by stage and inventory id)."""
+    return f"{stageset_href(namespace, name)}/object?{urlencode({'stage': stage, 'id': oid.encode()})}"
 
 
 # -- reading a StageSet -----------------------------------------------------------------------------
@@ -322,6 +328,8 @@ class ObjectView:
     status: str
     message: str
     css: str
+    href: str | None = None
+    """Its page (live YAML, diff)."""
 
 
 @dataclass(frozen=True)
@@ -351,6 +359,8 @@ class StageView:
     extra: list[tuple[str, str]] = field(default_factory=list)
     holding: bool = False
     removed: bool = False
+    gate: str | None = None
+    """``promotionState.phase`` (``Soaking``, ``AwaitingManual``, ...): the gate it waits at, if any."""
 
     @property
     def anchor(self) -> str:
@@ -382,6 +392,10 @@ class Detail:
     dependencies: list[tuple[Ref, ObjectState, str | None]]
     events: list[EventRow]
     activity: list[Transition]
+    history: list[HistoryRow] = field(default_factory=list)
+    """``status.history``: the releases the controller recorded, newest first (durable)."""
+    pending_update: bool = False
+    """An update window holds new revisions back (``status.pendingUpdate``): update-now can ship them."""
 
 
 def _shown(value: Any) -> str:
@@ -446,10 +460,11 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
             source = SourceView(ref=source_ref, status=state.status, message=state.message,
                                 revision=state.revision, css=status_class(state.status))
         objects = []
-        for ref, _oid in inventories.get(stage, []):
+        for ref, oid in inventories.get(stage, []):
             state = lookup(ref)
             objects.append(ObjectView(ref=ref, status=state.status, message=state.message,
-                                      css=status_class(state.status)))
+                                      css=status_class(state.status),
+                                      href=object_href(namespace, name, stage, oid)))
         stages.append(StageView(
             name=stage, phase=phase, css=phase_class(phase), revision=raw.get("revision"),
             message=str(raw.get("message") or ("no longer in the spec: its objects stay until pruned"
@@ -460,7 +475,8 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
             source=source, service_account=accounts.get(stage), objects=objects, change=changes.get(stage),
             extra=[(key, _shown(value)) for key, value in sorted(raw.items())
                    if key not in _KNOWN_STAGE_FIELDS],
-            holding=stage in held_nodes, removed=removed))
+            holding=stage in held_nodes, removed=removed,
+            gate=str((raw.get("promotionState") or {}).get("phase") or "") or None))
 
     recent = {t.stage for t in activity
               if (when := parse_time(t.when)) is not None and (now - when).total_seconds() < RECENT}
@@ -498,7 +514,8 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
         generation=meta.get("generation"),
         observed_generation=status.get("observedGeneration"), holding=held, graph_error=problem,
         wide=layout.picture(graph, order=order), tall=layout.picture(graph, order=order, vertical=True),
-        nodes=views, stages=stages, dependencies=dependencies, events=shown_events, activity=list(activity))
+        nodes=views, stages=stages, dependencies=dependencies, events=shown_events, activity=list(activity),
+        history=history_rows(obj), pending_update=bool(status.get("pendingUpdate")))
 
 
 # -- what the watch saw change ----------------------------------------------------------------------

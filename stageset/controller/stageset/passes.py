@@ -31,6 +31,7 @@ import networkx as nx
 
 from stageset.api import StageSet
 from stageset.api.vocabulary import Reason
+from stageset.apply.changeset import WRITES
 from stageset.apply.engine import StageResult
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import Stale, duplicates, stage_inventory
@@ -42,7 +43,7 @@ from stageset.controller.identity import IdentityPolicy
 from stageset.controller.redact import Redactor
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.stageset import plan, pruning, records, steering
+from stageset.controller.stageset import history, plan, pruning, records, steering
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.context import Interrupted, PassContext, interruptible
 from stageset.controller.stageset.decryption import for_pass
@@ -250,7 +251,7 @@ class PassRunner:
             inventory = None if result is None else stage_inventory(
                 name, rendered[name].account, (o.entry() for o in result.objects))
             outcome, released = self._release.gate(ctx, progress, outcome, request)
-            progress = progress.applied(outcome, inventory)
+            progress = progress.applied(outcome, inventory, () if result is None else result.changes)
             if result is not None:
                 self._changes.applied(ctx.writer.obj, name, result, ctx.redactor)
             return released
@@ -266,16 +267,22 @@ class PassRunner:
                           finished=finished, heard=heard, progress=shown)
             return self._release.unheard(ctx, progress, request)
 
-    def _prune(self, ctx: PassContext, progress: Progress) -> tuple[list[Stale], int]:
+    def _prune(self, ctx: PassContext, progress: Progress) -> tuple[list[Stale], dict[str, int]]:
         """Delete what no stage renders any more, as each inventory's identity; returns what could
-        not be deleted (still tracked) and how many objects were."""
+        not be deleted (still tracked) and how many objects of each stage were."""
         namespace, name = ctx.ref
         stale = candidates(old=progress.previous.inventories, new=progress.fresh, stageset=ctx.stageset)
         clients = inventory_clients(clients=self._clients, identities=self._identities, namespace=namespace,
                                     target=ctx.target)
         result = prune_stale(stale=stale, client_for=clients, applier=ctx.target.applier,
                              owner=Owner(namespace, name))
-        return result.kept, self._changes.pruned(ctx.writer.obj, result, ctx.redactor)
+        self._changes.pruned(ctx.writer.obj, result, ctx.redactor)
+        stage_of = {item.id: item.stage for item in stale}
+        deleted: dict[str, int] = {}
+        for change in result.changes:
+            if change.action in WRITES and (stage := stage_of.get(change.id)) is not None:
+                deleted[stage] = deleted.get(stage, 0) + 1
+        return result.kept, deleted
 
     def _conclude(self, ctx: PassContext, progress: Progress, steer: Steering, verdict: plan.Verdict,
                   rendered: dict[str, Rendered], *, prune: PrunePermission, rolled: bool) -> Result:
@@ -283,15 +290,20 @@ class PassRunner:
         allows (a rollback pruned as it restored), the status it ends with, one write.  ``rolled``:
         the pass rolled back or resumed a rollback, and the record is the one the rollback wrote."""
         stale = prune.scope is Scope.STALE
-        kept, pruned = self._prune(ctx, progress) if stale else ([], 0)
+        kept, pruned = self._prune(ctx, progress) if stale else ([], {})
         status = self._release.concluded(
             ctx, progress, concluded(ctx.writer.status, progress, verdict, prune=prune, kept=kept), steer,
             rendered, prune=prune, rolled=ctx.writer.status.rollback if rolled else None, rolling=rolled)
+        # The releases each stage applied: in this same (concluding) write, never one of their own.
+        status = status.model_copy(update={"history": history.recorded(
+            ctx.writer.status.history, order=progress.order, outcomes=progress.outcomes,
+            applied=progress.fresh, changes=progress.written, pruned=pruned,
+            generation=ctx.stageset.metadata.get("generation"))})
         self._release.told(ctx, steer)
         if stale:
             ctx.writer.record(records.settled(status.inventory))
             self._changes.succeeded(ctx.writer.obj, was_ready=progress.previous.ready,
-                                    stages=len(progress.order), pruned=pruned,
+                                    stages=len(progress.order), pruned=sum(pruned.values()),
                                     revision=verdict.revision or "", redactor=ctx.redactor)
         ctx.writer.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message,
                             status=status, stalled=verdict.reason is Reason.ROLLED_BACK)

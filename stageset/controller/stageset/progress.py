@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, replace
 
 from stageset.api import StageInventory, StageSet, StageSetStatus, StageStatus
 from stageset.api.vocabulary import StagePhase
+from stageset.apply.changeset import Change
 from stageset.apply.inventory import Stale, merged, ordered, with_kept
 from stageset.controller.stageset.plan import Previous, StageOutcome, Verdict
 from stageset.controller.stageset.pruning import PrunePermission, Scope
@@ -38,6 +39,8 @@ class Progress:
     outcomes: Mapping[str, StageOutcome]
     current: Mapping[str, StageInventory]
     fresh: Mapping[str, StageInventory] = field(default_factory=dict)
+    written: Mapping[str, tuple[Change, ...]] = field(default_factory=dict)
+    """What each stage's apply in this pass changed (for ``status.history``)."""
 
     @classmethod
     def start(cls, stageset: StageSet, previous: Previous) -> Progress:
@@ -66,13 +69,16 @@ class Progress:
             outcomes[name] = replace(outcomes[name], phase=before.phase, message=before.message or "")
         return replace(self, outcomes=outcomes)
 
-    def applied(self, outcome: StageOutcome, inventory: StageInventory | None) -> Progress:
-        """A stage's work ended with ``outcome``; ``inventory``: what it applied (``None``: nothing)."""
+    def applied(self, outcome: StageOutcome, inventory: StageInventory | None,
+                changes: Iterable[Change] = ()) -> Progress:
+        """A stage's work ended with ``outcome``; ``inventory``: what it applied (``None``: nothing),
+        ``changes``: what that apply changed."""
         done = self.with_outcome(outcome)
         if inventory is None:
             return done
         name = outcome.name
         return replace(done, fresh={**self.fresh, name: inventory},
+                       written={**self.written, name: tuple(changes)},
                        current={**self.current, name: merged(self.previous.inventories.get(name), inventory)})
 
     def restored(self, outcome: StageOutcome, inventory: StageInventory) -> Progress:
