@@ -107,7 +107,10 @@ def helper_binaries(target: Platform, *, log: bool = True) -> dict[str, Path]:
         if target.goarch != host:
             binary = cached.parent.with_name(f"{cached.parent.name}-linux-{target.goarch}") / name
             how = dataclasses.replace(how, goarch=target.goarch)
-        found[name] = ensure_go_binary(binary, package=package, name=name, how=how, log=log)
+        try:
+            found[name] = ensure_go_binary(binary, package=package, name=name, how=how, log=log)
+        except RuntimeError as error:  # no Go, or the build failed (GoError)
+            raise WheelError(f"{name} for linux/{target.goarch}: {error}") from None
     return found
 
 
