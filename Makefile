@@ -28,8 +28,9 @@ image:
 	@uv=$$(./hack/bootstrap.sh) && UV=$$uv $$uv run --frozen python -m stageset.envtest.image --summary
 
 # One version everywhere (pyproject.toml, Chart.yaml version/appVersion, uv.lock), then dist/$(VERSION)/:
-# the chart package, the image archive (as `make image`, needs root), its SBOM (syft), the release
-# notes from CHANGELOG.md and SHA256SUMS.  `make release VERSION=0.3.0`; docs/releasing.md.
+# the chart package, the image archive (as `make image`, needs root), its SBOM (syft), the CLI's
+# wheels (x86_64 and aarch64 with the Go helpers inside, and a pure one), the release notes from
+# CHANGELOG.md and SHA256SUMS.  `make release VERSION=0.3.0`; docs/releasing.md.
 release:
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z" >&2; exit 2; }
 	@uv=$$(./hack/bootstrap.sh) && UV=$$uv $$uv run --frozen python -m stageset.envtest.release $(VERSION)

@@ -10,7 +10,8 @@ build would pay for it.  The helper runs only for a stage whose build reads SOPS
 
 * **The helper** (``hack/sops/cmd/stageset-sops``, built from the Go module proxy like the
   builder, cached as ``<cache>/tools/stageset-sops-<version>-<digest>/stageset-sops``; a
-  container image installs it on ``PATH``; ``$STAGESET_SOPS_HELPER`` overrides) gets the key
+  platform wheel ships it in the package, a container image installs it on ``PATH``;
+  ``$STAGESET_SOPS_HELPER`` overrides; found in that order as the builder is) gets the key
   entries and the files as a tar stream on stdin and returns the decrypted files and the
   decrypted values on stdout.  It runs like the builder (:func:`~stageset.build.kustomize.run_isolated`):
   no network, an empty environment, no filesystem, the build's time and memory limits.
@@ -65,7 +66,7 @@ WRAPPER = Path(__file__).resolve().parents[2] / "hack" / "sops"
 AGE_SUFFIX, PGP_SUFFIX = ".agekey", ".asc"
 _ENCRYPTED = b"ENC[AES256_GCM,"
 
-_BUILD = GoBuild(wrapper=WRAPPER, version=SOPS_VERSION, ldflags="", nosumdb="github.com/getsops",
+HELPER_BUILD = GoBuild(wrapper=WRAPPER, version=SOPS_VERSION, ldflags="", nosumdb="github.com/getsops",
                  env_override=ENV_HELPER)
 
 
@@ -91,7 +92,7 @@ def cached_helper() -> Path:
 
 
 def locate_helper() -> Path:
-    """The helper: ``$STAGESET_SOPS_HELPER``, the cached build, or ``stageset-sops`` on PATH."""
+    """The helper: ``$STAGESET_SOPS_HELPER``, the package's own, the cached build, or PATH."""
     return locate_binary(env=ENV_HELPER, cached=cached_helper(), name=HELPER_NAME,
                          error=DecryptorNotFoundError)
 
@@ -100,7 +101,8 @@ def ensure_helper(*, log: bool = True) -> Path:
     """The helper, built once into the cache if needed (honours ``$STAGESET_SOPS_HELPER``)."""
     if os.environ.get(ENV_HELPER):
         return locate_helper()
-    return ensure_go_binary(cached_helper(), package=HELPER_PACKAGE, name=HELPER_NAME, how=_BUILD, log=log)
+    return ensure_go_binary(cached_helper(), package=HELPER_PACKAGE, name=HELPER_NAME, how=HELPER_BUILD,
+                            log=log)
 
 
 # --------------------------------------------------------------------------- keys

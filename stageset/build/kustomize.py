@@ -16,14 +16,20 @@ built from the Go module proxy with ``go build -mod=readonly``, cached outside t
 * ``kustomize`` — the upstream command at the same version, used by the tests to check
   that our builds equal ``kustomize build --load-restrictor LoadRestrictionsNone``.
 
-Locating the builder (:func:`locate_builder`, at runtime):
+Locating the builder (:func:`locate_builder`, at runtime; the SOPS helper of
+:mod:`stageset.build.decrypt` is found the same way):
 
 1. ``$STAGESET_KUSTOMIZE_BUILDER`` naming an executable file (an error if it does not);
-2. the binary this project builds, ``<cache>/tools/stageset-kustomize-<version>-<source
+2. the binary shipped inside the installed package, ``stageset/build/bin/stageset-kustomize``
+   (:data:`PACKAGED_BINARIES`): a platform wheel of ``make release`` carries it
+   (:mod:`stageset.envtest.wheels`), so ``uv tool install stageset`` needs no Go; it was built
+   from the same wrapper module as the package's own code, so it always matches it.  A checkout
+   has no such directory (``.gitignore``d, never written there);
+3. the binary this project builds, ``<cache>/tools/stageset-kustomize-<version>-<source
    digest>/stageset-kustomize`` where ``<cache>`` is ``$STAGESET_CACHE_DIR`` or
    ``${XDG_CACHE_HOME:-~/.cache}/stageset`` (the digest covers the wrapper module, so an
    edited builder is rebuilt);
-3. ``stageset-kustomize`` on ``PATH`` (a container image installs it there).
+4. ``stageset-kustomize`` on ``PATH`` (a container image installs it there).
 
 Building (:func:`ensure_builder`, :func:`ensure_kustomize`; ``python -m stageset.build``
 builds both, once, under a file lock).
@@ -76,6 +82,8 @@ ENV_BUILDER = "STAGESET_KUSTOMIZE_BUILDER"
 """Names the ``stageset-kustomize`` builder the controller runs (nothing is built)."""
 WRAPPER = Path(__file__).resolve().parents[2] / "hack" / "kustomize"
 """The checked-in wrapper module; only present in a checkout (the build is a dev/CI step)."""
+PACKAGED_BINARIES = Path(__file__).resolve().parent / "bin"
+"""Where a platform wheel puts the Go helpers it ships (absent in a checkout and a pure wheel)."""
 
 _MAX_MESSAGE = 2000
 _GO_RUNTIME_DATA = 128 * 1024 * 1024
@@ -122,14 +130,18 @@ def _executable(path: Path) -> bool:
 
 
 def locate_binary(*, env: str, cached: Path, name: str, error: type[KustomizeNotFoundError]) -> Path:
-    """A runtime binary: ``$env`` naming an executable, else the cached build, else ``name`` on PATH."""
+    """A runtime binary: ``$env`` naming an executable, else the one the installed package ships,
+    else the cached build, else ``name`` on PATH."""
     override = os.environ.get(env)
     if override:
         if _executable(Path(override)):
             return Path(override)
         raise error(f"{env}={override} is not an executable file")
-    if _executable(cached):
-        return cached
+    # The package's own copy first: it was built with this very code, the cache may hold another
+    # checkout's build, PATH anything at all.
+    for candidate in (PACKAGED_BINARIES / name, cached):
+        if _executable(candidate):
+            return candidate
     found = shutil.which(name)
     if found:
         return Path(found)
@@ -181,6 +193,8 @@ class GoBuild:
     nosumdb: str
     """``GONOSUMDB`` for the one retry after a checksum-database failure (the module's host)."""
     env_override: str
+    goarch: str | None = None
+    """Cross-compile for ``linux/<goarch>`` (a release's wheel for another CPU); None: the host."""
 
 
 KUSTOMIZE_BUILD = GoBuild(wrapper=WRAPPER, version=KUSTOMIZE_VERSION,
@@ -202,14 +216,16 @@ def build_into(target: Path, *, packages: Sequence[str], what: str, how: GoBuild
                   flush=True)
         output = str(staged / name) if name is not None else f"{staged}/"
         command = [*args, "-o", output, *packages]
+        # cgo is off (run_go), so another CPU is only GOARCH: the binary is static either way.
+        target_env = {"GOOS": "linux", "GOARCH": how.goarch} if how.goarch else {}
         try:
-            run_go(command, cwd=how.wrapper)
+            run_go(command, cwd=how.wrapper, extra_env=target_env)
         except GoError as error:
             # go.sum is checked in, so the checksum database is normally never asked; if a proxy
             # still fails to relay a look-up, retry with verification scoped off for that module only.
             if not CHECKSUM_FAILURE.search(str(error)):
                 raise
-            run_go(command, cwd=how.wrapper, extra_env={"GONOSUMDB": how.nosumdb})
+            run_go(command, cwd=how.wrapper, extra_env={**target_env, "GONOSUMDB": how.nosumdb})
         if target.exists():
             shutil.rmtree(target)
         staged.rename(target)

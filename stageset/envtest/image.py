@@ -263,7 +263,8 @@ def build_base(settings: ContainerfileSettings, out: Path, *, log: bool) -> None
         staged.rename(out)
 
 
-def _uv() -> str:
+def find_uv() -> str:
+    """uv: `$UV` (the Makefile passes the pinned one), else on PATH, else the one bootstrap pinned."""
     configured = os.environ.get("UV")
     if configured:
         return configured
@@ -295,7 +296,7 @@ def build_app(settings: ContainerfileSettings, *, base: Path, work: Path, out: P
     rootfs.mkdir()
     _run(["tar", "--extract", "--file", str(base), "--directory", str(rootfs), "--numeric-owner",
           "--same-permissions", "--xattrs"])
-    uv = _uv()
+    uv = find_uv()
     venv = rootfs / "opt" / "stageset"
     _run(["chroot", str(rootfs), "/usr/bin/python3", "-m", "venv", "--without-pip", "/opt/stageset"], log=log)
     version = _python_version(rootfs)

@@ -16,12 +16,16 @@ Artifacts, in ``dist/<version>/``:
 * ``stageset-<version>.sbom.cdx.json`` -- the image's SBOM (CycloneDX JSON) by ``syft``, built
   from the Go module proxy (:mod:`stageset.envtest.syft`): Debian packages, the Python packages
   of the virtualenv and the Go modules of the kustomize builder, read from the archive itself;
+* ``stageset-<version>-py3-none-manylinux_2_17_{x86_64,aarch64}...whl`` -- the CLI, with the Go
+  helpers ``build``/``diff`` run inside the package (:mod:`stageset.envtest.wheels`; the other
+  CPU's helpers are cross-built once), and ``stageset-<version>-py3-none-any.whl`` without them,
+  for every other platform;
 * ``CHANGELOG-<version>.md`` -- this version's section of ``CHANGELOG.md`` (required), the
   release notes;
 * ``SHA256SUMS`` -- of all of the above (``sha256sum -c SHA256SUMS``).
 
-Needs root for the image (as ``make image``).  Identity: none -- no cluster is touched; builds
-reach only the Go module proxy, PyPI (uv's cache) and the Debian mirrors.
+Needs root for the image (as ``make image``) and Go for the helpers.  Identity: none -- no
+cluster is touched; builds reach only the Go module proxy, PyPI (uv's cache) and the Debian mirrors.
 """
 
 from __future__ import annotations
@@ -35,6 +39,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
@@ -42,6 +47,7 @@ import yaml
 from stageset.envtest.helm import ensure_helm
 from stageset.envtest.image import _CREATED, TAG, _tar, ensure_image
 from stageset.envtest.syft import ensure_syft
+from stageset.envtest.wheels import PLATFORMS, Platform, WheelError, build_wheels
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "stageset"
@@ -175,8 +181,10 @@ def checksums(files: list[Path], out: Path) -> Path:
     return target
 
 
-def release(version: str, *, dist: Path, image: Path | None = None) -> list[Path]:
-    """Every artifact of ``version`` into ``dist/<version>/`` (the versions must already be set)."""
+def release(version: str, *, dist: Path, image: Path | None = None,
+            platforms: Sequence[Platform] = PLATFORMS) -> list[Path]:
+    """Every artifact of ``version`` into ``dist/<version>/`` (the versions must already be set);
+    a platform wheel for each of ``platforms`` (the tests pass the host's only)."""
     if current_version() != version:
         raise ReleaseError(f"pyproject.toml says {current_version()}, not {version}: set_version first")
     notes = changelog_section((ROOT / "CHANGELOG.md").read_text(), version)
@@ -188,6 +196,10 @@ def release(version: str, *, dist: Path, image: Path | None = None) -> list[Path
     artifacts = [out / f"CHANGELOG-{version}.md", package_chart(version, out)]
     archive = release_image(image or ensure_image(), version, out)
     artifacts += [archive, sbom(archive, version, out)]
+    try:
+        artifacts += build_wheels(out, platforms=platforms)
+    except WheelError as error:
+        raise ReleaseError(str(error)) from None
     return [*artifacts, checksums(artifacts, out)]
 
 

@@ -1,5 +1,5 @@
 """``make release``: one version everywhere, the CHANGELOG section, and (as root, with the image the
-test command built) every artifact, checked by opening each one."""
+test command built) every artifact, checked by opening each one (the wheels: the host's)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import os
 import shutil
 import tarfile
 import tomllib
+import zipfile
 from pathlib import Path
 
 import pytest
@@ -16,7 +17,7 @@ import yaml
 from click.testing import CliRunner
 
 from stageset.cli.main import main
-from stageset.envtest import release
+from stageset.envtest import release, wheels
 from stageset.envtest.release import ReleaseError, changelog_section, current_version, set_version
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -88,11 +89,20 @@ def test_make_release_produces_every_artifact(tmp_path: Path) -> None:
     """The real release steps on the image the test command built (hack/test.sh builds it before
     pytest; built here otherwise): chart, image, SBOM, notes, checksums -- each opened and checked."""
     version = current_version()
-    artifacts = release.release(version, dist=tmp_path, image=_image())
+    # The host's platform wheel only: the other CPU's is the same steps with cross-built helpers,
+    # left to `make release` (a cold cross build of both helpers is minutes of CPU).
+    host = wheels.host_platform()
+    artifacts = release.release(version, dist=tmp_path, image=_image(), platforms=(host,))
     out = tmp_path / version
     names = sorted(p.name for p in artifacts)
+    platform_wheel = f"stageset-{version}-py3-none-{'.'.join(sorted(host.tag.split('.')))}.whl"
     assert names == sorted([f"CHANGELOG-{version}.md", f"stageset-{version}.tgz",
-                            f"stageset-{version}.oci.tar", f"stageset-{version}.sbom.cdx.json", "SHA256SUMS"])
+                            f"stageset-{version}.oci.tar", f"stageset-{version}.sbom.cdx.json",
+                            f"stageset-{version}-py3-none-any.whl", platform_wheel, "SHA256SUMS"])
+    # The wheel carries the helpers (tests/release/test_wheel.py installs and runs one).
+    with zipfile.ZipFile(out / platform_wheel) as wheel:
+        assert {f"{wheels.PACKAGED}/stageset-kustomize", f"{wheels.PACKAGED}/stageset-sops"} <= set(
+            wheel.namelist())
     # The chart: this version, the image tag it deploys.
     with tarfile.open(out / f"stageset-{version}.tgz") as chart:
         meta = yaml.safe_load(chart.extractfile("stageset/Chart.yaml").read())  # type: ignore[union-attr]

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import yaml
 
+from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
 from stageset.envtest.actionlint import ensure_actionlint
 from stageset.envtest.release import image_repository
 
@@ -48,3 +49,33 @@ def test_ci_runs_the_test_command_and_release_publishes_the_chart_s_default_imag
     for needed in ("make test", 'make release VERSION="$version"', "cosign sign --yes", "cosign attest",
                    '"$HELM" push'):
         assert needed in scripts, needed
+
+
+def test_release_publishes_the_wheels_to_pypi_and_the_docs_where_the_runbook_links_point() -> None:
+    release = yaml.safe_load((WORKFLOWS / "release.yaml").read_text())
+    jobs = release["jobs"]
+    steps = jobs["release"]["steps"]
+    scripts = "\n".join(step.get("run", "") for step in steps)
+    uses = [step.get("uses", "") for step in steps]
+    # Every wheel make release built (the platform wheels carry the Go helpers), and nothing else.
+    assert 'cp "dist/${VERSION}"/*.whl wheels/' in scripts
+    assert any(u.startswith("actions/upload-artifact@") for u in uses)
+    # PyPI by trusted publishing: an OIDC token of this job, no stored secret.
+    pypi = jobs["pypi"]
+    assert pypi["needs"] == "release"
+    assert pypi["permissions"] == {"id-token": "write"}
+    assert any(s.get("uses", "").startswith("pypa/gh-action-pypi-publish@") for s in pypi["steps"])
+    assert "secrets." not in yaml.safe_dump(pypi)
+    # The docs: built by make docs (mkdocs --strict, offline) and deployed to GitHub Pages, the
+    # site mkdocs.yml names, under which the controller's default runbook links live.
+    assert "make docs" in scripts
+    (pages,) = (s for s in steps if s.get("uses", "").startswith("actions/upload-pages-artifact@"))
+    assert pages["with"]["path"] == "site/"
+    docs = jobs["docs"]
+    assert docs["needs"] == "release"
+    assert docs["permissions"] == {"pages": "write", "id-token": "write"}
+    assert docs["environment"]["name"] == "github-pages"
+    assert any(s.get("uses", "").startswith("actions/deploy-pages@") for s in docs["steps"])
+    site_url = next(line.split(": ", 1)[1] for line in (ROOT / "mkdocs.yml").read_text().splitlines()
+                    if line.startswith("site_url: "))
+    assert site_url + "runbooks/" == DEFAULT_RUNBOOK_BASE_URL

@@ -49,6 +49,28 @@ def test_builder_from_the_cache_then_path(isolated: Path) -> None:
     assert locate_builder() == cached
 
 
+def test_the_builder_the_package_ships_comes_before_the_cache(
+        isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A platform wheel's own builder (stageset/build/bin/) wins over the cache and PATH; the
+    override still wins over it."""
+    packaged = isolated / "site-packages" / "stageset" / "build" / "bin"
+    monkeypatch.setattr(kz, "PACKAGED_BINARIES", packaged)
+    executable(isolated / "path" / "stageset-kustomize")
+    cached = executable(kz.cached_builder())
+    assert locate_builder() == cached
+    shipped = executable(packaged / "stageset-kustomize")
+    assert locate_builder() == shipped
+    override = executable(isolated / "mine" / "stageset-kustomize")
+    monkeypatch.setenv(kz.ENV_BUILDER, str(override))
+    assert locate_builder() == override
+
+
+def test_the_wheels_put_the_helpers_where_the_cli_looks() -> None:
+    from stageset.envtest.wheels import PACKAGED
+
+    assert kz.PACKAGED_BINARIES.as_posix().endswith(f"/{PACKAGED}")
+
+
 def test_upstream_kustomize_override_cache_and_path(isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     on_path = executable(isolated / "path" / "kustomize")
     assert kz.locate_kustomize() == on_path
