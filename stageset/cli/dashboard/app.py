@@ -41,6 +41,7 @@ from starlette.routing import Mount, Route
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from stageset.cli import fleet
 from stageset.cli.dashboard import layout, sources, views
 from stageset.cli.dashboard.hub import Hub, Lease
 from stageset.cli.dashboard.links import link, linkify
@@ -168,6 +169,28 @@ class SourcesPage(Page):
 
     def context(self) -> dict[str, Any]:
         return {"live": "/live/sources"}
+
+
+class FleetPage(Page):
+    """Every FleetRollout the viewer may list: each wave, its members, what each was released and holds."""
+
+    template = "fleet.html"
+
+    def __init__(self, dashboard: Dashboard):
+        self.dashboard = dashboard
+        self.title = "Fleet rollouts"
+
+    def lease(self, previous: Lease | None) -> Lease:
+        return self.dashboard.hub.fleet_lease(previous)
+
+    def fragments(self) -> list[Fragment]:
+        hub = self.dashboard.hub
+        rollouts = sorted((fleet.summary(obj) for obj in hub.fleetrollouts()), key=lambda v: v["name"])
+        return [Fragment("fleet", self.dashboard.render("fragments/fleet.html", rollouts=rollouts,
+                                                        problems=self.dashboard.problems()))]
+
+    def context(self) -> dict[str, Any]:
+        return {"live": "/live/fleet"}
 
 
 class StageSetPage(Page):
@@ -318,6 +341,12 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None) -> 
     async def live_sources(request: Request) -> Response:
         return live(request, SourcesPage(dashboard))
 
+    def fleet_page(_request: Request) -> Response:
+        return _page_response(dashboard, FleetPage(dashboard))
+
+    async def live_fleet(request: Request) -> Response:
+        return live(request, FleetPage(dashboard))
+
     async def live_stageset(request: Request) -> Response:
         page = stageset_page(request)
         if page is None:
@@ -331,6 +360,8 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None) -> 
         Route("/", index),
         Route("/stagesets/{namespace}/{name}", stageset),
         Route("/sources", sources_page),
+        Route("/fleet", fleet_page),
+        Route("/live/fleet", live_fleet),
         Route("/live/", live_index),
         Route("/live/sources", live_sources),
         Route("/live/stagesets/{namespace}/{name}", live_stageset),
