@@ -38,6 +38,7 @@ import yaml
 from pydantic import BaseModel
 
 from stageset.api.common import GROUP, VERSION
+from stageset.api.fleet import FleetRollout
 from stageset.api.gitrepository import GitRepository
 from stageset.api.notification import NotificationAlert, NotificationProvider
 from stageset.api.stageset import StageSet
@@ -101,6 +102,10 @@ STAGETARGET_COLUMNS = [
     _column("Version", "string", ".status.kubernetesVersion", "The Kubernetes version the cluster reported."),
     _column("Age", "date", ".metadata.creationTimestamp", "Since the object was created."),
 ]
+FLEETROLLOUT_COLUMNS = [
+    *_READY_COLUMNS,
+    _column("Age", "date", ".metadata.creationTimestamp", "Since the object was created."),
+]
 
 # Both tenant kinds in one category of their own: `kubectl get stages` lists them together, and
 # nothing of Flux's (or any other group's) is in it.
@@ -121,6 +126,8 @@ class Kind:
     short_names: tuple[str, ...]
     columns: tuple[dict[str, str], ...]
     categories: tuple[str, ...] = (CATEGORY,)
+    scope: str = "Namespaced"
+    """``Namespaced`` or ``Cluster``."""
 
     @property
     def crd_name(self) -> str:
@@ -152,6 +159,9 @@ KINDS = (
          categories=()),
     Kind(model=NotificationAlert, kind="NotificationAlert", plural="notificationalerts",
          singular="notificationalert", short_names=("ssalert",), columns=tuple(ALERT_COLUMNS), categories=()),
+    # The platform's, cluster-scoped: not in the tenants' category either.
+    Kind(model=FleetRollout, kind="FleetRollout", plural="fleetrollouts", singular="fleetrollout",
+         short_names=("ssfleet",), columns=tuple(FLEETROLLOUT_COLUMNS), categories=(), scope="Cluster"),
 )
 
 
@@ -253,7 +263,7 @@ def custom_resource_definition(kind: Kind) -> dict[str, Any]:
                 "shortNames": list(kind.short_names),
                 "categories": list(kind.categories),
             },
-            "scope": "Namespaced",
+            "scope": kind.scope,
             "versions": [
                 {
                     "name": VERSION,

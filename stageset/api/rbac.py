@@ -71,6 +71,10 @@ CONTROLLER_RULES: list[dict[str, Any]] = [
     {"apiGroups": [GROUP],
      "resources": ["stagesets/status", "gitrepositories/status", "stagesets/finalizers"],
      "verbs": ["get", "patch", "update"]},
+    # FleetRollouts (cluster-scoped, the platform's): read them, write their status only.  On
+    # members the controller writes one annotation, with the StageSet patch right above.
+    {"apiGroups": [GROUP], "resources": ["fleetrollouts"], "verbs": ["get", "list", "watch"]},
+    {"apiGroups": [GROUP], "resources": ["fleetrollouts/status"], "verbs": ["get", "patch", "update"]},
     {"apiGroups": ["", "events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
     FLUX_SOURCE_RULE,
     # Namespaces' labels (read metadata-only): which tenant a namespace belongs to, for metrics.

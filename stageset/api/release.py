@@ -239,6 +239,10 @@ class PendingUpdate(StatusModel):
     """The stages whose new revision is held (ours)."""
     next_window_opens: Time | None = None
     """When the windows next allow a rollout (none: they never will, as declared)."""
+    fleet_rollout: Annotated[str, Field(max_length=253)] | None = None
+    """The FleetRollout that holds (some of) these revisions until the member's wave opens."""
+    wave: Annotated[str, Field(max_length=63)] | None = None
+    """The member's wave in that FleetRollout (none: unassigned or contested, held until that is resolved)."""
 
 
 # -- rollback --------------------------------------------------------------------------------

@@ -82,6 +82,15 @@ PATHS: Final = {
 }
 
 
+# FleetRollout's models (the reference's version-based rollout fields), kept apart from the
+# StageSet's table: the StageSet walk (tests/api) covers exactly PATHS.
+FLEET_PATHS: Final = {
+    "FleetRolloutSpec": "spec",
+    "FleetWave": "spec.waves[]",
+}
+_ALL_PATHS: Final = {**PATHS, **FLEET_PATHS}
+
+
 @dataclass(frozen=True)
 class Refusal:
     """One field (or one value of a field) of the reference's API that is refused here."""
@@ -104,7 +113,7 @@ class Refusal:
 
     @property
     def path(self) -> str:
-        return f"{PATHS[self.model]}.{self.field}"
+        return f"{_ALL_PATHS[self.model]}.{self.field}"
 
     @property
     def message(self) -> str:
@@ -184,7 +193,23 @@ REFUSED: Final = (
 """Every refused field; one line per field (or value)."""
 
 
-_BY_MODEL: Final = {model: tuple(r for r in REFUSED if r.model == model) for model in PATHS}
+_VERSIONS = "a FleetRollout rolls out revisions of its members' sources, not a spec.version; remove it"
+
+FLEET_REFUSED: Final = (
+    Refusal("FleetRolloutSpec", "targetVersion", "the spec.version every member is moved to",
+            shape=Shape.TEXT, instead=_VERSIONS),
+    Refusal("FleetRolloutSpec", "previousVersion", "the spec.version a regression returns members to",
+            shape=Shape.TEXT, instead=_VERSIONS),
+    Refusal("FleetRolloutSpec", "onRegression", "what the reference does to members on a regression",
+            shape=Shape.OBJECT, instead="remove it: a failing member halts the rollout here, and each "
+                                        "member's own rollbackOnFailure restores it"),
+    Refusal("FleetWave", "gate", "an approval or metric gate before a wave opens", shape=Shape.OBJECT,
+            instead="use the wave's soak, or each stage's promotion gate, which are supported"),
+)
+"""Every refused FleetRollout field."""
+
+_BY_MODEL: Final = {model: tuple(r for r in (*REFUSED, *FLEET_REFUSED) if r.model == model)
+                    for model in _ALL_PATHS}
 
 
 def of(model: str) -> tuple[Refusal, ...]:

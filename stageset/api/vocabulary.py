@@ -63,6 +63,15 @@ class Reason(StrEnum):
     """A release failed and its last good revisions cannot be restored: nothing was rolled back."""
     ACTION_FAILED = "ActionFailed"
     """A stage's ``pre`` or ``post`` action failed (a ``pre`` failure applied nothing)."""
+    # FleetRollout
+    HALTED = "Halted"
+    """A member of an open wave failed: no later wave opens until a new revision arrives."""
+    MEMBERS_UNASSIGNED = "MembersUnassigned"
+    """A selected StageSet is in no wave (or in several): it applies no new revision until assigned."""
+    MEMBERS_CONTESTED = "MembersContested"
+    """A StageSet is selected by two FleetRollouts: it applies no new revision until one lets go."""
+    COMPLETED = "Completed"
+    """Every wave is Ready at the newest revisions."""
     # GitRepository
     AUTHENTICATION_FAILED = "AuthenticationFailed"
     REF_NOT_FOUND = "RefNotFound"
@@ -124,10 +133,16 @@ class EventReason(StrEnum):
     """A stage's action completed (``pre``, ``post`` or ``onFailure``)."""
     ACTION_FAILED = "ActionFailed"
     """A stage's action failed (an ``onFailure`` action's failure is only this event)."""
+    WAVE_OPENED = "WaveOpened"
+    """A FleetRollout opened a wave: its members ship the new revisions."""
+    ROLLOUT_HALTED = "RolloutHalted"
+    """A member of an open wave failed: the FleetRollout opens no further wave."""
+    ROLLOUT_COMPLETED = "RolloutCompleted"
+    """Every wave of a FleetRollout is Ready at the newest revisions."""
 
 
 # Ready reasons without the Warning event a Ready condition turning False gets: a release held as
-# asked (soaking, awaiting a promotion, deferred) is not a failure, and a rollback is told by the
-# reconciler itself (a RolledBack event naming what failed and what was restored).
+# asked (soaking, awaiting a promotion, deferred) is not a failure, and a rollback (a fleet's halt) is
+# told by the reconciler itself (a RolledBack / RolloutHalted event naming what failed).
 NO_TRANSITION_EVENT = frozenset({Reason.SOAKING, Reason.AWAITING_PROMOTION, Reason.UPDATE_DEFERRED,
-                                 Reason.ROLLED_BACK})
+                                 Reason.ROLLED_BACK, Reason.HALTED})

@@ -18,6 +18,7 @@ from stageset.api.target import target_text
 from stageset.api.vocabulary import ConditionType, StagePhase
 from stageset.apply.inventory import ObjectId
 from stageset.apply.readiness import readiness
+from stageset.cli import fleet
 from stageset.cli.params import LABEL_SELECTOR
 from stageset.cli.session import (
     CliError,
@@ -105,7 +106,13 @@ def steering_lines(view: dict[str, Any]) -> list[str]:
     if pending:
         revisions = sorted((pending.get("revisions") or {}).items())
         held = ", ".join(f"{s}: {r}" for s, r in revisions) or "everything"
-        lines.append(f"held by update windows until {pending.get('nextWindowOpens') or 'they open'}: {held}")
+        if pending.get("fleetRollout"):
+            wave = f"until wave {pending['wave']} opens" if pending.get("wave") \
+                else "(not in exactly one wave)"
+            lines.append(f"held by FleetRollout {pending['fleetRollout']} {wave}: {held}")
+        if not pending.get("fleetRollout") or pending.get("nextWindowOpens"):
+            lines.append(f"held by update windows until {pending.get('nextWindowOpens') or 'they open'}: "
+                         f"{held}")
     rollback = view.get("rollback") or {}
     if rollback:
         lines.append(f"rollback {rollback.get('phase')}: {rollback.get('message', '')}")
@@ -259,19 +266,32 @@ def _watch(session: Session, *, name: str | None, selector: str | None) -> None:
 
 @click.command("get")
 @click.argument("name", required=False)
+@click.argument("named", required=False, metavar="[NAME]")
 @click.option("-l", "--selector", type=LABEL_SELECTOR, default=None,
               help="Only StageSets with these labels (Kubernetes' selector syntax, e.g. team=shop,tier!=db), "
               "selected by the apiserver.")
 @click.option("-w", "--watch", is_flag=True, default=False,
               help="After listing, print each change as it happens (a watch), until Ctrl-C.")
 @cluster_options(all_namespaces=True, outputs=("table", "wide", "name", "yaml", "json"))
-def get(session: Session, name: str | None, selector: LabelSelector | None, watch: bool) -> None:
+def get(session: Session, name: str | None, named: str | None, selector: LabelSelector | None,
+        watch: bool) -> None:
     """Show StageSets: ready state, each stage's phase and revision.
 
     Without NAME, every StageSet of the namespace (-A: of every namespace; -l: with these
     labels); with NAME, that StageSet and a line per stage.  -o wide adds the generation, every
     stage's phase, the sources and the whole message; -o name prints stageset.stages.metio.wtf/NAME.
+
+    `get fleetrollouts [NAME]` shows FleetRollouts (cluster-scoped): each wave's phase and Ready
+    members, and the revisions being rolled out; `get stageset NAME` names a StageSet whose name
+    is one of those words.
     """
+    if name in fleet.KIND_WORDS:
+        _get_fleet(session, named)
+        return
+    if name in fleet.STAGESET_WORDS and named is not None:
+        name, named = named, None
+    if named is not None:
+        raise click.UsageError("one NAME only (or: get fleetrollouts NAME)")
     if name is not None and session.all_namespaces:
         raise click.UsageError("NAME and --all-namespaces cannot be combined")
     if name is not None and selector is not None:
@@ -297,6 +317,18 @@ def get(session: Session, name: str | None, selector: LabelSelector | None, watc
     _print_views(session, views, name=None, every=namespace is None)
     if session.output in ("table", "wide"):
         _warn_unreconciled(views)
+
+
+def _get_fleet(session: Session, name: str | None) -> None:
+    views = [fleet.summary(obj) for obj in fleet.read(session, name)]
+    if session.output in ("yaml", "json"):
+        echo(dump(views[0] if name is not None else views, session.output))
+    elif session.output == "name":
+        echo("".join(f"fleetrollout.stages.metio.wtf/{v['name']}\n" for v in views))
+    elif not views:
+        click.echo("No FleetRollouts found.", err=True)
+    else:
+        echo(fleet.list_table(sorted(views, key=lambda v: v["name"])))
 
 
 def _warn_unreconciled(views: list[dict[str, Any]]) -> None:
@@ -386,13 +418,25 @@ def render_tree(view: dict[str, Any]) -> str:
 
 @click.command("tree")
 @click.argument("name")
+@click.argument("named", required=False, metavar="[NAME]")
 @cluster_options()
-def tree(session: Session, name: str) -> None:
+def tree(session: Session, name: str, named: str | None) -> None:
     """Show a StageSet's stages and the objects each one applied, with their readiness.
 
     Objects come from the StageSet's inventory and are read as you, so an object you may not
-    read shows as Unknown.
+    read shows as Unknown.  `tree fleetrollout NAME` shows a FleetRollout's waves, each member
+    with the revisions released to it and what it holds.
     """
+    if name in fleet.KIND_WORDS:
+        if named is None:
+            raise click.UsageError("tree fleetrollout NAME")
+        view = fleet.summary(fleet.read(session, named)[0])
+        echo(fleet.render_tree(view) if session.output == "table" else dump(view, session.output))
+        return
+    if name in fleet.STAGESET_WORDS and named is not None:
+        name, named = named, None
+    if named is not None:
+        raise click.UsageError("one NAME only (or: tree fleetrollout NAME)")
     view = tree_view(session, read_stageset(session, name))
     echo(render_tree(view) if session.output == "table" else dump(view, session.output))
 

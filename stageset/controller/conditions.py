@@ -17,10 +17,11 @@ from collections.abc import Callable, Sequence
 from typing import TypeVar
 
 from stageset.api import Condition, GitRepositoryStatus, StageSetStatus, StageTargetStatus
+from stageset.api.fleet import FleetRolloutStatus
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason
 from stageset.kube.types import ConditionDict, KubeObject, conditions, metadata
 
-S = TypeVar("S", StageSetStatus, GitRepositoryStatus, StageTargetStatus)
+S = TypeVar("S", StageSetStatus, GitRepositoryStatus, StageTargetStatus, FleetRolloutStatus)
 Redact = Callable[[str], str]
 
 READY = ConditionType.READY

@@ -16,3 +16,5 @@ STAGETARGETS = Resource(group=GROUP, version=VERSION, kind="StageTarget", plural
                         namespaced=True)
 SECRETS = Resource(group="", version="v1", kind="Secret", plural="secrets", namespaced=True)
 """Watched metadata-only in the target namespaces (a kubeconfig Secret changed), never cached."""
+FLEETROLLOUTS = Resource(group=GROUP, version=VERSION, kind="FleetRollout", plural="fleetrollouts",
+                         namespaced=False)

@@ -9,7 +9,8 @@ record, whichever module logs.  Threads started for a reconcile must carry its c
 (``contextvars.copy_context().run``), as the stage scheduler does.
 
 Fields (JSON keys; the text format appends them as ``key=value``): ``stageset``,
-``gitrepository`` or ``stagetarget`` (``namespace/name`` of the object reconciled), ``reconcileID`` (one per
+``gitrepository``, ``stagetarget`` or ``fleetrollout`` (``namespace/name`` of the object reconciled;
+``/name`` for a cluster-scoped one), ``reconcileID`` (one per
 reconcile, as controller-runtime's), ``stage``, ``revision``, ``identity`` (``controller`` or
 ``tenant`` -- never the ServiceAccount's name).
 
@@ -40,7 +41,8 @@ from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
 from stageset.controller.redact import install_log_filter
 
-FIELDS = ("stageset", "gitrepository", "stagetarget", "stage", "revision", "identity", "reconcileID")
+FIELDS = ("stageset", "gitrepository", "stagetarget", "fleetrollout", "stage", "revision", "identity",
+          "reconcileID")
 _VARS: dict[str, contextvars.ContextVar[str | None]] = {
     field: contextvars.ContextVar(f"stageset_log_{field}", default=None) for field in FIELDS}
 

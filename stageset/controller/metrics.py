@@ -205,6 +205,19 @@ class Metrics:
             "stageset_notifications_dropped_total", "Notifications dropped before sending (queue_full: the "
             "provider's rate-limited queue was full; intake_full: the notifier's queue was full, provider "
             "empty; too_many_providers).", ["provider", "reason"], registry=r)
+        # -- fleet rollouts (platform objects: cluster-scoped, named by the platform) -------------
+        self.fleet_wave_members = Gauge(
+            "stageset_fleet_wave_members", "Members of a FleetRollout's wave, by whether they are Ready at "
+            "the revisions released to them.", ["rollout", "wave", "ready"], registry=r)
+        self.fleet_wave_phase = Gauge(
+            "stageset_fleet_wave_phase", "1 for the phase a FleetRollout's wave is in (Waiting, Open, "
+            "Soaking, Done, Halted), 0 for the others.", ["rollout", "wave", "phase"], registry=r)
+        self.fleet_waves_opened = Counter(
+            "stageset_fleet_waves_opened_total", "Waves a FleetRollout opened.", ["rollout", "wave"],
+            registry=r)
+        self.fleet_halts = Counter(
+            "stageset_fleet_halts_total", "Rounds a FleetRollout halted (a member of an open wave failed).",
+            ["rollout"], registry=r)
         # -- Git ------------------------------------------------------------------------------
         # Per repository URL (stageset_git_fetches_total, stageset_git_fetch_duration_seconds):
         # plain numbers, written when scraped.
@@ -359,6 +372,34 @@ class Metrics:
         with self._lock:
             if ("StageSet", *stageset) in self._alive:
                 self.rollbacks.labels(*stageset, result).inc()
+
+    # -- fleet rollouts ---------------------------------------------------------------------
+
+    def fleet_waves(self, rollout: str, waves: Iterable[Any]) -> None:
+        """The waves of a FleetRollout as its last decision left them (``WaveStatus`` values); a wave
+        no longer declared takes its series with it."""
+        with self._lock:
+            for metric in (self.fleet_wave_members, self.fleet_wave_phase):
+                metric.remove_by_labels({"rollout": rollout})
+            for wave in waves:
+                self.fleet_wave_members.labels(rollout, wave.name, "true").set(wave.ready)
+                self.fleet_wave_members.labels(rollout, wave.name, "false").set(wave.members - wave.ready)
+                for phase in ("Waiting", "Open", "Soaking", "Done", "Halted"):
+                    self.fleet_wave_phase.labels(rollout, wave.name, phase).set(
+                        1 if wave.phase.value == phase else 0)
+
+    def fleet_wave_opened(self, rollout: str, wave: str) -> None:
+        self.fleet_waves_opened.labels(rollout, wave).inc()
+
+    def fleet_halted(self, rollout: str) -> None:
+        self.fleet_halts.labels(rollout).inc()
+
+    def fleet_forget(self, rollout: str) -> None:
+        """A FleetRollout is deleted: its series go."""
+        with self._lock:
+            for metric in (self.fleet_wave_members, self.fleet_wave_phase, self.fleet_waves_opened,
+                           self.fleet_halts):
+                metric.remove_by_labels({"rollout": rollout})
 
     # -- Git ---------------------------------------------------------------------------------
 

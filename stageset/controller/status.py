@@ -29,6 +29,7 @@ from typing import Any, Generic
 from pydantic import ValidationError
 
 from stageset.api import Condition, GitRepositoryStatus, StageSetStatus, StageTargetStatus, format_time
+from stageset.api.fleet import FleetRolloutStatus
 from stageset.api.vocabulary import ConditionType, Reason
 from stageset.controller.clock import Clock
 from stageset.controller.conditions import S, concluded, find, redacted
@@ -45,7 +46,8 @@ REQUESTED_AT = "reconcile.fluxcd.io/requestedAt"
 WriteListener = Callable[[KubeObject], None]
 
 
-def dump_status(status: StageSetStatus | GitRepositoryStatus | StageTargetStatus) -> dict[str, Any]:
+def dump_status(status: StageSetStatus | GitRepositoryStatus | StageTargetStatus | FleetRolloutStatus
+                ) -> dict[str, Any]:
     """The wire form of a status model (the one serializer)."""
     return status.model_dump(mode="json", by_alias=True, exclude_none=True)
 

@@ -25,7 +25,10 @@ the controller as wired) call :func:`wire` / :func:`stageset_reconciler`.  Built
   the guard of every controller (each kind is watched under the shard's selector);
 - for a cluster-wide release, the metadata-only Namespace watch behind the metrics' ``tenant``
   label (:mod:`stageset.controller.tenants`) and the teardown's knowledge of terminating namespaces
-  (:mod:`stageset.controller.terminating`), a runnable: a report only, not part of "synced".
+  (:mod:`stageset.controller.terminating`), a runnable: a report only, not part of "synced";
+- for a cluster-wide release without label shards, the FleetRollout reconciler
+  (:mod:`stageset.controller.fleet`): its index is told every StageSet event (chained to the
+  StageSet controller's hook), its jobs take release annotations back.
 
 Which kind each pool and job belongs to is said here and in the reconcilers' declarations
 (:meth:`StageSetWatches.controller`, :meth:`GitRepositoryReconciler.controller`); the manager
@@ -54,12 +57,15 @@ from stageset.controller.artifacts import JOB_KIND, ArtifactFetcher
 from stageset.controller.clock import Clock
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
+from stageset.controller.fleet.index import FleetIndex
+from stageset.controller.fleet.reconciler import FleetRolloutReconciler
+from stageset.controller.fleet.watches import FleetWatches, Sweep
 from stageset.controller.fluxwatch import FluxWatches
 from stageset.controller.gitrepository import Fetcher, GitRepositoryReconciler
 from stageset.controller.handoff import ShardHandoff
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.keys import JobKey, ObjectKey
-from stageset.controller.kinds import GITREPOSITORIES, STAGESETS, STAGETARGETS
+from stageset.controller.kinds import FLEETROLLOUTS, GITREPOSITORIES, STAGESETS, STAGETARGETS
 from stageset.controller.metrics import Metrics
 from stageset.controller.rendercache import RenderCache
 from stageset.controller.settings import ControllerSettings
@@ -170,8 +176,14 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
                                   on_revision=stagesets.revised, identities=identities, clock=shared.clock,
                                   events=shared.events, metrics=shared.metrics,
                                   runbook_base_url=settings.runbook_base_url, on_write=shared.on_write)
-    controllers = _sharded((stagesets.controller(workers=settings.workers),
-                            git.controller(workers=settings.source_workers)), shared, admin=admin, stop=stop)
+    fleet = _fleet(shared, enqueue=enqueue)
+    stageset_controller = stagesets.controller(workers=settings.workers)
+    fleet_parts: tuple[Controller, ...] = ()
+    if fleet is not None:
+        stageset_controller = fleet.chained(stageset_controller)
+        fleet_parts = (fleet.controller(workers=1),)
+    controllers = _sharded((stageset_controller, git.controller(workers=settings.source_workers),
+                            *fleet_parts), shared, admin=admin, stop=stop)
     secrets: tuple[Reflector, ...] = ()
     if platform is not None:
         # Not sharded: every shard needs every target; one worker, a target's connect is short.
@@ -183,10 +195,27 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
         secrets = targets.secrets(enqueue=enqueue, stop=stop, resync=settings.resync_period)
     # Artifact downloads share the source pool (and its per-namespace cap) with Git fetches.
     setup = Setup(controllers=controllers,
-                  jobs=(Jobs(runner=JOB_KIND, pool=GITREPOSITORIES.kind, run=artifacts.job),),
+                  jobs=(Jobs(runner=JOB_KIND, pool=GITREPOSITORIES.kind, run=artifacts.job),
+                        *((fleet.jobs(),) if fleet is not None else ())),
                   reports=_unserved(shared, admin=admin),
-                  runnables=(flux, *_tenant_labels(shared, admin=admin, stop=stop), *secrets))
+                  runnables=(flux, *_tenant_labels(shared, admin=admin, stop=stop), *secrets,
+                             *((Sweep(enqueue=enqueue, synced=shared.synced, stop=stop),) if fleet else ())))
     return Wired(setup=setup, flux=flux, artifacts=artifacts)
+
+
+def _fleet(shared: Shared, *, enqueue: Enqueue) -> FleetWatches | None:
+    """The FleetRollout reconciler, on a cluster-wide release without label shards only: a rollout
+    must see every StageSet it may select (and FleetRollouts are cluster-scoped)."""
+    settings = shared.settings
+    if settings.watch_namespaces is not None or settings.watch_label_selector is not None:
+        return None
+    index = FleetIndex(namespace_labels=shared.metrics.tenants.labels_of)
+    reconciler = FleetRolloutReconciler(clients=shared.clients, resource=FLEETROLLOUTS, stagesets=STAGESETS,
+                                        index=index, clock=shared.clock, events=shared.events,
+                                        metrics=shared.metrics, runbook_base_url=settings.runbook_base_url,
+                                        on_write=shared.on_write)
+    return FleetWatches(reconciler=reconciler, resource=FLEETROLLOUTS, stageset_kind=STAGESETS.kind,
+                        index=index, enqueue=enqueue)
 
 
 def _sharded(controllers: tuple[Controller, ...], shared: Shared, *, admin: KubeClient,

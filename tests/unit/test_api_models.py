@@ -271,7 +271,8 @@ def test_crd_envelope(kind: crdgen.Kind) -> None:
     crd = crdgen.custom_resource_definition(kind)
     assert crd["metadata"]["name"] == f"{kind.plural}.stages.metio.wtf"
     spec = crd["spec"]
-    assert (spec["group"], spec["scope"]) == ("stages.metio.wtf", "Namespaced")
+    scope = "Cluster" if kind.kind == "FleetRollout" else "Namespaced"
+    assert (spec["group"], spec["scope"]) == ("stages.metio.wtf", scope)
     assert spec["names"]["shortNames"] == list(kind.short_names)
     (version,) = spec["versions"]
     assert (version["name"], version["served"], version["storage"]) == ("v1", True, True)
@@ -287,8 +288,10 @@ def test_crd_envelope(kind: crdgen.Kind) -> None:
         columns = ["Type", "Suspended", "Age"]
     if kind.kind == "NotificationAlert":
         columns = ["Provider", "Severity", "Suspended", "Age"]
+    if kind.kind == "FleetRollout":
+        columns = ["Ready", "Status", "Age"]
     assert [c["name"] for c in version["additionalPrinterColumns"]] == columns
-    platform = {"StageTarget", "NotificationProvider", "NotificationAlert"}
+    platform = {"StageTarget", "NotificationProvider", "NotificationAlert", "FleetRollout"}
     assert spec["names"]["categories"] == ([] if kind.kind in platform else ["stages"])
 
 

@@ -12,7 +12,7 @@ import pytest
 from stageset.apply.changeset import Action, Change
 from stageset.apply.inventory import ObjectId
 from stageset.cli.dashboard import layout, views
-from stageset.cli.dashboard.app import ListPage, SourcesPage, StageSetPage, environment
+from stageset.cli.dashboard.app import Dashboard, FleetPage, ListPage, SourcesPage, StageSetPage, environment
 from stageset.cli.dashboard.command import Address, is_loopback, parse_address
 from stageset.cli.dashboard.diffs import EventRow, last_changes, parse_summary
 from stageset.controller.events import change_summary
@@ -423,6 +423,17 @@ class FakeHub:
     def lookup(self, _ref: views.Ref) -> views.ObjectState:
         return views.ObjectState("Failed", HOSTILE, revision=HOSTILE)
 
+    def fleetrollouts(self) -> list[dict[str, Any]]:
+        member = {"namespace": "shop", "name": HOSTILE, "wave": "canary", "ready": False,
+                  "released": {HOSTILE: HOSTILE}, "pending": {HOSTILE: HOSTILE}}
+        lost = {"namespace": "shop", "name": "lost", "hold": HOSTILE}
+        return [{"metadata": {"name": "web"}, "status": {
+            "conditions": ready("False", "Halted", f"member {HOSTILE} failed"),
+            "round": {"revisions": [HOSTILE]}, "withdrawn": [HOSTILE],
+            "waves": [{"name": "canary", "phase": "Halted", "members": 1, "ready": 0},
+                      {"name": "all", "phase": "Waiting", "members": 0, "ready": 0}],
+            "members": [member, lost]}}]
+
     def sources(self) -> list[dict[str, Any]]:
         return [{
             "apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
@@ -488,6 +499,7 @@ def test_every_template_escapes_tenant_text() -> None:
     dashboard = Dashboard(FakeHub(obj), scope=HOSTILE)  # type: ignore[arg-type]
     pages = [ListPage(dashboard), StageSetPage(dashboard, namespace="shop", name="shop")]
     pages.append(SourcesPage(dashboard))
+    pages.append(FleetPage(dashboard))
     rendered = [str(f.html) for page in pages for f in page.fragments()]
     rendered.append(
         str(
@@ -701,3 +713,15 @@ def test_a_source_row_never_shows_credentials_and_names_its_users() -> None:
     assert [u.name for u in ours_row.used_by] == ["shop"]
     assert [u.name for u in flux_row.used_by] == ["other"]
     assert (flux_row.message, flux_row.ref) == ("", "tag v1")
+
+
+def test_the_fleet_page_shows_each_wave_its_members_and_what_holds_them() -> None:
+    dashboard = Dashboard(FakeHub({"metadata": {"name": "x", "namespace": "shop"}, "spec": {"stages": []}}),
+                          scope="every namespace")  # type: ignore[arg-type]
+    (fragment,) = FleetPage(dashboard).fragments()
+    html = str(fragment.html)
+    assert "<td rowspan=\"1\">canary</td><td rowspan=\"1\">Halted</td>" in html
+    assert "no members" in html  # the wave "all"
+    assert "not in a wave" in html
+    assert "shop/lost" in html
+    assert "Withdrawn (never released again)" in html

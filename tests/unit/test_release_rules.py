@@ -11,6 +11,7 @@ import networkx as nx
 import pytest
 
 from stageset.api import StageSet, StageSetStatus, StageStatus
+from stageset.api.fleet import FleetRelease
 from stageset.api.release import (
     Promotion,
     PromotionPhase,
@@ -416,3 +417,58 @@ def test_the_steered_verdict() -> None:
     assert steering.succeeded(may, steering.Steering())
     assert not steering.succeeded(pruning.PrunePermission(pruning.Scope.NOTHING, pruning.PruneReason.FROZEN,
                                                           pruning.Reach.EVERYWHERE), steering.Steering())
+
+
+# -- a FleetRollout's hold, composed with the windows' ---------------------------------------------
+
+def fleet_release(**fields: Any) -> dict[str, Any]:
+    return {"annotations": {"stages.metio.wtf/fleet-release": FleetRelease(rollout="web", **fields).encode()}}
+
+
+OPEN = at("2026-03-16T08:00:00Z")  # the Friday freeze is over
+
+
+def test_a_fleet_rollout_holds_what_its_wave_was_not_released_as_a_window_does() -> None:
+    waiting = stageset(meta=fleet_release(wave="ring1"))
+    decided = steering.steer(waiting, status(stages={"staging": "r1"}),
+                             current={"staging": "r2", "prod": "r2"}, sources=SOURCES, now=OPEN, generation=1)
+    assert decided.pins == {"staging": "r1"}
+    assert "held by FleetRollout web until wave ring1 opens" in decided.skip["prod"]
+    assert decided.pending is not None
+    assert decided.pending.revisions == {"ns/app": "r2"}
+    assert (decided.pending.fleet_rollout, decided.pending.wave) == ("web", "ring1")
+    assert "held by FleetRollout web" in steering.deferral(decided)
+    # Released exactly r2: nothing held.  Released r2 but the source offers r3: r3 is held.
+    released = stageset(meta=fleet_release(wave="ring1", revisions={"ns/app": "r2"}))
+    assert steering.steer(released, status(), current={"staging": "r2", "prod": "r2"}, sources=SOURCES,
+                          now=OPEN, generation=1).pending is None
+    newer = steering.steer(released, status(), current={"staging": "r3", "prod": "r3"}, sources=SOURCES,
+                           now=OPEN, generation=1)
+    assert newer.pins == {"staging": "r1", "prod": "r1"}
+
+
+def test_both_holds_apply_and_update_now_lifts_only_the_windows() -> None:
+    released = fleet_release(wave="ring1", revisions={"ns/app": "r2"})
+    windowed = stageset(meta=released, updateWindows=FREEZE)
+    closed = steering.steer(windowed, status(), current={"staging": "r2", "prod": "r2"}, sources=SOURCES,
+                            now=NOW, generation=1)
+    assert closed.pins == {"staging": "r1", "prod": "r1"}  # the wave released it; the windows hold it
+    assert closed.pending is not None
+    assert closed.pending.fleet_rollout is None
+    held = fleet_release(wave="ring1")
+    asked = stageset(meta={"annotations": {**held["annotations"], "stages.metio.wtf/update-now": "t1"}},
+                     updateWindows=FREEZE)
+    forced = steering.steer(asked, status(), current={"staging": "r2", "prod": "r2"}, sources=SOURCES,
+                            now=NOW, generation=1)
+    assert forced.override == "t1"
+    assert forced.pins == {"staging": "r1", "prod": "r1"}  # the rollout still holds it
+    assert forced.pending is not None
+    assert forced.pending.fleet_rollout == "web"
+
+
+def test_an_unassigned_member_applies_nothing_new() -> None:
+    lost = stageset(meta=fleet_release(hold="in no wave of FleetRollout web"))
+    decided = steering.steer(lost, status(stages={}), current={"staging": "r2", "prod": "r2"},
+                             sources=SOURCES, now=OPEN, generation=1)
+    assert set(decided.skip) == {"staging", "prod"}
+    assert "in no wave" in decided.skip["prod"]

@@ -48,6 +48,7 @@ from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from stageset.apply.inventory import ObjectId
+from stageset.cli import fleet
 from stageset.cli.dashboard import layout, objects, sources, views
 from stageset.cli.dashboard.actions import COOKIE, ActionLog, Guard, Verb, perform
 from stageset.cli.dashboard.hub import Hub, Lease
@@ -186,6 +187,28 @@ class SourcesPage(Page):
 
     def context(self) -> dict[str, Any]:
         return {"live": "/live/sources"}
+
+
+class FleetPage(Page):
+    """Every FleetRollout the viewer may list: each wave, its members, what each was released and holds."""
+
+    template = "fleet.html"
+
+    def __init__(self, dashboard: Dashboard):
+        self.dashboard = dashboard
+        self.title = "Fleet rollouts"
+
+    def lease(self, previous: Lease | None) -> Lease:
+        return self.dashboard.hub.fleet_lease(previous)
+
+    def fragments(self) -> list[Fragment]:
+        hub = self.dashboard.hub
+        rollouts = sorted((fleet.summary(obj) for obj in hub.fleetrollouts()), key=lambda v: v["name"])
+        return [Fragment("fleet", self.dashboard.render("fragments/fleet.html", rollouts=rollouts,
+                                                        problems=self.dashboard.problems()))]
+
+    def context(self) -> dict[str, Any]:
+        return {"live": "/live/fleet"}
 
 
 class StageSetPage(Page):
@@ -435,6 +458,12 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None, ses
     async def live_sources(request: Request) -> Response:
         return live(request, SourcesPage(dashboard))
 
+    def fleet_page(_request: Request) -> Response:
+        return _page_response(dashboard, FleetPage(dashboard))
+
+    async def live_fleet(request: Request) -> Response:
+        return live(request, FleetPage(dashboard))
+
     async def live_stageset(request: Request) -> Response:
         page = stageset_page(request)  # its forms carry the token of the cookie the page was given
         if page is None:
@@ -449,6 +478,8 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None, ses
         Route("/stagesets/{namespace}/{name}", stageset),
         Route("/stagesets/{namespace}/{name}/object", object_page),
         Route("/sources", sources_page),
+        Route("/fleet", fleet_page),
+        Route("/live/fleet", live_fleet),
         Route("/live/", live_index),
         Route("/live/sources", live_sources),
         Route("/live/stagesets/{namespace}/{name}", live_stageset),

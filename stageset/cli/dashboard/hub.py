@@ -56,7 +56,7 @@ from stageset.cli.dashboard.views import (
 )
 from stageset.cli.inspect import event_row
 from stageset.controller.conditions import find_condition, ready_at_generation
-from stageset.controller.kinds import STAGESETS
+from stageset.controller.kinds import FLEETROLLOUTS, STAGESETS
 from stageset.controller.sourcekinds import FLUX_GROUP, FLUX_KINDS, FLUX_VERSIONS
 from stageset.kube.client import ApiError, KubeClient, QueryValue, UnreachableError
 from stageset.kube.mapping import Resource, RestMapper, UnknownKindError
@@ -359,6 +359,46 @@ class Hub:
         with self._lock:
             return [obj for (kind, _, _), watch in self._watches.items() if kind == "sources"
                     for obj in watch.sources.values()]
+
+    def fleet_lease(self, previous: Lease | None = None) -> Lease:
+        """Hold a watch of FleetRollouts (cluster-scoped: the Fleet page; listed as the viewer, so
+        only the platform, who may read them, sees any)."""
+        key: WatchKey = ("fleet", f"{FLEETROLLOUTS.plural}.{FLEETROLLOUTS.group}/{FLEETROLLOUTS.version}", "")
+        return self._hold({key: self._fleet_starter()}, previous)
+
+    def fleetrollouts(self) -> list[KubeObject]:
+        """The FleetRollouts the Fleet page's watch holds (name and status only)."""
+        with self._lock:
+            return [obj for (kind, _, _), watch in self._watches.items() if kind == "fleet"
+                    for obj in watch.sources.values()]
+
+    def _fleet_starter(self) -> Callable[[threading.Event, _Watch], Reflector | None]:
+        def start(stop: threading.Event, watch: _Watch) -> Reflector | None:
+            error = self._probe(FLEETROLLOUTS.collection_path(None), {}, "fleetrollouts.stages.metio.wtf")
+            if error is not None:
+                watch.error = error
+                return None
+
+            def handle(kind: str, obj: KubeObject) -> None:
+                key = object_key(obj)
+                meta = obj.get("metadata") or {}
+                named = {"name": meta.get("name"), "creationTimestamp": meta.get("creationTimestamp")}
+                kept = None if kind == "DELETED" else {"metadata": named, "status": obj.get("status") or {}}
+                with self._lock:
+                    if watch.sources.get(key) == kept:
+                        return
+                    if kept is None:
+                        watch.sources.pop(key, None)
+                    else:
+                        watch.sources[key] = kept
+                self._changed()
+
+            reflector = Reflector(client=self._client, resource=FLEETROLLOUTS, namespace=None, handler=handle,
+                                  stop=stop, resync=self._resync)
+            reflector.start()
+            return reflector
+
+        return start
 
     def _hold(self, wanted: dict[WatchKey, Callable[[threading.Event, _Watch], Reflector | None]],
               previous: Lease | None) -> Lease:

@@ -15,6 +15,9 @@ revision (what its source offers now):
   they stay let through (``status.overrideRevisions``) until each stage has applied its own, so a
   rollout that takes several passes finishes.  Deleting a StageSet is never held (teardown does
   not come here).
+- **a FleetRollout** (:mod:`.fleethold`): a member holds every new revision its wave was not
+  released, the same way (pinned, or not applied); both holds apply, and ``update-now`` lifts
+  only the windows'.  ``pendingUpdate`` names the rollout and the wave.
 
 :func:`verdict` turns the pass's outcomes into the Ready condition when steering says more than
 the plain verdict (:func:`plan.verdict`): promotion gates holding (``Soaking``,
@@ -31,9 +34,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from stageset.api import StageSet, StageSetStatus, format_time
+from stageset.api.fleet import read_release
 from stageset.api.release import ANNOTATION_UPDATE_NOW, PendingUpdate, Rollback, RollbackPhase, WindowScope
 from stageset.api.vocabulary import Reason, StagePhase
-from stageset.controller.stageset import gates, rollback, windows
+from stageset.controller.stageset import fleethold, gates, rollback, windows
 from stageset.controller.stageset.plan import StageOutcome, Verdict
 from stageset.controller.stageset.pruning import PrunePermission, Scope
 
@@ -65,6 +69,10 @@ class Steering:
     """A rollback to finish first: the stages still to restore, in order."""
     lifted: bool = False
     """A parked rollback ended in this pass (a source or the spec moved on)."""
+    window_held: tuple[str, ...] = ()
+    """Stages the update windows hold back."""
+    fleet: fleethold.FleetHold | None = None
+    """What the member's FleetRollout holds back."""
 
     @property
     def parked(self) -> bool:
@@ -102,16 +110,23 @@ def steer(stageset: StageSet, status: StageSetStatus, *, current: Mapping[str, s
     decision = windows.decide(spec.update_windows, now)
     base = Steering(pins=pins, skip=skip, override=override, override_revisions=overridden, rollback=kept,
                     lifted=lifted)
-    if decision.allowed:
+    annotations = stageset.metadata.get("annotations") or {}
+    fleet = fleethold.hold(read_release(annotations), new=new, sources=sources)
+    if decision.allowed and fleet is None:
         return base
-    held = {s: r for s, r in new.items() if overridden.get(s) != r}
-    opens = decision.next_open
-    reopen = min(RECHECK_MAX, max(1.0, ((decision.recheck or now) - now).total_seconds() + 0.5)) \
+    window = {} if decision.allowed else {s: r for s, r in new.items() if overridden.get(s) != r}
+    held = {**window, **(fleet.held if fleet else {})}
+    opens = None if decision.allowed else decision.next_open
+    reopen = None if decision.allowed else \
+        min(RECHECK_MAX, max(1.0, ((decision.recheck or now) - now).total_seconds() + 0.5)) \
         if decision.recheck else RECHECK_MAX
     until = f"until {format_time(opens)}" if opens else "(the windows never open again, as declared)"
     pending = PendingUpdate(revisions={sources.get(s, s): r for s, r in held.items()}, stages=sorted(held),
-                            next_window_opens=format_time(opens) if opens else None)
-    if spec.window_scope is WindowScope.ALL and not overridden:
+                            next_window_opens=format_time(opens) if opens else None,
+                            fleet_rollout=fleet.rollout if fleet else None,
+                            wave=(fleet.wave or None) if fleet else None)
+    base = replace(base, window_held=tuple(sorted(window)), fleet=fleet)
+    if not decision.allowed and spec.window_scope is WindowScope.ALL and not overridden:
         return replace(base, frozen=True, pending=pending, reopen_in=reopen)
     if not held:
         return base
@@ -120,13 +135,15 @@ def steer(stageset: StageSet, status: StageSetStatus, *, current: Mapping[str, s
     for stage, revision in held.items():
         if applied.get(stage):
             pins[stage] = str(applied[stage])
+        elif fleet is not None and stage in fleet.held:
+            skip[stage] = f"stage {stage!r}: revision {revision} is {fleet.why}"
         else:
             skip[stage] = f"stage {stage!r}: revision {revision} is held by the update windows {until}"
     return replace(base, pins=pins, skip=skip, pending=pending, reopen_in=reopen)
 
 
 def deferral(steering: Steering) -> str:
-    """The words for what the windows hold back."""
+    """The words for what the windows (and a FleetRollout) hold back."""
     pending = steering.pending
     if pending is None:
         return ""
@@ -134,7 +151,14 @@ def deferral(steering: Steering) -> str:
         else "(the windows never open again, as declared)"
     if not pending.stages:
         return f"nothing is applied while the update windows are closed (windowScope: All) {until}"
-    return f"new revision(s) of stage(s) {', '.join(pending.stages)} held by the update windows {until}"
+    said = []
+    fleet = steering.fleet
+    windowed = [s for s in pending.stages if s in steering.window_held or fleet is None]
+    if windowed:
+        said.append(f"new revision(s) of stage(s) {', '.join(windowed)} held by the update windows {until}")
+    if fleet is not None:
+        said.append(f"new revision(s) of stage(s) {', '.join(sorted(fleet.held))} {fleet.why}")
+    return "; ".join(said)
 
 
 def verdict(base: Verdict, outcomes: Sequence[StageOutcome], *, steering: Steering, now: datetime.datetime,

@@ -1,8 +1,9 @@
 """What the StageSet reconciler watches and which StageSets each event requeues (its ``SetupWithManager``).
 
-- ``For`` StageSets (:func:`trigger`): a new generation, a ``requestedAt``, a deletion, or a
-  promote/update-now annotation (a request is an annotation, so it is named here).  Status
-  writes alone requeue nothing.
+- ``For`` StageSets (:func:`trigger`): a new generation, a ``requestedAt``, a deletion, a
+  promote/update-now annotation (a request is an annotation, so it is named here), or the
+  release a FleetRollout wrote (``stages.metio.wtf/fleet-release``: a wave opened for it).
+  Status writes alone requeue nothing.
 - ``Watches`` StageSets (:func:`as_dependency`): a StageSet turning (un)Ready at its generation,
   applying a new revision (``minVersion``) or releasing a held one wakes the StageSets whose
   ``spec.dependsOn`` names it, at once.
@@ -37,6 +38,7 @@ import threading
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
+from stageset.api.fleet import ANNOTATION_FLEET_RELEASE
 from stageset.api.release import ANNOTATION_PROMOTE, ANNOTATION_UPDATE_NOW
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
@@ -78,7 +80,7 @@ def trigger(obj: KubeObject) -> tuple[Any, ...]:
     """What, when changed, calls for a reconcile of a StageSet."""
     annotations = obj.get("metadata", {}).get("annotations") or {}
     return (*reconcile_trigger(obj), annotations.get(ANNOTATION_PROMOTE),
-            annotations.get(ANNOTATION_UPDATE_NOW))
+            annotations.get(ANNOTATION_UPDATE_NOW), annotations.get(ANNOTATION_FLEET_RELEASE))
 
 
 def as_dependency(obj: KubeObject) -> tuple[Any, ...]:

@@ -1,0 +1,1 @@
+"""FleetRollout: one change across many StageSets, in waves (the decision is :mod:`.decide`)."""
