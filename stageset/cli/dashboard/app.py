@@ -28,7 +28,7 @@ import asyncio
 import datetime
 import hashlib
 import json
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import parse_qs
@@ -432,9 +432,6 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None, ses
         return StageSetPage(dashboard, namespace=namespace, name=name, token=token) \
             if hub.in_scope(namespace) else None
 
-    def index(_request: Request) -> Response:
-        return _page_response(dashboard, ListPage(dashboard))
-
     def stageset(request: Request) -> Response:
         return _stageset(request, dashboard)
 
@@ -449,20 +446,19 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None, ses
         return EventSourceResponse(_stream(request, page, hub, shutdown), ping=15, shutdown_event=shutdown,
                                    shutdown_grace_period=1.0)
 
-    async def live_index(request: Request) -> Response:
-        return live(request, ListPage(dashboard))
+    def whole(make: Callable[[Dashboard], Page]) -> tuple[Callable[[Request], Response],
+                                                          Callable[[Request], Awaitable[Response]]]:
+        """A page that is the same for every viewer of this dashboard: itself, and its live stream."""
+        def page(_request: Request) -> Response:
+            return _page_response(dashboard, make(dashboard))
 
-    def sources_page(_request: Request) -> Response:
-        return _page_response(dashboard, SourcesPage(dashboard))
+        async def live_page(request: Request) -> Response:
+            return live(request, make(dashboard))
+        return page, live_page
 
-    async def live_sources(request: Request) -> Response:
-        return live(request, SourcesPage(dashboard))
-
-    def fleet_page(_request: Request) -> Response:
-        return _page_response(dashboard, FleetPage(dashboard))
-
-    async def live_fleet(request: Request) -> Response:
-        return live(request, FleetPage(dashboard))
+    index, live_index = whole(ListPage)
+    sources_page, live_sources = whole(SourcesPage)
+    fleet_page, live_fleet = whole(FleetPage)
 
     async def live_stageset(request: Request) -> Response:
         page = stageset_page(request)  # its forms carry the token of the cookie the page was given
