@@ -78,7 +78,7 @@ from stageset.controller.stageset.platform import PlatformTargets
 from stageset.controller.stageset.reads import AccountCheck, TenantReads
 from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.records import Records
-from stageset.controller.stageset.release import Release
+from stageset.controller.stageset.release import Release, SelectedBy, no_rollouts
 from stageset.controller.stageset.rendering import ArtifactTrees, Renderer, SourceTrees
 from stageset.controller.stageset.revisions import GitRevisions, Keeper
 from stageset.controller.stageset.stage import StageApply, Wake
@@ -163,9 +163,12 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
                        resync=settings.resync_period, interval=settings.artifacts.discovery_interval)
     platform = PlatformTargets(admin=admin, namespaces=settings.target_namespaces) \
         if settings.target_namespaces else None
+    fleet_index = _fleet_index(shared)
+    selected_by = no_rollouts if fleet_index is None else fleet_index.selected_by
     reconciler = stageset_reconciler(shared, identities=identities, store=store, resource=STAGESETS,
                                      source_resource=GITREPOSITORIES, index=index, stop=stop,
-                                     artifacts=artifacts, platform=platform)
+                                     artifacts=artifacts, platform=platform,
+                                     selected_by=selected_by)
     stagesets = StageSetWatches(
         reconciler=reconciler,
         resource=STAGESETS, source_kind=GITREPOSITORIES.kind, index=index, sources=sources,
@@ -176,7 +179,7 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
                                   on_revision=stagesets.revised, identities=identities, clock=shared.clock,
                                   events=shared.events, metrics=shared.metrics,
                                   runbook_base_url=settings.runbook_base_url, on_write=shared.on_write)
-    fleet = _fleet(shared, enqueue=enqueue)
+    fleet = None if fleet_index is None else _fleet(shared, index=fleet_index, enqueue=enqueue)
     stageset_controller = stagesets.controller(workers=settings.workers)
     fleet_parts: tuple[Controller, ...] = ()
     if fleet is not None:
@@ -203,13 +206,19 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
     return Wired(setup=setup, flux=flux, artifacts=artifacts)
 
 
-def _fleet(shared: Shared, *, enqueue: Enqueue) -> FleetWatches | None:
-    """The FleetRollout reconciler, on a cluster-wide release without label shards only: a rollout
-    must see every StageSet it may select (and FleetRollouts are cluster-scoped)."""
+def _fleet_index(shared: Shared) -> FleetIndex | None:
+    """What the FleetRollout reconciler and the members' passes know of rollouts, on a cluster-wide
+    release without label shards only: a rollout must see every StageSet it may select (and
+    FleetRollouts are cluster-scoped)."""
     settings = shared.settings
     if settings.watch_namespaces is not None or settings.watch_label_selector is not None:
         return None
-    index = FleetIndex(namespace_labels=shared.metrics.tenants.labels_of)
+    return FleetIndex(namespace_labels=shared.metrics.tenants.labels_of)
+
+
+def _fleet(shared: Shared, *, index: FleetIndex, enqueue: Enqueue) -> FleetWatches:
+    """The FleetRollout reconciler over ``index``."""
+    settings = shared.settings
     reconciler = FleetRolloutReconciler(clients=shared.clients, resource=FLEETROLLOUTS, stagesets=STAGESETS,
                                         index=index, clock=shared.clock, events=shared.events,
                                         metrics=shared.metrics, runbook_base_url=settings.runbook_base_url,
@@ -268,8 +277,8 @@ def _unserved(shared: Shared, *, admin: KubeClient) -> Reports | None:
 
 def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: SourceTrees, resource: Resource,
                         source_resource: Resource, index: DependencyIndex, stop: threading.Event,
-                        artifacts: ArtifactTrees | None = None, platform: PlatformTargets | None = None
-                        ) -> StageSetReconciler:
+                        selected_by: SelectedBy, artifacts: ArtifactTrees | None = None,
+                        platform: PlatformTargets | None = None) -> StageSetReconciler:
     """The StageSet reconciler and everything it works with (``platform``: the StageTargets'
     registry, with ``--target-namespaces``)."""
     clients, settings = shared.clients, shared.settings
@@ -304,7 +313,8 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     stages = ActionStage(inner=applier, runner=runner, clients=clients, events=shared.events,
                          clock=shared.clock, slice_seconds=settings.readiness_slice, stop=stop)
     release = Release(clients=clients, identities=identities, renderer=renderer, stages=stages,
-                      changes=changes, events=shared.events, metrics=shared.metrics, clock=shared.clock)
+                      changes=changes, events=shared.events, metrics=shared.metrics, clock=shared.clock,
+                      selected_by=selected_by)
     passes = PassRunner(clients=clients, identities=identities, records=records, changes=changes,
                         settings=settings, renderer=renderer, stages=stages, release=release,
                         accounts=accounts)

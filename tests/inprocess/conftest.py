@@ -93,6 +93,11 @@ class World:
     index: DependencyIndex = field(default_factory=DependencyIndex)
     terminating: TerminatingNamespaces = field(default_factory=TerminatingNamespaces)
     """The namespaces the Namespace watch would report terminating (fed by the test)."""
+    rollouts: dict[tuple[str, str], list[str]] = field(default_factory=dict)
+    """The FleetRollouts that select each StageSet, as the rollout watch would tell (fed by the test)."""
+
+    def selected_by(self, namespace: str, name: str) -> list[str]:
+        return self.rollouts.get((namespace, name), [])
 
     def __post_init__(self) -> None:
         self.pool = FakeClientPool(self.cluster)
@@ -108,7 +113,8 @@ class World:
         identities = IdentityPolicy(cluster_admin=self.settings.cluster_admin)
         return stageset_reconciler(shared, identities=identities,
                                    store=self.sources, resource=STAGESETS, source_resource=GITREPOSITORIES,
-                                   index=self.index, stop=self.stop, artifacts=artifacts)
+                                   index=self.index, stop=self.stop, artifacts=artifacts,
+                                   selected_by=self.selected_by)
 
     # -- Git --------------------------------------------------------------------------------
 

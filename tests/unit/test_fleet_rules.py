@@ -282,17 +282,40 @@ def test_a_wave_gate_is_refused_by_name() -> None:
 
 def test_a_member_holds_everything_new_but_exactly_what_was_released() -> None:
     release = FleetRelease(rollout="web", wave="ring1", revisions={SRC: NEW})
-    assert hold(None, new={"app": NEW}, sources={"app": SRC}) is None
-    assert hold(release, new={"app": NEW}, sources={"app": SRC}) is None
+    assert hold(None, new={"app": NEW}, sources={"app": SRC}, selected_by=[]) is None
+    assert hold(release, new={"app": NEW}, sources={"app": SRC}, selected_by=["web"]) is None
     # An intermediate (or later) revision it was never released is held.
-    later = hold(release, new={"app": FIX}, sources={"app": SRC})
+    later = hold(release, new={"app": FIX}, sources={"app": SRC}, selected_by=["web"])
     assert later is not None
     assert later.held == {"app": FIX}
     assert "wave ring1" in later.why
-    closed = hold(FleetRelease(rollout="web", hold="in no wave"), new={"app": NEW}, sources={"app": SRC})
+    closed = hold(FleetRelease(rollout="web", hold="in no wave"), new={"app": NEW}, sources={"app": SRC},
+                  selected_by=["web"])
     assert closed is not None
     assert closed.held == {"app": NEW}
     assert "in no wave" in closed.why
+
+
+@pytest.mark.parametrize(("release", "selected_by", "held"), [
+    # Selected, but the rollout's release is not written yet (its first decision has not reached
+    # the member) or was removed by hand: everything new is held until the rollout writes it.
+    (None, ["web"], True),
+    # A release of another rollout than the one that selects it now: held until this one writes.
+    (FleetRelease(rollout="old", wave="a", revisions={SRC: NEW}), ["web"], True),
+    # Not selected by any rollout: its own release (or none) decides.
+    (None, [], False),
+    (FleetRelease(rollout="web", wave="a", revisions={SRC: NEW}), [], False),
+    (FleetRelease(rollout="web", wave="a", revisions={SRC: NEW}), ["web"], False),
+])
+def test_a_selected_member_without_its_rollouts_release_fails_closed(
+        release: FleetRelease | None, selected_by: list[str], held: bool) -> None:
+    found = hold(release, new={"app": NEW}, sources={"app": SRC}, selected_by=selected_by)
+    assert (found is not None) is held
+    if found is not None:
+        assert found.held == {"app": NEW}
+        assert found.rollout == "web"
+    # Nothing new: nothing to hold, selected or not.
+    assert hold(release, new={}, sources={"app": SRC}, selected_by=selected_by) is None
 
 
 def test_an_unreadable_release_annotation_holds_everything() -> None:

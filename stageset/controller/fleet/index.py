@@ -127,6 +127,13 @@ class FleetIndex:
                 return sorted(self._gone.pop(ref, set()))
             return sorted(self._selecting(view) | (names(view.release) & set(self._rollouts)))
 
+    def selected_by(self, namespace: str, name: str) -> list[str]:
+        """The rollouts that select StageSet ``namespace/name`` as the watch last showed it: a member's
+        pass holds its new revisions when one does and no release is written on it yet (fail closed)."""
+        with self._lock:
+            view = self._stagesets.get((namespace, name))
+            return [] if view is None else sorted(self._selecting(view))
+
     def members(self, rollout: FleetRollout) -> list[tuple[Seen, list[str]]]:
         """Every StageSet ``rollout`` selects, with the other rollouts selecting it too."""
         name = str(rollout.metadata.get("name", ""))

@@ -16,7 +16,7 @@ as without a rollout.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from stageset.api.fleet import FleetRelease
@@ -34,12 +34,21 @@ class FleetHold:
     """The words for it (``held by FleetRollout …``)."""
 
 
-def hold(release: FleetRelease | None, *, new: Mapping[str, str],
-         sources: Mapping[str, str]) -> FleetHold | None:
+def hold(release: FleetRelease | None, *, new: Mapping[str, str], sources: Mapping[str, str],
+         selected_by: Sequence[str]) -> FleetHold | None:
     """``new``: each stage's revision its source offers that it has not applied; ``sources``: each
-    stage's source (``namespace/name``; a stage without one is keyed by its own name)."""
-    if release is None:
-        return None
+    stage's source (``namespace/name``; a stage without one is keyed by its own name);
+    ``selected_by``: the rollouts that select this StageSet, as the controller's watch of them shows.
+
+    Fail closed: a StageSet a rollout selects holds every new revision until that rollout's release
+    is written on it — before the rollout's first decision reached it, and when the annotation was
+    removed by hand (the next rollout pass writes it back)."""
+    if release is None or (selected_by and release.rollout not in selected_by):
+        if not selected_by or not new:
+            return None
+        rollout = selected_by[0]
+        return FleetHold(held=dict(new), rollout=rollout, wave="",
+                         why=f"held by FleetRollout {rollout} until it releases a revision to this StageSet")
     held = {stage: revision for stage, revision in new.items()
             if release.hold or release.revisions.get(sources.get(stage, stage)) != revision}
     if not held:

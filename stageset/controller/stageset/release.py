@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
 import networkx as nx
@@ -107,9 +107,20 @@ class RolledBack:
     progress: Progress
 
 
+SelectedBy = Callable[[str, str], Sequence[str]]
+"""The FleetRollouts that select StageSet ``(namespace, name)``, from the controller's watch of them
+(no request); :func:`no_rollouts` where no rollout runs (a namespaced or label-sharded release)."""
+
+
+def no_rollouts(_namespace: str, _name: str) -> Sequence[str]:
+    """No StageSet is selected: the release runs no FleetRollout reconciler."""
+    return ()
+
+
 class Release:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, renderer: Renderer,
-                 stages: StageWork, changes: Changes, events: EventRecorder, metrics: Metrics, clock: Clock):
+                 stages: StageWork, changes: Changes, events: EventRecorder, metrics: Metrics, clock: Clock,
+                 selected_by: SelectedBy):
         self._clients = clients
         self._identities = identities
         self._renderer = renderer
@@ -118,6 +129,7 @@ class Release:
         self._events = events
         self._metrics = metrics
         self._clock = clock
+        self._selected_by = selected_by
 
     def now(self) -> datetime.datetime:
         return self._clock()
@@ -137,7 +149,8 @@ class Release:
         status = ctx.writer.status
         sources = {n: r.source.name for n, r in rendered.items() if r.source is not None}
         decided = steering.steer(ctx.stageset, status, current={n: r.revision for n, r in rendered.items()},
-                                 sources=sources, now=self._clock(), generation=ctx.writer.generation)
+                                 sources=sources, now=self._clock(), generation=ctx.writer.generation,
+                                 selected_by=self._selected_by(*ctx.ref))
         if decided.resume or decided.frozen:
             # Nothing is applied now: every stage shows what the last pass left.
             shown = progress.rechecked([n for n in progress.order if n in progress.previous.stages])

@@ -86,9 +86,11 @@ class Steering:
 
 
 def steer(stageset: StageSet, status: StageSetStatus, *, current: Mapping[str, str],
-          sources: Mapping[str, str], now: datetime.datetime, generation: int) -> Steering:
+          sources: Mapping[str, str], now: datetime.datetime, generation: int,
+          selected_by: Sequence[str] = ()) -> Steering:
     """``current``: each rendered stage's revision as its source offers it now; ``sources``: each
-    stage's source (``namespace/name``, for ``pendingUpdate.revisions``)."""
+    stage's source (``namespace/name``, for ``pendingUpdate.revisions``); ``selected_by``: the
+    FleetRollouts that select the StageSet (:func:`.fleethold.hold`)."""
     record = status.rollback
     if record is not None and record.phase is RollbackPhase.ROLLING_BACK:
         return Steering(rollback=record, resume=tuple(record.remaining))
@@ -111,7 +113,7 @@ def steer(stageset: StageSet, status: StageSetStatus, *, current: Mapping[str, s
     base = Steering(pins=pins, skip=skip, override=override, override_revisions=overridden, rollback=kept,
                     lifted=lifted)
     annotations = stageset.metadata.get("annotations") or {}
-    fleet = fleethold.hold(read_release(annotations), new=new, sources=sources)
+    fleet = fleethold.hold(read_release(annotations), new=new, sources=sources, selected_by=selected_by)
     if decision.allowed and fleet is None:
         return base
     window = {} if decision.allowed else {s: r for s, r in new.items() if overridden.get(s) != r}
