@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from stageset.api.fleet import ANNOTATION_FLEET_RELEASE, FleetRelease
 from stageset.api.vocabulary import Reason
 from tests.inprocess.conftest import NS, TENANT, World, configmap, deployment, stageset_path
 
@@ -358,3 +359,32 @@ def test_a_release_rolled_back_past_a_gate_is_not_held_by_it_again(world: World)
     world.clock.advance(600)
     world.reconcile("shop")
     assert world.ready("shop")["reason"] == "RolledBack"
+
+
+def test_a_member_a_rollout_selects_holds_new_revisions_until_that_rollouts_release_is_on_it(
+        world: World) -> None:
+    world.commit({"app/cm.json": configmap("app", "v1")})
+    world.stageset("shop", [{"name": "app", "path": "./app"}])
+    world.reconcile("shop")
+    assert world.configmap("app")["data"]["k"] == "v1"  # type: ignore[index]
+
+    # A rollout selects it (the controller's watch says so) but has written no release on it: its
+    # first decision has not reached it yet, or a tenant removed the annotation.
+    world.rollouts[(NS, "shop")] = ["web"]
+    world.commit({"app/cm.json": configmap("app", "v2")})
+    world.reconcile("shop")
+    assert world.configmap("app")["data"]["k"] == "v1"  # type: ignore[index]
+    pending = world.get("shop")["status"]["pendingUpdate"]
+    assert pending["fleetRollout"] == "web"
+    assert "until it releases a revision" in world.ready("shop")["message"]
+
+    # A release of another rollout does not count; the selecting rollout's does, exactly.
+    annotate(world, "shop", ANNOTATION_FLEET_RELEASE,
+             FleetRelease(rollout="other", wave="all", revisions=pending["revisions"]).encode())
+    world.reconcile("shop")
+    assert world.configmap("app")["data"]["k"] == "v1"  # type: ignore[index]
+    annotate(world, "shop", ANNOTATION_FLEET_RELEASE,
+             FleetRelease(rollout="web", wave="canary", revisions=pending["revisions"]).encode())
+    world.reconcile("shop")
+    assert world.configmap("app")["data"]["k"] == "v2"  # type: ignore[index]
+    assert "pendingUpdate" not in world.get("shop")["status"]
