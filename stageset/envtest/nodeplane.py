@@ -314,6 +314,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   sandbox_image = "{PAUSE_IMAGE}"
   disable_apparmor = true
   enable_selinux = false
+  # No pod below containerd's own OOM score: lowering it needs CAP_SYS_RESOURCE, which root lacks in
+  # some sandboxes (these machines), and the kubelet asks -998 for every pod sandbox.
+  restrict_oom_score_adj = true
 [{cri}.containerd]
   snapshotter = "overlayfs"
   default_runtime_name = "runc"
@@ -321,6 +324,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
   runtime_type = "io.containerd.runc.v2"
 [{cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
+  BinaryName = "{os.environ.get('STAGESET_NODE_RUNC') or shutil.which('runc') or 'runc'}"
 [{cri}.cni]
   bin_dir = "{CNI_BIN}"
   conf_dir = "{root / 'cni'}"
