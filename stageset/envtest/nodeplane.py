@@ -197,6 +197,12 @@ class Node:
     def socket(self) -> Path:
         return self.workdir / "containerd.sock"
 
+    @property
+    def pod_logs(self) -> Path:
+        """The containers' logs (``<namespace>_<pod>_<uid>/<container>/<restart>.log``), kept here
+        rather than in the host's ``/var/log/pods``."""
+        return self.workdir / "pod-logs"
+
     def log(self, component: str) -> Path:
         return self.workdir / f"{component}.log"
 
@@ -369,6 +375,7 @@ def _kubelet_config(node: Node) -> dict[str, Any]:
         "failSwapOn": False,
         "protectKernelDefaults": False,
         "resolvConf": str(node.workdir / "resolv.conf"),
+        "podLogsDir": str(node.pod_logs),
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
         "evictionHard": {"memory.available": "0%", "nodefs.available": "0%", "nodefs.inodesFree": "0%",
