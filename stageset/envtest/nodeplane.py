@@ -33,6 +33,7 @@ missing package, no usable cgroup controllers), so callers skip with that reason
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import ipaddress
 import json
 import os
@@ -49,7 +50,7 @@ import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import yaml
 
@@ -67,6 +68,7 @@ _CNI_PLUGINS = ("bridge", "host-local", "loopback")
 _CGROUP_V1 = Path("/sys/fs/cgroup")
 _CONTROLLERS = ("cpu", "memory", "pids")
 _READY_TIMEOUT = 180.0
+_LOCK = Path(tempfile.gettempdir()) / "stageset-node.lock"
 
 
 def unavailable() -> str | None:
@@ -187,6 +189,7 @@ class Node:
     _processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list, repr=False)
     _relays: list[Relay] = field(default_factory=list, repr=False)
     _owns_plane: bool = False
+    _lock: IO[str] | None = field(default=None, repr=False)
 
     @property
     def host_ip(self) -> str:
@@ -254,11 +257,15 @@ class Node:
         self._relays.clear()
         subprocess.run([str(self.assets.command("kube-proxy")), "--cleanup", "--v=0"],
                        capture_output=True, check=False, timeout=60)
+        _remove_kubelet_chains()
         subprocess.run(["ip", "link", "delete", self.bridge], capture_output=True, check=False)
         _unmount_under(self.workdir)
         if self._owns_plane:
             self.plane.stop()
         shutil.rmtree(self.workdir, ignore_errors=True)
+        if self._lock is not None:
+            self._lock.close()  # releases the machine's node lock
+            self._lock = None
 
     def __enter__(self) -> Node:
         return self
@@ -277,6 +284,23 @@ def _kill_shims(workdir: Path) -> None:
             cmdline = (proc / "cmdline").read_bytes()
             if b"containerd-shim" in cmdline and marker in cmdline:
                 os.kill(int(proc.name), signal.SIGKILL)
+
+
+# What the kubelet adds to the host's iptables (kube-proxy --cleanup leaves it): its canaries, the
+# backend hint and KUBE-FIREWALL (drops non-loopback packets to 127/8), hooked into INPUT and OUTPUT.
+_KUBELET_CHAINS = (("filter", "KUBE-FIREWALL"), ("filter", "KUBE-KUBELET-CANARY"),
+                   ("nat", "KUBE-KUBELET-CANARY"), ("mangle", "KUBE-KUBELET-CANARY"),
+                   ("mangle", "KUBE-IPTABLES-HINT"))
+
+
+def _remove_kubelet_chains() -> None:
+    for tool in ("iptables", "ip6tables"):
+        for hook in ("INPUT", "OUTPUT"):
+            subprocess.run([tool, "-t", "filter", "-D", hook, "-j", "KUBE-FIREWALL"], capture_output=True,
+                           check=False)
+        for table, chain in _KUBELET_CHAINS:
+            subprocess.run([tool, "-t", table, "-F", chain], capture_output=True, check=False)
+            subprocess.run([tool, "-t", table, "-X", chain], capture_output=True, check=False)
 
 
 def _unmount_under(directory: Path) -> None:
@@ -469,27 +493,33 @@ def node_ready(node: Node, context: ssl.SSLContext) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
-def start(*, plane: ControlPlane | None = None, name: str = "stageset-node") -> Node:
-    """Start a node (and, without ``plane``, a control plane of its own) and wait for it Ready.
+def start(*, name: str = "stageset-node") -> Node:
+    """Start a control plane and a node beside it, and wait for the node Ready; the caller must
+    :meth:`Node.stop` it (or use :func:`running`).
 
-    A control plane passed in must advertise an address pods can reach; :func:`start` makes one
-    that does (the bridge address).  The caller must :meth:`Node.stop` it."""
+    The control plane is the tests' usual one (:func:`stageset.envtest.server.start`) but advertises
+    the bridge address (the ``kubernetes`` Service's endpoint, relayed to loopback) and has the
+    ServiceAccount admission on, so pods get their tokens as on any cluster."""
     reason = unavailable()
     if reason:
         raise RuntimeError(reason)
-    assets = ensure_node_assets(log=False)
-    network = _free_network()
-    bridge = f"stgs{os.getpid() % 100000}"
-    host_ip = str(network.network_address + 1)
+    # One node per machine at a time: kube-proxy programs the host's iptables for the Service range
+    # every control plane here shares, and its clean-up would remove another node's rules.
+    lock = _LOCK.open("w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        assets = ensure_node_assets(log=False)
+        network = _free_network()
+        host_ip = str(network.network_address + 1)
+        plane = start_plane(apiserver_flags=[f"--advertise-address={host_ip}", "--disable-admission-plugins=",
+                                             "--service-account-extend-token-expiration=false"])
+    except BaseException:
+        lock.close()
+        raise
     # Unix socket paths are short (108 bytes): the node lives in a short directory of its own.
     workdir = Path(tempfile.mkdtemp(prefix="stageset-node-", dir="/tmp"))
-    owns = plane is None
-    if plane is None:
-        plane = start_plane(apiserver_flags=[f"--advertise-address={host_ip}",
-                                             "--disable-admission-plugins=",
-                                             "--service-account-extend-token-expiration=false"])
-    node = Node(plane=plane, name=name, workdir=workdir, bridge=bridge, network=network, assets=assets,
-                _owns_plane=owns)
+    node = Node(plane=plane, name=name, workdir=workdir, bridge=f"stgs{os.getpid() % 100000}",
+                network=network, assets=assets, _owns_plane=True, _lock=lock)
     try:
         _bring_up(node)
     except BaseException:
