@@ -1,7 +1,8 @@
-"""Build what the test node runs (kubelet, kube-proxy, kube-scheduler, kube-controller-manager and a
-pause image) from the Go module proxy, cached outside the checkout.
+"""Build what the test node runs (kubelet, kube-proxy, kube-scheduler and a pause image) from the Go
+module proxy, cached outside the checkout.  Its kube-controller-manager is the control plane's own
+(:mod:`stageset.envtest.build`), run with the controllers a node needs.
 
-The four Kubernetes commands come from the same release as the control plane's kube-apiserver
+The three Kubernetes commands come from the same release as the control plane's kube-apiserver
 (:data:`stageset.envtest.build.KUBERNETES_VERSION`), through a checked-in wrapper module of their
 own, ``hack/node``, which requires ``k8s.io/kubernetes`` and replaces its ``./staging`` modules with
 the published ``v0.x.y`` of the same release exactly as ``hack/controlplane/kube-apiserver`` does
@@ -40,7 +41,7 @@ from stageset.envtest.build import KUBERNETES_VERSION, WRAPPERS, version_ldflags
 HACK = Path(__file__).resolve().parents[2] / "hack"
 WRAPPER = HACK / "node"
 PAUSE_SOURCE = HACK / "pause"
-COMMANDS = ("kubelet", "kube-proxy", "kube-scheduler", "kube-controller-manager")
+COMMANDS = ("kubelet", "kube-proxy", "kube-scheduler")
 PAUSE_ARCHIVE = "pause.oci.tar"
 PAUSE_IMAGE = "stageset.local/pause:1"
 """The sandbox image's name in containerd (``sandbox_image``); never pulled, always imported."""

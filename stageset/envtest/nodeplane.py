@@ -54,6 +54,7 @@ from typing import IO, Any
 
 import yaml
 
+from stageset.envtest.build import ensure_assets
 from stageset.envtest.node import PAUSE_IMAGE, NodeAssets, ensure_node_assets
 from stageset.envtest.server import ControlPlane, _die_with_parent, free_port
 from stageset.envtest.server import start as start_plane
@@ -186,6 +187,8 @@ class Node:
     bridge: str
     network: ipaddress.IPv4Network
     assets: NodeAssets
+    controller_manager: Path
+    """The control plane's kube-controller-manager binary (run here with a node's controllers)."""
     _processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list, repr=False)
     _relays: list[Relay] = field(default_factory=list, repr=False)
     _owns_plane: bool = False
@@ -441,7 +444,7 @@ def _components(node: Node) -> list[tuple[str, list[str]]]:
     pki = node.plane.pki
     return [
         ("kube-controller-manager", [
-            str(node.assets.command("kube-controller-manager")), f"--kubeconfig={kubeconfig}",
+            str(node.controller_manager), f"--kubeconfig={kubeconfig}",
             "--leader-elect=false", "--use-service-account-credentials=false",
             f"--root-ca-file={pki.ca_cert}", f"--service-account-private-key-file={pki.sa_private}",
             "--bind-address=127.0.0.1", f"--secure-port={free_port()}",
@@ -509,17 +512,20 @@ def start(*, name: str = "stageset-node") -> Node:
     try:
         fcntl.flock(lock, fcntl.LOCK_EX)
         assets = ensure_node_assets(log=False)
+        control = ensure_assets(log=False)  # with its kube-controller-manager
         network = _free_network()
         host_ip = str(network.network_address + 1)
-        plane = start_plane(apiserver_flags=[f"--advertise-address={host_ip}", "--disable-admission-plugins=",
-                                             "--service-account-extend-token-expiration=false"])
+        plane = start_plane(assets=control, apiserver_flags=[
+            f"--advertise-address={host_ip}", "--disable-admission-plugins=",
+            "--service-account-extend-token-expiration=false"])
     except BaseException:
         lock.close()
         raise
     # Unix socket paths are short (108 bytes): the node lives in a short directory of its own.
     workdir = Path(tempfile.mkdtemp(prefix="stageset-node-", dir="/tmp"))
     node = Node(plane=plane, name=name, workdir=workdir, bridge=f"stgs{os.getpid() % 100000}",
-                network=network, assets=assets, _owns_plane=True, _lock=lock)
+                network=network, assets=assets, controller_manager=control.kube_controller_manager,
+                _owns_plane=True, _lock=lock)
     try:
         _bring_up(node)
     except BaseException:
