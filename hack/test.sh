@@ -42,6 +42,8 @@ if [ "${1:-}" != "--lint-only" ]; then
     lane "syft, actionlint (the release and workflow tests)" stageset.envtest.syft stageset.envtest.actionlint
     lane "helm, kubectl, toxiproxy (chart, plugin and fault tests)" \
         stageset.envtest.helm stageset.envtest.kubectl stageset.envtest.toxiproxy
+    lane "kubelet, kube-proxy, kube-scheduler, pause (the test node)" \
+        stageset.envtest.node
 fi
 echo "== ruff"; run ruff check stageset sources tests bench
 echo "== mypy --strict"; run mypy

@@ -347,8 +347,9 @@ def _classify(path: str, query: str, body: bytes, git_protocol: str | None) -> t
     return repo, service, command
 
 
-def _tls_context(directory: Path) -> tuple[bytes, ssl.SSLContext]:
-    """A throw-away CA and a certificate for 127.0.0.1 signed by it; returns (CA PEM, ctx)."""
+def _tls_context(directory: Path, *, addresses: Iterable[str] = ()) -> tuple[bytes, ssl.SSLContext]:
+    """A throw-away CA and a certificate for 127.0.0.1 (and ``addresses``) signed by it; returns
+    (CA PEM, ctx)."""
     from cryptography import x509
     from cryptography.hazmat.primitives import hashes, serialization
     from cryptography.hazmat.primitives.asymmetric import ec
@@ -370,7 +371,8 @@ def _tls_context(directory: Path) -> tuple[bytes, ssl.SSLContext]:
         )
         if not ca:
             builder = builder.add_extension(
-                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]),
+                x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address(address))
+                                             for address in ("127.0.0.1", *addresses)]),
                 critical=False,
             )
         return builder.sign(signer, hashes.SHA256())
@@ -423,7 +425,10 @@ class GitServer:
         bearer_token: str | None = None,
         tls: bool = False,
         accounts: Mapping[str, str] | None = None,
+        tls_addresses: Iterable[str] = (),
     ) -> None:
+        """``tls_addresses``: more IP addresses the certificate names (a relay's, such as the test
+        node's bridge address that carries the server's port to pods)."""
         self._owned_root = root is None
         self.root = Path(tempfile.mkdtemp(prefix="gitserver-")) if root is None else root
         self.root.mkdir(parents=True, exist_ok=True)
@@ -435,6 +440,7 @@ class GitServer:
         self._httpd: _Server | None = None
         self._thread: threading.Thread | None = None
         self.tls = tls
+        self.tls_addresses = tuple(tls_addresses)
         self.ca_pem: bytes | None = None
         """With ``tls=True``: the PEM of the private CA that signed the server's certificate."""
 
@@ -443,7 +449,7 @@ class GitServer:
     def start(self) -> GitServer:
         self._httpd = _Server(self._state)
         if self.tls:
-            self.ca_pem, context = _tls_context(self.root / ".tls")
+            self.ca_pem, context = _tls_context(self.root / ".tls", addresses=self.tls_addresses)
             self._httpd.socket = context.wrap_socket(self._httpd.socket, server_side=True)
         self._thread = threading.Thread(target=self._httpd.serve_forever, args=(0.05,),
                                         name="gitserver", daemon=True)

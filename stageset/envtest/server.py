@@ -212,9 +212,11 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
           apiserver_flags: Sequence[str] = (), controller_manager: bool = False) -> ControlPlane:
     """Start a fresh control plane; the caller must ``stop()`` it (or use it as a context manager).
 
-    ``apiserver_flags`` come after the defaults, so they win (the fault tests turn API Priority
-    and Fairness on, for example).  ``controller_manager`` adds a kube-controller-manager running
-    :data:`CONTROLLERS` and returns once each has started."""
+    ``apiserver_flags`` win over the defaults (the fault tests turn API Priority and Fairness on,
+    the test node turns the ServiceAccount admission back on): a default whose flag they name is
+    left out, since list flags such as ``--disable-admission-plugins`` append rather than replace.
+    ``controller_manager`` adds a kube-controller-manager running :data:`CONTROLLERS` and returns
+    once each has started."""
     assets = assets or ensure_assets(controller_manager=controller_manager)
     owns = workdir is None
     root = Path(tempfile.mkdtemp(prefix="stageset-envtest-")) if workdir is None else workdir
@@ -244,8 +246,8 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
             "--unsafe-no-fsync",
             "--log-level=warn",
         ], log=logs[0]))
-        plane._processes.append(_spawn([
-            str(assets.kube_apiserver),
+        named = {flag.split("=", 1)[0] for flag in apiserver_flags}
+        defaults = [
             f"--etcd-servers=http://127.0.0.1:{etcd_port}",
             "--bind-address=127.0.0.1",
             "--advertise-address=127.0.0.1",
@@ -268,6 +270,10 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
             "--audit-log-format=json",
             "--audit-log-maxbackup=0",
             "--v=1",
+        ]
+        plane._processes.append(_spawn([
+            str(assets.kube_apiserver),
+            *(flag for flag in defaults if flag.split("=", 1)[0] not in named),
             *apiserver_flags,
         ], log=logs[1]))
         _wait_ready(plane, logs=logs)

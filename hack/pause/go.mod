@@ -1,0 +1,3 @@
+module stageset.local/tools/pause
+
+go 1.24
