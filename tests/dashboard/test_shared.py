@@ -56,7 +56,8 @@ def person(admin: KubeClient, namespace: str, app: str) -> Person:
                                                "metadata": {"name": namespace}})
     account = "reader"
     apply(f"/api/v1/namespaces/{namespace}/serviceaccounts/{account}",
-          {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": {"name": account, "namespace": namespace}})
+          {"apiVersion": "v1", "kind": "ServiceAccount",
+           "metadata": {"name": account, "namespace": namespace}})
     rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
     apply(f"{rbac}/roles/stageset-reader", {
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -131,7 +132,8 @@ def test_two_people_each_see_only_their_namespace(browser: Browser, world: World
         expect(page.locator("#stagesets")).to_contain_text(me.app, timeout=WAIT)
         # The cookie: HttpOnly, SameSite=Strict, a random id (not the token).
         (cookie,) = [c for c in context.cookies() if c["name"] == "stageset-dashboard-login"]
-        assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+        assert cookie["httpOnly"]
+        assert cookie["sameSite"] == "Strict"
         assert me.token not in cookie["value"]
         # The other person's StageSet is outside this login's pages.
         page.goto(f"{shared.url}stagesets/{other.namespace}/{other.app}")
@@ -143,7 +145,8 @@ def test_two_people_each_see_only_their_namespace(browser: Browser, world: World
         page.goto(shared.url)
         expect(page.locator("#stagesets")).to_contain_text(me.app, timeout=WAIT)
         assert other.app not in page.content()
-        assert me.username in page.content() and other.username not in page.content()
+        assert me.username in page.content()
+        assert other.username not in page.content()
 
     # The audit log: the dashboard's requests in each namespace were made as that namespace's person.
     # (a watch is audited when its response starts; it completes only when it ends)

@@ -66,7 +66,8 @@ def test_it_runs_the_login_dashboard_with_no_kubeconfig(helm: Helm) -> None:
     args = main["args"]
     assert args[:2] == ["dashboard", "--login"]
     assert "--certificate-authority=/etc/stageset/kube-ca/ca.crt" in args
-    assert "--allow-actions" in args and "--secure-cookies" in args
+    assert "--allow-actions" in args
+    assert "--secure-cookies" in args
     assert not [a for a in args if a.startswith(("--kubeconfig", "--context", "-n", "-A"))]
     # Every flag the chart passes is one the command knows.
     flags = {a.split("=")[0] for a in args if a.startswith("--")}

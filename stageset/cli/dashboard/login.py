@@ -101,7 +101,7 @@ class Login:
     close: Callable[[], None]
     expires: float
     id: str = field(default_factory=lambda: secrets.token_urlsafe(32))
-    seen: float = field(default_factory=time.monotonic)
+    seen: float = 0.0  # when last used (monotonic clock); set when stored
 
 
 @dataclass(frozen=True)
@@ -169,6 +169,7 @@ class LoginStore:
             while len(self._logins) >= self.limit:
                 oldest = min(self._logins.values(), key=lambda known: known.seen)
                 ended.append(self._logins.pop(oldest.id))
+            login.seen = time.monotonic()
             self._logins[login.id] = login
         self._end(ended, why="evicted (too many logins)")
 
