@@ -6,6 +6,10 @@ object page's ``stageset diff`` (a dry-run), and — only with ``--allow-actions
 server listens on loopback unless told otherwise: a non-loopback address needs ``--allow-remote``
 and prints a warning, since the dashboard has no login of its own — whoever reaches it sees what
 the kubeconfig may read (and, with ``--allow-actions``, acts as it).
+
+``--login`` (the shared dashboard, :mod:`~stageset.cli.dashboard.shared`): no kubeconfig at all;
+the apiserver is ``--server`` (or the Pod's), and every request is made with the bearer token of
+the person signed in, so a non-loopback address needs no ``--allow-remote``.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from kubernetes import client as k8s
 from starlette.types import ASGIApp
 
 from stageset.cli.session import CliError, Session
@@ -62,15 +61,10 @@ class Cluster:
     server: str
     certificate_authority: str | None
 
-    def configuration(self, token: str) -> k8s.Configuration:
-        """A client configuration whose one credential is ``token``."""
-        configuration = k8s.Configuration()
-        configuration.host = self.server
-        if self.certificate_authority:
-            configuration.ssl_ca_cert = self.certificate_authority
-        configuration.api_key = {"authorization": f"Bearer {token}"}
-        configuration.connection_pool_maxsize = 16
-        return configuration
+    def pool(self, token: str) -> ClientPool:
+        """Clients whose one credential is ``token``."""
+        return ClientPool.from_token(server=self.server, certificate_authority=self.certificate_authority,
+                                     token=token)
 
 
 def token_expiry(token: str) -> float | None:
@@ -120,7 +114,7 @@ def sign_in(cluster: Cluster, *, token: str, namespace: str | None) -> SignedIn 
     if not well_formed(token):
         return Refusal.NOT_A_TOKEN, ""
     session = Session(namespace_flag=namespace, all_namespaces=namespace is None, kubeconfig=None)
-    session._pool = ClientPool(configuration=cluster.configuration(token))
+    session._pool = cluster.pool(token)
     session._resolved = True  # no kubeconfig: the pool above is the only way to the cluster
     client = session.client()
     try:
