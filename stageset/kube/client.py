@@ -490,6 +490,18 @@ class ClientPool:
         configuration.connection_pool_maxsize = 32
         return cls(configuration=configuration)
 
+    @classmethod
+    def from_token(cls, *, server: str, certificate_authority: str | None, token: str) -> ClientPool:
+        """A pool whose one credential is a bearer ``token`` (the shared dashboard's logins): no
+        kubeconfig, no in-cluster ServiceAccount."""
+        configuration = k8s.Configuration()
+        configuration.host = server
+        if certificate_authority:
+            configuration.ssl_ca_cert = certificate_authority
+        configuration.api_key = {"authorization": f"Bearer {token}"}
+        configuration.connection_pool_maxsize = 16
+        return cls(configuration=configuration)
+
     def register(self, cluster: ClusterKey, configuration: k8s.Configuration) -> None:
         """Make a remote cluster known; a key names one kubeconfig's content, so it never changes."""
         with self._lock:

@@ -53,8 +53,9 @@ class DashboardProcess:
 
 
 @contextmanager
-def dashboard(*args: str, kubeconfig: Path, timeout: float = 60.0) -> Iterator[DashboardProcess]:
-    """``stageset dashboard --address 127.0.0.1:0 ARGS`` until the block ends (then Ctrl-C)."""
+def dashboard(*args: str, kubeconfig: Path | None, timeout: float = 60.0) -> Iterator[DashboardProcess]:
+    """``stageset dashboard --address 127.0.0.1:0 ARGS`` until the block ends (then Ctrl-C);
+    ``kubeconfig=None``: none at all (the shared dashboard, ``--login``)."""
     process = subprocess.Popen(
         [
             sys.executable,
@@ -63,14 +64,14 @@ def dashboard(*args: str, kubeconfig: Path, timeout: float = 60.0) -> Iterator[D
             "dashboard",
             "--address",
             "127.0.0.1:0",
-            "--kubeconfig",
-            str(kubeconfig),
+            *(("--kubeconfig", str(kubeconfig)) if kubeconfig else ()),
             *args,
         ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
-        env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        env={**os.environ, "PYTHONUNBUFFERED": "1",
+             **({} if kubeconfig else {"KUBECONFIG": "", "KUBERNETES_SERVICE_HOST": ""})},
     )
     assert process.stdout is not None
     try:

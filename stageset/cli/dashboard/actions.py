@@ -92,20 +92,26 @@ class Guard:
                 token: str | None) -> Refusal | None:
         """Why a ``POST`` with these headers, session cookie and form token is refused (``None``:
         it is not)."""
-        origin, host = headers.get("origin"), headers.get("host")
-        fetch_site = headers.get("sec-fetch-site")
-        if fetch_site is not None and fetch_site != "same-origin":
-            return Refusal.CROSS_ORIGIN
-        if not origin or not host:
-            return Refusal.CROSS_ORIGIN
-        parts = urlsplit(origin)
-        if parts.scheme != scheme or parts.netloc != host:
+        if not same_origin(headers=headers, scheme=scheme):
             return Refusal.CROSS_ORIGIN
         if not session:
             return Refusal.NO_SESSION
         if not token or not hmac.compare_digest(token, self.token(session)):
             return Refusal.BAD_TOKEN
         return None
+
+
+def same_origin(*, headers: Mapping[str, str], scheme: str) -> bool:
+    """Whether a ``POST`` with these headers comes from a page of this very origin: its ``Origin``
+    names the scheme and ``Host`` it was sent to, and ``Sec-Fetch-Site`` (when sent) agrees."""
+    origin, host = headers.get("origin"), headers.get("host")
+    fetch_site = headers.get("sec-fetch-site")
+    if fetch_site is not None and fetch_site != "same-origin":
+        return False
+    if not origin or not host:
+        return False
+    parts = urlsplit(origin)
+    return parts.scheme == scheme and parts.netloc == host
 
 
 def _now() -> str:

@@ -86,6 +86,7 @@ def environment() -> jinja2.Environment:
     env.filters["linkify"] = linkify
     env.globals["link"] = link
     env.filters["short_revision"] = short_revision
+    env.globals["signed_in"] = None  # the shared dashboard's login (who, and the logout form's token)
     env.filters["first_line"] = lambda text, limit=200: views.first_line(str(text or ""), limit)
     env.globals["layout"] = layout
     env.globals["phase_class"] = views.phase_class
@@ -124,18 +125,28 @@ class Page:
         return previous
 
 
+@dataclass(frozen=True)
+class SignedIn:
+    """Who is signed in to the shared dashboard's pages, and their logout form's token."""
+
+    user: str
+    token: str
+
+
 class Dashboard:
     """The pages over one hub.  ``session``: the viewer's (object pages, actions); ``actions``: the
-    action log when actions are allowed (``None``: read-only)."""
+    action log when actions are allowed (``None``: read-only); ``signed_in``: the login these pages
+    belong to (the shared dashboard), ``None`` for one user's own dashboard."""
 
     def __init__(self, hub: Hub, *, scope: str, session: Session | None = None,
-                 actions: ActionLog | None = None):
+                 actions: ActionLog | None = None, signed_in: SignedIn | None = None):
         self.hub = hub
         self.scope = scope
         self.session = session
         self.actions = actions
         self.guard = Guard()
         self.env = environment()
+        self.env.globals["signed_in"] = signed_in
 
     def render(self, template: str, **context: Any) -> Markup:
         return Markup(self.env.get_template(template).render(**context))  # noqa: S704 - autoescaped output
@@ -419,11 +430,12 @@ class SecurityHeaders:
 
 
 def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None, session: Session | None = None,
-               actions: ActionLog | None = None) -> Starlette:
+               actions: ActionLog | None = None, signed_in: SignedIn | None = None) -> Starlette:
     """``allowed_hosts``: the Host names a request may use (``None``: any, for a non-loopback
     address); ``session``: the viewer's, for object pages and actions; ``actions``: the action log
-    when actions are allowed (``None``: no action routes exist)."""
-    dashboard = Dashboard(hub, scope=scope, session=session, actions=actions)
+    when actions are allowed (``None``: no action routes exist); ``signed_in``: the shared
+    dashboard's login these pages are made for (they then carry its logout form)."""
+    dashboard = Dashboard(hub, scope=scope, session=session, actions=actions, signed_in=signed_in)
 
     def stageset_page(request: Request) -> StageSetPage | None:
         namespace, name = request.path_params["namespace"], request.path_params["name"]
@@ -484,7 +496,7 @@ def create_app(hub: Hub, *, scope: str, allowed_hosts: Sequence[str] | None, ses
     ]
     if actions is not None:
         routes.append(Route("/stagesets/{namespace}/{name}/actions/{verb}", act, methods=["POST"]))
-    middleware = [Middleware(SecurityHeaders, forms=actions is not None)]
+    middleware = [Middleware(SecurityHeaders, forms=actions is not None or signed_in is not None)]
     if allowed_hosts is not None:
         middleware.append(Middleware(TrustedHostMiddleware, allowed_hosts=list(allowed_hosts),
                                      www_redirect=False))

@@ -6,6 +6,10 @@ object page's ``stageset diff`` (a dry-run), and — only with ``--allow-actions
 server listens on loopback unless told otherwise: a non-loopback address needs ``--allow-remote``
 and prints a warning, since the dashboard has no login of its own — whoever reaches it sees what
 the kubeconfig may read (and, with ``--allow-actions``, acts as it).
+
+``--login`` (the shared dashboard, :mod:`~stageset.cli.dashboard.shared`): no kubeconfig at all;
+the apiserver is ``--server`` (or the Pod's), and every request is made with the bearer token of
+the person signed in, so a non-loopback address needs no ``--allow-remote``.
 """
 
 from __future__ import annotations
@@ -13,10 +17,12 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
 import socket
 import sys
 import webbrowser
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import click
 
@@ -24,6 +30,9 @@ from stageset.cli.session import DNS_LABEL, CliError, Session, echo
 from stageset.controller.kinds import STAGESETS
 from stageset.kube.client import ApiError
 from stageset.kube.kubeconfig import list_contexts
+
+if TYPE_CHECKING:
+    from stageset.cli.dashboard.login import Cluster, LoginStore
 
 DEFAULT_ADDRESS = "127.0.0.1:8090"
 
@@ -125,9 +134,34 @@ def _identity(session: Session) -> str:
 @click.option("-n", "--namespace", default=None, type=DNS_LABEL,
               help="Namespace (default: the context's, else 'default').")
 @click.option("-A", "--all-namespaces", is_flag=True, default=False, help="Every namespace you may list.")
+@click.option("--login", is_flag=True, default=False,
+              help="Shared mode (in a cluster): no kubeconfig; each person signs in with a bearer token "
+              "(a ServiceAccount or OIDC id token) and every request for them is made with that token. "
+              "A non-loopback address needs no --allow-remote then.")
+@click.option("--server", default=None, metavar="URL",
+              help="With --login: the apiserver (default: this Pod's, from KUBERNETES_SERVICE_HOST/PORT).")
+@click.option("--certificate-authority", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="With --login: the CA bundle the apiserver's certificate is checked against "
+              "(default: the Pod's service-account CA, if mounted).")
+@click.option("--tls-cert-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="Serve HTTPS with this certificate (and --tls-key-file).")
+@click.option("--tls-key-file", type=click.Path(exists=True, dir_okay=False), default=None,
+              help="The key of --tls-cert-file.")
+@click.option("--secure-cookies", is_flag=True, default=False,
+              help="With --login: mark the login cookie Secure even over plain HTTP (a proxy in front "
+              "terminates TLS).")
+@click.option("--max-logins", type=click.IntRange(min=1), default=100, show_default=True,
+              help="With --login: logins kept at once (past it the least recently used ends).")
+@click.option("--login-idle", type=click.IntRange(min=60), default=1800, show_default=True, metavar="SECONDS",
+              help="With --login: a login unused this long ends.")
+@click.option("--login-lifetime", type=click.IntRange(min=60), default=28800, show_default=True,
+              metavar="SECONDS", help="With --login: a login ends this long after sign-in at the latest "
+              "(sooner when its token expires).")
 def dashboard(address: str, allow_remote: bool, allow_actions: bool, open_browser: bool,
               kubeconfig: str | None, context: str | None, namespace: str | None,
-              all_namespaces: bool) -> None:
+              all_namespaces: bool, login: bool, server: str | None, certificate_authority: str | None,
+              tls_cert_file: str | None, tls_key_file: str | None, secure_cookies: bool, max_logins: int,
+              login_idle: int, login_lifetime: int) -> None:
     """Serve a live web view of StageSets: their stage graph, release history, objects (live YAML
     and diff) and events.
 
@@ -136,14 +170,27 @@ def dashboard(address: str, allow_remote: bool, allow_actions: bool, open_browse
     about a second of a change, from watches shared by every open page.  Ctrl-C stops it.
     """
     # The web stack is imported here, not with the CLI: other commands do not pay for it.
-    import uvicorn
-
     from stageset.cli.dashboard.actions import ActionLog
     from stageset.cli.dashboard.app import LOOPBACK_HOSTS, create_app
     from stageset.cli.dashboard.hub import Hub
 
     if namespace is not None and all_namespaces:
         raise click.UsageError("-n/--namespace and -A/--all-namespaces cannot be combined")
+    if bool(tls_cert_file) != bool(tls_key_file):
+        raise click.UsageError("--tls-cert-file and --tls-key-file go together")
+    tls = TLS(cert=tls_cert_file, key=tls_key_file) if tls_cert_file and tls_key_file else None
+    if login:
+        if kubeconfig or context or namespace or all_namespaces:
+            raise click.UsageError("--login uses no kubeconfig and no namespace of its own: each person "
+                                   "signs in with a token and names the namespace")
+        from stageset.cli.dashboard.login import LoginStore
+
+        serve_shared(where=parse_address(address), cluster=in_cluster(server, certificate_authority), tls=tls,
+                     store=LoginStore(limit=max_logins, idle=login_idle, lifetime=login_lifetime),
+                     allow_actions=allow_actions, secure_cookies=secure_cookies, open_browser=open_browser)
+        return
+    if server or certificate_authority or secure_cookies:
+        raise click.UsageError("--server, --certificate-authority and --secure-cookies need --login")
     where = parse_address(address)
     local = is_loopback(where.host)
     if not local and not allow_remote:
@@ -157,7 +204,7 @@ def dashboard(address: str, allow_remote: bool, allow_actions: bool, open_browse
         check_access(session, scope)
         sock = listen(where)
         port = sock.getsockname()[1]
-        url = f"http://{Address(where.host, port).netloc}/"
+        url = f"{'https' if tls else 'http'}://{Address(where.host, port).netloc}/"
         if not local:
             click.echo(f"WARNING: serving on {where.host}, which is not loopback: anyone who can reach "
                        f"{url} sees everything your kubeconfig may read (no login, plain HTTP).", err=True)
@@ -178,15 +225,82 @@ def dashboard(address: str, allow_remote: bool, allow_actions: bool, open_browse
                  f"  StageSets in {shown}, read as {who}; {mode}. Ctrl-C stops it.\n")
             if open_browser:
                 webbrowser.open(url)
-            logging.getLogger("stageset").setLevel(logging.WARNING)
-            server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
-                                                   timeout_graceful_shutdown=2, server_header=False))
-            # uvicorn raises the interrupt again once it has shut down: that is our way out.
-            with contextlib.suppress(KeyboardInterrupt):
-                server.run(sockets=[sock])
+            run_server(app, sock=sock, tls=tls)
         finally:
             hub.close()
             sock.close()
     finally:
         session.close()
+    sys.stdout.flush()
+
+
+@dataclass(frozen=True)
+class TLS:
+    cert: str
+    key: str
+
+
+def run_server(app: Any, *, sock: socket.socket, tls: TLS | None) -> None:
+    """Serve ``app`` on ``sock`` until Ctrl-C (or SIGTERM)."""
+    import uvicorn
+
+    logging.getLogger("stageset").setLevel(logging.WARNING)
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="off",
+                                           timeout_graceful_shutdown=2, server_header=False,
+                                           ssl_certfile=tls.cert if tls else None,
+                                           ssl_keyfile=tls.key if tls else None))
+    # uvicorn raises the interrupt again once it has shut down: that is our way out.
+    with contextlib.suppress(KeyboardInterrupt):
+        server.run(sockets=[sock])
+
+
+SERVICE_ACCOUNT_CA = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
+
+
+def in_cluster(server: str | None, certificate_authority: str | None) -> Cluster:
+    """Where the shared dashboard finds the apiserver: ``--server``, else the Pod's environment."""
+    from stageset.cli.dashboard.login import Cluster
+
+    if server is None:
+        host, port = os.environ.get("KUBERNETES_SERVICE_HOST"), os.environ.get("KUBERNETES_SERVICE_PORT")
+        if not host or not port:
+            raise click.UsageError("--login outside a Pod needs --server URL (and --certificate-authority)")
+        server = f"https://[{host}]:{port}" if ":" in host else f"https://{host}:{port}"
+    if not server.startswith("https://"):
+        raise click.BadParameter("the apiserver must be an https:// URL (tokens are sent to it)",
+                                 param_hint="--server")
+    if certificate_authority is None and os.path.isfile(SERVICE_ACCOUNT_CA):
+        certificate_authority = SERVICE_ACCOUNT_CA
+    return Cluster(server=server, certificate_authority=certificate_authority)
+
+
+def serve_shared(*, where: Address, cluster: Cluster, tls: TLS | None, store: LoginStore, allow_actions: bool,
+                 secure_cookies: bool, open_browser: bool) -> None:
+    """The shared dashboard: a login page, then each person's pages as their own token."""
+    from stageset.cli.dashboard.app import LOOPBACK_HOSTS
+    from stageset.cli.dashboard.shared import shared_app
+
+    local = is_loopback(where.host)
+    sock = listen(where)
+    port = sock.getsockname()[1]
+    url = f"{'https' if tls else 'http'}://{Address(where.host, port).netloc}/"
+    shared, app = shared_app(cluster=cluster, store=store, allow_actions=allow_actions,
+                             secure_cookies=secure_cookies,
+                             allowed_hosts=[*LOOPBACK_HOSTS, where.host_header] if local else None)
+    try:
+        if not local and tls is None and not secure_cookies:
+            click.echo(f"WARNING: {url} is plain HTTP off loopback: tokens pasted into it cross the network "
+                       "unencrypted. Serve TLS (--tls-cert-file) or put a TLS-terminating proxy in front "
+                       "(then --secure-cookies).", err=True)
+        mode = "actions allowed, made as each person" if allow_actions else "read-only"
+        echo(f"stageset dashboard: {url}\n"
+             f"  shared: each person signs in with a bearer token; their pages are read as that token "
+             f"({cluster.server}); {mode}. Ctrl-C stops it.\n")
+        if open_browser:
+            webbrowser.open(url)
+        shared.start()
+        run_server(app, sock=sock, tls=tls)
+    finally:
+        shared.close()
+        sock.close()
     sys.stdout.flush()
