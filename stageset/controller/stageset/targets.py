@@ -13,6 +13,13 @@ every StageSet using it, at most ``capacity`` of them (``--max-remote-targets``,
 :data:`MAX_REMOTES`): the least recently used is dropped (with its clients) past that, and built
 again — the Secret read, discovery run — when a StageSet uses it next.  A rotated kubeconfig is
 new content, so the old one ages out instead of staying forever.
+
+:meth:`Targets.previous` finds the cluster a stage was applied on before a move (by the target id
+and kubeConfig Secret its inventory or record names): this cluster, a cached remote reached through
+that same Secret of the same namespace (so a Secret whose content now names another cluster still
+reaches the old one while it is cached), or the Secret read again — and only if it still names that
+cluster.  Never another namespace's Secret or credentials: a record a tenant could edit names only
+Secrets of its own namespace, read as its own identity.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from stageset.api import StageSet
+from stageset.api import THIS_CLUSTER, AppliedTarget, StageSet
 from stageset.api.vocabulary import Reason
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
@@ -37,11 +44,16 @@ from stageset.kube.mapping import RestMapper
 from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
 
 # The target id of the cluster the controller runs in.
-LOCAL_TARGET = "this-cluster"
+LOCAL_TARGET = THIS_CLUSTER
 
 # Remote clusters (distinct kubeconfig contents) kept at once by default (``--max-remote-targets``):
 # discovery of each is cached.
 MAX_REMOTES = 64
+
+
+def where(target: str) -> str:
+    """A target id as messages name it: its server URL, or "this cluster" — never a credential."""
+    return "this cluster" if target == LOCAL_TARGET else target.partition("#")[0]
 
 
 @dataclass(frozen=True)
@@ -102,8 +114,34 @@ class Targets:
         ref = stageset.spec.kube_config
         if ref is None:
             return self.local
-        namespace = str(stageset.metadata["namespace"])
-        secret_name, key = ref.secret_ref.name, ref.secret_ref.key
+        return self.reach(client, namespace=str(stageset.metadata["namespace"]),
+                          secret_name=ref.secret_ref.name, key=ref.secret_ref.key)
+
+    def previous(self, client: KubeClient, *, namespace: str, applied: AppliedTarget | None) -> Target:
+        """The cluster a stage was applied on before a move (see the module docstring); raises
+        :class:`StageError` (``ClusterUnreachable``) when it can no longer be reached."""
+        if applied is None or applied.id == LOCAL_TARGET:
+            return self.local
+        server = applied.id.partition("#")[0]
+        ref = applied.kube_config
+        if ref is None:
+            raise StageError(Reason.CLUSTER_UNREACHABLE,
+                             f"the cluster at {server}: no kubeConfig Secret recorded")
+        prefix = f"{namespace}/{ref.name}#"
+        with self._lock:
+            cached = next((t for key, t in reversed(self._remotes.items())
+                           if key.name.startswith(prefix) and t.id == applied.id), None)
+        if cached is not None:
+            return cached
+        target = self.reach(client, namespace=namespace, secret_name=ref.name, key=ref.key)
+        if target.id != applied.id:
+            raise StageError(Reason.CLUSTER_UNREACHABLE,
+                             f"the cluster at {server}: Secret {namespace}/{ref.name} now names another "
+                             "cluster, and no credentials for it are left")
+        return target
+
+    def reach(self, client: KubeClient, *, namespace: str, secret_name: str, key: str) -> Target:
+        """The cluster the kubeconfig in ``secret_name``/``key`` names (read as ``client``'s identity)."""
         secret = read_named(client, f"/api/v1/namespaces/{namespace}/secrets/{secret_name}",
                             what=f"Secret {namespace}/{secret_name} (spec.kubeConfig)",
                             missing_reason=Reason.STAGE_FAILED,
