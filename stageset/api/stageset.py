@@ -836,6 +836,8 @@ class AppliedTarget(StatusModel):
     """The cluster's stable id: its server URL and CA fingerprint (``https://host:6443#<16 hex>``)."""
     kube_config: SecretKeyRef | None = None
     """The kubeConfig Secret (and key) it was reached through, to reach it again after a move."""
+    target_ref: TargetRef | None = None
+    """Or the platform's StageTarget it was reached through (``spec.targetRef``)."""
 
 
 class StageInventory(StatusModel):

@@ -61,7 +61,7 @@ from stageset.cli.session import CliError, ExitCode, Session, cluster_options, d
 from stageset.controller.sourcekinds import DefaultSourceKind
 from stageset.controller.stageset import actionplan
 from stageset.controller.stageset.rendering import identify
-from stageset.controller.stageset.targets import Target, Targets, where
+from stageset.controller.stageset.targets import Target, Targets, named
 from stageset.kube.client import LOCAL, ApiError, Identity, KubeClient
 from stageset.kube.mapping import RestMapper
 from stageset.kube.types import KubeObject
@@ -338,8 +338,8 @@ def moving(stageset: StageSet, target: Target, live: KubeObject | None) -> list[
             found.append(ObjectDiff(
                 object=entry_id(item).describe().replace(" ", "/"),
                 action="Released" if released else Action.DELETED.value, diff="",
-                note=f"moved: {'released' if released else 'deleted'} on {where(inv.target_id)} "
-                     f"(stage {inv.name}) once every stage is Ready on {where(target.id)}"))
+                note=f"moved: {'released' if released else 'deleted'} on {named(inv.target)} "
+                     f"(stage {inv.name}) once every stage is Ready on {target.named}"))
     return found
 
 

@@ -208,7 +208,8 @@ def test_an_unreachable_old_target_is_given_up_after_the_wait(world: World) -> N
     assert parse(world.get("shop")).previous == ()
     [abandoned] = events(world, "RetargetAbandoned")
     assert abandoned.startswith(f"gave up cleaning up {PROD} after ")
-    assert f"2 object(s) left behind (last failure: the cluster at {PROD} cannot be used" in abandoned
+    assert "2 object(s) left behind (last failure: spec.kubeConfig: the cluster at " \
+        f"{PROD} cannot be used: connection refused)" in abandoned
     assert f"ConfigMap in {NS}: 2" in abandoned
     prod.down = None
     assert prod.get(f"{CM}/a")["metadata"]["labels"][LABEL] == "shop", "left objects keep their labels"

@@ -60,7 +60,14 @@ from stageset.controller.stageset.context import PassContext
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
 from stageset.controller.stageset.progress import Progress
 from stageset.controller.stageset.records import on_target
-from stageset.controller.stageset.targets import LOCAL_TARGET, Target, Targets, inventory_clients, where
+from stageset.controller.stageset.targets import (
+    LOCAL_TARGET,
+    Target,
+    Targets,
+    inventory_clients,
+    named,
+    where,
+)
 from stageset.controller.stageset.teardown import AGAIN, CLUSTER_ERRORS, Teardown, release_remaining, why
 from stageset.kube.client import ClientPool, KubeClient
 
@@ -108,14 +115,14 @@ class Moves:
                 moving.model_copy(update={"inventory": [*moving.inventory, *found]})
         if moving is not None or unlisted:
             log.info("StageSet %s/%s moves to %s: %d stage inventory(ies) left on a previous cluster%s",
-                     *ctx.ref, where(ctx.target.id), len(moving.inventory) if moving else 0,
+                     *ctx.ref, ctx.target.named, len(moving.inventory) if moving else 0,
                      f", {len(unlisted)} not listed yet" if unlisted else "")
         return progress.moved(current, moving, unlisted, since=rebased.since)
 
     def _previous(self, ctx: PassContext, inv: StageInventory) -> Target:
         """The cluster ``inv`` was applied on; raises :class:`StageError` or a cluster error."""
         client = self._stageset_client(ctx)
-        return self._targets.previous(client, namespace=ctx.ref[0], applied=inv.target)
+        return self._targets.previous(client, stageset=ctx.stageset, applied=inv.target)
 
     def _stageset_client(self, ctx: PassContext) -> KubeClient:
         identity = self._identities.for_stageset(ctx.stageset, what="reading spec.kubeConfig")
@@ -132,7 +139,7 @@ class Moves:
                 id=record.target,
                 kube_config=SecretKeyRef(name=record.via[0], key=record.via[1]) if record.via else None)
             try:
-                target = self._targets.previous(self._stageset_client(ctx), namespace=namespace,
+                target = self._targets.previous(self._stageset_client(ctx), stageset=ctx.stageset,
                                                 applied=applied)
                 clients = inventory_clients(clients=self._clients, identities=self._identities,
                                             namespace=namespace, target=target)
@@ -164,8 +171,10 @@ class Moves:
         released = (moving.released or 0) if moving is not None else 0
         failure: str | None = None
         by_target: dict[str, list[StageInventory]] = {}
+        names: dict[str, str] = {r.target: where(r.target) for _, r in progress.unlisted}
         for inv in moving.inventory if moving is not None else []:
             by_target.setdefault(inv.target_id, []).append(inv)
+            names[inv.target_id] = named(inv.target)
         for target_id, invs in by_target.items():
             try:
                 target = self._previous(ctx, invs[0])
@@ -173,7 +182,7 @@ class Moves:
                 failure, remaining = error.message, [*remaining, *invs]
                 continue
             except CLUSTER_ERRORS as error:
-                failure, remaining = f"the cluster at {where(target_id)} cannot be used: {why(error)}", \
+                failure, remaining = f"{names[target_id]} cannot be used: {why(error)}", \
                     [*remaining, *invs]
                 continue
             inventories = {inv.name: inv for inv in invs}
@@ -201,11 +210,10 @@ class Moves:
         # use it up); what only the record names (status lost) counts from the move's start.
         since = (moving.cleanup_since or format_time(now)) if moving is not None else \
             progress.moving_since or format_time(now)
-        targets = {*by_target, *(r.target for _, r in progress.unlisted)}
-        previous = ", ".join(where(t) for t in sorted(targets))
+        previous = ", ".join(sorted(set(names.values())))
         if not remaining and not progress.unlisted:
             moved = sum(len(inv.entries) for inv in progress.fresh.values())
-            message = (f"moved from {previous} to {where(ctx.target.id)}: {moved} object(s) applied and "
+            message = (f"moved from {previous} to {ctx.target.named}: {moved} object(s) applied and "
                        f"ready there; on {previous}: {deleted} deleted, {released} released (prune: false)")
             log.info("StageSet %s/%s %s", namespace, name, message)
             self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.RETARGETED,

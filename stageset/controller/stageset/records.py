@@ -85,6 +85,9 @@ def on_target(inventory: StageInventory, target: Target, *, stageset: StageSet |
     ``via`` (from the record)."""
     if not target.remote:
         return inventory if inventory.target is None else inventory.model_copy(update={"target": None})
+    if stageset is not None and stageset.spec.target_ref is not None:
+        return inventory.model_copy(update={"target": AppliedTarget(id=target.id,
+                                                                    target_ref=stageset.spec.target_ref)})
     ref = stageset.spec.kube_config.secret_ref if stageset is not None and stageset.spec.kube_config else None
     secret = SecretKeyRef(name=ref.name, key=ref.key) if ref is not None else \
         SecretKeyRef(name=via[0], key=via[1]) if via is not None else None

@@ -51,9 +51,21 @@ LOCAL_TARGET = THIS_CLUSTER
 MAX_REMOTES = 64
 
 
-def where(target: str) -> str:
-    """A target id as messages name it: its server URL, or "this cluster" — never a credential."""
+def where(target: str, *, stage_target: str = "") -> str:
+    """A target id as messages name it: its server URL, or "this cluster" — never a credential; a
+    platform StageTarget (``stage_target``: ``namespace/name``) by its name only (its server is the
+    platform's, not the tenant's to read)."""
+    if stage_target:
+        return f"StageTarget {stage_target}"
     return "this cluster" if target == LOCAL_TARGET else target.partition("#")[0]
+
+
+def named(applied: AppliedTarget | None) -> str:
+    """Where an inventory was applied, as messages name it (:func:`where`)."""
+    if applied is None:
+        return where(LOCAL_TARGET)
+    ref = applied.target_ref
+    return where(applied.id, stage_target=f"{ref.namespace}/{ref.name}" if ref is not None else "")
 
 
 @dataclass(frozen=True)
@@ -73,6 +85,11 @@ class Target:
     @property
     def remote(self) -> bool:
         return self.cluster != LOCAL
+
+    @property
+    def named(self) -> str:
+        """This cluster as move events name it (:func:`where`)."""
+        return where(self.id, stage_target=self.name)
 
     @property
     def where(self) -> str:
@@ -117,12 +134,23 @@ class Targets:
         return self.reach(client, namespace=str(stageset.metadata["namespace"]),
                           secret_name=ref.secret_ref.name, key=ref.secret_ref.key)
 
-    def previous(self, client: KubeClient, *, namespace: str, applied: AppliedTarget | None) -> Target:
+    def previous(self, client: KubeClient, *, stageset: StageSet, applied: AppliedTarget | None) -> Target:
         """The cluster a stage was applied on before a move (see the module docstring); raises
-        :class:`StageError` (``ClusterUnreachable``) when it can no longer be reached."""
+        :class:`StageError` (``ClusterUnreachable``) when it can no longer be reached.  A platform
+        StageTarget is reached as ``spec.targetRef`` is (read as the controller, only while it still
+        allows the StageSet's namespace)."""
         if applied is None or applied.id == LOCAL_TARGET:
             return self.local
+        namespace = str(stageset.metadata["namespace"])
         server = applied.id.partition("#")[0]
+        if applied.target_ref is not None:
+            spec = stageset.spec.model_copy(update={"target_ref": applied.target_ref, "kube_config": None})
+            found = self.for_target_ref(stageset.model_copy(update={"spec": spec}))
+            if found.id != applied.id:
+                raise StageError(Reason.CLUSTER_UNREACHABLE,
+                                 f"StageTarget {applied.target_ref.namespace}/{applied.target_ref.name} now "
+                                 "names another cluster")
+            return found
         ref = applied.kube_config
         if ref is None:
             raise StageError(Reason.CLUSTER_UNREACHABLE,

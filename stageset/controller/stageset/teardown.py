@@ -237,7 +237,7 @@ class Teardown:
         for invs in by_target.values():
             try:
                 identity = self._identities.for_stageset(stageset, what="reading spec.kubeConfig")
-                target = self._targets.previous(self._clients.client(identity), namespace=owner.namespace,
+                target = self._targets.previous(self._clients.client(identity), stageset=stageset,
                                                 applied=invs[0].target)
             except StageError as error:
                 failure, remaining = error.message, [*remaining, *invs]
