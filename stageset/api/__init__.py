@@ -11,6 +11,7 @@ imported here, so that ``-m`` runs it cleanly).
 from stageset.api.common import (
     API_VERSION,
     GROUP,
+    THIS_CLUSTER,
     VERSION,
     Condition,
     LocalObjectRef,
@@ -28,12 +29,14 @@ from stageset.api.gitrepository import (
 )
 from stageset.api.sourceref import SourceRef
 from stageset.api.stageset import (
+    AppliedTarget,
     Decryption,
     DecryptionProvider,
     InventoryEntry,
     KubeConfigRef,
     ObjectRef,
     PostBuild,
+    PreviousTargets,
     ReadyChecks,
     Stage,
     StageInventory,
@@ -49,7 +52,9 @@ from stageset.api.target import StageTarget, StageTargetSpec, StageTargetStatus,
 __all__ = [
     "API_VERSION",
     "GROUP",
+    "THIS_CLUSTER",
     "VERSION",
+    "AppliedTarget",
     "Artifact",
     "Condition",
     "Decryption",
@@ -63,6 +68,7 @@ __all__ = [
     "LocalObjectRef",
     "ObjectRef",
     "PostBuild",
+    "PreviousTargets",
     "ReadyChecks",
     "SecretKeyRef",
     "SourceRef",

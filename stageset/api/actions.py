@@ -30,7 +30,7 @@ import yaml
 from pydantic import ConfigDict, Field, field_validator, model_validator
 from pydantic.config import JsonDict
 
-from stageset.api.common import ApiModel, DNSLabel, DNSSubdomain, Duration, StatusModel, Time
+from stageset.api.common import THIS_CLUSTER, ApiModel, DNSLabel, DNSSubdomain, Duration, StatusModel, Time
 from stageset.api.sourceref import SourceRef
 
 MAX_ACTIONS = 16
@@ -480,11 +480,12 @@ class ActionRun(StatusModel):
 
 
 class ActionLedger(StatusModel):
-    """What a stage's actions did for its current revision.
+    """What a stage's actions did for its current revision, on its current target.
 
     The revision is the stage's source revision and ``inputs``, a digest of what else the stage
     builds from (``path``, ``patches``, and ``postBuild`` values other than Secret values); when
-    either changes, the ledger starts over and ``pre`` and ``post`` actions run again."""
+    either changes, or the stage moves to another cluster (``target``), the ledger starts over and
+    ``pre`` and ``post`` actions run again (on the new cluster)."""
 
     revision: Annotated[str, Field(max_length=1024)]
     """The stage's source revision."""
@@ -498,6 +499,8 @@ class ActionLedger(StatusModel):
     """The action in progress."""
     on_failure_ran: bool | None = None
     """``onFailure`` ran for the stage's current failure (again only after it was Ready)."""
+    target: Annotated[str, Field(max_length=1024)] | None = None
+    """The id of the remote cluster the actions ran on (absent: this cluster)."""
 
-    def key(self) -> tuple[str, str]:
-        return self.revision, self.inputs
+    def key(self) -> tuple[str, str, str]:
+        return self.revision, self.inputs, self.target or THIS_CLUSTER

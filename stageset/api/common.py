@@ -144,6 +144,11 @@ class LocalObjectRef(ApiModel):
     """Name of the referent."""
 
 
+THIS_CLUSTER = "this-cluster"
+"""The target id of the cluster the controller runs in (an inventory, record or ledger without a
+target id was applied here)."""
+
+
 class SecretKeyRef(ApiModel):
     """A key of a Secret in the same namespace."""
 

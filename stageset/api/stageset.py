@@ -22,6 +22,7 @@ from pydantic.config import JsonDict
 from stageset.api.actions import ActionLedger, StageActions
 from stageset.api.common import (
     API_VERSION,
+    THIS_CLUSTER,
     ApiModel,
     Condition,
     Count,
@@ -828,6 +829,17 @@ class InventoryEntry(StatusModel):
     """A digest of the manifest last applied, to tell drift from a new revision."""
 
 
+class AppliedTarget(StatusModel):
+    """The remote cluster a stage's objects were applied on, and how it was reached: never a credential."""
+
+    id: Annotated[str, Field(max_length=1024)]
+    """The cluster's stable id: its server URL and CA fingerprint (``https://host:6443#<16 hex>``)."""
+    kube_config: SecretKeyRef | None = None
+    """The kubeConfig Secret (and key) it was reached through, to reach it again after a move."""
+    target_ref: TargetRef | None = None
+    """Or the platform's StageTarget it was reached through (``spec.targetRef``)."""
+
+
 class StageInventory(StatusModel):
     """The objects one stage owns: what prune and teardown may delete, and nothing else."""
 
@@ -837,6 +849,29 @@ class StageInventory(StatusModel):
     """The ServiceAccount the objects were applied as; prune and teardown use it too."""
     entries: list[InventoryEntry] = Field(default_factory=list)
     """The objects."""
+    target: AppliedTarget | None = None
+    """The remote cluster they were applied on (absent: this cluster)."""
+
+    @property
+    def target_id(self) -> str:
+        return self.target.id if self.target is not None else THIS_CLUSTER
+
+
+class PreviousTargets(StatusModel):
+    """A move to another cluster in flight: what is still to be cleaned up where the stages were before."""
+
+    since: Time
+    """When the move started."""
+    cleanup_since: Time | None = None
+    """When every stage was first Ready on the new cluster and its cleanup began: it is given up
+    ``--max-teardown-wait`` after."""
+    inventory: list[StageInventory] = Field(
+        default_factory=list, json_schema_extra={"x-kubernetes-list-type": "atomic"})
+    """Per stage and previous target, the objects still there (each names its target)."""
+    deleted: Count | None = None
+    """Objects deleted there so far (told by the ``Retargeted`` event when the move is done)."""
+    released: Count | None = None
+    """Objects of ``prune: false`` stages released there so far."""
 
 
 class StageSetStatus(StatusModel):
@@ -881,6 +916,8 @@ class StageSetStatus(StatusModel):
         default_factory=list, max_length=MAX_STAGES,
         json_schema_extra={"x-kubernetes-list-type": "map", "x-kubernetes-list-map-keys": ["stage"]})
     """Each stage's last applied releases, newest first (bounded: see ``stageset history``)."""
+    previous_targets: PreviousTargets | None = None
+    """While the StageSet moves to another cluster: the objects still on the previous one."""
 
 
 class StageSet(ApiModel):

@@ -20,7 +20,7 @@ import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from stageset.api import InventoryEntry, StageInventory
+from stageset.api import AppliedTarget, InventoryEntry, PreviousTargets, StageInventory
 from stageset.kube.types import KubeObject
 
 
@@ -77,11 +77,12 @@ def by_id(inventory: StageInventory | None) -> dict[ObjectId, InventoryEntry]:
     return {entry_id(e): e for e in inventory.entries} if inventory else {}
 
 
-def stage_inventory(name: str, service_account: str | None,
-                    entries: Iterable[InventoryEntry]) -> StageInventory:
-    """A stage's inventory with its entries in a stable order (sorted by identity)."""
+def stage_inventory(name: str, service_account: str | None, entries: Iterable[InventoryEntry], *,
+                    target: AppliedTarget | None = None) -> StageInventory:
+    """A stage's inventory with its entries in a stable order (sorted by identity), on ``target``
+    (``None``: this cluster)."""
     ordered = sorted({e.id: e for e in entries}.values(), key=lambda e: entry_id(e))
-    return StageInventory(name=name, service_account_name=service_account, entries=ordered)
+    return StageInventory(name=name, service_account_name=service_account, entries=ordered, target=target)
 
 
 def by_stage(inventories: Iterable[StageInventory]) -> dict[str, StageInventory]:
@@ -106,7 +107,7 @@ def merged(old: StageInventory | None, new: StageInventory) -> StageInventory:
     """Old and new entries together: written before prune so nothing is ever forgotten."""
     entries = by_id(old)
     entries.update(by_id(new))
-    return stage_inventory(new.name, new.service_account_name, entries.values())
+    return stage_inventory(new.name, new.service_account_name, entries.values(), target=new.target)
 
 
 @dataclass(frozen=True)
@@ -147,7 +148,7 @@ def with_kept(inventories: Mapping[str, StageInventory], kept: Iterable[Stale]) 
         holder = result.get(item.stage) or StageInventory(name=item.stage,
                                                            service_account_name=item.service_account)
         result[item.stage] = stage_inventory(holder.name, holder.service_account_name,
-                                             [*holder.entries, item.entry])
+                                             [*holder.entries, item.entry], target=holder.target)
     return result
 
 
@@ -165,3 +166,33 @@ def left_behind(inventories: Iterable[StageInventory]) -> str:
     parts = [f"{kind} in {namespace}: {n}" if namespace else f"{kind} (cluster-scoped): {n}"
              for (kind, namespace), n in sorted(counts.items())]
     return ", ".join(parts)
+
+
+def split_by_target(inventories: Mapping[str, StageInventory], moving: PreviousTargets | None, *, target: str,
+                    now: str) -> tuple[dict[str, StageInventory], PreviousTargets | None]:
+    """The inventories on ``target`` (the cluster applied to now), and what a move left on previous
+    targets (``moving``: what status kept of a move in flight; a new one begins ``now``).  A previous
+    target that is current again is no longer one: its inventory is the stage's own again."""
+    current: dict[str, StageInventory] = {}
+    pending: dict[tuple[str, str], StageInventory] = {}
+
+    def leave(inv: StageInventory) -> None:
+        key = (inv.name, inv.target_id)
+        pending[key] = merged(pending[key], inv) if key in pending else inv
+
+    for name, inv in inventories.items():
+        if inv.target_id == target:
+            current[name] = inv
+        else:
+            leave(inv)
+    for inv in moving.inventory if moving is not None else []:
+        if inv.target_id != target:
+            leave(inv)
+        else:
+            current[inv.name] = merged(inv, current[inv.name]) if inv.name in current else inv
+    left = [pending[key] for key in sorted(pending) if pending[key].entries]
+    if not left:
+        return current, None
+    if moving is None:
+        return current, PreviousTargets(since=now, inventory=left)
+    return current, moving.model_copy(update={"inventory": left})

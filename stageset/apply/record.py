@@ -13,7 +13,16 @@ Rules:
   shrunk to the kinds still in the inventory only *after* a complete prune, so it always
   covers every object that could carry our labels;
 - ``rebuild`` marks a rebuild that could not see everything (a list was denied or failed):
-  it is tried again on every pass until it completes, and nothing is pruned meanwhile.
+  it is tried again on every pass until it completes, and nothing is pruned meanwhile;
+- each stage record names the cluster it was applied on (a target id, :data:`THIS_CLUSTER` when
+  absent) and, for a remote, the kubeConfig Secret it was reached through (never a credential);
+  when the stages move to another cluster, the records of the cluster they leave go to
+  ``previous`` (with ``since``, when the move began) until that cluster is cleaned up, so a
+  controller that restarts, or a StageSet whose status was lost, still finds them.
+
+Format history (:data:`FORMAT`; :func:`parse` migrates): 1 — no targets (every stage on this
+cluster); 2 — targets, ``previous`` and ``since``.  A format this controller does not know reads as
+"look on the cluster again" (``rebuild``).
 
 Why an annotation and not status, a new kind (the reference's per-stage ``StageInventory``
 objects) or labels alone: see docs/concepts.md ("Inventory").
@@ -23,15 +32,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
+from typing import Any
 
-from stageset.api import StageInventory
+from stageset.api import THIS_CLUSTER, StageInventory
 from stageset.apply.inventory import entry_id
 from stageset.kube.types import KubeObject
 
 ANNOTATION = "stages.metio.wtf/inventory-record"
 # Format version of the annotation's JSON; a change comes with a migration (see parse).
-FORMAT = 1
+FORMAT = 2
+_TARGETLESS = 1  # the format before targets: every stage was applied on this cluster
+
+Via = tuple[str, str]
+"""The kubeConfig Secret (name, key) a remote target was reached through."""
 
 
 @dataclass(frozen=True, order=True)
@@ -59,16 +73,53 @@ class StageRecord:
     service_account: str | None
     kinds: Mapping[KindRef, frozenset[str]] = field(default_factory=dict)
     """Each kind with the namespaces its objects are in (``""``: cluster-scoped)."""
+    target: str = THIS_CLUSTER
+    """The cluster the objects were applied on (a target id)."""
+    via: Via | None = None
+    """For a remote target: the kubeConfig Secret it was reached through."""
 
     def covers(self, other: StageRecord) -> bool:
-        return self.service_account == other.service_account and all(
+        return self.service_account == other.service_account and self.target == other.target and all(
             kind in self.kinds and namespaces <= self.kinds[kind] for kind, namespaces in other.kinds.items())
 
     def union(self, other: StageRecord) -> StageRecord:
+        """Both records' kinds and namespaces, with ``other``'s identity and way to the same target."""
         kinds = {k: frozenset(v) for k, v in self.kinds.items()}
         for kind, namespaces in other.kinds.items():
             kinds[kind] = kinds.get(kind, frozenset()) | namespaces
-        return StageRecord(other.service_account, kinds)
+        return StageRecord(other.service_account, kinds, other.target, other.via or self.via)
+
+    def body(self) -> dict[str, Any]:
+        encoded: dict[str, Any] = {
+            "sa": self.service_account,
+            "kinds": {kind.encode(): sorted(ns) for kind, ns in sorted(self.kinds.items())}}
+        if self.target != THIS_CLUSTER:
+            encoded["t"] = self.target
+            if self.via is not None:
+                encoded["kc"] = list(self.via)
+        return encoded
+
+    @classmethod
+    def of_body(cls, stage: Mapping[str, Any]) -> StageRecord:
+        via = stage.get("kc")
+        return cls(service_account=stage.get("sa") or None,
+                   kinds={KindRef.decode(str(k)): frozenset(str(n) for n in ns)
+                          for k, ns in (stage.get("kinds") or {}).items()},
+                   target=str(stage.get("t") or THIS_CLUSTER),
+                   via=(str(via[0]), str(via[1])) if isinstance(via, list) and len(via) == 2 else None)
+
+
+Previous = tuple[tuple[str, StageRecord], ...]
+"""Stage records on targets the stages moved away from: ``(stage, record)``, one per stage and target."""
+
+
+def _gathered(entries: Iterable[tuple[str, StageRecord]]) -> Previous:
+    found: dict[tuple[str, str], StageRecord] = {}
+    for stage, record in entries:
+        key = (stage, record.target)
+        found[key] = found[key].union(record) if key in found else record
+    return tuple(sorted(((stage, record) for (stage, _), record in found.items()),
+                        key=lambda item: (item[0], item[1].target)))
 
 
 @dataclass(frozen=True)
@@ -76,64 +127,113 @@ class Record:
     stages: Mapping[str, StageRecord] = field(default_factory=dict)
     rebuild: bool = False
     """A rebuild from the cluster is pending (the last one could not see everything)."""
+    previous: Previous = ()
+    """Where the stages were before a move, until that target is cleaned up (or given up)."""
+    since: str | None = None
+    """When the move began (set while ``previous`` is not empty)."""
+    targetless: bool = False
+    """Read from a record written before targets were recorded (format 1, or none at all): its
+    StageSet's inventories name no target because none was recorded, not because they are here."""
 
     def encode(self) -> str:
-        body = {"v": FORMAT, "stages": {
-            name: {"sa": stage.service_account,
-                   "kinds": {kind.encode(): sorted(ns) for kind, ns in sorted(stage.kinds.items())}}
-            for name, stage in sorted(self.stages.items())}}
+        body: dict[str, Any] = {"v": FORMAT, "stages": {
+            name: stage.body() for name, stage in sorted(self.stages.items())}}
         if self.rebuild:
             body["rebuild"] = True
+        if self.previous:
+            body["prev"] = [{"stage": name, **stage.body()} for name, stage in self.previous]
+            body["since"] = self.since
         return json.dumps(body, separators=(",", ":"), sort_keys=True)
 
+    def rebased(self, target: str, *, now: str) -> Record:
+        """The record as seen from ``target``, the cluster the stages are applied on now: a stage
+        recorded on another one is a stage to clean up there (``previous``); a previous target
+        that is current again is no longer one (its objects are the stages' own again).  A record
+        from before targets (``targetless``) was written by a controller that applied where the
+        StageSet pointed then, which is taken to be ``target``: an upgrade is never a move."""
+        stages: dict[str, StageRecord] = {}
+        previous: list[tuple[str, StageRecord]] = []
+        for name, stage in self.stages.items():
+            if self.targetless:
+                stages[name] = replace(stage, target=target)
+            elif stage.target == target:
+                stages[name] = stage
+            else:
+                previous.append((name, stage))
+        for name, stage in self.previous:
+            if stage.target != target:
+                previous.append((name, stage))
+            else:
+                stages[name] = stages[name].union(stage) if name in stages else stage
+        gathered = _gathered(previous)
+        since = (self.since or now) if gathered else None
+        return Record(stages, self.rebuild, gathered, since)
+
     def grown(self, wanted: Mapping[str, StageRecord]) -> Record:
-        """This record plus ``wanted`` (what stages are about to apply)."""
+        """This record plus ``wanted`` (what stages are about to apply, on this record's target)."""
         stages = dict(self.stages)
+        previous = list(self.previous)
         for name, stage in wanted.items():
+            if name in stages and stages[name].target != stage.target:
+                previous.append((name, stages.pop(name)))
             stages[name] = stages[name].union(stage) if name in stages else stage
-        return Record(stages, self.rebuild)
+        return Record(stages, self.rebuild, _gathered(previous), self.since)
 
     def covers(self, wanted: Mapping[str, StageRecord]) -> bool:
         return all(name in self.stages and self.stages[name].covers(stage) for name, stage in wanted.items())
 
 
 def parse(obj: KubeObject) -> Record:
-    """The record on a live StageSet; an absent or unreadable one is empty (nothing recorded)."""
+    """The record on a live StageSet; an absent or unreadable one is empty (nothing recorded).
+    A record of format 1 (before targets) names every stage on this cluster."""
     annotations = (obj.get("metadata") or {}).get("annotations") or {}
     raw = annotations.get(ANNOTATION)
     if not raw:
-        return Record()
+        return Record(targetless=True)
     try:
         body = json.loads(raw)
-        if not isinstance(body, dict) or body.get("v") != FORMAT:
+        if not isinstance(body, dict) or body.get("v") not in (FORMAT, _TARGETLESS):
             return Record(rebuild=True)  # a format we do not know: look on the cluster again
-        stages = {
-            str(name): StageRecord(
-                service_account=stage.get("sa") or None,
-                kinds={KindRef.decode(str(k)): frozenset(str(n) for n in ns)
-                       for k, ns in (stage.get("kinds") or {}).items()})
-            for name, stage in (body.get("stages") or {}).items()}
-        return Record(stages, bool(body.get("rebuild")))
-    except (ValueError, TypeError, AttributeError):
+        stages = {str(name): StageRecord.of_body(stage) for name, stage in (body.get("stages") or {}).items()}
+        if body["v"] == _TARGETLESS:  # migration: no target was recorded, so it was this cluster
+            stages = {name: replace(stage, target=THIS_CLUSTER, via=None) for name, stage in stages.items()}
+            return Record(stages, bool(body.get("rebuild")), targetless=True)
+        previous = _gathered((str(item["stage"]), StageRecord.of_body(item))
+                             for item in body.get("prev") or [])
+        since = body.get("since")
+        return Record(stages, bool(body.get("rebuild")), previous,
+                      str(since) if previous and since else None)
+    except (ValueError, TypeError, AttributeError, KeyError):
         return Record(rebuild=True)
 
 
-def of_objects(service_account: str | None, objects: Iterable[tuple[str, KubeObject]]) -> StageRecord:
-    """A stage record from ``(namespace, manifest)`` pairs (namespace ``""`` when cluster-scoped)."""
+def of_objects(service_account: str | None, objects: Iterable[tuple[str, KubeObject]], *,
+               target: str, via: Via | None) -> StageRecord:
+    """A stage record from ``(namespace, manifest)`` pairs (namespace ``""`` when cluster-scoped),
+    applied on ``target`` (reached through ``via``)."""
     kinds: dict[KindRef, set[str]] = {}
     for namespace, obj in objects:
         kind = KindRef(str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
         kinds.setdefault(kind, set()).add(namespace)
-    return StageRecord(service_account, {k: frozenset(v) for k, v in kinds.items()})
+    return StageRecord(service_account, {k: frozenset(v) for k, v in kinds.items()}, target,
+                       via if target != THIS_CLUSTER else None)
 
 
-def of_inventories(inventories: Iterable[StageInventory]) -> Record:
-    """The record that covers exactly these inventories (after a complete prune)."""
-    stages: dict[str, StageRecord] = {}
-    for inv in inventories:
-        kinds: dict[KindRef, set[str]] = {}
-        for item in inv.entries:
-            oid = entry_id(item)
-            kinds.setdefault(KindRef(item.v, oid.kind), set()).add(oid.namespace)
-        stages[inv.name] = StageRecord(inv.service_account_name, {k: frozenset(v) for k, v in kinds.items()})
-    return Record(stages)
+def of_inventory(inv: StageInventory) -> StageRecord:
+    """The stage record that covers exactly this inventory, on the target it names."""
+    kinds: dict[KindRef, set[str]] = {}
+    for item in inv.entries:
+        oid = entry_id(item)
+        kinds.setdefault(KindRef(item.v, oid.kind), set()).add(oid.namespace)
+    ref = inv.target.kube_config if inv.target is not None else None
+    return StageRecord(inv.service_account_name, {k: frozenset(v) for k, v in kinds.items()}, inv.target_id,
+                       (ref.name, ref.key) if ref is not None else None)
+
+
+def of_inventories(inventories: Iterable[StageInventory], *, previous: Iterable[StageInventory],
+                   since: str | None) -> Record:
+    """The record that covers exactly these inventories (after a complete prune), and the ones
+    still to clean up on previous targets (``previous``, a move in flight since ``since``)."""
+    stages = {inv.name: of_inventory(inv) for inv in inventories}
+    gathered = _gathered((inv.name, of_inventory(inv)) for inv in previous)
+    return Record(stages, previous=gathered, since=since if gathered else None)

@@ -31,9 +31,18 @@ from stageset.apply.changeset import WRITES, Action
 from stageset.apply.conflicts import ConflictResolver
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
-from stageset.apply.inventory import by_stage, describe, entry, manifest_hash, stage_inventory
+from stageset.apply.inventory import (
+    by_stage,
+    describe,
+    entry,
+    entry_id,
+    manifest_hash,
+    split_by_target,
+    stage_inventory,
+)
 from stageset.apply.ownership import StageOwner
-from stageset.apply.prune import Owner, candidates, deletable, entry_path
+from stageset.apply.prune import Owner, candidates, deletable, entry_path, unpruned_stages
+from stageset.apply.record import parse as parse_record
 from stageset.apply.settings import ApplySettings
 from stageset.build.kustomize import cache_root
 from stageset.cli.inspect import read_stageset
@@ -52,7 +61,7 @@ from stageset.cli.session import CliError, ExitCode, Session, cluster_options, d
 from stageset.controller.sourcekinds import DefaultSourceKind
 from stageset.controller.stageset import actionplan
 from stageset.controller.stageset.rendering import identify
-from stageset.controller.stageset.targets import Target, Targets
+from stageset.controller.stageset.targets import Target, Targets, named
 from stageset.kube.client import LOCAL, ApiError, Identity, KubeClient
 from stageset.kube.mapping import RestMapper
 from stageset.kube.types import KubeObject
@@ -278,10 +287,10 @@ class Differ:
         still carrying this StageSet's labels and not opted out."""
         if live is None:
             return []
-        status = StageSetStatus.model_validate(live.get("status") or {})
+        here, _ = _split(live, target)
         owner = Owner(self._namespace, str(self._stageset.metadata["name"]))
         found: list[ObjectDiff] = []
-        for candidate in candidates(old=by_stage(status.inventory), new=fresh, stageset=self._stageset):
+        for candidate in candidates(old=here, new=fresh, stageset=self._stageset):
             oid = candidate.id
             path = entry_path(target.applier, candidate.entry, self._namespace)
             if path is None:
@@ -304,7 +313,38 @@ class Differ:
         return found
 
 
-def planned_actions(stages: list[StageDiff], rendered: list[RenderedStage], live: KubeObject | None) -> None:
+def _split(live: KubeObject, target: Target) -> tuple[dict[str, StageInventory], list[StageInventory]]:
+    """The live inventories on ``target``, and what a move (pending, or this diff's) leaves on
+    other clusters — as the controller splits them before a pass."""
+    status = StageSetStatus.model_validate(live.get("status") or {})
+    inventories = by_stage(status.inventory)
+    if parse_record(live).targetless and status.previous_targets is None:
+        return inventories, []  # written before targets were recorded: taken to be where it points
+    here, left = split_by_target(inventories, status.previous_targets, target=target.id, now="")
+    return here, list(left.inventory) if left is not None else []
+
+
+def moving(stageset: StageSet, target: Target, live: KubeObject | None) -> list[ObjectDiff]:
+    """What a move leaves on the clusters the stages were applied on before: deleted there (a
+    ``prune: false`` stage's objects released) once every stage is Ready on ``target``.  Not read
+    there: the controller reaches the previous cluster only to clean it up."""
+    if live is None:
+        return []
+    unpruned = set(unpruned_stages(stageset))
+    found: list[ObjectDiff] = []
+    for inv in _split(live, target)[1]:
+        released = inv.name in unpruned
+        for item in inv.entries:
+            found.append(ObjectDiff(
+                object=entry_id(item).describe().replace(" ", "/"),
+                action="Released" if released else Action.DELETED.value, diff="",
+                note=f"moved: {'released' if released else 'deleted'} on {named(inv.target)} "
+                     f"(stage {inv.name}) once every stage is Ready on {target.named}"))
+    return found
+
+
+def planned_actions(stages: list[StageDiff], rendered: list[RenderedStage], live: KubeObject | None, *,
+                    target: str) -> None:
     """Fill in what each stage's actions would do, against the ledger in the live StageSet's status."""
     ledgers = {s.name: s.actions for s in StageSetStatus.model_validate(
         (live or {}).get("status") or {}).stages if s.actions is not None}
@@ -314,7 +354,33 @@ def planned_actions(stages: list[StageDiff], rendered: list[RenderedStage], live
         diffed.actions = [
             {"hook": p.hook.value, "name": p.name, "verb": p.verb, "runs": p.runs, "why": p.why}
             for p in actionplan.preview(item.stage.actions, ledgers.get(item.stage.name),
-                                        revision=item.revision, inputs=item.inputs)]
+                                        revision=item.revision, inputs=item.inputs, target=target)]
+
+
+def _summarize(stages: list[StageDiff], *, pruned: list[ObjectDiff], left: list[ObjectDiff], complete: bool
+               ) -> None:
+    """Per stage, what applying it would do, then prune and a pending move (on stderr)."""
+    for s in stages:
+        if s.error is not None:
+            click.echo(f"stage {s.name}: error: {s.error}", err=True)
+            continue
+        counts: dict[str, int] = {}
+        for o in s.objects:
+            counts[o.action.lower()] = counts.get(o.action.lower(), 0) + 1
+        summary = ", ".join(f"{n} {a}" for a, n in sorted(counts.items())) or "no objects"
+        click.echo(f"stage {s.name} (as {s.identity or 'you'}) at {s.revision}: {summary}", err=True)
+        for planned in s.actions:
+            what = "would run" if planned["runs"] else "skipped"
+            click.echo(f"  {planned['hook']} action {planned['name']} ({planned['verb']}): {what}, "
+                       f"{planned['why']}", err=True)
+    if not complete:
+        click.echo("prune: not previewed (a stage failed; the controller prunes only after every stage "
+                   "succeeded)", err=True)
+    else:
+        click.echo(f"prune: {len(pruned)} object(s) would be deleted", err=True)
+    if left:
+        click.echo(f"move: {len(left)} object(s) on the previous cluster would be deleted or released "
+                   "once every stage is Ready", err=True)
 
 
 @click.command("diff")
@@ -357,40 +423,26 @@ def diff(session: Session, name: str | None, file: str | None, source_dirs: tupl
         stages.append(stage_diff)
         if inventory is not None:
             fresh[item.stage.name] = inventory
-    planned_actions(stages, rendered, live)
+    planned_actions(stages, rendered, live, target=target.id)
     complete = all(s.error is None for s in stages)
     pruned = differ.prune(target, live, fresh) if complete else []
-    changed = [o for s in stages for o in s.changed] + pruned
+    left = moving(stageset, target, live)
+    changed = [o for s in stages for o in s.changed] + pruned + left
     if session.output != "diff":
         echo(dump({"stages": [{"name": s.name, "identity": s.identity, "revision": s.revision,
                                "error": s.error, "objects": [o.__dict__ for o in s.objects],
                                "actions": s.actions} for s in stages],
-                   "prune": [o.__dict__ for o in pruned], "complete": complete}, session.output))
+                   "prune": [o.__dict__ for o in pruned], "move": [o.__dict__ for o in left],
+                   "complete": complete}, session.output))
     else:
         for change in changed:
             if change.note:
                 echo(f"# {change.object}: {change.action.lower()}, {change.note}\n")
-            echo(change.diff)
-    for s in stages:
-        if s.error is not None:
-            click.echo(f"stage {s.name}: error: {s.error}", err=True)
-            continue
-        counts: dict[str, int] = {}
-        for o in s.objects:
-            counts[o.action.lower()] = counts.get(o.action.lower(), 0) + 1
-        summary = ", ".join(f"{n} {a}" for a, n in sorted(counts.items())) or "no objects"
-        click.echo(f"stage {s.name} (as {s.identity or 'you'}) at {s.revision}: {summary}", err=True)
-        for planned in s.actions:
-            what = "would run" if planned["runs"] else "skipped"
-            click.echo(f"  {planned['hook']} action {planned['name']} ({planned['verb']}): {what}, "
-                       f"{planned['why']}", err=True)
-    if not complete:
-        click.echo("prune: not previewed (a stage failed; the controller prunes only after every stage "
-                   "succeeded)", err=True)
-    else:
-        click.echo(f"prune: {len(pruned)} object(s) would be deleted", err=True)
+            if change.diff:
+                echo(change.diff)
+    _summarize(stages, pruned=pruned, left=left, complete=complete)
     if not complete:
         raise click.exceptions.Exit(ExitCode.ERROR)
-    if any(o.action in {a.value for a in WRITES} for o in changed) or any(
+    if left or any(o.action in {a.value for a in WRITES} for o in changed) or any(
             planned["runs"] for s in stages for planned in s.actions):
         raise click.exceptions.Exit(ExitCode.DIFFERENCES)

@@ -73,6 +73,7 @@ from stageset.controller.setup import Controller, Enqueue, Jobs, Reports, Setup
 from stageset.controller.stageset.actions import ActionStage
 from stageset.controller.stageset.actionsteps import ActionRunner, StepSettings
 from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.moves import Moves
 from stageset.controller.stageset.passes import PassRunner
 from stageset.controller.stageset.platform import PlatformTargets
 from stageset.controller.stageset.reads import AccountCheck, TenantReads
@@ -315,12 +316,14 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     release = Release(clients=clients, identities=identities, renderer=renderer, stages=stages,
                       changes=changes, events=shared.events, metrics=shared.metrics, clock=shared.clock,
                       selected_by=selected_by)
-    passes = PassRunner(clients=clients, identities=identities, records=records, changes=changes,
-                        settings=settings, renderer=renderer, stages=stages, release=release,
-                        accounts=accounts)
     teardown = Teardown(clients=clients, identities=identities, targets=targets, events=shared.events,
                         clock=shared.clock, max_wait=settings.max_teardown_wait, records=records,
                         terminating=shared.terminating)
+    moves = Moves(clients=clients, identities=identities, targets=targets, teardown=teardown,
+                  events=shared.events, clock=shared.clock, max_wait=settings.max_teardown_wait)
+    passes = PassRunner(clients=clients, identities=identities, records=records, changes=changes,
+                        settings=settings, renderer=renderer, stages=stages, release=release,
+                        accounts=accounts, moves=moves, clock=shared.clock)
     return StageSetReconciler(clients=clients, resource=resource, identities=identities, reads=reads,
                               expressions=ExpressionChecker(cel), index=index, targets=targets, passes=passes,
                               teardown=teardown, changes=changes, clock=shared.clock,

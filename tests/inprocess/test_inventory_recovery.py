@@ -30,7 +30,7 @@ def ready_with(world: World, files: dict[str, str]) -> None:
 def test_the_record_names_kinds_namespaces_and_identity_and_a_quiet_pass_leaves_it(world: World) -> None:
     ready_with(world, {"app/a.json": configmap("a"), "web/web.json": deployment("web")})
     record = json.loads(world.get("shop")["metadata"]["annotations"][ANNOTATION])
-    assert record == {"v": 1, "stages": {
+    assert record == {"v": 2, "stages": {
         "app": {"sa": "deployer", "kinds": {"v1//ConfigMap": [NS]}},
         "web": {"sa": "deployer", "kinds": {"apps/v1/Deployment": [NS]}}}}
     world.cluster.clear()

@@ -69,3 +69,26 @@ def test_deletion_policy_orphan_releases_every_object(world: World) -> None:
               if "/events/" in p and o.get("reason") == "Orphaned"]
     told = "(deletionPolicy: Orphan): left 1 object(s) in place without owner labels: ConfigMap"
     assert {e["note"] for e in events} == {f"stage 'app' {told} {NS}/a", f"stage 'db' {told} {NS}/b"}
+
+
+def test_a_target_namespace_change_releases_the_old_copies_of_a_prune_false_stage(world: World) -> None:
+    world.cluster.grant_namespace(TENANT, "web")
+    world.cluster.grant_namespace(TENANT, "api")
+    world.commit({"app/a.json": configmap("a"), "db/d.json": configmap("d")})
+    stages = [{"name": "db", "path": "./db", "prune": False}, {"name": "app", "path": "./app"}]
+    world.stageset("shop", stages, targetNamespace="web")
+    world.reconcile("shop")
+    world.stageset("shop", stages, targetNamespace="api")
+    world.cluster.clear()
+    world.reconcile("shop")
+    assert world.ready("shop")["status"] == "True"
+    assert world.configmap("d", "api") is not None
+    old = world.configmap("d", "web")
+    assert old is not None, "a prune: false stage's object is never deleted"
+    assert LABEL not in (old["metadata"].get("labels") or {}), "released, not left labelled"
+    assert world.configmap("a", "web") is None, "the other stage's old copy is pruned"
+    writes = [(r.verb, r.path) for r in world.cluster.by(TENANT, writes_only=True) if "/web/" in r.path]
+    assert ("patch", "/api/v1/namespaces/web/configmaps/d") in writes
+    assert ("delete", "/api/v1/namespaces/web/configmaps/d") not in writes
+    inventory = {i["name"]: [e["id"] for e in i["entries"]] for i in world.get("shop")["status"]["inventory"]}
+    assert inventory["db"] == ["api_d__ConfigMap"], "the released copy is no longer tracked"

@@ -19,7 +19,7 @@ from stageset.apply.settings import ApplySettings
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.stageset import records
 from stageset.controller.stageset.records import Records
-from stageset.controller.stageset.targets import Target, Targets
+from stageset.controller.stageset.targets import LOCAL_TARGET, Target, Targets
 from stageset.kube.client import LOCAL, ApiError
 from stageset.kube.mapping import RestMapper
 from tests.inprocess.conftest import NS, SA, TENANT
@@ -66,7 +66,7 @@ def recover(cluster: FakeCluster, obj: dict[str, Any], *, inventories: dict[str,
     pool = FakeClientPool(cluster)
     target = Target(LOCAL, StageApplier(mapper=RestMapper(pool.client())))
     return Records(clients=pool, identities=IdentityPolicy(cluster_admin=False)).recover(
-        obj, inventories=inventories, wanted=wanted or {}, target=target)
+        obj, inventories=inventories, wanted=wanted or {}, target=target, now="2026-01-01T00:00:00Z")
 
 
 RECORD = Record({"app": StageRecord(SA, {CONFIGMAP: frozenset({NS})}),
@@ -121,11 +121,13 @@ def test_a_denied_list_makes_the_view_incomplete_and_the_record_says_so(cluster:
 
 def test_the_record_grows_before_applying_and_settles_after_prune() -> None:
     obj = stageset_obj(RECORD, {})
-    assert records.grown(obj, {"app": StageRecord(SA, {CONFIGMAP: frozenset({NS})})}) is None, "covered"
-    grown = records.grown(obj, {"app": StageRecord(SA, {DEPLOYMENT: frozenset({"elsewhere"})})})
+    here = {"target": LOCAL_TARGET, "now": "2026-01-01T00:00:00Z"}
+    covered = records.grown(obj, {"app": StageRecord(SA, {CONFIGMAP: frozenset({NS})})}, **here)
+    assert covered is None, "covered"
+    grown = records.grown(obj, {"app": StageRecord(SA, {DEPLOYMENT: frozenset({"elsewhere"})})}, **here)
     assert grown is not None
     assert grown.stages["app"].kinds == {CONFIGMAP: frozenset({NS}), DEPLOYMENT: frozenset({"elsewhere"})}
-    settled = records.settled([inventory("app", "a")])
+    settled = records.settled([inventory("app", "a")], previous=None, unlisted=())
     assert json.loads(settled.encode())["stages"] == {"app": {"sa": SA, "kinds": {"v1//ConfigMap": [NS]}}}
     assert parse(stageset_obj(settled, None)) == settled
 

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from stageset.api import Stage
+from stageset.api import THIS_CLUSTER, Stage
 from stageset.api.actions import ActionLedger, ActionRun, Hook, LabelSelector, PatchAction, StageActions
 from stageset.controller.stageset import actionplan as plan
 
@@ -78,21 +78,30 @@ def test_what_changes_the_revision_actions_run_for(what: str, digest: str, same:
     assert (digest == BASE) is same, what
 
 
+REMOTE = "https://far:6443#0123456789abcdef"
+
+
 @pytest.mark.parametrize(
-    ("before", "revision", "inputs", "kept"),
+    ("before", "revision", "inputs", "target", "kept"),
     [
-        (None, "main@sha1:1", "sha256:1", False),
-        (ledger(executed=["a"]), "main@sha1:1", "sha256:1", True),
-        (ledger(executed=["a"]), "main@sha1:2", "sha256:1", False),
-        (ledger(executed=["a"]), "main@sha1:1", "sha256:2", False),
+        (None, "main@sha1:1", "sha256:1", THIS_CLUSTER, False),
+        (ledger(executed=["a"]), "main@sha1:1", "sha256:1", THIS_CLUSTER, True),
+        (ledger(executed=["a"]), "main@sha1:2", "sha256:1", THIS_CLUSTER, False),
+        (ledger(executed=["a"]), "main@sha1:1", "sha256:2", THIS_CLUSTER, False),
+        # A move to another cluster starts over: pre and post run there once.
+        (ledger(executed=["a"]), "main@sha1:1", "sha256:1", REMOTE, False),
+        (ledger(executed=["a"], target=REMOTE), "main@sha1:1", "sha256:1", REMOTE, True),
+        (ledger(executed=["a"], target=REMOTE), "main@sha1:1", "sha256:1", THIS_CLUSTER, False),
     ],
 )
-def test_a_new_revision_starts_a_new_ledger(
-    before: ActionLedger | None, revision: str, inputs: str, kept: bool
+def test_a_new_revision_or_target_starts_a_new_ledger(
+    before: ActionLedger | None, revision: str, inputs: str, target: str, kept: bool
 ) -> None:
-    found = plan.ledger_for(before, revision=revision, inputs=inputs)
+    found = plan.ledger_for(before, revision=revision, inputs=inputs, target=target)
     assert (found is before) is kept
-    assert found.key() == (revision, inputs)
+    assert found.key() == (revision, inputs, target)
+    # This cluster is never written as a target: a ledger older than targets reads the same.
+    assert found.target == (None if target == THIS_CLUSTER else target)
     if not kept:
         assert (found.executed, found.running, found.on_failure_ran) == ([], None, None)
 
@@ -331,7 +340,7 @@ ACTIONS = StageActions.model_validate(
 def test_what_diff_says_each_action_would_do(
     before: ActionLedger | None, revision: str, expected: list[tuple[str, str, bool, str]]
 ) -> None:
-    planned = plan.preview(ACTIONS, before, revision=revision, inputs="i")
+    planned = plan.preview(ACTIONS, before, revision=revision, inputs="i", target=THIS_CLUSTER)
     assert [(p.hook.value, p.name, p.runs, p.why) for p in planned] == [
         *expected,
         ("onFailure", "page", False, "runs only if the stage fails"),

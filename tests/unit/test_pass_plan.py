@@ -269,7 +269,7 @@ def test_verdict(
 ) -> None:
     verdict = plan.verdict(outcomes, interval=600.0, retry=120.0, readiness_requeue=1.0)
     # Whether the pass prunes is not the verdict's: the one decision, asked of the same outcomes.
-    course = pruning.Applied(outcomes=outcomes, held_back=(), parked=False, partial=None)
+    course = pruning.Applied(outcomes=outcomes, held_back=(), parked=False, partial=None, moving=False)
     prunes = pruning.permission(course).scope is pruning.Scope.STALE
     assert (verdict.ready, verdict.reason, verdict.requeue_after, prunes) == (
         ready,

@@ -32,6 +32,7 @@ from stageset.controller.stageset.pruning import (
     Scope,
     TearingDown,
     permission,
+    prunes_stale,
 )
 from stageset.controller.stageset.steering import Steering
 
@@ -88,11 +89,12 @@ class Pass:
     outcomes: list[StageOutcome]
     steer: Steering = dataclasses.field(default_factory=Steering)
     partial: str | None = None
+    moving: bool = False
 
     def course(self) -> Applied:
         # As the pass runner builds it.
         return Applied(outcomes=self.outcomes, held_back=tuple(self.steer.skip), parked=self.steer.parked,
-                       partial=self.partial)
+                       partial=self.partial, moving=self.moving)
 
     def verdict(self) -> Verdict:
         base = plan.verdict(self.outcomes, interval=600.0, retry=60.0, readiness_requeue=1.0)
@@ -142,6 +144,26 @@ CASES: list[tuple[str, Pass | Course, Scope, PruneReason]] = [
      Pass([ready("staging"), StageOutcome("prod", StagePhase.FAILED, Reason.STAGE_FAILED, "boom")],
           partial="the cluster could not be listed completely"),
      Scope.NOTHING, PruneReason.NOT_READY),
+    # A move to another cluster: the previous one is cleaned up only when every stage is Ready on
+    # the new one, under exactly the conditions a stale prune has; otherwise nothing anywhere.
+    ("moved: every stage Ready on the new cluster", Pass(BOTH_READY, moving=True), Scope.MOVED,
+     PruneReason.MOVED),
+    ("moved: a stage waits on the new cluster",
+     Pass([ready("staging"), StageOutcome("prod", StagePhase.WAITING, Reason.PROGRESSING, "0/1")],
+          moving=True),
+     Scope.NOTHING, PruneReason.NOT_READY),
+    ("moved: a stage failed on the new cluster",
+     Pass([ready("staging"), StageOutcome("prod", StagePhase.FAILED, Reason.STAGE_FAILED, "boom")],
+          moving=True),
+     Scope.NOTHING, PruneReason.NOT_READY),
+    ("moved: a Ready stage awaits a manual promotion",
+     Pass([ready("staging", promotion=awaiting()), ready("prod")], moving=True),
+     Scope.NOTHING, PruneReason.PROMOTION_HELD),
+    ("moved: a parked rollback", Pass(BOTH_READY, PARKED, moving=True), Scope.NOTHING,
+     PruneReason.ROLLBACK_PARKED),
+    ("moved: over an inventory rebuilt from a partial view",
+     Pass(BOTH_READY, partial="the cluster could not be listed completely", moving=True),
+     Scope.NOTHING, PruneReason.INVENTORY_INCOMPLETE),
     # The other ways a pass goes.
     ("frozen: windowScope All while closed", Frozen(), Scope.NOTHING, PruneReason.FROZEN),
     ("rollback: run or resumed", RollingBack(), Scope.RESTORED, PruneReason.ROLLING_BACK),
@@ -171,7 +193,7 @@ def test_the_one_prune_decision(case: str, given: Pass | Course, scope: Scope, r
     assert permission(course) == PrunePermission(scope, reason, REACHES.get(case, Reach.EVERYWHERE)), case
     if isinstance(given, Pass) and given.partial is None:
         # A pass that applied its stages deletes exactly when it ends Ready.
-        assert (scope is Scope.STALE) == (given.verdict().ready is True), case
+        assert (scope in (Scope.STALE, Scope.MOVED)) == (given.verdict().ready is True), case
 
 
 def test_the_table_covers_every_scope_and_reason() -> None:
@@ -192,13 +214,18 @@ def test_nothing_about_deleting_has_a_default(kind: type) -> None:
 def test_a_verdict_no_longer_carries_prune() -> None:
     assert "prune" not in {f.name for f in dataclasses.fields(Verdict)}
     with pytest.raises(TypeError):
-        Applied(outcomes=BOTH_READY, held_back=(), parked=False)  # type: ignore[call-arg]
+        Applied(outcomes=BOTH_READY, held_back=(), parked=False, partial=None)  # type: ignore[call-arg]
 
 
 def test_a_stage_held_back_is_never_pruned_even_if_every_outcome_says_ready() -> None:
     # Belt and braces: held back wins over outcomes (its objects would look stale).
-    course = Applied(outcomes=BOTH_READY, held_back=("prod",), parked=False, partial=None)
+    course = Applied(outcomes=BOTH_READY, held_back=("prod",), parked=False, partial=None, moving=True)
     assert permission(course) == PrunePermission(Scope.NOTHING, PruneReason.HELD_BACK, Reach.EVERYWHERE)
+
+
+@pytest.mark.parametrize("scope", list(Scope))
+def test_only_stale_and_moved_prune_what_is_stale(scope: Scope) -> None:
+    assert prunes_stale(scope) is (scope in (Scope.STALE, Scope.MOVED))
 
 
 def test_the_promoted_gate_is_really_promoted() -> None:

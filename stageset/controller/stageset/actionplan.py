@@ -31,7 +31,7 @@ import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
-from stageset.api import Stage, duration_seconds, format_time, parse_time
+from stageset.api import THIS_CLUSTER, Stage, duration_seconds, format_time, parse_time
 from stageset.api.actions import Action, ActionLedger, ActionRun, Hook, StageActions
 
 BACKOFF_BASE, BACKOFF_CAP = 2.0, 30.0
@@ -56,11 +56,14 @@ def inputs_digest(stage: Stage, variables: Mapping[str, str] | None, secret_valu
     return f"sha256:{digest[:16]}"
 
 
-def ledger_for(before: ActionLedger | None, *, revision: str, inputs: str) -> ActionLedger:
-    """The ledger of this revision: ``before`` if it is for the same one, else a new, empty one."""
-    if before is not None and before.key() == (revision, inputs):
+def ledger_for(before: ActionLedger | None, *, revision: str, inputs: str, target: str
+               ) -> ActionLedger:
+    """The ledger of this revision on this target (a cluster id, :data:`THIS_CLUSTER` here):
+    ``before`` if it is for the same ones, else a new, empty one — so a stage moved to another
+    cluster runs its ``pre`` and ``post`` actions there once."""
+    if before is not None and before.key() == (revision, inputs, target):
         return before
-    return ActionLedger(revision=revision, inputs=inputs)
+    return ActionLedger(revision=revision, inputs=inputs, target=None if target == THIS_CLUSTER else target)
 
 
 def pending(actions: Sequence[Action], ledger: ActionLedger) -> list[Action]:
@@ -228,10 +231,10 @@ class Planned:
     why: str
 
 
-def preview(actions: StageActions, before: ActionLedger | None, *, revision: str, inputs: str
-            ) -> list[Planned]:
+def preview(actions: StageActions, before: ActionLedger | None, *, revision: str, inputs: str,
+            target: str) -> list[Planned]:
     """Which actions the next pass would run, and which it would skip (already run for this revision)."""
-    ledger = ledger_for(before, revision=revision, inputs=inputs)
+    ledger = ledger_for(before, revision=revision, inputs=inputs, target=target)
     fresh = ledger is not before
     planned: list[Planned] = []
     for hook in (Hook.PRE, Hook.POST):
@@ -242,7 +245,9 @@ def preview(actions: StageActions, before: ActionLedger | None, *, revision: str
                 planned.append(Planned(hook, action.name, action.verb, True,
                                        f"in progress since {ledger.running.since}"))
             else:
-                why = "new revision" if fresh and before is not None else \
+                moved = before is not None and (before.target or THIS_CLUSTER) != target
+                why = "moved to another cluster" if moved else \
+                    "new revision" if fresh and before is not None else \
                     "never ran" if before is None else "not run for this revision yet"
                 planned.append(Planned(hook, action.name, action.verb, True, why))
     planned.extend(Planned(Hook.ON_FAILURE, action.name, action.verb, False, "runs only if the stage fails")

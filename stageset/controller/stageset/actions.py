@@ -108,7 +108,7 @@ class ActionStage:
         actions = stage.actions
         assert actions is not None
         ledger = actionplan.ledger_for(run.before.actions, revision=rendered.revision,
-                                            inputs=rendered.action_inputs)
+                                       inputs=rendered.action_inputs, target=rendered.target.id)
         if actionplan.pending(actions.pre, ledger):
             ledger, held = self._ladder(run, Hook.PRE, actions.pre, ledger)
             if held is not None:

@@ -3,12 +3,14 @@
 render every stage (placed where ``spec.targetNamespace`` says) -> steer
 (:mod:`~stageset.controller.stageset.release`: finish a rollback left mid-way, freeze, re-render
 stages pinned to a recorded revision, hold stages back) -> refuse two stages rendering one object ->
-recover a lost inventory and grow the record -> apply stages as the graph allows (each returns an
-immutable outcome; a stage's promotion gate decides whether its dependents start) -> the verdict
-(:func:`plan.verdict`, then :func:`steering.verdict`) -> roll back when a failed release says so
--> prune as the pass's one prune permission allows (:func:`pruning.permission`, asked once on
-whichever way the pass goes) -> the status the pass ends with (:func:`progress.concluded`, then
-the fields steering owns) -> one conclusion.
+recover a lost inventory, split off what a move left on a previous cluster
+(:mod:`~stageset.controller.stageset.moves`) and grow the record -> apply stages as the graph allows
+(each returns an immutable outcome; a stage's promotion gate decides whether its dependents start)
+-> the verdict (:func:`plan.verdict`, then :func:`steering.verdict`) -> roll back when a failed
+release says so -> prune as the pass's one prune permission allows (:func:`pruning.permission`,
+asked once on whichever way the pass goes; ``Scope.MOVED`` also cleans up the clusters a move
+left) -> the status the pass ends with (:func:`progress.concluded`, then the fields steering owns)
+-> one conclusion.
 
 What the pass works on is one :class:`~stageset.controller.stageset.context.PassContext`, fixed;
 where it stands is one :class:`~stageset.controller.stageset.progress.Progress` value, a local
@@ -29,16 +31,18 @@ import logging
 
 import networkx as nx
 
-from stageset.api import StageSet
+from stageset.api import StageSet, format_time
 from stageset.api.vocabulary import Reason
 from stageset.apply.changeset import WRITES
 from stageset.apply.engine import StageResult
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import Stale, duplicates, stage_inventory
-from stageset.apply.prune import Owner, candidates
+from stageset.apply.orphan import release_stale
+from stageset.apply.prune import Owner, candidates, unpruned_stages
 from stageset.apply.prune import prune as prune_stale
 from stageset.apply.record import StageRecord
 from stageset.controller import logs
+from stageset.controller.clock import Clock
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.redact import Redactor
 from stageset.controller.result import Result
@@ -47,6 +51,7 @@ from stageset.controller.stageset import history, plan, pruning, records, steeri
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.context import Interrupted, PassContext, interruptible
 from stageset.controller.stageset.decryption import for_pass
+from stageset.controller.stageset.moves import Moves
 from stageset.controller.stageset.placement import placed
 from stageset.controller.stageset.progress import Progress, concluded, shown
 from stageset.controller.stageset.pruning import PrunePermission, Scope
@@ -84,7 +89,7 @@ def unreachable(target: Target, error: UnreachableError | ApiError) -> str:
 class PassRunner:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, renderer: Renderer,
                  records: Records, stages: StageWork, changes: Changes, settings: ControllerSettings,
-                 accounts: AccountCheck, release: Release):
+                 accounts: AccountCheck, release: Release, moves: Moves, clock: Clock):
         self._clients = clients
         self._accounts = accounts
         self._identities = identities
@@ -94,6 +99,8 @@ class PassRunner:
         self._changes = changes
         self._settings = settings
         self._release = release
+        self._moves = moves
+        self._clock = clock
 
     def run(self, writer: PassWriter, stageset: StageSet, graph: nx.DiGraph, target: Target, *,
             redactor: Redactor, retry: float) -> Result:
@@ -140,8 +147,10 @@ class PassRunner:
                 return Result()
             wanted = records.wanted(ctx.stageset, rendered)
             progress, partial = self._recover(ctx, progress, wanted)
+            progress = self._moves.start(ctx, progress)
             try:
-                ctx.writer.record(records.grown(ctx.writer.obj, wanted), before_apply=True)
+                ctx.writer.record(records.grown(ctx.writer.obj, wanted, target=ctx.target.id,
+                                                now=format_time(self._clock())), before_apply=True)
             except StageError as error:  # the finalizer could not be added: the object changed
                 failure = plan.before_stages(error.reason, retry=ctx.retry)
                 ctx.writer.conclude(ready=False, reason=error.reason, message=error.message,
@@ -177,8 +186,9 @@ class PassRunner:
                 progress = rolled.progress
                 return self._conclude(ctx, progress, steer, rolled.verdict, rendered, prune=prune,
                                       rolled=True)
-            prune = pruning.permission(pruning.Applied(outcomes=outcomes, held_back=tuple(steer.skip),
-                                                       parked=steer.parked, partial=partial))
+            prune = pruning.permission(pruning.Applied(
+                outcomes=outcomes, held_back=tuple(steer.skip), parked=steer.parked, partial=partial,
+                moving=progress.moving is not None or bool(progress.unlisted)))
             if partial is not None and prune.reason is pruning.PruneReason.INVENTORY_INCOMPLETE:
                 verdict = plan.inventory_incomplete(partial, retry=ctx.retry)
             return self._conclude(ctx, progress, steer, verdict, rendered, prune=prune, rolled=False)
@@ -209,7 +219,7 @@ class PassRunner:
         and why they are incomplete (``None``: complete).  The record is then grown to cover
         ``wanted``, what is about to be applied (by the caller, before the first apply)."""
         found = self._records.recover(ctx.writer.obj, inventories=progress.previous.inventories,
-                                      wanted=wanted, target=ctx.target)
+                                      wanted=wanted, target=ctx.target, now=format_time(self._clock()))
         ctx.writer.record(found.record)
         return progress.recovered(found.inventories), found.problem
 
@@ -248,8 +258,9 @@ class PassRunner:
         def finished(name: str, done: Done) -> bool:
             nonlocal progress
             outcome, result = done
-            inventory = None if result is None else stage_inventory(
-                name, rendered[name].account, (o.entry() for o in result.objects))
+            inventory = None if result is None else records.on_target(stage_inventory(
+                name, rendered[name].account, (o.entry() for o in result.objects)), ctx.target,
+                stageset=ctx.stageset, via=None)
             outcome, released = self._release.gate(ctx, progress, outcome, request)
             progress = progress.applied(outcome, inventory, () if result is None else result.changes)
             if result is not None:
@@ -282,14 +293,21 @@ class PassRunner:
         for change in result.changes:
             if change.action in WRITES and (stage := stage_of.get(change.id)) is not None:
                 deleted[stage] = deleted.get(stage, 0) + 1
-        return result.kept, deleted
+        # prune: false stages are never deleted from; what they no longer render (a targetNamespace
+        # change) is released there, not left labelled.
+        released, unreleased = release_stale(old=progress.previous.inventories, new=progress.fresh,
+                                             stages=unpruned_stages(ctx.stageset), client_for=clients,
+                                             applier=ctx.target.applier, owner=Owner(namespace, name))
+        for oid in released:
+            log.info("released %s: its prune: false stage no longer renders it", oid.describe())
+        return [*result.kept, *unreleased], deleted
 
     def _conclude(self, ctx: PassContext, progress: Progress, steer: Steering, verdict: plan.Verdict,
                   rendered: dict[str, Rendered], *, prune: PrunePermission, rolled: bool) -> Result:
         """The one conclusion of a pass that got past its stages' rendering: prune what ``prune``
         allows (a rollback pruned as it restored), the status it ends with, one write.  ``rolled``:
         the pass rolled back or resumed a rollback, and the record is the one the rollback wrote."""
-        stale = prune.scope is Scope.STALE
+        stale = pruning.prunes_stale(prune.scope)
         kept, pruned = self._prune(ctx, progress) if stale else ([], {})
         status = self._release.concluded(
             ctx, progress, concluded(ctx.writer.status, progress, verdict, prune=prune, kept=kept), steer,
@@ -300,11 +318,21 @@ class PassRunner:
             applied=progress.fresh, changes=progress.written, pruned=pruned,
             generation=ctx.stageset.metadata.get("generation"))})
         self._release.told(ctx, steer)
+        requeue = verdict.requeue_after
+        unlisted = progress.unlisted
+        if prune.scope is Scope.MOVED:
+            # Every stage is Ready on the new target: now the previous one is cleaned up.
+            cleaned = self._moves.clean(ctx, progress)
+            status = status.model_copy(update={"previous_targets": cleaned.moving})
+            unlisted = cleaned.unlisted
+            if cleaned.requeue_after is not None:
+                requeue = cleaned.requeue_after if requeue is None else min(requeue, cleaned.requeue_after)
         if stale:
-            ctx.writer.record(records.settled(status.inventory))
+            ctx.writer.record(records.settled(status.inventory, previous=status.previous_targets,
+                                              unlisted=unlisted))
             self._changes.succeeded(ctx.writer.obj, was_ready=progress.previous.ready,
                                     stages=len(progress.order), pruned=sum(pruned.values()),
                                     revision=verdict.revision or "", redactor=ctx.redactor)
         ctx.writer.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message,
                             status=status, stalled=verdict.reason is Reason.ROLLED_BACK)
-        return Result(requeue_after=verdict.requeue_after)
+        return Result(requeue_after=requeue)

@@ -22,7 +22,16 @@ from dataclasses import dataclass, replace
 
 import networkx as nx
 
-from stageset.api import Stage, StageInventory, StageSet, StageSetStatus, StageStatus, format_time, parse_time
+from stageset.api import (
+    PreviousTargets,
+    Stage,
+    StageInventory,
+    StageSet,
+    StageSetStatus,
+    StageStatus,
+    format_time,
+    parse_time,
+)
 from stageset.api.actions import ActionLedger
 from stageset.api.release import PromotionState
 from stageset.api.stageset import OnTimeout
@@ -113,6 +122,8 @@ class Previous:
     steered: bool = False
     """The release is held as asked at the current generation (soaking, awaiting a promotion,
     deferred, parked after a rollback): a pass continues it and has nothing new to announce."""
+    moving: PreviousTargets | None = None
+    """A move to another cluster in flight: what is still on the previous ones."""
 
     @classmethod
     def from_status(cls, status: StageSetStatus, *, generation: int) -> Previous:
@@ -121,7 +132,8 @@ class Previous:
         return cls(stages={s.name: s for s in status.stages}, inventories=by_stage(status.inventory),
                     ready=holds_at(ready, ConditionStatus.TRUE, generation),
                     in_progress=holds_at(ready, ConditionStatus.UNKNOWN, generation),
-                    observed=status.observed_generation == generation, steered=steered)
+                    observed=status.observed_generation == generation, steered=steered,
+                    moving=status.previous_targets)
 
 
 # Phases of a stage applied at its revision and not ready yet: waiting, or held past its timeout.

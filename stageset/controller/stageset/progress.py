@@ -17,12 +17,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from stageset.api import StageInventory, StageSet, StageSetStatus, StageStatus
+from stageset.api import PreviousTargets, StageInventory, StageSet, StageSetStatus, StageStatus
 from stageset.api.vocabulary import StagePhase
+from stageset.apply import record
 from stageset.apply.changeset import Change
 from stageset.apply.inventory import Stale, merged, ordered, with_kept
 from stageset.controller.stageset.plan import Previous, StageOutcome, Verdict
-from stageset.controller.stageset.pruning import PrunePermission, Scope
+from stageset.controller.stageset.pruning import PrunePermission, prunes_stale
 
 # A stage that only waits updates its message in status at most this often (its phase at once).
 PROGRESS_INTERVAL = 5.0
@@ -41,13 +42,28 @@ class Progress:
     fresh: Mapping[str, StageInventory] = field(default_factory=dict)
     written: Mapping[str, tuple[Change, ...]] = field(default_factory=dict)
     """What each stage's apply in this pass changed (for ``status.history``)."""
+    moving: PreviousTargets | None = None
+    """A move in flight: the objects still on clusters the stages moved away from (status shows them)."""
+    unlisted: record.Previous = ()
+    """Stages recorded on a previous cluster that could not be listed there (status was lost): kept
+    in the record, looked for again next pass."""
+    moving_since: str | None = None
+    """When the move began, as the durable record says."""
 
     @classmethod
     def start(cls, stageset: StageSet, previous: Previous) -> Progress:
         """Every stage Pending, keeping what the last pass knew of it."""
         names = tuple(s.name for s in stageset.spec.stages)
         return cls(order=names, previous=previous, current=dict(previous.inventories),
-                   outcomes={n: StageOutcome.carried(n, previous.stages.get(n)) for n in names})
+                   outcomes={n: StageOutcome.carried(n, previous.stages.get(n)) for n in names},
+                   moving=previous.moving)
+
+    def moved(self, current: Mapping[str, StageInventory], moving: PreviousTargets | None,
+              unlisted: record.Previous, *, since: str | None) -> Progress:
+        """Before anything is applied: the inventories on the current target (what it prunes against),
+        and what is left on previous ones (:func:`~stageset.controller.stageset.moves.split`)."""
+        return replace(self, previous=replace(self.previous, inventories=dict(current)),
+                       current=dict(current), moving=moving, unlisted=unlisted, moving_since=since)
 
     def recovered(self, inventories: Mapping[str, StageInventory]) -> Progress:
         """The inventories before the pass, as rebuilt from the cluster when status had lost them
@@ -93,7 +109,8 @@ class Progress:
 
 def shown(status: StageSetStatus, progress: Progress) -> StageSetStatus:
     """``status`` showing the stages and the merged inventory as they stand now."""
-    return status.model_copy(update={"stages": progress.stages(), "inventory": ordered(progress.current)})
+    return status.model_copy(update={"stages": progress.stages(), "inventory": ordered(progress.current),
+                                     "previous_targets": progress.moving})
 
 
 def concluded(status: StageSetStatus, progress: Progress, verdict: Verdict, *, prune: PrunePermission,
@@ -102,7 +119,7 @@ def concluded(status: StageSetStatus, progress: Progress, verdict: Verdict, *, p
     is stale (``prune``: the pass's permission): only the new inventory and what could not be
     deleted (``kept``: still tracked, so a later pass tries again), and the revision applied."""
     ended = shown(status, progress)
-    if prune.scope is not Scope.STALE:
+    if not prunes_stale(prune.scope):
         return ended
     return ended.model_copy(update={"inventory": ordered(with_kept(progress.fresh, kept)),
                                     "last_applied_revision": verdict.revision})

@@ -16,6 +16,11 @@ The rules (first match wins the reason):
   when no stage is held back entirely by steering (its objects would look stale), every stage is
   Ready, no Ready stage is held by its promotion gate, no rolled-back release is parked, and the
   inventory it prunes against is complete (not rebuilt from a partial view of the cluster);
+- a pass that applied every stage on a cluster the StageSet moved to (``moving``: objects of it
+  are still recorded on a previous target) may, under the very same conditions, also clean the
+  previous targets up (``Scope.MOVED``: what is stale here, and there every object deleted —
+  ``prune: false`` stages released — dependents first); never otherwise, and never by default:
+  a pass that fails any condition deletes nothing anywhere;
 - a frozen pass (``windowScope: All`` while the update windows are closed) applies nothing and
   deletes nothing;
 - a rollback, run or resumed (:class:`RollingBack`), deletes, per stage it restores, what the
@@ -56,12 +61,23 @@ class Scope(StrEnum):
     """Per stage a rollback restores: what the failed revision added to it."""
     ALL = "All"
     """Every stage's objects (the StageSet is deleted)."""
+    MOVED = "Moved"
+    """What ``STALE`` deletes on the current target, and every object on the targets the stages
+    moved away from (``prune: false`` stages released there)."""
+
+
+def prunes_stale(scope: Scope) -> bool:
+    """Does the pass delete what no stage renders any more on its current target (and settle the
+    record, and take the last good snapshot)?"""
+    return scope in (Scope.STALE, Scope.MOVED)
 
 
 class PruneReason(StrEnum):
     """Why a pass may (or may not) delete."""
 
     ALL_READY = "AllReady"
+    MOVED = "Moved"
+    """Every stage is Ready on the cluster the StageSet moved to: the previous one may be cleaned up."""
     HELD_BACK = "HeldBack"
     """Steering holds a stage back entirely (update windows, a parked stage with no last good revision)."""
     NOT_READY = "NotReady"
@@ -110,6 +126,8 @@ class Applied:
     """A rolled-back release is parked (``Steering.parked``)."""
     partial: str | None
     """Why the inventory before the pass is incomplete (rebuilt from a partial view); ``None``: complete."""
+    moving: bool
+    """Objects of the StageSet are still recorded on a cluster it moved away from."""
 
 
 @dataclass(frozen=True)
@@ -171,4 +189,6 @@ def _after_apply(course: Applied) -> PrunePermission:
         return PrunePermission(Scope.NOTHING, PruneReason.ROLLBACK_PARKED, Reach.EVERYWHERE)
     if course.partial is not None:
         return PrunePermission(Scope.NOTHING, PruneReason.INVENTORY_INCOMPLETE, Reach.EVERYWHERE)
+    if course.moving:
+        return PrunePermission(Scope.MOVED, PruneReason.MOVED, Reach.EVERYWHERE)
     return PrunePermission(Scope.STALE, PruneReason.ALL_READY, Reach.EVERYWHERE)

@@ -21,11 +21,11 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from stageset.api import StageInventory, StageSet
+from stageset.api import AppliedTarget, PreviousTargets, SecretKeyRef, StageInventory, StageSet
 from stageset.apply.inventory import merged
 from stageset.apply.prune import Owner
 from stageset.apply.rebuild import rebuild
-from stageset.apply.record import Record, StageRecord, of_inventories, of_objects, parse
+from stageset.apply.record import Previous, Record, StageRecord, of_inventories, of_objects, parse
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.stageset import plan
 from stageset.controller.stageset.rendering import Rendered
@@ -53,9 +53,11 @@ class Records:
         self._identities = identities
 
     def recover(self, obj: KubeObject, *, inventories: Mapping[str, StageInventory],
-                wanted: Mapping[str, StageRecord], target: Target) -> Recovered:
-        """``inventories`` (from status), rebuilt from the cluster when status lost them."""
-        record = parse(obj)
+                wanted: Mapping[str, StageRecord], target: Target, now: str) -> Recovered:
+        """``inventories`` (from status), rebuilt from ``target`` when status lost them: the stages
+        the record names on it (a stage recorded on another cluster is left to the move's cleanup,
+        :mod:`~stageset.controller.stageset.moves`)."""
+        record = parse(obj).rebased(target.id, now=now)
         if not plan.needs_rebuild(inventories, record, status_lost=plan.status_lost(obj.get("status"))):
             return Recovered(dict(inventories))
         namespace = str(metadata(obj)["namespace"])
@@ -70,9 +72,26 @@ class Records:
                  "" if found.complete else " (incomplete: nothing will be pruned)")
         result: dict[str, StageInventory] = dict(inventories)
         for name, inv in found.inventories.items():
-            result[name] = merged(result.get(name), inv)
+            found_here = on_target(inv, target, stageset=None, via=stages[name].via)
+            result[name] = merged(result.get(name), found_here)
         problem = "; ".join(found.problems[:3]) if found.problems else None
         return Recovered(result, problem, replace(record.grown(wanted), rebuild=problem is not None))
+
+
+def on_target(inventory: StageInventory, target: Target, *, stageset: StageSet | None,
+              via: tuple[str, str] | None) -> StageInventory:
+    """``inventory`` naming the cluster it was applied on (nothing for this cluster, as before
+    targets were recorded), and the kubeConfig Secret it was reached through: ``stageset``'s, or
+    ``via`` (from the record)."""
+    if not target.remote:
+        return inventory if inventory.target is None else inventory.model_copy(update={"target": None})
+    if stageset is not None and stageset.spec.target_ref is not None:
+        return inventory.model_copy(update={"target": AppliedTarget(id=target.id,
+                                                                    target_ref=stageset.spec.target_ref)})
+    ref = stageset.spec.kube_config.secret_ref if stageset is not None and stageset.spec.kube_config else None
+    secret = SecretKeyRef(name=ref.name, key=ref.key) if ref is not None else \
+        SecretKeyRef(name=via[0], key=via[1]) if via is not None else None
+    return inventory.model_copy(update={"target": AppliedTarget(id=target.id, kube_config=secret)})
 
 
 def wanted(stageset: StageSet, rendered: Mapping[str, Rendered]) -> dict[str, StageRecord]:
@@ -87,16 +106,30 @@ def wanted(stageset: StageSet, rendered: Mapping[str, Rendered]) -> dict[str, St
             ns = str((resolved.get("metadata") or {}).get("namespace") or "") if resource is not None \
                 else str((manifest.get("metadata") or {}).get("namespace") or namespace)
             pairs.append((ns, manifest))
-        found[name] = of_objects(item.account, pairs)
+        ref = stageset.spec.kube_config.secret_ref if stageset.spec.kube_config else None
+        found[name] = of_objects(item.account, pairs, target=item.target.id,
+                                 via=(ref.name, ref.key) if ref is not None else None)
     return found
 
 
-def grown(obj: KubeObject, wanted: Mapping[str, StageRecord]) -> Record | None:
-    """Before applying: the record must cover what is about to be written (``None``: it does)."""
+def grown(obj: KubeObject, wanted: Mapping[str, StageRecord], *, target: str, now: str) -> Record | None:
+    """Before applying: the record must cover what is about to be written on ``target``, and name
+    the stages recorded on another cluster as ones to clean up there (``None``: it does both)."""
     record = parse(obj)
-    return None if record.covers(wanted) else record.grown(wanted)
+    rebased = record.rebased(target, now=now)
+    if rebased == record and record.covers(wanted):
+        return None
+    return rebased.grown(wanted)
 
 
-def settled(inventories: list[StageInventory]) -> Record:
-    """After a complete prune: exactly what is still owned."""
-    return of_inventories(inventories)
+def settled(inventories: list[StageInventory], *, previous: PreviousTargets | None, unlisted: Previous
+            ) -> Record:
+    """After a complete prune: exactly what is still owned, here and on previous targets (listed in
+    status, or ``unlisted``: named by the record only, not found there yet)."""
+    settled = of_inventories(inventories, previous=previous.inventory if previous else (),
+                             since=previous.since if previous else None)
+    if not unlisted:
+        return settled
+    return replace(settled, previous=tuple(sorted({*settled.previous, *unlisted},
+                                                  key=lambda item: (item[0], item[1].target))),
+                   since=settled.since or (previous.since if previous else None))

@@ -342,7 +342,8 @@ class Release:
         """Re-apply one stage at its last good revision and delete what the failed revision added
         (only under ``Scope.RESTORED``); its outcome and inventory (``None``: the apply failed)."""
         namespace, name = ctx.ref
-        ctx.writer.record(records.grown(ctx.writer.obj, records.wanted(ctx.stageset, {stage: item})))
+        ctx.writer.record(records.grown(ctx.writer.obj, records.wanted(ctx.stageset, {stage: item}),
+                                        target=ctx.target.id, now=format_time(self._clock())))
         before = replace(progress.outcomes[stage], waiting_since=None)
         existing = progress.current.get(stage)
         outcome, result = self._stages.run(StageRun(stageset=ctx.stageset, rendered=item, before=before,
@@ -350,7 +351,8 @@ class Release:
         if result is None:
             return outcome, None
         self._changes.applied(ctx.writer.obj, stage, result, ctx.redactor)
-        back = stage_inventory(stage, item.account, (o.entry() for o in result.objects))
+        back = records.on_target(stage_inventory(stage, item.account, (o.entry() for o in result.objects)),
+                                 ctx.target, stageset=ctx.stageset, via=None)
         stale = candidates(old={stage: existing} if existing else {}, new={stage: back},
                            stageset=ctx.stageset)
         kept = stale  # not deleted: still tracked

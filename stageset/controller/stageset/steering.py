@@ -39,7 +39,7 @@ from stageset.api.release import ANNOTATION_UPDATE_NOW, PendingUpdate, Rollback,
 from stageset.api.vocabulary import Reason, StagePhase
 from stageset.controller.stageset import fleethold, gates, rollback, windows
 from stageset.controller.stageset.plan import StageOutcome, Verdict
-from stageset.controller.stageset.pruning import PrunePermission, Scope
+from stageset.controller.stageset.pruning import PrunePermission, prunes_stale
 
 RECHECK_MAX = 3600.0
 """A closed window is looked at again at least this often (seconds), even when it opens later."""
@@ -198,4 +198,4 @@ def frozen_verdict(steering: Steering, *, was_ready: bool, interval: float) -> V
 def succeeded(prune: PrunePermission, steering: Steering) -> bool:
     """A fully successful pass (every stage Ready and promoted, nothing held back or parked: the
     pass may prune what is stale): its revisions are the new last good snapshot."""
-    return prune.scope is Scope.STALE and not steering.parked and not steering.skip
+    return prunes_stale(prune.scope) and not steering.parked and not steering.skip

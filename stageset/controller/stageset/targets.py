@@ -13,6 +13,13 @@ every StageSet using it, at most ``capacity`` of them (``--max-remote-targets``,
 :data:`MAX_REMOTES`): the least recently used is dropped (with its clients) past that, and built
 again — the Secret read, discovery run — when a StageSet uses it next.  A rotated kubeconfig is
 new content, so the old one ages out instead of staying forever.
+
+:meth:`Targets.previous` finds the cluster a stage was applied on before a move (by the target id
+and kubeConfig Secret its inventory or record names): this cluster, a cached remote reached through
+that same Secret of the same namespace (so a Secret whose content now names another cluster still
+reaches the old one while it is cached), or the Secret read again — and only if it still names that
+cluster.  Never another namespace's Secret or credentials: a record a tenant could edit names only
+Secrets of its own namespace, read as its own identity.
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
-from stageset.api import StageSet
+from stageset.api import THIS_CLUSTER, AppliedTarget, StageSet
 from stageset.api.vocabulary import Reason
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
@@ -37,11 +44,28 @@ from stageset.kube.mapping import RestMapper
 from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
 
 # The target id of the cluster the controller runs in.
-LOCAL_TARGET = "this-cluster"
+LOCAL_TARGET = THIS_CLUSTER
 
 # Remote clusters (distinct kubeconfig contents) kept at once by default (``--max-remote-targets``):
 # discovery of each is cached.
 MAX_REMOTES = 64
+
+
+def where(target: str, *, stage_target: str = "") -> str:
+    """A target id as messages name it: its server URL, or "this cluster" — never a credential; a
+    platform StageTarget (``stage_target``: ``namespace/name``) by its name only (its server is the
+    platform's, not the tenant's to read)."""
+    if stage_target:
+        return f"StageTarget {stage_target}"
+    return "this cluster" if target == LOCAL_TARGET else target.partition("#")[0]
+
+
+def named(applied: AppliedTarget | None) -> str:
+    """Where an inventory was applied, as messages name it (:func:`where`)."""
+    if applied is None:
+        return where(LOCAL_TARGET)
+    ref = applied.target_ref
+    return where(applied.id, stage_target=f"{ref.namespace}/{ref.name}" if ref is not None else "")
 
 
 @dataclass(frozen=True)
@@ -61,6 +85,11 @@ class Target:
     @property
     def remote(self) -> bool:
         return self.cluster != LOCAL
+
+    @property
+    def named(self) -> str:
+        """This cluster as move events name it (:func:`where`)."""
+        return where(self.id, stage_target=self.name)
 
     @property
     def where(self) -> str:
@@ -102,8 +131,45 @@ class Targets:
         ref = stageset.spec.kube_config
         if ref is None:
             return self.local
+        return self.reach(client, namespace=str(stageset.metadata["namespace"]),
+                          secret_name=ref.secret_ref.name, key=ref.secret_ref.key)
+
+    def previous(self, client: KubeClient, *, stageset: StageSet, applied: AppliedTarget | None) -> Target:
+        """The cluster a stage was applied on before a move (see the module docstring); raises
+        :class:`StageError` (``ClusterUnreachable``) when it can no longer be reached.  A platform
+        StageTarget is reached as ``spec.targetRef`` is (read as the controller, only while it still
+        allows the StageSet's namespace)."""
+        if applied is None or applied.id == LOCAL_TARGET:
+            return self.local
         namespace = str(stageset.metadata["namespace"])
-        secret_name, key = ref.secret_ref.name, ref.secret_ref.key
+        server = applied.id.partition("#")[0]
+        if applied.target_ref is not None:
+            spec = stageset.spec.model_copy(update={"target_ref": applied.target_ref, "kube_config": None})
+            found = self.for_target_ref(stageset.model_copy(update={"spec": spec}))
+            if found.id != applied.id:
+                raise StageError(Reason.CLUSTER_UNREACHABLE,
+                                 f"StageTarget {applied.target_ref.namespace}/{applied.target_ref.name} now "
+                                 "names another cluster")
+            return found
+        ref = applied.kube_config
+        if ref is None:
+            raise StageError(Reason.CLUSTER_UNREACHABLE,
+                             f"the cluster at {server}: no kubeConfig Secret recorded")
+        prefix = f"{namespace}/{ref.name}#"
+        with self._lock:
+            cached = next((t for key, t in reversed(self._remotes.items())
+                           if key.name.startswith(prefix) and t.id == applied.id), None)
+        if cached is not None:
+            return cached
+        target = self.reach(client, namespace=namespace, secret_name=ref.name, key=ref.key)
+        if target.id != applied.id:
+            raise StageError(Reason.CLUSTER_UNREACHABLE,
+                             f"the cluster at {server}: Secret {namespace}/{ref.name} now names another "
+                             "cluster, and no credentials for it are left")
+        return target
+
+    def reach(self, client: KubeClient, *, namespace: str, secret_name: str, key: str) -> Target:
+        """The cluster the kubeconfig in ``secret_name``/``key`` names (read as ``client``'s identity)."""
         secret = read_named(client, f"/api/v1/namespaces/{namespace}/secrets/{secret_name}",
                             what=f"Secret {namespace}/{secret_name} (spec.kubeConfig)",
                             missing_reason=Reason.STAGE_FAILED,

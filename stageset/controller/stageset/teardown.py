@@ -30,6 +30,11 @@ ServiceAccount that lost its rights, a remote cluster that refuses connections, 
 times out or answers 5xx, a kubeConfig Secret that is gone — counts toward
 ``--max-teardown-wait`` from the StageSet's ``deletionTimestamp``.  Meanwhile a cluster that
 fails is retried with a growing delay (:func:`~stageset.controller.stageset.plan.teardown_retry`).
+A StageSet deleted while a move is in flight is torn down on every cluster: its current target
+first, then what the move left on previous ones (``status.previousTargets``; each reached again
+through the kubeConfig Secret its inventory names, :meth:`Targets.previous
+<stageset.controller.stageset.targets.Targets.previous>`), within the same wait.
+
 Past the wait the finalizer is removed anyway, with a ``TeardownForced`` event that counts what
 was left behind per kind and namespace (names the tenant's own manifests gave, nothing else);
 those objects keep their owner labels, so they can be found (``-l stages.metio.wtf/name=…``)
@@ -38,6 +43,7 @@ and adopted or deleted later.
 
 from __future__ import annotations
 
+import datetime
 import functools
 import logging
 from collections.abc import Callable
@@ -45,13 +51,14 @@ from dataclasses import dataclass
 
 import urllib3
 
-from stageset.api import InventoryEntry, StageInventory, StageSet
+from stageset.api import InventoryEntry, PreviousTargets, StageInventory, StageSet, format_time
 from stageset.api.stageset import DeletionPolicy
 from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.errors import StageError
-from stageset.apply.inventory import entry_id, left_behind, ordered, stage_inventory
+from stageset.apply.inventory import entry_id, left_behind, ordered, split_by_target, stage_inventory
 from stageset.apply.orphan import release_stage
 from stageset.apply.prune import Owner, TeardownProgress, teardown_stage, unpruned_stages
+from stageset.apply.record import parse
 from stageset.controller.clock import Clock
 from stageset.controller.events import EventRecorder
 from stageset.controller.identity import IdentityPolicy
@@ -70,7 +77,7 @@ AGAIN = 1.0  # seconds between looks while objects are going
 
 # What reaching a cluster can raise besides our own errors: broken connections, bodies that
 # are not JSON.  All of it is a cluster failing, which counts toward the wait.
-_CLUSTER_ERRORS = (UnreachableError, ApiError, urllib3.exceptions.HTTPError, OSError, ValueError)
+CLUSTER_ERRORS = (UnreachableError, ApiError, urllib3.exceptions.HTTPError, OSError, ValueError)
 
 
 @dataclass(frozen=True)
@@ -104,14 +111,15 @@ class Teardown:
             return self._targets.resolve(self._clients.client(identity), stageset), None
         except StageError as error:
             return None, error.message
-        except _CLUSTER_ERRORS as error:
-            return None, f"reading spec.kubeConfig failed: {_why(error)}"
+        except CLUSTER_ERRORS as error:
+            return None, f"reading spec.kubeConfig failed: {why(error)}"
 
-    def _stage(self, inventory: StageInventory, *, target: Target | None, namespace: str,
+    def attempt(self, inventory: StageInventory, *, target: Target | None, namespace: str,
                owner: Owner, release: Callable[[KubeClient, Target], list[InventoryEntry]] | None = None
                ) -> tuple[TeardownProgress, str | None]:
-        """Try to delete one stage's objects (or ``release`` them: ``prune: false``); never raises
-        for a failing cluster."""
+        """Try to delete one stage's objects on ``target`` as the identity its inventory records (or
+        ``release`` them: ``prune: false``); never raises for a failing cluster.  A move's cleanup of
+        the previous cluster uses it too (:mod:`~stageset.controller.stageset.moves`)."""
         identity = self._identities.for_inventory_of(inventory, namespace)
         if identity is None:
             return teardown_stage(inventory=inventory, client=None, applier=None, owner=owner), \
@@ -126,10 +134,10 @@ class Teardown:
             else:
                 progress = teardown_stage(inventory=inventory, client=client, owner=owner,
                                           applier=target.applier)
-        except _CLUSTER_ERRORS as error:
+        except CLUSTER_ERRORS as error:
             where = target.where if target.remote else "the cluster"
             return TeardownProgress(remaining=list(inventory.entries), failed=len(inventory.entries)), \
-                f"{where} cannot be used: {_why(error)}"
+                f"{where} cannot be used: {why(error)}"
         if progress.failed:
             return progress, (f"{progress.failed} object(s) could not be read or deleted as "
                               f"{identity.describe()}")
@@ -146,12 +154,12 @@ class Teardown:
         owner = Owner(namespace, name)
         if target is not None:
             inventories, problem = self._recover(writer, inventories, target)
-            if problem:
-                failure = problem
-                if not expired:
-                    log.warning("teardown of StageSet %s/%s waits: %s", namespace, name, problem)
-                    return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
-                                                               max_wait=self._max_wait))
+            failure = problem or failure
+            if problem and not expired:
+                log.warning("teardown of StageSet %s/%s waits: %s", namespace, name, problem)
+                return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
+                                                           max_wait=self._max_wait))
+        inventories, moving = _here_and_elsewhere(writer, inventories, target, now=format_time(now))
         policy = stageset.spec.deletion_policy if stageset else DeletionPolicy.DELETE
         allowed = pruning.permission(pruning.TearingDown(
             policy=policy, namespace_terminating=self._terminating(namespace)))
@@ -169,7 +177,7 @@ class Teardown:
             release = None if stage not in released else \
                 functools.partial(self._leave_behind, writer.obj, stage, inv, owner=owner,
                                   why="has prune: false" if stage in unpruned else why)
-            progress, failed = self._stage(inv, target=target, namespace=namespace, owner=owner,
+            progress, failed = self.attempt(inv, target=target, namespace=namespace, owner=owner,
                                            release=release)
             failure = failed or failure
             still_there = {entry.id for entry in progress.remaining}
@@ -178,7 +186,8 @@ class Teardown:
                     log.info("teardown of stage %s: %s %s", stage, entry_id(entry).describe(),
                              "released" if stage in released else "deleted")
             if progress.remaining:
-                inventories[stage] = stage_inventory(inv.name, inv.service_account_name, progress.remaining)
+                inventories[stage] = stage_inventory(inv.name, inv.service_account_name, progress.remaining,
+                                                     target=inv.target)
             else:
                 del inventories[stage]
             writer.inventory(ordered(inventories))
@@ -187,30 +196,83 @@ class Teardown:
             if failure:
                 log.warning("teardown of StageSet %s/%s, stage %s: %s", namespace, name, stage, failure)
             if not expired:
-                if failure is None:
-                    return Result(requeue_after=AGAIN)
-                return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at,
-                                                           max_wait=self._max_wait))
+                return self._again(failure, now=now, deleted_at=deleted_at)
             break
+        if moving is not None and stageset is not None and not inventories:
+            # Deleted mid-move: what is still on a previous cluster goes too (as a move would clean
+            # it up), by the same rules and the same wait.
+            moving, failed = self._previous(writer, stageset, moving, owner=owner, deletes=deletes,
+                                            unpruned=unpruned)
+            failure = failed or failure
+            if moving is not None and not expired:
+                return self._again(failed, now=now, deleted_at=deleted_at)
         try:
             writer.finalizer(present=False)
         except StageError:
             return Result(requeue_after=AGAIN)  # changed under us: read it again and retry
-        if inventories:
+        left = [*inventories.values(), *(moving.inventory if moving is not None else [])]
+        if left:
             # Told once, when the release happened: a finalizer patch that must be retried
             # (a conflict, an overloaded apiserver) would otherwise warn once per try.
-            self._forced(writer.obj, list(inventories.values()), failure)
+            self._forced(writer.obj, left, failure)
         log.info("teardown finished: finalizer removed")
         return Result()
+
+    def _again(self, failure: str | None, *, now: datetime.datetime, deleted_at: str | None) -> Result:
+        """Look again soon while objects are going; with backoff when a cluster failed."""
+        if failure is None:
+            return Result(requeue_after=AGAIN)
+        return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at, max_wait=self._max_wait))
+
+    def _previous(self, writer: PassWriter, stageset: StageSet, moving: PreviousTargets, *, owner: Owner,
+                  deletes: bool, unpruned: set[str]) -> tuple[PreviousTargets | None, str | None]:
+        """Tear down what a move in flight left on previous clusters (each reached again through the
+        kubeConfig Secret its inventory names, read as the StageSet); returns what is left there,
+        and why the last cluster failed."""
+        remaining: list[StageInventory] = []
+        failure: str | None = None
+        by_target: dict[str, list[StageInventory]] = {}
+        for inv in moving.inventory:
+            by_target.setdefault(inv.target_id, []).append(inv)
+        for invs in by_target.values():
+            try:
+                identity = self._identities.for_stageset(stageset, what="reading spec.kubeConfig")
+                target = self._targets.previous(self._clients.client(identity), stageset=stageset,
+                                                applied=invs[0].target)
+            except StageError as error:
+                failure, remaining = error.message, [*remaining, *invs]
+                continue
+            except CLUSTER_ERRORS as error:
+                failure, remaining = f"a previous cluster cannot be used: {why(error)}", [*remaining, *invs]
+                continue
+            by_name = {inv.name: inv for inv in invs}
+            blocked = False
+            for stage in teardown_order(stage_nodes(stageset), by_name):
+                inv = by_name[stage]
+                if blocked:
+                    remaining.append(inv)
+                    continue
+                release = functools.partial(release_remaining, inv, owner=owner) \
+                    if not deletes or stage in unpruned else None
+                progress, failed = self.attempt(inv, target=target, namespace=owner.namespace, owner=owner,
+                                                release=release)
+                if progress.remaining:
+                    remaining.append(stage_inventory(inv.name, inv.service_account_name, progress.remaining,
+                                                     target=inv.target))
+                    failure, blocked = failed or failure, True
+        left = moving.model_copy(update={"inventory": remaining}) if remaining else None
+        writer.previous_targets(left)
+        return left, failure
 
     def _recover(self, writer: PassWriter, inventories: dict[str, StageInventory], target: Target
                  ) -> tuple[dict[str, StageInventory], str | None]:
         """Status lost its inventory (restored without status): find the objects by their labels."""
         try:
-            recovered = self._records.recover(writer.obj, inventories=inventories, wanted={}, target=target)
+            recovered = self._records.recover(writer.obj, inventories=inventories, wanted={}, target=target,
+                                              now=format_time(self._clock()))
             writer.record(recovered.record)
-        except _CLUSTER_ERRORS as error:
-            return inventories, f"rebuilding the inventory failed: {_why(error)}"
+        except CLUSTER_ERRORS as error:
+            return inventories, f"rebuilding the inventory failed: {why(error)}"
         return recovered.inventories, recovered.problem
 
     def _leave_behind(self, obj: KubeObject, stage: str, inventory: StageInventory,
@@ -263,7 +325,7 @@ def _within_reach(writer: PassWriter, inventories: dict[str, StageInventory], *,
     return kept
 
 
-def _why(error: BaseException) -> str:
+def why(error: BaseException) -> str:
     """How a cluster failed, in our words (nothing it sent)."""
     if isinstance(error, UnreachableError):
         return error.why
@@ -272,3 +334,21 @@ def _why(error: BaseException) -> str:
     if isinstance(error, ValueError):
         return "answered with something that is not JSON"
     return "the connection failed"
+
+
+def _here_and_elsewhere(writer: PassWriter, inventories: dict[str, StageInventory], target: Target | None, *,
+                        now: str) -> tuple[dict[str, StageInventory], PreviousTargets | None]:
+    """Only what is on the StageSet's target now is torn down there; what a move left on another
+    cluster is torn down there, after.  Without a target (it cannot be read), or with a record from
+    before targets, every inventory is taken to be on the target, as before."""
+    moving = writer.status.previous_targets
+    if target is None or parse(writer.obj).targetless:
+        return inventories, moving
+    return split_by_target(inventories, moving, target=target.id, now=now)
+
+
+def release_remaining(inventory: StageInventory, client: KubeClient, target: Target, *, owner: Owner
+                      ) -> list[InventoryEntry]:
+    """Release a stage's objects on ``target`` (owner labels removed, objects kept) without an
+    ``Orphaned`` event (a move's cleanup tells its own); returns what could not be released."""
+    return release_stage(inventory=inventory, client=client, owner=owner, applier=target.applier).remaining

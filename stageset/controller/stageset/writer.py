@@ -41,7 +41,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from stageset.api import StageInventory, StageSetStatus
+from stageset.api import PreviousTargets, StageInventory, StageSetStatus
 from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.apply.ownership import FINALIZER
@@ -104,7 +104,8 @@ class PassWriter:
         """The inventory record annotation (``None``: nothing to record now).  ``before_apply``: the
         last write before the stages apply, which carries the finalizer if it is still due."""
         due = self._finalizer_due and before_apply
-        value = record.encode() if record is not None and (record.stages or record.rebuild) else None
+        kept = record is not None and (record.stages or record.rebuild or record.previous)
+        value = record.encode() if record is not None and kept else None
         meta = metadata(self.obj)
         annotations = dict(meta.get("annotations") or {})
         changes = record is not None and annotations.get(ANNOTATION) != value
@@ -179,6 +180,11 @@ class PassWriter:
     def inventory(self, inventory: list[StageInventory]) -> None:
         """Teardown: what is left of the inventory."""
         self._status.write(self.status.model_copy(update={"inventory": inventory}))
+
+    def previous_targets(self, previous: PreviousTargets | None) -> None:
+        """Teardown mid-move: what is left on previous clusters (written only when it changed)."""
+        if previous != self.status.previous_targets:
+            self._status.write(self.status.model_copy(update={"previous_targets": previous}))
 
     def conclude(self, *, ready: bool | None, reason: Reason, message: str, stalled: bool = False,
                  status: StageSetStatus | None = None) -> None:

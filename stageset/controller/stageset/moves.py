@@ -1,0 +1,244 @@
+"""Re-targeting is make-before-break: a StageSet whose stages move to another cluster is applied and
+Ready there first; only then is the previous cluster cleaned up.
+
+A move is a pass whose target (:attr:`Target.id <stageset.controller.stageset.targets.Target.id>`,
+a stable cluster id, never a credential) differs from the one a stage's inventory or durable record
+names: ``spec.kubeConfig`` set, removed or pointed at another Secret, or a Secret whose content now
+names another cluster.  The steps:
+
+- :func:`~stageset.apply.inventory.split_by_target` (pure), before anything is applied: the
+  inventories on the current target are what the pass prunes against and reports drift against
+  (so nothing a move creates is ``DriftCorrected``); the rest is ``status.previousTargets`` (with
+  ``since``, when the move began), kept — and in the durable record's ``previous`` — until
+  cleaned up.  A previous target that is current again is no longer one: its inventory is the
+  stages' own again, and nothing is deleted from it.  :meth:`Moves.start` also lists, on the
+  previous cluster, what the record names there when status lost it (a restore, a re-created
+  StageSet);
+- the pass applies every stage on the new target as usual (actions too: the action ledger is keyed
+  by target, so ``pre`` and ``post`` run there once);
+- :meth:`Moves.clean` only under the pass's one prune permission ``Scope.MOVED``
+  (:func:`~stageset.controller.stageset.pruning.permission`: every stage Ready on the new target):
+  per previous target, dependents first, each stage's objects deleted there — ``prune: false``
+  stages released (owner labels removed, objects kept) — with the teardown's own machinery
+  (:meth:`Teardown.attempt <stageset.controller.stageset.teardown.Teardown.attempt>`).  Then a
+  Normal ``Retargeted`` event names the previous and new targets (server URL or "this cluster").
+- a previous target that cannot be used (unreachable, its credentials gone) does not hold the new
+  one back: it is retried with backoff until ``--max-teardown-wait`` after the cleanup began
+  (``cleanupSince``: every stage Ready on the new cluster), then given up with a Warning
+  ``RetargetAbandoned`` in ``TeardownForced``'s words; what was left keeps its owner labels.
+
+Identity: the kubeConfig Secret of a previous target is read as the StageSet's identity on this
+cluster (only a Secret of its own namespace, :meth:`Targets.previous
+<stageset.controller.stageset.targets.Targets.previous>`); lists, deletes and releases there are
+made as the identity each inventory (or record) names — the one that applied the objects; events
+as the controller.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+from stageset.api import (
+    AppliedTarget,
+    PreviousTargets,
+    SecretKeyRef,
+    StageInventory,
+    format_time,
+)
+from stageset.api.vocabulary import EventReason, EventType
+from stageset.apply.errors import StageError
+from stageset.apply.inventory import left_behind, split_by_target, stage_inventory
+from stageset.apply.prune import Owner, unpruned_stages
+from stageset.apply.rebuild import rebuild
+from stageset.apply.record import Previous, StageRecord, parse
+from stageset.controller.clock import Clock
+from stageset.controller.events import EventRecorder
+from stageset.controller.identity import IdentityPolicy
+from stageset.controller.stageset.context import PassContext
+from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
+from stageset.controller.stageset.progress import Progress
+from stageset.controller.stageset.records import on_target
+from stageset.controller.stageset.targets import (
+    LOCAL_TARGET,
+    Target,
+    Targets,
+    inventory_clients,
+    named,
+    where,
+)
+from stageset.controller.stageset.teardown import AGAIN, CLUSTER_ERRORS, Teardown, release_remaining, why
+from stageset.kube.client import ClientPool, KubeClient
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Cleaned:
+    """What :meth:`Moves.clean` left: the move still in flight (``None``: done or given up), the
+    stages still unlisted, and when to look again (``None``: no sooner than the pass wants)."""
+
+    moving: PreviousTargets | None
+    unlisted: Previous
+    requeue_after: float | None
+
+
+class Moves:
+    def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, targets: Targets,
+                 teardown: Teardown, events: EventRecorder, clock: Clock, max_wait: float):
+        self._clients = clients
+        self._identities = identities
+        self._targets = targets
+        self._teardown = teardown
+        self._events = events
+        self._clock = clock
+        self._max_wait = max_wait
+
+    def start(self, ctx: PassContext, progress: Progress) -> Progress:
+        """Before anything is applied: what is on the current target, and what is left elsewhere."""
+        record = parse(ctx.writer.obj)
+        now = format_time(self._clock())
+        inventories = progress.previous.inventories
+        if record.targetless and progress.moving is None:
+            # Written before targets were recorded: applied where the StageSet pointed then, taken
+            # to be where it points now (an upgrade is never a move).
+            inventories = {n: on_target(inv, ctx.target, stageset=ctx.stageset, via=None)
+                           for n, inv in inventories.items()}
+        current, moving = split_by_target(inventories, progress.moving, target=ctx.target.id, now=now)
+        rebased = record.rebased(ctx.target.id, now=now)
+        known = {(inv.name, inv.target_id) for inv in (moving.inventory if moving is not None else [])}
+        lost = tuple((stage, r) for stage, r in rebased.previous if (stage, r.target) not in known)
+        found, unlisted = self._relist(ctx, lost)
+        if found:
+            moving = PreviousTargets(since=rebased.since or now, inventory=found) if moving is None else \
+                moving.model_copy(update={"inventory": [*moving.inventory, *found]})
+        if moving is not None or unlisted:
+            log.info("StageSet %s/%s moves to %s: %d stage inventory(ies) left on a previous cluster%s",
+                     *ctx.ref, ctx.target.named, len(moving.inventory) if moving else 0,
+                     f", {len(unlisted)} not listed yet" if unlisted else "")
+        return progress.moved(current, moving, unlisted, since=rebased.since)
+
+    def _previous(self, ctx: PassContext, inv: StageInventory) -> Target:
+        """The cluster ``inv`` was applied on; raises :class:`StageError` or a cluster error."""
+        client = self._stageset_client(ctx)
+        return self._targets.previous(client, stageset=ctx.stageset, applied=inv.target)
+
+    def _stageset_client(self, ctx: PassContext) -> KubeClient:
+        identity = self._identities.for_stageset(ctx.stageset, what="reading spec.kubeConfig")
+        return self._clients.client(identity)
+
+    def _relist(self, ctx: PassContext, lost: Previous) -> tuple[list[StageInventory], Previous]:
+        """Status lost what the record names on previous targets: list it there by the owner labels
+        (as each stage's recorded identity).  Returns what was found, and what could not be listed."""
+        found: list[StageInventory] = []
+        unlisted: list[tuple[str, StageRecord]] = []
+        namespace, name = ctx.ref
+        for stage, record in lost:
+            applied = None if record.target == LOCAL_TARGET else AppliedTarget(
+                id=record.target,
+                kube_config=SecretKeyRef(name=record.via[0], key=record.via[1]) if record.via else None)
+            try:
+                target = self._targets.previous(self._stageset_client(ctx), stageset=ctx.stageset,
+                                                applied=applied)
+                clients = inventory_clients(clients=self._clients, identities=self._identities,
+                                            namespace=namespace, target=target)
+                rebuilt = rebuild(stages={stage: record}, owner=Owner(namespace, name),
+                                  applier=target.applier, client_for=clients)
+            except (StageError, *CLUSTER_ERRORS) as error:
+                log.warning("cannot list stage %s's objects on %s yet: %s", stage, where(record.target),
+                            error.message if isinstance(error, StageError) else why(error))
+                unlisted.append((stage, record))
+                continue
+            if not rebuilt.complete:
+                unlisted.append((stage, record))
+                continue
+            for inv in rebuilt.inventories.values():
+                found.append(on_target(inv, target, stageset=None, via=record.via))
+        return found, tuple(unlisted)
+
+    def clean(self, ctx: PassContext, progress: Progress) -> Cleaned:
+        """Only under ``Scope.MOVED``: delete (or release) what is left on previous targets."""
+        moving = progress.moving
+        now = self._clock()
+        if moving is None and not progress.unlisted:
+            return Cleaned(None, (), None)
+        namespace, name = ctx.ref
+        owner = Owner(namespace, name)
+        unpruned = set(unpruned_stages(ctx.stageset))
+        remaining: list[StageInventory] = []
+        deleted = (moving.deleted or 0) if moving is not None else 0
+        released = (moving.released or 0) if moving is not None else 0
+        failure: str | None = None
+        by_target: dict[str, list[StageInventory]] = {}
+        names: dict[str, str] = {r.target: where(r.target) for _, r in progress.unlisted}
+        for inv in moving.inventory if moving is not None else []:
+            by_target.setdefault(inv.target_id, []).append(inv)
+            names[inv.target_id] = named(inv.target)
+        for target_id, invs in by_target.items():
+            try:
+                target = self._previous(ctx, invs[0])
+            except StageError as error:
+                failure, remaining = error.message, [*remaining, *invs]
+                continue
+            except CLUSTER_ERRORS as error:
+                failure, remaining = f"{names[target_id]} cannot be used: {why(error)}", \
+                    [*remaining, *invs]
+                continue
+            inventories = {inv.name: inv for inv in invs}
+            blocked = False
+            for stage in teardown_order(stage_nodes(ctx.stageset), inventories):
+                inv = inventories[stage]
+                if blocked:  # a stage's objects must be gone before its dependencies' are deleted
+                    remaining.append(inv)
+                    continue
+                release = functools.partial(release_remaining, inv, owner=owner) \
+                    if stage in unpruned else None
+                attempt, failed = self._teardown.attempt(inv, target=target, namespace=namespace, owner=owner,
+                                                         release=release)
+                gone = len(inv.entries) - len(attempt.remaining)
+                if release is not None:
+                    released += gone
+                else:
+                    deleted += gone
+                if attempt.remaining:
+                    remaining.append(stage_inventory(inv.name, inv.service_account_name, attempt.remaining,
+                                                     target=inv.target))
+                    failure = failed or failure
+                    blocked = True
+        # The wait counts from the first cleanup attempt (a new cluster slow to turn Ready does not
+        # use it up); what only the record names (status lost) counts from the move's start.
+        since = (moving.cleanup_since or format_time(now)) if moving is not None else \
+            progress.moving_since or format_time(now)
+        previous = ", ".join(sorted(set(names.values())))
+        if not remaining and not progress.unlisted:
+            moved = sum(len(inv.entries) for inv in progress.fresh.values())
+            message = (f"moved from {previous} to {ctx.target.named}: {moved} object(s) applied and "
+                       f"ready there; on {previous}: {deleted} deleted, {released} released (prune: false)")
+            log.info("StageSet %s/%s %s", namespace, name, message)
+            self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.RETARGETED,
+                              message=message, action="Retarget", redact=ctx.redactor)
+            return Cleaned(None, (), None)
+        if teardown_expired(now=now, deleted_at=since, max_wait=self._max_wait):
+            self._abandoned(ctx, previous, remaining, progress.unlisted, failure)
+            return Cleaned(None, (), None)
+        if failure:
+            log.warning("StageSet %s/%s: cleaning up %s waits: %s", namespace, name, previous, failure)
+        left = PreviousTargets(since=moving.since if moving is not None else since, cleanup_since=since,
+                               inventory=remaining, deleted=deleted or None, released=released or None)
+        again = teardown_retry(now=now, deleted_at=since, max_wait=self._max_wait) \
+            if failure or progress.unlisted else AGAIN
+        return Cleaned(left if remaining else None, progress.unlisted, again)
+
+    def _abandoned(self, ctx: PassContext, previous: str, left: list[StageInventory], unlisted: Previous,
+                   failure: str | None) -> None:
+        count = sum(len(inv.entries) for inv in left)
+        cause = f" (last failure: {failure})" if failure else ""
+        counted = left_behind(left) if left else "none listed"
+        unknown = f"; stage(s) {', '.join(sorted({s for s, _ in unlisted}))} could not be listed there" \
+            if unlisted else ""
+        message = (f"gave up cleaning up {previous} after {self._max_wait:.0f}s: {count} object(s) left "
+                   f"behind{cause}: {counted}{unknown}; they keep their stages.metio.wtf owner labels")
+        log.warning("StageSet %s/%s: %s", *ctx.ref, message)
+        self._events.emit(ctx.writer.obj, type_=EventType.WARNING, reason=EventReason.RETARGET_ABANDONED,
+                          message=message, action="Retarget", redact=ctx.redactor)
