@@ -244,3 +244,53 @@ def test_a_rotated_secret_reconnects_within_seconds_and_wakes_its_stagesets(
     assert writes
     assert {str((e.get("user") or {}).get("username")) for e in writes} == \
         {agent_user}, "the new credential, impersonating the tenant"
+
+
+def test_a_target_secret_that_names_another_cluster_moves_every_release_on_it_with_nothing_edited(
+    platform_controller: ControllerProcess, installed: KubeClient, control_plane: envtest.ControlPlane,
+    git_server: GitServer, make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,  # noqa: F811
+    remote_admin: KubeClient,  # noqa: F811
+) -> None:
+    # Two tenants on one StageTarget, both Ready on the remote cluster.
+    tenants = [make_tenant(f"move{i}", service_account="deployer") for i in range(2)]
+    scenarios = [scenario(installed, git_server, t, {"app/cm.yaml": cm(f"moved-{i}")})
+                 for i, t in enumerate(tenants)]
+    for t in tenants:
+        remote_tenant(remote_admin, t)
+    put_secret(installed, "move-kubeconfig", inline_kubeconfig(remote))
+    put_target(installed, "move", secret="move-kubeconfig", allowed=[s.ns for s in scenarios])
+    ready_target(installed, "move")
+    for s in scenarios:
+        on_target(s, "app", "move")
+    for i, s in enumerate(scenarios):
+        s.wait_ready("app")
+        assert get_or_none(remote_admin, f"/api/v1/namespaces/{s.ns}/configmaps/moved-{i}") is not None
+    generations = [s.get("app")["metadata"]["generation"] for s in scenarios]
+    remote_seen = len(remote.audit_events())
+
+    # The platform points the target's Secret at another cluster (here: the control plane the
+    # controller runs on, reached through its own URL and CA, which is a cluster of its own id).
+    put_secret(installed, "move-kubeconfig", inline_kubeconfig(control_plane))
+
+    def moved_here(i: int, s: Scenario) -> bool:
+        status = s.get("app").get("status") or {}
+        return bool(get_or_none(installed, f"/api/v1/namespaces/{s.ns}/configmaps/moved-{i}")) \
+            and get_or_none(remote_admin, f"/api/v1/namespaces/{s.ns}/configmaps/moved-{i}") is None \
+            and not status.get("previousTargets")
+    for i, s in enumerate(scenarios):
+        wait_for(lambda i=i, s=s: moved_here(i, s), timeout=60,  # type: ignore[misc]
+                 what=f"release {i} moved to the other cluster, its old copy deleted")
+    assert [s.get("app")["metadata"]["generation"] for s in scenarios] == generations, "no StageSet edited"
+    time.sleep(1)  # let the audit log catch up
+    for s, t in zip(scenarios, tenants, strict=True):
+        deleted = [e for e in remote.audit_events()[remote_seen:] if e.get("verb") == "delete"
+                   and e.get("stage") == "ResponseComplete"
+                   and (e.get("objectRef") or {}).get("namespace") == s.ns]
+        assert [user_of(e) for e in deleted] == [t.username], "the old copy deleted once, as the tenant"
+        events = installed.get(f"/api/v1/namespaces/{s.ns}/events")["items"]
+        retargeted = [str(e.get("message") or e.get("note")) for e in events
+                      if e.get("reason") == "Retargeted"]
+        assert len(retargeted) == 1, retargeted
+        assert "1 deleted" in retargeted[0]
+        assert "BEGIN" not in retargeted[0]
+        assert "client-key" not in retargeted[0]

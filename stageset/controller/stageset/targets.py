@@ -16,10 +16,10 @@ new content, so the old one ages out instead of staying forever.
 
 :meth:`Targets.previous` finds the cluster a stage was applied on before a move (by the target id
 and kubeConfig Secret its inventory or record names): this cluster, a cached remote reached through
-that same Secret of the same namespace (so a Secret whose content now names another cluster still
-reaches the old one while it is cached), or the Secret read again — and only if it still names that
-cluster.  Never another namespace's Secret or credentials: a record a tenant could edit names only
-Secrets of its own namespace, read as its own identity.
+that same Secret of the same namespace, or through that same StageTarget (so a Secret whose content
+now names another cluster still reaches the old one while its connection is kept), or the Secret read
+again — and only if it still names that cluster.  Never another namespace's Secret or credentials: a
+record a tenant could edit names only Secrets of its own namespace, read as its own identity.
 """
 
 from __future__ import annotations
@@ -145,20 +145,23 @@ class Targets:
         server = applied.id.partition("#")[0]
         if applied.target_ref is not None:
             spec = stageset.spec.model_copy(update={"target_ref": applied.target_ref, "kube_config": None})
+            # Still allowed to this namespace (read as the controller), or refused here.
             found = self.for_target_ref(stageset.model_copy(update={"spec": spec}))
-            if found.id != applied.id:
-                raise StageError(Reason.CLUSTER_UNREACHABLE,
-                                 f"StageTarget {applied.target_ref.namespace}/{applied.target_ref.name} now "
-                                 "names another cluster")
-            return found
+            if found.id == applied.id:
+                return found
+            # The platform pointed the target's Secret at another cluster: the old one is reached
+            # through the connection still kept for that same StageTarget, while it is kept.
+            kept = self._kept(f"target:{applied.target_ref.namespace}/{applied.target_ref.name}#", applied.id)
+            if kept is not None:
+                return kept
+            raise StageError(Reason.CLUSTER_UNREACHABLE,
+                             f"StageTarget {applied.target_ref.namespace}/{applied.target_ref.name} now "
+                             "names another cluster, and no connection to the one before is left")
         ref = applied.kube_config
         if ref is None:
             raise StageError(Reason.CLUSTER_UNREACHABLE,
                              f"the cluster at {server}: no kubeConfig Secret recorded")
-        prefix = f"{namespace}/{ref.name}#"
-        with self._lock:
-            cached = next((t for key, t in reversed(self._remotes.items())
-                           if key.name.startswith(prefix) and t.id == applied.id), None)
+        cached = self._kept(f"{namespace}/{ref.name}#", applied.id)
         if cached is not None:
             return cached
         target = self.reach(client, namespace=namespace, secret_name=ref.name, key=ref.key)
@@ -167,6 +170,13 @@ class Targets:
                              f"the cluster at {server}: Secret {namespace}/{ref.name} now names another "
                              "cluster, and no credentials for it are left")
         return target
+
+    def _kept(self, prefix: str, cluster_id: str) -> Target | None:
+        """The most recently used connection kept under a key starting with ``prefix`` (one Secret, or
+        one StageTarget) to the cluster ``cluster_id``."""
+        with self._lock:
+            return next((t for key, t in reversed(self._remotes.items())
+                         if key.name.startswith(prefix) and t.id == cluster_id), None)
 
     def reach(self, client: KubeClient, *, namespace: str, secret_name: str, key: str) -> Target:
         """The cluster the kubeconfig in ``secret_name``/``key`` names (read as ``client``'s identity)."""
