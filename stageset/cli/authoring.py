@@ -132,9 +132,11 @@ def create_stageset(session: Session, name: str, source: str, stages: tuple[str,
                     service_account: str | None, export_only: bool) -> None:
     """Create (or update) a StageSet: its stages, in order, from one source.
 
-    stageset create stageset shop --source GitRepository/shop --stage config=./config
-    --stage app=./app,dependsOn=config --service-account deployer.  Applied server-side as you
-    (field manager stageset); --export prints it instead.
+    \b
+    stageset create stageset shop -n shop --source GitRepository/shop \\
+      --stage config=./config --stage app=./app,dependsOn=config --service-account deployer
+
+    Applied server-side as you (field manager stageset); --export prints it instead.
     """
     parsed = [parse_stage(text) for text in stages]
     namespace = session.namespace_flag or ("default" if export_only else session.namespace)
@@ -177,8 +179,10 @@ def create_git(session: Session, name: str, url: str, branch: str | None, tag: s
                interval: str | None, secret_ref: str | None, export_only: bool) -> None:
     """Create (or update) a GitRepository: the repository and the reference to follow.
 
-    stageset create source git shop --url https://git.example/shop.git --branch main.  Applied
-    server-side as you (field manager stageset); --export prints it instead.
+    \b
+    stageset create source git shop -n shop --url https://git.example/shop.git --branch main
+
+    Applied server-side as you (field manager stageset); --export prints it instead.
     """
     ref = _git_ref(branch, tag, semver)
     namespace = session.namespace_flag or ("default" if export_only else session.namespace)
