@@ -245,6 +245,14 @@ def test_logs_read_the_controller_pods_log_through_the_api(world: World) -> None
     path, _, query = logs[0].partition("?")
     assert path == f"/api/v1/namespaces/{CONTROLLER_NS}/pods/stageset-7d9c4-a/log"
     assert sorted(query.split("&")) == ["container=controller", "sinceSeconds=600", "tailLines=50"]
+    # --follow asks the apiserver to follow (one reader per pod); the unscheduled pod's stream ends.
+    since = len(world.plane.audit_events())
+    followed = run_cli(*args, "-f", kubeconfig=kubeconfig)
+    assert followed.exit_code == 0, followed.stderr
+    uris = {e["requestURI"] for e in world.plane.audit_events()[since:] if "/log" in e["requestURI"]}
+    assert uris == {
+        f"/api/v1/namespaces/{CONTROLLER_NS}/pods/stageset-7d9c4-a/log?container=controller&follow=true"
+    }
     # A pod on a node the apiserver cannot reach: its error, named with the pod.
     _pod(admin, "stageset-7d9c4-b", CONTROLLER_LABELS, node=f"gone-{SUFFIX}")
     unreachable = run_cli(*args, kubeconfig=kubeconfig)
