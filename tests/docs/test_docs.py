@@ -89,7 +89,6 @@ def test_generated_pages_are_current() -> None:
 
 def test_the_generated_references_cover_the_code() -> None:
     from stageset.cli.main import main
-
     from stageset.cli.verbs import VerbGroup
 
     cli = (ROOT / "docs" / "reference" / "cli.md").read_text()
