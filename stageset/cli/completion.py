@@ -6,8 +6,8 @@ for PowerShell), and the names it completes from the cluster.
 ``stageset completion powershell | Out-String | Invoke-Expression``.  The script calls
 ``stageset`` back with ``_STAGESET_COMPLETE`` set; click answers with the commands, options and
 choices of the command line typed so far (hidden commands such as ``run`` are not offered), and
--- dynamically -- the StageSets (a command's ``NAME``), their stages (``--stage``) and the
-namespaces (``-n``) the cluster has.
+-- dynamically -- the StageSets (a command's ``NAME``), their stages (``--stage``), the
+GitRepositories (the ``source git`` verbs' ``NAME``) and the namespaces (``-n``) the cluster has.
 
 Identity: printing a script talks to no cluster.  Completing a name reads as the user, with the
 kubeconfig, context, namespace and ``--as`` typed so far on the command line (a list of
@@ -31,7 +31,7 @@ from click.shell_completion import (
 )
 
 from stageset.cli.session import Session, echo
-from stageset.controller.kinds import STAGESETS
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 
 SHELLS = ("bash", "zsh", "fish", "powershell")
 COMPLETE_VAR = "_STAGESET_COMPLETE"
@@ -124,6 +124,17 @@ def complete_stagesets(ctx: click.Context, _param: click.Parameter, incomplete: 
         "GET", STAGESETS.collection_path(s.namespace), timeout=TIMEOUT)))
 
 
+def complete_gitrepositories(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
+    """The GitRepositories of the namespace typed so far (else the context's)."""
+    return _names(ctx, incomplete, lambda s: _item_names(s.client().request(
+        "GET", GITREPOSITORIES.collection_path(s.namespace), timeout=TIMEOUT)))
+
+
+def complete_nothing(_ctx: click.Context, _param: click.Parameter, _incomplete: str) -> list[str]:
+    """A name that is new (``create stageset NAME``) or not a StageSet's: nothing to offer."""
+    return []
+
+
 def complete_namespaces(ctx: click.Context, _param: click.Parameter, incomplete: str) -> list[str]:
     """The namespaces you may list (none when you may not list namespaces)."""
     return _names(ctx, incomplete, lambda s: _item_names(s.client().request(
@@ -144,8 +155,12 @@ def complete_stages(ctx: click.Context, _param: click.Parameter, incomplete: str
 
 def attach(group: click.Group) -> None:
     """Complete every command's StageSet ``NAME`` argument and ``--stage`` option from the
-    cluster (those without a completion of their own): one place, so a new command gets it."""
+    cluster (those without a completion of their own): one place, so a new command gets it --
+    also under a verb's or a group's subcommands (``get``'s StageSet form, ``delete stageset``)."""
     for command in group.commands.values():
+        if isinstance(command, click.Group):
+            attach(command)
+            continue
         for param in command.params:
             if param._custom_shell_complete is not None:
                 continue

@@ -18,6 +18,7 @@ Against ``--kubeconfig``, everything runs as that kubeconfig's user.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -83,14 +84,10 @@ def _apply_examples(admin: KubeClient, *, examples: Path, git_url: str) -> tuple
 
 
 def _command() -> str:
-    """How to call this CLI from the user's shell (the venv's script when there is one)."""
+    """How to call this CLI from the user's shell (the venv's script when there is one): an
+    absolute path, so the hint works in another terminal whatever its working directory."""
     script = Path(sys.executable).parent / "stageset"
-    if script.exists():
-        try:
-            return str(script.relative_to(Path.cwd()))
-        except ValueError:
-            return str(script)
-    return "stageset"
+    return str(script.absolute()) if script.exists() else "stageset"
 
 
 def look_around(*, kubeconfig: Path, namespace: str, name: str, demo: bool) -> str:
@@ -103,6 +100,7 @@ def look_around(*, kubeconfig: Path, namespace: str, name: str, demo: bool) -> s
         f"  {cli} tree {name} -n {namespace}           # stages -> objects, with their readiness",
         f"  {cli} diff {name} -n {namespace}           # what applying would change now (exit 1 if anything)",
         f"  {cli} events {name} -n {namespace}         # what the controller did",
+        f"  {cli} history {name} -n {namespace}        # the releases each stage applied",
         f"  {cli} dashboard -n {namespace}          # all of it live in a browser: http://127.0.0.1:8090/",
         f"  kubectl get stages,configmaps,services -n {namespace}   # with kubectl, if you have it",
     ]
@@ -167,13 +165,51 @@ class Progress:
                 self._stop.set()
 
 
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive
+    return True
+
+
+def _running_demo(directory: Path) -> int | None:
+    """The pid of another ``stageset run`` that owns ``directory`` (its ``owner`` file), if alive."""
+    try:
+        pid = int((directory / "owner").read_text().strip())
+    except (OSError, ValueError):
+        return None
+    return pid if pid != os.getpid() and _alive(pid) else None
+
+
 def _keep_kubeconfig(source: Path) -> Path:
-    """A copy of the admin kubeconfig at a fixed path, for the user's other terminals."""
-    target = run_dir() / "kubeconfig"
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """A copy of the admin kubeconfig at a fixed path, for the user's other terminals.
+
+    The path is ``run_dir()/kubeconfig`` -- unless another demo still runs there: then this one's
+    is ``run_dir()/<pid>/kubeconfig``, so neither overwrites (nor, when it stops, removes) the
+    kubeconfig the other's look-around hints name."""
+    directory = run_dir()
+    if _running_demo(directory) is not None:
+        directory = directory / str(os.getpid())
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / "owner").write_text(f"{os.getpid()}\n")
+    target = directory / "kubeconfig"
     shutil.copyfile(source, target)
     target.chmod(0o600)
     return target
+
+
+def _release_kubeconfig(kept: Path) -> None:
+    """Remove the kept kubeconfig and its owner file -- only while they are still this demo's."""
+    if _running_demo(kept.parent) is not None:
+        return
+    kept.unlink(missing_ok=True)
+    (kept.parent / "owner").unlink(missing_ok=True)
+    if kept.parent != run_dir():
+        with contextlib.suppress(OSError):
+            kept.parent.rmdir()
 
 
 def _on_signals(stop: threading.Event) -> None:
@@ -225,7 +261,7 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event, settings: Con
             controller.join(timeout=30)
             controller_clients.close()
             clients.close()
-            kubeconfig.unlink(missing_ok=True)
+            _release_kubeconfig(kubeconfig)
             _say("stopped the controller and the control plane (and removed the kubeconfig)")
     return 0
 
@@ -301,7 +337,7 @@ def main(argv: list[str]) -> int:
         examples = Path(argv[1]) if len(argv) > 1 else Path(__file__).resolve().parents[2] / "examples"
         click.echo(demo_change(examples))
         kubeconfig = run_dir() / "kubeconfig"
-        if kubeconfig.exists():
+        if kubeconfig.exists() and _running_demo(run_dir()) is not None:
             click.echo(f"`make run` is running: the GitRepository's next poll (within 15s) fetches it.\n"
                        f"Watch: KUBECONFIG={kubeconfig} {_command()} get shop -n shop")
         else:

@@ -2,11 +2,13 @@
 
 ``controller`` runs the controller (production); ``run`` is the local demo (or the controller
 against ``--kubeconfig``; hidden from the command list, ``make run`` runs it); the user commands
-(``get``, ``tree``, ``graph``, ``events``, ``history``, ``trace``, ``build``, ``diff``, ``reconcile``,
-``suspend``, ``resume``, ``crds``) and the platform commands (``check``, ``version``, ``cleanup``,
-``completion``, ``create tenant``, ``delete tenant``) live in their own modules and are registered
-here.  The same group is the ``kubectl-stageset`` plugin (:func:`kubectl_plugin`).  Exit codes: 0 ok,
-1 differences (``diff``), 2 usage, 3 runtime error (:mod:`stageset.cli.session`).
+(``get``, ``tree``, ``graph``, ``events``, ``history``, ``logs``, ``trace``, ``build``, ``diff``,
+``reconcile``, ``suspend``, ``resume`` -- each also in its ``source git`` form --, ``export``,
+``create stageset``/``source git``, ``delete stageset``/``source git``, ``crds``) and the platform
+commands (``check``, ``version``, ``cleanup``, ``completion``, ``create tenant``, ``delete tenant``)
+live in their own modules and are registered here.  The same group is the ``kubectl-stageset``
+plugin (:func:`kubectl_plugin`).  Exit codes: 0 ok, 1 differences (``diff``), 2 usage, 3 runtime
+error (:mod:`stageset.cli.session`).
 """
 
 from __future__ import annotations
@@ -33,13 +35,16 @@ from sources.limits import ArtifactLimits
 from stageset.apply.rights import DEFAULT_MAX_AGE
 from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
+from stageset.cli import authoring, process
 from stageset.cli import completion as completion_names
-from stageset.cli import process
 from stageset.cli.check import check, version
 from stageset.cli.cleanup import cleanup
 from stageset.cli.completion import completion
+from stageset.cli.controllerlogs import logs as logs_command
 from stageset.cli.crds import crds
 from stageset.cli.dashboard.command import dashboard
+from stageset.cli.export import export
+from stageset.cli.gitsources import get_sources, reconcile_source, resume_source, suspend_source
 from stageset.cli.history import history
 from stageset.cli.inspect import events, get, graph, tree
 from stageset.cli.params import (
@@ -62,6 +67,7 @@ from stageset.cli.steer import reconcile, resume, suspend
 from stageset.cli.tenant import create, delete
 from stageset.cli.trace import trace
 from stageset.cli.uninstall import uninstall
+from stageset.cli.verbs import verb
 from stageset.controller import logs, memory
 from stageset.controller.leader import default_namespace
 from stageset.controller.manager import Manager
@@ -384,8 +390,12 @@ def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: 
                            lifecycle=lifecycle))
 
 
-for _command in (get, tree, graph, events, build, diff, reconcile, suspend, resume, trace, check, version,
-                 cleanup, completion, dashboard, promote, create, delete, history):
+# `get`, `reconcile`, `suspend`, `resume`: the StageSet command, or with `source(s) git` first the
+# GitRepository one (stageset.cli.verbs routes); `create`/`delete` gain `stageset` and `source git`.
+authoring.register()
+for _command in (verb(get, get_sources), tree, graph, events, build, diff, verb(reconcile, reconcile_source),
+                 verb(suspend, suspend_source), verb(resume, resume_source), trace, check, version, cleanup,
+                 completion, dashboard, promote, create, delete, history, logs_command, export):
     main.add_command(_command)
 for _command in (crds, uninstall):  # install and uninstall (stageset.cli.crds, stageset.cli.uninstall)
     main.add_command(_command)

@@ -103,7 +103,7 @@ def wait_handled(client: KubeClient, resource: Resource, namespace: str, name: s
         time.sleep(POLL)
 
 
-def _outcome(kind: str, obj: KubeObject) -> tuple[bool, str]:
+def outcome(kind: str, obj: KubeObject) -> tuple[bool, str]:
     ready = _ready(obj)
     meta = obj["metadata"]
     line = f"{kind} {meta['namespace']}/{meta['name']}: Ready={ready.get('status', 'Unknown')}"
@@ -123,7 +123,7 @@ def _finish(session: Session, name: str, *, stamp: str, wait: bool, timeout: flo
     echo(f"waiting for StageSet {namespace}/{name} to reconcile\n")
     obj = wait_handled(session.client(), STAGESETS, namespace, name, stamp=stamp, timeout=timeout,
                        settled=True)
-    ok, line = _outcome("StageSet", obj)
+    ok, line = outcome("StageSet", obj)
     echo(line + "\n")
     return ok
 
@@ -199,7 +199,7 @@ def reconcile(session: Session, name: str | None, every: bool, with_source: bool
                 echo(f"fetching GitRepository {source_ns}/{source}\n")
                 done = wait_handled(client, GITREPOSITORIES, source_ns, source, stamp=stamp, timeout=timeout,
                                     settled=False)
-                echo(_outcome("GitRepository", done)[1] + "\n")
+                echo(outcome("GitRepository", done)[1] + "\n")
         request_reconcile(client, STAGESETS, namespace, current, stamp, update_now=update_now)
         if update_now:
             echo(f"asked to ship held revisions of StageSet {namespace}/{current} now "

@@ -22,6 +22,7 @@ import yaml
 
 from stageset.api.tenancy import TENANT_LABEL
 from stageset.cli import cleanup
+from stageset.cli.completion import complete_nothing
 from stageset.cli.params import DURATION
 from stageset.cli.session import DNS_LABEL, CliError, Session, StagesetGroup, echo
 from stageset.cli.tenantobjects import (
@@ -63,16 +64,16 @@ def _kubeconfig_options(command: Any) -> Any:
 
 @click.group("create", cls=StagesetGroup)
 def create() -> None:
-    """Create platform objects (a tenant)."""
+    """Create a tenant, a StageSet or a GitRepository (source git)."""
 
 
 @click.group("delete", cls=StagesetGroup)
 def delete() -> None:
-    """Delete platform objects (a tenant)."""
+    """Delete a tenant, a StageSet or a GitRepository (source git)."""
 
 
 @create.command("tenant")
-@click.argument("name", type=DNS_LABEL)
+@click.argument("name", type=DNS_LABEL, shell_complete=complete_nothing)
 @click.option("--with-namespace", "namespaces", multiple=True, type=DNS_LABEL, required=True,
               help="A workload namespace of the tenant (repeatable; created if missing).")
 @click.option("--control-plane-namespace", type=DNS_LABEL, default=None,
@@ -137,7 +138,7 @@ def create_tenant(name: str, namespaces: tuple[str, ...], control_plane_namespac
 
 
 @delete.command("tenant")
-@click.argument("name", type=DNS_LABEL)
+@click.argument("name", type=DNS_LABEL, shell_complete=complete_nothing)
 @click.option("--yes", is_flag=True, default=False,
               help="Delete (without it, only list what would be deleted).")
 @click.option("--timeout", type=DURATION, default="10m", show_default=True,

@@ -156,15 +156,24 @@ def cli_reference() -> str:
     for name in sorted(main.list_commands(root), key=lambda n: (n in ("controller", "run"), n)):
         command = main.get_command(root, name)
         assert command is not None
-        if isinstance(command, click.Group):  # `create tenant`, `delete tenant`: one section per subcommand
-            group = click.Context(command, info_name=name, parent=root)
-            for sub in sorted(command.list_commands(group)):
-                subcommand = command.get_command(group, sub)
-                assert subcommand is not None
-                lines += _command_section(sub, subcommand, group)
-            continue
-        lines += _command_section(name, command, root)
+        lines += _sections(name, command, root)
     return "\n".join(lines)
+
+
+def _sections(name: str, command: click.Command, parent: click.Context) -> list[str]:
+    """One section per command; a group's subcommands each get their own (``create tenant``,
+    ``get sources git``), and a verb's StageSet form (:class:`VerbGroup`) is the verb's section."""
+    from stageset.cli.verbs import VerbGroup
+
+    if not isinstance(command, click.Group):
+        return _command_section(name, command, parent)
+    lines = _command_section(name, command.default, parent) if isinstance(command, VerbGroup) else []
+    group = click.Context(command, info_name=name, parent=parent)
+    for sub in sorted(command.list_commands(group)):
+        subcommand = command.get_command(group, sub)
+        assert subcommand is not None
+        lines += _sections(sub, subcommand, group)
+    return lines
 
 
 # -- runbooks -------------------------------------------------------------------------------------

@@ -343,6 +343,34 @@ class KubeClient:
         finally:
             response.release_conn()
 
+    def text_lines(self, path: str, *, query: Mapping[str, QueryValue], timeout: float | None
+                   ) -> Iterator[str]:
+        """Yield each line of a streaming text GET (a pod's ``log``, followed or not), decoded;
+        ``timeout``: the longest wait for the next bytes (``None``: none, for ``--follow``)."""
+        url, headers = self._prepare("GET", path, query, {"Accept": "*/*"})
+        started = time.monotonic()
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                "GET", url, headers=headers, preload_content=False,
+                timeout=urllib3.Timeout(connect=10.0, read=timeout))
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            self._observe("GET", path, query, None, None, started, stream=True)
+            raise UnreachableError(server=self.server, why=_why(error)) from None
+        self._observe("GET", path, query, None, response.status, started, stream=True)
+        try:
+            if response.status >= 300:
+                raise _api_error(response.status, response.read(), retry_after(response.headers))
+            buffer = b""
+            for chunk in response.stream(64 * 1024):
+                buffer += chunk
+                while b"\n" in buffer:
+                    line, buffer = buffer.split(b"\n", 1)
+                    yield line.decode("utf-8", "replace")
+            if buffer:
+                yield buffer.decode("utf-8", "replace")
+        finally:
+            response.release_conn()
+
     def _observe(self, method: str, path: str, query: Mapping[str, QueryValue] | None,
                  content_type: str | None, code: int | None, started: float, *, stream: bool = False) -> None:
         observer = self.observer

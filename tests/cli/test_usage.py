@@ -316,3 +316,36 @@ def test_the_run_progress_log_names_the_stageset_and_prints_only_changes() -> No
     assert len(said) == 2
     progress("MODIFIED", stageset("one", {"config": ("Ready", b)}))  # a new revision, still Ready
     assert said[2:] == [f"one/shop: stage config     Ready        at main@sha1:{'b' * 12}"]
+
+
+def test_a_second_run_keeps_its_kubeconfig_apart_and_leaves_the_firsts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The first demo's hints name run_dir()/kubeconfig: a second demo (while the first runs)
+    neither overwrites it nor, when it stops, removes it."""
+
+    from stageset.cli import demo
+
+    monkeypatch.setenv("STAGESET_RUN_DIR", str(tmp_path / "run"))
+    source = tmp_path / "admin.kubeconfig"
+    source.write_text("first")
+    first = demo._keep_kubeconfig(source)
+    assert first == tmp_path / "run" / "kubeconfig"
+    # The first demo is another live process now (this one plays the second).
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (first.parent / "owner").write_text(f"{other.pid}\n")
+        source.write_text("second")
+        second = demo._keep_kubeconfig(source)
+        assert second != first
+        assert first.read_text() == "first"
+        demo._release_kubeconfig(second)
+        assert not second.exists()
+        demo._release_kubeconfig(first)  # not ours while the first runs: kept
+        assert first.read_text() == "first"
+    finally:
+        other.kill()
+        other.wait()
+    # The first demo gone (crashed, its owner file left), a new demo takes the fixed path again.
+    assert demo._keep_kubeconfig(source) == first
+    assert first.read_text() == "second"

@@ -89,13 +89,27 @@ def test_generated_pages_are_current() -> None:
 
 def test_the_generated_references_cover_the_code() -> None:
     from stageset.cli.main import main
+    from stageset.cli.verbs import VerbGroup
 
     cli = (ROOT / "docs" / "reference" / "cli.md").read_text()
-    for name, command in main.commands.items():
-        # A group (`create`, `delete`) has a section per subcommand (`stageset create tenant`).
-        subcommands = command.commands if isinstance(command, click.Group) else {"": command}
-        for sub in subcommands:
-            assert f"## `{' '.join(filter(None, ('stageset', name, sub)))}`" in cli
+
+    def sections(path: tuple[str, ...], command: click.Command) -> list[str]:
+        # A group (`create`, `delete`) has a section per subcommand (`stageset create tenant`,
+        # `stageset create source git`); a verb (`get`) its own and one per kind (`get sources git`).
+        if not isinstance(command, click.Group):
+            return [" ".join(path)]
+        found = [" ".join(path)] if isinstance(command, VerbGroup) else []
+        context = click.Context(command)
+        for sub in command.list_commands(context):
+            found += sections((*path, sub), command.commands[sub])
+        return found
+
+    expected = sections(("stageset",), main)
+    assert {"stageset get", "stageset get sources git", "stageset create source git", "stageset logs"} <= set(
+        expected
+    )
+    for section in expected:
+        assert f"## `{section}`" in cli, section
     assert "--runbook-base-url" in cli
     api = (ROOT / "docs" / "reference" / "api.md").read_text()
     for field in (

@@ -136,6 +136,20 @@ def test_the_first_run_teaches(tmp_path: Path, examples: Path) -> None:
         tree = run_cli("tree", "shop", "-n", "shop", kubeconfig=kubeconfig)
         assert "ConfigMap/shop/shop-settings  Current" in tree.stdout
         assert run_cli("diff", "shop", "-n", "shop", kubeconfig=kubeconfig).exit_code == 0
+        # As printed, from another terminal in another directory: the CLI's path is absolute.
+        printed = re.search(r"^  (\S+) history shop -n shop ", output, re.MULTILINE)
+        assert printed is not None, output
+        assert Path(printed.group(1)).is_absolute()
+        elsewhere = subprocess.run(
+            [printed.group(1), "history", "shop", "-n", "shop"],
+            cwd=tmp_path,
+            env={**os.environ, "KUBECONFIG": str(kubeconfig)},
+            capture_output=True,
+            text=True,
+            check=False,
+        )
+        assert elsewhere.returncode == 0, elsewhere.stderr
+        assert "config" in elsewhere.stdout
 
         # GitOps: an edit saved under the examples is the next poll's revision (the example polls
         # every 15s), applied by the controller.
