@@ -6,7 +6,7 @@ Run from the checkout's root::
     .venv/bin/python -m bench.peers --quick    # N = 10, 50; prints only      (~3 min)
     .venv/bin/python -m bench.peers --full     # adds N = 1000
 
-What is compared (every peer with cluster-admin rights, as the issue asks):
+What is compared, in one of two modes (``--mode``):
 
 * **floor** — the same NxM ConfigMaps server-side-applied by a plain loop on 16 and on 4 threads
   (the faster counts), as a ServiceAccount bound to ``cluster-admin``: the apiserver's own cost.
@@ -16,6 +16,16 @@ What is compared (every peer with cluster-admin rights, as the issue asks):
 * **flux** — Flux's source-controller and kustomize-controller (:mod:`bench.flux`, the versions and
   flags printed with the results), out of cluster, N Kustomizations, each with ``prune: true``,
   ``targetNamespace`` its namespace and Flux's defaults otherwise (no ``wait``).
+
+``--mode cluster-admin`` (default) is the above.  ``--mode multi-tenant`` is how platforms run it:
+every tenant namespace has its own ServiceAccount ``deployer`` with a namespaced Role that may
+write ConfigMaps and read our GitRepositories there, nothing else (:data:`TENANT_RULES`), and every
+write goes through impersonation of that account, which the apiserver authorizes per request.  The
+floor applies as ``deployer`` (its cluster-admin account impersonating); this controller runs *without*
+``--cluster-admin``, as a ServiceAccount bound to exactly the chart's controller ClusterRole
+(:func:`stageset.envtest.install.controller_kubeconfig`), its StageSets naming
+``serviceAccountName: deployer``; Flux's Kustomizations name ``serviceAccountName: deployer`` (its
+controllers keep Flux's own cluster-admin install, as Flux ships it).
 
 Sources (``--sources``):
 
@@ -73,7 +83,7 @@ from stageset.envtest import server as envtest
 from stageset.envtest.controller import ControllerProcess, memory_mib
 from stageset.envtest.gitserve import commit_directory
 from stageset.envtest.server import free_port
-from stageset.kube.client import ApiError, ClientPool, KubeClient
+from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 from stageset.kube.watch import Reflector
@@ -92,6 +102,18 @@ KUSTOMIZATIONS = Resource(
 )
 SHARED_NS = "bench-src"
 PEERS = ("floor", "stageset", "flux")
+MODES = ("cluster-admin", "multi-tenant")
+TENANT_ACCOUNT = "deployer"
+# The multi-tenant mode's tenant Role, in its own namespace only: write the rendered ConfigMaps, and
+# read the StageSet's GitRepository (this controller reads a named source as the tenant).
+TENANT_RULES = [
+    {
+        "apiGroups": [""],
+        "resources": ["configmaps"],
+        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+    },
+    {"apiGroups": ["stages.metio.wtf"], "resources": ["gitrepositories"], "verbs": ["get", "list", "watch"]},
+]
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
 # Identities (ServiceAccounts bound to cluster-admin): peer -> (namespace, name)
 ACCOUNTS = {
@@ -353,15 +375,20 @@ class Options:
     keep: bool = False
     mode: str = "default"
     write_docs: bool = False
+    tenancy: str = "cluster-admin"
 
 
 class Bench:
     """One control plane, one Git server, the identities of every peer; measurements on demand."""
 
-    def __init__(self, workdir: Path, *, sources: str, tenants: int):
+    def __init__(self, workdir: Path, *, sources: str, tenants: int, tenancy: str = "cluster-admin"):
+        if tenancy not in MODES:
+            raise ValueError(f"unknown mode {tenancy!r}; one of {', '.join(MODES)}")
         self.workdir = workdir
         self.sources = sources
         self.tenants = tenants
+        self.tenancy = tenancy
+        self.multi_tenant = tenancy == "multi-tenant"
         log(f"starting a control plane; work directory {workdir}")
         self.plane = envtest.start(workdir=workdir / "plane")
         self.admin = ClientPool.from_kubeconfig(str(self.plane.kubeconfig)).client()
@@ -371,15 +398,24 @@ class Bench:
             f"{ns}/{sa}": admin_kubeconfig(
                 self.admin, self.plane, namespace=ns, account=sa, path=workdir / f"{ns}-{sa}.kubeconfig"
             )
-            for accounts in ACCOUNTS.values()
+            for peer, accounts in ACCOUNTS.items()
             for ns, sa in accounts
+            if not (self.multi_tenant and peer == "stageset")
         }
+        if self.multi_tenant:
+            # The chart's multi-tenant RBAC: impersonate, read our kinds, write their status.
+            ns, sa = ACCOUNTS["stageset"][0]
+            self.kubeconfigs[f"{ns}/{sa}"] = install.controller_kubeconfig(
+                self.admin, url=self.plane.url, ca=self.plane.pki.ca_cert,
+                path=workdir / f"{ns}-{sa}.kubeconfig", namespace=ns, account=sa,
+            )
         self.users = {
             f"system:serviceaccount:{ns}:{sa}": peer
             for peer, accounts in ACCOUNTS.items()
             for ns, sa in accounts
         }
-        self.floor_client = ClientPool.from_kubeconfig(str(self.kubeconfigs["bench/floor"])).client()
+        self.floor_pool = ClientPool.from_kubeconfig(str(self.kubeconfigs["bench/floor"]))
+        self.floor_client = self.floor_pool.client()
         self.git = GitServer(workdir / "git")
         self.stagesets = Watcher(self.admin, STAGESETS)
         self.kustomizations = Watcher(self.admin, KUSTOMIZATIONS)
@@ -392,6 +428,7 @@ class Bench:
     def close(self) -> None:
         self.stagesets.stop()
         self.kustomizations.stop()
+        self.floor_pool.close()
         self.git.stop()
         self.plane.stop()
 
@@ -426,11 +463,47 @@ class Bench:
         self.git.add(f"shared-m{m}", folder)
 
     def placement(self, peer: str, n: int, tag: str) -> list[tuple[str, int]]:
-        """(namespace, k) for each of the n sets, namespaces created."""
+        """(namespace, k) for each of the n sets, namespaces created (multi-tenant: each with its
+        tenant account, Role and RoleBinding)."""
         count = min(n, self.tenants)
         namespaces = [f"{peer[:2]}-{tag}-t{j:02d}" for j in range(count)]
-        parallel(8, self._namespace, namespaces)
+        parallel(8, self._tenant if self.multi_tenant else self._namespace, namespaces)
         return [(namespaces[k % count], k) for k in range(n)]
+
+    def _tenant(self, namespace: str) -> None:
+        """A tenant namespace: ServiceAccount ``deployer`` and a Role of :data:`TENANT_RULES` bound to it."""
+        self._namespace(namespace)
+        self.admin.apply(
+            f"/api/v1/namespaces/{namespace}/serviceaccounts/{TENANT_ACCOUNT}",
+            {"apiVersion": "v1", "kind": "ServiceAccount",
+             "metadata": {"name": TENANT_ACCOUNT, "namespace": namespace}},
+            field_manager=MANAGER,
+        )
+        rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+        self.admin.apply(
+            f"{rbac}/roles/{TENANT_ACCOUNT}",
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+             "metadata": {"name": TENANT_ACCOUNT, "namespace": namespace}, "rules": TENANT_RULES},
+            field_manager=MANAGER,
+        )
+        self.admin.apply(
+            f"{rbac}/rolebindings/{TENANT_ACCOUNT}",
+            {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+             "metadata": {"name": TENANT_ACCOUNT, "namespace": namespace},
+             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": TENANT_ACCOUNT},
+             "subjects": [{"kind": "ServiceAccount", "name": TENANT_ACCOUNT, "namespace": namespace}]},
+            field_manager=MANAGER,
+        )
+
+    def floor_for(self, namespace: str) -> KubeClient:
+        """The floor's client for ``namespace``: itself, or (multi-tenant) impersonating its tenant."""
+        if not self.multi_tenant:
+            return self.floor_client
+        return self.floor_pool.client(Identity.service_account(namespace=namespace, name=TENANT_ACCOUNT))
+
+    def tenant_spec(self) -> dict[str, str]:
+        """What a StageSet or Kustomization adds in this mode: the tenant account, or nothing."""
+        return {"serviceAccountName": TENANT_ACCOUNT} if self.multi_tenant else {}
 
     def path_of(self, k: int) -> str:
         return "./" if self.sources == "pairs" else f"./sets/{k:04d}"
@@ -452,19 +525,20 @@ class Bench:
 
         def apply(item: tuple[str, KubeObject]) -> None:
             namespace, obj = item
-            self.floor_client.apply(
+            self.floor_for(namespace).apply(
                 f"/api/v1/namespaces/{namespace}/configmaps/{obj['metadata']['name']}",
                 obj,
                 field_manager="stageset-controller",
             )
 
-        # Connections opened first (as a running controller has them).
+        # Connections opened first (as a running controller has them; one pool per identity).
+        warm = sorted({ns for ns, _ in placement}) if self.multi_tenant else [ns for ns, _ in placement[:16]]
         parallel(
             16,
-            lambda ns: self.floor_client.request(
+            lambda ns: self.floor_for(ns).request(
                 "GET", f"/api/v1/namespaces/{ns}/configmaps", query={"limit": 1}
             ),
-            [ns for ns, _ in placement[:16]],
+            warm,
         )
         best = None
         for threads, suffix in ((16, ""), (4, "-b")):
@@ -512,7 +586,7 @@ class Bench:
         probes: list[str] = []
         for index in range(max(1, shards)):
             probe = f"127.0.0.1:{free_port()}"
-            extra = ["--cluster-admin", "--probe-address", probe]
+            extra = [*([] if self.multi_tenant else ["--cluster-admin"]), "--probe-address", probe]
             if workers:
                 extra += ["--workers", str(workers)]
             if shards:
@@ -540,7 +614,7 @@ class Bench:
                 wait_http(f"http://{probe}/readyz", timeout=120, alive=alive)
             flags = [
                 "controller",
-                "--cluster-admin",
+                *([] if self.multi_tenant else ["--cluster-admin"]),
                 "--allow-insecure-sources",
                 "--log-level=warning",
                 *([f"--workers={workers}"] if workers else []),
@@ -589,6 +663,7 @@ class Bench:
                         "metadata": {"name": f"set-{k:04d}", "namespace": namespace, "labels": labels},
                         "spec": {
                             "interval": "1h",
+                            **self.tenant_spec(),
                             "stages": [{"name": "main", "path": self.path_of(k), "sourceRef": source}],
                         },
                     },
@@ -706,6 +781,7 @@ class Bench:
                             "prune": True,
                             "sourceRef": ref,
                             "targetNamespace": namespace,
+                            **self.tenant_spec(),
                         },
                     },
                 )
@@ -1031,9 +1107,18 @@ def describe(options: Options, flags: dict[str, list[str]], elapsed: float) -> s
     }[options.sources]
     commands = "; ".join(f"`{name} {' '.join(args)}`" for name, args in sorted(flags.items()))
     peers = f"{flux.versions()} and this controller" if "source-controller" in flags else "this controller"
+    rights = {
+        "cluster-admin": "every one with cluster-admin",
+        "multi-tenant": (
+            "multi-tenant: every write as the namespace's ServiceAccount `deployer` (a Role that may write "
+            "ConfigMaps and read GitRepositories there), impersonated; this controller with the chart's "
+            "multi-tenant ClusterRole, StageSets and Kustomizations naming `serviceAccountName: deployer`, "
+            "the floor impersonating it"
+        ),
+    }[options.tenancy]
     return (
-        f"Sources: {shape}. At most {options.tenants} namespaces per N and peer. Peers: {peers}, every one "
-        f"with cluster-admin, leader election off, default concurrency unless a flag says otherwise "
+        f"Sources: {shape}. At most {options.tenants} namespaces per N and peer. Peers: {peers}, {rights}, "
+        f"leader election off, default concurrency unless a flag says otherwise "
         f"({commands}). Git: `git http-backend` on loopback. Machine: {machine()}. Code: {revision(ROOT)}. "
         f"Repeats: {options.repeat} (medians). Whole run: {elapsed:.0f} s."
     )
@@ -1072,6 +1157,10 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument("--objects", type=int, default=5, help="ConfigMaps per set (M)")
     parser.add_argument("--tenants", type=int, default=10, help="namespaces per N and peer")
     parser.add_argument("--sources", choices=("pairs", "shared"), default="pairs")
+    parser.add_argument(
+        "--mode", choices=MODES, default="cluster-admin", dest="tenancy",
+        help="cluster-admin (every peer), or multi-tenant (every write impersonating a tenant account)",
+    )
     parser.add_argument("--repeat", type=int, default=1)
     parser.add_argument(
         "--peers",
@@ -1110,6 +1199,7 @@ def parse(argv: list[str] | None) -> Options:
         keep=args.keep,
         mode=mode,
         write_docs=not (args.quick or args.no_docs or overridden),
+        tenancy=args.tenancy,
     )
 
 
@@ -1127,13 +1217,18 @@ def report(measures: list[Measure], options: Options, flags: dict[str, list[str]
 SKELETON = "# Scale: the floor, this controller and Flux\n"
 
 
+def docs_marker(base: str, tenancy: str) -> str:
+    """The docs section of a table: cluster-admin keeps the historical marker, other modes add theirs."""
+    return base if tenancy == "cluster-admin" else f"{base}.{tenancy}"
+
+
 def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
     if "flux" in options.peers:
         flux.ensure_binaries()  # before the clock: a first build takes minutes
     begun = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="stageset-peers-"))
-    bench = Bench(workdir, sources=options.sources, tenants=options.tenants)
+    bench = Bench(workdir, sources=options.sources, tenants=options.tenants, tenancy=options.tenancy)
     try:
         measures = run(bench, options)
         flags = bench.flags
@@ -1143,9 +1238,11 @@ def main(argv: list[str] | None = None) -> int:
     print(text)
     if options.write_docs:
         command = ".venv/bin/python -m bench.peers" + {"default": "", "full": " --full"}.get(options.mode, "")
+        if options.tenancy != "cluster-admin":
+            command += f" --mode {options.tenancy}"
         replace_section(
             DOCS,
-            marker="bench.peers",
+            marker=docs_marker("bench.peers", options.tenancy),
             skeleton=SKELETON,
             body=f"Measured with `{command}` on {time.strftime('%Y-%m-%d')}.\n\n{text}",
         )

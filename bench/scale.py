@@ -18,6 +18,11 @@ cluster-admin; see its docstring for what is measured) and writes its tables int
   sharding.fluxcd.io/key=shard<i>``, the apiserver selecting) on one control plane; K = 1 is one
   controller with a selector matching every set.  CPU and RSS are summed over the K processes.
 
+``--mode multi-tenant`` runs every part as platforms run it (tenant ServiceAccounts with namespaced
+Roles, every write impersonated, this controller with the chart's multi-tenant RBAC, Flux's
+Kustomizations with ``serviceAccountName``; see :mod:`bench.peers`) into its own markers
+(``bench.scale.<part>.multi-tenant``) beside the cluster-admin tables.
+
 ``--peers`` limits the peers of ``sizes``/``objects`` (e.g. ``--peers floor,stageset`` where Flux
 would not finish in reasonable time), ``--flux-up-to X`` leaves Flux out above N = X (sizes) or
 M = X (objects); ``--repeat`` reports medians.
@@ -36,6 +41,7 @@ from bench import flux
 from bench.common import markdown_table, replace_section
 from bench.peers import (
     DOCS,
+    MODES,
     PEERS,
     ROOT,
     SKELETON,
@@ -44,6 +50,7 @@ from bench.peers import (
     Options,
     by_verb,
     describe,
+    docs_marker,
     log,
     raw,
     side_by_side,
@@ -147,15 +154,18 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
         help="leave Flux out above this N (sizes) or M (objects): it takes the longest",
     )
     parser.add_argument("--sources", choices=("pairs", "shared"), default="pairs")
+    parser.add_argument("--mode", choices=MODES, default="cluster-admin", dest="tenancy")
     parser.add_argument("--keep", action="store_true")
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args(argv)
     if "flux" in args.peers and args.part != "shards":
         flux.ensure_binaries()
-    options = Options(sizes=args.sizes, repeat=args.repeat, peers=args.peers, sources=args.sources)
+    options = Options(
+        sizes=args.sizes, repeat=args.repeat, peers=args.peers, sources=args.sources, tenancy=args.tenancy
+    )
     begun = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="stageset-scale-"))
-    bench = Bench(workdir, sources=args.sources, tenants=options.tenants)
+    bench = Bench(workdir, sources=args.sources, tenants=options.tenants, tenancy=args.tenancy)
     measures: list[Measure] = []
     floor: Measure | None = None
     try:
@@ -217,7 +227,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
         command = "python -m bench.scale " + " ".join(argv if argv is not None else sys.argv[1:])
         replace_section(
             DOCS,
-            marker=f"bench.scale.{args.part}",
+            marker=docs_marker(f"bench.scale.{args.part}", args.tenancy),
             skeleton=SKELETON,
             body=f"Measured with `{command.strip()}` on {time.strftime('%Y-%m-%d')}.\n\n{text}",
         )

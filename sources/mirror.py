@@ -115,7 +115,7 @@ from sources.refs import PEELED_SUFFIX, RefSelector, Resolution, resolve, valid_
 from sources.revision import format_revision
 from sources.ssh import default_scratch_dir
 from sources.transport import Deadline, Listing, Remote, WantRefusedError
-from sources.tree import IgnoreCache, read_tree, subtree_id
+from sources.tree import IgnoreCache, TreeCache, read_tree, subtree_id
 from sources.urls import RemoteUrl, UrlPolicy, parse_url
 
 PROOF_WALK = 1000
@@ -260,6 +260,7 @@ class MirrorStore:
         self._locks_guard = threading.Lock()
         self._evicting = threading.Lock()
         self._ignores = IgnoreCache()
+        self._trees = TreeCache()
         self.evictions = 0
         """How many mirrors were evicted by this store (for metrics and tests)."""
         self.compactions = 0
@@ -397,7 +398,8 @@ class MirrorStore:
         self._check_served(remote_url, url=url, commit=commit, consumer=consumer)
         with self._reading(remote_url, commit=commit) as repo:
             return read_tree(repo.object_store, commit=commit, path=path, ignore=ignore,
-                             limits=limits or self._limits, cache=self._ignores, unreadable=unreadable)
+                             limits=limits or self._limits, cache=self._ignores, unreadable=unreadable,
+                             trees=self._trees, scope=self._name_for(remote_url))
 
     def tree_hash(self, url: str, *, commit: str, path: str = "./",
                   consumer: str | None = None) -> str:
@@ -405,7 +407,8 @@ class MirrorStore:
         remote_url = parse_url(url, self._policy)
         self._check_served(remote_url, url=url, commit=commit, consumer=consumer)
         with self._reading(remote_url, commit=commit) as repo:
-            return subtree_id(repo.object_store, commit=commit, path=path)
+            return subtree_id(repo.object_store, commit=commit, path=path, trees=self._trees,
+                              scope=self._name_for(remote_url))
 
     def mirror_path(self, url: str) -> Path:
         """Where the mirror of ``url`` lives (whether or not it exists yet)."""
@@ -443,6 +446,7 @@ class MirrorStore:
                 doomed, size = detached
                 total -= size
                 shutil.rmtree(doomed, ignore_errors=True)
+                self._trees.forget(name)
                 removed.append(name)
                 self.evictions += 1
         finally:

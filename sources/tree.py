@@ -35,7 +35,10 @@ Ignore rules are Flux's (:mod:`sources.ignore`): its default exclusions unless t
 has ``.sourceignore`` files or ``ignore`` patterns, matched against paths relative to the
 repository root whatever ``path`` is read (``/deploy/secret.yaml`` is anchored at the root;
 ``*.md`` matches anywhere).  The ``.sourceignore`` files of a commit are found by one walk
-of its trees, cached by root tree id (:class:`IgnoreCache`).  Ignored entries are skipped
+of its trees, cached by root tree id (:class:`IgnoreCache`).  Parsed tree objects are cached per
+mirror by id (:class:`TreeCache`): rendering a thousand stages of one commit walks the same root
+and parent trees a thousand times, and parsing a directory of a thousand entries each time made the
+cold pass of a mono-repository grow with the square of its stages.  Ignored entries are skipped
 before they are inspected, so an ignored symlink or submodule is no error.  Note that the
 tree id still covers ignored files.
 """
@@ -47,6 +50,7 @@ import stat
 import threading
 import zlib
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
@@ -63,7 +67,7 @@ from sources.errors import (
 from sources.ignore import IGNORE_FILE, Matcher, default_matcher, source_matcher
 from sources.limits import Limits, MiB
 
-__all__ = ["CommitTree", "IgnoreCache", "Limits", "MiB", "object_size", "read_tree",
+__all__ = ["CommitTree", "IgnoreCache", "Limits", "MiB", "TreeCache", "object_size", "read_tree",
            "split_path", "subtree_id"]
 
 MAX_SYMLINK_HOPS = 40
@@ -229,6 +233,9 @@ class CommitTree:
 
     store: BaseObjectStore
     commit: str
+    trees: TreeCache | None = None
+    """Parsed trees shared between reads of the same mirror (``scope``); None parses every time."""
+    scope: str = ""
     root: ObjectID = field(init=False)
 
     def __post_init__(self) -> None:
@@ -246,6 +253,11 @@ class CommitTree:
     # -- lookups -----------------------------------------------------------------------
 
     def _tree(self, sha: ObjectID) -> Tree:
+        if self.trees is not None:
+            return self.trees.tree(self.scope, sha, self._load_tree)
+        return self._load_tree(sha)
+
+    def _load_tree(self, sha: ObjectID) -> Tree:
         obj = self.store[sha]
         if not isinstance(obj, Tree):  # pragma: no cover - a corrupt repository
             raise GitOperationError(f"object {sha.decode()} is not a tree")
@@ -340,7 +352,8 @@ class CommitTree:
         """
         tree_id, real = self.subtree(path)
         budget = _Budget(limits)
-        matcher = (cache or IgnoreCache()).matcher(self, ignore=ignore, budget=budget)
+        # "is None", not "or": an empty cache is falsy (it has a length), and was never filled.
+        matcher = (IgnoreCache() if cache is None else cache).matcher(self, ignore=ignore, budget=budget)
         walk = _Walk(tree=self, within=real, matcher=matcher, budget=budget, unreadable=unreadable)
         walk.directory(tree_id, real=real, out=(), stack=(real,))
         return walk.files
@@ -432,6 +445,61 @@ class IgnoreCache:
         return 0 if matcher is default_matcher() else matcher.size
 
 
+class TreeCache:
+    """Parsed Git trees by (mirror, tree id), least recently used out, bounded by tree entries.
+
+    A tree id fixes a tree's content, so an entry never goes stale; the mirror's name is part of
+    the key anyway, so a read only ever gets trees parsed from its own mirror's object store (no
+    tenant's read is served from another's fetch, even for equal content).  Entries are shared
+    read-only between threads (nothing mutates a parsed :class:`~dulwich.objects.Tree`).  The bound
+    is the sum of entries of the trees held (``max_entries``, about 150 bytes each in CPython): a
+    tree larger than a quarter of it is parsed every time, never kept.
+    """
+
+    def __init__(self, *, max_entries: int = 100_000) -> None:
+        self._max_entries = max_entries
+        self._held = 0
+        self._trees: OrderedDict[tuple[str, bytes], Tree] = OrderedDict()
+        self._lock = threading.Lock()
+        self.hits = 0
+        self.misses = 0
+
+    def tree(self, scope: str, sha: ObjectID, load: Callable[[ObjectID], Tree]) -> Tree:
+        key = (scope, bytes(sha))
+        with self._lock:
+            found = self._trees.get(key)
+            if found is not None:
+                self._trees.move_to_end(key)
+                self.hits += 1
+                return found
+            self.misses += 1
+        tree = load(sha)
+        size = len(tree)
+        if size * 4 > self._max_entries:
+            return tree
+        with self._lock:
+            if key not in self._trees:
+                self._trees[key] = tree
+                self._held += size
+            while self._held > self._max_entries:
+                _, dropped = self._trees.popitem(last=False)
+                self._held -= len(dropped)
+        return tree
+
+    def forget(self, scope: str) -> None:
+        """Drop one mirror's trees (it was removed from disk)."""
+        with self._lock:
+            for key in [k for k in self._trees if k[0] == scope]:
+                self._held -= len(self._trees.pop(key))
+
+    @property
+    def held_entries(self) -> int:
+        return self._held
+
+    def __len__(self) -> int:
+        return len(self._trees)
+
+
 @dataclass
 class _Walk:
     """One recursive read of a subtree; collects files and enforces limits."""
@@ -519,14 +587,16 @@ class _Walk:
 
 def read_tree(store: BaseObjectStore, *, commit: str, path: str, ignore: str | None,
               limits: Limits, cache: IgnoreCache | None = None,
-              unreadable: dict[str, str] | None = None) -> dict[str, bytes]:
+              unreadable: dict[str, str] | None = None, trees: TreeCache | None = None,
+              scope: str = "") -> dict[str, bytes]:
     """Files under ``path`` at ``commit`` that the ignore rules keep: relative path -> bytes
-    (see :meth:`CommitTree.read` for ``unreadable``)."""
-    return CommitTree(store, commit).read(path, ignore=ignore, limits=limits, cache=cache,
-                                          unreadable=unreadable)
+    (see :meth:`CommitTree.read` for ``unreadable``; ``trees``/``scope``: :class:`TreeCache`)."""
+    return CommitTree(store, commit, trees, scope).read(path, ignore=ignore, limits=limits, cache=cache,
+                                                        unreadable=unreadable)
 
 
-def subtree_id(store: BaseObjectStore, *, commit: str, path: str) -> str:
+def subtree_id(store: BaseObjectStore, *, commit: str, path: str, trees: TreeCache | None = None,
+               scope: str = "") -> str:
     """The Git tree id (hex) of directory ``path`` at ``commit``."""
-    tree_id, _ = CommitTree(store, commit).subtree(path)
+    tree_id, _ = CommitTree(store, commit, trees, scope).subtree(path)
     return tree_id.decode("ascii")

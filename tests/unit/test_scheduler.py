@@ -181,3 +181,53 @@ def test_the_thread_pool_runs_work_in_the_callers_context_and_callbacks_on_its_t
     assert {t for _, t in seen.values()} == {caller}, "finished is called on the caller's thread"
     assert len(heard) == 3
     assert caller not in heard, "work ran on the pool"
+
+
+def _default(spec: str, *, parallelism: int, work: Callable[[str, Tell], Any],
+             heard: Callable[[str, Any], None] = lambda _, __: None) -> set[str]:
+    """The scheduler as the pass builds it: no executor handed in, so it picks one."""
+    scheduler: StageScheduler[Any] = StageScheduler(graph=graph(spec), parallelism=parallelism, name="t")
+    return scheduler.run(skip=(), work=work, started=lambda _: None, heard=heard,
+                         finished=lambda _, __: True, progress=lambda _: None)
+
+
+def test_a_single_stage_runs_on_the_callers_thread_and_is_heard_while_it_runs() -> None:
+    field_ = contextvars.ContextVar("field", default="unset")
+    field_.set("bound by the caller")
+    caller = threading.get_ident()
+    heard: list[str] = []
+    seen: list[tuple[int, str, list[str]]] = []
+
+    def work(stage: str, tell: Tell) -> None:
+        tell("waiting")
+        seen.append((threading.get_ident(), field_.get(), list(heard)))  # heard before work ends
+        field_.set("set by the work")
+
+    assert _default("a", parallelism=4, work=work, heard=lambda _, n: heard.append(n)) == {"a"}
+    assert seen == [(caller, "bound by the caller", ["waiting"])]
+    assert field_.get() == "bound by the caller", "the work ran in a copy of the caller's context"
+
+
+def test_one_stage_at_a_time_runs_inline_and_raises_what_a_stage_raised() -> None:
+    threads: set[int] = set()
+
+    def work(stage: str, tell: Tell) -> None:
+        threads.add(threading.get_ident())
+        if stage == "c":
+            raise RuntimeError("c broke")
+
+    with pytest.raises(RuntimeError, match="c broke"):
+        _default("a b c", parallelism=1, work=work)
+    assert threads == {threading.get_ident()}
+
+
+def test_stages_that_may_run_at_once_get_the_pool() -> None:
+    threads: set[int] = set()
+    gate = threading.Barrier(2, timeout=10)  # a and b must run at once to pass it
+
+    def work(stage: str, tell: Tell) -> None:
+        gate.wait()
+        threads.add(threading.get_ident())
+
+    assert _default("a> b>", parallelism=2, work=work) == {"a", "b"}
+    assert threading.get_ident() not in threads

@@ -22,7 +22,7 @@ from sources import (
     RefNotFoundError,
     UnsafePathError,
 )
-from sources.tree import read_tree, split_path, subtree_id
+from sources.tree import IgnoreCache, TreeCache, read_tree, split_path, subtree_id
 from tests.gitserver import FileValue, Submodule, Symlink
 
 Files = dict[str, FileValue]
@@ -256,3 +256,63 @@ def test_hostile_entry_names_are_refused() -> None:
         store.add_object(commit)
         with pytest.raises(UnsafePathError):
             read_tree(store, commit=commit.id.decode(), path="", ignore=None, limits=Limits())
+
+
+# -- the parsed-tree cache ---------------------------------------------------------------------------
+
+
+def test_tree_cache_reads_the_same_files_and_parses_each_tree_once() -> None:
+    files: Files = {f"sets/{k}/cm-{j}.yaml": f"{k}-{j}" for k in range(20) for j in range(3)}
+    store, commit = _commit(files)
+    trees, ignores = TreeCache(), IgnoreCache()
+    for k in range(20):
+        read = read_tree(store, commit=commit, path=f"sets/{k}", ignore=None, limits=Limits(),
+                         cache=ignores, trees=trees, scope="m")
+        assert read == {f"cm-{j}.yaml": f"{k}-{j}".encode() for j in range(3)}
+    # The root, sets/ and each set's directory are parsed once; every later walk is a hit
+    # (each read looks up the root and sets/, and lists its own directory).
+    assert trees.misses == 22
+    assert trees.hits == 3 * 20
+    assert subtree_id(store, commit=commit, path="sets/3", trees=trees, scope="m") == subtree_id(
+        store, commit=commit, path="sets/3")
+
+
+def test_tree_cache_keeps_mirrors_apart() -> None:
+    store, commit = _commit({"d/a": "a"})
+    trees = TreeCache()
+    for scope in ("mirror-a", "mirror-b"):
+        read_tree(store, commit=commit, path="d", ignore=None, limits=Limits(), cache=IgnoreCache(),
+                  trees=trees, scope=scope)
+    assert trees.misses == 4, "a tree parsed from one mirror served a read of another"
+    trees.forget("mirror-a")
+    assert len(trees) == 2  # mirror-b's root and d
+
+
+def test_tree_cache_is_bounded_by_entries() -> None:
+    files: Files = {f"d{k}/f{j}": f"{k}" for k in range(10) for j in range(4)}
+    store, commit = _commit(files)
+    trees, ignores = TreeCache(max_entries=20), IgnoreCache()  # the root (10 entries) is never kept
+    for k in range(10):
+        read_tree(store, commit=commit, path=f"d{k}", ignore=None, limits=Limits(), cache=ignores,
+                  trees=trees, scope="m")
+        assert trees.held_entries <= 20
+    assert len(trees) == 5  # the five newest 4-entry directories
+    hits = trees.hits
+    read_tree(store, commit=commit, path="d9", ignore=None, limits=Limits(), cache=ignores, trees=trees,
+              scope="m")
+    assert trees.hits == hits + 1  # d9 held; the root parsed again
+
+
+def test_reads_fill_the_ignore_cache_they_are_given() -> None:
+    """An empty IgnoreCache is falsy (it has a length): a read once took it for "no cache" and
+    scanned every tree of the commit for .sourceignore files on every read."""
+    store, commit = _commit({f"d{k}/a": f"{k}" for k in range(5)})
+    ignores, trees = IgnoreCache(), TreeCache()
+    read_tree(store, commit=commit, path="d0", ignore=None, limits=Limits(), cache=ignores, trees=trees,
+              scope="m")
+    assert len(ignores) == 1
+    parsed, hits = trees.misses, trees.hits
+    read_tree(store, commit=commit, path="d1", ignore=None, limits=Limits(), cache=ignores, trees=trees,
+              scope="m")
+    assert trees.misses == parsed
+    assert trees.hits == hits + 2  # the root looked up, d1 listed: no second scan of the commit

@@ -5,7 +5,9 @@ is skipped (it could not be rendered) or does not end Ready blocks its dependent
 I/O of its own: the work and the bookkeeping are the caller's callbacks.
 
 Only ``work`` runs elsewhere (an :class:`Executor`: a thread pool, in the caller's context —
-its log fields); everything else — ``started``, ``heard`` (what a stage's work tells while it
+its log fields), unless one thread could never run two stages at once (one stage to run, or a
+parallelism of 1): then :class:`Inline` runs it on the caller's thread and spares the pass a pool
+and a thread; everything else — ``started``, ``heard`` (what a stage's work tells while it
 runs), ``finished``, ``progress`` — is called on the caller's thread, one at a time, so the
 caller's state needs no lock.  A ``work`` that raises stops new stages from starting; what is
 running is let finish (its notices still heard), then the error is raised.
@@ -81,11 +83,44 @@ class Threads(Generic[T]):
         self._pool.shutdown(wait=True)
 
 
+class Inline(Generic[T]):
+    """The executor of a pass that runs one stage at a time: each work on the caller's thread, in a
+    copy of its context as a pool would run it.  What the work tells is heard as it is told (the
+    same thread: still one at a time), so a slow stage shows its progress as it would on a pool."""
+
+    def __init__(self, *, heard: Callable[[str, Any], None]):
+        self._heard = heard
+        self._events: queue.SimpleQueue[Told | Finished[T]] = queue.SimpleQueue()
+
+    def submit(self, stage: str, work: Callable[[Tell], T]) -> None:
+        def tell(notice: Any) -> None:
+            self._heard(stage, notice)
+
+        try:
+            result = contextvars.copy_context().run(work, tell)
+        except BaseException as error:  # as a pool's future holds it: the scheduler raises it
+            self._events.put(Finished(stage, None, error))
+        else:
+            self._events.put(Finished(stage, result))
+
+    def next(self, *, block: bool) -> Told | Finished[T] | None:
+        del block  # every submitted work has ended by the time it is asked for
+        try:
+            return self._events.get(block=False)
+        except queue.Empty:
+            return None
+
+    def close(self) -> None:
+        pass
+
+
 class StageScheduler(Generic[T]):
     def __init__(self, *, graph: nx.DiGraph, parallelism: int, name: str,
                  executor: Callable[[], Executor[T]] | None = None):
         self._graph = graph
+        self._parallelism = parallelism
         self._executor = executor or (lambda: Threads(parallelism=parallelism, name=name))
+        self._chosen = executor is not None
 
     def run(self, *, skip: Iterable[str], work: Callable[[str, Tell], T], started: Callable[[str], None],
             finished: Callable[[str, T], bool], heard: Callable[[str, Any], None],
@@ -100,7 +135,8 @@ class StageScheduler(Generic[T]):
         begun: set[str] = set(skip)
         running = 0
         failure: BaseException | None = None
-        executor = self._executor()
+        alone = self._parallelism <= 1 or len(set(self._graph.nodes) - begun) <= 1
+        executor: Executor[T] = (Inline(heard=heard) if alone and not self._chosen else self._executor())
         try:
             while True:
                 if failure is None:
