@@ -54,6 +54,9 @@ class RestMapper:
         self._client = client
         self._lock = threading.Lock()
         self._by_group_version: dict[str, dict[str, Resource]] = {}
+        # One discovery of a group-version at a time: passes that miss it together (many StageSets
+        # on a target just connected) wait for the first one's answer instead of each asking.
+        self._discovering: dict[str, threading.Lock] = {}
 
     def _discover(self, api_version: str) -> dict[str, Resource]:
         group, version = split_api_version(api_version)
@@ -75,11 +78,17 @@ class RestMapper:
     def resolve(self, api_version: str, kind: str) -> Resource:
         with self._lock:
             known = self._by_group_version.get(api_version)
+            single = self._discovering.setdefault(api_version, threading.Lock())
         if known is not None and kind in known:
             return known[kind]
-        fresh = self._discover(api_version)
-        with self._lock:
-            self._by_group_version[api_version] = fresh
+        with single:
+            with self._lock:
+                now_known = self._by_group_version.get(api_version)
+            if now_known is not known and now_known is not None and kind in now_known:
+                return now_known[kind]  # another pass discovered it while this one waited
+            fresh = self._discover(api_version)
+            with self._lock:
+                self._by_group_version[api_version] = fresh
         if kind not in fresh:
             raise UnknownKindError(f"the cluster serves no kind {kind} in {api_version}")
         return fresh[kind]
