@@ -30,6 +30,9 @@ CONTROLLER_RULE_TABLE = [
     (["stages.metio.wtf"], ["stagesets", "gitrepositories"], ["get", "list", "watch", "patch", "update"]),
     (["stages.metio.wtf"], ["stagesets/status", "gitrepositories/status", "stagesets/finalizers"],
      ["get", "patch", "update"]),
+    # FleetRollouts (the platform's): read them, write their status only.
+    (["stages.metio.wtf"], ["fleetrollouts"], ["get", "list", "watch"]),
+    (["stages.metio.wtf"], ["fleetrollouts/status"], ["get", "patch", "update"]),
     (["", "events.k8s.io"], ["events"], ["create", "patch"]),
     # Flux's source kinds, watched for triggers only (read as the tenant when used).
     (["source.toolkit.fluxcd.io"], ["externalartifacts", "gitrepositories", "ocirepositories", "buckets"],
