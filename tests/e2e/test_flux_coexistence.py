@@ -185,7 +185,7 @@ def test_alone_our_plural_names_resolve_to_ours(installed: KubeClient) -> None:
 def test_next_to_flux_every_name_resolves_as_documented(flux_installed: KubeClient) -> None:
     resources = discovery(flux_installed)
     ours = [r for r in resources if r.group == "stages.metio.wtf"]
-    assert {r.plural for r in ours} == {"stagesets", "gitrepositories"}
+    assert {r.plural for r in ours} == {kind.plural for kind in KINDS}
     for arg, expected in documented().items():
         assert resolve(resources, arg) == expected, f"kubectl get {arg}"
     # Flux keeps its short name, and no other resource in the cluster declares ours.
