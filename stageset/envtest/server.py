@@ -266,6 +266,12 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
             "--disable-admission-plugins=ServiceAccount",
             "--shutdown-delay-duration=0s",
             f"--audit-policy-file={policy}",
+            # Reaching a kubelet (the test node's pods/log, exec): by the node's InternalIP (its
+            # name resolves nowhere), presenting the admin's certificate, which the kubelet's
+            # client CA (this plane's) accepts.  Unused where no node runs.
+            f"--kubelet-client-certificate={pki.admin_cert}",
+            f"--kubelet-client-key={pki.admin_key}",
+            "--kubelet-preferred-address-types=InternalIP",
             f"--audit-log-path={plane.audit_log}",
             "--audit-log-format=json",
             "--audit-log-maxbackup=0",

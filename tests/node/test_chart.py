@@ -15,6 +15,7 @@ ServiceAccount.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import time
@@ -188,6 +189,14 @@ def test_a_stageset_reconciles_from_a_git_server_reached_from_the_pod_network(da
     assert day.git.fetch_count() >= 1
     holder = day.holder()
     assert holder.split("_", 1)[0] in day.seen["installed"], holder
+    # `stageset logs` reads the running controller pods' logs through pods/log (the kubelet serves
+    # them) and keeps the lines about this StageSet only.
+    logs = run_cli("logs", "apps", "-n", TENANT, "--controller-namespace", NAMESPACE, "-o", "json",
+                   kubeconfig=day.node.plane.kubeconfig)
+    assert logs.returncode == 0, logs.stdout + logs.stderr
+    lines = [json.loads(line) for line in logs.stdout.splitlines() if line.strip()]
+    assert lines, f"no log line about the StageSet: {logs.stderr}"
+    assert {line.get("stageset") for line in lines} == {f"{TENANT}/apps"}
     day.seen["reconciled"] = True
 
 
