@@ -287,9 +287,11 @@ def test_a_target_secret_that_names_another_cluster_moves_every_release_on_it_wi
                    and e.get("stage") == "ResponseComplete"
                    and (e.get("objectRef") or {}).get("namespace") == s.ns]
         assert [user_of(e) for e in deleted] == [t.username], "the old copy deleted once, as the tenant"
-        events = installed.get(f"/api/v1/namespaces/{s.ns}/events")["items"]
-        retargeted = [str(e.get("message") or e.get("note")) for e in events
-                      if e.get("reason") == "Retargeted"]
+        # The event is recorded after the pass that finished the move (and may trail its status).
+        def retargeted_events(ns: str = s.ns) -> list[str]:
+            events = installed.get(f"/api/v1/namespaces/{ns}/events")["items"]
+            return [str(e.get("message") or e.get("note")) for e in events if e.get("reason") == "Retargeted"]
+        retargeted = wait_for(retargeted_events, what=f"a Retargeted event in {s.ns}")
         assert len(retargeted) == 1, retargeted
         assert "1 deleted" in retargeted[0]
         assert "BEGIN" not in retargeted[0]

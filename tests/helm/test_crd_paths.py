@@ -25,6 +25,7 @@ from typing import Any
 import pytest
 import yaml
 
+from stageset.api.common import GROUP
 from stageset.api.crd import KINDS, VERSION_ANNOTATION, custom_resource_definition
 from stageset.api.rbac import aggregated_cluster_roles
 from stageset.cli.crds import FIELD_MANAGER, apply_crds, newer
@@ -93,7 +94,32 @@ def live_crd(admin: KubeClient, name: str) -> dict[str, Any] | None:
         raise
 
 
+def wait_served(admin: KubeClient) -> None:
+    """Wait until every live CRD's objects can be listed from the watch cache.
+
+    A CRD deleted while its watch cache is still (re)initializing -- as it is for a moment after each
+    create or schema change -- makes the apiserver's finalizer fail to list its instances ("storage
+    is (re)initializing") and back off for minutes (operator-framework/operator-controller#1437).
+    """
+    deadline = time.monotonic() + 120
+    for kind in KINDS:
+        if live_crd(admin, kind.crd_name) is None:
+            continue
+        while (refused := list_error(admin, kind.plural)) is not None:
+            assert time.monotonic() < deadline, f"{kind.plural} never served: {refused}"
+            time.sleep(0.2)
+
+
+def list_error(admin: KubeClient, plural: str) -> ApiError | None:
+    try:
+        admin.get(f"/apis/{GROUP}/v1/{plural}?resourceVersion=0&limit=1")
+    except ApiError as error:
+        return error
+    return None
+
+
 def delete_crds(admin: KubeClient) -> None:
+    wait_served(admin)
     for kind in KINDS:
         try:
             admin.request("DELETE", f"{CRDS}/{kind.crd_name}")
