@@ -18,13 +18,29 @@ repeats the module's own ``replace`` lines that matter for a build as a dependen
 commit Flux pins for BLAKE3, and ``sigs.k8s.io/kustomize/{api,kyaml}`` at v0.21.1.
 
 Running (:class:`FluxPeer`): both processes use the kubeconfig handed to them (the benchmark gives
-each its own ServiceAccount bound to ``cluster-admin``, so the audit log tells them apart), leader
-election off, metrics and health on loopback ports, no notification-controller
-(``--events-addr=``), source-controller's artifact storage served and advertised on a loopback
-port, every namespace watched.  Concurrency is each binary's default unless asked
-(``--concurrent``: source-controller 2, kustomize-controller 4).
+each its own ServiceAccount, so the audit log tells them apart), leader election off, metrics and
+health on loopback ports, no notification-controller (``--events-addr=``), source-controller's
+artifact storage served and advertised on a loopback port, every namespace watched.  Concurrency is
+each binary's default unless asked (``--concurrent``: source-controller 2, kustomize-controller 4).
+``--default-service-account`` is never passed (it stays unset): a Kustomization without
+``serviceAccountName`` is applied as the controller itself, one with it as that account.
 
-Identity: none for building; the running processes act as the identity of their kubeconfig.
+Identity: none for building; the running processes act as the identity of their kubeconfig, which
+the benchmark binds by mode:
+
+* ``cluster-admin`` mode: each account bound to ``cluster-admin``.
+* ``multi-tenant`` mode: each account bound to its own narrow ClusterRole, no ``cluster-admin``
+  anywhere (:data:`KUSTOMIZE_CONTROLLER_RULES`, :data:`SOURCE_CONTROLLER_RULES`).  Flux's own
+  manifests give both controllers a ClusterRole over Flux's kinds and read access to Secrets and
+  ConfigMaps, and bind kustomize-controller to ``cluster-admin`` as well; its multi-tenancy docs keep
+  that binding and rely on impersonation (``serviceAccountName``, or the lockdown's
+  ``--default-service-account``).  The benchmark goes narrower than that, as this controller's
+  chart does: kustomize-controller may read and write Kustomizations, read sources, read Secrets,
+  ConfigMaps and ServiceAccounts, record events and *impersonate ServiceAccounts* — nothing else,
+  so every object it applies or prunes is written as the Kustomization's ``serviceAccountName``
+  (the tenant's ``deployer``; the apiserver would refuse it as itself).  source-controller, which
+  never impersonates, keeps Flux's rights over its own kinds, reads Secrets and ConfigMaps, and
+  records events.
 
 ``python -m bench.flux [--update]`` prints the kustomize-controller binary's path (building it).
 """
@@ -79,6 +95,41 @@ COMMON_FLAGS = (
     "--log-level=error",
 )
 KUSTOMIZE_GROUP = "kustomize.toolkit.fluxcd.io"
+_READ = ["get", "list", "watch"]
+# Both controllers: record events, and probe the apiserver's liveness (``HEAD /livez/ping``, which
+# the default discovery roles do not allow; Flux's own ClusterRole grants it too).
+_COMMON = [
+    {"apiGroups": [""], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": ["create", "patch"]},
+    {"nonResourceURLs": ["/livez/ping"], "verbs": ["head"]},
+]
+# multi-tenant mode: kustomize-controller's own identity.  Its Kustomizations (and their status and
+# finalizers); the sources it watches (GitRepository, OCIRepository, Bucket, ExternalArtifact); the
+# label-selected metadata watches of ConfigMaps and Secrets it opens at start (postBuild
+# substitutions); ServiceAccounts read (it checks the named account exists before pruning as it)
+# and impersonated.  No right on any object it applies: those go through impersonation.
+KUSTOMIZE_CONTROLLER_RULES: list[dict[str, list[str]]] = [
+    {
+        "apiGroups": [KUSTOMIZE_GROUP],
+        "resources": ["kustomizations", "kustomizations/status", "kustomizations/finalizers"],
+        "verbs": [*_READ, "update", "patch"],
+    },
+    {
+        "apiGroups": [SOURCE_GROUP],
+        "resources": ["gitrepositories", "ocirepositories", "buckets", "externalartifacts"],
+        "verbs": _READ,
+    },
+    {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": _READ},
+    {"apiGroups": [""], "resources": ["serviceaccounts"], "verbs": [*_READ, "impersonate"]},
+    *_COMMON,
+]
+# multi-tenant mode: source-controller's own identity, as Flux ships it: every right on its own kinds,
+# Secrets and ConfigMaps read (credentials, CA bundles), events.
+SOURCE_CONTROLLER_RULES: list[dict[str, list[str]]] = [
+    {"apiGroups": [SOURCE_GROUP], "resources": ["*"], "verbs": ["*"]},
+    {"apiGroups": [""], "resources": ["configmaps", "secrets"], "verbs": _READ},
+    *_COMMON,
+]
 
 
 def versions() -> str:

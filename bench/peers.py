@@ -24,8 +24,13 @@ write goes through impersonation of that account, which the apiserver authorizes
 floor applies as ``deployer`` (its cluster-admin account impersonating); this controller runs *without*
 ``--cluster-admin``, as a ServiceAccount bound to exactly the chart's controller ClusterRole
 (:func:`stageset.envtest.install.controller_kubeconfig`), its StageSets naming
-``serviceAccountName: deployer``; Flux's Kustomizations name ``serviceAccountName: deployer`` (its
-controllers keep Flux's own cluster-admin install, as Flux ships it).
+``serviceAccountName: deployer``; Flux's Kustomizations name ``serviceAccountName: deployer`` and
+its controllers run without ``cluster-admin``: kustomize-controller (``--default-service-account``
+unset) on a ClusterRole that may manage Kustomizations, read sources, Secrets, ConfigMaps and
+ServiceAccounts, record events and impersonate ServiceAccounts — no right on what it applies, so each
+ConfigMap it writes or prunes is written as ``deployer`` — and source-controller on Flux's rights over
+its own kinds (:mod:`bench.flux` says why these and not Flux's ``cluster-admin`` binding).  Both peers
+pay for impersonation; ``tests/bench/test_peers_tenancy.py`` proves it from the audit log.
 
 Sources (``--sources``):
 
@@ -115,11 +120,19 @@ TENANT_RULES = [
     {"apiGroups": ["stages.metio.wtf"], "resources": ["gitrepositories"], "verbs": ["get", "list", "watch"]},
 ]
 WRITE_VERBS = frozenset({"create", "update", "patch", "delete", "deletecollection"})
-# Identities (ServiceAccounts bound to cluster-admin): peer -> (namespace, name)
+# Identities: peer -> (namespace, name), each a ServiceAccount bound to cluster-admin; in multi-tenant
+# mode this controller's to the chart's ClusterRole and Flux's to :data:`FLUX_RULES` (the floor's stays
+# cluster-admin, impersonating the tenant for every write).
 ACCOUNTS = {
     "floor": [("bench", "floor")],
     "stageset": [("stageset-system", "stageset-controller")],
     "flux": [("flux-system", "source-controller"), ("flux-system", "kustomize-controller")],
+}
+
+
+FLUX_RULES = {
+    "source-controller": flux.SOURCE_CONTROLLER_RULES,
+    "kustomize-controller": flux.KUSTOMIZE_CONTROLLER_RULES,
 }
 
 
@@ -264,9 +277,16 @@ def gone(obj: KubeObject | None) -> bool:
 
 
 def admin_kubeconfig(
-    admin: KubeClient, plane: envtest.ControlPlane, *, namespace: str, account: str, path: Path
+    admin: KubeClient,
+    plane: envtest.ControlPlane,
+    *,
+    namespace: str,
+    account: str,
+    path: Path,
+    rules: list[dict[str, list[str]]] | None = None,
 ) -> Path:
-    """A token kubeconfig for ServiceAccount ``namespace/account`` bound to ``cluster-admin``."""
+    """A token kubeconfig for ServiceAccount ``namespace/account``: bound to ``cluster-admin``, or with
+    ``rules`` to a ClusterRole of exactly those rules (``bench-<namespace>-<account>``)."""
     admin.apply(
         f"/api/v1/namespaces/{namespace}",
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
@@ -278,6 +298,19 @@ def admin_kubeconfig(
         field_manager=MANAGER,
     )
     binding = f"bench-{namespace}-{account}"
+    role = "cluster-admin"
+    if rules is not None:
+        role = binding
+        admin.apply(
+            f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{role}",
+            {
+                "apiVersion": "rbac.authorization.k8s.io/v1",
+                "kind": "ClusterRole",
+                "metadata": {"name": role},
+                "rules": rules,
+            },
+            field_manager=MANAGER,
+        )
     admin.apply(
         f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{binding}",
         {
@@ -287,7 +320,7 @@ def admin_kubeconfig(
             "roleRef": {
                 "apiGroup": "rbac.authorization.k8s.io",
                 "kind": "ClusterRole",
-                "name": "cluster-admin",
+                "name": role,
             },
             "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}],
         },
@@ -396,7 +429,12 @@ class Bench:
         flux.install_crds(self.admin)
         self.kubeconfigs = {
             f"{ns}/{sa}": admin_kubeconfig(
-                self.admin, self.plane, namespace=ns, account=sa, path=workdir / f"{ns}-{sa}.kubeconfig"
+                self.admin,
+                self.plane,
+                namespace=ns,
+                account=sa,
+                path=workdir / f"{ns}-{sa}.kubeconfig",
+                rules=FLUX_RULES.get(sa) if self.multi_tenant else None,
             )
             for peer, accounts in ACCOUNTS.items()
             for ns, sa in accounts
