@@ -1151,7 +1151,9 @@ def describe(options: Options, flags: dict[str, list[str]], elapsed: float) -> s
             "multi-tenant: every write as the namespace's ServiceAccount `deployer` (a Role that may write "
             "ConfigMaps and read GitRepositories there), impersonated; this controller with the chart's "
             "multi-tenant ClusterRole, StageSets and Kustomizations naming `serviceAccountName: deployer`, "
-            "the floor impersonating it"
+            "the floor impersonating it, Flux's controllers without cluster-admin (kustomize-controller may "
+            "manage Kustomizations, read sources, Secrets, ConfigMaps and ServiceAccounts and impersonate "
+            "ServiceAccounts, nothing else; `--default-service-account` unset)"
         ),
     }[options.tenancy]
     return (
