@@ -38,7 +38,8 @@ await_lanes() {
     return "$failed"
 }
 if [ "${1:-}" != "--lint-only" ]; then
-    lane "source-controller (the Flux sources e2e test)" stageset.envtest.sourcecontroller
+    lane "source-controller, kustomize-controller (Flux e2e and benchmark-mode tests; one module cache)" \
+        stageset.envtest.sourcecontroller bench.flux
     lane "syft, actionlint (the release and workflow tests)" stageset.envtest.syft stageset.envtest.actionlint
     lane "helm, kubectl, toxiproxy (chart, plugin and fault tests)" \
         stageset.envtest.helm stageset.envtest.kubectl stageset.envtest.toxiproxy
