@@ -23,7 +23,8 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Generator, Iterator, Mapping
+from contextlib import closing
 from dataclasses import dataclass
 from typing import Any, cast
 from urllib.parse import urlencode
@@ -318,36 +319,32 @@ class KubeClient:
         self, path: str, *, query: Mapping[str, QueryValue], timeout: float, accept: str | None = None
     ) -> Iterator[KubeObject]:
         """Yield each JSON line of a streaming GET (a watch); ``accept`` as for :meth:`request`
-        (:data:`METADATA`: each event's object as metadata only)."""
-        url, headers = self._prepare("GET", path, query, {"Accept": accept} if accept else {})
-        started = time.monotonic()
-        try:
-            response = self._api.rest_client.pool_manager.request(
-                "GET", url, headers=headers, preload_content=False,
-                timeout=urllib3.Timeout(connect=10.0, read=timeout),
-            )
-        except (urllib3.exceptions.HTTPError, OSError) as error:
-            self._observe("GET", path, query, None, None, started, stream=True)
-            raise UnreachableError(server=self.server, why=_why(error)) from None
-        self._observe("GET", path, query, None, response.status, started, stream=True)
-        try:
-            if response.status >= 300:
-                raise _api_error(response.status, response.read(), retry_after(response.headers))
-            buffer = b""
-            for chunk in response.stream(64 * 1024):
-                buffer += chunk
-                while b"\n" in buffer:
-                    line, buffer = buffer.split(b"\n", 1)
-                    if line.strip():
-                        yield orjson.loads(line)
-        finally:
-            response.release_conn()
+        (:data:`METADATA`: each event's object as metadata only).  Blank lines are skipped, and so
+        is a last line the server never ended (a connection broken mid-event is not an event)."""
+        with closing(self._lines(path, query=query, timeout=timeout, accept=accept or "application/json",
+                                 tail=False)) as lines:
+            for line in lines:
+                if line.strip():
+                    yield orjson.loads(line)
 
     def text_lines(self, path: str, *, query: Mapping[str, QueryValue], timeout: float | None
                    ) -> Iterator[str]:
         """Yield each line of a streaming text GET (a pod's ``log``, followed or not), decoded;
-        ``timeout``: the longest wait for the next bytes (``None``: none, for ``--follow``)."""
-        url, headers = self._prepare("GET", path, query, {"Accept": "*/*"})
+        ``timeout``: the longest wait for the next bytes (``None``: none, for ``--follow``).
+        Blank lines and a last line without its newline are kept: they are the log's own."""
+        with closing(self._lines(path, query=query, timeout=timeout, accept="*/*", tail=True)) as lines:
+            for line in lines:
+                yield line.decode("utf-8", "replace")
+
+    def _lines(self, path: str, *, query: Mapping[str, QueryValue], timeout: float | None, accept: str,
+               tail: bool) -> Generator[bytes]:
+        """The one streaming GET under :meth:`stream` and :meth:`text_lines`: each line of the body
+        as the server sent it (newline removed; chunks joined, so a line — or a character — split
+        across reads arrives whole), and with ``tail`` the unterminated rest.  A connection that
+        cannot be made is an :class:`UnreachableError`, an error status an :class:`ApiError`;
+        ``timeout`` bounds each read, not the stream.  The connection goes back to the pool when
+        the caller stops reading."""
+        url, headers = self._prepare("GET", path, query, {"Accept": accept})
         started = time.monotonic()
         try:
             response = self._api.rest_client.pool_manager.request(
@@ -365,9 +362,9 @@ class KubeClient:
                 buffer += chunk
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
-                    yield line.decode("utf-8", "replace")
-            if buffer:
-                yield buffer.decode("utf-8", "replace")
+                    yield line
+            if tail and buffer:
+                yield buffer
         finally:
             response.release_conn()
 
