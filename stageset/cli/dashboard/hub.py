@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, TypeVar, cast
 
 from stageset.api import API_VERSION, parse_time
 from stageset.api.vocabulary import ConditionStatus, ConditionType, Reason
@@ -64,6 +64,9 @@ from stageset.kube.types import KubeObject, conditions, metadata
 from stageset.kube.watch import DEFAULT_RESYNC, Reflector, object_key
 
 log = logging.getLogger(__name__)
+
+_K = TypeVar("_K")
+_V = TypeVar("_V")
 
 EVENTS = Resource(group="", version="v1", kind="Event", plural="events", namespaced=True)
 MAX_EVENTS = 2000
@@ -374,29 +377,14 @@ class Hub:
 
     def _fleet_starter(self) -> Callable[[threading.Event, _Watch], Reflector | None]:
         def start(stop: threading.Event, watch: _Watch) -> Reflector | None:
-            error = self._probe(FLEETROLLOUTS.collection_path(None), {}, "fleetrollouts.stages.metio.wtf")
-            if error is not None:
-                watch.error = error
-                return None
-
             def handle(kind: str, obj: KubeObject) -> None:
-                key = object_key(obj)
                 meta = obj.get("metadata") or {}
                 named = {"name": meta.get("name"), "creationTimestamp": meta.get("creationTimestamp")}
                 kept = None if kind == "DELETED" else {"metadata": named, "status": obj.get("status") or {}}
-                with self._lock:
-                    if watch.sources.get(key) == kept:
-                        return
-                    if kept is None:
-                        watch.sources.pop(key, None)
-                    else:
-                        watch.sources[key] = kept
-                self._changed()
+                self._keep(watch.sources, object_key(obj), kept)
 
-            reflector = Reflector(client=self._client, resource=FLEETROLLOUTS, namespace=None, handler=handle,
-                                  stop=stop, resync=self._resync)
-            reflector.start()
-            return reflector
+            return self._reflect(watch, stop, resource=FLEETROLLOUTS, namespace=None,
+                                 what="fleetrollouts.stages.metio.wtf", handler=handle)
 
         return start
 
@@ -448,33 +436,48 @@ class Hub:
             pass  # the reflector retries
         return None
 
+    def _reflect(self, watch: _Watch, stop: threading.Event, *, resource: Resource, namespace: str | None,
+                 what: str, handler: Callable[[str, KubeObject], None],
+                 field_selector: str | None = None) -> Reflector | None:
+        """Start ``watch``'s reflector, or, when the user may not list ``what`` (or the cluster
+        serves none), record why on ``watch`` and start nothing (its objects then show as
+        ``Unknown`` with that reason)."""
+        error = self._probe(resource.collection_path(namespace),
+                            {"fieldSelector": field_selector} if field_selector else {}, what)
+        if error is not None:
+            watch.error = error
+            return None
+        reflector = Reflector(client=self._client, resource=resource, namespace=namespace, handler=handler,
+                              stop=stop, resync=self._resync, field_selector=field_selector)
+        reflector.start()
+        return reflector
+
+    def _keep(self, table: dict[_K, _V], key: _K, value: _V | None) -> None:
+        """Hold ``value`` under ``key`` (``None``: the object is gone, drop it) and tell the pages
+        — only when what they show changed: most watch events (a resync, a status write that
+        leaves the verdict as it was) change nothing the dashboard keeps."""
+        with self._lock:
+            if table.get(key) == value:
+                return
+            if value is None:
+                table.pop(key, None)
+            else:
+                table[key] = value
+        self._changed()
+
     def _object_starter(self, ref: Ref) -> Callable[[threading.Event, _Watch], Reflector | None]:
         def start(stop: threading.Event, watch: _Watch) -> Reflector | None:
             resource = self._resource(ref.api_version, ref.kind)
             assert not isinstance(resource, str)
             namespace = ref.namespace if resource.namespaced else None
             where = f" in namespace {namespace}" if namespace else ""
-            error = self._probe(resource.collection_path(namespace), {}, f"{resource.plural}{where}")
-            if error is not None:
-                watch.error = error
-                return None
 
             def handle(kind: str, obj: KubeObject) -> None:
-                name = str((obj.get("metadata") or {}).get("name", ""))
-                state = None if kind == "DELETED" else object_state(obj)
-                with self._lock:
-                    if watch.states.get(name) == state:
-                        return
-                    if state is None:
-                        watch.states.pop(name, None)
-                    else:
-                        watch.states[name] = state
-                self._changed()
+                self._keep(watch.states, str((obj.get("metadata") or {}).get("name", "")),
+                           None if kind == "DELETED" else object_state(obj))
 
-            reflector = Reflector(client=self._client, resource=resource, namespace=namespace,
-                                  handler=handle, stop=stop, resync=self._resync)
-            reflector.start()
-            return reflector
+            return self._reflect(watch, stop, resource=resource, namespace=namespace,
+                                 what=f"{resource.plural}{where}", handler=handle)
 
         return start
 
@@ -483,28 +486,12 @@ class Hub:
 
         def start(stop: threading.Event, watch: _Watch) -> Reflector | None:
             where = f" in namespace {namespace}" if namespace else " in every namespace"
-            error = self._probe(resource.collection_path(namespace), {},
-                                f"{resource.plural}.{resource.group}{where}")
-            if error is not None:
-                watch.error = error
-                return None
 
             def handle(kind: str, obj: KubeObject) -> None:
-                key = object_key(obj)
-                kept = None if kind == "DELETED" else _trimmed(obj)
-                with self._lock:
-                    if watch.sources.get(key) == kept:
-                        return
-                    if kept is None:
-                        watch.sources.pop(key, None)
-                    else:
-                        watch.sources[key] = kept
-                self._changed()
+                self._keep(watch.sources, object_key(obj), None if kind == "DELETED" else _trimmed(obj))
 
-            reflector = Reflector(client=self._client, resource=resource, namespace=namespace,
-                                  handler=handle, stop=stop, resync=self._resync)
-            reflector.start()
-            return reflector
+            return self._reflect(watch, stop, resource=resource, namespace=namespace,
+                                 what=f"{resource.plural}.{resource.group}{where}", handler=handle)
 
         return start
 
@@ -513,12 +500,6 @@ class Hub:
         selector = f"involvedObject.apiVersion={api_version}"
 
         def start(stop: threading.Event, watch: _Watch) -> Reflector | None:
-            error = self._probe(EVENTS.collection_path(namespace), {"fieldSelector": selector},
-                                f"events in namespace {namespace}")
-            if error is not None:
-                watch.error = error
-                return None
-
             def handle(kind: str, obj: KubeObject) -> None:
                 uid = str((obj.get("metadata") or {}).get("uid") or (obj.get("metadata") or {}).get("name"))
                 with self._lock:
@@ -531,11 +512,9 @@ class Hub:
                             watch.events.pop(oldest.uid, None)
                 self._changed()
 
-            reflector = Reflector(client=self._client, resource=EVENTS, namespace=namespace,
-                                  handler=handle, stop=stop, resync=self._resync,
-                                  field_selector=selector)
-            reflector.start()
-            return reflector
+            return self._reflect(watch, stop, resource=EVENTS, namespace=namespace,
+                                 what=f"events in namespace {namespace}", handler=handle,
+                                 field_selector=selector)
 
         return start
 
