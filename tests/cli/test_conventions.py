@@ -24,12 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from click.testing import CliRunner
 
-from stageset.cli.main import main
 from stageset.envtest.server import ControlPlane
 from stageset.kube.client import KubeClient
-from tests.cli.conftest import run_cli, user_kubeconfig
+from tests.cli.conftest import bind, complete, namespaces, run_cli, viewer_kubeconfig
 from tests.e2e.conftest import STAGESETS, apply, stageset
 
 pytestmark = [pytest.mark.apiserver]
@@ -81,48 +79,22 @@ def _status(admin: KubeClient, name: str, stages: list[str]) -> None:
     )
 
 
-def _binding(admin: KubeClient, namespace: str, name: str, role: str, subject: dict[str, str]) -> None:
-    admin.apply(
-        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings/{name}",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": name, "namespace": namespace},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": role},
-            "subjects": [subject],
-        },
-        field_manager="test",
-    )
-
-
 @pytest.fixture(scope="module")
 def world(
     installed: KubeClient, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> World:
     admin = installed
-    for namespace in (NS, ELSEWHERE):
-        admin.apply(
-            f"/api/v1/namespaces/{namespace}",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-            field_manager="test",
-        )
+    namespaces(admin, NS, ELSEWHERE)
     for name, labels, stages in (
         ("shop", {"team": "shop"}, ["config", "backend"]),
         ("blog", {"team": "blog"}, ["web"]),
     ):
         apply(admin, _stageset(name, labels, stages))
         _status(admin, name, stages)
-    viewer = user_kubeconfig(
-        admin,
-        control_plane,
-        namespace=NS,
-        account="viewer",
-        path=tmp_path_factory.mktemp("viewer") / "kubeconfig",
-        context_namespace=NS,
-    )
-    _binding(admin, NS, "viewer-view", "view", {"kind": "ServiceAccount", "name": "viewer", "namespace": NS})
+    viewer = viewer_kubeconfig(admin, control_plane, namespace=NS,
+                               path=tmp_path_factory.mktemp("viewer") / "kubeconfig")
     # Group "readers-b" may read StageSets in ELSEWHERE; "readers-a" nothing.
-    _binding(
+    bind(
         admin,
         ELSEWHERE,
         "readers-b-view",
@@ -378,23 +350,6 @@ def test_all_suspends_resumes_and_reconciles_every_stageset_of_the_namespace(wor
 
 
 # -- completion of names from the cluster -------------------------------------------------------------------
-
-
-def complete(words: str, *, kubeconfig: Path, protocol: str = "bash") -> list[str]:
-    """What the completion script gets back for the line ``words`` (the cursor at its end)."""
-    split = words.split(" ")
-    env = {
-        "_STAGESET_COMPLETE": f"{protocol}_complete",
-        "KUBECONFIG": str(kubeconfig),
-        "COMP_WORDS": words,
-        "COMP_CWORD": str(len(split) - 1) if protocol == "bash" else split[-1],
-    }
-    result = CliRunner().invoke(main, [], env=env, prog_name="stageset", complete_var="_STAGESET_COMPLETE")
-    assert result.exit_code == 0, result.output
-    lines = [line for line in result.stdout.splitlines() if line]  # nothing: one empty line
-    if protocol == "bash":
-        return sorted(line.partition(",")[2] for line in lines)
-    return sorted(line.split("\t")[1] for line in lines)
 
 
 def test_names_complete_from_the_cluster_as_the_user(world: World) -> None:

@@ -26,8 +26,7 @@ from stageset.cli.main import main
 from stageset.controller import logs as controller_logs
 from stageset.envtest.server import ControlPlane
 from stageset.kube.client import ApiError, KubeClient
-from tests.cli.conftest import run_cli, user_kubeconfig
-from tests.cli.test_conventions import complete
+from tests.cli.conftest import complete, namespaces, run_cli, viewer_kubeconfig
 from tests.e2e.conftest import GITREPOS, STAGESETS, apply, stageset
 
 pytestmark = [pytest.mark.apiserver]
@@ -65,12 +64,7 @@ def world(
     installed: KubeClient, control_plane: ControlPlane, tmp_path_factory: pytest.TempPathFactory
 ) -> World:
     admin = installed
-    for namespace in (NS, CONTROLLER_NS):
-        admin.apply(
-            f"/api/v1/namespaces/{namespace}",
-            {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
-            field_manager="test",
-        )
+    namespaces(admin, NS, CONTROLLER_NS)
     apply(admin, _gitrepository("app"))
     admin.request(
         "PATCH",
@@ -91,25 +85,8 @@ def world(
         },
         content_type="application/merge-patch+json",
     )
-    viewer = user_kubeconfig(
-        admin,
-        control_plane,
-        namespace=NS,
-        account="viewer",
-        path=tmp_path_factory.mktemp("viewer") / "kubeconfig",
-        context_namespace=NS,
-    )
-    admin.apply(
-        f"/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/rolebindings/viewer-view",
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": {"name": "viewer-view", "namespace": NS},
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "view"},
-            "subjects": [{"kind": "ServiceAccount", "name": "viewer", "namespace": NS}],
-        },
-        field_manager="test",
-    )
+    viewer = viewer_kubeconfig(admin, control_plane, namespace=NS,
+                               path=tmp_path_factory.mktemp("viewer") / "kubeconfig")
     return World(admin=admin, plane=control_plane, viewer=viewer)
 
 

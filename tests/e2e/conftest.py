@@ -1,4 +1,5 @@
-"""End-to-end fixtures: the controller as a real subprocess, a real Git server, waiting helpers."""
+"""End-to-end fixtures: the controller as a real subprocess, a real Git server, a second ("remote")
+control plane, waiting helpers."""
 
 from __future__ import annotations
 
@@ -11,9 +12,10 @@ from typing import Any
 import pytest
 
 from stageset.envtest import install
+from stageset.envtest import server as envtest
 from stageset.envtest.controller import ControllerProcess
 from stageset.envtest.server import ControlPlane
-from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.client import ApiError, ClientPool, KubeClient
 from tests.gitserver import GitServer
 
 STAGESETS = "/apis/stages.metio.wtf/v1/namespaces/{ns}/stagesets"
@@ -77,6 +79,28 @@ def controller(installed: KubeClient, control_plane: ControlPlane, controller_ar
         yield handle
     finally:
         stop_controller(handle)
+
+
+@pytest.fixture(scope="module")
+def remote() -> Iterator[ControlPlane]:
+    """A second control plane, the "remote" cluster of ``spec.kubeConfig`` and StageTargets: one per
+    test module that asks for it (a module may stop it: the next module starts its own).  Its
+    kubeconfig as a tenant would store it: :func:`tests.e2e.remotes.inline_kubeconfig`."""
+    plane = envtest.start()
+    try:
+        yield plane
+    finally:
+        plane.stop()
+
+
+@pytest.fixture(scope="module")
+def remote_admin(remote: ControlPlane) -> Iterator[KubeClient]:
+    """The remote cluster's admin (``system:masters``), through our own client layer."""
+    pool = ClientPool.from_kubeconfig(str(remote.kubeconfig))
+    try:
+        yield pool.client()
+    finally:
+        pool.close()
 
 
 def apply(admin: KubeClient, obj: dict[str, Any]) -> dict[str, Any]:

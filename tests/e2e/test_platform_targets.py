@@ -18,8 +18,8 @@ from stageset.envtest.controller import ControllerProcess
 from stageset.kube.client import KubeClient
 from tests.conftest import Tenant
 from tests.e2e.conftest import get_or_none, start_controller, stop_controller, wait_for, writes_by
+from tests.e2e.remotes import inline_kubeconfig
 from tests.e2e.stagesets import Scenario, cm, scenario
-from tests.e2e.test_remote import inline_kubeconfig, remote, remote_admin  # noqa: F401 - fixtures
 from tests.gitserver import GitServer
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
@@ -73,7 +73,7 @@ def ready_target(admin: KubeClient, name: str, *, secret_version: str | None = N
     return found
 
 
-def remote_tenant(remote_admin: KubeClient, tenant: Tenant) -> None:  # noqa: F811 - the fixture's value
+def remote_tenant(remote_admin: KubeClient, tenant: Tenant) -> None:
     install.create_tenant(remote_admin, namespace=tenant.namespace, service_account=tenant.service_account)
     aggregate_cluster_roles(remote_admin)
 
@@ -96,8 +96,8 @@ def user_of(event: dict[str, Any]) -> str:
 
 def test_a_target_applies_as_the_tenant_and_only_the_controller_reads_its_secret(
     platform_controller: ControllerProcess, installed: KubeClient, control_plane: envtest.ControlPlane,
-    git_server: GitServer, make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,  # noqa: F811
-    remote_admin: KubeClient,  # noqa: F811
+    git_server: GitServer, make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,
+    remote_admin: KubeClient,
 ) -> None:
     tenant = make_tenant("platform", service_account="payments-deployer")
     s = scenario(installed, git_server, tenant, {"app/cm.yaml": cm("on-prod")})
@@ -134,7 +134,7 @@ def test_a_target_applies_as_the_tenant_and_only_the_controller_reads_its_secret
 
 def test_a_disallowed_missing_or_foreign_target_gets_one_message_and_no_remote_request(
     platform_controller: ControllerProcess, installed: KubeClient, git_server: GitServer,
-    make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,  # noqa: F811
+    make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,
 ) -> None:
     s = scenario(installed, git_server, make_tenant("refused"), {"app/cm.yaml": cm("never")})
     put_secret(installed, "closed-kubeconfig", inline_kubeconfig(remote))
@@ -162,8 +162,8 @@ def test_a_disallowed_missing_or_foreign_target_gets_one_message_and_no_remote_r
 
 def test_ten_stagesets_on_one_target_make_one_discovery_and_bounded_secret_reads(
     platform_controller: ControllerProcess, installed: KubeClient, control_plane: envtest.ControlPlane,
-    git_server: GitServer, make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,  # noqa: F811
-    remote_admin: KubeClient,  # noqa: F811
+    git_server: GitServer, make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,
+    remote_admin: KubeClient,
 ) -> None:
     tenant = make_tenant("ten")
     s = scenario(installed, git_server, tenant, {f"app{i}/cm.yaml": cm(f"cm{i}") for i in range(10)})
@@ -189,8 +189,8 @@ def test_ten_stagesets_on_one_target_make_one_discovery_and_bounded_secret_reads
 
 def test_a_rotated_secret_reconnects_within_seconds_and_wakes_its_stagesets(
     platform_controller: ControllerProcess, installed: KubeClient, git_server: GitServer,
-    make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,  # noqa: F811
-    remote_admin: KubeClient,  # noqa: F811
+    make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,
+    remote_admin: KubeClient,
 ) -> None:
     tenant = make_tenant("rotate", service_account="deployer")
     s = scenario(installed, git_server, tenant, {"app/cm.yaml": cm("first")})
@@ -248,8 +248,8 @@ def test_a_rotated_secret_reconnects_within_seconds_and_wakes_its_stagesets(
 
 def test_a_target_secret_that_names_another_cluster_moves_every_release_on_it_with_nothing_edited(
     platform_controller: ControllerProcess, installed: KubeClient, control_plane: envtest.ControlPlane,
-    git_server: GitServer, make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,  # noqa: F811
-    remote_admin: KubeClient,  # noqa: F811
+    git_server: GitServer, make_tenant: Callable[..., Tenant], remote: envtest.ControlPlane,
+    remote_admin: KubeClient,
 ) -> None:
     # Two tenants on one StageTarget, both Ready on the remote cluster.
     tenants = [make_tenant(f"move{i}", service_account="deployer") for i in range(2)]

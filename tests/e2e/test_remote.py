@@ -2,60 +2,21 @@
 
 from __future__ import annotations
 
-import base64
-from collections.abc import Callable, Iterator
-from pathlib import Path
+from collections.abc import Callable
 
 import pytest
-import yaml
 
 from stageset.envtest import install
 from stageset.envtest import server as envtest
 from stageset.envtest.aggregation import aggregate_cluster_roles
-from stageset.kube.client import ApiError, ClientPool, KubeClient
+from stageset.kube.client import ApiError, KubeClient
 from tests.conftest import Tenant
 from tests.e2e.conftest import ControllerProcess, get_or_none, wait_for
+from tests.e2e.remotes import inline_kubeconfig, kubeconfig_secret
 from tests.e2e.stagesets import cm, scenario
 from tests.gitserver import GitServer
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
-
-
-@pytest.fixture(scope="module")
-def remote() -> Iterator[envtest.ControlPlane]:
-    plane = envtest.start()
-    try:
-        yield plane
-    finally:
-        plane.stop()
-
-
-@pytest.fixture(scope="module")
-def remote_admin(remote: envtest.ControlPlane) -> Iterator[KubeClient]:
-    pool = ClientPool.from_kubeconfig(str(remote.kubeconfig))
-    try:
-        yield pool.client()
-    finally:
-        pool.close()
-
-
-def inline_kubeconfig(plane: envtest.ControlPlane, **user_extra: object) -> bytes:
-    """The remote's admin credentials with everything inline, as a tenant would store them."""
-    def b64(path: Path) -> str:
-        return base64.b64encode(path.read_bytes()).decode()
-    return yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "prod",
-        "clusters": [{"name": "prod", "cluster": {"server": plane.url,
-                                                  "certificate-authority-data": b64(plane.pki.ca_cert)}}],
-        "users": [{"name": "admin", "user": {"client-certificate-data": b64(plane.pki.admin_cert),
-                                             "client-key-data": b64(plane.pki.admin_key), **user_extra}}],
-        "contexts": [{"name": "prod", "context": {"cluster": "prod", "user": "admin"}}],
-    }).encode()
-
-
-def kubeconfig_secret(admin: KubeClient, namespace: str, name: str, data: bytes) -> None:
-    admin.request("POST", f"/api/v1/namespaces/{namespace}/secrets", body={
-        "metadata": {"name": name}, "data": {"value": base64.b64encode(data).decode()}})
 
 
 def test_stages_apply_to_the_remote_cluster_as_the_tenant_there(

@@ -18,11 +18,10 @@ import pytest
 import yaml
 
 from stageset.envtest import install
-from stageset.envtest import server as envtest
 from stageset.envtest.aggregation import aggregate_cluster_roles
 from stageset.envtest.controller import ControllerProcess
 from stageset.envtest.server import ControlPlane
-from stageset.kube.client import ClientPool, KubeClient
+from stageset.kube.client import KubeClient
 from tests.conftest import Tenant
 from tests.e2e.conftest import (
     controller_kubeconfig,
@@ -31,32 +30,14 @@ from tests.e2e.conftest import (
     stop_controller,
     wait_for,
 )
+from tests.e2e.remotes import inline_kubeconfig, kubeconfig_secret
 from tests.e2e.stagesets import Scenario, cm, deployment, scenario
-from tests.e2e.test_remote import inline_kubeconfig, kubeconfig_secret
 from tests.gitserver import GitServer
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
 
 WAIT = 20.0
 LABEL = "stages.metio.wtf/name"
-
-
-@pytest.fixture(scope="module")
-def remote() -> Iterator[envtest.ControlPlane]:
-    plane = envtest.start()
-    try:
-        yield plane
-    finally:
-        plane.stop()
-
-
-@pytest.fixture(scope="module")
-def remote_admin(remote: envtest.ControlPlane) -> Iterator[KubeClient]:
-    pool = ClientPool.from_kubeconfig(str(remote.kubeconfig))
-    try:
-        yield pool.client()
-    finally:
-        pool.close()
 
 
 class Controllers:

@@ -18,8 +18,8 @@ from stageset.envtest.aggregation import aggregate_cluster_roles
 from stageset.kube.client import ClientPool, KubeClient
 from tests.conftest import Tenant
 from tests.e2e.conftest import ControllerProcess, get_or_none, wait_for
+from tests.e2e.remotes import inline_kubeconfig, kubeconfig_secret
 from tests.e2e.stagesets import cm, scenario
-from tests.e2e.test_remote import inline_kubeconfig, kubeconfig_secret
 from tests.gitserver import GitServer
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
