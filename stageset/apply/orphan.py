@@ -8,6 +8,13 @@ more and a later StageSet can adopt it by applying it.  An object already gone, 
 ours, needs nothing.  One that cannot be read or patched stays in the inventory and is tried
 again (teardown's usual give-up rule applies).
 
+Invariant: a release removes labels only from the object as it was read and judged ours.  The
+patch carries the ``resourceVersion`` it read, so the apiserver refuses it (409 Conflict) when
+anyone wrote the object in between — another StageSet adopting it must never lose its fresh
+owner labels to our patch.  A refusal is not retried blindly: the object is read again and the
+decision taken again on what it is now (adopted meanwhile: left alone).  An object that keeps
+changing under us (:data:`RELEASE_READS` reads) stays tracked for the next pass.
+
 Identity: every read and patch goes through the client the caller hands in — the identity that
 applied the stage (recorded in its inventory); discovery through the applier's mapper.
 """
@@ -17,6 +24,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from stageset.api import InventoryEntry, StageInventory
 from stageset.apply.engine import StageApplier
@@ -24,10 +32,61 @@ from stageset.apply.inventory import ObjectId, Stale, by_id, entry_id, stage_inv
 from stageset.apply.ownership import FIELD_MANAGER, LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE, owned_by
 from stageset.apply.prune import ClientFor, Owner, entry_path
 from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
 
-RELEASE_PATCH = {"metadata": {"labels": {LABEL_NAME: None, LABEL_NAMESPACE: None, LABEL_STAGE: None}}}
+OWNER_LABELS_REMOVED = {LABEL_NAME: None, LABEL_NAMESPACE: None, LABEL_STAGE: None}
+RELEASE_READS = 3
+"""Reads of one object per release: each after the first follows a 409 (written since read)."""
+
+
+class Release(StrEnum):
+    """What became of one object a release was asked for."""
+
+    RELEASED = "Released"
+    """Our owner labels were removed from the object as read (it stays)."""
+    NOT_OURS = "NotOurs"
+    """It carries no owner labels of ours (any more): someone else's, left alone."""
+    GONE = "Gone"
+    """Not there: nothing to release."""
+    CONTENDED = "Contended"
+    """Written by someone else between every read and our patch: keep tracking it, try later."""
+
+
+def release_patch(live: KubeObject) -> KubeObject:
+    """The merge patch that removes our owner labels from ``live`` — and only from ``live``: it
+    carries the ``resourceVersion`` read, so a write since makes the apiserver refuse it."""
+    version = str((live.get("metadata") or {}).get("resourceVersion") or "")
+    if not version:
+        raise ValueError("an object read from the apiserver has a resourceVersion")
+    return {"metadata": {"resourceVersion": version, "labels": dict(OWNER_LABELS_REMOVED)}}
+
+
+def release_object(client: KubeClient, path: str, *, owner: Owner) -> Release:
+    """Read the object at ``path``; while it is ``owner``'s, remove the owner labels from what was
+    read (as ``client``'s identity).  A 409 means it changed since: read it and decide again.
+    Other errors (forbidden, unreachable) reach the caller."""
+    for _ in range(RELEASE_READS):
+        try:
+            live = client.get(path)
+        except ApiError as error:
+            if error.not_found:
+                return Release.GONE
+            raise
+        if not owned_by(live, namespace=owner.namespace, name=owner.name):
+            return Release.NOT_OURS  # adopted by someone else already
+        try:
+            client.request("PATCH", path, body=release_patch(live), query={"fieldManager": FIELD_MANAGER},
+                           content_type="application/merge-patch+json")
+        except ApiError as error:
+            if error.not_found:
+                return Release.GONE
+            if error.conflict:
+                continue  # written since our read: what is it now?
+            raise
+        return Release.RELEASED
+    return Release.CONTENDED
 
 
 @dataclass
@@ -57,18 +116,17 @@ def release_stage(*, inventory: StageInventory, client: KubeClient | None, appli
         if path is None:
             continue  # the kind is gone, and the object with it
         try:
-            live = client.get(path)
-            if not owned_by(live, namespace=owner.namespace, name=owner.name):
-                continue  # adopted by someone else already
-            client.request("PATCH", path, body=RELEASE_PATCH, content_type="application/merge-patch+json",
-                           query={"fieldManager": FIELD_MANAGER})
+            outcome = release_object(client, path, owner=owner)
         except ApiError as error:
-            if error.not_found:
-                continue
             log.warning("cannot release %s as %s: %s", oid.describe(), client.identity.describe(), error)
             result.remaining.append(item)
             continue
-        result.released.append(oid)
+        if outcome is Release.RELEASED:
+            result.released.append(oid)
+        elif outcome is Release.CONTENDED:
+            log.info("%s kept changing while being released as %s; trying again later", oid.describe(),
+                     client.identity.describe())
+            result.remaining.append(item)
     return result
 
 
