@@ -92,9 +92,11 @@ TARGET_RULES: list[dict[str, Any]] = [
 ]
 
 # Leader election: the release's Lease, granted by a Role in the release namespace only (the
-# chart's "<release>-leader-election" Role), not cluster-wide.
+# chart's "<release>-leader-election" Role), not cluster-wide; label shards' hand-off records are
+# Leases there too, deleted once their hand-off is complete (stageset/controller/handoff.py).
 LEADER_ELECTION_RULES: list[dict[str, Any]] = [
-    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"], "verbs": ["get", "create", "update"]},
+    {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+     "verbs": ["get", "create", "update", "delete"]},
 ]
 
 # Notifications: the providers, alerts and the providers' Secrets, granted by a Role in the one

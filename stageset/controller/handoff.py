@@ -23,6 +23,10 @@ prevent it:
   (default 30 s) it goes on anyway: the other shard crashed or is gone, and a stopped process
   writes nothing.  Each hand-off is counted (``stageset_shard_handoffs_total{outcome}``) and its
   wait timed (``stageset_shard_handoff_wait_seconds``).
+* **The record goes when the hand-off is complete.**  Once the gaining shard has seen the release,
+  it deletes the Lease — only the version it read (a ``resourceVersion`` precondition: a record
+  rewritten since, as by a StageSet moved on again, stays).  A Lease left by a hand-off that
+  timed out, or not waited for (below), stays until the next hand-off of that StageSet ends.
 
 The wiring (:mod:`stageset.controller.wiring`) declares one :class:`ShardHandoff` per process as the
 :class:`~stageset.controller.setup.Guard` of every controller when it runs as a label shard (each
@@ -37,8 +41,10 @@ and applies nothing): neither is waited for.
 Only a process that may reconcile records a release (with leader election: the leader); a standby
 watches as well, but its passes are none, so a release of its own would say nothing.
 
-Identity: the controller's own — the hand-off Leases are written and read as the release's
-ServiceAccount, which the chart lets get/create/update Leases in the release namespace only.
+Identity: the controller's own — the hand-off Leases are written, read and deleted as the release's
+ServiceAccount (every shard of a release runs as it: the shard that deletes a record is another
+process of the identity that created it), which the chart lets get/create/update/delete Leases
+in the release namespace only.
 Nothing of a tenant is in a record but the StageSet's namespace/name and uid.
 Invariant: a pass that began while its StageSet was this shard's sends no write after the watch
 told this shard it left; and the release is recorded only after the last write sent before that
@@ -340,6 +346,8 @@ class ShardHandoff:
             with self._lock:
                 if self._gains.get(key) is gain:
                     del self._gains[key]
+            if record is not None and outcome is not Outcome.TIMEOUT:
+                self._retire(key, record)
             self._metrics.shard_handoffs.labels(outcome.value).inc()
             self._metrics.shard_handoff_wait.observe(waited if outcome is not Outcome.RELEASED else 0.0)
             return None
@@ -358,6 +366,23 @@ class ShardHandoff:
             return None
         except UnreachableError:
             return None
+
+    def _retire(self, key: ObjectKey, record: KubeObject) -> None:
+        """The hand-off ``record`` guarded is complete: delete it, as the release's ServiceAccount —
+        the version read only, so a release recorded since (the StageSet moved on) is kept.  A
+        record that cannot be deleted now is left for the next hand-off of that StageSet to end."""
+        meta = record.get("metadata") or {}
+        name, version = str(meta.get("name") or ""), str(meta.get("resourceVersion") or "")
+        if not name or not version:
+            return
+        try:
+            self._client.request("DELETE", self._path(name), body={
+                "apiVersion": "v1", "kind": "DeleteOptions", "preconditions": {"resourceVersion": version}})
+        except ApiError as error:
+            if not (error.not_found or error.conflict):
+                log.warning("deleting the hand-off record of %s %s/%s failed: %s", *key.ref, error)
+        except UnreachableError as error:
+            log.info("deleting the hand-off record of %s %s/%s failed: %s", *key.ref, error)
 
     def close(self) -> None:
         """Stop the publisher once it wrote what it was given."""

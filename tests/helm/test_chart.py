@@ -40,7 +40,7 @@ CONTROLLER_RULE_TABLE = [
     # Namespaces' labels, metadata only: the metrics' tenant label.
     ([""], ["namespaces"], ["get", "list", "watch"]),
 ]
-LEASE_RULE_TABLE = [(["coordination.k8s.io"], ["leases"], ["get", "create", "update"])]
+LEASE_RULE_TABLE = [(["coordination.k8s.io"], ["leases"], ["get", "create", "update", "delete"])]
 # Platform targets: a Role in each target namespace only.
 TARGET_RULE_TABLE = [
     (["stages.metio.wtf"], ["stagetargets"], ["get", "list", "watch"]),

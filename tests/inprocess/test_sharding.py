@@ -200,9 +200,15 @@ def test_the_gaining_shard_writes_only_after_the_losing_shard_recorded_its_relea
     assert released < len(after)
     assert looked < written < len(after)
     assert released < written
-    annotations = world.cluster.get(record)["metadata"]["annotations"]  # type: ignore[index]
+    recorded = next(obj for _, kind, obj in world.cluster.events
+                    if kind == "ADDED" and obj["metadata"]["name"] == record_name(NS, "handed"))
+    annotations = recorded["metadata"]["annotations"]
     assert annotations["stages.metio.wtf/released-uid"] == world.get("handed")["metadata"]["uid"]
     assert handoffs(shard1, "released") + handoffs(shard1, "waited") == 1
+    # The hand-off complete, shard1 deleted the record it read (after reading it, before its first write).
+    retired = first(after, lambda r: r.verb == "delete" and r.path == record)
+    assert looked < retired < written
+    assert world.cluster.get(record) is None
 
 
 def test_a_shard_that_never_releases_is_waited_for_only_until_the_timeout(
@@ -231,3 +237,4 @@ def test_a_shard_that_never_releases_is_waited_for_only_until_the_timeout(
     written = first(after, lambda r: r.write and (r.path.startswith(path) or "/configmaps" in r.path))
     assert len([r for r in after[:written] if r.verb == "get" and r.path == record]) >= 2
     assert handoffs(shard1, "released") + handoffs(shard1, "waited") == 0
+    assert not [r for r in after if r.verb == "delete" and r.path == record], "no record: nothing to delete"
