@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from stageset.controller.handoff import ShardHandoff, record_name
+from stageset.controller.handoff import RELEASED_BY, RELEASED_UID, RELEASED_VERSION, ShardHandoff, record_name
 from stageset.controller.keys import ObjectKey
 from stageset.controller.kinds import STAGESETS
 from stageset.controller.metrics import Metrics
@@ -120,7 +120,10 @@ def test_the_gaining_shard_deletes_the_record_once_it_saw_the_release(
         return Result()
 
     key = move(gaining=gaining, losing=losing)
-    wait_for_record(admin, path)
+    annotations = wait_for_record(admin, path)["metadata"]["annotations"]
+    assert annotations[RELEASED_UID] == "uid-1"
+    assert annotations[RELEASED_VERSION] == "100"
+    assert annotations[RELEASED_BY]
     assert gaining.run(key, stageset("tenant", shard="shard1"), reconcile) == Result()
     assert len(reconciled) == 1, "released: the gaining shard reconciles"
     assert exists(admin, path) is None, "the hand-off is complete: its record is gone"
