@@ -247,18 +247,27 @@ def _describe(attributes: dict[str, str]) -> str:
     return f"{attributes['verb']} {resource} {where}"
 
 
+def rights_needed(flags: dict[str, str], *, namespace: str) -> list[dict[str, str]]:
+    """The SubjectAccessReview attributes a controller in ``namespace`` running with ``flags`` needs
+    granted: the controller's rules where it watches, and the Lease rules where its Leases live —
+    the leader's (``--leader-elect``) and, on a label shard, the hand-off records beside it."""
+    watched = [n for n in flags.get("watch-namespaces", "").split(",") if n] or [""]
+    wanted = [a for where in watched for a in _needed(CONTROLLER_RULES, where)]
+    electing = flags.get("leader-elect") == "true"
+    if electing or flags.get("watch-label-selector"):
+        lease_ns = (flags.get("leader-election-namespace") if electing else None) or namespace
+        wanted += list(_needed(LEADER_ELECTION_RULES, lease_ns))
+    if flags.get("cluster-admin") == "true":
+        wanted.append({"verb": "*", "group": "*", "resource": "*", "subresource": ""})
+    return wanted
+
+
 def check_rbac(client: KubeClient, controller: Controller) -> tuple[int, list[str]]:
     """(checks made, what the ServiceAccount lacks) for the flags the controller runs with."""
     user = f"system:serviceaccount:{controller.namespace}:{controller.service_account}"
     groups = ["system:serviceaccounts", f"system:serviceaccounts:{controller.namespace}",
               "system:authenticated"]
-    watched = [n for n in controller.flags.get("watch-namespaces", "").split(",") if n] or [""]
-    wanted = [a for namespace in watched for a in _needed(CONTROLLER_RULES, namespace)]
-    if controller.flags.get("leader-elect") == "true":
-        lease_ns = controller.flags.get("leader-election-namespace") or controller.namespace
-        wanted += list(_needed(LEADER_ELECTION_RULES, lease_ns))
-    if controller.flags.get("cluster-admin") == "true":
-        wanted.append({"verb": "*", "group": "*", "resource": "*", "subresource": ""})
+    wanted = rights_needed(controller.flags, namespace=controller.namespace)
     missing = [_describe(a) for a in wanted if not _review(client, user=user, groups=groups, attributes=a)]
     return len(wanted), missing
 
