@@ -113,6 +113,24 @@ def has_expansion(text: str) -> bool:
     return "${" in text and _EXPANSION.search(text) is not None
 
 
+def substituted_forms(values: Iterable[str], variables: Mapping[str, str] | None) -> frozenset[str]:
+    """What substitution makes of each of ``values`` that it changes: a decrypted value holding
+    ``${var}`` reaches the objects in that form, and must be masked as it reads there.  A value
+    that cannot be substituted (an unset variable) is left out: its build fails anyway.
+    ``variables`` ``None``: the stage substitutes nothing (no ``postBuild``)."""
+    if variables is None:
+        return frozenset()
+    forms: set[str] = set()
+    for value in values:
+        if not has_expansion(value):
+            continue
+        try:
+            forms.add(substitute(value, variables, origin="a decrypted value"))
+        except BuildError:
+            continue
+    return frozenset(forms - set(values))
+
+
 def substitute(text: str, variables: Mapping[str, str], *, origin: str) -> str:
     """Expand ``${var}`` / ``${var:=default}`` and unescape ``$${...}`` in ``text``.
 

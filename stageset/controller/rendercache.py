@@ -69,6 +69,7 @@ from stageset.build.decrypt import DecryptionKeys, decrypt
 from stageset.build.errors import BuildError
 from stageset.build.sopsfiles import describe
 from stageset.build.sourceroot import KUSTOMIZATION_FILES, normalize_stage_path
+from stageset.build.variables import substituted_forms
 from stageset.kube.types import KubeObject
 
 MiB = 1024 * 1024
@@ -335,10 +336,12 @@ def render_stage(cache: RenderCache, *, url: str, commit: str, ignore: str | Non
             if keys is not None and decryption is not None:
                 opened = decrypt({name: prepared.tree.files[name] for name in encrypted}, encrypted,
                                  keys=keys, limits=limits)
-                # Before anything is built with them: a failing build may quote a value.
-                decryption.reveal(opened.values)
+                # The values as decrypted, and as substitution will change them (``${var}`` in a
+                # value): before anything is built with them, since a failing build may quote one.
+                values = opened.values | substituted_forms(opened.values, variables)
+                decryption.reveal(values)
                 prepared = prepared.with_decrypted(opened.files, withheld)
-                seal = Seal(keys=keys.digest, values=opened.values)
+                seal = Seal(keys=keys.digest, values=values)
             elif withheld:
                 prepared = prepared.with_decrypted({}, withheld)
             objects = render(prepared, variables=variables, kustomize=kustomize, patches=patches)

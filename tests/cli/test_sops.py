@@ -98,3 +98,34 @@ def test_build_and_diff_read_the_key_secret_as_the_stagesets_serviceaccount(
     assert f"+++ after/ConfigMap/{tenant.namespace}/settings" in diff.stdout
     for text in (VALUE, PASSWORD, base64.b64encode(PASSWORD.encode()).decode()):
         assert text not in diff.output
+
+
+def test_a_decrypted_value_changed_by_substitution_is_masked_as_it_reads_after_it(
+    sops_kit: SopsKit, tmp_path: Path,
+) -> None:
+    """A SOPS value that holds ``${var}`` reaches the objects changed by postBuild substitution: it is
+    masked in that form too (one that is nothing but ``${var}`` makes that variable's value one)."""
+    key = sops_kit.age_key()
+    root = tmp_path / "checkout"
+    (root / "app").mkdir(parents=True)
+    config = {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "settings"},
+              "data": {"url": f"{VALUE}-${{REGION}}", "region": "${REGION}"}}
+    (root / "app" / "settings.yaml").write_bytes(kit_encrypt(sops_kit, key, config))
+    key_file = tmp_path / "age.agekey"
+    key_file.write_bytes(key.identity)
+    stageset = stageset_file(tmp_path, "team")
+    spec = yaml.safe_load(stageset.read_text())
+    spec["spec"]["stages"][0]["postBuild"] = {"substitute": {"REGION": "eu-north-7"}}
+    stageset.write_text(yaml.safe_dump(spec))
+    local = ("build", "-f", str(stageset), "--source-dir", str(root), "--sops-age-key-file", str(key_file))
+    masked = run_cli(*local)
+    assert masked.exit_code == 0, masked.output
+    assert VALUE not in masked.output
+    assert yaml.safe_load(masked.stdout.split("---", 1)[1])["data"] == {"url": "***", "region": "***"}
+    shown = run_cli(*local, "--show-secrets")
+    assert yaml.safe_load(shown.stdout.split("---", 1)[1])["data"] == {
+        "url": f"{VALUE}-eu-north-7", "region": "eu-north-7"}
+
+
+def kit_encrypt(kit: SopsKit, key: AgeKey, obj: dict[str, object]) -> bytes:
+    return kit.encrypt(yaml.safe_dump(obj), name="s.yaml", age=[key], regex="^data$")

@@ -13,6 +13,7 @@ from stageset.build import (
     merge_variables,
     substitute,
 )
+from stageset.build.variables import substituted_forms
 
 
 def b64(text: str) -> str:
@@ -104,3 +105,10 @@ def test_other_dollar_forms_are_left_alone(text: str) -> None:
 
 def test_values_are_inserted_verbatim() -> None:
     assert substitute("${v}", {"v": "${w} $${x} \\1"}, origin="f") == "${w} $${x} \\1"
+
+
+def test_the_substituted_forms_of_decrypted_values_are_what_substitution_makes_of_them() -> None:
+    values = frozenset({"plain-secret", "pw-${REGION}", "${UNSET}", "${SIZE:=large}-pw", "$${REGION}"})
+    assert substituted_forms(values, {"REGION": "eu"}) == {"pw-eu", "large-pw", "${REGION}"}
+    assert substituted_forms(values, None) == frozenset()  # no postBuild: nothing is substituted
+    assert substituted_forms(values, {}) == {"large-pw", "${REGION}"}
