@@ -10,7 +10,8 @@ Every prune rule lives here, for the controller, teardown and the CLI's ``diff``
 - :func:`candidates` — what a complete pass may delete: in the old inventory, rendered by no
   stage now, not in a ``prune: false`` stage (:func:`unpruned_stages`);
 - :func:`deletable` — an object is deleted only while it still carries this StageSet's owner
-  labels and has not opted out (:mod:`stageset.apply.ownership`);
+  labels and has not opted out (:mod:`stageset.apply.ownership`), and only at the version that
+  check read (a delete precondition: adopted in between, it is read and decided again);
 - delete or orphan: teardown deletes a stage's objects, except a ``prune: false`` stage's,
   which it releases instead (:func:`unpruned_stages`; the release is
   :mod:`stageset.apply.orphan`);
@@ -38,6 +39,11 @@ from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
+
+
+DELETE_READS = 3
+"""Reads (each followed by a conditional delete) before an object that keeps changing is left for
+the next pass."""
 
 
 class Deletion(StrEnum):
@@ -99,26 +105,35 @@ def delete_owned(*, client: KubeClient, applier: StageApplier, item: InventoryEn
         return Deletion.FAILED
     if path is None:
         return Deletion.GONE  # the kind itself is gone, and with it the object
-    try:
-        live = client.get(path)
-    except ApiError as error:
-        if error.not_found:
-            return Deletion.GONE
-        log.warning("cannot read %s for deletion as %s: %s", oid.describe(), client.identity.describe(),
-                    error)
-        return Deletion.FAILED
-    if not deletable(live, owner):
-        return Deletion.RELEASED
-    if live["metadata"].get("deletionTimestamp"):
+    # The delete carries the resourceVersion the ownership check read: an object written since (another
+    # StageSet adopting it in that instant) is refused with 409, read again and decided again -- never
+    # deleted on a stale check.  An object that keeps changing stays tracked for the next pass.
+    for _ in range(DELETE_READS):
+        try:
+            live = client.get(path)
+        except ApiError as error:
+            if error.not_found:
+                return Deletion.GONE
+            log.warning("cannot read %s for deletion as %s: %s", oid.describe(), client.identity.describe(),
+                        error)
+            return Deletion.FAILED
+        if not deletable(live, owner):
+            return Deletion.RELEASED
+        if live["metadata"].get("deletionTimestamp"):
+            return Deletion.DELETING
+        try:
+            client.delete(path, resource_version=live["metadata"].get("resourceVersion"))
+        except ApiError as error:
+            if error.not_found:
+                return Deletion.GONE
+            if error.conflict:
+                continue
+            log.warning("cannot delete %s as %s: %s", oid.describe(), client.identity.describe(), error)
+            return Deletion.FAILED
         return Deletion.DELETING
-    try:
-        client.delete(path)
-    except ApiError as error:
-        if error.not_found:
-            return Deletion.GONE
-        log.warning("cannot delete %s as %s: %s", oid.describe(), client.identity.describe(), error)
-        return Deletion.FAILED
-    return Deletion.DELETING
+    log.info("%s kept changing while being deleted as %s; tried again on the next pass", oid.describe(),
+             client.identity.describe())
+    return Deletion.FAILED
 
 
 @dataclass

@@ -412,11 +412,17 @@ class KubeClient:
         return self.request("PATCH", path, query=query, body=obj,
                             content_type="application/apply-patch+yaml", status=status)
 
-    def delete(self, path: str, *, propagation: str = "Background", dry_run: bool = False) -> KubeObject:
+    def delete(self, path: str, *, propagation: str = "Background", dry_run: bool = False,
+               resource_version: str | None = None) -> KubeObject:
+        """Delete ``path``; with ``resource_version``, only if the object is still at that version
+        (``DeleteOptions.preconditions``): a write since the read answers 409 Conflict."""
         query: dict[str, QueryValue] = {"propagationPolicy": propagation}
         if dry_run:
             query["dryRun"] = "All"
-        return self.request("DELETE", path, query=query)
+        body = None if resource_version is None else {
+            "apiVersion": "v1", "kind": "DeleteOptions",
+            "preconditions": {"resourceVersion": resource_version}}
+        return self.request("DELETE", path, query=query, body=body)
 
     def get_text(self, path: str, *, max_bytes: int = 8 * 2**20, timeout: float = 10.0) -> str:
         """A GET whose answer is not JSON (a pod's ``/metrics`` through the apiserver's proxy): the
