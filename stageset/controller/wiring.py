@@ -191,11 +191,13 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
                             *fleet_parts), shared, admin=admin, stop=stop)
     secrets: tuple[Reflector, ...] = ()
     if platform is not None:
-        # Not sharded: every shard needs every target; one worker, a target's connect is short.
+        # Watched unselected: every shard needs every target; its status is written by one shard
+        # (the one its shard label names). One worker: a target's connect is short.
         targets = StageTargetReconciler(clients=shared.clients, targets=reconciler.targets,
                                         resource=STAGETARGETS, namespaces=settings.target_namespaces,
                                         interval=settings.default_interval, clock=shared.clock,
-                                        runbook_base_url=settings.runbook_base_url, on_write=shared.on_write)
+                                        runbook_base_url=settings.runbook_base_url, on_write=shared.on_write,
+                                        shard=settings.watch_label_selector)
         controllers = (*controllers, targets.controller(workers=1))
         secrets = targets.secrets(enqueue=enqueue, stop=stop, resync=settings.resync_period)
     # Artifact downloads share the source pool (and its per-namespace cap) with Git fetches.
