@@ -286,6 +286,46 @@ def test_a_lost_status_mid_move_still_cleans_the_stage_target_it_leaves(
     assert events(s, "RetargetAbandoned") == []
 
 
+def test_an_object_is_claimed_per_cluster_a_holder_on_another_is_no_conflict(
+    controllers: Controllers, installed: KubeClient, control_plane: ControlPlane, git_server: GitServer,
+    make_tenant: Callable[..., Tenant], remote: ControlPlane, remote_admin: KubeClient,
+) -> None:
+    """Ownership is per cluster: a StageSet holding ``a`` on the remote cluster does not hold a copy of
+    ``a`` here that carries its labels (left behind by a move given up, or copied), while a second
+    StageSet writing ``a`` on that same remote cluster conflicts with it."""
+    s = scenario(installed, git_server, make_tenant("claims"), {"app/a.yaml": cm("a")})
+    tenant_there(s, remote_admin, remote)
+    controllers.start(s.ns)
+    app = [{"name": "app", "path": "./app"}]
+    s.stageset("there", app, kubeConfig={"secretRef": {"name": "prod"}})
+    moved(s, "there", remote=True)
+    held = on(remote_admin, s, "cm", "a")
+    assert held is not None
+    owner_labels = {k: v for k, v in held["metadata"]["labels"].items() if k.startswith("stages.metio.wtf/")}
+    assert owner_labels[LABEL] == "there"
+    installed.apply(f"/api/v1/namespaces/{s.ns}/configmaps/a",
+                    {"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": "a", "namespace": s.ns, "labels": owner_labels},
+                     "data": {"k": "left"}},
+                    field_manager="left-behind")
+    uid = installed.get(f"/api/v1/namespaces/{s.ns}/configmaps/a")["metadata"]["uid"]
+
+    # Here: "there" lists a only on the remote cluster, so "here" adopts the copy in place.
+    s.stageset("here", app)
+    moved(s, "here", remote=False)
+    adopted = installed.get(f"/api/v1/namespaces/{s.ns}/configmaps/a")
+    assert adopted["metadata"]["labels"][LABEL] == "here"
+    assert adopted["metadata"]["uid"] == uid, "adopted in place, never re-created"
+
+    # On the same remote cluster: a conflict, and nothing of it written there.
+    s.stageset("also-there", app, kubeConfig={"secretRef": {"name": "prod"}})
+    conflict = s.wait_reason("also-there", "OwnershipConflict", timeout=120)
+    assert f"StageSet {s.ns}/there" in conflict["message"]
+    remote_copy = on(remote_admin, s, "cm", "a")
+    assert remote_copy is not None
+    assert remote_copy["metadata"]["labels"][LABEL] == "there"
+
+
 ROLLED_OUT = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,
               "availableReplicas": 1}
 
