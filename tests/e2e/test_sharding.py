@@ -36,9 +36,9 @@ from tests.e2e.conftest import (
     wait_for,
 )
 from tests.e2e.metrics import METRICS_ARGS, metrics_url, scrape
+from tests.e2e.remotes import inline_kubeconfig
 from tests.e2e.stagesets import cm, poke
 from tests.e2e.test_platform_targets import put_secret
-from tests.e2e.test_remote import inline_kubeconfig
 from tests.gitserver import GitServer
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
