@@ -15,14 +15,19 @@ Rules:
 - ``rebuild`` marks a rebuild that could not see everything (a list was denied or failed):
   it is tried again on every pass until it completes, and nothing is pruned meanwhile;
 - each stage record names the cluster it was applied on (a target id, :data:`THIS_CLUSTER` when
-  absent) and, for a remote, the kubeConfig Secret it was reached through (never a credential);
+  absent) and, for a remote, how it was reached: the kubeConfig Secret of the StageSet's namespace
+  (``kc``: name and key) or the platform's StageTarget (``st``: namespace and name) — references
+  only, never a credential;
   when the stages move to another cluster, the records of the cluster they leave go to
   ``previous`` (with ``since``, when the move began) until that cluster is cleaned up, so a
   controller that restarts, or a StageSet whose status was lost, still finds them.
 
 Format history (:data:`FORMAT`; :func:`parse` migrates): 1 — no targets (every stage on this
-cluster); 2 — targets, ``previous`` and ``since``.  A format this controller does not know reads as
-"look on the cluster again" (``rebuild``).
+cluster); 2 — targets, ``previous`` and ``since``; ``st`` was added to format 2 later without a new
+number, as an optional key: a record without it reads as before (a remote reached through
+``kc`` only), and an older format-2 reader ignores it (so a rollback does not turn every record
+into a rebuild).  A format this controller does not know reads as "look on the cluster again"
+(``rebuild``).
 
 Why an annotation and not status, a new kind (the reference's per-stage ``StageInventory``
 objects) or labels alone: see docs/concepts.md ("Inventory").
@@ -46,6 +51,8 @@ _TARGETLESS = 1  # the format before targets: every stage was applied on this cl
 
 Via = tuple[str, str]
 """The kubeConfig Secret (name, key) a remote target was reached through."""
+StageTargetName = tuple[str, str]
+"""The platform StageTarget (namespace, name) a remote target was reached through."""
 
 
 @dataclass(frozen=True, order=True)
@@ -77,6 +84,9 @@ class StageRecord:
     """The cluster the objects were applied on (a target id)."""
     via: Via | None = None
     """For a remote target: the kubeConfig Secret it was reached through."""
+    stage_target: StageTargetName | None = None
+    """For a remote target: the platform StageTarget it was reached through (``spec.targetRef``), so
+    a StageSet whose status was lost mid-move still reaches the cluster it leaves."""
 
     def covers(self, other: StageRecord) -> bool:
         return self.service_account == other.service_account and self.target == other.target and all(
@@ -87,7 +97,8 @@ class StageRecord:
         kinds = {k: frozenset(v) for k, v in self.kinds.items()}
         for kind, namespaces in other.kinds.items():
             kinds[kind] = kinds.get(kind, frozenset()) | namespaces
-        return StageRecord(other.service_account, kinds, other.target, other.via or self.via)
+        return StageRecord(other.service_account, kinds, other.target, other.via or self.via,
+                           other.stage_target or self.stage_target)
 
     def body(self) -> dict[str, Any]:
         encoded: dict[str, Any] = {
@@ -97,16 +108,22 @@ class StageRecord:
             encoded["t"] = self.target
             if self.via is not None:
                 encoded["kc"] = list(self.via)
+            if self.stage_target is not None:
+                encoded["st"] = list(self.stage_target)
         return encoded
 
     @classmethod
     def of_body(cls, stage: Mapping[str, Any]) -> StageRecord:
-        via = stage.get("kc")
         return cls(service_account=stage.get("sa") or None,
                    kinds={KindRef.decode(str(k)): frozenset(str(n) for n in ns)
                           for k, ns in (stage.get("kinds") or {}).items()},
                    target=str(stage.get("t") or THIS_CLUSTER),
-                   via=(str(via[0]), str(via[1])) if isinstance(via, list) and len(via) == 2 else None)
+                   via=_pair(stage.get("kc")), stage_target=_pair(stage.get("st")))
+
+
+def _pair(value: Any) -> tuple[str, str] | None:
+    """A reference written as a two-item list (``kc``, ``st``); anything else is no reference."""
+    return (str(value[0]), str(value[1])) if isinstance(value, list) and len(value) == 2 else None
 
 
 Previous = tuple[tuple[str, StageRecord], ...]
@@ -196,7 +213,8 @@ def parse(obj: KubeObject) -> Record:
             return Record(rebuild=True)  # a format we do not know: look on the cluster again
         stages = {str(name): StageRecord.of_body(stage) for name, stage in (body.get("stages") or {}).items()}
         if body["v"] == _TARGETLESS:  # migration: no target was recorded, so it was this cluster
-            stages = {name: replace(stage, target=THIS_CLUSTER, via=None) for name, stage in stages.items()}
+            stages = {name: replace(stage, target=THIS_CLUSTER, via=None, stage_target=None)
+                      for name, stage in stages.items()}
             return Record(stages, bool(body.get("rebuild")), targetless=True)
         previous = _gathered((str(item["stage"]), StageRecord.of_body(item))
                              for item in body.get("prev") or [])
@@ -208,15 +226,16 @@ def parse(obj: KubeObject) -> Record:
 
 
 def of_objects(service_account: str | None, objects: Iterable[tuple[str, KubeObject]], *,
-               target: str, via: Via | None) -> StageRecord:
+               target: str, via: Via | None, stage_target: StageTargetName | None = None) -> StageRecord:
     """A stage record from ``(namespace, manifest)`` pairs (namespace ``""`` when cluster-scoped),
-    applied on ``target`` (reached through ``via``)."""
+    applied on ``target`` (reached through ``via`` or ``stage_target``)."""
     kinds: dict[KindRef, set[str]] = {}
     for namespace, obj in objects:
         kind = KindRef(str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
         kinds.setdefault(kind, set()).add(namespace)
+    remote = target != THIS_CLUSTER
     return StageRecord(service_account, {k: frozenset(v) for k, v in kinds.items()}, target,
-                       via if target != THIS_CLUSTER else None)
+                       via if remote else None, stage_target if remote else None)
 
 
 def of_inventory(inv: StageInventory) -> StageRecord:
@@ -226,8 +245,10 @@ def of_inventory(inv: StageInventory) -> StageRecord:
         oid = entry_id(item)
         kinds.setdefault(KindRef(item.v, oid.kind), set()).add(oid.namespace)
     ref = inv.target.kube_config if inv.target is not None else None
+    platform = inv.target.target_ref if inv.target is not None else None
     return StageRecord(inv.service_account_name, {k: frozenset(v) for k, v in kinds.items()}, inv.target_id,
-                       (ref.name, ref.key) if ref is not None else None)
+                       (ref.name, ref.key) if ref is not None else None,
+                       (platform.namespace, platform.name) if platform is not None else None)
 
 
 def of_inventories(inventories: Iterable[StageInventory], *, previous: Iterable[StageInventory],

@@ -156,6 +156,9 @@ class Manager:
         self.pools = self._pools(setup)
         self._watches = watches_by_kind(setup)
         self._runnables = setup.runnables
+        undeclared = [r for r in setup.synced if r not in setup.runnables]
+        if undeclared:
+            raise ValueError(f"{len(undeclared)} synced watch(es) not among the runnables: never started")
         selector = settings.watch_label_selector
         self._reflectors = [
             self._reflector(admin, controller.resource, namespace, self._handler(controller),
@@ -166,10 +169,13 @@ class Manager:
             self._reflector(admin, resource, namespace, self._report_handler(setup.reports, resource.kind),
                             selector=setup.reports.label_selector)
             for namespace in settings.watch_namespaces or (None,) for resource in setup.reports.resources]
+        # What "synced" waits for: every cached kind, and the runnables declared as caches (the
+        # StageTargets' Secret watch), so no reconcile runs on an index not filled yet.
+        self._synced_events = [*(r.synced for r in self._reflectors), *(r.synced for r in setup.synced)]
         self.metrics.caches_synced.set_function(self._caches_synced)
 
     def _caches_synced(self) -> bool:
-        return all(r.synced.is_set() for r in self._reflectors)
+        return all(event.is_set() for event in self._synced_events)
 
     def _leading(self) -> bool:
         """Whether this process may reconcile now: without leader election always, else while it leads."""
@@ -427,8 +433,8 @@ class Manager:
         """Wait for the caches (then the Lease, with a lifecycle); ``False``: stopped meanwhile, no
         workers are to start."""
         if self.lifecycle:
-            return self.lifecycle.before_workers([r.synced for r in self._reflectors])
-        if not wait_synced(self._reflectors, timeout=60, stop=self.stop) and not self.stop.is_set():
+            return self.lifecycle.before_workers(self._synced_events)
+        if not wait_synced(self._synced_events, timeout=60, stop=self.stop) and not self.stop.is_set():
             log.warning("caches not synced after 60s; starting workers anyway")
         return True
 

@@ -8,7 +8,8 @@ reconcile is declared too: :class:`Jobs` (a runner of :class:`~stageset.controll
 work in a controller's pool) and :class:`Reports` (objects watched under another label selector,
 each event mapped to a :class:`~stageset.controller.keys.ReportKey` written about it).  Event
 sources the manager does not run (discovery-driven watches, download jobs that end) queue keys
-through the :data:`Enqueue` they are given; a :class:`Runnable` is started with the watches.  A
+through the :data:`Enqueue` they are given; a :class:`Runnable` is started with the watches (and,
+declared :class:`Synced`, waited for with them before any worker starts).  A
 :class:`Guard` declared on a controller sees each watch event of its kind first and runs around
 each of its reconciles (the label shards' hand-off, :mod:`stageset.controller.handoff`).
 
@@ -62,6 +63,13 @@ class Runnable(Protocol):
     def start(self) -> threading.Thread:
         """Start (a daemon thread that ends once the manager's stop event is set)."""
         ...
+
+
+class Synced(Runnable, Protocol):
+    """A runnable watch whose first complete list a reconcile depends on (it fills an index the
+    reconciles read): set once it has listed."""
+
+    synced: threading.Event
 
 
 class Guard(Protocol):
@@ -179,3 +187,6 @@ class Setup:
     jobs: tuple[Jobs, ...] = ()
     reports: Reports | None = None
     runnables: tuple[Runnable, ...] = ()
+    synced: tuple[Synced, ...] = ()
+    """Runnables (among :attr:`runnables`) that count as caches: no worker starts before they have
+    listed, and "caches synced" (``/readyz``, ``stageset_caches_synced``) waits for them too."""

@@ -18,6 +18,10 @@ What is sharded (``docs/install.md#sharding-by-label``):
   (:func:`foreign_source_message`), never served a commit its shard did not fetch.
 * Not Flux's source kinds: Flux serves their artifacts over HTTP to any consumer, so a StageSet of
   any shard may use one; watching them is only a trigger.
+* Not the platform's StageTargets: a StageSet of any shard may name one, so every shard watches them
+  all (unselected) and connects to the ones its StageSets use; but only one shard writes a
+  StageTarget's status — the one its own shard label names (:meth:`LabelSelector.names_shard_of`:
+  unlabelled, the main shard) — so N shards are not N writers of the same values.
 
 Moving a StageSet between shards (relabelling it) never leaves two writers: the losing shard's
 pass stops writing when its watch says the StageSet left, and the gaining shard waits for its
@@ -267,6 +271,14 @@ class LabelSelector:
         if only.operator in (Operator.EQUALS, Operator.IN) and len(only.values) == 1 and only.values[0]:
             return only.values[0]
         return None
+
+    def names_shard_of(self, labels: Mapping[str, str] | None) -> bool:
+        """Whether ``labels`` name this selector's shard: only its requirements on :data:`SHARD_LABEL`
+        count (so an unlabelled object is the main shard's), and a selector with none of them (no
+        label shards, or a team selector alone) names every object.  For the kinds every shard
+        watches unselected but one shard writes (StageTargets' status)."""
+        labels = labels or {}
+        return all(r.matches(labels) for r in self.requirements if r.key == SHARD_LABEL)
 
     def unserved(self, shard_keys: Iterable[str]) -> LabelSelector:
         """For the main shard: the objects carrying a shard key that none of ``shard_keys`` names

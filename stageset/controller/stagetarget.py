@@ -14,6 +14,12 @@ kubeconfig is acted on within seconds, not at the next interval.  Every StageSet
 woken by its own reconciler's watch of this kind (:mod:`stageset.controller.stageset.watches`)
 when the status this writes changes (the Secret's version read, readiness, server, version).
 
+On label shards every shard watches every StageTarget (its StageSets may name any), but only the
+shard the target's own ``sharding.fluxcd.io/key`` label names (unlabelled: the main shard; see
+:meth:`~stageset.controller.sharding.LabelSelector.names_shard_of`) reconciles it — connects, asks
+``/version`` and writes its status; the others only read (the index, and the connection their
+StageSets' passes make), and their StageSets are woken by the status the owning shard writes.
+
 Invariants: the status names the server URL and the Kubernetes version, never a credential or
 anything else of the kubeconfig (a :class:`~stageset.kube.remote.KubeconfigError` names only the
 field it refuses); it is readable by the target namespace's readers, not by tenants.
@@ -34,6 +40,7 @@ from stageset.controller.kinds import SECRETS
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
 from stageset.controller.setup import Controller, Enqueue, reconcile_trigger
+from stageset.controller.sharding import LabelSelector
 from stageset.controller.stageset.platform import SecretUnusable
 from stageset.controller.stageset.targets import Targets
 from stageset.controller.status import StatusWriter, WriteListener, validation_message
@@ -49,7 +56,8 @@ log = logging.getLogger(__name__)
 class StageTargetReconciler:
     def __init__(self, *, clients: ClientPool, targets: Targets, resource: Resource,
                  namespaces: tuple[str, ...], interval: float, clock: Clock = system_clock,
-                 runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL, on_write: WriteListener | None = None):
+                 runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL, on_write: WriteListener | None = None,
+                 shard: LabelSelector | None = None):
         assert targets.platform is not None, "platform targets are wired with --target-namespaces only"
         self._clients = clients
         self._targets = targets
@@ -60,6 +68,12 @@ class StageTargetReconciler:
         self._clock = clock
         self._runbooks = runbook_base_url
         self._on_write = on_write
+        self._shard = shard
+
+    def owns(self, obj: KubeObject) -> bool:
+        """Whether this controller writes ``obj``'s status: without label shards always; on one, when
+        the target's shard label names this shard."""
+        return self._shard is None or self._shard.names_shard_of((obj.get("metadata") or {}).get("labels"))
 
     def controller(self, *, workers: int) -> Controller:
         """``For`` StageTargets of the target namespaces (a new generation, a ``requestedAt``, a
@@ -80,6 +94,8 @@ class StageTargetReconciler:
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Connect to the target (its Secret read again) and report; ``raw`` is read-only."""
+        if not self.owns(raw):
+            return Result()  # another shard's to write; this one only reads it (the index)
         raw = copy.deepcopy(raw)
         meta = raw["metadata"]
         name = (str(meta["namespace"]), str(meta["name"]))

@@ -11,7 +11,8 @@ the controller as wired) call :func:`wire` / :func:`stageset_reconciler`.  Built
   :class:`Targets`); with ``--target-namespaces``, the platform's StageTargets
   (:class:`~stageset.controller.stageset.platform.PlatformTargets`), their reconciler (``For``
   StageTargets in those namespaces only, one worker) and the metadata-only watch of the Secrets
-  there (a runnable), and the StageSets' watch of StageTargets;
+  there (a runnable counted as a cache: no worker starts before it has listed), and the StageSets'
+  watch of StageTargets;
 - the renderer and its cache (reading old revisions through the mirror's kept commits), the CEL
   sandbox, the stage applier and the actions around it (their ``--allowed-action-hosts`` and
   address guard), the records, the change reports, the release steering (gates, windows,
@@ -190,11 +191,13 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
                             *fleet_parts), shared, admin=admin, stop=stop)
     secrets: tuple[Reflector, ...] = ()
     if platform is not None:
-        # Not sharded: every shard needs every target; one worker, a target's connect is short.
+        # Watched unselected: every shard needs every target; its status is written by one shard
+        # (the one its shard label names). One worker: a target's connect is short.
         targets = StageTargetReconciler(clients=shared.clients, targets=reconciler.targets,
                                         resource=STAGETARGETS, namespaces=settings.target_namespaces,
                                         interval=settings.default_interval, clock=shared.clock,
-                                        runbook_base_url=settings.runbook_base_url, on_write=shared.on_write)
+                                        runbook_base_url=settings.runbook_base_url, on_write=shared.on_write,
+                                        shard=settings.watch_label_selector)
         controllers = (*controllers, targets.controller(workers=1))
         secrets = targets.secrets(enqueue=enqueue, stop=stop, resync=settings.resync_period)
     # Artifact downloads share the source pool (and its per-namespace cap) with Git fetches.
@@ -203,7 +206,10 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
                         *((fleet.jobs(),) if fleet is not None else ())),
                   reports=_unserved(shared, admin=admin),
                   runnables=(flux, *_tenant_labels(shared, admin=admin, stop=stop), *secrets,
-                             *((Sweep(enqueue=enqueue, synced=shared.synced, stop=stop),) if fleet else ())))
+                             *((Sweep(enqueue=enqueue, synced=shared.synced, stop=stop),) if fleet else ())),
+                  # A StageSet's pass compares the target Secret's watched version with the one its
+                  # connection read: not before the watch has listed them.
+                  synced=secrets)
     return Wired(setup=setup, flux=flux, artifacts=artifacts)
 
 

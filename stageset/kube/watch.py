@@ -29,7 +29,7 @@ import logging
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import urllib3
 
@@ -194,13 +194,15 @@ def _short(error: BaseException) -> str:
     return type(error).__name__
 
 
-def wait_synced(reflectors: list[Reflector], *, timeout: float, stop: threading.Event | None = None) -> bool:
-    """Whether every reflector listed within ``timeout`` (False at once when ``stop`` is set).
+def wait_synced(synced: Sequence[threading.Event], *, timeout: float, stop: threading.Event | None = None
+                ) -> bool:
+    """Whether every ``synced`` event (a reflector's, set once it listed) was set within ``timeout``
+    (False at once when ``stop`` is set).
 
     Polls in short sleeps rather than blocking on one event: called on the main thread, it must
     return to the interpreter often enough for signal handlers to run."""
     deadline = time.monotonic() + timeout
-    while not all(r.synced.is_set() for r in reflectors):
+    while not all(event.is_set() for event in synced):
         left = deadline - time.monotonic()
         if left <= 0 or (stop is not None and stop.is_set()):
             return False

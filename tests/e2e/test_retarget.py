@@ -32,12 +32,15 @@ from tests.e2e.conftest import (
 )
 from tests.e2e.remotes import inline_kubeconfig, kubeconfig_secret
 from tests.e2e.stagesets import Scenario, cm, deployment, scenario
+from tests.e2e.test_platform_targets import put_secret, put_target
 from tests.gitserver import GitServer
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
 
 WAIT = 20.0
 LABEL = "stages.metio.wtf/name"
+TARGETS = "retarget-targets"
+"""The platform's target namespace of this module's StageTargets."""
 
 
 class Controllers:
@@ -45,16 +48,26 @@ class Controllers:
 
     def __init__(self, admin: KubeClient, plane: ControlPlane, workdir: Path):
         self._kubeconfig = controller_kubeconfig(admin, control_plane=plane, path=workdir / "kubeconfig")
+        self._admin, self._plane = admin, plane
         self._workdir = workdir
         self._running: list[ControllerProcess] = []
         self._started = 0
 
-    def start(self, namespace: str) -> ControllerProcess:
+    def start(self, namespace: str, *, targets: bool = False) -> ControllerProcess:
+        """A controller for ``namespace``; with ``targets``, honouring the StageTargets of
+        :data:`TARGETS` (and granted a Role there, as the chart's ``targets.namespaces``)."""
         self._started += 1
         workdir = self._workdir / f"c{self._started}"
         workdir.mkdir()
         flags = ["--watch-namespaces", namespace, "--max-teardown-wait", f"{WAIT:.0f}s"]
-        handle = start_controller(kubeconfig=self._kubeconfig, workdir=workdir, extra=flags)
+        kubeconfig = self._kubeconfig
+        if targets:
+            plane = self._plane
+            kubeconfig = install.controller_kubeconfig(self._admin, url=plane.url, ca=plane.pki.ca_cert,
+                                                       path=workdir / "kubeconfig",
+                                                       target_namespaces=[TARGETS])
+            flags += ["--target-namespaces", TARGETS]
+        handle = start_controller(kubeconfig=kubeconfig, workdir=workdir, extra=flags)
         self._running.append(handle)
         return handle
 
@@ -226,6 +239,91 @@ def test_a_restart_and_a_lost_status_mid_move_still_clean_the_old_cluster(
     assert deletes(remote, remote_seen, s.tenant.username) == []
     assert deletes(control_plane, local_seen, s.tenant.username) == ["deployments/web", "configmaps/d"], \
         "dependents first"
+
+
+def test_a_lost_status_mid_move_still_cleans_the_stage_target_it_leaves(
+    controllers: Controllers, installed: KubeClient, control_plane: ControlPlane, git_server: GitServer,
+    make_tenant: Callable[..., Tenant], remote: ControlPlane, remote_admin: KubeClient,
+) -> None:
+    """The durable record names the platform StageTarget a stage leaves (by reference, with the cluster
+    id), so a status wiped mid-move still cleans it up, as the tenant, instead of giving it up."""
+    files = {"db/d.yaml": cm("d"), "app/web.yaml": deployment("web")}
+    s = scenario(installed, git_server, make_tenant("offtarget"), files)
+    tenant_there(s, remote_admin, remote)
+    first = controllers.start(s.ns, targets=True)
+    put_secret(installed, "offtarget-kubeconfig", inline_kubeconfig(remote), namespace=TARGETS)
+    put_target(installed, "offtarget", secret="offtarget-kubeconfig", allowed=[s.ns], namespace=TARGETS)
+    s.stageset("shop", stages(), targetRef={"name": "offtarget", "namespace": TARGETS})
+    roll_out(remote_admin, s)
+    moved(s, "shop", remote=True)
+
+    # Move here; web never rolls out here (no controller-manager): the move stays in flight.
+    s.stageset("shop", stages())
+    wait_for(lambda: (s.get("shop").get("status") or {}).get("previousTargets"), what="a move in flight")
+    wait_for(lambda: on(installed, s, "deploy", "web"), what="web applied here")
+    assert on(remote_admin, s, "cm", "d") is not None, "nothing deleted before every stage is Ready here"
+    controllers.stop(first)
+    record = s.get("shop")["metadata"]["annotations"]["stages.metio.wtf/inventory-record"]
+    assert f'"st":["{TARGETS}","offtarget"]' in record, record
+    assert "BEGIN" not in record, "references only, never a credential"
+    assert "client-key" not in record
+
+    # Status lost (wiped as the admin): only the record names the StageTarget the stages leave.
+    installed.request("PATCH", f"{s.path('shop')}/status", content_type="application/merge-patch+json",
+                      body={"status": None})
+    assert not (s.get("shop").get("status") or {}).get("previousTargets")
+    remote_seen = len(remote.audit_events())
+    second = controllers.start(s.ns, targets=True)
+    roll_out(installed, s)
+    moved(s, "shop", remote=False)
+    controllers.stop(second)  # its log is the test's
+    assert on(remote_admin, s, "cm", "d") is None
+    assert on(remote_admin, s, "deploy", "web") is None
+    assert on(installed, s, "deploy", "web") is not None
+    settle_audit()
+    assert deletes(remote, remote_seen, s.tenant.username) == ["deployments/web", "configmaps/d"], \
+        "the old copies deleted on the StageTarget's cluster, as the tenant, dependents first"
+    assert events(s, "RetargetAbandoned") == []
+
+
+def test_an_object_is_claimed_per_cluster_a_holder_on_another_is_no_conflict(
+    controllers: Controllers, installed: KubeClient, control_plane: ControlPlane, git_server: GitServer,
+    make_tenant: Callable[..., Tenant], remote: ControlPlane, remote_admin: KubeClient,
+) -> None:
+    """Ownership is per cluster: a StageSet holding ``a`` on the remote cluster does not hold a copy of
+    ``a`` here that carries its labels (left behind by a move given up, or copied), while a second
+    StageSet writing ``a`` on that same remote cluster conflicts with it."""
+    s = scenario(installed, git_server, make_tenant("claims"), {"app/a.yaml": cm("a")})
+    tenant_there(s, remote_admin, remote)
+    controllers.start(s.ns)
+    app = [{"name": "app", "path": "./app"}]
+    s.stageset("there", app, kubeConfig={"secretRef": {"name": "prod"}})
+    moved(s, "there", remote=True)
+    held = on(remote_admin, s, "cm", "a")
+    assert held is not None
+    owner_labels = {k: v for k, v in held["metadata"]["labels"].items() if k.startswith("stages.metio.wtf/")}
+    assert owner_labels[LABEL] == "there"
+    installed.apply(f"/api/v1/namespaces/{s.ns}/configmaps/a",
+                    {"apiVersion": "v1", "kind": "ConfigMap",
+                     "metadata": {"name": "a", "namespace": s.ns, "labels": owner_labels},
+                     "data": {"k": "left"}},
+                    field_manager="left-behind")
+    uid = installed.get(f"/api/v1/namespaces/{s.ns}/configmaps/a")["metadata"]["uid"]
+
+    # Here: "there" lists a only on the remote cluster, so "here" adopts the copy in place.
+    s.stageset("here", app)
+    moved(s, "here", remote=False)
+    adopted = installed.get(f"/api/v1/namespaces/{s.ns}/configmaps/a")
+    assert adopted["metadata"]["labels"][LABEL] == "here"
+    assert adopted["metadata"]["uid"] == uid, "adopted in place, never re-created"
+
+    # On the same remote cluster: a conflict, and nothing of it written there.
+    s.stageset("also-there", app, kubeConfig={"secretRef": {"name": "prod"}})
+    conflict = s.wait_reason("also-there", "OwnershipConflict", timeout=120)
+    assert f"StageSet {s.ns}/there" in conflict["message"]
+    remote_copy = on(remote_admin, s, "cm", "a")
+    assert remote_copy is not None
+    assert remote_copy["metadata"]["labels"][LABEL] == "there"
 
 
 ROLLED_OUT = {"observedGeneration": 1, "replicas": 1, "updatedReplicas": 1, "readyReplicas": 1,

@@ -9,6 +9,7 @@ against the apiserver's)."""
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,7 +36,9 @@ from tests.e2e.conftest import (
     wait_for,
 )
 from tests.e2e.metrics import METRICS_ARGS, metrics_url, scrape
+from tests.e2e.remotes import inline_kubeconfig
 from tests.e2e.stagesets import cm, poke
+from tests.e2e.test_platform_targets import put_secret
 from tests.gitserver import GitServer
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
@@ -106,6 +109,8 @@ ACCOUNTS = {"main": "stageset-main", "shard1": "stageset-shard1"}
 SELECTORS = {"main": [f"--watch-label-selector=!{SHARD_LABEL}", "--shard-keys=shard1"],
              "shard1": [f"--watch-label-selector={SHARD_LABEL}=shard1"]}
 LEASES = "/apis/coordination.k8s.io/v1/namespaces/stageset-system/leases"
+SHARD_TARGETS = "shard-targets"
+"""The target namespace of both label shards (platform StageTargets)."""
 
 
 @dataclass
@@ -122,7 +127,8 @@ class LabelShards:
 def label_shards(installed: KubeClient, control_plane: ControlPlane,
                  tmp_path_factory: pytest.TempPathFactory) -> Iterator[LabelShards]:
     """The main shard and shard1, both also scoped to this module's namespaces (so neither picks up
-    another test's StageSets on this control plane), each with the Lease the chart would give it."""
+    another test's StageSets on this control plane), each with the Lease the chart would give it,
+    both honouring the StageTargets of :data:`SHARD_TARGETS`."""
     for namespace in LABELLED:
         install.create_tenant(installed, namespace=namespace, service_account="deployer")
     handles: dict[str, ControllerProcess] = {}
@@ -131,9 +137,11 @@ def label_shards(installed: KubeClient, control_plane: ControlPlane,
             workdir = tmp_path_factory.mktemp(account)
             kubeconfig = install.controller_kubeconfig(
                 installed, url=control_plane.url, ca=control_plane.pki.ca_cert, path=workdir / "kubeconfig",
-                account=account, watch_namespaces=LABELLED, leader_election=True)
+                account=account, watch_namespaces=LABELLED, leader_election=True,
+                target_namespaces=[SHARD_TARGETS])
             handles[shard] = start_controller(kubeconfig=kubeconfig, workdir=workdir, extra=[
                 "--watch-namespaces", ",".join(LABELLED), *SELECTORS[shard], "--leader-elect",
+                "--target-namespaces", SHARD_TARGETS,
                 "--leader-election-namespace=stageset-system", f"--leader-election-id={account}",
                 "--allowed-action-hosts=127.0.0.1", *METRICS_ARGS])
         yield LabelShards(main=handles["main"], shard1=handles["shard1"])
@@ -356,6 +364,52 @@ def test_a_key_no_shard_serves_is_reported_by_the_main_shard(
     wait_for(lambda: ready_at(installed, namespace, "lost"), what="Ready on shard1")
     wait_for(lambda: scrape(main_metrics).value("stageset_unserved_objects", kind="StageSet") == 0,
              what="the main shard's count back to 0")
+
+
+def stage_target(name: str, *, secret: str, allowed: list[str], shard: str | None) -> dict[str, Any]:
+    return {"apiVersion": "stages.metio.wtf/v1", "kind": "StageTarget",
+            "metadata": {"name": name, "namespace": SHARD_TARGETS,
+                         "labels": {SHARD_LABEL: shard} if shard else {}},
+            "spec": {"kubeConfig": {"secretRef": {"name": secret}}, "allowedNamespaces": allowed}}
+
+
+def target_status_writes(events: list[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(writer, StageTarget) of every completed write of a StageTarget's status."""
+    return [(acted_as(e), str(e["objectRef"].get("name"))) for e in events
+            if e.get("stage") == "ResponseComplete" and e.get("verb") in WRITE_VERBS
+            and (e.get("objectRef") or {}).get("resource") == "stagetargets"
+            and e["objectRef"].get("subresource") == "status"]
+
+
+def test_one_shard_writes_a_stagetargets_status_the_others_only_read(
+    label_shards: LabelShards, installed: KubeClient, control_plane: ControlPlane, git_server: GitServer,
+) -> None:
+    namespace = LABELLED[1]
+    mark = len(control_plane.audit_events())
+    put_secret(installed, "here-kubeconfig", inline_kubeconfig(control_plane), namespace=SHARD_TARGETS)
+    for name, shard in (("main-owned", None), ("shard1-owned", "shard1")):
+        installed.apply(f"/apis/stages.metio.wtf/v1/namespaces/{SHARD_TARGETS}/stagetargets/{name}",
+                        stage_target(name, secret="here-kubeconfig", allowed=[namespace], shard=shard),
+                        field_manager="platform-team")
+    targets = f"/apis/stages.metio.wtf/v1/namespaces/{SHARD_TARGETS}/stagetargets"
+    for name in ("main-owned", "shard1-owned"):
+        wait_for(lambda name=name: (c := condition(installed.get(f"{targets}/{name}")))
+                 and c["status"] == "True", timeout=240, what=f"StageTarget {name} Ready")
+    # A StageSet of shard1 on the main shard's target: served by shard1, which only reads the target.
+    url = git_server.create_repo("label-target", {"cm.yaml": cm("through-target", "one")})
+    apply(installed, gitrepository(namespace, "app-target", url, "shard1"))
+    on_target = labelled_stageset(namespace, "on-target", "app-target", "shard1")
+    on_target["spec"]["targetRef"] = {"name": "main-owned", "namespace": SHARD_TARGETS}
+    apply(installed, on_target)
+    wait_for(lambda: ready_at(installed, namespace, "on-target"), timeout=120,
+             what="Ready on shard1 through the target")
+    assert get_or_none(installed, f"/api/v1/namespaces/{namespace}/configmaps/through-target") is not None
+    time.sleep(1)  # let the audit log catch up
+    writes = target_status_writes(control_plane.audit_events()[mark:])
+    assert writes, "no StageTarget status write in the audit log at all"
+    by = {shard: {target for writer, target in writes if writer == LabelShards.user(shard)}
+          for shard in ACCOUNTS}
+    assert by == {"main": {"main-owned"}, "shard1": {"shard1-owned"}}, writes
 
 
 # (selector, names of the ConfigMaps it selects among PARITY_OBJECTS)

@@ -251,3 +251,31 @@ def test_past_the_bound_a_waiting_stage_polls_and_the_refusal_is_counted(
     world.roll_out("api")
     eventually(lambda: is_ready(world, "shop") and is_ready(world, "cart"), timeout=10,
                what="both Ready: one woken by its watch, the other by polling")
+
+
+def test_the_stagetargets_secret_watch_counts_as_a_cache_no_worker_starts_before_it_listed(
+    world: World, running: Callable[..., Manager]
+) -> None:
+    """A StageSet's pass compares a target Secret's watched version with the one its connection read:
+    the Secret watch of the target namespaces is waited for like the kinds' caches (and ``/readyz``)."""
+    platform = "platform-targets"
+    secrets = f"/api/v1/namespaces/{platform}/secrets"
+    prefixes = world.cluster.controller_prefixes or ()
+    world.cluster.controller_prefixes = (*prefixes, secrets)  # the chart's Role in a target namespace
+    world.cluster.failures[("list", secrets, None)] = ApiError(status=503, reason="ServiceUnavailable",
+                                                               message="etcd is slow")
+    world.sources.commit(URL, {"app/cm.json": configmap("hello")})
+    world.cluster.put({"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+                       "metadata": {"name": "app", "namespace": NS}, "spec": {"url": URL}})
+    world.stageset("shop", [{"name": "app", "path": "./app"}])
+    manager = running(target_namespaces=(platform,))
+    kinds = manager._reflectors  # which watches have listed is the point
+    eventually(lambda: all(r.synced.is_set() for r in kinds), what="every kind's watch listed")
+    eventually(lambda: [r for r in world.cluster.requests if r.verb == "list" and r.path == secrets],
+               what="the Secret watch trying to list")
+    assert "stageset_caches_synced 0.0" in manager.metrics.exposition().decode()
+    assert not (world.get("shop").get("status") or {}).get("conditions"), "no pass before the Secrets listed"
+
+    del world.cluster.failures[("list", secrets, None)]
+    eventually(lambda: is_ready(world, "shop"), what="StageSet Ready once the Secret watch listed")
+    assert "stageset_caches_synced 1.0" in manager.metrics.exposition().decode()

@@ -7,6 +7,9 @@ tests/e2e/test_ownership.py.
 
 from __future__ import annotations
 
+import json
+
+from stageset.api import THIS_CLUSTER
 from stageset.api.vocabulary import Reason
 from stageset.apply.inventory import ObjectId
 from stageset.controller.stageset.claims import UNREADABLE_HOLDER, LiveClaims, lists
@@ -98,15 +101,16 @@ def test_a_holder_that_no_longer_lists_the_object_lets_it_be_adopted(world: Worl
 def test_liveness_reads_the_inventory_then_the_record() -> None:
     oid = ObjectId(namespace="shop", name="a", group="", kind="ConfigMap")
     listed = {"status": {"inventory": [{"name": "app", "entries": [{"id": oid.encode(), "v": "v1"}]}]}}
-    assert lists(listed, oid)
+    assert lists(listed, oid, target=THIS_CLUSTER)
     other = {"status": {"inventory": [{"name": "app", "entries": [{"id": "shop_b__ConfigMap", "v": "v1"}]}]}}
-    assert not lists(other, oid)
+    assert not lists(other, oid, target=THIS_CLUSTER)
     # Status lost: the durable record covers ConfigMaps in shop, so the holder still holds it.
     record = '{"v":1,"stages":{"app":{"sa":"d","kinds":{"v1//ConfigMap":["shop"]}}}}'
     recorded = {"metadata": {"annotations": {"stages.metio.wtf/inventory-record": record}}}
-    assert lists(recorded, oid)
-    assert not lists(recorded, ObjectId(namespace="web", name="a", group="", kind="ConfigMap"))
-    assert not lists({}, oid)
+    assert lists(recorded, oid, target=THIS_CLUSTER)
+    elsewhere = ObjectId(namespace="web", name="a", group="", kind="ConfigMap")
+    assert not lists(recorded, elsewhere, target=THIS_CLUSTER)
+    assert not lists({}, oid, target=THIS_CLUSTER)
 
 
 def test_a_holder_the_tenant_may_not_read_is_not_named() -> None:
@@ -117,13 +121,13 @@ def test_a_holder_the_tenant_may_not_read_is_not_named() -> None:
                  "metadata": {"name": "secret-plan", "namespace": "platform"}, "spec": {"stages": []}})
     oid = ObjectId(namespace=NS, name="a", group="", kind="ConfigMap")
     claims = LiveClaims(controller=pool.client(), tenant=pool.client(Identity.service_account(
-        namespace=NS, name=SA)), ours=(NS, "new"))
+        namespace=NS, name=SA)), ours=(NS, "new"), target=THIS_CLUSTER)
     # No inventory and no record: it holds nothing, whoever reads it.
     assert claims.claim(holder=("platform", "secret-plan"), oid=oid) is None
     cluster.edit(stageset_path("secret-plan", "platform"), lambda o: o.update(status={"inventory": [
         {"name": "x", "entries": [{"id": oid.encode(), "v": "v1"}]}]}))
     claims = LiveClaims(controller=pool.client(), tenant=pool.client(Identity.service_account(
-        namespace=NS, name=SA)), ours=(NS, "new"))
+        namespace=NS, name=SA)), ours=(NS, "new"), target=THIS_CLUSTER)
     claim = claims.claim(holder=("platform", "secret-plan"), oid=oid)
     assert claim is not None
     assert claim.holder == UNREADABLE_HOLDER
@@ -132,7 +136,75 @@ def test_a_holder_the_tenant_may_not_read_is_not_named() -> None:
     # Once the tenant may read it, it is named.
     cluster.grant(TENANT, "/apis/stages.metio.wtf/v1/namespaces/platform/stagesets/", "get")
     claims = LiveClaims(controller=pool.client(), tenant=pool.client(Identity.service_account(
-        namespace=NS, name=SA)), ours=(NS, "new"))
+        namespace=NS, name=SA)), ours=(NS, "new"), target=THIS_CLUSTER)
     named = claims.claim(holder=("platform", "secret-plan"), oid=oid)
     assert named is not None
     assert named.holder == "StageSet platform/secret-plan"
+
+
+# -- claims are per cluster: one object name on two clusters is two objects -------------------------
+
+REMOTE = "https://prod.example:6443#aaaaaaaaaaaaaaaa"
+OTHER = "https://other.example:6443#bbbbbbbbbbbbbbbb"
+
+
+def holding(oid: ObjectId, *, on: str, previous_on: str | None = None) -> dict[str, object]:
+    """A StageSet (as read) whose inventory lists ``oid`` on cluster ``on`` (and, mid-move, on
+    ``previous_on``, not cleaned up yet)."""
+    def inventory(target: str) -> dict[str, object]:
+        found: dict[str, object] = {"name": "app", "entries": [{"id": oid.encode(), "v": "v1"}]}
+        if target != THIS_CLUSTER:
+            found["target"] = {"id": target, "kubeConfig": {"name": "kc", "key": "value"}}
+        return found
+    status: dict[str, object] = {"inventory": [inventory(on)]}
+    if previous_on is not None:
+        status["previousTargets"] = {"since": "2026-03-01T12:00:00Z", "inventory": [inventory(previous_on)]}
+    return {"status": status}
+
+
+def test_a_claim_holds_on_the_cluster_the_holder_listed_the_object_on_only() -> None:
+    oid = ObjectId(namespace="shop", name="a", group="", kind="ConfigMap")
+    on_remote = holding(oid, on=REMOTE)
+    assert lists(on_remote, oid, target=REMOTE), "the same target: a conflict"
+    assert not lists(on_remote, oid, target=THIS_CLUSTER), "another cluster: the object there is not its"
+    assert not lists(on_remote, oid, target=OTHER)
+    here = holding(oid, on=THIS_CLUSTER)
+    assert lists(here, oid, target=THIS_CLUSTER)
+    assert not lists(here, oid, target=REMOTE)
+    # Mid-move the cluster it leaves is still held (its cleanup deletes the object there).
+    moving = holding(oid, on=OTHER, previous_on=REMOTE)
+    assert lists(moving, oid, target=REMOTE)
+    assert lists(moving, oid, target=OTHER)
+    assert not lists(moving, oid, target=THIS_CLUSTER)
+
+
+def test_a_lost_status_holds_by_the_record_on_the_recorded_cluster_only() -> None:
+    oid = ObjectId(namespace="shop", name="a", group="", kind="ConfigMap")
+    stage = {"sa": "d", "kinds": {"v1//ConfigMap": ["shop"]}, "t": REMOTE, "kc": ["kc", "value"]}
+    record = {"v": 2, "stages": {"app": stage}, "prev": [{"stage": "app", **stage, "t": OTHER}],
+              "since": "2026-03-01T12:00:00Z"}
+    recorded = {"metadata": {"annotations": {"stages.metio.wtf/inventory-record": json.dumps(record)}}}
+    assert lists(recorded, oid, target=REMOTE)
+    assert lists(recorded, oid, target=OTHER), "a previous cluster the move still has to clean up"
+    assert not lists(recorded, oid, target=THIS_CLUSTER)
+    # A record from before targets names no cluster: held wherever the object is.
+    old = '{"v":1,"stages":{"app":{"sa":"d","kinds":{"v1//ConfigMap":["shop"]}}}}'
+    before_targets = {"metadata": {"annotations": {"stages.metio.wtf/inventory-record": old}}}
+    assert lists(before_targets, oid, target=REMOTE)
+    assert lists(before_targets, oid, target=THIS_CLUSTER)
+
+
+def test_a_holder_on_another_cluster_lets_the_stage_adopt_and_one_on_the_same_conflicts() -> None:
+    cluster = FakeCluster()
+    pool = FakeClientPool(cluster)
+    oid = ObjectId(namespace=NS, name="a", group="", kind="ConfigMap")
+    cluster.put({"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+                 "metadata": {"name": "elsewhere", "namespace": NS}, "spec": {"stages": []},
+                 "status": holding(oid, on=REMOTE)["status"]})
+    tenant = pool.client(Identity.service_account(namespace=NS, name=SA))
+    here = LiveClaims(controller=pool.client(), tenant=tenant, ours=(NS, "new"), target=THIS_CLUSTER)
+    assert here.claim(holder=(NS, "elsewhere"), oid=oid) is None
+    there = LiveClaims(controller=pool.client(), tenant=tenant, ours=(NS, "new"), target=REMOTE)
+    claim = there.claim(holder=(NS, "elsewhere"), oid=oid)
+    assert claim is not None
+    assert claim.holder == f"StageSet {NS}/elsewhere"

@@ -15,9 +15,19 @@ from stageset.api import (
     PreviousTargets,
     SecretKeyRef,
     StageInventory,
+    TargetRef,
 )
 from stageset.apply.inventory import split_by_target as split
-from stageset.apply.record import ANNOTATION, FORMAT, KindRef, Record, StageRecord, of_inventories, parse
+from stageset.apply.record import (
+    ANNOTATION,
+    FORMAT,
+    KindRef,
+    Record,
+    StageRecord,
+    of_inventories,
+    of_objects,
+    parse,
+)
 from stageset.controller.stageset.targets import where
 
 A = "https://a.example:6443#aaaaaaaaaaaaaaaa"
@@ -156,3 +166,36 @@ def test_split(case: str, inventories: dict[str, StageInventory], moving: Previo
 def test_events_name_a_server_or_this_cluster_never_the_fingerprint() -> None:
     assert where(THIS_CLUSTER) == "this cluster"
     assert where(A) == "https://a.example:6443"
+
+
+# -- a platform StageTarget in the record (issue 33: a status lost mid-move still reaches it) --------
+
+ON_TARGET = StageRecord("deployer", {CM: frozenset({"shop"})}, A, None, ("platform", "prod"))
+
+
+def test_a_stage_target_is_recorded_by_reference_and_read_back() -> None:
+    encoded = Record({"app": on(B)}, previous=(("app", ON_TARGET),), since=EARLIER).encode()
+    body = json.loads(encoded)
+    assert body["v"] == FORMAT == 2, "an optional key of format 2: no new format, no rebuild on rollback"
+    assert body["prev"][0]["st"] == ["platform", "prod"]
+    assert body["prev"][0]["t"] == A
+    assert "kc" not in body["prev"][0]
+    assert parse(obj(encoded)).previous == (("app", ON_TARGET),)
+
+
+def test_a_format_2_record_without_a_stage_target_reads_as_before() -> None:
+    old = {"v": 2, "stages": {"app": {"sa": "deployer", "kinds": {"v1//ConfigMap": ["shop"]}, "t": A}}}
+    assert parse(obj(old)).stages["app"] == StageRecord("deployer", {CM: frozenset({"shop"})}, A, None, None)
+
+
+def test_an_inventory_on_a_stage_target_records_the_target() -> None:
+    prod = AppliedTarget(id=A, target_ref=TargetRef(namespace="platform", name="prod"))
+    on_prod = StageInventory(name="app", service_account_name="deployer", entries=[entry("a")], target=prod)
+    record = of_inventories([inv("app", THIS_CLUSTER, "a")], previous=[on_prod], since=EARLIER)
+    assert record.previous == (("app", ON_TARGET),)
+
+
+def test_records_name_no_stage_target_for_this_cluster() -> None:
+    local = of_objects("deployer", [("shop", {"apiVersion": "v1", "kind": "ConfigMap"})], target=THIS_CLUSTER,
+                       via=None, stage_target=("platform", "prod"))
+    assert local.stage_target is None

@@ -125,6 +125,26 @@ def test_the_shard_a_selector_serves(text: str, shard: str | None) -> None:
     assert LabelSelector.parse(text).shard == shard
 
 
+# (selector, an object's labels, whether they name the selector's shard): only the shard label counts
+NAMES_SHARD = [
+    ("!sharding.fluxcd.io/key", {}, True),
+    ("!sharding.fluxcd.io/key", {"sharding.fluxcd.io/key": "shard1"}, False),
+    ("team=a,!sharding.fluxcd.io/key", {}, True),
+    ("sharding.fluxcd.io/key=shard1", {}, False),
+    ("sharding.fluxcd.io/key=shard1", {"sharding.fluxcd.io/key": "shard1"}, True),
+    ("team=a,sharding.fluxcd.io/key=shard1", {"sharding.fluxcd.io/key": "shard1"}, True),
+    ("sharding.fluxcd.io/key=shard1", {"sharding.fluxcd.io/key": "shard2"}, False),
+    ("team=a", {}, True),
+]
+
+
+@pytest.mark.parametrize(("text", "labels", "expected"), NAMES_SHARD)
+def test_an_objects_shard_label_names_one_shard_and_other_requirements_do_not_count(
+    text: str, labels: dict[str, str], expected: bool
+) -> None:
+    assert LabelSelector.parse(text).names_shard_of(labels) is expected
+
+
 def test_the_unserved_selector_selects_exactly_keys_no_shard_serves() -> None:
     main = LabelSelector.parse("team=a,!sharding.fluxcd.io/key")
     unserved = main.unserved(("shard2", "shard1", "shard2"))

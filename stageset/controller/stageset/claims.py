@@ -6,14 +6,19 @@ A stage that renders an object whose owner labels name another StageSet asks thi
 
 - it exists on this cluster (one being deleted counts: its teardown still deletes, or releases,
   what it holds), and
-- it lists the object: in ``status.inventory`` (any stage; namespace, name, group and kind), or,
-  when its status carries no inventory at all (lost in a restore, or not written yet), its durable
-  record (:mod:`stageset.apply.record`) covers the object's kind in the object's namespace — the
-  record grows before anything is applied, so a StageSet about to write the object already holds it.
+- it lists the object **on the cluster being written** (the stage's target, by cluster id: two
+  StageSets may each own a ``shop/web`` ConfigMap on two clusters): in ``status.inventory`` (any
+  stage applied there; namespace, name, group and kind) or in ``status.previousTargets`` (a move
+  that still has to clean that cluster up), or, when its status carries no inventory at all (lost
+  in a restore, or not written yet), its durable record (:mod:`stageset.apply.record`) covers the
+  object's kind in the object's namespace on that cluster (or a move's previous record does) — the
+  record grows before anything is applied, so a StageSet about to write the object already holds
+  it.  A record from before targets were recorded names no cluster and holds on every one.
 
 Anything else lets the stage adopt the object in place: the StageSet is gone (404), or it lists the
-object nowhere (it stopped rendering it; a ``prune: false`` stage dropped it; ``deletionPolicy:
-Orphan`` released it, labels and all).  A StageSet the controller cannot read now holds the object:
+object nowhere on that cluster (it stopped rendering it; a ``prune: false`` stage dropped it;
+``deletionPolicy: Orphan`` released it, labels and all; it moved away and gave that cluster up
+with ``RetargetAbandoned``, leaving the labels).  A StageSet the controller cannot read now holds the object:
 what cannot be judged is never written.
 
 Identity: the holder is read as the controller (its role reads StageSets cluster-wide).  Whether the
@@ -29,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from stageset.api import API_VERSION
+from stageset.api import API_VERSION, THIS_CLUSTER
 from stageset.apply.claims import Claim
 from stageset.apply.inventory import ObjectId
 from stageset.apply.record import parse
@@ -43,13 +48,26 @@ def stageset_path(namespace: str, name: str) -> str:
     return f"/apis/{API_VERSION}/namespaces/{namespace}/stagesets/{name}"
 
 
-def lists(holder: KubeObject, oid: ObjectId) -> bool:
-    """Does the StageSet ``holder`` (as read) list ``oid``: its inventory, else its record?  Pure."""
-    inventory = (holder.get("status") or {}).get("inventory") or []
+def _target_of(inventory: KubeObject) -> str:
+    """The cluster id a stage inventory (as read, JSON) names: absent, this cluster."""
+    return str((inventory.get("target") or {}).get("id") or THIS_CLUSTER)
+
+
+def lists(holder: KubeObject, oid: ObjectId, *, target: str) -> bool:
+    """Does the StageSet ``holder`` (as read) list ``oid`` on the cluster ``target``: its inventories
+    there (current, and a move's previous ones), else its record?  Pure."""
+    status = holder.get("status") or {}
+    inventory = status.get("inventory") or []
     if inventory:
+        previous = (status.get("previousTargets") or {}).get("inventory") or []
         encoded = oid.encode()
-        return any(entry.get("id") == encoded for stage in inventory for entry in stage.get("entries") or [])
-    for stage in parse(holder).stages.values():
+        return any(entry.get("id") == encoded for stage in (*inventory, *previous)
+                   if _target_of(stage) == target for entry in stage.get("entries") or [])
+    record = parse(holder)
+    stages = [*record.stages.values(), *(stage for _, stage in record.previous)]
+    for stage in stages:
+        if not record.targetless and stage.target != target:
+            continue
         for kind, namespaces in stage.kinds.items():
             if kind.kind == oid.kind and kind.api_version.rpartition("/")[0] == oid.group \
                     and oid.namespace in namespaces:
@@ -66,6 +84,8 @@ class LiveClaims:
     tenant: KubeClient
     """The stage's identity on this cluster (whether the message may name the holder)."""
     ours: tuple[str, str]
+    target: str
+    """The cluster the stage writes (its target id): a holder holds only what it lists there."""
     _read: dict[tuple[str, str], KubeObject | None] = field(default_factory=dict)
     _named: dict[tuple[str, str], str] = field(default_factory=dict)
 
@@ -75,7 +95,7 @@ class LiveClaims:
         if holder not in self._read:
             self._read[holder] = self._fetch(holder)
         found = self._read[holder]
-        if found is not None and not lists(found, oid):
+        if found is not None and not lists(found, oid, target=self.target):
             return None
         return Claim(self._name(holder))
 

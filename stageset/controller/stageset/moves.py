@@ -41,9 +41,7 @@ import logging
 from dataclasses import dataclass
 
 from stageset.api import (
-    AppliedTarget,
     PreviousTargets,
-    SecretKeyRef,
     StageInventory,
     format_time,
 )
@@ -59,7 +57,7 @@ from stageset.controller.identity import IdentityPolicy
 from stageset.controller.stageset.context import PassContext
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
 from stageset.controller.stageset.progress import Progress
-from stageset.controller.stageset.records import on_target
+from stageset.controller.stageset.records import applied_target, on_target
 from stageset.controller.stageset.targets import (
     LOCAL_TARGET,
     Target,
@@ -103,7 +101,7 @@ class Moves:
         if record.targetless and progress.moving is None:
             # Written before targets were recorded: applied where the StageSet pointed then, taken
             # to be where it points now (an upgrade is never a move).
-            inventories = {n: on_target(inv, ctx.target, stageset=ctx.stageset, via=None)
+            inventories = {n: on_target(inv, ctx.target, stageset=ctx.stageset, recorded=None)
                            for n, inv in inventories.items()}
         current, moving = split_by_target(inventories, progress.moving, target=ctx.target.id, now=now)
         rebased = record.rebased(ctx.target.id, now=now)
@@ -135,9 +133,7 @@ class Moves:
         unlisted: list[tuple[str, StageRecord]] = []
         namespace, name = ctx.ref
         for stage, record in lost:
-            applied = None if record.target == LOCAL_TARGET else AppliedTarget(
-                id=record.target,
-                kube_config=SecretKeyRef(name=record.via[0], key=record.via[1]) if record.via else None)
+            applied = None if record.target == LOCAL_TARGET else applied_target(record)
             try:
                 target = self._targets.previous(self._stageset_client(ctx), stageset=ctx.stageset,
                                                 applied=applied)
@@ -154,7 +150,7 @@ class Moves:
                 unlisted.append((stage, record))
                 continue
             for inv in rebuilt.inventories.values():
-                found.append(on_target(inv, target, stageset=None, via=record.via))
+                found.append(on_target(inv, target, stageset=None, recorded=record))
         return found, tuple(unlisted)
 
     def clean(self, ctx: PassContext, progress: Progress) -> Cleaned:

@@ -260,7 +260,7 @@ class PassRunner:
             outcome, result = done
             inventory = None if result is None else records.on_target(stage_inventory(
                 name, rendered[name].account, (o.entry() for o in result.objects)), ctx.target,
-                stageset=ctx.stageset, via=None)
+                stageset=ctx.stageset, recorded=None)
             outcome, released = self._release.gate(ctx, progress, outcome, request)
             progress = progress.applied(outcome, inventory, () if result is None else result.changes)
             if result is not None:

@@ -21,7 +21,7 @@ import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
-from stageset.api import AppliedTarget, PreviousTargets, SecretKeyRef, StageInventory, StageSet
+from stageset.api import AppliedTarget, PreviousTargets, SecretKeyRef, StageInventory, StageSet, TargetRef
 from stageset.apply.inventory import merged
 from stageset.apply.prune import Owner
 from stageset.apply.rebuild import rebuild
@@ -72,26 +72,43 @@ class Records:
                  "" if found.complete else " (incomplete: nothing will be pruned)")
         result: dict[str, StageInventory] = dict(inventories)
         for name, inv in found.inventories.items():
-            found_here = on_target(inv, target, stageset=None, via=stages[name].via)
+            found_here = on_target(inv, target, stageset=None, recorded=stages[name])
             result[name] = merged(result.get(name), found_here)
         problem = "; ".join(found.problems[:3]) if found.problems else None
         return Recovered(result, problem, replace(record.grown(wanted), rebuild=problem is not None))
 
 
 def on_target(inventory: StageInventory, target: Target, *, stageset: StageSet | None,
-              via: tuple[str, str] | None) -> StageInventory:
+              recorded: StageRecord | None) -> StageInventory:
     """``inventory`` naming the cluster it was applied on (nothing for this cluster, as before
-    targets were recorded), and the kubeConfig Secret it was reached through: ``stageset``'s, or
-    ``via`` (from the record)."""
+    targets were recorded), and how it was reached: ``stageset``'s kubeConfig Secret or StageTarget,
+    or what ``recorded`` (the stage's durable record) names, or the platform StageTarget ``target``
+    is."""
     if not target.remote:
         return inventory if inventory.target is None else inventory.model_copy(update={"target": None})
-    if stageset is not None and stageset.spec.target_ref is not None:
-        return inventory.model_copy(update={"target": AppliedTarget(id=target.id,
-                                                                    target_ref=stageset.spec.target_ref)})
-    ref = stageset.spec.kube_config.secret_ref if stageset is not None and stageset.spec.kube_config else None
-    secret = SecretKeyRef(name=ref.name, key=ref.key) if ref is not None else \
-        SecretKeyRef(name=via[0], key=via[1]) if via is not None else None
-    return inventory.model_copy(update={"target": AppliedTarget(id=target.id, kube_config=secret)})
+    if stageset is not None:
+        spec = stageset.spec
+        ref = spec.kube_config.secret_ref if spec.kube_config is not None else None
+        secret = SecretKeyRef(name=ref.name, key=ref.key) if ref is not None else None
+        applied = AppliedTarget(id=target.id, target_ref=spec.target_ref, kube_config=secret)
+    elif recorded is not None:
+        applied = applied_target(recorded, cluster_id=target.id)
+    else:
+        applied = AppliedTarget(id=target.id)
+    if applied.target_ref is None and applied.kube_config is None and target.name:
+        namespace, _, name = target.name.partition("/")
+        applied = applied.model_copy(update={"target_ref": TargetRef(namespace=namespace, name=name)})
+    return inventory.model_copy(update={"target": applied})
+
+
+def applied_target(record: StageRecord, *, cluster_id: str | None = None) -> AppliedTarget:
+    """The remote cluster ``record`` names (``cluster_id``: the one it turned out to be), and how it
+    was reached: references only (a Secret of the StageSet's namespace, or a StageTarget)."""
+    via, platform = record.via, record.stage_target
+    return AppliedTarget(id=cluster_id or record.target,
+                         kube_config=SecretKeyRef(name=via[0], key=via[1]) if via is not None else None,
+                         target_ref=TargetRef(namespace=platform[0], name=platform[1])
+                         if platform is not None else None)
 
 
 def wanted(stageset: StageSet, rendered: Mapping[str, Rendered]) -> dict[str, StageRecord]:
@@ -107,8 +124,10 @@ def wanted(stageset: StageSet, rendered: Mapping[str, Rendered]) -> dict[str, St
                 else str((manifest.get("metadata") or {}).get("namespace") or namespace)
             pairs.append((ns, manifest))
         ref = stageset.spec.kube_config.secret_ref if stageset.spec.kube_config else None
+        platform = stageset.spec.target_ref
         found[name] = of_objects(item.account, pairs, target=item.target.id,
-                                 via=(ref.name, ref.key) if ref is not None else None)
+                                 via=(ref.name, ref.key) if ref is not None else None,
+                                 stage_target=(platform.namespace, platform.name) if platform else None)
     return found
 
 

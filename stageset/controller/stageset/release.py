@@ -352,7 +352,7 @@ class Release:
             return outcome, None
         self._changes.applied(ctx.writer.obj, stage, result, ctx.redactor)
         back = records.on_target(stage_inventory(stage, item.account, (o.entry() for o in result.objects)),
-                                 ctx.target, stageset=ctx.stageset, via=None)
+                                 ctx.target, stageset=ctx.stageset, recorded=None)
         stale = candidates(old={stage: existing} if existing else {}, new={stage: back},
                            stageset=ctx.stageset)
         kept = stale  # not deleted: still tracked
