@@ -473,6 +473,19 @@ class ConflictAction(StrEnum):
     """Leave the live object exactly as it is (it is created when absent, never updated)."""
 
 
+class Preflight(StrEnum):
+    """What a stage asks the apiserver before its first write."""
+
+    DRY_RUN = "DryRun"
+    """Every object is server-side dry-run as the stage's identity: a denial, a schema error or an
+    admission webhook's refusal fails the stage before anything is written (the default)."""
+    ACCESS_REVIEW = "AccessReview"
+    """Only RBAC is asked before the first write: one SelfSubjectAccessReview per verb, kind and
+    namespace the stage writes (as its identity), instead of a dry-run per object new to the
+    inventory.  A denial still fails the stage before anything is written; a schema error or an
+    admission refusal is found by the write itself, so objects written before it stay written."""
+
+
 _DATA_KINDS = ("PersistentVolumeClaim", "PersistentVolume")
 
 
@@ -577,6 +590,11 @@ class Stage(ApiModel):
     """Recreate objects whose immutable fields changed (``conflictPolicy.default: Recreate``)."""
     conflict_policy: ConflictPolicy | None = None
     """What to do, object by object, when the apiserver refuses a change as immutable."""
+    preflight: Preflight | None = None
+    """What is asked before the stage's first write: ``DryRun`` (left out) dry-runs every object, so
+    any refusal fails the stage before anything is written; ``AccessReview`` asks only RBAC (one
+    access review per verb, kind and namespace), cheaper, and leaves schema and admission errors to
+    the writes themselves."""
     patches: list[Patch] = Field(
         default_factory=list, max_length=MAX_PATCHES, json_schema_extra={"x-kubernetes-list-type": "atomic"}
     )

@@ -4,7 +4,8 @@ The engine is split by verb, as Flux's ``ssa`` package splits its ResourceManage
 only names the verbs for its callers (the controller, the CLI, prune, teardown, rebuild):
 
 =================  ==========================================================================
-``apply``          :mod:`stageset.apply.write` — warm check, dry-run, pilot, writes, CRD waits
+``apply``          :mod:`stageset.apply.write` — warm check, dry-run (or access reviews), pilot,
+                   writes, CRD waits
 ``preview``        :mod:`stageset.apply.preview` — the dry-run alone (``stageset diff``)
 ``wait_ready``     :mod:`stageset.apply.wait` — readiness, over :mod:`stageset.apply.watching`
 ``bind``           the stage's objects bound to paths, untouched (:mod:`stageset.apply.core`)
@@ -30,6 +31,7 @@ import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
 
 from stageset.api import InventoryEntry
+from stageset.api.stageset import Preflight
 from stageset.apply import preview as _preview
 from stageset.apply import wait as _wait
 from stageset.apply import write as _write
@@ -64,11 +66,12 @@ class StageApplier(ApplyCore):
               default_namespace: str, claims: Claims, force: bool = False,
               conflicts: ConflictResolver | None = None,
               previous: Mapping[ObjectId, InventoryEntry] | None = None,
-              recheck_rights: bool = True) -> StageResult:
+              recheck_rights: bool = True, preflight: Preflight = Preflight.DRY_RUN) -> StageResult:
         """Apply ``objects`` as ``client``'s identity (:func:`stageset.apply.write.apply`)."""
         return _write.apply(self, client=client, owner=owner, objects=objects,
                             default_namespace=default_namespace, claims=claims, force=force,
-                            conflicts=conflicts, previous=previous, recheck_rights=recheck_rights)
+                            conflicts=conflicts, previous=previous, recheck_rights=recheck_rights,
+                            preflight=preflight)
 
     def preview(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
                 default_namespace: str, conflicts: ConflictResolver | None = None) -> Preview:

@@ -1,7 +1,8 @@
 """Apply one stage: dry-run everything as the tenant, write only what differs, phase by phase.
 
 The verb that writes; it asks the others in turn: the warm check (:mod:`stageset.apply.warm`),
-the dry-run (:mod:`stageset.apply.preview`), deletion for recreation
+the dry-run (:mod:`stageset.apply.preview`) or the access reviews that replace it where a stage
+opts in (:mod:`stageset.apply.access`), deletion for recreation
 (:mod:`stageset.apply.delete`), and the wait for this stage's CRDs (:mod:`stageset.apply.wait`).
 
 Identity: every request made here goes through the ``client`` handed in, which the
@@ -11,8 +12,8 @@ made with the controller's identity (or, on a remote cluster, the kubeconfig's).
 
 Invariants:
 - A stage the tenant may not fully write changes nothing: all objects whose kinds
-  are served are server-side dry-run first; any denial or validation error fails
-  the stage before the first real write.
+  are served are server-side dry-run first (or access-reviewed, below); any denial or
+  validation error a dry-run finds fails the stage before the first real write.
 - An object whose dry-run result equals the live object costs no write, so a warm
   no-op reconcile writes nothing.
 - A warm pass costs no dry-run for an object nobody changed (:mod:`stageset.apply.warm`):
@@ -20,6 +21,13 @@ Invariants:
   RBACDenied as before — except in a periodic pass (``recheck_rights`` false) when the identity
   showed those rights within ``--rights-recheck-interval`` (:mod:`stageset.apply.rights`).
   Any other object takes the dry-run path, so drift is still found and corrected.
+- With ``preflight: AccessReview`` (opt-in per stage) objects new to the inventory are not dry-run:
+  their rights are asked of RBAC, one access review per verb, kind and namespace
+  (:mod:`stageset.apply.access`), before the first write, and each is then written create-only as
+  the pilot below is (one that exists already takes the dry-run path then).  A denial still fails
+  the stage before any write; a schema or admission refusal is found by that object's write, after
+  its siblings may have been written (the trade-off the stage opts into).  Objects in the
+  inventory, and those in a Namespace or of a kind the stage itself creates, are dry-run as before.
 - On a stage's first apply one object is not dry-run: the first object the stage writes (new to
   the inventory, in the first phase), written only after every other object's dry-run passed.
   Its own write is its check: when it fails, nothing else has been written (and its dry-run
@@ -43,8 +51,9 @@ import threading
 from collections.abc import Mapping
 
 from stageset.api import InventoryEntry
+from stageset.api.stageset import Preflight
 from stageset.api.vocabulary import Reason
-from stageset.apply import warm
+from stageset.apply import access, warm
 from stageset.apply.changeset import Action
 from stageset.apply.claims import Claims, create_only, read_existing, refuse_claimed
 from stageset.apply.conflicts import ConflictResolver
@@ -55,6 +64,7 @@ from stageset.apply.core import (
     apply_error,
     comparable,
     created_namespaces,
+    namespace_of,
 )
 from stageset.apply.delete import delete_for_recreation
 from stageset.apply.errors import StageError
@@ -72,14 +82,15 @@ def apply(core: ApplyCore, *, client: KubeClient, owner: StageOwner, objects: li
           default_namespace: str, claims: Claims, force: bool = False,
           conflicts: ConflictResolver | None = None,
           previous: Mapping[ObjectId, InventoryEntry] | None = None,
-          recheck_rights: bool = True) -> StageResult:
+          recheck_rights: bool = True, preflight: Preflight = Preflight.DRY_RUN) -> StageResult:
     """Apply ``objects`` as ``client``'s identity; raise :class:`StageError` on failure.
 
     ``claims`` says whether another StageSet still holds an object the stage renders (required:
     no path may write without asking).
     ``conflicts`` answers immutable-field conflicts (default: fail, or recreate with ``force``).
     ``recheck_rights=False`` (a periodic pass): unchanged objects of a kind and namespace where
-    the identity showed its rights within ``rights_max_age`` are not dry-run."""
+    the identity showed its rights within ``rights_max_age`` are not dry-run.
+    ``preflight=ACCESS_REVIEW``: objects new to the inventory are access-reviewed, not dry-run."""
     previous = previous or {}
     conflicts = conflicts or ConflictResolver.forcing(force)
     labelled = [label_object(obj, owner) for obj in objects]
@@ -89,7 +100,7 @@ def apply(core: ApplyCore, *, client: KubeClient, owner: StageOwner, objects: li
         return _phases(core, client=client, labelled=labelled, bound=bound, served=served,
                        created=created_namespaces(labelled), default_namespace=default_namespace,
                        conflicts=conflicts, previous=previous, owner=owner, recheck_rights=recheck_rights,
-                       claims=claims)
+                       claims=claims, preflight=preflight)
     except StageError as error:
         if error.reason is Reason.RBAC_DENIED:
             warm.rights_denied(core, client=client, items=served)
@@ -99,16 +110,24 @@ def apply(core: ApplyCore, *, client: KubeClient, owner: StageOwner, objects: li
 def _phases(core: ApplyCore, *, client: KubeClient, labelled: list[KubeObject],
             bound: list[AppliedObject | None], served: list[AppliedObject], created: frozenset[str],
             default_namespace: str, conflicts: ConflictResolver, previous: Mapping[ObjectId, InventoryEntry],
-            owner: StageOwner, recheck_rights: bool, claims: Claims) -> StageResult:
+            owner: StageOwner, recheck_rights: bool, claims: Claims, preflight: Preflight) -> StageResult:
     """The warm check, one dry-run of everything it did not settle (and whether another StageSet
-    holds any of it), then phase by phase: the late dry-runs (kinds or namespaces an earlier phase
-    made), the pilot, the writes, the CRD wait."""
+    holds any of it) or, with ``AccessReview``, the access reviews of its new objects and a dry-run
+    of the rest, then phase by phase: the late dry-runs (kinds or namespaces an earlier phase
+    made), the pilot (or the reviewed objects, create-only), the writes, the CRD wait."""
     settled = warm.unchanged(core, client=client, owner=owner, items=served, previous=previous,
                              recheck_rights=recheck_rights)
     bound_by_object = {id(obj): item for obj, item in zip(labelled, bound, strict=True)}
     staged = phases(labelled)
-    pilot = _pilot(staged[0] if staged else [], bound_by_object, previous, created, settled)
-    unsettled = [b for b in served if id(b) not in settled and b is not pilot]
+    reviewed: set[int] = set()
+    pilot: AppliedObject | None = None
+    if preflight is Preflight.ACCESS_REVIEW:
+        fresh = [b for b in served if id(b) not in settled and b.id not in previous
+                 and (namespace_of(b) or "") not in created]
+        reviewed = {id(item) for item in access.reviewed(core, client=client, items=fresh, previous=previous)}
+    else:
+        pilot = _pilot(staged[0] if staged else [], bound_by_object, previous, created, settled)
+    unsettled = [b for b in served if id(b) not in settled and b is not pilot and id(b) not in reviewed]
     deferred = {id(item) for item in dry_run(core, client=client, items=unsettled, conflicts=conflicts,
                                              previous=previous, created=created)}
     _held(core, client=client, items=[i for i in unsettled if id(i) not in deferred], previous=previous,
@@ -140,8 +159,11 @@ def _phases(core: ApplyCore, *, client: KubeClient, labelled: list[KubeObject],
         if pilot is not None and pilot in items:
             _write_pilot(core, client=client, item=pilot, conflicts=conflicts, previous=previous,
                          owner=owner, claims=claims)
-        write(core, client=client, items=[i for i in items if i is not pilot and id(i) not in settled],
-              previous=previous)
+        core.each([i for i in items if id(i) in reviewed], lambda item: _write_pilot(
+            core, client=client, item=item, conflicts=conflicts, previous=previous, owner=owner,
+            claims=claims))
+        write(core, client=client, items=[i for i in items if i is not pilot and id(i) not in settled
+                                          and id(i) not in reviewed], previous=previous)
         _wait_established(core, client=client, items=items)
         result.objects.extend(items)
     warm.remember(core, client=client, items=result.objects)
@@ -179,10 +201,12 @@ def _held(core: ApplyCore, *, client: KubeClient, items: list[AppliedObject],
 
 def _write_pilot(core: ApplyCore, *, client: KubeClient, item: AppliedObject, conflicts: ConflictResolver,
                  previous: Mapping[ObjectId, InventoryEntry], owner: StageOwner, claims: Claims) -> None:
-    """The stage's first write, made without a dry-run once every other object's passed, and
-    create-only: when it fails (the object exists — perhaps another StageSet's —, or anything
-    else) nothing else has been written, and its dry-run says why (or resolves an immutable-field
-    conflict, or finds its holder) before it is written as any other object would be."""
+    """The stage's first write (or, with ``AccessReview``, each reviewed object's write), made
+    without a dry-run once every other object's passed, and create-only: when it fails (the
+    object exists — perhaps another StageSet's —, or anything else) nothing else has been written
+    (with ``AccessReview``: nothing of what a dry-run would have checked), and its dry-run says why
+    (or resolves an immutable-field conflict, or finds its holder) before it is written as any
+    other object would be."""
     status: list[int] = []
     try:
         item.live = client.apply(item.path, create_only(item.manifest), field_manager=FIELD_MANAGER,

@@ -9,10 +9,11 @@ watches a waiting stage opens (:mod:`stageset.kube.watches`, through the engine)
 whether the ServiceAccount exists is asked as :class:`~stageset.controller.stageset.reads.AccountCheck`
 says.
 
-The stage's settings used here: ``conflictPolicy`` (and ``force``) for immutable-field
-conflicts; ``readyChecks.timeout`` > ``timeout`` > ``spec.timeout`` for the readiness wait,
-``wait``/``disableWait`` whether to wait for the applied objects (``checks`` are always waited
-for), ``exprs`` for CEL health checks; every failure message starts with the stage's name.
+The stage's settings used here: ``conflictPolicy`` (and ``force``) for immutable-field conflicts;
+``preflight`` for what is asked before the first write (dry-runs, or access reviews);
+``readyChecks.timeout`` > ``timeout`` > ``spec.timeout`` for the readiness wait,
+``wait``/``disableWait`` whether to wait for the applied objects (``checks`` are always waited for),
+``exprs`` for CEL health checks; every failure message starts with the stage's name.
 
 While the stage waits for readiness its outcome is ``Waiting`` with what it waits for, told to
 ``StageRun.waiting`` as the wait goes (the reconciler publishes it).  Logged at info: every
@@ -29,6 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from stageset.api import InventoryEntry, Stage, StageInventory, StageSet, duration_seconds, format_time
+from stageset.api.stageset import Preflight
 from stageset.api.vocabulary import Reason, StagePhase
 from stageset.apply.cel import CelSandbox
 from stageset.apply.conflicts import ConflictResolver
@@ -124,7 +126,8 @@ class StageApply:
                 result = applier.apply(client=client, owner=owner, objects=rendered.objects,
                                        default_namespace=namespace, claims=claims,
                                        conflicts=ConflictResolver.of(stage),
-                                       previous=_entries(run.previous), recheck_rights=run.recheck_rights)
+                                       previous=_entries(run.previous), recheck_rights=run.recheck_rights,
+                                       preflight=stage.preflight or Preflight.DRY_RUN)
         except StageError as error:
             outcome = self._failed(stage, error, client)
             # One line per denial or failure, with the stage's fields; the message may echo
