@@ -58,11 +58,6 @@ class Review:
             found["namespace"] = self.namespace
         return found
 
-    def describe(self) -> str:
-        """How a denial names what was refused: verb, resource, group and namespace, nothing else."""
-        where = f' in the namespace "{self.namespace}"' if self.namespace else " (cluster-wide)"
-        return f'{self.verb} resource "{self.resource}" in API group "{self.group}"{where}'
-
 
 def needed(writes: list[Write]) -> dict[Review, list[int]]:
     """The reviews ``writes`` need, each once, in the order first needed, with the indices of the

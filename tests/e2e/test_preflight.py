@@ -1,0 +1,147 @@
+"""``preflight: AccessReview``: RBAC asked once per verb, kind and namespace instead of a dry-run per
+object, against the real apiserver, counted from its audit log.
+
+Evidence first in each test: the requests counted are in the log (an empty log must fail, not read
+as "cheap" or "nothing written").
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+from stageset.envtest.controller import ControllerProcess
+from stageset.envtest.server import ControlPlane
+from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
+from tests.conftest import Tenant
+from tests.e2e.conftest import wait_for, writes_by
+from tests.e2e.stagesets import cm, scenario
+from tests.gitserver import GitServer
+
+pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
+
+TenantFactory = Callable[..., Tenant]
+OBJECTS = 5
+REVIEWS = "selfsubjectaccessreviews"
+
+
+def by_tenant(events: list[dict[str, Any]], tenant: str) -> Counter[str]:
+    """The tenant's requests (each impersonated by the controller), by kind of request."""
+    found: Counter[str] = Counter()
+    for event in events:
+        if event.get("stage") != "ResponseComplete" or \
+                (event.get("impersonatedUser") or {}).get("username") != tenant:
+            continue
+        resource = (event.get("objectRef") or {}).get("resource")
+        if resource == REVIEWS:
+            found["access review"] += 1
+        elif "dryRun=All" in event.get("requestURI", ""):
+            found[f"{event['verb']} (dry-run)"] += 1
+        else:
+            found[str(event["verb"])] += 1
+    return found
+
+
+def writes(events: list[dict[str, Any]], tenant: str) -> list[dict[str, Any]]:
+    """Real writes as the tenant; an access review is a ``create`` that stores nothing."""
+    return [e for e in writes_by(events, tenant) if (e.get("objectRef") or {}).get("resource") != REVIEWS]
+
+
+def test_access_reviews_cost_a_cold_stage_fewer_requests_than_dry_runs(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    control_plane: ControlPlane,
+) -> None:
+    files = {f"app/cm-{i}.yaml": cm(f"cm-{i}") for i in range(OBJECTS)}
+    dry = scenario(installed, git_server, make_tenant("pf-dry"), files)
+    review = scenario(installed, git_server, make_tenant("pf-review"), files)
+    seen = len(control_plane.audit_events())
+    dry.stageset("cold", [{"name": "app", "path": "./app"}])  # preflight left out: DryRun
+    review.stageset("cold", [{"name": "app", "path": "./app", "preflight": "AccessReview"}])
+    dry.wait_ready("cold")
+    review.wait_ready("cold")
+    time.sleep(1)  # let the audit log catch up with the last requests
+    events = control_plane.audit_events()[seen:]
+    by_dry = by_tenant(events, dry.tenant.username)
+    by_review = by_tenant(events, review.tenant.username)
+
+    # Evidence first: both cold passes are in the log, every object written once.
+    assert by_dry["patch"] == OBJECTS, by_dry
+    assert by_review["patch"] == OBJECTS, by_review
+    # DryRun: every object but the first written is dry-run; no access review.
+    assert by_dry["patch (dry-run)"] == OBJECTS - 1, by_dry
+    assert by_dry["access review"] == 0, by_dry
+    # AccessReview: two questions (may the tenant patch, and create, ConfigMaps here?), asked as
+    # the tenant (impersonated: counted by impersonatedUser above), and no dry-run at all.
+    assert by_review["access review"] == 2, by_review
+    assert by_review["patch (dry-run)"] == 0, by_review
+    assert sum(by_review.values()) < sum(by_dry.values()), (by_review, by_dry)
+    assert all(review.configmap(f"cm-{i}") is not None for i in range(OBJECTS))
+    # A review is not a write, and no review names another tenant's namespace.
+    asked = [e for e in events if (e.get("objectRef") or {}).get("resource") == REVIEWS
+             and (e.get("impersonatedUser") or {}).get("username") == review.tenant.username]
+    assert len(asked) == 2
+    assert all(e["responseStatus"]["code"] == 201 for e in asked), asked
+
+
+def test_a_stage_its_account_may_not_create_in_fails_before_any_write(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    control_plane: ControlPlane, kube_pool: ClientPool,
+) -> None:
+    tenant = make_tenant("pf-denied")
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{tenant.namespace}"
+    # May change ConfigMaps that exist, not create them.
+    rule = {"apiGroups": [""], "resources": ["configmaps"],
+            "verbs": ["get", "list", "watch", "patch", "update"]}
+    installed.request("POST", f"{rbac}/roles", body={"metadata": {"name": "no-create"}, "rules": [rule]})
+    installed.request("POST", f"{rbac}/rolebindings", body={
+        "metadata": {"name": "no-create"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "no-create"},
+        "subjects": [{"kind": "ServiceAccount", "name": tenant.service_account,
+                      "namespace": tenant.namespace}]})
+
+    # Why a new object needs both reviews: a server-side apply is a patch, and one that creates is
+    # authorized for create as well — patch alone is refused.
+    as_tenant = kube_pool.client(Identity.service_account(namespace=tenant.namespace,
+                                                          name=tenant.service_account))
+    with pytest.raises(ApiError) as refused:
+        as_tenant.apply(f"/api/v1/namespaces/{tenant.namespace}/configmaps/probe",
+                        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe"}},
+                        field_manager="test", dry_run=True)
+    assert refused.value.forbidden, refused.value.message
+    assert "cannot create" in refused.value.message, refused.value.message
+
+    s = scenario(installed, git_server, tenant, {f"app/cm-{i}.yaml": cm(f"cm-{i}") for i in range(3)},
+                 role="view")  # view: read the GitRepository; the Role above: ConfigMaps, no create
+    seen = len(control_plane.audit_events())
+    s.stageset("denied", [{"name": "app", "path": "./app", "preflight": "AccessReview"}])
+    denied = s.wait_reason("denied", "RBACDenied")
+    time.sleep(1)  # let the audit log catch up with the last requests
+    events = control_plane.audit_events()[seen:]
+
+    # The message names the stage, the identity, an object, the verb and the namespace.
+    message = denied["message"]
+    assert "stage 'app'" in message, message
+    assert tenant.username in message, message
+    assert f"ConfigMap {tenant.namespace}/cm-" in message, message
+    assert "cannot create" in message, message
+    assert f'namespace "{tenant.namespace}"' in message, message
+    # Evidence first: the passes are in the log — each asked the tenant's two reviews (patch
+    # allowed, create refused), then dry-ran the objects behind the refusal (the apiserver's own
+    # answer, whose message the stage shows) — and nothing was written, nothing exists.
+    asked = by_tenant(events, tenant.username)
+    passes = asked["access review"] // 2
+    assert passes >= 1, asked
+    assert asked["access review"] == 2 * passes, asked
+    assert asked["patch (dry-run)"] == 3 * passes, asked
+    assert writes(events, tenant.username) == [], writes(events, tenant.username)
+    assert all(s.configmap(f"cm-{i}") is None for i in range(3))
+
+    # Given create, the same StageSet converges (the retry needs no edit).
+    installed.request("PATCH", f"{rbac}/roles/no-create", content_type="application/merge-patch+json",
+                      body={"rules": [{**rule, "verbs": [*rule["verbs"], "create"]}]})
+    wait_for(lambda: all(s.configmap(f"cm-{i}") is not None for i in range(3)), timeout=90,
+             what="the ConfigMaps once create is granted")
