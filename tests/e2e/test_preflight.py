@@ -145,3 +145,28 @@ def test_a_stage_its_account_may_not_create_in_fails_before_any_write(
                       body={"rules": [{**rule, "verbs": [*rule["verbs"], "create"]}]})
     wait_for(lambda: all(s.configmap(f"cm-{i}") is not None for i in range(3)), timeout=90,
              what="the ConfigMaps once create is granted")
+
+
+def test_an_object_that_exists_already_is_adopted_through_the_dry_run(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    control_plane: ControlPlane,
+) -> None:
+    tenant = make_tenant("pf-adopt")
+    installed.request("POST", f"/api/v1/namespaces/{tenant.namespace}/configmaps", body={
+        "apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "cm-0"}, "data": {"k": "by hand"}})
+    s = scenario(installed, git_server, tenant, {f"app/cm-{i}.yaml": cm(f"cm-{i}") for i in range(3)})
+    seen = len(control_plane.audit_events())
+    s.stageset("adopt", [{"name": "app", "path": "./app", "preflight": "AccessReview"}])
+    s.wait_ready("adopt")
+    time.sleep(1)
+    asked = by_tenant(control_plane.audit_events()[seen:], tenant.username)
+
+    # The reviewed objects are written create-only: the one that exists is refused (409), then
+    # dry-run (is it another StageSet's? no: adopted in place) and applied; the others created.
+    adopted = s.configmap("cm-0")
+    assert adopted is not None
+    assert adopted["data"] == {"k": "v"}
+    assert all(s.configmap(f"cm-{i}") is not None for i in range(1, 3))
+    assert asked["access review"] == 2, asked
+    assert asked["patch (dry-run)"] == 1, asked
+    assert asked["patch"] == 4, asked  # three create-only, one apply of the adopted object
