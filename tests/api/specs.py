@@ -180,6 +180,9 @@ INVALID = [
     Invalid("force-with-conflict-default-fail",
             stageset({"stages": [stage("app", force=True, conflictPolicy={"default": "Fail"})]}),
             "spec.stages[0].conflictPolicy.default", "force: true means conflictPolicy.default: Recreate"),
+    Invalid("preflight-unknown",
+            stageset({"stages": [stage("app", preflight="None")]}),
+            "spec.stages[0].preflight", 'Unsupported value: "None"'),
     # StageSet: readiness and timeouts
     Invalid("on-timeout-unknown",
             stageset({"onTimeout": "Retry", "stages": [stage("app")]}),
@@ -387,7 +390,7 @@ VALID = {
     "every-parity-field": stageset({
         "driftDetectionInterval": "1m", "onTimeout": "Hold",
         "stages": [stage(
-            "app", onTimeout="Hold",
+            "app", onTimeout="Hold", preflight="AccessReview",
             conflictPolicy={"default": "KeepExisting", "rules": [
                 {"target": {"apiVersion": "batch/v1", "kind": "Job", "name": "migrate", "namespace": "db"},
                  "action": "Recreate"},
