@@ -12,8 +12,11 @@ from kubernetes import client as k8s
 from stageset.kube import client as kube_client
 from stageset.kube.client import Identity, KubeClient
 
+TOKEN = "Bearer one"  # a made-up value, nothing is sent
+NOBODY = Identity()
 
-def _configuration(token: str | None = "Bearer one") -> k8s.Configuration:
+
+def _configuration(token: str | None = TOKEN) -> k8s.Configuration:
     configuration = k8s.Configuration()
     configuration.host = "https://apiserver.example:6443"
     if token is not None:
@@ -21,12 +24,12 @@ def _configuration(token: str | None = "Bearer one") -> k8s.Configuration:
     return configuration
 
 
-def _client(configuration: k8s.Configuration, identity: Identity = Identity()) -> KubeClient:
+def _client(configuration: k8s.Configuration, identity: Identity = NOBODY) -> KubeClient:
     return KubeClient(api_client=k8s.ApiClient(configuration=configuration), identity=identity)
 
 
-@pytest.mark.parametrize("token", ["Bearer one", None])
-@pytest.mark.parametrize("identity", [Identity(), Identity.service_account(namespace="team-a", name="deployer")])
+@pytest.mark.parametrize("token", [TOKEN, None])
+@pytest.mark.parametrize("identity", [NOBODY, Identity.service_account(namespace="team-a", name="deployer")])
 def test_headers_and_url_are_what_the_generated_client_built(token: str | None, identity: Identity) -> None:
     configuration = _configuration(token)
     client = _client(configuration, identity)
@@ -34,7 +37,8 @@ def test_headers_and_url_are_what_the_generated_client_built(token: str | None, 
     url, headers = client._prepare("PATCH", "/api/v1/namespaces/a/configmaps/b", {"force": True}, dict(extra))
     _, generated_url, generated, _, _ = k8s.ApiClient(configuration=configuration).param_serialize(
         "PATCH", "/api/v1/namespaces/a/configmaps/b",
-        header_params={"Accept": "application/json", **client._headers, **extra}, auth_settings=["BearerToken"])
+        header_params={"Accept": "application/json", **client._headers, **extra},
+        auth_settings=["BearerToken"])
     assert url == f"{generated_url}?force=true"
     assert headers == generated
     assert ("authorization" in headers) is (token is not None)
