@@ -397,7 +397,7 @@ class Manager:
         log.debug("reconciled %s %s/%s in %.2fs; next in %s", *key.ref, elapsed,
                   "-" if result.requeue_after is None else f"{result.requeue_after:.0f}s")
         if result.requeue_after is not None and not self.stop.is_set():
-            queue.add_after(key, result.requeue_after)
+            queue.add_after(key, result.requeue_after, wanted=result.wanted)
         return "success" if result.requeue_after is None else "requeue_after"
 
     def run(self) -> None:

@@ -95,7 +95,8 @@ class WorkQueue(Generic[K]):
         self._queued: set[K] = set()
         self._processing: set[K] = set()
         self._dirty: set[K] = set()
-        self._delayed: list[tuple[float, int, K]] = []
+        # (due, tie-breaker, key, still wanted?): a re-add whose ``wanted`` says no when it is due is dropped.
+        self._delayed: list[tuple[float, int, K, Callable[[], bool] | None]] = []
         self._counter = itertools.count()
         self._shutdown = False
 
@@ -128,12 +129,14 @@ class WorkQueue(Generic[K]):
         with self._cond:
             self._add(key)
 
-    def add_after(self, key: K, delay: float) -> None:
+    def add_after(self, key: K, delay: float, *, wanted: Callable[[], bool] | None = None) -> None:
+        """Add ``key`` in ``delay`` seconds — unless ``wanted``, asked then, says it no longer is
+        (the wait it was for ended sooner; it must not block: it is asked under the queue's lock)."""
         if delay <= 0:
             self.add(key)
             return
         with self._cond:
-            heapq.heappush(self._delayed, (time.monotonic() + delay, next(self._counter), key))
+            heapq.heappush(self._delayed, (time.monotonic() + delay, next(self._counter), key, wanted))
             self._cond.notify()
 
     def add_rate_limited(self, key: K, *, at_least: float = 0.0, at_most: float | None = None) -> float:
@@ -163,8 +166,9 @@ class WorkQueue(Generic[K]):
     def _promote_due(self) -> float | None:
         now = time.monotonic()
         while self._delayed and self._delayed[0][0] <= now:
-            _, _, key = heapq.heappop(self._delayed)
-            self._add(key)
+            _, _, key, wanted = heapq.heappop(self._delayed)
+            if wanted is None or wanted():
+                self._add(key)
         return self._delayed[0][0] - now if self._delayed else None
 
     def _take(self) -> K | None:

@@ -121,6 +121,8 @@ class StatusWriter(Generic[S]):
         self._on_write = on_write
         self.redact = redact
         self._obj = obj
+        self.writes = 0
+        """How many writes this reconcile made to the object (status, finalizer, record)."""
         read = model.model_validate(obj.get("status") or {})
         self.conditions: tuple[Condition, ...] = tuple(read.conditions)
         self.generation = int(metadata(obj).get("generation", 0))
@@ -169,5 +171,6 @@ class StatusWriter(Generic[S]):
     def wrote(self, obj: KubeObject) -> None:
         """A write of this reconcile made ``obj`` (status here; a finalizer or record elsewhere)."""
         self._obj = obj
+        self.writes += 1
         if self._on_write is not None:
             self._on_write(obj)

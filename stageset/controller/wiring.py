@@ -74,6 +74,7 @@ from stageset.controller.setup import Controller, Enqueue, Jobs, Reports, Setup
 from stageset.controller.stageset.actions import ActionStage
 from stageset.controller.stageset.actionsteps import ActionRunner, StepSettings
 from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.holding import Holding
 from stageset.controller.stageset.moves import Moves
 from stageset.controller.stageset.passes import PassRunner
 from stageset.controller.stageset.platform import PlatformTargets
@@ -334,4 +335,5 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
                               expressions=ExpressionChecker(cel), index=index, targets=targets, passes=passes,
                               teardown=teardown, changes=changes, clock=shared.clock,
                               runbook_base_url=settings.runbook_base_url, ticks=shared.ticks,
-                              default_interval=settings.default_interval, on_write=shared.on_write)
+                              default_interval=settings.default_interval, on_write=shared.on_write,
+                              holding=Holding(ticks=shared.ticks))

@@ -3,6 +3,7 @@ from __future__ import annotations
 import random
 import threading
 import time
+from collections.abc import Callable
 
 import pytest
 
@@ -168,3 +169,20 @@ def test_metrics_count_retries_and_delayed_adds_when_they_arrive() -> None:
     assert queue.get() == "x"
     assert seen.adds == 1
     assert seen.waits[0] < 1.0  # waiting is measured from the arrival, not from the request
+
+
+def test_a_delayed_add_no_longer_wanted_when_due_is_dropped() -> None:
+    queue: WorkQueue[str] = WorkQueue()
+    asked: list[str] = []
+
+    def wanted(key: str, answer: bool) -> Callable[[], bool]:
+        def ask() -> bool:
+            asked.append(key)
+            return answer
+        return ask
+
+    queue.add_after("ended-sooner", 0.01, wanted=wanted("ended-sooner", False))
+    queue.add_after("still-waiting", 0.02, wanted=wanted("still-waiting", True))
+    assert queue.get() == "still-waiting"
+    assert asked == ["ended-sooner", "still-waiting"], "each was asked when it was due"
+    assert len(queue) == 0

@@ -10,7 +10,8 @@ recover a lost inventory, split off what a move left on a previous cluster
 release says so -> prune as the pass's one prune permission allows (:func:`pruning.permission`,
 asked once on whichever way the pass goes; ``Scope.MOVED`` also cleans up the clusters a move
 left) -> the status the pass ends with (:func:`progress.concluded`, then the fields steering owns)
--> one conclusion.
+-> one conclusion (none, for a new StageSet that has only waited for its source for less than
+:data:`~stageset.controller.stageset.holding.GRACE`: :mod:`~stageset.controller.stageset.holding`).
 
 What the pass works on is one :class:`~stageset.controller.stageset.context.PassContext`, fixed;
 where it stands is one :class:`~stageset.controller.stageset.progress.Progress` value, a local
@@ -149,8 +150,10 @@ class PassRunner:
             progress, partial = self._recover(ctx, progress, wanted)
             progress = self._moves.start(ctx, progress)
             try:
+                # The finalizer goes with the record only when a stage will apply (a pass that
+                # renders nothing writes it with its conclusion, if it concludes: holding.py).
                 ctx.writer.record(records.grown(ctx.writer.obj, wanted, target=ctx.target.id,
-                                                now=format_time(self._clock())), before_apply=True)
+                                                now=format_time(self._clock())), before_apply=bool(rendered))
             except StageError as error:  # the finalizer could not be added: the object changed
                 failure = plan.before_stages(error.reason, retry=ctx.retry)
                 ctx.writer.conclude(ready=False, reason=error.reason, message=error.message,
@@ -308,6 +311,10 @@ class PassRunner:
         allows (a rollback pruned as it restored), the status it ends with, one write.  ``rolled``:
         the pass rolled back or resumed a rollback, and the record is the one the rollback wrote."""
         stale = pruning.prunes_stale(prune.scope)
+        # A new StageSet whose source is still being fetched: its first word waits (holding.py).
+        if not rolled and not stale and verdict.ready is False and (held := ctx.writer.held(
+                verdict.reason, changed_elsewhere=bool(progress.fresh))) is not None:
+            return held
         kept, pruned = self._prune(ctx, progress) if stale else ([], {})
         status = self._release.concluded(
             ctx, progress, concluded(ctx.writer.status, progress, verdict, prune=prune, kept=kept), steer,

@@ -32,6 +32,7 @@ from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.stageset import floors, plan
 from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.holding import Holding
 from stageset.controller.stageset.passes import PassRunner, log_denial
 from stageset.controller.stageset.reads import TenantReads
 from stageset.controller.stageset.targets import Target, Targets
@@ -48,8 +49,9 @@ class StageSetReconciler:
                  reads: TenantReads, expressions: ExpressionChecker, index: DependencyIndex, targets: Targets,
                  passes: PassRunner, teardown: Teardown, changes: Changes, clock: Clock,
                  runbook_base_url: str, ticks: Ticks, default_interval: float,
-                 on_write: WriteListener | None = None):
+                 on_write: WriteListener | None = None, holding: Holding | None = None):
         self._clients = clients
+        self._holding = holding
         self._resource = resource
         self._identities = identities
         self._reads = reads
@@ -73,6 +75,8 @@ class StageSetReconciler:
     def forget(self, namespace: str, name: str) -> None:
         """The StageSet is gone: drop what this reconciler remembers of it."""
         self._changes.forget(namespace, name)
+        if self._holding is not None:
+            self._holding.forget(namespace, name)
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Reconcile one StageSet (``raw``, from the watch cache: read, never changed)."""
@@ -106,6 +110,8 @@ class StageSetReconciler:
             graph, target = self._prepare(writer, stageset)
         except StageError as error:
             log_denial(error)
+            if (held := writer.held(error.reason)) is not None:  # a dependency created with it, say
+                return held
             failure = plan.before_stages(error.reason, retry=retry)
             writer.conclude(ready=False, reason=error.reason, message=error.message, stalled=failure.stalled)
             return Result(requeue_after=failure.requeue_after)
@@ -121,7 +127,8 @@ class StageSetReconciler:
             # Never guess at an inventory: without it, prune and teardown could orphan objects.
             raise TerminalError(f"cannot read the StageSet's status ({validation_message(error)}); "
                                 "nothing applied or deleted") from error
-        return PassWriter(status=status, client=admin, resource=self._resource, ticks=self._ticks)
+        return PassWriter(status=status, client=admin, resource=self._resource, ticks=self._ticks,
+                          holding=self._holding)
 
     def _prepare(self, writer: PassWriter, stageset: StageSet) -> tuple[nx.DiGraph, Target]:
         """Finalizer, stage graph, dependencies and target cluster; raises :class:`StageError`.

@@ -24,7 +24,9 @@ What a reconcile writes, in the order a pass does:
    :meth:`PassWriter.release` — a rollback's record, before it touches the first stage and after
    each stage it restores (:mod:`~stageset.controller.stageset.release`);
 6. :meth:`PassWriter.conclude` — every reconcile ends with its conditions (after teardown
-   steps, :meth:`PassWriter.inventory`).
+   steps, :meth:`PassWriter.inventory`) — unless :meth:`PassWriter.held` holds back the first word
+   of a new StageSet that only waits for another object and has written nothing
+   (:mod:`~stageset.controller.stageset.holding`): then the reconcile ends with no write at all.
 
 Every status written is a value made by pure functions (:mod:`~stageset.controller.stageset.progress`,
 :func:`~stageset.controller.conditions.concluded`) and written by one
@@ -47,6 +49,8 @@ from stageset.apply.errors import StageError
 from stageset.apply.ownership import FINALIZER
 from stageset.apply.record import ANNOTATION, Record
 from stageset.controller.finalizers import set_finalizer
+from stageset.controller.result import Result
+from stageset.controller.stageset.holding import WAITING, Holding
 from stageset.controller.stageset.plan import StageOutcome
 from stageset.controller.stageset.progress import Progress, shown, waiting_due
 from stageset.controller.status import StatusWriter, with_version
@@ -59,8 +63,9 @@ Ticks = Callable[[], float]  # seconds, monotonic: only ever compared with itsel
 
 class PassWriter:
     def __init__(self, *, status: StatusWriter[StageSetStatus], client: KubeClient, resource: Resource,
-                 ticks: Ticks = time.monotonic):
+                 ticks: Ticks = time.monotonic, holding: Holding | None = None):
         self._status = status
+        self._holding = holding
         self._client = client
         self._resource = resource
         self._ticks = ticks
@@ -177,6 +182,24 @@ class PassWriter:
 
     # -- the end ------------------------------------------------------------------------------
 
+    def held(self, reason: Reason | None, *, changed_elsewhere: bool = False) -> Result | None:
+        """When to look again, holding this pass's conclusion back (the reconcile then ends without
+        any write; sooner when the awaited object changes), or ``None``: conclude now.
+        Held only as :mod:`~stageset.controller.stageset.holding` says: a pass that ends waiting
+        (``reason``) for another object, over a generation status does not show yet, not asked
+        for, that wrote nothing to the StageSet and, ``changed_elsewhere`` false, nothing else."""
+        if self._holding is None:
+            return None
+        meta = metadata(self.obj)
+        ref = (str(meta.get("namespace")), str(meta.get("name")))
+        if reason not in WAITING or changed_elsewhere or self.requested or self._status.writes \
+                or self.status.observed_generation == self.generation:
+            self._holding.release(ref)
+            return None
+        holding = self._holding
+        wait = holding.hold(ref, generation=self.generation)
+        return None if wait is None else Result(requeue_after=wait, wanted=lambda: holding.pending(ref))
+
     def inventory(self, inventory: list[StageInventory]) -> None:
         """Teardown: what is left of the inventory."""
         self._status.write(self.status.model_copy(update={"inventory": inventory}))
@@ -191,6 +214,9 @@ class PassWriter:
         """The reconcile's conditions (with ``status``: the status a pass ended with).  A finalizer
         still due is written first; if the object changed meanwhile, the next pass adds it."""
         self._announced = None
+        if self._holding is not None:
+            meta = metadata(self.obj)
+            self._holding.release((str(meta.get("namespace")), str(meta.get("name"))))
         if self._finalizer_due:
             with contextlib.suppress(StageError):  # the object changed: its next reconcile adds it
                 self.record(None, before_apply=True)

@@ -1,0 +1,89 @@
+"""A new StageSet's first word, held back while it only waits for another object.
+
+A StageSet is often created together with its GitRepository (or with the StageSet it depends
+on): its first pass finds the source not fetched yet, and would write ``Ready=False
+SourceNotReady`` (finalizer, status, a Warning event) only for the next pass, a moment later, to
+write ``Ready=True`` over it.  Status writes are the costliest requests of a pass
+(``docs/scale.md``), and nobody sees a state that lasts less than a second.  So such a pass ends
+without writing anything and looks again when the awaited object changes (its watch wakes the
+StageSet) or at the deadline, whichever comes first (the deadline's requeue is dropped when
+the wait ended sooner: :meth:`Holding.pending`); only a StageSet still waiting
+:data:`GRACE` seconds after its first such pass says so — exactly what it would have said.
+
+Invariants (what :meth:`~stageset.controller.stageset.writer.PassWriter.held` checks first):
+
+- only a pass that wrote nothing at all — nothing applied, pruned or deleted, no record,
+  finalizer, status or event — and ends waiting for another object (:data:`WAITING`) is held;
+  a destructive decision (prune, teardown, rollback) is never held: it is carried out and told
+  in the same pass, as before;
+- only a generation status does not show yet (a new StageSet, a changed spec): a StageSet that
+  already says where it stands is never made to repeat passes;
+- never a pass someone asked for (``reconcile.fluxcd.io/requestedAt``: they wait for its answer);
+- at most :data:`GRACE` seconds after the first held pass of that generation, by the injected
+  monotonic ``ticks`` (unit tests move it by hand).
+
+Identity: none — no I/O.  Memory: one entry per StageSet held right now; dropped when its pass
+concludes (:meth:`Holding.release`) or it is deleted (:meth:`Holding.forget`).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+from stageset.api.vocabulary import Reason
+
+Ticks = Callable[[], float]  # seconds, monotonic: only ever compared with itself
+Ref = tuple[str, str]  # (namespace, name)
+
+# Seconds a person would not notice: a wait shorter than this is never written.
+GRACE = 1.0
+# What a pass may be waiting for without having written anything: another object, about to change.
+WAITING = frozenset({Reason.SOURCE_NOT_READY, Reason.ARTIFACT_NOT_FOUND, Reason.DEPENDENCY_NOT_READY})
+# A requeue sooner than this is not asked for (a deadline just missed is written at once next time).
+SOONEST = 0.05
+
+
+class Holding:
+    """Since when each StageSet's first word is held, per generation.  Thread-safe: every
+    worker's reconciles share it."""
+
+    def __init__(self, *, ticks: Ticks, grace: float = GRACE):
+        self._ticks = ticks
+        self._grace = grace
+        self._since: dict[Ref, tuple[int, float]] = {}
+        self._lock = threading.Lock()
+
+    def hold(self, ref: Ref, *, generation: int) -> float | None:
+        """Seconds to hold the StageSet's conclusion back (then look again), or ``None``: the
+        grace is over, say it now."""
+        now = self._ticks()
+        with self._lock:
+            first = self._since.get(ref)
+            if first is None or first[0] != generation:
+                self._since[ref] = (generation, now)
+                return self._grace
+            left = first[1] + self._grace - now
+            if left > 0:
+                return max(left, SOONEST)
+            del self._since[ref]
+            return None
+
+    def pending(self, ref: Ref) -> bool:
+        """Still held (its look-again is wanted); false once its pass concluded or it was deleted,
+        so the requeue of a wait that ended sooner is dropped, not run as an extra pass."""
+        with self._lock:
+            return ref in self._since
+
+    def release(self, ref: Ref) -> None:
+        """The StageSet's pass concluded (it said where it stands): nothing is held any more."""
+        with self._lock:
+            self._since.pop(ref, None)
+
+    def forget(self, namespace: str, name: str) -> None:
+        """The StageSet is gone."""
+        self.release((namespace, name))
+
+    def __len__(self) -> int:
+        with self._lock:
+            return len(self._since)
