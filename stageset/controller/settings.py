@@ -100,6 +100,10 @@ class ControllerSettings:
     # at again only every ``watched_requeue`` seconds.
     max_readiness_watches: int = 100
     watched_requeue: float = 30.0
+    # A new StageSet (or a new generation) whose pass only waits for its source or a dependency,
+    # having written nothing, says so in status only after this many seconds: a source fetched
+    # sooner is never shown as not ready, and costs no writes (controller/stageset/holding.py); 0: at once.
+    first_wait_grace: float = 1.0
     # How often a StageSet without spec.interval is reconciled (seconds; the reference's default).
     default_interval: float = 600.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway

@@ -88,7 +88,10 @@ class World:
     cluster: FakeCluster
     sources: FakeSources
     clock: Clock
-    settings: ControllerSettings = field(default_factory=lambda: ControllerSettings(readiness_slice=0.0))
+    # One reconcile, one conclusion: no readiness wait, and a first wait for a source said at once
+    # (tests/inprocess/test_first_wait.py holds it, as the controller does).
+    settings: ControllerSettings = field(default_factory=lambda: ControllerSettings(readiness_slice=0.0,
+                                                                                    first_wait_grace=0.0))
     stop: threading.Event = field(default_factory=threading.Event)
     index: DependencyIndex = field(default_factory=DependencyIndex)
     terminating: TerminatingNamespaces = field(default_factory=TerminatingNamespaces)
