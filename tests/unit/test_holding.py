@@ -151,8 +151,8 @@ def test_what_is_never_held(why: str) -> None:
     holding = Holding(ticks=Ticks())
     reason = Reason.STAGE_FAILED if why == "not waiting" else Reason.SOURCE_NOT_READY
     status = {"observedGeneration": 1} if why == "shown" else None
-    annotations = {"annotations": {REQUESTED_AT: "now"}} if why == "requested" else {}
-    writer, _ = writer_of(stageset(status, **annotations), holding)
+    annotations: dict[str, Any] = {REQUESTED_AT: "now"} if why == "requested" else {}
+    writer, _ = writer_of(stageset(status, annotations=annotations), holding)
     if why == "wrote":
         writer.finalizer(present=True)  # written at once
         assert FINALIZER in writer.obj["metadata"]["finalizers"]
