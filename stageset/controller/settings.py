@@ -104,6 +104,9 @@ class ControllerSettings:
     # having written nothing, says so in status only after this many seconds: a source fetched
     # sooner is never shown as not ready, and costs no writes (controller/stageset/holding.py); 0: at once.
     first_wait_grace: float = 1.0
+    # ... and while it waits only for GitRepositories that have said nothing yet (their first fetch
+    # queued or running; their conclusion wakes it), at most this long.
+    first_fetch_wait: float = 60.0
     # How often a StageSet without spec.interval is reconciled (seconds; the reference's default).
     default_interval: float = 600.0
     # After this long, a deleted StageSet whose objects cannot be removed is released anyway

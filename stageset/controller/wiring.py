@@ -336,5 +336,6 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
                               teardown=teardown, changes=changes, clock=shared.clock,
                               runbook_base_url=settings.runbook_base_url, ticks=shared.ticks,
                               default_interval=settings.default_interval, on_write=shared.on_write,
-                              holding=Holding(ticks=shared.ticks, grace=settings.first_wait_grace)
+                              holding=Holding(ticks=shared.ticks, grace=settings.first_wait_grace,
+                                              patience=settings.first_fetch_wait)
                               if settings.first_wait_grace > 0 else None)

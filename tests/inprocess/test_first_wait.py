@@ -3,10 +3,13 @@
 
 A source fetched within the grace is never shown as not ready, and the StageSet is written
 as if it had been created after its source: one finalizer-and-record patch, one status write.
-One still waiting when the grace is over says exactly what it said before.
+One still waiting when the grace is over says exactly what it said before — but a GitRepository
+that has said nothing yet (its first fetch queued) is waited for longer: its word wakes the StageSet.
 """
 
 from __future__ import annotations
+
+import pytest
 
 from stageset.apply.ownership import FINALIZER
 from stageset.controller.events import EventRecorder
@@ -14,7 +17,7 @@ from stageset.controller.identity import IdentityPolicy
 from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.metrics import Metrics
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.stageset.holding import GRACE
+from stageset.controller.stageset.holding import GRACE, PATIENCE
 from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.wiring import Shared, stageset_reconciler
 from tests.inprocess.conftest import NS, World, configmap, stageset_path
@@ -112,3 +115,31 @@ def test_a_stageset_that_already_says_where_it_stands_is_never_held(world: World
 
     assert result.wanted is None
     assert world.ready("shop")["reason"] == "SourceNotReady"
+
+
+def test_a_gitrepository_not_fetched_yet_is_waited_for_longer_than_the_grace(world: World) -> None:
+    ticks = Ticks()
+    world.reconciler = holding_reconciler(world, ticks)
+    source = GITREPOSITORIES.object_path(name="app", namespace=NS)
+    world.cluster.put({"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+                       "metadata": {"name": "app", "namespace": NS}, "spec": {"url": "https://git.example/x"}})
+    world.stageset("shop", [{"name": "app", "path": "./app"}])
+
+    held = world.reconcile("shop")
+    assert held.requeue_after == PATIENCE
+    ticks.now += GRACE * 10  # queued behind other fetches
+    again = world.reconcile("shop")  # woken by another change of the source, say
+    assert again.requeue_after == pytest.approx(PATIENCE - GRACE * 10)
+    assert world.cluster.writes() == []
+
+    world.cluster.set_status(source, {"conditions": [{
+        "type": "Ready", "status": "False", "reason": "GitOperationFailed", "message": "unreachable",
+        "lastTransitionTime": "2030-01-01T00:00:00Z"}]})
+    said = world.reconcile("shop")  # its failure wakes the StageSet: said at once
+
+    assert said.wanted is None
+    assert held.wanted is not None
+    assert not held.wanted()
+    ready = world.ready("shop")
+    assert (ready["status"], ready["reason"]) == ("False", "SourceNotReady")
+    assert "unreachable" in ready["message"]

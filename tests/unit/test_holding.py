@@ -13,7 +13,7 @@ from stageset.api import StageSetStatus
 from stageset.api.vocabulary import Reason
 from stageset.apply.ownership import FINALIZER
 from stageset.controller.kinds import STAGESETS
-from stageset.controller.stageset.holding import GRACE, SOONEST, Holding
+from stageset.controller.stageset.holding import GRACE, PATIENCE, SOONEST, Holding
 from stageset.controller.stageset.writer import PassWriter
 from stageset.controller.status import REQUESTED_AT, StatusWriter
 from stageset.kube.types import KubeObject
@@ -72,6 +72,21 @@ def test_a_deadline_just_ahead_asks_for_no_busy_requeue() -> None:
     holding.hold(REF, generation=1)
     ticks.now += GRACE - 0.001
     assert holding.hold(REF, generation=1) == SOONEST
+
+
+def test_a_wait_for_a_first_fetch_is_held_longer_and_counted_from_the_same_first_pass() -> None:
+    ticks = Ticks()
+    holding = Holding(ticks=ticks)
+    assert holding.hold(REF, generation=1, fetching=True) == PATIENCE
+    ticks.now += GRACE * 5
+    assert holding.hold(REF, generation=1, fetching=True) == pytest.approx(PATIENCE - GRACE * 5)
+    # The source said something (it failed, say): the StageSet now waits for nothing of ours.
+    assert holding.hold(REF, generation=1) is None
+
+
+def test_patience_is_never_shorter_than_the_grace() -> None:
+    holding = Holding(ticks=Ticks(), grace=5.0, patience=1.0)
+    assert holding.hold(REF, generation=1, fetching=True) == 5.0
 
 
 def test_a_new_generation_starts_its_own_grace() -> None:

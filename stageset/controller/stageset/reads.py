@@ -162,6 +162,12 @@ class ArtifactSource:
     """In another namespace than the StageSet: messages say nothing of what the object holds."""
 
 
+class NotFetchedYet(StageError):
+    """Our GitRepository has said nothing yet (no Ready condition): its first fetch is queued or
+    running, and its conclusion, whatever it is, wakes the StageSet (reported as before:
+    ``SourceNotReady``; :mod:`~stageset.controller.stageset.holding` waits for it longer)."""
+
+
 def _not_usable(stage: Stage, what: str, state: NotUsable, *, cross: bool) -> StageError:
     """A source that is not Ready (``SourceNotReady``, with its own reason and message unless it is
     another namespace's) or Ready without an artifact (``ArtifactNotFound``)."""
@@ -221,7 +227,10 @@ class TenantReads:
                 # Failed, and nothing fetched before: say why, as the GitRepository's own status does.
                 raise _not_usable(stage, what, NotUsable(False, str(ready.get("reason") or ""),
                                                          str(ready.get("message") or "")), cross=cross)
-            raise StageError(Reason.SOURCE_NOT_READY, f"stage {stage.name!r}: {what} has no artifact yet")
+            message = f"stage {stage.name!r}: {what} has no artifact yet"
+            if not ready:
+                raise NotFetchedYet(Reason.SOURCE_NOT_READY, message)
+            raise StageError(Reason.SOURCE_NOT_READY, message)
         _, commit = parse_revision(revision)
         return Source(url=str(found["spec"]["url"]), revision=revision, commit=commit,
                       ignore=found["spec"].get("ignore"), consumer=artifact_consumer(found["metadata"]),
