@@ -143,3 +143,26 @@ def test_a_gitrepository_not_fetched_yet_is_waited_for_longer_than_the_grace(wor
     ready = world.ready("shop")
     assert (ready["status"], ready["reason"]) == ("False", "SourceNotReady")
     assert "unreachable" in ready["message"]
+
+
+def test_a_dependency_created_with_it_is_waited_for_until_it_says_something(world: World) -> None:
+    ticks = Ticks()
+    world.reconciler = holding_reconciler(world, ticks)
+    world.commit({"db/a.json": configmap("a"), "app/b.json": configmap("b")})
+    world.stageset("db", [{"name": "db", "path": "./db"}])
+    world.stageset("shop", [{"name": "app", "path": "./app"}], dependsOn=[{"name": "db"}])
+
+    held = world.reconcile("shop")  # db has not been reconciled yet
+    assert held.requeue_after == PATIENCE
+    assert world.cluster.writes() == []
+
+    world.reconcile("db")
+    assert world.ready("db")["status"] == "True"
+    done = world.reconcile("shop")  # woken by db turning Ready
+
+    assert world.ready("shop")["status"] == "True"
+    assert done.wanted is None
+    assert held.wanted is not None
+    assert not held.wanted()
+    writes = stageset_writes(world)
+    assert writes.count(("patch", "status")) == 1, writes

@@ -77,16 +77,16 @@ def test_a_deadline_just_ahead_asks_for_no_busy_requeue() -> None:
 def test_a_wait_for_a_first_fetch_is_held_longer_and_counted_from_the_same_first_pass() -> None:
     ticks = Ticks()
     holding = Holding(ticks=ticks)
-    assert holding.hold(REF, generation=1, fetching=True) == PATIENCE
+    assert holding.hold(REF, generation=1, patient=True) == PATIENCE
     ticks.now += GRACE * 5
-    assert holding.hold(REF, generation=1, fetching=True) == pytest.approx(PATIENCE - GRACE * 5)
+    assert holding.hold(REF, generation=1, patient=True) == pytest.approx(PATIENCE - GRACE * 5)
     # The source said something (it failed, say): the StageSet now waits for nothing of ours.
     assert holding.hold(REF, generation=1) is None
 
 
 def test_patience_is_never_shorter_than_the_grace() -> None:
     holding = Holding(ticks=Ticks(), grace=5.0, patience=1.0)
-    assert holding.hold(REF, generation=1, fetching=True) == 5.0
+    assert holding.hold(REF, generation=1, patient=True) == 5.0
 
 
 def test_a_new_generation_starts_its_own_grace() -> None:

@@ -9,10 +9,11 @@ without writing anything and looks again when the awaited object changes (its wa
 StageSet) or at the deadline, whichever comes first (the deadline's requeue is dropped when
 the wait ended sooner: :meth:`Holding.pending`); only a StageSet still waiting
 :data:`GRACE` seconds after its first such pass says so — exactly what it would have said.
-A StageSet waiting only for GitRepositories that have said nothing yet waits for them (their
-first word wakes it), up to :data:`PATIENCE`: a hundred StageSets created with their
-GitRepositories queue for the source workers far longer than a second, and "not fetched yet"
-is what the GitRepository's own empty status already shows.
+A StageSet waiting only for objects that have said nothing yet (a GitRepository not fetched
+yet, a dependency not reconciled yet) waits for them (their first word wakes it), up to
+:data:`PATIENCE`: a hundred StageSets created with their GitRepositories queue for the source
+workers far longer than a second, and "not there yet" is what the awaited object's own empty
+status already shows.
 
 Invariants (what :meth:`~stageset.controller.stageset.writer.PassWriter.held` checks first):
 
@@ -23,7 +24,7 @@ Invariants (what :meth:`~stageset.controller.stageset.writer.PassWriter.held` ch
 - only a generation status does not show yet (a new StageSet, a changed spec): a StageSet that
   already says where it stands is never made to repeat passes;
 - never a pass someone asked for (``reconcile.fluxcd.io/requestedAt``: they wait for its answer);
-- at most :data:`GRACE` (:data:`PATIENCE` while only sources not fetched yet are awaited)
+- at most :data:`GRACE` (:data:`PATIENCE` while only objects that said nothing yet are awaited)
   seconds after the first held pass of that generation, by the injected monotonic ``ticks``
   (unit tests move it by hand).
 
@@ -43,10 +44,11 @@ Ref = tuple[str, str]  # (namespace, name)
 
 # Seconds a person would not notice: a wait shorter than this is never written.
 GRACE = 1.0
-# Waiting only for GitRepositories that have said nothing yet (their first fetch queued or
-# running: :class:`~stageset.controller.stageset.reads.NotFetchedYet`): their conclusion wakes the
-# StageSet, so it waits for that — many created at once queue for the source workers — at most as
-# long as one fetch may take by default (a GitRepository's ``spec.timeout``).
+# Waiting only for objects that have said nothing yet — GitRepositories whose first fetch, or
+# StageSets (``dependsOn``) whose first pass is queued or running
+# (:class:`~stageset.controller.stageset.reads.NothingSaidYet`): their first conclusion wakes the
+# StageSet, so it waits for that — many created at once queue for the workers — at most as long
+# as one fetch may take by default (a GitRepository's ``spec.timeout``).
 PATIENCE = 60.0
 # What a pass may be waiting for without having written anything: another object, about to change.
 WAITING = frozenset({Reason.SOURCE_NOT_READY, Reason.ARTIFACT_NOT_FOUND, Reason.DEPENDENCY_NOT_READY})
@@ -65,12 +67,12 @@ class Holding:
         self._since: dict[Ref, tuple[int, float]] = {}
         self._lock = threading.Lock()
 
-    def hold(self, ref: Ref, *, generation: int, fetching: bool = False) -> float | None:
+    def hold(self, ref: Ref, *, generation: int, patient: bool = False) -> float | None:
         """Seconds to hold the StageSet's conclusion back (then look again), or ``None``: the
-        grace is over, say it now.  ``fetching``: it waits only for sources not fetched yet
+        grace is over, say it now.  ``patient``: it waits only for objects that said nothing yet
         (:data:`PATIENCE` instead of :data:`GRACE`, both counted from the first held pass)."""
         now = self._ticks()
-        grace = self._patience if fetching else self._grace
+        grace = self._patience if patient else self._grace
         with self._lock:
             first = self._since.get(ref)
             if first is None or first[0] != generation:

@@ -56,7 +56,7 @@ from stageset.controller.stageset.moves import Moves
 from stageset.controller.stageset.placement import placed
 from stageset.controller.stageset.progress import Progress, concluded, shown
 from stageset.controller.stageset.pruning import PrunePermission, Scope
-from stageset.controller.stageset.reads import AccountCheck, NotFetchedYet
+from stageset.controller.stageset.reads import AccountCheck, NothingSaidYet
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.release import Release, Request
 from stageset.controller.stageset.rendering import Rendered, Renderer
@@ -124,9 +124,9 @@ class PassRunner:
 
     def _run(self, ctx: PassContext, progress: Progress, graph: nx.DiGraph) -> Result:
         with interruptible(ctx, lambda: progress):
-            rendered, progress, not_fetched = self._render_all(ctx, progress)
+            rendered, progress, unspoken = self._render_all(ctx, progress)
             # Every stage that did not render waits for a GitRepository's first fetch (holding.py).
-            fetching = bool(not_fetched) and set(progress.order) - set(rendered) <= not_fetched
+            patient = bool(unspoken) and set(progress.order) - set(rendered) <= unspoken
             current = {n: r.revision for n, r in rendered.items()}
             interval = ctx.stageset.spec.requeue_when_ready(self._settings.default_interval)
             steered = self._release.steer(ctx, progress, rendered)
@@ -162,11 +162,11 @@ class PassRunner:
                                     stalled=failure.stalled, status=shown(ctx.writer.status, progress))
                 return Result(requeue_after=failure.requeue_after)
         return self._apply(ctx, progress, graph, rendered, steer=steer, partial=partial, current=current,
-                           interval=interval, fetching=fetching)
+                           interval=interval, patient=patient)
 
     def _apply(self, ctx: PassContext, progress: Progress, graph: nx.DiGraph, rendered: dict[str, Rendered],
                *, steer: Steering, partial: str | None, current: dict[str, str], interval: float,
-               fetching: bool = False) -> Result:
+               patient: bool = False) -> Result:
         """Apply the stages, judge the pass, roll back or prune, conclude."""
         with interruptible(ctx, lambda: progress):
             previous, stages = progress.previous, len(ctx.stageset.spec.stages)
@@ -198,14 +198,14 @@ class PassRunner:
             if partial is not None and prune.reason is pruning.PruneReason.INVENTORY_INCOMPLETE:
                 verdict = plan.inventory_incomplete(partial, retry=ctx.retry)
             return self._conclude(ctx, progress, steer, verdict, rendered, prune=prune, rolled=False,
-                                  fetching=fetching)
+                                  patient=patient)
 
     def _render_all(self, ctx: PassContext, progress: Progress
                     ) -> tuple[dict[str, Rendered], Progress, set[str]]:
         """Every stage rendered (or failed), and the stages whose GitRepository has not said
-        anything yet (:class:`~stageset.controller.stageset.reads.NotFetchedYet`)."""
+        anything yet (:class:`~stageset.controller.stageset.reads.NothingSaidYet`)."""
         rendered: dict[str, Rendered] = {}
-        not_fetched: set[str] = set()
+        unspoken: set[str] = set()
         namespace = ctx.ref[0]
         with interruptible(ctx, lambda: progress):
             for stage in ctx.stageset.spec.stages:
@@ -219,11 +219,11 @@ class PassRunner:
                             salt=str(ctx.stageset.metadata.get("uid", ""))), ctx.stageset)
                     except StageError as error:
                         log_denial(error)
-                        if isinstance(error, NotFetchedYet):
-                            not_fetched.add(stage.name)
+                        if isinstance(error, NothingSaidYet):
+                            unspoken.add(stage.name)
                         failed = progress.outcomes[stage.name].failed(error.reason, error.message)
                         progress = progress.with_outcome(failed)
-        return rendered, progress, not_fetched
+        return rendered, progress, unspoken
 
     def _recover(self, ctx: PassContext, progress: Progress, wanted: dict[str, StageRecord]
                  ) -> tuple[Progress, str | None]:
@@ -317,14 +317,14 @@ class PassRunner:
 
     def _conclude(self, ctx: PassContext, progress: Progress, steer: Steering, verdict: plan.Verdict,
                   rendered: dict[str, Rendered], *, prune: PrunePermission, rolled: bool,
-                  fetching: bool = False) -> Result:
+                  patient: bool = False) -> Result:
         """The one conclusion of a pass that got past its stages' rendering: prune what ``prune``
         allows (a rollback pruned as it restored), the status it ends with, one write.  ``rolled``:
         the pass rolled back or resumed a rollback, and the record is the one the rollback wrote."""
         stale = pruning.prunes_stale(prune.scope)
         # A new StageSet whose source is still being fetched: its first word waits (holding.py).
         if not rolled and not stale and verdict.ready is False and (held := ctx.writer.held(
-                verdict.reason, changed_elsewhere=bool(progress.fresh), fetching=fetching)) is not None:
+                verdict.reason, changed_elsewhere=bool(progress.fresh), patient=patient)) is not None:
             return held
         kept, pruned = self._prune(ctx, progress) if stale else ([], {})
         status = self._release.concluded(

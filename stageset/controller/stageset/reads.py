@@ -162,10 +162,11 @@ class ArtifactSource:
     """In another namespace than the StageSet: messages say nothing of what the object holds."""
 
 
-class NotFetchedYet(StageError):
-    """Our GitRepository has said nothing yet (no Ready condition): its first fetch is queued or
-    running, and its conclusion, whatever it is, wakes the StageSet (reported as before:
-    ``SourceNotReady``; :mod:`~stageset.controller.stageset.holding` waits for it longer)."""
+class NothingSaidYet(StageError):
+    """What the StageSet waits for — our GitRepository, or a StageSet it depends on — has said
+    nothing yet (no Ready condition: its first fetch or pass is queued or running).  Reported as
+    before; :mod:`~stageset.controller.stageset.holding` waits longer for it, since its first
+    conclusion wakes this StageSet."""
 
 
 def _not_usable(stage: Stage, what: str, state: NotUsable, *, cross: bool) -> StageError:
@@ -229,7 +230,7 @@ class TenantReads:
                                                          str(ready.get("message") or "")), cross=cross)
             message = f"stage {stage.name!r}: {what} has no artifact yet"
             if not ready:
-                raise NotFetchedYet(Reason.SOURCE_NOT_READY, message)
+                raise NothingSaidYet(Reason.SOURCE_NOT_READY, message)
             raise StageError(Reason.SOURCE_NOT_READY, message)
         _, commit = parse_revision(revision)
         return Source(url=str(found["spec"]["url"]), revision=revision, commit=commit,
@@ -347,8 +348,8 @@ class TenantReads:
         for other in dependencies:
             if not ready_at_generation(other):
                 meta = other["metadata"]
-                raise StageError(Reason.DEPENDENCY_NOT_READY,
-                                 f"StageSet {meta['namespace']}/{meta['name']} is not Ready")
+                raise (StageError if ready_condition(other) is not None else NothingSaidYet)(
+                    Reason.DEPENDENCY_NOT_READY, f"StageSet {meta['namespace']}/{meta['name']} is not Ready")
 
     def refuse_cross_namespace(self, stageset: StageSet) -> None:
         """Under ``--no-cross-namespace-refs``: refuse ``spec.dependsOn`` into other namespaces

@@ -182,14 +182,15 @@ class PassWriter:
 
     # -- the end ------------------------------------------------------------------------------
 
-    def held(self, reason: Reason | None, *, changed_elsewhere: bool = False, fetching: bool = False
+    def held(self, reason: Reason | None, *, changed_elsewhere: bool = False, patient: bool = False
              ) -> Result | None:
         """When to look again, holding this pass's conclusion back (the reconcile then ends without
         any write; sooner when the awaited object changes), or ``None``: conclude now.
         Held only as :mod:`~stageset.controller.stageset.holding` says: a pass that ends waiting
         (``reason``) for another object, over a generation status does not show yet, not asked
         for, that wrote nothing to the StageSet and, ``changed_elsewhere`` false, nothing else;
-        ``fetching``: it waits only for GitRepositories not fetched yet (held longer)."""
+        ``patient``: it waits only for objects that said nothing yet (held longer: their first
+        word wakes it)."""
         if self._holding is None:
             return None
         meta = metadata(self.obj)
@@ -199,7 +200,7 @@ class PassWriter:
             self._holding.release(ref)
             return None
         holding = self._holding
-        wait = holding.hold(ref, generation=self.generation, fetching=fetching)
+        wait = holding.hold(ref, generation=self.generation, patient=patient)
         return None if wait is None else Result(requeue_after=wait, wanted=lambda: holding.pending(ref))
 
     def inventory(self, inventory: list[StageInventory]) -> None:
