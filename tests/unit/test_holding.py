@@ -183,3 +183,17 @@ def test_without_holding_every_pass_concludes_at_once() -> None:
                           clock=lambda: T0)
     writer = PassWriter(status=status, client=client, resource=STAGESETS)
     assert writer.held(Reason.SOURCE_NOT_READY) is None
+
+
+def test_a_requeue_a_later_pass_replaced_is_not_wanted() -> None:
+    ticks = Ticks()
+    holding = Holding(ticks=ticks)
+    holding.hold(REF, generation=1)  # its source not there yet: GRACE
+    first = holding.wanted(REF)
+    ticks.now += 0.2
+    holding.hold(REF, generation=1, patient=True)  # created, not fetched yet: PATIENCE
+    later = holding.wanted(REF)
+    assert not first(), "the first deadline is superseded: its requeue would only re-check"
+    assert later()
+    holding.release(REF)
+    assert not later()

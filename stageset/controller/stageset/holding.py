@@ -64,7 +64,8 @@ class Holding:
         self._ticks = ticks
         self._grace = grace
         self._patience = max(grace, patience)
-        self._since: dict[Ref, tuple[int, float]] = {}
+        self._since: dict[Ref, tuple[int, float, float]] = {}
+        """Per StageSet held: (generation, first held pass, the deadline its last pass asked for)."""
         self._lock = threading.Lock()
 
     def hold(self, ref: Ref, *, generation: int, patient: bool = False) -> float | None:
@@ -76,13 +77,30 @@ class Holding:
         with self._lock:
             first = self._since.get(ref)
             if first is None or first[0] != generation:
-                self._since[ref] = (generation, now)
+                self._since[ref] = (generation, now, now + grace)
                 return grace
             left = first[1] + grace - now
             if left > 0:
+                self._since[ref] = (generation, first[1], first[1] + grace)
                 return max(left, SOONEST)
             del self._since[ref]
             return None
+
+    def wanted(self, ref: Ref) -> Callable[[], bool]:
+        """Whether the look-again just asked for (by :meth:`hold`) is still wanted when it is due:
+        not once the StageSet concluded or was deleted, nor once a later pass asked for another
+        deadline (a first pass before its GitRepository existed asks for :data:`GRACE`; the next,
+        finding it not fetched yet, for :data:`PATIENCE` — the first's requeue would land in the
+        middle of the pass the fetch woke, and run a needless re-check after it)."""
+        with self._lock:
+            held = self._since.get(ref)
+        deadline = None if held is None else held[2]
+
+        def still() -> bool:
+            with self._lock:
+                current = self._since.get(ref)
+                return current is not None and current[2] == deadline
+        return still
 
     def pending(self, ref: Ref) -> bool:
         """Still held (its look-again is wanted); false once its pass concluded or it was deleted,

@@ -201,7 +201,7 @@ class PassWriter:
             return None
         holding = self._holding
         wait = holding.hold(ref, generation=self.generation, patient=patient)
-        return None if wait is None else Result(requeue_after=wait, wanted=lambda: holding.pending(ref))
+        return None if wait is None else Result(requeue_after=wait, wanted=holding.wanted(ref))
 
     def inventory(self, inventory: list[StageInventory]) -> None:
         """Teardown: what is left of the inventory."""
