@@ -9,8 +9,8 @@ without writing anything and looks again when the awaited object changes (its wa
 StageSet) or at the deadline, whichever comes first (the deadline's requeue is dropped when
 the wait ended sooner: :meth:`Holding.pending`); only a StageSet still waiting
 :data:`GRACE` seconds after its first such pass says so — exactly what it would have said.
-A StageSet waiting only for objects that have said nothing yet (a GitRepository not fetched
-yet, a dependency not reconciled yet) waits for them (their first word wakes it), up to
+A StageSet waiting only for GitRepositories that have said nothing yet (not fetched yet) waits
+for them (their first word, whatever it is, wakes it), up to
 :data:`PATIENCE`: a hundred StageSets created with their GitRepositories queue for the source
 workers far longer than a second, and "not there yet" is what the awaited object's own empty
 status already shows.
@@ -44,11 +44,11 @@ Ref = tuple[str, str]  # (namespace, name)
 
 # Seconds a person would not notice: a wait shorter than this is never written.
 GRACE = 1.0
-# Waiting only for objects that have said nothing yet — GitRepositories whose first fetch, or
-# StageSets (``dependsOn``) whose first pass is queued or running
-# (:class:`~stageset.controller.stageset.reads.NothingSaidYet`): their first conclusion wakes the
-# StageSet, so it waits for that — many created at once queue for the workers — at most as long
-# as one fetch may take by default (a GitRepository's ``spec.timeout``).
+# Waiting only for GitRepositories that have said nothing yet, their first fetch queued or running
+# (:class:`~stageset.controller.stageset.reads.NothingSaidYet`): their first conclusion, whatever
+# it is, wakes the StageSet, so it waits for that — many created at once queue for the source
+# workers — at most as long as one fetch may take by default (a GitRepository's ``spec.timeout``).
+# (Not a dependency: only its turning Ready wakes its dependents, so they get the short grace.)
 PATIENCE = 60.0
 # What a pass may be waiting for without having written anything: another object, about to change.
 WAITING = frozenset({Reason.SOURCE_NOT_READY, Reason.ARTIFACT_NOT_FOUND, Reason.DEPENDENCY_NOT_READY})

@@ -163,10 +163,10 @@ class ArtifactSource:
 
 
 class NothingSaidYet(StageError):
-    """What the StageSet waits for — our GitRepository, or a StageSet it depends on — has said
-    nothing yet (no Ready condition: its first fetch or pass is queued or running).  Reported as
-    before; :mod:`~stageset.controller.stageset.holding` waits longer for it, since its first
-    conclusion wakes this StageSet."""
+    """Our GitRepository has said nothing yet (no Ready condition: its first fetch is queued or
+    running).  Reported as before; :mod:`~stageset.controller.stageset.holding` waits longer for
+    it, since its first conclusion, whatever it is, wakes this StageSet (a dependency's would not:
+    only its turning Ready does)."""
 
 
 def _not_usable(stage: Stage, what: str, state: NotUsable, *, cross: bool) -> StageError:
@@ -348,8 +348,8 @@ class TenantReads:
         for other in dependencies:
             if not ready_at_generation(other):
                 meta = other["metadata"]
-                raise (StageError if ready_condition(other) is not None else NothingSaidYet)(
-                    Reason.DEPENDENCY_NOT_READY, f"StageSet {meta['namespace']}/{meta['name']} is not Ready")
+                raise StageError(Reason.DEPENDENCY_NOT_READY,
+                                 f"StageSet {meta['namespace']}/{meta['name']} is not Ready")
 
     def refuse_cross_namespace(self, stageset: StageSet) -> None:
         """Under ``--no-cross-namespace-refs``: refuse ``spec.dependsOn`` into other namespaces

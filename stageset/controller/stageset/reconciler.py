@@ -34,7 +34,7 @@ from stageset.controller.stageset import floors, plan
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.holding import Holding
 from stageset.controller.stageset.passes import PassRunner, log_denial
-from stageset.controller.stageset.reads import NothingSaidYet, TenantReads
+from stageset.controller.stageset.reads import TenantReads
 from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.stageset.writer import PassWriter, Ticks
@@ -110,8 +110,7 @@ class StageSetReconciler:
             graph, target = self._prepare(writer, stageset)
         except StageError as error:
             log_denial(error)
-            # A dependency created with it, not reconciled yet, say: its first word wakes this one.
-            if (held := writer.held(error.reason, patient=isinstance(error, NothingSaidYet))) is not None:
+            if (held := writer.held(error.reason)) is not None:  # a dependency created with it, say
                 return held
             failure = plan.before_stages(error.reason, retry=retry)
             writer.conclude(ready=False, reason=error.reason, message=error.message, stalled=failure.stalled)
