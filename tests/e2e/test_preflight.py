@@ -19,7 +19,7 @@ from stageset.envtest.server import ControlPlane
 from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
 from tests.conftest import Tenant
 from tests.e2e.conftest import wait_for, writes_by
-from tests.e2e.stagesets import cm, scenario
+from tests.e2e.stagesets import cm, poke, scenario
 from tests.gitserver import GitServer
 
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
@@ -140,9 +140,11 @@ def test_a_stage_its_account_may_not_create_in_fails_before_any_write(
     assert writes(events, tenant.username) == [], writes(events, tenant.username)
     assert all(s.configmap(f"cm-{i}") is None for i in range(3))
 
-    # Given create, the same StageSet converges (the retry needs no edit).
+    # Given create, the same StageSet converges without an edit: asked to reconcile, as a user would
+    # after fixing the Role (its own retry backs off with every refusal, longer under load).
     installed.request("PATCH", f"{rbac}/roles/no-create", content_type="application/merge-patch+json",
                       body={"rules": [{**rule, "verbs": [*rule["verbs"], "create"]}]})
+    poke(installed, s.path("denied"))
     wait_for(lambda: all(s.configmap(f"cm-{i}") is not None for i in range(3)), timeout=90,
              what="the ConfigMaps once create is granted")
 
