@@ -16,6 +16,7 @@ from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE
 from stageset.apply.prune import DELETE_READS, Deletion, Owner, delete_owned
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import RestMapper
+from tests.kube.interleave import Interleaving
 
 pytestmark = pytest.mark.apiserver
 
@@ -24,35 +25,14 @@ def labels_of(namespace: str, name: str) -> dict[str, str]:
     return {LABEL_NAMESPACE: namespace, LABEL_NAME: name, LABEL_STAGE: "app"}
 
 
-class Racing(KubeClient):
-    """A real client; someone writes the object (as the admin) right after each of our first
-    ``races`` reads, before our delete."""
-
-    def __init__(self, real: KubeClient, *, admin: KubeClient, write: Callable[[int], dict[str, Any]],
-                 races: int = 1):
-        self.__dict__.update(real.__dict__)
-        self._admin = admin
-        self._write = write
-        self.races = races
-        self.reads = 0
-        self.deletes: list[int] = []  # each delete's answer: 200, or the refusal's status
-
-    def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        if method == "DELETE":
-            try:
-                answer = super().request(method, path, **kwargs)
-            except ApiError as error:
-                self.deletes.append(error.status)
-                raise
-            self.deletes.append(200)
-            return answer
-        answer = super().request(method, path, **kwargs)
-        if method == "GET" and "/configmaps/" in path:
-            self.reads += 1
-            if self.reads <= self.races:
-                self._admin.request("PATCH", path, body=self._write(self.reads),
-                                    content_type="application/merge-patch+json")
-        return answer
+def racing(admin: KubeClient, path: str, write: Callable[[int], dict[str, Any]], *,
+           races: int = 1) -> Interleaving:
+    """A client whose first ``races`` reads are each followed by someone's write (as the admin),
+    before our delete."""
+    def race(read: int, _: dict[str, Any]) -> None:
+        if read <= races:
+            admin.request("PATCH", path, body=write(read), content_type="application/merge-patch+json")
+    return Interleaving(admin, path=path, verb="DELETE", after_read=race)
 
 
 def entry(namespace: str, name: str) -> InventoryEntry:
@@ -72,10 +52,10 @@ def test_an_object_adopted_between_check_and_delete_is_kept(
 
     # StageSet "new" adopts the object between the ownership check and the delete.
     adopter = labels_of(namespace, "new")
-    client = Racing(admin, admin=admin, write=lambda _: {"metadata": {"labels": adopter}})
+    client = racing(admin, f"{base}/shared", lambda _: {"metadata": {"labels": adopter}})
     assert delete_owned(client=client, applier=applier, item=entry(namespace, "shared"), owner=owner) \
         is Deletion.RELEASED
-    assert client.deletes == [409], "the delete from the stale check was sent and refused"
+    assert client.answers == [409], "the delete from the stale check was sent and refused"
     assert client.reads == 2, "refused, the prune read the object again before deciding"
     assert admin.get(f"{base}/shared")["metadata"]["labels"] == adopter, "the adopter's object stays"
 
@@ -97,8 +77,8 @@ def test_an_object_still_ours_is_deleted_and_one_that_keeps_changing_stays_track
         admin.get(f"{base}/quiet")
 
     # Written after every read, yet still ours each time: never deleted blindly, kept for later.
-    busy = Racing(admin, admin=admin, write=lambda read: {"data": {"touched": str(read)}}, races=99)
+    busy = racing(admin, f"{base}/busy", lambda read: {"data": {"touched": str(read)}}, races=99)
     assert delete_owned(client=busy, applier=applier, item=entry(namespace, "busy"), owner=owner) \
         is Deletion.FAILED
-    assert busy.deletes == [409] * DELETE_READS
+    assert busy.answers == [409] * DELETE_READS
     assert admin.get(f"{base}/busy")["data"] == {"touched": str(DELETE_READS)}

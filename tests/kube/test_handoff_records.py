@@ -20,37 +20,27 @@ from stageset.controller.setup import Event
 from stageset.controller.sharding import SHARD_LABEL, LabelSelector
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.types import KubeObject
+from tests.kube.interleave import Interleaving
 
 pytestmark = pytest.mark.apiserver
 
 
-class Rewriting(KubeClient):
-    """A real client; once ``armed``, the next read of ``path`` is followed by someone else's write
-    to it (a newer release recorded), before anything else this client sends."""
+class Rewriting:
+    """Once ``armed``, the next read of ``path`` through :attr:`client` is followed by someone else's
+    write to it (a newer release recorded), before anything else that client sends."""
 
-    def __init__(self, real: KubeClient, *, path: str):
-        self.__dict__.update(real.__dict__)
-        self._real = real
+    def __init__(self, admin: KubeClient, *, path: str):
+        self._admin = admin
         self._path = path
         self.armed = False
-        self.deletes: list[int] = []  # each delete's answer: 200, or the refusal's status
+        self.client = Interleaving(admin, path=path, verb="DELETE", after_read=self._rewrite)
 
-    def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        if method == "DELETE":
-            try:
-                answer = super().request(method, path, **kwargs)
-            except ApiError as error:
-                self.deletes.append(error.status)
-                raise
-            self.deletes.append(200)
-            return answer
-        answer = super().request(method, path, **kwargs)
-        if method == "GET" and path == self._path and self.armed:
+    def _rewrite(self, _: int, answer: dict[str, Any]) -> None:
+        if self.armed:
             self.armed = False
-            answer_meta = dict(answer["metadata"])
-            self._real.request("PUT", path, body={**answer, "metadata": {
-                **answer_meta, "annotations": {**answer_meta["annotations"], "rewritten": "yes"}}})
-        return answer
+            meta = dict(answer["metadata"])
+            self._admin.request("PUT", self._path, body={**answer, "metadata": {
+                **meta, "annotations": {**meta["annotations"], "rewritten": "yes"}}})
 
 
 def stageset(namespace: str, *, shard: str | None) -> KubeObject:
@@ -135,14 +125,15 @@ def test_a_record_rewritten_since_it_was_read_is_kept(
 ) -> None:
     namespace = make_namespace("handoff")
     path = f"/apis/coordination.k8s.io/v1/namespaces/{namespace}/leases/{record_name('tenant', 'mover')}"
-    client = Rewriting(admin, path=path)
+    rewriting = Rewriting(admin, path=path)
     losing = shards(admin, namespace, f"!{SHARD_LABEL}")
-    gaining = shards(client, namespace, f"{SHARD_LABEL}=shard1")
+    gaining = shards(rewriting.client, namespace, f"{SHARD_LABEL}=shard1")
     key = move(gaining=gaining, losing=losing)
     wait_for_record(admin, path)
-    client.armed = True
+    rewriting.armed = True
     gaining.run(key, stageset("tenant", shard="shard1"), lambda _: Result())
-    assert client.deletes == [409], "the delete named the version read, and the apiserver refused it"
+    deletes = rewriting.client.answers
+    assert deletes == [409], "the delete named the version read, and the apiserver refused it"
     kept = exists(admin, path)
     assert kept is not None
     assert kept["metadata"]["annotations"]["rewritten"] == "yes"

@@ -17,6 +17,7 @@ from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE
 from stageset.apply.prune import Owner
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import RestMapper
+from tests.kube.interleave import Interleaving
 
 pytestmark = pytest.mark.apiserver
 
@@ -25,35 +26,15 @@ def labels_of(namespace: str, name: str, stage: str) -> dict[str, str]:
     return {LABEL_NAMESPACE: namespace, LABEL_NAME: name, LABEL_STAGE: stage}
 
 
-class Adopting(KubeClient):
-    """A real client; another StageSet adopts the object (a write as the admin) right after each of
-    our first ``races`` reads, before our patch: the moment the release could lose its labels."""
-
-    def __init__(self, real: KubeClient, *, admin: KubeClient, adopter: Callable[[int], dict[str, str]],
-                 races: int = 1):
-        self.__dict__.update(real.__dict__)
-        self._admin = admin
-        self._adopter = adopter
-        self.races = races
-        self.reads = 0
-        self.patches: list[int] = []  # each patch's answer: 200, or the refusal's status
-
-    def request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
-        if method == "PATCH":
-            try:
-                answer = super().request(method, path, **kwargs)
-            except ApiError as error:
-                self.patches.append(error.status)
-                raise
-            self.patches.append(200)
-            return answer
-        answer = super().request(method, path, **kwargs)
-        if method == "GET":
-            self.reads += 1
-            if self.reads <= self.races:
-                self._admin.request("PATCH", path, body={"metadata": {"labels": self._adopter(self.reads)}},
-                                    content_type="application/merge-patch+json")
-        return answer
+def adopting(admin: KubeClient, path: str, adopter: Callable[[int], dict[str, str]], *,
+             races: int = 1) -> Interleaving:
+    """A client whose first ``races`` reads are each followed by another StageSet adopting the object
+    (a write as the admin), before our patch: the moment the release could lose its labels."""
+    def adopt(read: int, _: dict[str, Any]) -> None:
+        if read <= races:
+            admin.request("PATCH", path, body={"metadata": {"labels": adopter(read)}},
+                          content_type="application/merge-patch+json")
+    return Interleaving(admin, path=path, verb="PATCH", after_read=adopt)
 
 
 def test_a_stale_resource_version_is_refused_and_nothing_is_lost(
@@ -77,9 +58,9 @@ def test_a_stale_resource_version_is_refused_and_nothing_is_lost(
 
     # The race: StageSet "new" adopts the object between our read and our patch.
     adopter = labels_of(namespace, "new", "web")
-    client = Adopting(admin, admin=admin, adopter=lambda _: adopter)
+    client = adopting(admin, path, lambda _: adopter)
     assert release_object(client, path, owner=Owner(namespace=namespace, name="old")) is Release.NOT_OURS
-    assert client.patches == [409], "the patch from the stale read was sent and refused"
+    assert client.answers == [409], "the patch from the stale read was sent and refused"
     assert client.reads == 2, "refused, the release read the object again before deciding"
     live = admin.get(path)
     assert live["metadata"]["labels"] == adopter, "the adopter keeps its owner labels"
@@ -103,11 +84,11 @@ def test_an_object_written_by_no_one_else_is_released_and_one_that_keeps_changin
     def still_ours(read: int) -> dict[str, str]:
         return {**labels_of(namespace, "old", "app"), "touched": str(read)}
 
-    busy = Adopting(admin, admin=admin, adopter=still_ours, races=99)
+    busy = adopting(admin, f"{base}/busy", still_ours, races=99)
     entry = InventoryEntry(id=ObjectId(namespace=namespace, name="busy", group="", kind="ConfigMap").encode(),
                            v="v1")
     result = release_stage(inventory=stage_inventory("app", None, [entry]), client=busy,
                            applier=StageApplier(mapper=RestMapper(admin)), owner=owner)
     assert (result.released, result.remaining) == ([], [entry])
-    assert busy.patches == [409, 409, 409]
+    assert busy.answers == [409, 409, 409]
     assert admin.get(f"{base}/busy")["metadata"]["labels"] == {**still_ours(3), "team": "shop"}
