@@ -318,7 +318,9 @@ class _HttpClient(Urllib3HttpGitClient):
             # dulwich serves dumb HTTP by loading whole objects into memory.
             raise GitOperationError("the server does not speak Git's smart HTTP protocol (dumb "
                                     "HTTP servers are not supported)")
-        self.discovered = found
+        refs, capabilities, url, symrefs, peeled = found
+        # Copied now: get_refs adds the peeled tags to the refs dict it is returned.
+        self.discovered = (dict(refs), set(capabilities), url, dict(symrefs), dict(peeled))
         return found
 
 
