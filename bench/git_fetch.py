@@ -211,7 +211,7 @@ def bench_fan_in(server: GitServer, work: Path, *, callers: int, urls: int) -> l
          f"{fetches} pack fetches (target {urls}: {verdict}); callers that fetched: "
          f"{sum(fetched)}"),
         ("  ls-refs requests", f"{ls_refs} ({callers} change checks, one per caller; "
-                               f"+1 inside each pack fetch)"),
+                               "the pack fetches reuse them)"),
         ("  wall time for all callers", f"{seconds * 1000:.0f} ms"),
         ("  mirrors on disk", f"{len(list((work / 'fan').iterdir()))}"),
     ]

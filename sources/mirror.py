@@ -52,7 +52,10 @@ A fetch goes:
    the mirror, stop — an unchanged remote costs one ``ls-remote`` and no fetch, and twenty
    threads asking for the same new commit fetch it once.  Otherwise fetch just that commit,
    shallow (depth 1), negotiating from the commits the mirror already has, through the
-   bounded pack check of :mod:`sources.pack`.
+   bounded pack check of :mod:`sources.pack`.  Over HTTP every fetch of the call reuses step
+   1's discovery (:mod:`sources.transport`): a cold fetch is 3 requests (``info/refs``,
+   ``ls-refs``, ``fetch``), an unchanged remote 2; the wants still come from the caller's
+   own listing only, and each fetch request still carries the caller's credentials.
 
 The whole call (listing, proofs, fetches, waiting for the lock) has one deadline:
 ``timeout``.
@@ -300,7 +303,7 @@ class MirrorStore:
                     fetched = self._prove_pin(remote, repo, listing, selector, name=name)
                 elif ObjectID(resolution.want.encode("ascii")) not in repo.object_store:
                     self._make_room(keep=name)
-                    self._fetch_tip(remote, repo, resolution)
+                    self._fetch_tip(remote, repo, resolution, listing=listing)
                     fetched = True
                 commit = self._peel(repo, resolution, url=remote_url.display)
                 if resolution.ref is not None and resolution.ref.startswith("refs/") and (
@@ -465,9 +468,11 @@ class MirrorStore:
 
     # -- proofs and records ------------------------------------------------------------
 
-    def _fetch_tip(self, remote: Remote, repo: Repo, resolution: Resolution) -> None:
+    def _fetch_tip(self, remote: Remote, repo: Repo, resolution: Resolution, *,
+                   listing: Listing) -> None:
         """Fetch an object the caller's listing advertised (proven by the listing itself)."""
-        remote.fetch(repo, wants=[resolution.want], depth=1, blob_limit=self._blob_limit())
+        remote.fetch(repo, wants=[resolution.want], depth=1, blob_limit=self._blob_limit(),
+                     listing=listing)
         if ObjectID(resolution.want.encode("ascii")) not in repo.object_store:
             raise GitOperationError(
                 f"fetching from {remote.url.display} failed: the remote did not send "
@@ -491,21 +496,22 @@ class MirrorStore:
         self._make_room(keep=name)
         try:
             remote.fetch(repo, wants=[pinned], depth=1, blob_limit=self._blob_limit(),
-                         haves=[pinned] if present else [])
+                         haves=[pinned] if present else [], listing=listing)
         except WantRefusedError as refused:
             if refused.protocol_version == 2 or not tips:
                 raise not_found from None
             return self._deepen_for(remote, repo, tips=tips, pinned=pinned,
-                                    not_found=not_found)
+                                    not_found=not_found, listing=listing)
         if ObjectID(pinned.encode("ascii")) not in repo.object_store:
             raise not_found
         return not present
 
     def _deepen_for(self, remote: Remote, repo: Repo, *, tips: list[str], pinned: str,
-                    not_found: RefNotFoundError) -> bool:
+                    not_found: RefNotFoundError, listing: Listing) -> bool:
         """Servers that send only advertised tips: deepen them, boundedly, to find ``pinned``."""
         for depth in _PIN_STEPS:
-            remote.fetch(repo, wants=tips, depth=depth, blob_limit=self._blob_limit())
+            remote.fetch(repo, wants=tips, depth=depth, blob_limit=self._blob_limit(),
+                         listing=listing)
             if reachable(repo, tips=tips, target=pinned, limit=depth + 1):
                 return True
         raise RefNotFoundError(

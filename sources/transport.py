@@ -29,6 +29,20 @@ What a hostile server can make us do is bounded (a GitRepository's URL is tenant
   them (sizes checked from headers, inflation counted in small steps); ref listings and
   other responses are cut off past :data:`LISTING_BYTES`; dumb-HTTP servers (which dulwich
   would serve by loading whole objects) are refused.
+
+**One discovery per fetch over HTTP.**  Smart HTTP is stateless: every request stands alone
+and carries the caller's ``Authorization``.  So a fetch that follows a listing of the same
+:class:`Remote` (``Remote.fetch(..., listing=)``) reuses that listing's discovery (the
+``info/refs`` advertisement and, for protocol version 2, the ``ls-refs`` answer) instead of
+making its own: a cold fetch costs 3 requests (``GET info/refs``, ``POST ls-refs``,
+``POST fetch``), not 5.  Nothing is given up by it: the wants are always decided from the
+listing, never from the fetch's own discovery, and the server judges the ``fetch`` request
+itself, made with the caller's credentials.  A listing is only reused by a ``Remote`` for the
+same URL and credentials, and never over SSH or for local paths (an SSH connection must read
+its own advertisement; those keep one connection to list and one to fetch).  dulwich has no
+public way to hand ``fetch_pack`` refs it already has, so :class:`_HttpClient` answers its
+(private) ``_discover_references`` from the listing; tests/sources/test_git_requests.py
+counts the requests and fails if a dulwich upgrade bypasses it.
 """
 
 from __future__ import annotations
@@ -113,17 +127,40 @@ class Deadline:
 
 
 @dataclass(frozen=True)
+class _Discovery:
+    """What dulwich's HTTP discovery returned for one listing, kept so that a fetch right after
+    it need not ask again.  ``owner`` is the :class:`Remote` object that listed: only it may
+    reuse it (same URL, same credentials, same deadline)."""
+
+    owner: object
+    protocol_version: int
+    refs: dict[Ref, ObjectID | None]
+    capabilities: frozenset[bytes]
+    base_url: str
+    symrefs: dict[Ref, Ref]
+    peeled: dict[Ref, ObjectID]
+
+    def answer(self) -> tuple[dict[Ref, ObjectID | None], set[bytes], str, dict[Ref, Ref],
+                              dict[Ref, ObjectID]]:
+        """Fresh copies, in ``_discover_references``' shape (dulwich mutates what it gets)."""
+        return (dict(self.refs), set(self.capabilities), self.base_url, dict(self.symrefs),
+                dict(self.peeled))
+
+
+@dataclass(frozen=True)
 class Listing:
     """A remote's refs: full name -> object id (``<tag>^{}`` = peeled), and symrefs.
 
     ``protocol_version`` is the Git protocol the server spoke (0 or 2): servers speaking
     version 2 send any object they have by id, while version 0 servers without
-    ``allow-*-sha1-in-want`` send only what they advertised.
+    ``allow-*-sha1-in-want`` send only what they advertised.  ``discovery`` (HTTP only) lets
+    a fetch by the same :class:`Remote` skip its own discovery (see the module docstring).
     """
 
     refs: dict[str, str]
     symrefs: dict[str, str]
     protocol_version: int = 2
+    discovery: _Discovery | None = field(default=None, compare=False, repr=False)
 
 
 class WantRefusedError(GitOperationError):
@@ -243,14 +280,20 @@ class _WatchedProxyManager(urllib3.ProxyManager):
 
 class _HttpClient(Urllib3HttpGitClient):
     """dulwich's urllib3 client: our ``Authorization`` header (same origin only), a byte
-    budget on every response, and no dumb-HTTP fallback."""
+    budget on every response, and no dumb-HTTP fallback.
+
+    With ``reuse``, the discovery of an upload-pack (fetch) is answered from that earlier
+    listing, without a request; ``discovered`` is what the last real discovery returned.
+    """
 
     def __init__(self, base_url: str, *, authorization: str | None, pool_manager: Any,
-                 timeout: float, budget: _ReadBudget) -> None:
+                 timeout: float, budget: _ReadBudget, reuse: _Discovery | None = None) -> None:
         super().__init__(base_url, pool_manager=pool_manager, timeout=timeout)
         self._authorization = authorization
         self._authorization_origin = self._origin(base_url)
         self._budget = budget
+        self._reuse = reuse
+        self.discovered: tuple[Any, ...] | None = None
 
     def _http_request(self, url: str, headers: dict[str, str] | None = None,
                       data: Any = None, raise_for_status: bool = True) -> Any:
@@ -263,12 +306,21 @@ class _HttpClient(Urllib3HttpGitClient):
     def _discover_references(self, service: bytes, base_url: str,
                              protocol_version: int | None = None,
                              ref_prefix: Sequence[bytes] | None = None) -> Any:
+        if self._reuse is not None and service == b"git-upload-pack":
+            # The caller's own listing, made moments ago with these same credentials: the
+            # fetch request that follows is judged by the server on its own (stateless HTTP).
+            self.dumb = False
+            self.protocol_version = self._reuse.protocol_version
+            return self._reuse.answer()
         found = super()._discover_references(service, base_url, protocol_version=protocol_version,
                                              ref_prefix=ref_prefix)
         if self.dumb:
             # dulwich serves dumb HTTP by loading whole objects into memory.
             raise GitOperationError("the server does not speak Git's smart HTTP protocol (dumb "
                                     "HTTP servers are not supported)")
+        refs, capabilities, url, symrefs, peeled = found
+        # Copied now: get_refs adds the peeled tags to the refs dict it is returned.
+        self.discovered = (dict(refs), set(capabilities), url, dict(symrefs), dict(peeled))
         return found
 
 
@@ -327,8 +379,10 @@ class Remote:
                                  f"{self.timeout:g}s")
 
     @contextmanager
-    def _session(self, action: str, budget: _ReadBudget) -> Iterator[tuple[GitClient, str]]:
-        """A client for one operation; errors translated, everything cleaned up after."""
+    def _session(self, action: str, budget: _ReadBudget, *,
+                 reuse: _Discovery | None = None) -> Iterator[tuple[GitClient, str]]:
+        """A client for one operation; errors translated, everything cleaned up after.
+        ``reuse``: an HTTP discovery of this remote to answer the client's own from."""
         deadline = self._deadline()
         if deadline.expired():
             raise self._timed_out(action)
@@ -338,7 +392,7 @@ class Remote:
             watchdog.daemon = True
             try:
                 with self._errors(action, sockets):
-                    client, path = self._client(sockets, budget, deadline)
+                    client, path = self._client(sockets, budget, deadline, reuse=reuse)
                     watchdog.start()
                     try:
                         yield client, path
@@ -365,8 +419,8 @@ class Remote:
     def _ssh_host(self) -> str:
         return f"[{self.url.host}]:{self.url.port}" if self.url.port else self.url.host
 
-    def _client(self, sockets: Sockets, budget: _ReadBudget,
-                deadline: Deadline) -> tuple[GitClient, str]:
+    def _client(self, sockets: Sockets, budget: _ReadBudget, deadline: Deadline, *,
+                reuse: _Discovery | None = None) -> tuple[GitClient, str]:
         if self.url.kind in ("http", "https"):
             ca_pem = self.credentials.ca_pem if self.credentials else None
             pool_kwargs: dict[str, Any] = {"sockets": sockets}
@@ -385,7 +439,8 @@ class Remote:
             )
             client = _HttpClient(self.url.transport_url,
                                  authorization=_authorization(self.url, self.credentials),
-                                 pool_manager=pool, timeout=timeout, budget=budget)
+                                 pool_manager=pool, timeout=timeout, budget=budget,
+                                 reuse=reuse)
             return client, ""
         if self.url.kind == "file":
             return LocalGitClient(), self.url.path
@@ -462,18 +517,26 @@ class Remote:
     def list_refs(self, prefixes: Sequence[str] | None = None) -> Listing:
         """``git ls-remote``: the remote's refs (annotated tags also as ``<tag>^{}``)."""
         budget = _ReadBudget(listing=LISTING_BYTES, pack=0)
+        discovery: _Discovery | None = None
         with self._session("listing refs of", budget) as (client, path):
             prefix_bytes = [p.encode() for p in prefixes] if prefixes else None
             result = client.get_refs(path.encode(), ref_prefix=prefix_bytes)
             version = int(getattr(client, "protocol_version", 0) or 0)
+            if isinstance(client, _HttpClient) and client.discovered is not None:
+                found_refs, capabilities, base_url, found_symrefs, peeled = client.discovered
+                discovery = _Discovery(owner=self, protocol_version=version,
+                                       refs=dict(found_refs), capabilities=frozenset(capabilities),
+                                       base_url=base_url, symrefs=dict(found_symrefs),
+                                       peeled=dict(peeled))
         refs = {name.decode("utf-8", "replace"): sha.decode("ascii")
                 for name, sha in result.refs.items() if sha is not None}
         symrefs = {name.decode("utf-8", "replace"): target.decode("utf-8", "replace")
                    for name, target in result.symrefs.items()}
-        return Listing(refs=refs, symrefs=symrefs, protocol_version=version)
+        return Listing(refs=refs, symrefs=symrefs, protocol_version=version, discovery=discovery)
 
     def fetch(self, repo: Repo, *, wants: Sequence[str], depth: int | None,
-              blob_limit: int | None = None, haves: Sequence[str] = ()) -> int:
+              blob_limit: int | None = None, haves: Sequence[str] = (),
+              listing: Listing | None = None) -> int:
         """Fetch ``wants`` (object ids) and what they need into ``repo``; the protocol version.
 
         The server is asked even when ``repo`` already holds every wanted object: the fetch
@@ -484,6 +547,8 @@ class Remote:
         leave out blobs of that many bytes or more.  Every pack byte passes a
         :class:`~sources.pack.PackInspector` first; a refused pack is never stored.
         Raises :class:`WantRefusedError` when the server will not send a wanted object.
+        ``listing``: this remote's own :meth:`list_refs` result, whose discovery an HTTP fetch
+        then reuses instead of making its own (module docstring); another's is ignored.
         """
         filter_spec = f"blob:limit={blob_limit}".encode() if blob_limit is not None else None
         want_ids = [ObjectID(w.encode("ascii")) for w in wants]
@@ -509,7 +574,8 @@ class Remote:
 
             used: list[GitClient] = []
             try:
-                with self._session("fetching from", budget) as (client, path):
+                with self._session("fetching from", budget,
+                                   reuse=self._reusable(listing)) as (client, path):
                     used.append(client)
                     result = client.fetch_pack(path.encode(), determine_wants, walker, pack_data,
                                                depth=depth, filter_spec=filter_spec)
@@ -528,6 +594,12 @@ class Remote:
         repo.update_shallow(result.new_shallow, result.new_unshallow)
         return _protocol(used)
 
+
+    def _reusable(self, listing: Listing | None) -> _Discovery | None:
+        """``listing``'s discovery if this very remote made it (never another caller's)."""
+        if listing is None or listing.discovery is None or listing.discovery.owner is not self:
+            return None
+        return listing.discovery
 
     def _refused(self, budget: _ReadBudget, clients: list[GitClient],
                  detail: str) -> WantRefusedError:
