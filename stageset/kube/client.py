@@ -230,12 +230,13 @@ class KubeClient:
 
     def __init__(self, *, api_client: k8s.ApiClient, identity: Identity, timeout: float = 30.0,
                  cluster: ClusterKey = LOCAL, observer: RequestObserver | None = None,
-                 health: PathHealth | None = None, curl: CurlPool | None = None):
+                 health: PathHealth | None = None, curl: CurlPool | None = None, libcurl: bool = True):
         """``curl``: the cluster's shared libcurl pool (:class:`ClientPool` passes one per cluster);
-        without it, a client whose configuration libcurl can serve keeps a pool of its own."""
+        without it, a client whose configuration libcurl can serve keeps a pool of its own.
+        ``libcurl=False``: urllib3 for every request (benchmarks compare the two)."""
         self._api = api_client
-        self._owns_curl = curl is None and supports(api_client.configuration)
-        self._curl = CurlPool(api_client.configuration) if self._owns_curl else curl
+        self._owns_curl = libcurl and curl is None and supports(api_client.configuration)
+        self._curl = CurlPool(api_client.configuration) if self._owns_curl else curl if libcurl else None
         self.identity = identity
         self._timeout = timeout
         self._cluster_key = cluster
@@ -552,8 +553,9 @@ THROTTLED = _Counter()
 class ClientPool:
     """One cached :class:`KubeClient` per (cluster, identity); never rebuilt per reconcile."""
 
-    def __init__(self, *, configuration: k8s.Configuration, timeout: float = 30.0):
+    def __init__(self, *, configuration: k8s.Configuration, timeout: float = 30.0, libcurl: bool = True):
         self._configurations: dict[ClusterKey, k8s.Configuration] = {LOCAL: configuration}
+        self._libcurl = libcurl
         self._timeout = timeout
         self._clients: dict[tuple[ClusterKey, Identity], KubeClient] = {}
         self._health: dict[ClusterKey, PathHealth] = {}
@@ -569,7 +571,8 @@ class ClientPool:
                 client.observer = observer
 
     @classmethod
-    def from_kubeconfig(cls, path: str | None, *, context: str | None = None) -> ClientPool:
+    def from_kubeconfig(cls, path: str | None, *, context: str | None = None,
+                        libcurl: bool = True) -> ClientPool:
         configuration = k8s.Configuration()
         if path:
             k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -580,7 +583,7 @@ class ClientPool:
                 client_configuration=configuration)
         # One pool per client; enough connections for our worker threads.
         configuration.connection_pool_maxsize = 32
-        return cls(configuration=configuration)
+        return cls(configuration=configuration, libcurl=libcurl)
 
     @classmethod
     def from_token(cls, *, server: str, certificate_authority: str | None, token: str) -> ClientPool:
@@ -627,13 +630,19 @@ class ClientPool:
                                            "kept (evicted meanwhile); retrying")
                 api = k8s.ApiClient(configuration=configuration)
                 if cluster not in self._curls:
-                    self._curls[cluster] = CurlPool(configuration) if supports(configuration) else None
+                    self._curls[cluster] = CurlPool(configuration) \
+                        if self._libcurl and supports(configuration) else None
                 found = KubeClient(api_client=api, identity=identity, timeout=self._timeout, cluster=cluster,
                                    observer=self._observer,
                                    health=self._health.setdefault(cluster, PathHealth()),
-                                   curl=self._curls[cluster])
+                                   curl=self._curls[cluster], libcurl=self._libcurl)
                 self._clients[key] = found
             return found
+
+    def connections_opened(self) -> int:
+        """Connections libcurl opened for this pool's clients so far (urllib3's are not counted)."""
+        with self._lock:
+            return sum(curl.opened for curl in self._curls.values() if curl is not None)
 
     def close(self) -> None:
         with self._lock:

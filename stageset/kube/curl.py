@@ -100,6 +100,8 @@ class CurlPool:
         self._idle: list[Any] = []
         self._lock = threading.Lock()
         self._generation = 0
+        self.opened = 0
+        """Connections opened so far (libcurl's ``NUM_CONNECTS``), for benchmarks and tests."""
 
     def _new(self) -> Any:
         c = self._configuration
@@ -191,6 +193,10 @@ class CurlPool:
             except pycurl.error as error:
                 raise CurlFailure(_why(curl, int(error.args[0]))) from None
             status = int(curl.getinfo(pycurl.RESPONSE_CODE))
+            opened = int(curl.getinfo(pycurl.NUM_CONNECTS))
+            if opened:
+                with self._lock:
+                    self.opened += opened
             curl.setopt(pycurl.HEADERFUNCTION, _ignore)  # drop the closure (and its dict) with the request
             kept = True
             return Answer(status=status, headers=received, data=sink.getvalue())
