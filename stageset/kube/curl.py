@@ -26,6 +26,7 @@ would send it as given; ``http.client`` refuses it too) — no input can add a h
 from __future__ import annotations
 
 import io
+import ssl
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -114,8 +115,20 @@ class CurlPool:
         if c.verify_ssl:
             curl.setopt(pycurl.SSL_VERIFYPEER, 1)
             curl.setopt(pycurl.SSL_VERIFYHOST, 2)
+            # The trust urllib3 is given: the CA file and the CA data (a remote cluster's inline
+            # certificate-authority-data) together; with neither, Python's default paths (the
+            # system's store, SSL_CERT_FILE/SSL_CERT_DIR honoured), not the wheel's own OpenSSL's.
             if c.ssl_ca_cert:
                 curl.setopt(pycurl.CAINFO, str(c.ssl_ca_cert))
+            data = getattr(c, "ca_cert_data", None)
+            if data:
+                curl.setopt(pycurl.CAINFO_BLOB, data.encode() if isinstance(data, str) else bytes(data))
+            if not c.ssl_ca_cert and not data:
+                defaults = ssl.get_default_verify_paths()
+                if defaults.cafile:
+                    curl.setopt(pycurl.CAINFO, defaults.cafile)
+                if defaults.capath:
+                    curl.setopt(pycurl.CAPATH, defaults.capath)
         else:
             curl.setopt(pycurl.SSL_VERIFYPEER, 0)
             curl.setopt(pycurl.SSL_VERIFYHOST, 0)

@@ -110,6 +110,21 @@ def test_a_header_line_break_is_refused_before_anything_is_sent(kubeconfig: Path
         smuggled.get("/api/v1/namespaces")
 
 
+def test_inline_ca_data_is_trusted_as_urllib3_trusts_it(kubeconfig: Path) -> None:
+    """A remote cluster's kubeconfig carries its CA inline (``stageset/kube/remote.py`` sets
+    ``ca_cert_data``, no file): libcurl must verify the server against exactly that."""
+    inline = _configuration(kubeconfig)
+    inline.ca_cert_data = Path(str(inline.ssl_ca_cert)).read_text()
+    inline.ssl_ca_cert = None
+    client = _client(inline)
+    assert client.transport == "libcurl"
+    assert client.get("/api")["kind"] == "APIVersions"
+    inline.ca_cert_data = Path(certifi.where()).read_text()  # trusted: public CAs only
+    with pytest.raises(UnreachableError) as untrusted:
+        _client(inline).get("/api")
+    assert untrusted.value.why == "TLS failed (certificate or protocol)"
+
+
 @pytest.fixture
 def silent_port() -> Iterator[int]:
     """A loopback port that accepts connections and never answers."""
