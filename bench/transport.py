@@ -3,7 +3,7 @@
 Measurement only; nothing here changes what the controller sends.  Run from the checkout's root::
 
     .venv/bin/python -m bench.transport [--cycles 150] [--threads 4,8] [--tenants 2] [--repeat 1]
-                                        [--candidates stageset,urllib3-h2,httpx-h1,httpx-h2,pycurl]
+                                        [--candidates stageset,stageset-urllib3,urllib3-h2,httpx-h1,...]
 
 One control plane (:func:`stageset.envtest.start`, the StageSet CRDs installed), ``--tenants``
 namespaces with a ServiceAccount ``deployer`` each, holding a Role that may write ConfigMaps and
@@ -22,9 +22,12 @@ request impersonating the tenant of that cycle (``Impersonate-User``), tenants t
 The candidates (each builds JSON with orjson, as ours does, and reads the bearer token through the
 official client's configuration on every request, as ours must to follow a rotated token):
 
-* ``stageset`` — :class:`stageset.kube.client.KubeClient` as the controller runs it (one urllib3
-  pool per identity, HTTP/1.1, from :meth:`~stageset.kube.client.ClientPool.from_kubeconfig`);
-* ``urllib3-h2`` — the same KubeClient with urllib3 2.x's own HTTP/2 injected
+* ``stageset`` — :class:`stageset.kube.client.KubeClient` as the controller runs it (libcurl,
+  HTTP/1.1, one pool of handles per cluster shared by its identities, from
+  :meth:`~stageset.kube.client.ClientPool.from_kubeconfig`);
+* ``stageset-urllib3`` — the same KubeClient on urllib3 (``libcurl=False``: one urllib3 pool per
+  identity, HTTP/1.1), as it ran before libcurl was adopted;
+* ``urllib3-h2`` — the KubeClient on urllib3 with urllib3 2.x's own HTTP/2 injected
   (``urllib3.http2.inject_into_urllib3``: one stream per connection at a time, no multiplexing);
 * ``httpx-h1`` / ``httpx-h2`` — one ``httpx.Client`` per identity, HTTP/1.1, or HTTP/2 multiplexing
   every thread's requests over one connection per identity;
@@ -72,7 +75,7 @@ from stageset.envtest.server import ControlPlane, start
 from stageset.kube.client import ApiError, ClientPool, Identity
 
 ROOT = Path(__file__).resolve().parent.parent
-CANDIDATES = ("stageset", "urllib3-h2", "httpx-h1", "httpx-h2", "pycurl")
+CANDIDATES = ("stageset", "stageset-urllib3", "urllib3-h2", "httpx-h1", "httpx-h2", "pycurl")
 REQUESTS_PER_CYCLE = 5
 OBJECTS = 8  # ConfigMaps and StageSets per tenant namespace
 ACCOUNT = "deployer"
@@ -193,13 +196,14 @@ def _identity(namespace: str) -> Identity:
     return Identity.service_account(namespace=namespace, name=ACCOUNT)
 
 
-def _stageset(setup: dict[str, Any], *, http2: bool) -> tuple[Send, Callable[[], None]]:
+def _stageset(setup: dict[str, Any], *, http2: bool, libcurl: bool) -> tuple[Send, Callable[[], None]]:
     if http2:
         import urllib3.http2
 
         urllib3.http2.inject_into_urllib3()
-    pool = ClientPool.from_kubeconfig(setup["kubeconfig"])
+    pool = ClientPool.from_kubeconfig(setup["kubeconfig"], libcurl=libcurl)
     clients = [pool.client(_identity(ns)) for ns in setup["namespaces"]]
+    seen = [0]  # libcurl's connections already counted
 
     def send(tenant: int, call: Call) -> int:
         codes: list[int] = []
@@ -208,6 +212,12 @@ def _stageset(setup: dict[str, Any], *, http2: bool) -> tuple[Send, Callable[[],
                                     content_type=call.content_type or "application/json", status=codes)
         except ApiError as error:
             return error.status
+        finally:
+            if libcurl:  # libcurl's connections, counted as Python's TLS handshakes are for urllib3
+                with _LOCK:
+                    total = pool.connections_opened()
+                    _HANDSHAKES["handshakes"] += total - seen[0]
+                    seen[0] = total
         return codes[0]
 
     return send, pool.close
@@ -314,8 +324,8 @@ def _pycurl(setup: dict[str, Any]) -> tuple[Send, Callable[[], None]]:
 
 
 def _candidate(name: str, setup: dict[str, Any]) -> tuple[Send, Callable[[], None]]:
-    if name in ("stageset", "urllib3-h2"):
-        return _stageset(setup, http2=name == "urllib3-h2")
+    if name in ("stageset", "stageset-urllib3", "urllib3-h2"):
+        return _stageset(setup, http2=name == "urllib3-h2", libcurl=name == "stageset")
     if name in ("httpx-h1", "httpx-h2"):
         return _httpx(setup, http2=name == "httpx-h2")
     if name == "pycurl":

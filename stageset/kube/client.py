@@ -1,8 +1,11 @@
 """One request builder for every caller: JSON in, JSON out, one identity per client.
 
-We use the official client's configuration loading, TLS set-up and urllib3 pool,
-but build requests ourselves so that server-side apply, dry-run, watch streaming
-and impersonation all go through the same small function.
+We use the official client's configuration loading and TLS set-up, but build requests
+ourselves so that server-side apply, dry-run, watch streaming and impersonation all go
+through the same small function.  Whole requests (:meth:`KubeClient.request`) travel over
+libcurl (:mod:`stageset.kube.curl`: half the client CPU of urllib3, one connection pool per
+cluster shared by its identities); streams (watches, pod logs) and a configuration libcurl is
+not given here over the official client's urllib3 pool.
 
 Every request is reported to the pool's observer (metrics), if one is set, as a
 :class:`RequestRecord`: the verb, the identity, the cluster and the answer's status code —
@@ -35,6 +38,7 @@ from kubernetes import client as k8s
 from kubernetes import config as k8s_config
 
 from stageset.kube import fence
+from stageset.kube.curl import CurlFailure, CurlPool, supports
 from stageset.kube.types import KubeObject
 
 QueryValue = str | int | bool
@@ -226,8 +230,13 @@ class KubeClient:
 
     def __init__(self, *, api_client: k8s.ApiClient, identity: Identity, timeout: float = 30.0,
                  cluster: ClusterKey = LOCAL, observer: RequestObserver | None = None,
-                 health: PathHealth | None = None):
+                 health: PathHealth | None = None, curl: CurlPool | None = None, libcurl: bool = True):
+        """``curl``: the cluster's shared libcurl pool (:class:`ClientPool` passes one per cluster);
+        without it, a client whose configuration libcurl can serve keeps a pool of its own.
+        ``libcurl=False``: urllib3 for every request (benchmarks compare the two)."""
         self._api = api_client
+        self._owns_curl = libcurl and curl is None and supports(api_client.configuration)
+        self._curl = CurlPool(api_client.configuration) if self._owns_curl else curl if libcurl else None
         self.identity = identity
         self._timeout = timeout
         self._cluster_key = cluster
@@ -304,26 +313,22 @@ class KubeClient:
         deadline = time.monotonic() + budget
         if self._epoch != self._health.epoch:
             self._epoch = self._health.epoch
-            self._api.rest_client.pool_manager.clear()
+            self._clear_pools()
         observed_type = content_type if body is not None else None
         attempt = 0
         while True:
             started = time.monotonic()
+            left = max(1.0, deadline - time.monotonic())
             try:
-                left = max(1.0, deadline - time.monotonic())
-                response = self._api.rest_client.pool_manager.request(
-                    method, url, body=payload, headers=headers, timeout=urllib3.Timeout(total=left),
-                    preload_content=True, retries=_RETRIES,
-                )
-            except (urllib3.exceptions.HTTPError, OSError) as error:
+                code, answer_headers, data = self._send(method, url, headers, payload, left)
+            except UnreachableError:
                 self._observe(method, path, query, observed_type, None, started)
                 self._drop_idle_connections()
-                raise UnreachableError(server=self.server, why=_why(error)) from None
-            self._observe(method, path, query, observed_type, response.status, started)
-            data = response.data
-            if response.status < 300:
+                raise
+            self._observe(method, path, query, observed_type, code, started)
+            if code < 300:
                 break
-            failed = _api_error(response.status, data, retry_after(response.headers))
+            failed = _api_error(code, data, retry_after(answer_headers))
             wait = _throttle_wait(failed, attempt=attempt)
             if wait is None or attempt >= THROTTLE_RETRIES or time.monotonic() + wait >= deadline:
                 raise failed
@@ -333,11 +338,31 @@ class KubeClient:
                       "none" if failed.retry_after is None else f"{failed.retry_after:g}s", wait)
             time.sleep(wait)
         if status is not None:
-            status.append(response.status)
+            status.append(code)
         if not data:
             return {}
         parsed: KubeObject = orjson.loads(data)
         return parsed
+
+    def _send(self, method: str, url: str, headers: dict[str, str], payload: bytes | None,
+              timeout: float) -> tuple[int, Mapping[str, str], bytes]:
+        """One attempt: status, headers and body of the answer, over libcurl when the cluster's
+        configuration allows, else urllib3; :class:`UnreachableError` when none came."""
+        if self._curl is not None:
+            try:
+                answer = self._curl.send(method, url, headers, payload, timeout=timeout)
+            except CurlFailure as failure:
+                raise UnreachableError(server=self.server, why=failure.why) from None
+            after = answer.headers.get("retry-after")
+            return answer.status, {} if after is None else {"Retry-After": after}, answer.data
+        try:
+            response = self._api.rest_client.pool_manager.request(
+                method, url, body=payload, headers=headers, timeout=urllib3.Timeout(total=timeout),
+                preload_content=True, retries=_RETRIES,
+            )
+        except (urllib3.exceptions.HTTPError, OSError) as error:
+            raise UnreachableError(server=self.server, why=_why(error)) from None
+        return response.status, response.headers, response.data
 
     def stream(
         self, path: str, *, query: Mapping[str, QueryValue], timeout: float, accept: str | None = None
@@ -405,13 +430,23 @@ class KubeClient:
         """After a connection failed (timed out, broke): the idle ones in the pool most likely went
         down the same path — a middlebox that silently dropped them all, an apiserver that
         restarted — and each would cost a full timeout to find out.  Open fresh ones instead."""
-        self._api.rest_client.pool_manager.clear()
+        self._clear_pools()
         self._health.failed()
         self._epoch = self._health.epoch
+
+    def _clear_pools(self) -> None:
+        self._api.rest_client.pool_manager.clear()
+        if self._curl is not None:
+            self._curl.clear()
 
     @property
     def server(self) -> str:
         return str(self._api.configuration.host)
+
+    @property
+    def transport(self) -> str:
+        """What carries :meth:`request`: ``libcurl``, or ``urllib3`` for a configuration it is not given."""
+        return "urllib3" if self._curl is None else "libcurl"
 
     @property
     def cluster(self) -> ClusterKey:
@@ -420,6 +455,8 @@ class KubeClient:
 
     def close(self) -> None:
         self._api.close()  # type: ignore[no-untyped-call]
+        if self._owns_curl and self._curl is not None:
+            self._curl.close()
 
     # Convenience verbs --------------------------------------------------------
 
@@ -516,11 +553,13 @@ THROTTLED = _Counter()
 class ClientPool:
     """One cached :class:`KubeClient` per (cluster, identity); never rebuilt per reconcile."""
 
-    def __init__(self, *, configuration: k8s.Configuration, timeout: float = 30.0):
+    def __init__(self, *, configuration: k8s.Configuration, timeout: float = 30.0, libcurl: bool = True):
         self._configurations: dict[ClusterKey, k8s.Configuration] = {LOCAL: configuration}
+        self._libcurl = libcurl
         self._timeout = timeout
         self._clients: dict[tuple[ClusterKey, Identity], KubeClient] = {}
         self._health: dict[ClusterKey, PathHealth] = {}
+        self._curls: dict[ClusterKey, CurlPool | None] = {}
         self._lock = threading.Lock()
         self._observer: RequestObserver | None = None
 
@@ -532,7 +571,8 @@ class ClientPool:
                 client.observer = observer
 
     @classmethod
-    def from_kubeconfig(cls, path: str | None, *, context: str | None = None) -> ClientPool:
+    def from_kubeconfig(cls, path: str | None, *, context: str | None = None,
+                        libcurl: bool = True) -> ClientPool:
         configuration = k8s.Configuration()
         if path:
             k8s_config.load_kube_config(  # type: ignore[no-untyped-call]
@@ -543,7 +583,7 @@ class ClientPool:
                 client_configuration=configuration)
         # One pool per client; enough connections for our worker threads.
         configuration.connection_pool_maxsize = 32
-        return cls(configuration=configuration)
+        return cls(configuration=configuration, libcurl=libcurl)
 
     @classmethod
     def from_token(cls, *, server: str, certificate_authority: str | None, token: str) -> ClientPool:
@@ -573,6 +613,9 @@ class ClientPool:
         with self._lock:
             self._configurations.pop(cluster, None)
             self._health.pop(cluster, None)
+            curl = self._curls.pop(cluster, None)
+            if curl is not None:
+                curl.close()
             for key in [k for k in self._clients if k[0] == cluster]:
                 del self._clients[key]
 
@@ -586,14 +629,27 @@ class ClientPool:
                     raise UnreachableError(server=cluster.name, why="no longer among the remote clusters "
                                            "kept (evicted meanwhile); retrying")
                 api = k8s.ApiClient(configuration=configuration)
+                if cluster not in self._curls:
+                    self._curls[cluster] = CurlPool(configuration) \
+                        if self._libcurl and supports(configuration) else None
                 found = KubeClient(api_client=api, identity=identity, timeout=self._timeout, cluster=cluster,
                                    observer=self._observer,
-                                   health=self._health.setdefault(cluster, PathHealth()))
+                                   health=self._health.setdefault(cluster, PathHealth()),
+                                   curl=self._curls[cluster], libcurl=self._libcurl)
                 self._clients[key] = found
             return found
+
+    def connections_opened(self) -> int:
+        """Connections libcurl opened for this pool's clients so far (urllib3's are not counted)."""
+        with self._lock:
+            return sum(curl.opened for curl in self._curls.values() if curl is not None)
 
     def close(self) -> None:
         with self._lock:
             for client in self._clients.values():
                 client.close()
             self._clients.clear()
+            for curl in self._curls.values():
+                if curl is not None:
+                    curl.close()
+            self._curls.clear()

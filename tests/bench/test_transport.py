@@ -19,7 +19,7 @@ CYCLES = 3
 THREADS = 2
 TENANTS = 2
 # The candidates that work from several threads at once (httpx's HTTP/2 does not: its row says so).
-WORKING = ("stageset", "urllib3-h2", "httpx-h1", "pycurl")
+WORKING = ("stageset", "stageset-urllib3", "urllib3-h2", "httpx-h1", "pycurl")
 
 
 def test_every_candidate_completes_the_mix_as_the_tenant() -> None:
