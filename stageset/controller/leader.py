@@ -34,7 +34,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.client import ApiError, KubeClient, UnreachableError
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,17 @@ class LeaderElector:
         self._observed = lease
 
     def try_acquire_or_renew(self) -> bool:
-        """One round: True when we hold the Lease afterwards."""
+        """One round: True when we hold the Lease afterwards.  An apiserver that does not answer
+        is a failed round like a refused one (a leader steps down after ``renew_deadline`` of
+        them), never an exception that would end the election thread while ``leading`` stays set."""
+        try:
+            return self._round()
+        except UnreachableError as error:
+            log.warning("leader election: Lease %s/%s not reachable: %s", self.config.namespace,
+                        self.config.name, error)
+            return False
+
+    def _round(self) -> bool:
         now = _now()
         duration = max(1, round(self.config.lease_duration))
         try:
@@ -207,5 +217,5 @@ class LeaderElector:
         try:
             self._client.request("PUT", self._path, body={**lease, "spec": spec}, timeout=self._timeout)
             log.info("leader election: released Lease %s/%s", self.config.namespace, self.config.name)
-        except ApiError as error:
+        except (ApiError, UnreachableError) as error:
             log.warning("leader election: releasing Lease failed (it expires by itself): %s", error)

@@ -94,8 +94,9 @@ def test_a_teardown_that_cannot_finish_is_forced_after_the_maximum_wait(
     installed.request("DELETE", s.path("forced"))
     wait_for(lambda: get_or_none(installed, s.path("forced")) is None, timeout=60,
              what="the StageSet released after --max-teardown-wait")
-    events = installed.get(f"/api/v1/namespaces/{s.ns}/events")["items"]
-    forced = [e for e in events if e["reason"] == "TeardownForced"]
-    assert forced
+    # The event is recorded after the finalizer is removed: it may trail the StageSet's going.
+    events = f"/api/v1/namespaces/{s.ns}/events"
+    forced = wait_for(lambda: [e for e in installed.get(events)["items"] if e["reason"] == "TeardownForced"],
+                      timeout=30, what="the TeardownForced event")
     assert forced[0]["type"] == "Warning"
     assert "stuck" not in forced[0]["message"] or "object" in forced[0]["message"]
