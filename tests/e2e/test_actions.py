@@ -351,10 +351,14 @@ def _guarded(installed: KubeClient, s: Scenario, controllers: Controllers, serve
         ],
     )
     def refused() -> list[dict[str, Any]] | None:
-        # One read of the status for every stage: a retry pass may start (and clear a message) between two.
-        stages = {st["name"]: st for st in (s.get("shop").get("status") or {}).get("stages") or []}
+        # One read of the status for every stage and the Ready condition: a retry pass may start (and
+        # clear a message, or say Progressing) between two reads.
+        shop = s.get("shop")
+        stages = {st["name"]: st for st in (shop.get("status") or {}).get("stages") or []}
         found = [stages.get(f"s{i}", {}) for i in range(len(GUARDED))]
-        return found if all(st.get("phase") == "Failed" and st.get("message") for st in found) else None
+        ready = condition(shop) or {}
+        return found if ready.get("reason") == "ActionFailed" and all(
+            st.get("phase") == "Failed" and st.get("message") for st in found) else None
 
     failed = wait_for(refused, what="every stage refused")
     for i, (_, says) in enumerate(GUARDED):
@@ -363,7 +367,6 @@ def _guarded(installed: KubeClient, s: Scenario, controllers: Controllers, serve
         assert says in message, message
         if "host hooks" not in message:
             assert "--allow-insecure-sources" in message
-    assert condition(s.get("shop"))["reason"] == "ActionFailed"
     assert [r for r in server.requests if r.path.startswith(f"/{s.ns}/")] == []
     assert [i for i in range(len(GUARDED)) if s.configmap(f"c{i}") is not None] == []
     handle.check_alive()
