@@ -105,6 +105,11 @@ class EventType(StrEnum):
     WARNING = "Warning"
 
 
+EVENT_REVISION_ANNOTATION = "stages.metio.wtf/revision"
+"""The annotation of an Event naming the revision it is about (set by the controller's recorder;
+read by notifications for a commit's status, and by the dashboard)."""
+
+
 class EventReason(StrEnum):
     """Reasons of the Events the controller records (besides a Ready reason on a Warning when
     Ready turns False)."""

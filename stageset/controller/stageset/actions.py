@@ -47,7 +47,7 @@ from stageset.api.vocabulary import EventReason, EventType, Reason, StagePhase
 from stageset.apply.engine import StageResult
 from stageset.controller import logs
 from stageset.controller.clock import Clock
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, normal, warning
 from stageset.controller.redact import Redactor
 from stageset.controller.stageset import actionplan
 from stageset.controller.stageset.actionsteps import ActionContext, ActionRunner, Kind, Step
@@ -270,4 +270,5 @@ class ActionStage:
         else:
             log.info("%s", redact(text))
         obj = {"apiVersion": API_VERSION, "kind": "StageSet", "metadata": run.stageset.metadata}
-        self._events.emit(obj, type_=type_, reason=reason, message=text, action="Action", redact=redact)
+        told = warning if type_ is EventType.WARNING else normal
+        self._events.emit(told(obj, reason, text, action="Action", redact=redact))

@@ -45,14 +45,14 @@ from stageset.api import (
     StageInventory,
     format_time,
 )
-from stageset.api.vocabulary import EventReason, EventType
+from stageset.api.vocabulary import EventReason
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import left_behind, split_by_target, stage_inventory
 from stageset.apply.prune import Owner, unpruned_stages
 from stageset.apply.rebuild import rebuild
 from stageset.apply.record import Previous, StageRecord, parse
 from stageset.controller.clock import Clock
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, normal, warning
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.stageset.context import PassContext
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
@@ -212,8 +212,8 @@ class Moves:
             message = (f"moved from {previous} to {ctx.target.named}: {moved} object(s) applied and "
                        f"ready there; on {previous}: {deleted} deleted, {released} released (prune: false)")
             log.info("StageSet %s/%s %s", namespace, name, message)
-            self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.RETARGETED,
-                              message=message, action="Retarget", redact=ctx.redactor)
+            self._events.emit(normal(ctx.writer.obj, EventReason.RETARGETED, message, action="Retarget",
+                                     redact=ctx.redactor))
             return Cleaned(None, (), None)
         if teardown_expired(now=now, deleted_at=since, max_wait=self._max_wait):
             self._abandoned(ctx, previous, remaining, progress.unlisted, failure)
@@ -236,5 +236,5 @@ class Moves:
         message = (f"gave up cleaning up {previous} after {self._max_wait:.0f}s: {count} object(s) left "
                    f"behind{cause}: {counted}{unknown}; they keep their stages.metio.wtf owner labels")
         log.warning("StageSet %s/%s: %s", *ctx.ref, message)
-        self._events.emit(ctx.writer.obj, type_=EventType.WARNING, reason=EventReason.RETARGET_ABANDONED,
-                          message=message, action="Retarget", redact=ctx.redactor)
+        self._events.emit(warning(ctx.writer.obj, EventReason.RETARGET_ABANDONED, message, action="Retarget",
+                                  redact=ctx.redactor))

@@ -53,14 +53,14 @@ import urllib3
 
 from stageset.api import InventoryEntry, PreviousTargets, StageInventory, StageSet, format_time
 from stageset.api.stageset import DeletionPolicy
-from stageset.api.vocabulary import EventReason, EventType
+from stageset.api.vocabulary import EventReason
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import entry_id, left_behind, ordered, split_by_target, stage_inventory
 from stageset.apply.orphan import release_stage
 from stageset.apply.prune import Owner, TeardownProgress, teardown_stage, unpruned_stages
 from stageset.apply.record import parse
 from stageset.controller.clock import Clock
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, normal, warning
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.result import Result
 from stageset.controller.stageset import pruning
@@ -284,9 +284,9 @@ class Teardown:
         if result.released:
             names = ", ".join(sorted(oid.describe() for oid in result.released)[:10])
             more = f" and {len(result.released) - 10} more" if len(result.released) > 10 else ""
-            self._events.emit(obj, type_=EventType.NORMAL, reason=EventReason.ORPHANED,
-                              message=f"stage {stage!r} {why}: left {len(result.released)} "
-                              f"object(s) in place without owner labels: {names}{more}", action="Teardown")
+            self._events.emit(normal(obj, EventReason.ORPHANED,
+                                     f"stage {stage!r} {why}: left {len(result.released)} object(s) in place "
+                                     f"without owner labels: {names}{more}", action="Teardown"))
         return result.remaining
 
     def _forced(self, obj: KubeObject, left: list[StageInventory], failure: str | None) -> None:
@@ -296,8 +296,7 @@ class Teardown:
                    f"{left_behind(left)}; they keep their stages.metio.wtf owner labels")
         log.warning("StageSet %s/%s released: %s", obj["metadata"]["namespace"], obj["metadata"]["name"],
                     message)
-        self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.TEARDOWN_FORCED,
-                          message=message, action="Teardown")
+        self._events.emit(warning(obj, EventReason.TEARDOWN_FORCED, message, action="Teardown"))
 
 
 def _within_reach(writer: PassWriter, inventories: dict[str, StageInventory], *, reach: pruning.Reach,
