@@ -49,7 +49,8 @@ class Reason(StrEnum):
     """``spec.targetRef`` names no StageTarget this StageSet may use (missing, outside the target
     namespaces, or not allowing its namespace: one message for all); nothing is sent to any cluster."""
     OWNERSHIP_CONFLICT = "OwnershipConflict"
-    """A stage renders an object another live StageSet owns: the stage writes nothing until it is released."""
+    """A stage renders (or an ``apply`` action would write) an object another live StageSet owns: it
+    writes nothing until it is released."""
     # Steering a release (the reference's words; none of them is a failure but the last two)
     SOAKING = "Soaking"
     """A stage is Ready and soaking: its dependents start when the soak ends."""
@@ -122,7 +123,8 @@ class EventReason(StrEnum):
     ORPHANED = "Orphaned"
     """A deleted StageSet left a ``prune: false`` stage's objects in place (owner labels removed)."""
     RETARGETED = "Retargeted"
-    """The stages moved to another cluster: applied and Ready there, then removed from the previous one."""
+    """The stages moved to another cluster: applied and Ready there, then removed from the previous one
+    (released, under ``deletionPolicy: Orphan``)."""
     RETARGET_ABANDONED = "RetargetAbandoned"
     """A move's cleanup of the previous cluster was given up after ``--max-teardown-wait``."""
     PROMOTED = "Promoted"
