@@ -154,9 +154,11 @@ def complete_stages(ctx: click.Context, _param: click.Parameter, incomplete: str
 
 
 def attach(group: click.Group) -> None:
-    """Complete every command's StageSet ``NAME`` argument and ``--stage`` option from the
-    cluster (those without a completion of their own): one place, so a new command gets it --
-    also under a verb's or a group's subcommands (``get``'s StageSet form, ``delete stageset``)."""
+    """Complete every command's StageSet ``NAME`` argument, ``--stage`` and ``-n``/``--namespace``
+    options from the cluster (those without a completion of their own): one place, so a new command
+    gets it -- also under a verb's or a group's subcommands (``get``'s StageSet form, ``delete
+    stageset``).  The session's options (:mod:`stageset.cli.session`) name no completion: this
+    module reads the cluster through a session, never the other way round."""
     for command in group.commands.values():
         if isinstance(command, click.Group):
             attach(command)
@@ -168,6 +170,8 @@ def attach(group: click.Group) -> None:
                 param._custom_shell_complete = complete_stagesets
             elif isinstance(param, click.Option) and param.name == "stage":
                 param._custom_shell_complete = complete_stages
+            elif isinstance(param, click.Option) and param.name == "namespace":
+                param._custom_shell_complete = complete_namespaces
 
 
 @click.command("completion")

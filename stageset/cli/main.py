@@ -399,7 +399,7 @@ for _command in (verb(get, get_sources), tree, graph, events, build, diff, verb(
     main.add_command(_command)
 for _command in (crds, uninstall):  # install and uninstall (stageset.cli.crds, stageset.cli.uninstall)
     main.add_command(_command)
-completion_names.attach(main)  # NAME and --stage of every command above complete from the cluster
+completion_names.attach(main)  # NAME, --stage and -n of every command above complete from the cluster
 
 
 def kubectl_plugin() -> None:

@@ -100,3 +100,21 @@ def test_get_and_tree_name_the_target_cluster() -> None:
     assert rows[0][headers.index("TARGET")] == "StageTarget platform/prod-eu"
     remote = summary({**obj, "spec": {"stages": [], "kubeConfig": {"secretRef": {"name": "prod-kc"}}}})
     assert remote["target"] == "kubeConfig Secret prod-kc"
+
+
+def test_every_sessions_namespace_option_completes_namespaces_from_the_cluster() -> None:
+    """The session's ``-n`` names no completion (no import of the completion module from the session);
+    ``completion.attach`` gives it one on every command, as it does ``NAME`` and ``--stage``."""
+    from stageset.cli.completion import complete_namespaces
+    from stageset.cli.main import main
+
+    def commands(group: click.Group) -> list[click.Command]:
+        found: list[click.Command] = []
+        for command in group.commands.values():
+            found.extend(commands(command) if isinstance(command, click.Group) else [command])
+        return found
+
+    options = [p for c in commands(main) for p in c.params
+               if isinstance(p, click.Option) and p.name == "namespace"]
+    assert len(options) > 10, "the session's commands"
+    assert all(p._custom_shell_complete is complete_namespaces for p in options)

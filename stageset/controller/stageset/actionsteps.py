@@ -196,7 +196,7 @@ def _api_failure(error: ApiError, what: str, ctx: ActionContext) -> Step:
     # 400/422: the request itself is wrong and stays wrong; anything else may pass next time.
     retryable = error.status not in (400, 415, 422)
     said = _excerpt(error.message, ctx.redactor)
-    return Step.failed(f"{what}: the apiserver answered {error.status}: {said}", retryable=retryable)
+    return Step.failed(f"{what}: the apiserver {error.answered}: {said}", retryable=retryable)
 
 
 class ActionRunner:

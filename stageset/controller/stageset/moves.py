@@ -59,7 +59,7 @@ from stageset.controller.stageset.context import PassContext
 from stageset.controller.stageset.plan import teardown_expired, teardown_retry
 from stageset.controller.stageset.progress import Progress
 from stageset.controller.stageset.records import applied_target, on_target
-from stageset.controller.stageset.teardown import AGAIN, CLUSTER_ERRORS, Teardown, by_target, why
+from stageset.controller.stageset.teardown import AGAIN, CLUSTER_ERRORS, Teardown, by_target
 from stageset.controller.targets.clusters import (
     LOCAL_TARGET,
     Target,
@@ -68,7 +68,7 @@ from stageset.controller.targets.clusters import (
     named,
     where,
 )
-from stageset.kube.client import ClientPool, KubeClient
+from stageset.kube.client import ClientPool, KubeClient, how_failed
 
 log = logging.getLogger(__name__)
 
@@ -153,7 +153,7 @@ class Moves:
                                   applier=target.applier, client_for=clients)
             except (StageError, *CLUSTER_ERRORS) as error:
                 log.warning("cannot list stage %s's objects on %s yet: %s", stage, where(record.target),
-                            error.message if isinstance(error, StageError) else why(error))
+                            error.message if isinstance(error, StageError) else how_failed(error))
                 unlisted.append((stage, record))
                 continue
             if not rebuilt.complete:
@@ -189,7 +189,7 @@ class Moves:
             counts.failure = error.message
             return invs
         except CLUSTER_ERRORS as error:
-            counts.failure = f"{name} cannot be used: {why(error)}"
+            counts.failure = f"{name} cannot be used: {how_failed(error)}"
             return invs
         released = pruning.released_stages([inv.name for inv in invs], unpruned=unpruned_stages(ctx.stageset),
                                            policy=ctx.stageset.spec.deletion_policy)

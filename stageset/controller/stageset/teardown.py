@@ -68,7 +68,7 @@ from stageset.controller.stageset.plan import stage_nodes, teardown_expired, tea
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.writer import PassWriter
 from stageset.controller.targets.clusters import Target, Targets
-from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
+from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError, how_failed
 from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
@@ -142,7 +142,7 @@ class Teardown:
         except StageError as error:
             return None, error.message
         except CLUSTER_ERRORS as error:
-            return None, f"reading spec.kubeConfig failed: {why(error)}"
+            return None, f"reading spec.kubeConfig failed: {how_failed(error)}"
 
     def attempt(self, inventory: StageInventory, *, target: Target | None, namespace: str,
                owner: Owner, release: Callable[[KubeClient, Target], list[InventoryEntry]] | None = None
@@ -167,7 +167,7 @@ class Teardown:
         except CLUSTER_ERRORS as error:
             where = target.where if target.remote else "the cluster"
             return TeardownProgress(remaining=list(inventory.entries), failed=len(inventory.entries)), \
-                f"{where} cannot be used: {why(error)}"
+                f"{where} cannot be used: {how_failed(error)}"
         if progress.failed:
             return progress, (f"{progress.failed} object(s) could not be read or deleted as "
                               f"{identity.describe()}")
@@ -283,7 +283,7 @@ class Teardown:
                 failure, remaining = error.message, [*remaining, *invs]
                 continue
             except CLUSTER_ERRORS as error:
-                failure = f"a previous cluster cannot be used: {why(error)}"
+                failure = f"a previous cluster cannot be used: {how_failed(error)}"
                 remaining = [*remaining, *invs]
                 continue
             released = pruning.released_stages([inv.name for inv in invs], unpruned=plan.unpruned,
@@ -353,7 +353,7 @@ class Teardown:
                                               now=format_time(self._clock()))
             writer.record(recovered.record)
         except CLUSTER_ERRORS as error:
-            return inventories, f"rebuilding the inventory failed: {why(error)}"
+            return inventories, f"rebuilding the inventory failed: {how_failed(error)}"
         return recovered.inventories, recovered.problem
 
     def _leave_behind(self, obj: KubeObject, stage: str, inventory: StageInventory,
@@ -403,17 +403,6 @@ def _within_reach(writer: PassWriter, inventories: dict[str, StageInventory], *,
                  sum(len(inv.entries) for inv in kept.values()))
         writer.inventory(ordered(kept))
     return kept
-
-
-def why(error: BaseException) -> str:
-    """How a cluster failed, in our words (nothing it sent)."""
-    if isinstance(error, UnreachableError):
-        return error.why
-    if isinstance(error, ApiError):
-        return f"answered HTTP {error.status}" + (f" {error.reason}" if error.reason else "")
-    if isinstance(error, ValueError):
-        return "answered with something that is not JSON"
-    return "the connection failed"
 
 
 def _here_and_elsewhere(writer: PassWriter, inventories: dict[str, StageInventory], target: Target | None, *,
