@@ -42,7 +42,7 @@ from tests.gitserver import GitServer
 pytestmark = [pytest.mark.apiserver, pytest.mark.e2e]
 
 PAGE = Path(__file__).resolve().parents[2] / "docs" / "tenancy.md"
-BLOCK = re.compile(r"<!-- (vcluster-[a-z]+) -->\n```(yaml|console)\n(.*?)```", re.DOTALL)
+BLOCK = re.compile(r"<!-- (vcluster-[a-z]+) -->\n[ ]*```(yaml|console)\n(.*?)\n[ ]*```", re.DOTALL)
 TARGETS = "stageset-targets"
 VCLUSTER_NS = "shop-vcluster"
 TENANT_NS = "shop-system"
@@ -244,7 +244,7 @@ def test_the_vcluster_recipe_runs_as_written(
     export.publish()
     wait_for(lambda: ready(installed.get(path)), timeout=60, what="the StageSet Ready once the Secret exists")
     live = remote_admin.get(f"/api/v1/namespaces/{WORKLOAD_NS}/configmaps/shop-config")
-    assert live["data"] == {"key": "one"}
+    assert live["data"] == {"k": "one"}
     time.sleep(1)  # let the audit log catch up
     writes = impersonated_writes(remote.audit_events(), DEPLOYER)
     assert writes, "the writes inside the vcluster impersonate the tenant's deployer"
@@ -270,7 +270,7 @@ def test_the_vcluster_recipe_runs_as_written(
     wait_for(
         lambda: (
             remote_admin.get(f"/api/v1/namespaces/{WORKLOAD_NS}/configmaps/shop-config")["data"]
-            == {"key": "two"}
+            == {"k": "two"}
             or None
         ),
         timeout=90,
@@ -278,13 +278,11 @@ def test_the_vcluster_recipe_runs_as_written(
     )
     assert installed.get(path)["metadata"]["generation"] == generation, "the StageSet was not edited"
     time.sleep(1)
-    refused = [e for e in remote.audit_events()[seen:] if (e.get("responseStatus") or {}).get("code") == 401]
     after = impersonated_writes(remote.audit_events()[seen:], DEPLOYER)
     assert after, "writes made after the rotation"
     assert all(e["user"]["username"] == "system:serviceaccount:kube-system:stageset-agent" for e in after)
-    # The revoked token, if the controller tried it at all, was refused; it did not stay on it.
+    # Whatever the controller tried with the revoked token, it did not stay on it: Ready again.
     assert wait_for(lambda: ready(installed.get(path)), what="Ready after the rotation")
-    del refused
 
 
 def test_a_rotated_client_certificate_reconnects_with_no_edit(
@@ -394,7 +392,7 @@ def test_a_rotated_client_certificate_reconnects_with_no_edit(
         field_manager="test",
     )
     wait_for(lambda: ready(installed.get(path)), timeout=60, what="the StageSet Ready on the vcluster")
-    assert remote_admin.get(f"/api/v1/namespaces/{ns}/configmaps/certs-config")["data"] == {"key": "one"}
+    assert remote_admin.get(f"/api/v1/namespaces/{ns}/configmaps/certs-config")["data"] == {"k": "one"}
     generation = installed.get(path)["metadata"]["generation"]
 
     export.rotate()
@@ -408,7 +406,7 @@ def test_a_rotated_client_certificate_reconnects_with_no_edit(
     )
     wait_for(
         lambda: (
-            remote_admin.get(f"/api/v1/namespaces/{ns}/configmaps/certs-config")["data"] == {"key": "two"}
+            remote_admin.get(f"/api/v1/namespaces/{ns}/configmaps/certs-config")["data"] == {"k": "two"}
             or None
         ),
         timeout=90,

@@ -65,6 +65,7 @@ class VClusterExport:
     host_pool: ClientPool
     generation: int = 0
     _revoke: list[Any] = field(default_factory=list)
+    _credentials: dict[tuple[Any, ...], dict[str, Any]] = field(default_factory=dict)
 
     @property
     def host_account(self) -> str:
@@ -169,7 +170,10 @@ class VClusterExport:
     def kubeconfig(self, properties: dict[str, Any]) -> bytes:
         server = self.plane.url if properties.get("server") else DEFAULT_SERVER
         account = properties.get("serviceAccount") or {}
-        user = self._token(account) if account.get("name") else self._certificate()
+        key = (account.get("name"), account.get("namespace"), account.get("clusterRole"))
+        if key not in self._credentials:  # one credential per identity and generation, as vcluster
+            self._credentials[key] = self._token(account) if account.get("name") else self._certificate()
+        user = self._credentials[key]
         context = properties.get("context") or f"vcluster_{self.name}"
         cluster: dict[str, Any] = {"server": server}
         if properties.get("insecure"):
@@ -219,6 +223,7 @@ class VClusterExport:
     def rotate(self) -> None:
         """A new credential in every exported Secret; the previous ones stop working."""
         old, self._revoke = self._revoke, []
+        self._credentials.clear()
         self.generation += 1
         self.publish()
         for revoke in old:
