@@ -11,7 +11,9 @@ nftables-only enforcers (kube-network-policies) need ``CONFIG_NFT_QUEUE``, which
 
 Build (as every Go tool of the tests, :mod:`stageset.envtest.gotool`): the checked-in wrapper module
 ``hack/kube-router`` requires ``github.com/cloudnativelabs/kube-router/v2`` at
-:data:`KUBE_ROUTER_VERSION` (the only version the module proxy serves here) and ``cmd/kube-router``
+:data:`KUBE_ROUTER_VERSION` (the only version the module proxy serves here; security flaws are
+reported against it — acceptable for a test fixture that programs only the test node's own bridge
+and reads only the test's objects, never for a cluster) and ``cmd/kube-router``
 is built into ``<cache>/tools/kube-router-<version>/kube-router`` once; ``STAGESET_KUBE_ROUTER``
 names a binary to use instead.  ``hack/netcheck`` (a few dozen lines of Go, no dependencies) is
 packed like the pause image into ``<cache>/node/netcheck-r<recipe>/netcheck.oci.tar``.
