@@ -274,6 +274,7 @@ def test_helm_upgrade_rolls_the_pods_and_the_lease_moves_to_a_new_one(day: Day) 
 def test_stageset_uninstall_tears_down_and_removes_the_release(day: Day) -> None:
     assert day.seen.get("upgraded"), "the upgrade scenario did not pass"
     result = run_cli("uninstall", "--release", RELEASE, "-n", NAMESPACE, "--teardown", "--yes",
+                     "--helm-binary", str(day.helm.binary),
                      kubeconfig=day.node.plane.kubeconfig)
     sys.stderr.write(f"\nstageset uninstall --teardown:\n{result.stdout}{result.stderr}\n")
     assert result.returncode == 0, result.stdout + result.stderr
