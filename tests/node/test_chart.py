@@ -166,6 +166,41 @@ def test_the_release_is_in_the_registry_as_the_workflow_pushes_it(day: Day) -> N
     assert day.published.image_tag not in day.node.ctr("images", "list", "--quiet").split()
 
 
+def test_a_hook_whose_image_cannot_be_pulled_fails_fast_leaves_nothing_and_says_why(day: Day) -> None:
+    """An install whose image is not in the registry: the CRD hook Job ends at its deadline (not at
+    Helm's timeout), Helm fails naming it, nothing of the hook is left (no Job, no pod, no
+    ServiceAccount or rights), and ``stageset check`` says the image could not be pulled."""
+    release, namespace = "broken", "stageset-broken"
+    job = f"{release}-stageset-crds"
+    result = day.helm.run("install", release, day.published.chart_url, "--namespace", namespace,
+                          "--create-namespace", "--plain-http", "--version", day.published.version,
+                          "--set", f"image.registry={day.registry.host}", "--set", "image.tag=no-such-tag",
+                          "--set", "crds.hook.activeDeadlineSeconds=30", "--wait", "--timeout", "4m",
+                          check=False)
+    sys.stderr.write(f"\nhelm install (image not in the registry):\n{result.stdout}{result.stderr}\n")
+    assert result.returncode != 0
+    assert job in result.stderr
+    assert "context deadline exceeded" not in result.stderr  # the Job's own deadline ended it, not Helm's
+    hook_objects = [f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}",
+                    f"/api/v1/namespaces/{namespace}/serviceaccounts/{job}",
+                    f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{namespace}-{job}",
+                    f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{namespace}-{job}"]
+    for path in hook_objects:
+        assert get_or_none(day.admin, path) is None, path
+    day.until("the hook's pod gone", lambda: not day.admin.request(
+        "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": f"job-name={job}"})["items"])
+    check = run_cli("check", "-n", namespace, kubeconfig=day.node.plane.kubeconfig)
+    sys.stderr.write(f"\nstageset check:\n{check.stdout}{check.stderr}\n")
+    assert check.returncode == 3
+    failed = f"release {namespace}/{release} (revision 1, chart {day.published.version}): failed"
+    assert failed in check.stdout
+    reason = next(line for line in check.stdout.splitlines() if f"hook Job {namespace}/{job}:" in line)
+    assert f"{day.registry.host}/stageset/stageset:no-such-tag" in reason, reason
+    assert "pull" in reason.lower(), reason
+    day.helm.run("uninstall", release, "--namespace", namespace)
+    day.seen["failed-hook"] = True
+
+
 def test_the_chart_installs_and_its_pods_turn_ready_with_the_default_security_context(day: Day) -> None:
     create_tenant(day.admin, namespace=TENANT, service_account="deployer")  # the release binds into it
     result = day.helm.run("install", RELEASE, day.published.chart_url, "--namespace", NAMESPACE,
