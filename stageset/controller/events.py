@@ -18,7 +18,10 @@ After a quiet window a repeat starts a new Event.  The cache of recent events is
 What the controller records (reasons in :mod:`stageset.api.vocabulary`):
 
 - a Warning with the Ready reason whenever an object's Ready condition turns ``False`` or
-  changes its reason while ``False`` (:func:`ready_transition`);
+  changes its reason while ``False`` (:func:`ready_transition`), except for the reasons of a state
+  someone chose (``NO_TRANSITION_EVENT``: a suspend, a held release);
+- a Normal ``Suspended`` / ``Resumed`` when an object enters or leaves the suspended state
+  (:func:`suspend_transition`): no failure, so no failing commit status and no red message;
 - a Normal ``ReconciliationSucceeded`` when a StageSet is Ready after a change, naming what
   changed (:func:`change_summary`), and a Normal ``NewArtifact`` for a new Git revision;
 - Warnings ``DriftCorrected``, ``PruneFailed`` and ``TeardownForced``.
@@ -107,6 +110,18 @@ def ready_transition(before: Mapping[str, str] | None, after: Mapping[str, str] 
     if after is None or after.get("status") != "False":
         return False
     return before is None or before.get("status") != "False" or before.get("reason") != after.get("reason")
+
+
+def suspend_transition(before: Mapping[str, str] | None,
+                       after: Mapping[str, str] | None) -> EventReason | None:
+    """Did Ready enter the ``Suspended`` reason (``SUSPENDED``) or leave it (``RESUMED``)?"""
+    was = before is not None and before.get("reason") == Reason.SUSPENDED.value
+    now = after is not None and after.get("reason") == Reason.SUSPENDED.value
+    if now and not was:
+        return EventReason.SUSPENDED
+    if was and not now and after is not None:
+        return EventReason.RESUMED
+    return None
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from dataclasses import dataclass
 from typing import assert_never
 
 from sources.addresses import AddressGuard
-from stageset.api.vocabulary import NO_TRANSITION_EVENT, EventType, Reason
+from stageset.api.vocabulary import NO_TRANSITION_EVENT, EventReason, EventType, Reason
 from stageset.controller import logs
 from stageset.controller.cache import ObjectCache, States
 from stageset.controller.clock import Clock, system_clock
@@ -55,6 +55,7 @@ from stageset.controller.events import (
     ready_condition,
     ready_transition,
     revision_annotation,
+    suspend_transition,
 )
 from stageset.controller.health import Lifecycle
 from stageset.controller.keys import JobKey, ObjectKey, ReportKey, WorkKey
@@ -339,8 +340,15 @@ class Manager:
             self._tell_transition(key, obj, before)
 
     def _tell_transition(self, key: ObjectKey, obj: KubeObject, before: dict[str, str] | None) -> None:
-        """A Warning event (reason: Ready's) when this reconcile turned Ready False."""
+        """A Warning event (reason: Ready's) when this reconcile turned Ready False; a Normal
+        ``Suspended`` / ``Resumed`` when it entered or left the suspended state."""
         after = ready_condition(self._latest(key, obj))
+        change = suspend_transition(before, after)
+        if change is not None:
+            self.events.emit(obj, type_=EventType.NORMAL, reason=change, message=(
+                "reconciliation is suspended (spec.suspend): nothing is applied, pruned or corrected until "
+                "it is resumed; what was applied stays" if change is EventReason.SUSPENDED
+                else "reconciliation resumed (spec.suspend is false)"))
         if after is None or not ready_transition(before, after):
             return
         try:
