@@ -222,6 +222,8 @@ def test_history_is_kept_in_status_and_survives_restarts(world: World, browser: 
     web = releases(shop, "web")  # applied at the new revision too, writing nothing
     assert [r["revision"] for r in web] == [second, first]
     assert (web[0]["created"], web[0]["configured"], web[0]["objects"]) == (0, 0, [])
+    # Its own time: the pass that released it, not the first release's apply (issue 50).
+    assert web[0]["appliedAt"] == config[0]["appliedAt"] != web[1]["appliedAt"]
     assert MARKER not in str(shop["status"])
     assert "password" not in str(shop["status"]["history"])
 
@@ -244,6 +246,10 @@ def test_history_is_kept_in_status_and_survives_restarts(world: World, browser: 
             expect(rows.nth(0)).to_have_attribute("data-revision", third)
         finally:
             context.close()
+    # A suspend and a resume (two spec generations applying nothing) add no row.
+    assert run_cli("suspend", "shop", "-n", NS, kubeconfig=world.plane.kubeconfig).exit_code == 0
+    assert run_cli("resume", "shop", "-n", NS, kubeconfig=world.plane.kubeconfig).exit_code == 0
+    ready(world, "shop")
     cli = run_cli("history", "shop", "-n", NS, "--stage", "config", kubeconfig=world.viewer_kubeconfig)
     assert cli.exit_code == 0, cli.output + cli.stderr
     lines = cli.output.splitlines()
