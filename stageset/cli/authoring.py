@@ -215,8 +215,22 @@ def delete_git(session: Session, name: str, silent: bool) -> None:
     _delete(session, GITREPOSITORIES, name, silent)
 
 
+def create_group() -> click.Group:
+    """``create`` with every form (``tenant``, ``stageset``, ``source git``)."""
+    register()
+    return create
+
+
+def delete_group() -> click.Group:
+    """``delete`` with every form (``tenant``, ``stageset``, ``source git``)."""
+    register()
+    return delete
+
+
 def register() -> None:
-    """Add the StageSet and Git source forms to ``create`` and ``delete`` (beside ``tenant``)."""
+    """Add the StageSet and Git source forms to ``create`` and ``delete`` (beside ``tenant``); once."""
+    if "stageset" in create.commands:
+        return
     create.add_command(create_stageset)
     delete.add_command(delete_stageset)
     for group, git in ((create, create_git), (delete, delete_git)):

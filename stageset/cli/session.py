@@ -61,16 +61,23 @@ def describe_api_error(error: ApiError | UnreachableError) -> str:
     return f"{error.message} ({error.status} {error.reason})".replace(" ()", "")
 
 
+def translated(error: BaseException) -> CliError | None:
+    """The one-line error (exit code 3) for an error every command can meet; None for others."""
+    if isinstance(error, (ApiError, UnreachableError)):
+        return CliError(describe_api_error(error))
+    if isinstance(error, ConfigException):
+        return CliError(f"kubeconfig: {error}")
+    return None
+
+
 class StagesetGroup(click.Group):
     """Maps the errors every command can meet to exit code 3 and one line, not a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (ApiError, UnreachableError) as error:
-            raise CliError(describe_api_error(error)) from None
-        except ConfigException as error:
-            raise CliError(f"kubeconfig: {error}") from None
+        except (ApiError, UnreachableError, ConfigException) as error:
+            raise translated(error) or error from None
 
 
 # -- the kubeconfig -------------------------------------------------------------------------------
