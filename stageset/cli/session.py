@@ -80,6 +80,33 @@ class StagesetGroup(click.Group):
             raise translated(error) or error from None
 
 
+# -- deleting: one convention for every command that deletes ----------------------------------------
+
+def yes_option(*, silent: bool = False) -> Callable[[F], F]:
+    """``-y/--yes``: delete without asking (``silent``: also Flux's ``-s/--silent`` for the same)."""
+    names = ["-y", "--yes", *(["-s", "--silent"] if silent else [])]
+    return click.option(*names, "yes", is_flag=True, default=False,
+                        help="Do it without asking (without it: asked y/N; with no answer to read, "
+                        "a dry run that changes nothing).")
+
+
+def confirmed(question: str, *, yes: bool) -> bool:
+    """Every delete's convention (``delete stageset``/``source git``/``tenant``, ``uninstall``): what
+    it would do is printed first; then ``--yes`` goes ahead, else the question is asked: "y" goes
+    ahead, any other answer stops (exit 1, as click's Abort), and no answer at all (stdin at its end: a
+    script, a pipe) makes it a dry run -- False, nothing is changed."""
+    if yes:
+        return True
+    echo(f"{question} [y/N]: ")
+    answer = click.get_text_stream("stdin").readline()
+    if not answer:
+        echo("\n")
+        return False
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    raise click.Abort()
+
+
 # -- the kubeconfig -------------------------------------------------------------------------------
 
 def kubeconfig_path(flag: str | None) -> str | None:

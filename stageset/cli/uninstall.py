@@ -22,8 +22,10 @@ StageSet deleted later in ``Terminating``.  So, in this order:
 The plan (and the dry run) names only objects that exist: a failed install's manifest may name
 objects never created.
 
-Without ``--yes`` it changes nothing and prints what it would do (a dry run).  The CRDs are never
-deleted (no release owns them: docs/upgrading.md#the-crds).
+It prints what it would do, then asks, unless ``--yes``; with no answer to read it is a dry run
+that changes nothing (the convention of every command that deletes:
+:func:`~stageset.cli.session.confirmed`).  The CRDs are never deleted (no release owns them:
+docs/upgrading.md#the-crds).
 
 Identity: every request is the caller's own (the kubeconfig's credentials: a cluster admin, as for
 ``helm uninstall``), and so is ``helm uninstall``'s (the same kubeconfig and context).  Nothing is
@@ -47,7 +49,7 @@ import yaml
 from stageset.apply.ownership import FINALIZER
 from stageset.cli import helmstore
 from stageset.cli.params import DURATION, NAMESPACES
-from stageset.cli.session import CliError, Session, echo
+from stageset.cli.session import CliError, Session, confirmed, echo, yes_option
 from stageset.controller.kinds import STAGESETS
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import RestMapper, UnknownKindError
@@ -344,7 +346,7 @@ def remove_release(client: KubeClient, release: Release, *, helm: str, kubeconfi
               help="Keep every StageSet and what it applied: suspend each, then drop its finalizer.")
 @click.option("--teardown", is_flag=True, default=False,
               help="Delete every StageSet and wait until the controller deleted what each applied.")
-@click.option("--yes", is_flag=True, default=False, help="Do it (without: print what would be done).")
+@yes_option()
 @click.option("--timeout", type=DURATION, default="10m", show_default=True,
               help="With --teardown: how long to wait for the controller.")
 @click.option("--namespaces", type=NAMESPACES, default=None,
@@ -363,7 +365,8 @@ def uninstall(release_name: str, namespace: str, keep_objects: bool, teardown: b
 
     Either keep the StageSets and their objects (--keep-objects: suspended, finalizer dropped) or
     tear them down first (--teardown: deleted, waited for, with progress), then delete the release's
-    objects and Helm's records of it.  A dry run unless --yes.  The CRDs stay.
+    objects and Helm's records of it.  Asks first unless -y/--yes; with no answer to read, a dry
+    run.  The CRDs stay.
     """
     if keep_objects and teardown:
         raise click.UsageError("choose one of --keep-objects and --teardown")
@@ -404,7 +407,8 @@ def _uninstall(client: KubeClient, *, release_name: str, namespace: str, keep_ob
                        "choose --keep-objects (keep them and what they applied) or --teardown (delete "
                        "what they applied first)")
     _plan(client, release, stagesets, keep_objects=keep_objects, prefix="" if yes else "would ")
-    if not yes:
+    what = f"release {namespace}/{release_name}" if release is not None else "the StageSets"
+    if not confirmed(f"Uninstall {what}?", yes=yes):
         echo("dry run: nothing changed; pass --yes to uninstall\n")
         return
     if keep_objects:
