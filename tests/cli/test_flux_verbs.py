@@ -297,6 +297,10 @@ def test_export_prints_what_a_person_wrote_and_applies_again(world: World) -> No
     assert repo["kind"] == "GitRepository"
     assert repo["spec"]["url"] == "https://git.example/app.git"
     assert "status" not in repo
+    # Flux's shape prints the same (issue 50).
+    flux_shape = run_cli("export", "source", "git", "--all", "-n", NS, kubeconfig=world.viewer)
+    assert flux_shape.exit_code == 0, flux_shape.stderr
+    assert flux_shape.stdout == every.stdout
     assert run_cli("export", "stageset", "-n", NS, kubeconfig=world.viewer).exit_code == 2
     missing = run_cli("export", "stageset", "nothing", "-n", NS, kubeconfig=world.viewer)
     assert missing.exit_code == 3
