@@ -36,6 +36,7 @@ import yaml
 from stageset.api import parse_time
 from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient, UnreachableError
 from stageset.kube.kubeconfig import ConfigException, list_contexts
+from stageset.kube.types import KubeObject
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -98,7 +99,7 @@ def confirmed(question: str, *, yes: bool) -> bool:
     if yes:
         return True
     echo(f"{question} [y/N]: ")
-    answer = click.get_text_stream("stdin").readline()
+    answer = sys.stdin.readline()
     if not answer:
         echo("\n")
         return False
@@ -293,6 +294,20 @@ def table(headers: Sequence[str], rows: Iterator[Sequence[str]] | Sequence[Seque
     widths = [max(len(row[i]) for row in materialized) for i in range(len(headers))]
     lines = ["   ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in materialized]
     return "\n".join(lines) + "\n"
+
+
+def as_printed(obj: KubeObject) -> KubeObject:
+    """An object as ``kubectl get -o yaml|json`` prints it: whole, without ``managedFields``."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    return {**obj, "metadata": meta}
+
+
+def dump_objects(objects: Sequence[KubeObject], output: str, *, one: bool) -> str:
+    """``-o yaml|json`` as kubectl prints it: the object, or a ``List`` of them."""
+    if one:
+        return dump(as_printed(objects[0]), output)
+    return dump({"apiVersion": "v1", "kind": "List", "items": [as_printed(o) for o in objects],
+                 "metadata": {"resourceVersion": ""}}, output)
 
 
 def dump(data: Any, output: str) -> str:

@@ -431,7 +431,9 @@ def test_get_sources_git(world: World) -> None:
     assert "branch/main" in app
     assert REVISION in app
     one = run_cli("get", "sources", "git", "app", "-n", NS, "-o", "json", kubeconfig=world.viewer)
-    assert json.loads(one.stdout)["revision"] == REVISION
+    printed = json.loads(one.stdout)  # the object, as kubectl prints it
+    assert (printed["kind"], printed["metadata"]["name"]) == ("GitRepository", "app")
+    assert printed["status"]["artifact"]["revision"] == REVISION
     every = run_cli("get", "sources", "git", "-A", kubeconfig=world.plane.kubeconfig)
     assert every.stdout.splitlines()[0].split()[0] == "NAMESPACE"
     # The StageSet form of the verb is unchanged, and reachable by its explicit name too.

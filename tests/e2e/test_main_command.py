@@ -132,7 +132,7 @@ def test_the_first_run_teaches(tmp_path: Path, examples: Path) -> None:
         # The commands it prints work, with the kubeconfig it keeps.
         got = run_cli("get", "shop", "-n", "shop", "-o", "json", kubeconfig=kubeconfig)
         assert got.exit_code == 0, got.output
-        assert json.loads(got.stdout)["revision"] == first.group(1)
+        assert json.loads(got.stdout)["status"]["lastAppliedRevision"] == first.group(1)
         tree = run_cli("tree", "shop", "-n", "shop", kubeconfig=kubeconfig)
         assert "ConfigMap/shop/shop-settings  Current" in tree.stdout
         assert run_cli("diff", "shop", "-n", "shop", kubeconfig=kubeconfig).exit_code == 0
