@@ -26,6 +26,8 @@ from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.types import KubeObject
 
 CHART = "stageset"
+MAX_TOLD = 3
+"""Distinct Warning messages told per object."""
 DRIVERS = (("secret", "secrets"), ("configmap", "configmaps"))
 
 
@@ -118,7 +120,7 @@ def _events(client: KubeClient, namespace: str, *, kind: str) -> list[dict[str, 
 
 def job_reasons(client: KubeClient, namespace: str, job: str) -> list[str]:
     """Why the Job ``namespace/job`` failed or is stuck: its Failed condition while it exists,
-    then the latest Warning event of each of its pods (``<job>-<suffix>``: ``Failed to pull image
+    then the distinct Warning events of each of its pods (``<job>-<suffix>``: ``Failed to pull image
     ...``, ``Back-off restarting failed container``) and of the Job itself (``DeadlineExceeded``)."""
     reasons: list[str] = []
     try:
@@ -132,19 +134,21 @@ def job_reasons(client: KubeClient, namespace: str, job: str) -> list[str]:
                 reasons.append(f"Job {condition.get('reason')}: {_short(str(condition.get('message', '')))}")
         if not reasons and (live.get("status") or {}).get("active"):
             reasons.append("the Job is still running")
-    latest_by_object: dict[str, dict[str, Any]] = {}
+    # Per object, its distinct Warning messages, oldest first (the first pull failure names the image
+    # and the registry's answer; the back-off that follows only repeats that it failed).
+    told: dict[str, list[tuple[str, str]]] = {}
     for kind in ("Pod", "Job"):
         for event in _events(client, namespace, kind=kind):
             involved = str((event.get("involvedObject") or {}).get("name", ""))
             ours = involved == job if kind == "Job" else involved.startswith(f"{job}-")
             if not ours or event.get("type") != "Warning":
                 continue
-            when = str(event.get("lastTimestamp") or event.get("eventTime") or "")
-            key = f"{kind}/{involved}"
-            if key not in latest_by_object or when >= str(latest_by_object[key].get("_when", "")):
-                latest_by_object[key] = {**event, "_when": when}
-    for key, event in sorted(latest_by_object.items()):
-        reasons.append(f"{key}: {event.get('reason')}: {_short(str(event.get('message', '')))}")
+            when = str(event.get("firstTimestamp") or event.get("eventTime") or "")
+            told.setdefault(f"{kind}/{involved}", []).append(
+                (when, f"{event.get('reason')}: {_short(str(event.get('message', '')))}"))
+    for key, said in sorted(told.items()):
+        distinct = list(dict.fromkeys(text for _, text in sorted(said)))
+        reasons.append(f"{key}: " + "; ".join(distinct[:MAX_TOLD]))
     return reasons
 
 
