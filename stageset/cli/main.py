@@ -126,6 +126,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         allowed_action_hosts=tuple(params.get("allowed_action_hosts") or ()),
         notifications=NotificationSettings(
             namespace=params.get("notification_namespace") or None,
+            tenants=bool(params.get("tenant_notifications")),
             delivery=DeliverySettings(rate=float(params.get("notification_rate", 1.0)),
                                       burst=int(params.get("notification_burst", 10)))),
         apply=ApplySettings(rights_max_age=float(params.get("rights_recheck_interval", DEFAULT_MAX_AGE))),
@@ -215,6 +216,10 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               help="Send StageSet events as the NotificationAlerts and NotificationProviders of this "
               "namespace say (read with the controller's identity, with the providers' Secrets; "
               "docs/notifications.md); empty: no notifications.")
+@click.option("--tenant-notifications", is_flag=True, default=False, envvar="STAGESET_TENANT_NOTIFICATIONS",
+              help="Also send each StageSet's events as the NotificationAlerts of its own namespace say "
+              "(an app team's alerts, for that namespace's StageSets only; a provider's Secret read as its "
+              "serviceAccountName; docs/notifications.md#tenant-owned-alerts).")
 @click.option("--notification-rate", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Notifications per second each provider sends once its burst is spent.")
 @click.option("--notification-burst", default=10, show_default=True, type=click.IntRange(min=1),

@@ -63,6 +63,7 @@ from stageset.controller.memory import Trimmer
 from stageset.controller.metrics import Metrics
 from stageset.controller.notifications.delivery import http_sender
 from stageset.controller.notifications.notifier import Notifier
+from stageset.controller.notifications.tenants import TenantConfigs
 from stageset.controller.queue import Backoff, WorkQueue
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
@@ -132,12 +133,15 @@ class Manager:
         self.trimmer = Trimmer()
         self.cache = ObjectCache()
         admin = clients.client()
-        # Notifications (off without --notification-namespace): the recorder tells the notifier every
-        # new event; it queues and returns, so no reconcile waits for a receiver.
+        # Notifications (off without --notification-namespace or --tenant-notifications): the recorder
+        # tells the notifier every new event; it queues and returns, so no reconcile waits for a receiver.
         self.notifier = Notifier(admin, settings=settings.notifications, counters=self.metrics,
                                  send=http_sender(AddressGuard(allow_insecure=settings.allow_insecure_sources,
-                                                               purpose="notifications", verb="send to"))) \
-            if settings.notifications.namespace else None
+                                                               purpose="notifications", verb="send to")),
+                                 tenants=TenantConfigs(clients, refresh=settings.notifications.refresh,
+                                                       platform_namespace=settings.notifications.namespace)
+                                 if settings.notifications.tenants else None) \
+            if settings.notifications.enabled else None
         self.events = EventRecorder(admin, clock=clock,
                                     listener=self.notifier.offer if self.notifier is not None else None)
         # Waiting stages watch what they wait for (each watch as the stage's identity), bounded.
