@@ -5,7 +5,8 @@ Each command runs ``--rounds`` times, interleaved (floor, each stageset form, ku
 so a machine whose speed drifts slows every column alike; the figure is the process's own CPU time
 (user + system, from ``wait4``: what a shell waiting for a TAB completion pays), its median and the
 ratio to kubectl's and to the floor.  ``--stageset 'COMMAND ...'`` times another build of the CLI
-(e.g. an older checkout: ``--stageset "env PYTHONPATH=/tmp/old .venv/bin/python -m stageset.cli"``),
+(e.g. an older checkout's ``stageset`` and ``sources`` in ``/tmp/old``:
+``--stageset "env PYTHONPATH=/tmp/old .venv/bin/python -m stageset.cli"``),
 which is how the before/after of issue 50 were taken; the result is also written to
 ``docs/benchmarks.md`` with ``--write``.
 
@@ -22,6 +23,7 @@ import shlex
 import statistics
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -40,8 +42,10 @@ class Case:
 
 def cpu_of(argv: list[str], env: dict[str, str]) -> float:
     """CPU seconds (user + system) of one run of ``argv`` and every process it waited for."""
+    # From a neutral directory: `python -m` puts the working directory first on sys.path, which
+    # would shadow the build under test (--stageset with PYTHONPATH) with this checkout.
     process = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.DEVNULL,
-                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL)
+                               stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL, cwd=tempfile.gettempdir())
     _, status, usage = os.wait4(process.pid, 0)
     process.returncode = os.waitstatus_to_exitcode(status)
     if process.returncode != 0:
