@@ -359,6 +359,8 @@ def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: 
         return
     params.pop("kubeconfig", None)
     fmt = str(params.pop("log_format", None) or "text")
+    # Unless asked for a format, the controller's lines take the shape of the demo's progress lines.
+    fmt = fmt if "--log-format" in ctx.args else logs.PROGRESS
     level = str(params.pop("log_level", None) or "warning")
     level = level if "--log-level" in ctx.args else "warning"
     _setup_logging(os.environ.get("STAGESET_LOG_LEVEL", level), fmt)

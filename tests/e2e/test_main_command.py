@@ -54,6 +54,8 @@ def test_run_reconciles_the_example_to_ready_and_cleans_up(tmp_path: Path) -> No
     # The source's first fetch is a wait, not a failure.
     assert "Ready=False" not in output
     assert " Failed" not in output
+    # One stream: no Python-shaped log line (`2026-... WARNING name: ...`) among the progress lines.
+    assert not re.search(r"^\d{4}-\d\d-\d\d[ T].* (WARNING|ERROR|INFO) ", output, re.MULTILINE), output
     assert not (tmp_path / "run" / "kubeconfig").exists(), "the kubeconfig is removed at the end"
 
 
