@@ -26,7 +26,7 @@ from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.types import KubeObject
 
 CHART = "stageset"
-MAX_TOLD = 3
+MAX_TOLD = 4
 """Distinct Warning messages told per object."""
 DRIVERS = (("secret", "secrets"), ("configmap", "configmaps"))
 
@@ -147,7 +147,8 @@ def job_reasons(client: KubeClient, namespace: str, job: str) -> list[str]:
             told.setdefault(f"{kind}/{involved}", []).append(
                 (when, f"{event.get('reason')}: {_short(str(event.get('message', '')))}"))
     for key, said in sorted(told.items()):
-        distinct = list(dict.fromkeys(text for _, text in sorted(said)))
+        # By time, and within a second in the order the apiserver lists them (their creation).
+        distinct = list(dict.fromkeys(text for _, text in sorted(said, key=lambda told: told[0])))
         reasons.append(f"{key}: " + "; ".join(distinct[:MAX_TOLD]))
     return reasons
 
