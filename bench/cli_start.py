@@ -6,7 +6,8 @@ so a machine whose speed drifts slows every column alike; the figure is the proc
 (user + system, from ``wait4``: what a shell waiting for a TAB completion pays), its median and the
 ratio to kubectl's and to the floor.  ``--stageset 'COMMAND ...'`` times another build of the CLI
 (e.g. an older checkout's ``stageset`` and ``sources`` in ``/tmp/old``:
-``--stageset "env PYTHONPATH=/tmp/old .venv/bin/python -m stageset.cli"``),
+``--stageset "env PYTHONPATH=/tmp/old .venv/bin/python -c 'from stageset.cli.main import main;
+main(prog_name=\"stageset\")'"``: the completion answers only to the name ``stageset``),
 which is how the before/after of issue 50 were taken; the result is also written to
 ``docs/benchmarks.md`` with ``--write``.
 
@@ -92,8 +93,8 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.cli_start",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--stageset", default=f"{sys.executable} -m stageset.cli",
-                        help="the CLI to time (a command line; default: this checkout's)")
+    parser.add_argument("--stageset", default=str(Path(sys.executable).with_name("stageset")),
+                        help="the CLI to time (a command line; default: this checkout's `stageset`)")
     parser.add_argument("--label", default="this checkout")
     parser.add_argument("--write", action="store_true", help="write the table into docs/benchmarks.md")
     args = parser.parse_args(argv)
