@@ -201,10 +201,12 @@ def change_settings(world: World, currency: str) -> str:
 
 
 def writes_by(world: World, user: str, since: int) -> list[dict[str, Any]]:
-    """The write requests ``user`` made after audit event number ``since`` (their final stage)."""
+    """The write requests ``user`` made after audit event number ``since`` (their final stage); a
+    SelfSubjectAccessReview (the page asking whether to show a button) is a question, not a write."""
     return [e for e in world.plane.audit_events()[since:]
             if (e.get("user") or {}).get("username") == user and e.get("stage") == "ResponseComplete"
-            and e.get("verb") in {"create", "update", "patch", "delete", "deletecollection"}]
+            and e.get("verb") in {"create", "update", "patch", "delete", "deletecollection"}
+            and (e.get("objectRef") or {}).get("resource") != "selfsubjectaccessreviews"]
 
 
 # -- release history -------------------------------------------------------------------------------
