@@ -288,8 +288,9 @@ class ReadyWarnings:
     ``False`` (or changed its reason while ``False``, :func:`ready_transition`), a Warning with Ready's
     reason and message — except the reasons in :data:`~stageset.api.vocabulary.NO_TRANSITION_EVENT`
     (a release held as asked, a rollback the reconciler told itself, a suspend); entering or leaving
-    the suspended state is a Normal ``Suspended`` / ``Resumed`` (:func:`suspend_transition`).  ``revision`` (the StageSet's)
-    names the revision that failed, annotated on the event so a notification sets its commit's status.
+    the suspended state is a Normal ``Suspended`` / ``Resumed`` (:func:`suspend_transition`).
+    ``revision`` (the StageSet's) names the revision that failed, annotated on the event so a
+    notification sets its commit's status.
 
     The message passes the object's redactor (:data:`~stageset.controller.redact.REGISTRY`) as every
     event's does."""

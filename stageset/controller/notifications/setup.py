@@ -9,8 +9,8 @@ queued within what is left of the shutdown deadline once the workers have stoppe
 
 Identity: the controller's own, for reading the configuration in the notification namespace
 (:mod:`~stageset.controller.notifications.config`); with tenant alerts, a tenant provider's Secret
-as the provider's ServiceAccount (:mod:`~stageset.controller.notifications.tenants`); receivers are called through the address guard
-(``--allow-insecure-sources`` relaxes it, as for sources).
+as the provider's ServiceAccount (:mod:`~stageset.controller.notifications.tenants`); receivers
+are called through the address guard (``--allow-insecure-sources`` relaxes it, as for sources).
 """
 
 from __future__ import annotations
