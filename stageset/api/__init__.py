@@ -42,11 +42,11 @@ from stageset.api.stageset import (
     StageInventory,
     StageSet,
     StageSetRef,
-    SupersededRef,
     StageSetSpec,
     StageSetStatus,
     StageStatus,
     SubstituteRef,
+    SupersededRef,
 )
 from stageset.api.target import StageTarget, StageTargetSpec, StageTargetStatus, TargetRef
 
@@ -77,7 +77,6 @@ __all__ = [
     "StageInventory",
     "StageSet",
     "StageSetRef",
-    "SupersededRef",
     "StageSetSpec",
     "StageSetStatus",
     "StageStatus",
@@ -85,6 +84,7 @@ __all__ = [
     "StageTargetSpec",
     "StageTargetStatus",
     "SubstituteRef",
+    "SupersededRef",
     "TargetRef",
     "duration_seconds",
     "format_time",

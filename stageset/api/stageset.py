@@ -110,8 +110,8 @@ class SupersededRef(ApiModel):
 
 
 _UNIQUE_SUPERSEDED: JsonDict = {
-    "rule": "self.all(a, self.exists_one(b, b.name == a.name && "
-            "(has(b.__namespace__) ? b.__namespace__ : '') == (has(a.__namespace__) ? a.__namespace__ : '')))",
+    "rule": "self.all(a, self.exists_one(b, b.name == a.name && (has(b.__namespace__) ? "
+            "b.__namespace__ : '') == (has(a.__namespace__) ? a.__namespace__ : '')))",
     "message": "supersedes names a StageSet more than once",
 }
 
