@@ -739,7 +739,7 @@ class StageSetSpec(ApiModel):
     ``pre``/``post`` action it ran for the revision does not run again.  Only what this StageSet's
     ServiceAccount could take over by hand: it must be allowed to ``get`` and ``patch`` each StageSet
     named here (else ``SupersedeDenied``, and nothing is taken).  An extension: the reference has no
-    such field (see docs/tenancy.md, "Moving from tier 1 to tier 2")."""
+    such field (see the tenancy tiers page: "Moving from tier 1 to tier 2")."""
     service_account_name: DNSSubdomain | None = None
     """ServiceAccount every write is made as (impersonated).
 
