@@ -10,9 +10,13 @@ entry.  The real-apiserver evidence of the whole move is tests/e2e/test_supersed
 
 from __future__ import annotations
 
-from stageset.apply.handover import ANNOTATION, HandOver
+from stageset.api.vocabulary import Reason
+from stageset.apply.handover import ANNOTATION, HandOver, parse
 from stageset.apply.inventory import ObjectId
-from tests.inprocess.conftest import NS, TENANT, World, configmap, stageset_path
+from stageset.controller.consumers import artifact_consumer
+from stageset.controller.kinds import GITREPOSITORIES
+from tests.inprocess.conftest import NS, TENANT, URL, World, configmap, stageset_path
+from tests.inprocess.fakes import ALL_VERBS, CONTROLLER
 
 CM = f"/api/v1/namespaces/{NS}/configmaps"
 A = ObjectId(namespace=NS, name="a", group="", kind="ConfigMap")
@@ -103,3 +107,119 @@ def test_a_predecessor_naming_its_successor_in_a_newer_generation_drops_the_entr
     world.reconcile("old")
 
     assert ANNOTATION not in (world.get("old")["metadata"].get("annotations") or {})
+
+
+# -- the successor's side ------------------------------------------------------------------------
+
+SYSTEM = "shop-system"
+SUCCESSOR = f"system:serviceaccount:{SYSTEM}:deployer"
+REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
+
+
+def same_source_in(world: World, namespace: str) -> None:
+    """A GitRepository ``app`` in ``namespace`` at the revision the one in ``shop`` is at (the same
+    repository, as the control-plane namespace's own source would be)."""
+    world.cluster.put({"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+                       "metadata": {"name": "app", "namespace": namespace}, "spec": {"url": URL}})
+    path = GITREPOSITORIES.object_path(name="app", namespace=namespace)
+    world.cluster.set_status(path, {"artifact": {"revision": world.sources.revision(URL)}})
+    sha = world.sources.revision(URL).rpartition(":")[2]
+    world.sources.served.add((URL, sha, artifact_consumer((world.cluster.get(path) or {})["metadata"])))
+
+
+def successor(world: World, *, rights_in_shop: str | None) -> None:
+    """``old`` in shop holds a and b; ``new`` in shop-system names it in ``supersedes``."""
+    world.cluster.reviews = True
+    world.commit({"app/a.json": configmap("a"), "app/b.json": configmap("b")})
+    world.stageset("old", [{"name": "app", "path": "./app"}])
+    world.reconcile("old")
+    assert world.ready("old")["status"] == "True"
+    world.cluster.grant_namespace(SUCCESSOR, SYSTEM)
+    if rights_in_shop is not None:
+        world.cluster.grant_namespace(SUCCESSOR, NS, rights_in_shop)
+    same_source_in(world, SYSTEM)
+    world.stageset("new", [{"name": "app", "path": "./app"}], namespace=SYSTEM, targetNamespace=NS,
+                   supersedes=[{"namespace": NS, "name": "old"}])
+
+
+def test_a_successor_takes_over_in_place_what_it_may_and_the_predecessor_lets_go(world: World) -> None:
+    successor(world, rights_in_shop=ALL_VERBS)
+    before = {name: (world.configmap(name) or {})["metadata"]["uid"] for name in ("a", "b")}
+    world.cluster.clear()
+
+    world.reconcile("new", SYSTEM)
+
+    assert world.ready("new", SYSTEM)["status"] == "True", world.ready("new", SYSTEM)
+    mine = world.cluster.by(SUCCESSOR)
+    # Asked as the successor's identity: the predecessor read, and one access review.
+    assert [r.verb for r in mine if r.path == stageset_path("old")] == ["get"]
+    assert [r.verb for r in mine if r.path == REVIEWS] == ["create"]
+    for name in ("a", "b"):
+        written = [r.verb for r in world.cluster.by(SUCCESSOR, writes_only=True) if r.path == f"{CM}/{name}"]
+        assert written == ["apply"], (name, written)
+        found = world.configmap(name)
+        assert found is not None
+        assert found["metadata"]["uid"] == before[name]
+        assert found["metadata"]["labels"]["stages.metio.wtf/namespace"] == SYSTEM
+    record = parse(world.get("old"))
+    assert [(e.successor, sorted(o.name for o in e.objects)) for e in record.entries] == [
+        ((SYSTEM, "new"), ["a", "b"])]
+    # The record is written as the controller, before the objects: once per check that finds objects
+    # to take (the stage's first write, made alone, is one).
+    recorded = [r.verb for r in world.cluster.by(CONTROLLER, writes_only=True)
+                if r.path == stageset_path("old")]
+    assert recorded
+    assert set(recorded) == {"patch"}
+
+    world.cluster.clear()
+    world.reconcile("old")
+    assert listed(world, "old") == []
+    assert f"handed over 2 object(s) to StageSet {SYSTEM}/new" in world.ready("old")["message"]
+    assert [r for r in world.cluster.by(TENANT, writes_only=True) if r.path.startswith(CM)] == []
+    # The predecessor names no one: it asks nothing of anyone's rights; it reads its successor once.
+    assert [r for r in world.cluster.requests if r.path == REVIEWS] == []
+    assert [r.verb for r in world.cluster.by(CONTROLLER) if r.path == stageset_path("new", SYSTEM)] == ["get"]
+
+    # The successor's next pass takes nothing more, and writes no record again.
+    world.cluster.clear()
+    world.reconcile("new", SYSTEM)
+    assert [r for r in world.cluster.by(CONTROLLER, writes_only=True) if r.path == stageset_path("old")] == []
+
+
+def test_a_successor_that_may_not_patch_its_predecessor_takes_nothing(world: World) -> None:
+    successor(world, rights_in_shop="get,list,watch,create,apply,delete")
+    world.cluster.clear()
+
+    world.reconcile("new", SYSTEM)
+
+    ready = world.ready("new", SYSTEM)
+    assert (ready["status"], ready["reason"]) == ("False", Reason.SUPERSEDE_DENIED.value)
+    assert f"spec.supersedes[0]: {SUCCESSOR} may not patch StageSet {NS}/old" in ready["message"]
+    applied = [r for r in world.cluster.by(SUCCESSOR) if r.verb not in ("get", "create")]
+    assert applied == [], "nothing applied, not even dry-run"
+    assert ANNOTATION not in (world.get("old")["metadata"].get("annotations") or {})
+    holders = {(world.configmap(n) or {})["metadata"]["labels"]["stages.metio.wtf/name"] for n in ("a", "b")}
+    assert holders == {"old"}
+
+
+def test_a_successor_that_may_not_read_its_predecessor_is_told_nothing_about_it(world: World) -> None:
+    successor(world, rights_in_shop=None)
+
+    world.reconcile("new", SYSTEM)
+
+    ready = world.ready("new", SYSTEM)
+    assert (ready["status"], ready["reason"]) == ("False", Reason.SUPERSEDE_DENIED.value)
+    assert f"spec.supersedes[0]: {SUCCESSOR} may not read the StageSet it names" in ready["message"]
+    assert f"{NS}/old" not in ready["message"]
+
+
+def test_a_predecessor_that_is_gone_refuses_nothing_and_costs_one_read(world: World) -> None:
+    successor(world, rights_in_shop=ALL_VERBS)
+    world.cluster.remove(stageset_path("old"))
+    world.cluster.clear()
+
+    world.reconcile("new", SYSTEM)
+
+    assert world.ready("new", SYSTEM)["status"] == "True"
+    asked = [r.verb for r in world.cluster.by(SUCCESSOR) if r.path in (stageset_path("old"), REVIEWS)]
+    assert asked == ["get"]

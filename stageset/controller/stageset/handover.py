@@ -18,7 +18,8 @@ Thread safety: the stages of a pass run on a small pool; the records are written
 (one lock per pass), so two stages taking objects from one holder never lose each other's entries.
 
 Cost: nothing for a StageSet that names no predecessor (no :class:`Handover` is made); one read and
-one patch of a holder per stage that takes objects from it, and none once it lists them already.
+one patch of a holder per check of a stage's objects that finds some of its to take (a stage's first
+write is checked on its own: usually one or two per stage), and none once the record lists them.
 """
 
 from __future__ import annotations
