@@ -223,3 +223,34 @@ def test_a_predecessor_that_is_gone_refuses_nothing_and_costs_one_read(world: Wo
     assert world.ready("new", SYSTEM)["status"] == "True"
     asked = [r.verb for r in world.cluster.by(SUCCESSOR) if r.path in (stageset_path("old"), REVIEWS)]
     assert asked == ["get"]
+
+
+def test_two_stagesets_naming_each_other_hand_over_once_each_way_and_then_stand(world: World) -> None:
+    """Back again while the old one still exists: it names the new one at a newer generation and takes
+    everything back; the new one, whose own record says who took it, does not take it back again."""
+    successor(world, rights_in_shop=ALL_VERBS)
+    world.reconcile("new", SYSTEM)
+    world.reconcile("old")
+    assert listed(world, "old") == []
+    world.cluster.grant_namespace(TENANT, SYSTEM, "get,patch")
+    world.stageset("old", [{"name": "app", "path": "./app"}],
+                   supersedes=[{"namespace": SYSTEM, "name": "new"}])
+
+    world.reconcile("old")
+
+    assert world.ready("old")["status"] == "True", world.ready("old")
+    assert listed(world, "old") == [f"{NS}_a__ConfigMap", f"{NS}_b__ConfigMap"]
+    holders = {(world.configmap(n) or {})["metadata"]["labels"]["stages.metio.wtf/namespace"]
+               for n in ("a", "b")}
+    assert holders == {NS}
+    assert ANNOTATION not in (world.get("old")["metadata"].get("annotations") or {}), "its own entry dropped"
+    assert [e.successor for e in parse(world.get("new", SYSTEM)).entries] == [(NS, "old")]
+
+    world.reconcile("new", SYSTEM)
+    assert world.ready("new", SYSTEM)["status"] == "True"
+    assert f"handed over 2 object(s) to StageSet {NS}/old" in world.ready("new", SYSTEM)["message"]
+    world.cluster.clear()
+    world.reconcile("old")
+    world.reconcile("new", SYSTEM)
+    assert [r for r in world.cluster.writes() if r.path.startswith(CM) and not r.dry_run] == [], \
+        "neither takes them back again"
