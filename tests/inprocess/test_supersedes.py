@@ -254,3 +254,14 @@ def test_two_stagesets_naming_each_other_hand_over_once_each_way_and_then_stand(
     world.reconcile("new", SYSTEM)
     assert [r for r in world.cluster.writes() if r.path.startswith(CM) and not r.dry_run] == [], \
         "neither takes them back again"
+
+
+def test_no_cross_namespace_refs_does_not_refuse_a_hand_over_across_namespaces(world: World) -> None:
+    """Crossing namespaces is the point of a hand-over: the patch right on the predecessor gates it."""
+    world.reconciler = world.make_reconciler(no_cross_namespace_refs=True)
+    successor(world, rights_in_shop=ALL_VERBS)
+
+    world.reconcile("new", SYSTEM)
+
+    assert world.ready("new", SYSTEM)["status"] == "True", world.ready("new", SYSTEM)
+    assert (world.configmap("a") or {})["metadata"]["labels"]["stages.metio.wtf/namespace"] == SYSTEM
