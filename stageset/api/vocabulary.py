@@ -51,6 +51,9 @@ class Reason(StrEnum):
     OWNERSHIP_CONFLICT = "OwnershipConflict"
     """A stage renders (or an ``apply`` action would write) an object another live StageSet owns: it
     writes nothing until it is released."""
+    SUPERSEDE_DENIED = "SupersedeDenied"
+    """``spec.supersedes`` names a StageSet this StageSet's ServiceAccount may not read or patch: nothing
+    is applied, and that StageSet keeps everything it holds."""
     # Steering a release (the reference's words; none of them is a failure but the last two)
     SOAKING = "Soaking"
     """A stage is Ready and soaking: its dependents start when the soak ends."""
@@ -150,10 +153,20 @@ class EventReason(StrEnum):
     """A member of an open wave failed: the FleetRollout opens no further wave."""
     ROLLOUT_COMPLETED = "RolloutCompleted"
     """Every wave of a FleetRollout is Ready at the newest revisions."""
+    TAKEN_OVER = "TakenOver"
+    """A stage took over objects of a StageSet its ``spec.supersedes`` names, in place (same objects)."""
+    HANDED_OVER = "HandedOver"
+    """A StageSet let objects go that a StageSet naming it in ``spec.supersedes`` took over."""
+    SUSPENDED = "Suspended"
+    """``spec.suspend`` turned true: nothing is applied until it is resumed (a Normal event: a
+    deliberate state, not a failure)."""
+    RESUMED = "Resumed"
+    """``spec.suspend`` turned false again: reconciling resumes."""
 
 
 # Ready reasons without the Warning event a Ready condition turning False gets: a release held as
-# asked (soaking, awaiting a promotion, deferred) is not a failure, and a rollback (a fleet's halt) is
-# told by the reconciler itself (a RolledBack / RolloutHalted event naming what failed).
+# asked (soaking, awaiting a promotion, deferred) is not a failure, a rollback (a fleet's halt) is
+# told by the reconciler itself (a RolledBack / RolloutHalted event naming what failed), and a
+# suspend is a state someone chose (told by a Normal Suspended / Resumed event instead).
 NO_TRANSITION_EVENT = frozenset({Reason.SOAKING, Reason.AWAITING_PROMOTION, Reason.UPDATE_DEFERRED,
-                                 Reason.ROLLED_BACK, Reason.HALTED})
+                                 Reason.ROLLED_BACK, Reason.HALTED, Reason.SUSPENDED})

@@ -81,6 +81,9 @@ these taken out (:class:`_Squeezed`), so a value is found however its echo was w
 _FOLDED = re.compile(r"\\[\r\n]\s*|" + _SEPARATOR.pattern)
 """The same, with YAML's fold of a double-quoted line (a backslash before the line break, taken out
 too); a text with one is matched both ways (the backslash may as well start an escape)."""
+_UNESCAPED = re.compile(r"\s+|(?:<[bB][rR]\s*/?>)+")
+"""The separators without the escaped line break: a text with a backslash before an ``r`` or ``n``
+is matched this way too, since the value itself may hold that backslash (``ab\\rcd`` as written)."""
 _PARTIAL = r"(?:%[0-9A-Fa-f]{0,2}|\\[xuU]?\{?[0-9A-Fa-f]*)*(?:&#?[xX]?[0-9A-Za-z]*)?"
 """A half-written escape (or character: some of its UTF-8 bytes) between a prefix and its cut."""
 
@@ -305,25 +308,40 @@ class _Prefixes:
         for index in self._set.Match(text) or ():
             units, head, start = self._forms[index], _compiled(self._heads[index]), 0
             while (match := head.search(text, start)) is not None:
-                end = self._cut_after(text, match.end(), units, cut=cut)
+                end = self._cut_after(text, match.start(), units, cut=cut)
                 if end is not None:
                     found.append((match.start(), end))
                 start = match.start() + 1
         return found
 
     @staticmethod
-    def _cut_after(text: str, at: int, units: tuple[str, ...], *, cut: bool) -> int | None:
+    def _cut_after(text: str, start: int, units: tuple[str, ...], *, cut: bool) -> int | None:
         """Where the prefix ends (half-written escape included) when the form, followed from
-        ``at``, meets a cut at some point; ``None`` when it runs into anything else."""
+        ``start``, meets a cut at some point after its first :data:`MIN_CUT` units; ``None`` when it
+        runs into anything else.  Every way through is followed: a unit that may be missing (a
+        blank, taken out of a squeezed text) is also skipped, so one that could swallow the start
+        of the next unit's escape (a space's ``\\`` before ``\\u00a1``) does not hide it."""
         best: int | None = None
-        for unit in (*units[MIN_CUT:], None):
-            if (mark := _CUT_AHEAD.match(text, at)) is not None:
-                best = mark.end() - next(len(m) for m in CUT_MARKS if text.startswith(m, mark.end() - len(m)))
-            elif cut and (tail := _PARTIAL_TO_END.match(text, at)) is not None:
-                best = tail.end()
-            if unit is None or (step := _compiled(unit).match(text, at)) is None:
+        ways = {start}
+        for index, unit in enumerate((*units, None)):
+            if index >= MIN_CUT:
+                for at in ways:
+                    end: int | None = None
+                    if (mark := _CUT_AHEAD.match(text, at)) is not None:
+                        end = mark.end() - next(len(m) for m in CUT_MARKS
+                                                if text.startswith(m, mark.end() - len(m)))
+                    elif cut and (tail := _PARTIAL_TO_END.match(text, at)) is not None:
+                        end = tail.end()
+                    if end is not None and (best is None or end > best):
+                        best = end
+            if unit is None:
                 return best
-            at = step.end()
+            optional = unit.startswith("(?:") and unit.endswith(")?")
+            step = _compiled(unit[:-1] if optional else unit)
+            ways = {m.end() for at in ways if (m := step.match(text, at)) is not None} | \
+                (ways if optional else set())
+            if not ways:
+                return best
         return best
 
 
@@ -370,11 +388,15 @@ class _Pattern:
 
     @staticmethod
     def _spans(text: str, find: Callable[[str], list[tuple[int, int]]]) -> list[tuple[int, int]]:
-        """What ``find`` finds in ``text`` squeezed (both ways when it has a YAML fold), as spans of
-        ``text``."""
+        """What ``find`` finds in ``text`` squeezed (both ways when it has a YAML fold; also with no
+        escaped line break taken out when it has a backslash before an ``r`` or ``n``, which may be
+        the value's own), as spans of ``text``."""
         spans: list[tuple[int, int]] = []
         folded = "\\\n" in text or "\\\r" in text
-        for separators in (_SEPARATOR, _FOLDED) if folded else (_SEPARATOR,):
+        ways = [_SEPARATOR, _FOLDED] if folded else [_SEPARATOR]
+        if "\\r" in text or "\\n" in text:
+            ways.append(_UNESCAPED)
+        for separators in ways:
             found = find(separators.sub("", text))
             if found:
                 squeezed = _Squeezed(text, separators)

@@ -106,12 +106,15 @@ def test_every_sessions_namespace_option_completes_namespaces_from_the_cluster()
     """The session's ``-n`` names no completion (no import of the completion module from the session);
     ``completion.attach`` gives it one on every command, as it does ``NAME`` and ``--stage``."""
     from stageset.cli.completion import complete_namespaces
-    from stageset.cli.main import main
+    from stageset.cli.root import main
 
     def commands(group: click.Group) -> list[click.Command]:
         found: list[click.Command] = []
-        for command in group.commands.values():
-            found.extend(commands(command) if isinstance(command, click.Group) else [command])
+        with click.Context(group) as ctx:
+            for name in group.list_commands(ctx):
+                command = group.get_command(ctx, name)  # loaded as a run would load it
+                assert command is not None
+                found.extend(commands(command) if isinstance(command, click.Group) else [command])
         return found
 
     options = [p for c in commands(main) for p in c.params
