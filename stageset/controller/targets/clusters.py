@@ -32,7 +32,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from stageset.api import THIS_CLUSTER, AppliedTarget, StageSet
-from stageset.api.common import SecretKeyRef
+from stageset.api.stageset import KubeConfigRef
 from stageset.api.vocabulary import Reason
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
@@ -40,9 +40,15 @@ from stageset.apply.prune import ClientFor
 from stageset.apply.settings import ApplySettings
 from stageset.controller.accounts import AccountCheck
 from stageset.controller.identity import IdentityPolicy
-from stageset.controller.targets.credentials import Credentials, CredentialSource, KubeconfigSecret
+from stageset.controller.targets.credentials import (
+    Credentials,
+    CredentialSource,
+    KubeconfigSecret,
+    KubeConfigSources,
+)
 from stageset.controller.targets.platform import PlatformTargets, unavailable
 from stageset.kube.client import LOCAL, ClientPool, ClusterKey, Identity, KubeClient
+from stageset.kube.federation import federated_remote
 from stageset.kube.mapping import RestMapper
 from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
 
@@ -103,6 +109,15 @@ class Target:
         return f"spec.kubeConfig: the cluster at {self.server}"
 
 
+def reached_through(applied: AppliedTarget) -> KubeConfigRef | None:
+    """The ``spec.kubeConfig`` an inventory's remote was reached through (``None``: none recorded)."""
+    if applied.kube_config is not None:
+        return KubeConfigRef(secret_ref=applied.kube_config)
+    if applied.config_map_ref is not None:
+        return KubeConfigRef(config_map_ref=applied.config_map_ref)
+    return None
+
+
 def inventory_clients(*, clients: ClientPool, identities: IdentityPolicy, namespace: str, target: Target
                       ) -> ClientFor:
     """The client for the identity an inventory records, on ``target`` (prune, rebuild, teardown);
@@ -120,7 +135,8 @@ class Targets:
         self._clients = clients
         self.platform = platform
         # How spec.kubeConfig is read (as the StageSet's identity): the seam a new credential plugs into.
-        self._credentials = credentials or KubeconfigSecret(accounts=accounts)
+        # By default a Secret's kubeconfig only (configMapRef refused: workload identity is off).
+        self._credentials = credentials or KubeConfigSources(secrets=KubeconfigSecret(accounts=accounts))
         self._settings = settings
         self._capacity = capacity
         self.local = Target(LOCAL, local)
@@ -135,7 +151,7 @@ class Targets:
         ref = stageset.spec.kube_config
         if ref is None:
             return self.local
-        return self.reach(client, namespace=str(stageset.metadata["namespace"]), ref=ref.secret_ref)
+        return self.reach(client, namespace=str(stageset.metadata["namespace"]), ref=ref)
 
     def previous(self, client: KubeClient, *, stageset: StageSet, applied: AppliedTarget | None) -> Target:
         """The cluster a stage was applied on before a move (see the module docstring); raises
@@ -160,18 +176,20 @@ class Targets:
             raise StageError(Reason.CLUSTER_UNREACHABLE,
                              f"StageTarget {applied.target_ref.namespace}/{applied.target_ref.name} now "
                              "names another cluster, and no connection to the one before is left")
-        ref = applied.kube_config
+        ref = reached_through(applied)
         if ref is None:
             raise StageError(Reason.CLUSTER_UNREACHABLE,
-                             f"the cluster at {server}: no kubeConfig Secret recorded")
+                             f"the cluster at {server}: no kubeConfig Secret or ConfigMap recorded")
         cached = self._kept(self._credentials.kept(namespace=namespace, ref=ref), applied.id)
         if cached is not None:
             return cached
         target = self.reach(client, namespace=namespace, ref=ref)
         if target.id != applied.id:
+            holder = f"Secret {namespace}/{ref.secret_ref.name}" if ref.secret_ref is not None else \
+                f"ConfigMap {namespace}/{ref.config_map_ref.name}" if ref.config_map_ref is not None else "it"
             raise StageError(Reason.CLUSTER_UNREACHABLE,
-                             f"the cluster at {server}: Secret {namespace}/{ref.name} now names another "
-                             "cluster, and no credentials for it are left")
+                             f"the cluster at {server}: {holder} now names another cluster, and no "
+                             "credentials for it are left")
         return target
 
     def _kept(self, prefix: str, cluster_id: str) -> Target | None:
@@ -181,8 +199,8 @@ class Targets:
             return next((t for key, t in reversed(self._remotes.items())
                          if key.name.startswith(prefix) and t.id == cluster_id), None)
 
-    def reach(self, client: KubeClient, *, namespace: str, ref: SecretKeyRef) -> Target:
-        """The cluster the kubeconfig ``ref`` names in ``namespace`` (read as ``client``'s identity)."""
+    def reach(self, client: KubeClient, *, namespace: str, ref: KubeConfigRef) -> Target:
+        """The cluster ``spec.kubeConfig`` ``ref`` names in ``namespace`` (read as ``client``'s identity)."""
         credentials = self._credentials.read(client, namespace=namespace, ref=ref)
         if (found := self.cached(credentials.cluster)) is not None:
             return found
@@ -212,14 +230,18 @@ class Targets:
         """Connect to ``credentials`` under their key (one key per content; the one already connected
         if another thread was first); raises :class:`KubeconfigError`.  No request is made: discovery
         runs when a stage first resolves a kind.  ``name``: the platform StageTarget it is."""
-        cluster, raw = credentials.cluster, credentials.kubeconfig
+        cluster, raw, federation = credentials.cluster, credentials.kubeconfig, credentials.federation
         with self._lock:
             found = self._remotes.get(cluster)
             if found is not None:
                 self._remotes.move_to_end(cluster)
                 return found
-            remote = parse_remote_kubeconfig(raw)
-            self._clients.register(cluster, remote.configuration)
+            if federation is not None:  # workload identity: each identity's own token, no impersonation
+                remote = federated_remote(federation.config)
+                self._clients.register(cluster, remote.configuration, bearers=federation.bearers)
+            else:
+                remote = parse_remote_kubeconfig(raw)
+                self._clients.register(cluster, remote.configuration)
             discovery = self._clients.client(Identity(), cluster)
             target = Target(cluster, StageApplier(mapper=RestMapper(discovery), settings=self._settings,
                                                   versions=self.local.applier.versions,

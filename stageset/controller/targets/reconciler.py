@@ -30,6 +30,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -37,7 +38,7 @@ from stageset.api import StageTarget, StageTargetStatus
 from stageset.api.vocabulary import Reason
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.events import EventRecorder, ReadyWarnings
-from stageset.controller.kinds import SECRETS
+from stageset.controller.kinds import CONFIGMAPS, SECRETS
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
 from stageset.controller.setup import Controller, Enqueue, reconcile_trigger
@@ -45,9 +46,12 @@ from stageset.controller.sharding import LabelSelector
 from stageset.controller.status import StatusWriter, WriteListener, validation_message
 from stageset.controller.targets.clusters import Targets
 from stageset.controller.targets.credentials import SecretUnusable
+from stageset.controller.targets.platform import CONFIG_MAP, SECRET, WorkloadUnusable
+from stageset.controller.targets.workload import token_refusal
 from stageset.kube.client import ApiError, ClientPool, Identity, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.remote import KubeconfigError
+from stageset.kube.tokens import TokenUnavailable
 from stageset.kube.types import KubeObject
 from stageset.kube.watch import Reflector
 
@@ -86,14 +90,20 @@ class StageTargetReconciler:
                           namespaces=self._namespaces, transitions=ReadyWarnings(self._events))
 
     def secrets(self, *, enqueue: Enqueue, stop: threading.Event, resync: float) -> tuple[Reflector, ...]:
-        """Metadata-only watches of the target namespaces' Secrets (no value is ever listed or
-        cached): a changed kubeconfig Secret queues the StageTargets naming it."""
-        def handle(event: str, obj: KubeObject) -> None:
-            for key in self._platform.secret_changed(event, obj):
-                enqueue(key)
-        return tuple(Reflector(client=self._clients.client(), resource=SECRETS, namespace=namespace,
-                               stop=stop, handler=handle, resync=resync, metadata_only=True)
-                     for namespace in self._namespaces)
+        """Metadata-only watches of the target namespaces' Secrets — and, with workload identity on,
+        ConfigMaps (no value is ever listed or cached): a changed kubeconfig Secret or
+        workload-identity ConfigMap queues the StageTargets naming it."""
+        def handler(kind: str) -> Callable[[str, KubeObject], None]:
+            def handle(event: str, obj: KubeObject) -> None:
+                for key in self._platform.secret_changed(event, obj, kind=kind):
+                    enqueue(key)
+            return handle
+        watched = [(SECRETS, SECRET)]
+        if self._platform.workload is not None:
+            watched.append((CONFIGMAPS, CONFIG_MAP))
+        return tuple(Reflector(client=self._clients.client(), resource=resource, namespace=namespace,
+                               stop=stop, handler=handler(kind), resync=resync, metadata_only=True)
+                     for resource, kind in watched for namespace in self._namespaces)
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Connect to the target (its Secret read again) and report; ``raw`` is read-only."""
@@ -122,14 +132,18 @@ class StageTargetReconciler:
             reason = Reason.SECRET_NOT_FOUND if error.missing else Reason.INVALID_SPEC
             report.conclude(ready=False, reason=reason, message=f"spec.kubeConfig: {error}", status=cleared)
             return Result(backoff=True, requeue_after=self._interval)
-        except KubeconfigError as error:
+        except (KubeconfigError, WorkloadUnusable) as error:
             report.conclude(ready=False, reason=Reason.INVALID_SPEC, message=f"spec.kubeConfig: {error}",
                             stalled=True, status=cleared)
             return Result(requeue_after=self._interval)
+        except TokenUnavailable as error:
+            refusal = token_refusal(error, field="spec.kubeConfig.configMapRef")
+            report.conclude(ready=False, reason=refusal.reason, message=refusal.message, status=cleared)
+            return Result(backoff=True, requeue_after=self._interval)
         except ApiError as error:
             reason = Reason.RBAC_DENIED if error.forbidden else Reason.FAILED
-            report.conclude(ready=False, reason=reason, message=f"reading the kubeconfig Secret failed: HTTP "
-                            f"{error.status}", status=cleared)
+            report.conclude(ready=False, reason=reason, message=f"reading the kubeconfig Secret (or "
+                            f"ConfigMap) failed: HTTP {error.status}", status=cleared)
             return Result(backoff=True, requeue_after=self._interval)
         status = report.status.model_copy(update={"server": target.server,
                                                   "observed_secret_version": connection.secret_version})

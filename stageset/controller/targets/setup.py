@@ -27,9 +27,12 @@ from stageset.controller.kinds import STAGETARGETS
 from stageset.controller.setup import Setup
 from stageset.controller.shared import Shared
 from stageset.controller.targets.clusters import Targets
-from stageset.controller.targets.platform import PlatformTargets
+from stageset.controller.targets.credentials import KubeconfigSecret, KubeConfigSources
+from stageset.controller.targets.platform import PlatformTargets, TargetWorkload
 from stageset.controller.targets.reconciler import StageTargetReconciler
+from stageset.controller.targets.workload import LocalAudiences, WorkloadIdentity
 from stageset.kube.mapping import RestMapper
+from stageset.kube.tokens import TokenRequester
 
 
 @dataclass(frozen=True)
@@ -41,16 +44,26 @@ class ClusterTargets:
 
 def clusters(shared: Shared) -> Targets:
     """The registry of clusters: this one (its apply engine, its shown rights aging by the injected
-    clock), remote ones, and the platform's StageTargets with ``--target-namespaces``."""
+    clock), remote ones, and the platform's StageTargets with ``--target-namespaces``; with
+    ``--workload-identity``, ``kubeConfig.configMapRef`` too (tokens requested as the controller, kept
+    by the injected clock)."""
     clients, settings, clock = shared.clients, shared.settings, shared.clock
     # Shown rights age by the injected clock (a periodic pass trusts them for rights_max_age).
     rights = ShownRights(max_age=settings.apply.rights_max_age, clock=lambda: clock().timestamp())
     local = StageApplier(mapper=RestMapper(clients.client()), settings=settings.apply, rights=rights)
-    platform = PlatformTargets(admin=clients.client(), namespaces=settings.target_namespaces) \
-        if settings.target_namespaces else None
-    return Targets(clients=clients, settings=settings.apply, local=local,
-                   accounts=AccountCheck(clients=clients, controller_reads_accounts=settings.cluster_admin),
-                   capacity=settings.max_remote_targets, platform=platform)
+    accounts = AccountCheck(clients=clients, controller_reads_accounts=settings.cluster_admin)
+    tokens = TokenRequester(client=clients.client(), clock=lambda: clock().timestamp()) \
+        if settings.workload_identity else None
+    audiences = LocalAudiences(client=clients.client())
+    workload = TargetWorkload(tokens=tokens, audiences=audiences) if tokens is not None else None
+    platform = PlatformTargets(admin=clients.client(), namespaces=settings.target_namespaces,
+                               workload=workload) if settings.target_namespaces else None
+    config_maps = WorkloadIdentity(tokens=tokens, lockdown=not settings.cluster_admin, audiences=audiences,
+                                   accounts=accounts) if tokens is not None else None
+    return Targets(clients=clients, settings=settings.apply, local=local, accounts=accounts,
+                   capacity=settings.max_remote_targets, platform=platform,
+                   credentials=KubeConfigSources(secrets=KubeconfigSecret(accounts=accounts),
+                                                 config_maps=config_maps))
 
 
 def setup(shared: Shared, *, stop: threading.Event) -> ClusterTargets:
