@@ -194,8 +194,9 @@ def test_workload_identity_grants_token_requests_only_where_the_controller_is_bo
     controller = cli.commands["controller"]  # type: ignore[attr-defined]
     assert controller.make_context("controller", list(args)).params["workload_identity"] is True
 
-    sharded = helm.render("--set", "targets.workloadIdentity=true", "--set",
-                          "controller.watchNamespaces={team-a,team-b}", "--set", "targets.namespaces={platform}")
+    sharded = helm.render("--set", "targets.workloadIdentity=true",
+                          "--set", "controller.watchNamespaces={team-a,team-b}",
+                          "--set", "targets.namespaces={platform}")
     token_objects = {o for o in rbac_objects(sharded) if "token" in o[2]}
     assert token_objects == {("ClusterRole", "", "stageset-system-stageset-token-requests"),
                              ("RoleBinding", "team-a", "stageset-system-stageset-token-requests"),

@@ -31,7 +31,8 @@ FEDERATED = ClusterKey("wi:self")
 def answered(event: dict[str, Any]) -> bool:
     """One event per request: its completion, or for a refused token (401, the audit's ResponseStarted)."""
     code = (event.get("responseStatus") or {}).get("code")
-    return event.get("stage") == "ResponseComplete" or (event.get("stage") == "ResponseStarted" and code == 401)
+    stage = event.get("stage")
+    return stage == "ResponseComplete" or (stage == "ResponseStarted" and code == 401)
 
 
 def audited(plane: ControlPlane, *, path: str) -> list[dict[str, Any]]:
@@ -80,11 +81,12 @@ def test_each_request_carries_its_own_token_and_no_impersonation(
         assert event["user"]["username"] == tenant.username
         assert "impersonatedUser" not in event, "no impersonation header, ever"
         assert event["responseStatus"]["code"] in (200, 201)
-    minted = audited(control_plane, path=f"/api/v1/namespaces/{tenant.namespace}/serviceaccounts/deployer/token")
+    token_path = f"/api/v1/namespaces/{tenant.namespace}/serviceaccounts/deployer/token"
+    minted = audited(control_plane, path=token_path)
     assert [e["verb"] for e in minted] == ["create"]
     # The controller's own requests there carry the connection's own account's token.
     as_controller = pool.client(Identity(), FEDERATED)
-    assert as_controller.get(f"/api/v1/namespaces/{tenant.namespace}/configmaps/federated")["data"] == {"v": "3"}
+    assert as_controller.get(path)["data"] == {"v": "3"}
     # Another namespace's account has no identity there: refused before anything is sent.
     other = make_tenant("wi-other", service_account="deployer")
     before = len(control_plane.audit_events())
@@ -93,7 +95,8 @@ def test_each_request_carries_its_own_token_and_no_impersonation(
             f"/api/v1/namespaces/{other.namespace}/configmaps")
     with pytest.raises(CredentialUnavailable, match="has no workload identity here"):
         pool.client(Identity(user="alice"), FEDERATED).get("/api")
-    assert not [e for e in control_plane.audit_events()[before:] if other.namespace in e.get("requestURI", "")]
+    sent = control_plane.audit_events()[before:]
+    assert not [e for e in sent if other.namespace in e.get("requestURI", "")]
 
 
 def test_a_refused_token_is_renewed_once_and_a_recreated_account_works(
@@ -121,17 +124,22 @@ def test_a_refused_token_is_renewed_once_and_a_recreated_account_works(
         time.sleep(0.2)
     assert tokens.requested == 2, "the 401 renewed the token once"
     codes = [e["responseStatus"]["code"] for e in audited(control_plane, path=path)[before:]]
-    assert codes.count(401) == 1 and codes[-2:] == [401, 200], "refused once, then made again with a new token"
+    assert codes.count(401) == 1, "refused once"
+    assert codes[-2:] == [401, 200], "then made again with a new token"
     # Gone for good: the refusal's renewal finds no account, and says so; nothing else is tried.
     admin.request("DELETE", account)
     before = len(audited(control_plane, path=path))
     deadline = time.monotonic() + 60
-    with pytest.raises(CredentialUnavailable, match=f"ServiceAccount {tenant.namespace}/deployer not found"):
+    def until_refused() -> None:
         while time.monotonic() < deadline:
-            as_tenant.get(path)
+            as_tenant.get(path)  # the old token until refused; then its renewal finds no account
             time.sleep(0.2)
+
+    with pytest.raises(CredentialUnavailable, match=f"ServiceAccount {tenant.namespace}/deployer not found"):
+        until_refused()
     codes = [e["responseStatus"]["code"] for e in audited(control_plane, path=path)[before:]]
-    assert codes.count(401) == 1 and codes[-1] == 401
+    assert codes.count(401) == 1
+    assert codes[-1] == 401
     assert tokens.requested == 3
     # The next use asks again (a failure is not remembered): created again, it works.
     admin.request("POST", f"/api/v1/namespaces/{tenant.namespace}/serviceaccounts",

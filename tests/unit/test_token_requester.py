@@ -42,7 +42,8 @@ class StubApiserver:
         parts = path.split("/")
         account = Account(parts[4], parts[6])
         if account not in self.accounts:
-            raise ApiError(status=404, reason="NotFound", message=f'serviceaccounts "{account.name}" not found')
+            raise ApiError(status=404, reason="NotFound",
+                           message=f'serviceaccounts "{account.name}" not found')
         expires = datetime.datetime.fromtimestamp(self.clock[0] + self.lifetime, tz=datetime.UTC)
         return {"kind": "TokenRequest", "spec": body["spec"],
                 "status": {"token": f"token-{account.name}-{serial}",
@@ -98,30 +99,36 @@ def test_a_refused_token_is_renewed_once_whoever_saw_the_refusal(
         tokens: TokenRequester, stub: StubApiserver) -> None:
     refused = tokens.token(DEPLOYER, AUDIENCE)
     results: list[str] = []
-    threads = [threading.Thread(target=lambda: results.append(tokens.renew(DEPLOYER, AUDIENCE, refused=refused)))
-               for _ in range(8)]
+    def renew() -> None:
+        results.append(tokens.renew(DEPLOYER, AUDIENCE, refused=refused))
+
+    threads = [threading.Thread(target=renew) for _ in range(8)]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
-    assert len(set(results)) == 1 and refused not in results
+    assert len(set(results)) == 1
+    assert refused not in results
     assert len(stub.calls) == 2, "eight threads saw the 401: one new token"
     # A later refusal of the new one renews again.
     assert tokens.renew(DEPLOYER, AUDIENCE, refused=results[0]) != results[0]
     assert len(stub.calls) == 3
 
 
-def test_failures_name_the_account_and_are_not_remembered(tokens: TokenRequester, stub: StubApiserver) -> None:
+def test_failures_name_the_account_and_are_not_remembered(
+        tokens: TokenRequester, stub: StubApiserver) -> None:
     stub.accounts.discard(DEPLOYER)
     with pytest.raises(TokenUnavailable) as missing:
         tokens.token(DEPLOYER, AUDIENCE)
-    assert missing.value.missing and missing.value.message == "ServiceAccount payments/deployer not found"
+    assert missing.value.missing
+    assert missing.value.message == "ServiceAccount payments/deployer not found"
     stub.accounts.add(DEPLOYER)  # created again: the next use asks again, and gets one
     assert tokens.token(DEPLOYER, AUDIENCE).startswith("token-deployer-")
     stub.denied = True
     with pytest.raises(TokenUnavailable) as denied:
         tokens.token(Account("payments", "other"), AUDIENCE)
-    assert denied.value.denied and "create serviceaccounts/token" in denied.value.message
+    assert denied.value.denied
+    assert "create serviceaccounts/token" in denied.value.message
     stub.denied, stub.down = False, True
     with pytest.raises(TokenUnavailable, match="connection refused"):
         tokens.token(Account("payments", "other"), AUDIENCE)

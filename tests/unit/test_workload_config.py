@@ -37,13 +37,15 @@ def data(pem: str, **changes: Any) -> dict[str, Any]:
 
 
 def test_a_generic_configmap_reads_as_flux_writes_it(ca: str) -> None:
-    config = parse_workload_config(data(ca, audiences="aud-a\n\n  aud-b  \naud-a\n", serviceAccountName="deployer",
+    config = parse_workload_config(data(ca, audiences="aud-a\n\n  aud-b  \naud-a\n",
+                                        serviceAccountName="deployer",
                                         cluster="ignored: the cloud providers' key"))
     assert config.provider == "generic"
     assert config.address == ADDRESS
     assert config.audiences == ("aud-a", "aud-b"), "one per line, trimmed, blank lines and repeats dropped"
     assert config.service_account == "deployer"
-    assert config.ca is not None and config.ca.endswith(b"-----END CERTIFICATE-----\n")
+    assert config.ca is not None
+    assert config.ca.endswith(b"-----END CERTIFICATE-----\n")
 
 
 def test_the_audience_defaults_to_the_address_as_written(ca: str) -> None:
@@ -60,14 +62,15 @@ def test_the_cluster_is_identified_as_a_kubeconfig_names_it(ca: str, tmp_path: P
     config = parse_workload_config(data(ca))
     assert config.cluster_id == cluster_id(server=ADDRESS, ca_data=ca.encode())
     crlf = parse_workload_config(data(ca, crt=ca.replace("\n", "\r\n").strip()))
-    assert crlf.cluster_id == config.cluster_id, "line ends and a missing last newline do not make another cluster"
+    assert crlf.cluster_id == config.cluster_id, "line ends, a missing last newline: not another cluster"
     remote = federated_remote(config)
     assert (remote.server, remote.cluster_id) == (ADDRESS, config.cluster_id)
     assert remote.configuration.host == ADDRESS
     assert not remote.configuration.api_key, "no credential: each identity's token is added per request"
     assert remote.configuration.cert_file is None
     no_ca = parse_workload_config(data(ca, crt=None))
-    assert no_ca.ca is None and no_ca.cluster_id == f"{ADDRESS}#insecure"
+    assert no_ca.ca is None
+    assert no_ca.cluster_id == f"{ADDRESS}#insecure"
 
 
 REFUSED = [
@@ -90,7 +93,8 @@ REFUSED = [
     ({"address": "https://" + "a" * 3000}, "key 'address' must be one line"),
     ({"address": 6443}, "key 'address' is not a string"),
     ({"crt": "not a certificate"}, "key 'ca.crt' holds no PEM certificate"),
-    ({"crt": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"}, "key 'ca.crt' does not parse"),
+    ({"crt": "-----BEGIN CERTIFICATE-----\nAAAA\n-----END CERTIFICATE-----\n"},
+     "key 'ca.crt' does not parse"),
     ({"crt": "x" * (65 * 1024)}, "key 'ca.crt' is larger than 64 KiB"),
     ({"audiences": "\n".join(f"a{i}" for i in range(MAX_AUDIENCES + 1))}, "more than 16 audiences"),
     ({"audiences": "one two"}, "key 'audiences': each line must be printable ASCII without spaces"),
