@@ -77,7 +77,8 @@ def _die_with_parent() -> None:
 @dataclass(frozen=True)
 class JwtIssuer:
     """Another cluster's ServiceAccount issuer a plane trusts (one JWT authenticator of its structured
-    authentication configuration)."""
+    authentication configuration); ``audit_requests``: core resources (``serviceaccounts/token``)
+    whose requests are audited with their bodies (level ``Request``: never an answer's)."""
 
     url: str
     """The issuer (its ``--service-account-issuer``), where its discovery document is served."""
@@ -266,7 +267,8 @@ def _allow_issuer_discovery(plane: ControlPlane) -> None:
 
 def start(*, assets: Assets | None = None, workdir: Path | None = None,
           apiserver_flags: Sequence[str] = (), controller_manager: bool = False,
-          serve_issuer: bool = False, trust: Sequence[JwtIssuer] = ()) -> ControlPlane:
+          serve_issuer: bool = False, trust: Sequence[JwtIssuer] = (),
+          audit_requests: Sequence[str] = ()) -> ControlPlane:
     """Start a fresh control plane; the caller must ``stop()`` it (or use it as a context manager).
 
     ``apiserver_flags`` win over the defaults (the fault tests turn API Priority and Fairness on,
@@ -297,8 +299,10 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
     logs = [root / "etcd.log", root / "kube-apiserver.log"]
     # Metadata-level audit of every request: tests and benchmarks count writes from it.
     policy = root / "audit-policy.yaml"
+    bodies = "".join(f"  - level: Request\n    resources: [{{group: \"\", resources: [{json.dumps(r)}]}}]\n"
+                     for r in audit_requests)
     policy.write_text("apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
-                      "rules:\n  - level: Metadata\n")
+                      f"rules:\n{bodies}  - level: Metadata\n")
     try:
         plane._processes.append(_spawn([
             str(assets.etcd),
