@@ -74,7 +74,6 @@ class Shape(enum.Enum):
 PATHS: Final = {
     "StageSetSpec": "spec",
     "Stage": "spec.stages[]",
-    "KubeConfigRef": "spec.kubeConfig",
     "Promotion": "spec.stages[].promotion",
     "PreAction": "spec.stages[].actions.pre[]",
     "PostAction": "spec.stages[].actions.post[]",
