@@ -2,14 +2,16 @@
 platform's StageTarget its ``spec.targetRef`` names.  The face of :mod:`stageset.controller.targets`:
 what a StageSet pass asks of its clusters.
 
-Identity: the kubeConfig Secret is read from this cluster as the StageSet's identity
-(``spec.serviceAccountName``) through the credential seam
+Identity: the kubeConfig Secret (or workload-identity ConfigMap) is read from this cluster as the
+StageSet's identity (``spec.serviceAccountName``) through the credential seam
 (:class:`~stageset.controller.targets.credentials.CredentialSource`); a StageTarget and its Secret
-are read as the controller itself, never as the tenant (:mod:`~stageset.controller.targets.platform`).
-Requests to the remote cluster use the kubeconfig's credentials, impersonating the stage's
-ServiceAccount there exactly as here; discovery on the remote uses the kubeconfig's own identity.
-A kubeconfig is only ever accepted with inline data (:mod:`stageset.kube.remote`): no commands,
-files or proxies.
+or ConfigMap are read as the controller itself, never as the tenant
+(:mod:`~stageset.controller.targets.platform`).  Requests to a kubeconfig's remote use its
+credentials, impersonating the stage's ServiceAccount there exactly as here; discovery there uses
+the kubeconfig's own identity.  Requests to a workload-identity remote carry a token this cluster
+issued for the ServiceAccount each is made as, and no impersonation header (the client pool adds
+the token per identity: :mod:`~stageset.controller.targets.workload`).  A kubeconfig is only ever
+accepted with inline data (:mod:`stageset.kube.remote`): no commands, files or proxies.
 
 One :class:`Target` (client configuration and discovery cache) per kubeconfig content, shared by
 every StageSet using it, at most ``capacity`` of them (``--max-remote-targets``, default
@@ -18,11 +20,12 @@ again — the Secret read, discovery run — when a StageSet uses it next.  A ro
 new content, so the old one ages out instead of staying forever.
 
 :meth:`Targets.previous` finds the cluster a stage was applied on before a move (by the target id
-and kubeConfig Secret its inventory or record names): this cluster, a cached remote reached through
-that same Secret of the same namespace, or through that same StageTarget (so a Secret whose content
-now names another cluster still reaches the old one while its connection is kept), or the Secret read
-again — and only if it still names that cluster.  Never another namespace's Secret or credentials: a
-record a tenant could edit names only Secrets of its own namespace, read as its own identity.
+and kubeConfig Secret or ConfigMap its inventory or record names): this cluster, a cached remote
+reached through that same Secret (or ConfigMap) of the same namespace, or through that same
+StageTarget (so a Secret whose content now names another cluster still reaches the old one while its
+connection is kept), or the Secret (ConfigMap) read again — and only if it still names that cluster.
+Never another namespace's Secret, ConfigMap or credentials: a record a tenant could edit names only
+objects of its own namespace, read as its own identity.
 """
 
 from __future__ import annotations

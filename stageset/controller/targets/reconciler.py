@@ -2,15 +2,18 @@
 
 Identity: the controller's own, throughout — it lists and watches StageTargets only in the target
 namespaces (``--target-namespaces``; a Role each), reads each target's kubeconfig Secret there as
-itself (:class:`~stageset.controller.targets.platform.PlatformTargets`), asks the remote's
-``/version`` with the kubeconfig's own identity (no impersonation: nothing is written there), and
-writes the StageTarget's status as itself.  No tenant identity is ever used here.
+itself (:class:`~stageset.controller.targets.platform.PlatformTargets`) — or its workload-identity
+ConfigMap, requesting a token for the platform's ServiceAccount it names — asks the remote's
+``/version`` with the kubeconfig's own identity (a workload-identity target: that account's token;
+no impersonation either way: nothing is written there), and writes the StageTarget's status as
+itself.  No tenant identity is ever used here.
 
 What it declares (:meth:`StageTargetReconciler.controller`): ``For`` StageTargets in the target
 namespaces only, their specs indexed for every StageSet's check before any key is queued; and
 (:meth:`StageTargetReconciler.secrets`) a metadata-only watch of the Secrets of the target
-namespaces, whose change queues the StageTargets naming the Secret — a rotated or replaced
-kubeconfig is acted on within seconds, not at the next interval.  Every StageSet on a target is
+namespaces (and, with workload identity on, of their ConfigMaps), whose change queues the
+StageTargets naming it — a rotated or replaced kubeconfig is acted on within seconds, not at the
+next interval.  Every StageSet on a target is
 woken by its own reconciler's watch of this kind (:mod:`stageset.controller.stageset.watches`)
 when the status this writes changes (the Secret's version read, readiness, server, version).
 

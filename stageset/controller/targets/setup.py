@@ -6,7 +6,8 @@ cluster's apply engine, a bounded cache of remote ones (``--max-remote-targets``
 seam reading ``spec.kubeConfig`` as the StageSet's identity, and — with ``--target-namespaces`` —
 the platform's StageTargets (:class:`~stageset.controller.targets.platform.PlatformTargets`).
 :func:`setup` adds what the manager runs for them: the StageTarget reconciler (``For`` StageTargets
-in those namespaces only, one worker) and the metadata-only watch of the Secrets there (a runnable
+in those namespaces only, one worker) and the metadata-only watch of the Secrets (and with
+``--workload-identity`` the ConfigMaps) there (a runnable
 counted as a cache: no worker starts before it has listed — a StageSet's pass compares the target
 Secret's watched version with the one its connection read).  The StageSets' own watch of
 StageTargets is the StageSet feature's (:mod:`stageset.controller.stageset.watches`).
