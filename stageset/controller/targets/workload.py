@@ -88,6 +88,8 @@ class LocalAudiences:
         self._tried_at: float | None = None
 
     def issuer(self) -> str | None:
+        """The issuer, read once.  The read holds the lock on purpose: a pass that checks audiences
+        while the first read is in flight waits for its answer rather than skip the check."""
         with self._lock:
             if self._issuer is not None or self._client is None:
                 return self._issuer
