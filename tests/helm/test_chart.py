@@ -24,6 +24,7 @@ from stageset.api.rbac import (
     aggregated_cluster_roles,
 )
 from stageset.build import BuildLimits
+from stageset.cli.check import parse_flags, rights_needed
 from stageset.cli.main import main as cli
 from tests.helm.chart import CHART, Helm, controller_args, controller_container, find, one
 
@@ -204,6 +205,15 @@ def test_workload_identity_grants_token_requests_only_where_the_controller_is_bo
                              ("RoleBinding", "team-b", "stageset-system-stageset-token-requests")}
     (targets,) = find(sharded, "Role", "stageset-targets")
     assert rules(targets) == TARGET_RULE_TABLE + WORKLOAD_TARGET_RULE_TABLE
+
+    # `stageset check` asks for exactly what the chart grants: tokens where the controller watches, and
+    # ConfigMaps and tokens in each target namespace.
+    asked = rights_needed(parse_flags(controller_args(sharded)), namespace="stageset-system")
+    assert {(a["verb"], a["resource"], a.get("subresource"), a.get("namespace")) for a in asked
+            if a["resource"] in ("configmaps", "serviceaccounts") and a["verb"] != "impersonate"} == {
+        ("create", "serviceaccounts", "token", "team-a"), ("create", "serviceaccounts", "token", "team-b"),
+        ("create", "serviceaccounts", "token", "platform"),
+        *((verb, "configmaps", "", "platform") for verb in ("get", "list", "watch"))}
 
     admin = helm.render("--set", "targets.workloadIdentity=true", "--set", "rbac.clusterAdmin=true")
     assert not any("token" in name for _, _, name in rbac_objects(admin))
