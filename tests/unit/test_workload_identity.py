@@ -11,17 +11,23 @@ import datetime
 from typing import Any
 
 import pytest
+from kubernetes import client as k8s
 
+from stageset.api import AppliedTarget, StageSet
 from stageset.api.common import LocalObjectRef
 from stageset.api.stageset import KubeConfigRef
 from stageset.api.vocabulary import Reason
+from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
+from stageset.apply.settings import ApplySettings
 from stageset.controller.keys import ObjectKey
 from stageset.controller.setup import Event
-from stageset.controller.targets.credentials import KubeconfigSecret, KubeConfigSources
+from stageset.controller.targets.clusters import Targets
+from stageset.controller.targets.credentials import Credentials, KubeconfigSecret, KubeConfigSources
 from stageset.controller.targets.platform import PlatformTargets, TargetWorkload, WorkloadUnusable
 from stageset.controller.targets.workload import LocalAudiences, WorkloadIdentity
-from stageset.kube.client import ApiError, CredentialUnavailable, Identity
+from stageset.kube.client import ApiError, ClientPool, ClusterKey, CredentialUnavailable, Identity
+from stageset.kube.mapping import RestMapper
 from stageset.kube.tokens import TokenRequester
 
 NS = "payments"
@@ -217,3 +223,54 @@ def test_a_stage_target_s_bad_configmap_is_refused_before_any_token(
     with pytest.raises(WorkloadUnusable, match=message):
         platform(admin, workload=workload).refresh(("platform", "prod"), remotes=Remotes())
     assert admin.token_requests() == []
+
+
+def stageset_on(kube_config: dict[str, Any]) -> StageSet:
+    return StageSet.model_validate({"metadata": {"name": "shop", "namespace": NS}, "spec": {
+        "serviceAccountName": "deployer", "kubeConfig": kube_config,
+        "stages": [{"name": "app", "sourceRef": {"name": "app"}}]}})
+
+
+def test_a_previous_workload_identity_cluster_is_reached_again_through_its_configmap() -> None:
+    """After a move away (to a Secret's cluster), the cluster left behind is found by the ConfigMap the
+    inventory names: the connection still kept, or the ConfigMap read again — and refused when the
+    ConfigMap now names another cluster.  No request reaches any remote (nothing is sent here)."""
+    controller = Stub()
+    pool = ClientPool(configuration=k8s.Configuration())
+    sources = KubeConfigSources(secrets=KubeconfigSecret(), config_maps=source(controller))
+    targets = Targets(clients=pool, settings=ApplySettings(),
+                      local=StageApplier(mapper=RestMapper(pool.client())), credentials=sources, capacity=1)
+    tenant = as_account("deployer", maps={"prod": generic()})
+    first = targets.resolve(tenant, stageset_on({"configMapRef": {"name": "prod"}}))  # type: ignore[arg-type]
+    assert first.remote
+    assert first.server == ADDRESS
+    assert first.id.startswith(f"{ADDRESS}#")
+    applied = AppliedTarget(id=first.id, config_map_ref=LocalObjectRef(name="prod"))
+    moved = stageset_on({"secretRef": {"name": "elsewhere"}})
+    reads = len(tenant.requests)
+    assert targets.previous(tenant, stageset=moved, applied=applied) is first  # type: ignore[arg-type]
+    assert len(tenant.requests) == reads, "the kept connection: nothing read"
+    # Evicted (capacity 1): the ConfigMap is read again, as the StageSet, and names the same cluster.
+    targets.connect(Credentials(cluster=ClusterKey("other"), kubeconfig=OTHER_KUBECONFIG))
+    again = targets.previous(tenant, stageset=moved, applied=applied)  # type: ignore[arg-type]
+    assert again.id == first.id
+    assert len(tenant.requests) == reads + 1
+    # The ConfigMap now names another cluster: the one left behind cannot be reached through it.
+    targets.connect(Credentials(cluster=ClusterKey("other"), kubeconfig=OTHER_KUBECONFIG))
+    tenant.maps["prod"] = generic(address="https://other.example:6443")
+    with pytest.raises(StageError) as gone:
+        targets.previous(tenant, stageset=moved, applied=applied)  # type: ignore[arg-type]
+    assert gone.value.reason is Reason.CLUSTER_UNREACHABLE
+    assert f"ConfigMap {NS}/prod now names another cluster" in gone.value.message
+    # One token per audience (the address is the default audience): the first kept throughout.
+    assert [path for _, path in controller.requests if "/token" in path] == [
+        f"/api/v1/namespaces/{NS}/serviceaccounts/deployer/token"] * 2
+
+
+OTHER_KUBECONFIG = b"""apiVersion: v1
+kind: Config
+current-context: c
+contexts: [{name: c, context: {cluster: c, user: u}}]
+clusters: [{name: c, cluster: {server: 'https://third.example:6443'}}]
+users: [{name: u, user: {token: t}}]
+"""
