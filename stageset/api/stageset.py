@@ -29,6 +29,7 @@ from stageset.api.common import (
     DNSLabel,
     DNSSubdomain,
     Duration,
+    LocalObjectRef,
     SecretKeyRef,
     StatusModel,
     Time,
@@ -116,35 +117,53 @@ _UNIQUE_SUPERSEDED: JsonDict = {
 }
 
 
-def _secret_ref_by_rule(schema: JsonDict) -> None:
-    # ``secretRef`` is required, but said by a rule rather than the schema's ``required``: a
-    # missing required field stops the apiserver before the CEL rules run, and then a reference
-    # StageSet with ``configMapRef`` would be told "secretRef: Required value" instead of why
-    # ``configMapRef`` is refused.
+_ONE_KUBECONFIG: JsonDict = {
+    "rule": "has(self.secretRef) != has(self.configMapRef)",
+    "message": "kubeConfig needs exactly one of secretRef (a Secret holding a kubeconfig) and "
+               "configMapRef (a ConfigMap naming the cluster, reached by workload identity)",
+    "fieldPath": ".secretRef", "reason": "FieldValueRequired"}
+
+
+def _one_of_refs(schema: JsonDict) -> None:
+    # Neither ref is required by the schema: exactly one of them is, said by a CEL rule (a missing
+    # required field would stop the apiserver before the rules run, with a less helpful message).
     required = schema.get("required")
-    assert isinstance(required, list)
-    required.remove("secretRef")
-    if not required:
-        del schema["required"]
+    if isinstance(required, list):
+        for name in ("secretRef", "configMapRef"):
+            if name in required:
+                required.remove(name)
+        if not required:
+            del schema["required"]
     rules = schema.get("x-kubernetes-validations", [])
     assert isinstance(rules, list)
-    schema["x-kubernetes-validations"] = [*rules, {
-        "rule": "has(self.secretRef) || has(self.configMapRef)",
-        "message": "kubeConfig needs secretRef: the Secret (and key) holding the kubeconfig",
-        "fieldPath": ".secretRef", "reason": "FieldValueRequired"}]
+    schema["x-kubernetes-validations"] = [*rules, _ONE_KUBECONFIG]
 
 
 class KubeConfigRef(ApiModel):
-    """Apply to a remote cluster, with the kubeconfig stored in a Secret of this namespace.
+    """Apply to a remote cluster: a kubeconfig stored in a Secret of this namespace (``secretRef``), or
+    a ConfigMap naming the cluster, reached with a token this cluster issues for the ServiceAccount
+    (``configMapRef``, workload identity: nothing secret is stored).
 
-    The Secret is read as the tenant; the kubeconfig may not run commands or read
-    local files.
+    Both are read as the tenant.  A kubeconfig may not run commands or read local files; a ConfigMap's
+    keys are Flux's: ``provider`` (``generic``), ``address``, ``ca.crt``, and optionally
+    ``audiences`` and ``serviceAccountName``.
     """
 
-    model_config = ConfigDict(json_schema_extra=_secret_ref_by_rule)
+    model_config = ConfigDict(json_schema_extra=_one_of_refs)
 
-    secret_ref: SecretKeyRef
+    secret_ref: SecretKeyRef | None = None
     """The Secret and key holding the kubeconfig; the key defaults to ``value``."""
+    config_map_ref: LocalObjectRef | None = None
+    """The ConfigMap naming the remote cluster (``provider: generic``, ``address``, ``ca.crt``,
+    ``audiences``, ``serviceAccountName``): the controller asks this cluster for a token for the
+    ServiceAccount (audience: the address) and talks to the remote as that identity, without
+    impersonation.  Exclusive with ``secretRef``."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> KubeConfigRef:
+        if (self.secret_ref is None) == (self.config_map_ref is None):
+            raise ValueError(str(_ONE_KUBECONFIG["message"]))
+        return self
 
 
 class DecryptionProvider(StrEnum):
@@ -747,7 +766,8 @@ class StageSetSpec(ApiModel):
     installed in cluster-admin mode accepts.
     """
     kube_config: KubeConfigRef | None = None
-    """Apply to the remote cluster this kubeconfig points at."""
+    """Apply to a remote cluster: the one a kubeconfig Secret points at (``secretRef``), or the one a
+    ConfigMap names, reached by workload identity (``configMapRef``)."""
     target_ref: TargetRef | None = None
     """Apply to the cluster a StageTarget of the platform names (exclusive with ``kubeConfig``).  The
     target and its kubeconfig are read by the controller; this namespace must be one of the target's
@@ -894,6 +914,8 @@ class AppliedTarget(StatusModel):
     """The cluster's stable id: its server URL and CA fingerprint (``https://host:6443#<16 hex>``)."""
     kube_config: SecretKeyRef | None = None
     """The kubeConfig Secret (and key) it was reached through, to reach it again after a move."""
+    config_map_ref: LocalObjectRef | None = None
+    """Or the kubeConfig ConfigMap (workload identity) it was reached through."""
     target_ref: TargetRef | None = None
     """Or the platform's StageTarget it was reached through (``spec.targetRef``)."""
 

@@ -119,6 +119,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         max_readiness_watches=int(params.get("max_readiness_watches", 100)),
         target_namespaces=tuple(params.get("target_namespaces") or ()),
         max_remote_targets=int(params.get("max_remote_targets", 64)),
+        workload_identity=bool(params.get("workload_identity")),
         runbook_base_url=str(params.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL)),
         default_source_kind=DefaultSourceKind(params.get("default_source_kind")
                                               or DefaultSourceKind.GIT_REPOSITORY),
@@ -279,6 +280,11 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
 @click.option("--max-remote-targets", default=64, show_default=True, type=click.IntRange(min=1),
               help="Remote clusters (StageTargets and spec.kubeConfig contents) kept connected at once, "
               "each with its discovery; past it the least recently used is dropped (reconnected when used).")
+@click.option("--workload-identity/--no-workload-identity", default=False, show_default=True,
+              envvar="STAGESET_WORKLOAD_IDENTITY",
+              help="Reach remote clusters named by a kubeConfig.configMapRef (StageSets and StageTargets) "
+              "with tokens this cluster issues for the ServiceAccounts that act there (TokenRequest: the "
+              "controller needs create on serviceaccounts/token). Off: configMapRef is refused.")
 @click.option("--max-readiness-watches", default=100, show_default=True, type=click.IntRange(min=0),
               help="Watches stages waiting for readiness may hold at once (each as the stage's identity, "
               "one kind and namespace, label-selected); past that they poll. 0: always poll.")

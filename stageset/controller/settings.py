@@ -112,6 +112,10 @@ class ControllerSettings:
     # Remote clusters (platform targets and spec.kubeConfig contents) kept connected at once, each
     # with its discovery; past it the least recently used is dropped and connected again when used.
     max_remote_targets: int = 64
+    # Workload identity (spec.kubeConfig.configMapRef, a StageTarget's too): the controller requests
+    # tokens for ServiceAccounts (create serviceaccounts/token) and reaches remotes that trust this
+    # cluster's issuer with them.  Off: every configMapRef is refused and no token is ever requested.
+    workload_identity: bool = False
     # Concurrent StageSet reconciles, and (a separate pool) concurrent GitRepository fetches.
     workers: int = 4
     source_workers: int = 4
