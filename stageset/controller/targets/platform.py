@@ -89,10 +89,12 @@ def unavailable(*, target: TargetName, namespace: str) -> StageError:
 
 
 def not_ready(target: TargetName) -> StageError:
-    """An allowed target whose kubeconfig cannot be used now: its owner sees why in its status."""
+    """An allowed target whose credentials cannot be used now (a Secret not written yet, as while a
+    vcluster is still exporting its kubeconfig; one refused; a cluster down): its owner sees why in
+    its status.  The StageSet waits, and the target's own change wakes it."""
     return StageError(Reason.CLUSTER_UNREACHABLE,
-                      f"spec.targetRef: StageTarget {target[0]}/{target[1]} is not ready (its owner sees why "
-                      "in its status); retrying")
+                      f"spec.targetRef: StageTarget {target[0]}/{target[1]} is not ready: its cluster is not "
+                      "available yet (its owner sees why in its status); nothing was sent; retrying")
 
 
 SECRET, CONFIG_MAP = "Secret", "ConfigMap"
