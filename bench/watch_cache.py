@@ -128,6 +128,19 @@ class Clock:
         return self.now
 
 
+class NullCache:
+    """The replay with no cache behind it (``--null``): what the replay itself costs, to subtract."""
+
+    def update(self, *_: Any, **__: Any) -> tuple[None, None]:
+        return None, None
+
+    def get(self, *_: Any) -> None:
+        return None
+
+    def wrote(self, *_: Any) -> None:
+        return None
+
+
 def new_cache(clock: Clock) -> ObjectCache:
     """The checkout's cache, on the replay's clock where it takes one."""
     try:
@@ -229,11 +242,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--seconds-per-set", type=float, default=0.08,
                         help="simulated time between two StageSets' cold passes")
+    parser.add_argument("--null", action="store_true",
+                        help="replay against a cache that does nothing (for instruction counts: subtract it)")
+    parser.add_argument("--no-memory", action="store_true", help="skip the traced-memory run")
     args = parser.parse_args(argv)
     runs = []
     for _ in range(args.repeat):
         clock = Clock()
-        runs.append(replay(new_cache(clock), args.n, clock, seconds_per_set=args.seconds_per_set))
+        cache: Any = NullCache() if args.null else new_cache(clock)
+        runs.append(replay(cache, args.n, clock, seconds_per_set=args.seconds_per_set))
     print(f"watch cache replay, N = {args.n} StageSets and {args.n} GitRepositories, {args.repeat} runs "
           f"(Python {sys.version.split()[0]})\n")
     print("| phase | calls | CPU ms (median, min-max) | CPU us per call |")
@@ -244,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         median = statistics.median(seconds)
         spread = f"{min(seconds) * 1000:.1f}-{max(seconds) * 1000:.1f}"
         print(f"| {name} | {calls} | {median * 1000:.1f} ({spread}) | {median * 1e6 / calls:.1f} |")
+    if args.null or args.no_memory:
+        return 0
     cold, settled = kept_bytes(args.n, args.seconds_per_set)
     print(f"\nkept per object: {cold:.0f} bytes at the end of the cold phase, {settled:.0f} after the "
           "idle minute")
