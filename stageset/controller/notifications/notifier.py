@@ -18,30 +18,22 @@ import contextlib
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from stageset.controller.events import Recorded
 from stageset.controller.notifications.config import ConfigReader, Subject, routes
-from stageset.controller.notifications.delivery import Counters, DeliverySettings, Outboxes, Send
+from stageset.controller.notifications.delivery import Counters, Outboxes, Send
 from stageset.controller.notifications.payloads import AddressError, notice, requests_for
 from stageset.controller.redact import REGISTRY, Redactor
+from stageset.controller.settings import (
+    NotificationSettings as NotificationSettings,  # declared with the others
+)
 from stageset.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
 
 INTAKE_PROVIDER = ""
 """The provider label of a drop at intake (before any provider was chosen)."""
-
-
-@dataclass(frozen=True)
-class NotificationSettings:
-    namespace: str | None = None
-    """Where providers, alerts and their Secrets are read (``--notification-namespace``); ``None``: off."""
-    refresh: float = 30.0
-    """How long a read configuration is used before it is read again."""
-    intake: int = 1000
-    """Events waiting to be matched at most; past that, new ones are dropped."""
-    delivery: DeliverySettings = field(default_factory=DeliverySettings)
 
 
 class Notifier:
