@@ -45,6 +45,8 @@ if [ "${1:-}" != "--lint-only" ]; then
         stageset.envtest.helm stageset.envtest.kubectl stageset.envtest.toxiproxy
     lane "kubelet, kube-proxy, kube-scheduler, pause (the test node)" \
         stageset.envtest.node
+    lane "kube-router, netcheck (the test node's NetworkPolicy enforcer and packet probes)" \
+        stageset.envtest.netpol
 fi
 echo "== ruff"; run ruff check stageset sources tests bench
 echo "== mypy --strict"; run mypy

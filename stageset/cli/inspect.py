@@ -18,7 +18,7 @@ from stageset.api.target import target_text
 from stageset.api.vocabulary import ConditionType, StagePhase
 from stageset.apply.inventory import ObjectId
 from stageset.apply.readiness import readiness
-from stageset.cli import fleet
+from stageset.cli import fleet, tenantview
 from stageset.cli.params import LABEL_SELECTOR
 from stageset.cli.session import (
     CliError,
@@ -282,11 +282,17 @@ def get(session: Session, name: str | None, named: str | None, selector: LabelSe
     stage's phase, the sources and the whole message; -o name prints stageset.stages.metio.wtf/NAME.
 
     `get fleetrollouts [NAME]` shows FleetRollouts (cluster-scoped): each wave's phase and Ready
-    members, and the revisions being rolled out; `get stageset NAME` names a StageSet whose name
-    is one of those words.
+    members, and the revisions being rolled out; `get tenant NAME` a tenant at a glance (the
+    namespaces labelled stages.metio.wtf/tenant=NAME, their quota use, their StageSets and
+    whether they are Ready); `get stageset NAME` names a StageSet whose name is one of those words.
     """
     if name in fleet.KIND_WORDS:
         _get_fleet(session, named)
+        return
+    if name in tenantview.KIND_WORDS:
+        if named is None:
+            raise click.UsageError("get tenant NAME: which tenant?")
+        tenantview.show(session, named)
         return
     if name in fleet.STAGESET_WORDS and named is not None:
         name, named = named, None

@@ -18,6 +18,7 @@ from stageset.api.rbac import (
     TARGET_RULES,
     aggregated_cluster_roles,
     controller_cluster_role,
+    tenant_cluster_roles,
 )
 from stageset.envtest.aggregation import aggregate_cluster_roles
 from stageset.kube.client import KubeClient
@@ -32,11 +33,12 @@ def crd_manifests() -> list[dict[str, Any]]:
 
 
 def install(admin: KubeClient, *, timeout: float = 60.0) -> None:
-    """Apply the CRDs and aggregated roles; return once the CRDs are Established."""
+    """Apply the CRDs, the aggregated roles and the tenants' roles (as the chart's hook does); return
+    once the CRDs are Established."""
     crds = crd_manifests()
     for crd in crds:
         admin.apply(f"{_CRDS}/{crd['metadata']['name']}", crd, field_manager="stageset-install")
-    for role in aggregated_cluster_roles():
+    for role in [*aggregated_cluster_roles(), *tenant_cluster_roles()]:
         admin.apply(f"{_ROLES}/{role['metadata']['name']}", role, field_manager="stageset-install")
     aggregate_cluster_roles(admin)
     deadline = time.monotonic() + timeout

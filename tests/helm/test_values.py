@@ -56,8 +56,8 @@ def test_the_crds_are_applied_by_a_hook_never_rendered(helm: Helm) -> None:
     assert weights["Job"] > weights["ServiceAccount"] == weights["ClusterRoleBinding"]  # rights first
     pod = job["spec"]["template"]["spec"]
     controller = pod_spec(docs)
-    assert pod["containers"][0]["command"] == ["stageset", "crds", "--apply"]
-    cli.commands["crds"].make_context("crds", ["--apply"])  # type: ignore[attr-defined]
+    assert pod["containers"][0]["command"] == ["stageset", "crds", "--apply", "--tenant-roles"]
+    cli.commands["crds"].make_context("crds", ["--apply", "--tenant-roles"])  # type: ignore[attr-defined]
     assert pod["containers"][0]["image"] == controller["containers"][0]["image"]
     assert pod["securityContext"] == controller["securityContext"]
     assert pod["containers"][0]["securityContext"] == controller["containers"][0]["securityContext"]
@@ -69,6 +69,24 @@ def test_the_crds_are_applied_by_a_hook_never_rendered(helm: Helm) -> None:
     # Accepted (and ignored) for --reuse-values upgrades from charts that rendered the CRDs.
     helm.render("--set", "crds.keep=false", "--set", "crds.annotations.owner=platform")
     assert not find(helm.render("--set", "crds.install=false"), "Job")
+
+
+def test_the_tenant_roles_are_applied_by_the_crd_hook_with_escalate_on_their_names_only(helm: Helm) -> None:
+    """stageset-tenant-deployer and -admin have fixed names (every tenant's RoleBindings name them):
+    no release renders them as its own objects; the CRD hook applies them (`--tenant-roles`), its
+    account may write exactly those two names, with `escalate` to write rules it does not hold."""
+    docs = helm.render()
+    assert not [d for d in find(docs, "ClusterRole") if d["metadata"]["name"].startswith("stageset-tenant-")]
+    hook = one(docs, "ClusterRole", "stageset-system-stageset-crds")
+    assert {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+            "resourceNames": ["stageset-tenant-deployer", "stageset-tenant-admin"],
+            "verbs": ["get", "create", "patch", "escalate"]} in hook["rules"]
+    assert all(r.get("resourceNames") for r in hook["rules"]), "nothing beyond named objects"
+    off = helm.render("--set", "rbac.tenantRoles=false")
+    assert one(off, "Job", "stageset-crds")["spec"]["template"]["spec"]["containers"][0]["command"] == \
+        ["stageset", "crds", "--apply"]
+    assert not [r for r in one(off, "ClusterRole", "stageset-system-stageset-crds")["rules"]
+                if "clusterroles" in r["resources"]]
 
 
 def test_kube_version_is_what_the_crds_need(helm: Helm) -> None:
