@@ -115,8 +115,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dulwich.errors import NotGitRepository
-from dulwich.object_store import ObjectStoreGraphWalker
+from dulwich.object_store import DiskObjectStore, ObjectStoreGraphWalker
 from dulwich.objects import Commit, ObjectID, Tag
 from dulwich.repo import Repo
 
@@ -457,8 +456,8 @@ class MirrorStore:
         """
         remote_url = parse_url(url, self._policy)
         self._check_served(remote_url, url=url, commit=commit, consumer=consumer)
-        with self._reading(remote_url, commit=commit) as repo:
-            return read_tree(repo.object_store, commit=commit, path=path, ignore=ignore,
+        with self._reading(remote_url, commit=commit) as store:
+            return read_tree(store, commit=commit, path=path, ignore=ignore,
                              limits=limits or self._limits, cache=self._ignores, unreadable=unreadable,
                              trees=self._trees, scope=self._name_for(remote_url))
 
@@ -467,8 +466,8 @@ class MirrorStore:
         """The Git tree id of ``path`` at ``commit``: equal ids mean equal content."""
         remote_url = parse_url(url, self._policy)
         self._check_served(remote_url, url=url, commit=commit, consumer=consumer)
-        with self._reading(remote_url, commit=commit) as repo:
-            return subtree_id(repo.object_store, commit=commit, path=path, trees=self._trees,
+        with self._reading(remote_url, commit=commit) as store:
+            return subtree_id(store, commit=commit, path=path, trees=self._trees,
                               scope=self._name_for(remote_url))
 
     def mirror_path(self, url: str) -> Path:
@@ -750,8 +749,10 @@ class MirrorStore:
                 self._sizes[entry.name] = _disk_usage(entry)
 
     @contextlib.contextmanager
-    def _reading(self, remote_url: RemoteUrl, *, commit: str) -> Iterator[_MirrorRepo]:
-        """The mirror opened for reading; it cannot be evicted until the block ends.
+    def _reading(self, remote_url: RemoteUrl, *, commit: str) -> Iterator[DiskObjectStore]:
+        """The mirror's object store opened for reading; it cannot be evicted until the block ends.
+        Only the object store: a whole repository (its config parsed, its refs and worktrees set
+        up) costs ten times as much to open, on every read.
 
         A read that fails other than on purpose (not a :class:`SourceError`) has the mirror
         checked in full: found damaged, it is refused to every reader from then on (this one
@@ -764,13 +765,13 @@ class MirrorStore:
                 raise missing
             self._readers[name] = self._readers.get(name, 0) + 1
         try:
-            try:
-                repo = _MirrorRepo(str(self._root / name))
-            except NotGitRepository:
-                raise missing from None
+            objects = self._root / name / "objects"
+            if not objects.is_dir():
+                raise missing
+            store = DiskObjectStore(str(objects))
             self._touch(name)
             try:
-                yield repo
+                yield store
             except SourceError:
                 raise
             except Exception as error:
@@ -786,7 +787,7 @@ class MirrorStore:
                     "it is fetched again") from None
             finally:
                 with contextlib.suppress(BufferError):  # a view still held: the map goes with it
-                    repo.close()
+                    store.close()
         finally:
             with self._locks_guard:
                 self._readers[name] -= 1
