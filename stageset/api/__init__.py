@@ -46,6 +46,7 @@ from stageset.api.stageset import (
     StageSetStatus,
     StageStatus,
     SubstituteRef,
+    SupersededRef,
 )
 from stageset.api.target import StageTarget, StageTargetSpec, StageTargetStatus, TargetRef
 
@@ -83,6 +84,7 @@ __all__ = [
     "StageTargetSpec",
     "StageTargetStatus",
     "SubstituteRef",
+    "SupersededRef",
     "TargetRef",
     "duration_seconds",
     "format_time",
