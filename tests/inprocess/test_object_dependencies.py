@@ -22,8 +22,8 @@ def database(name: str = "db", namespace: str = NS, *, ready: str | None = None,
         status["conditions"] = [{"type": "Ready", "status": ready, "message": message}]
     if phase is not None:
         status["phase"] = phase
-    return {"apiVersion": "db.example/v1", "kind": "Database", "metadata": {"name": name, "namespace": namespace},
-            "spec": {"size": "1Gi"}, **({"status": status} if status else {})}
+    return {"apiVersion": "db.example/v1", "kind": "Database",
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"size": "1Gi"}, **({"status": status} if status else {})}
 
 
 def tenant_writes(world: World) -> list[str]:
@@ -40,14 +40,16 @@ def test_nothing_is_applied_while_the_object_is_missing_or_not_ready(world: Worl
     world.cluster.put(database(ready="False", message="provisioning storage"))
     world.reconcile("app")
     assert world.ready("app")["message"].startswith("Database db is not Ready: provisioning storage")
-    assert tenant_writes(world) == [] and world.configmap("app") is None
+    assert tenant_writes(world) == []
+    assert world.configmap("app") is None
     world.cluster.set_status(f"{DATABASES}/db", {"conditions": [{"type": "Ready", "status": "True"}]})
     world.reconcile("app")
     assert world.ready("app")["status"] == "True"
     assert world.configmap("app") is not None
     # Read as the tenant, never as the controller.
     reads = [(r.user, r.verb) for r in world.cluster.requests if r.path == f"{DATABASES}/db"]
-    assert reads and {user for user, _ in reads} == {TENANT}
+    assert reads
+    assert {user for user, _ in reads} == {TENANT}
 
 
 def test_a_ready_expr_holds_until_it_is_true(world: World) -> None:
@@ -58,7 +60,8 @@ def test_a_ready_expr_holds_until_it_is_true(world: World) -> None:
     world.reconcile("app")
     ready = world.ready("app")
     assert ready["reason"] == Reason.DEPENDENCY_NOT_READY
-    assert ready["message"].startswith("Database db is not ready: spec.dependsOn[0].readyExpr is not true yet")
+    assert ready["message"].startswith(
+        "Database db is not ready: spec.dependsOn[0].readyExpr is not true yet")
     assert world.configmap("app") is None
     world.cluster.set_status(f"{DATABASES}/db", {"phase": "Available"})
     world.reconcile("app")
@@ -67,7 +70,8 @@ def test_a_ready_expr_holds_until_it_is_true(world: World) -> None:
 
 def test_a_ready_expr_that_does_not_compile_is_refused_before_anything_is_read(world: World) -> None:
     world.commit({"app/cm.json": configmap("app")})
-    world.stageset("app", [{"name": "app", "path": "./app"}], dependsOn=[{**DB, "readyExpr": "status.phase =="}])
+    world.stageset("app", [{"name": "app", "path": "./app"}],
+                   dependsOn=[{**DB, "readyExpr": "status.phase =="}])
     world.reconcile("app")
     ready = world.ready("app")
     assert ready["reason"] == Reason.INVALID_SPEC

@@ -52,7 +52,8 @@ def database(*, ready: str | None = None, message: str = "", generation: int = 1
 
 def stageset(depends_on: list[dict[str, Any]]) -> StageSet:
     return StageSet.model_validate({
-        "apiVersion": "stages.metio.wtf/v1", "kind": "StageSet", "metadata": {"name": "app", "namespace": HOME},
+        "apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+        "metadata": {"name": "app", "namespace": HOME},
         "spec": {"stages": [{"name": "app", "sourceRef": {"name": "repo"}}], "dependsOn": depends_on}})
 
 
@@ -65,7 +66,8 @@ def test_only_entries_of_other_kinds_are_awaited_here_with_their_index_and_names
     ]))
     assert [(a.index, a.kind, a.name, a.namespace, a.ready_expr) for a in found] == [
         (2, "Database", "db", HOME, "true"), (3, "HelmRelease", "op", "ops", None)]
-    assert found[1].cross_namespace and not found[0].cross_namespace
+    assert found[1].cross_namespace
+    assert not found[0].cross_namespace
 
 
 @pytest.mark.parametrize(("entry", "stageset_entry"), [
@@ -76,7 +78,8 @@ def test_only_entries_of_other_kinds_are_awaited_here_with_their_index_and_names
     ({"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository", "name": "x"}, False),
     ({"apiVersion": "db.example/v1", "kind": "Database", "name": "x"}, False),
 ])
-def test_the_raw_and_the_model_agree_on_what_is_a_stageset(entry: dict[str, Any], stageset_entry: bool) -> None:
+def test_the_raw_and_the_model_agree_on_what_is_a_stageset(entry: dict[str, Any],
+                                                           stageset_entry: bool) -> None:
     assert names_stageset(entry) is stageset_entry
     assert stageset([entry]).spec.depends_on[0].names_stageset is stageset_entry
 
@@ -97,7 +100,8 @@ def test_the_object_is_named_as_the_user_wrote_it(awaited: Awaited, namespaced: 
     ("Ready=True", DB, database(ready="True"), True, ""),
     ("Ready=False says why", DB, database(ready="False", message="provisioning storage"), False,
      "Database db is not Ready: provisioning storage"),
-    ("another namespace: the fixed text only", OTHER_NS, database(ready="False", message="secret plan"), False,
+    ("another namespace: the fixed text only", OTHER_NS, database(ready="False", message="secret plan"),
+     False,
      "Database infra/db is not Ready"),
     ("Stalled: failed, still waited for", DB, database(stalled=True), False,
      "Database db has failed: quota exceeded"),
@@ -112,7 +116,8 @@ def test_kstatus(case: str, awaited: Awaited, obj: dict[str, Any], ready: bool, 
     ("generation not observed", DB, database(ready="True", generation=3, observed=2),
      "Database db is not Ready: generation 3 not yet observed (at 2)"),
     ("being deleted", DB, database(ready="True", deleting=True), "Database db is not Ready: being deleted"),
-    ("another namespace: no detail", OTHER_NS, database(generation=3, observed=2), "Database infra/db is not Ready"),
+    ("another namespace: no detail", OTHER_NS, database(generation=3, observed=2),
+     "Database infra/db is not Ready"),
 ])
 def test_deleting_or_unobserved_is_never_ready(case: str, awaited: Awaited, obj: dict[str, Any],
                                                message: str) -> None:
@@ -127,8 +132,10 @@ def test_deleting_or_unobserved_is_never_ready(case: str, awaited: Awaited, obj:
     ("an error is shown", DB, ExprAnswer(error='no such key: "phase"'), False,
      'Database db is not ready: spec.dependsOn[0].readyExpr is not true yet (no such key: "phase")'),
     ("another namespace: the error is not", OTHER_NS, ExprAnswer(error="no such key: secret-plan"), False,
-     "Database infra/db is not ready: spec.dependsOn[1].readyExpr is not true yet (it could not be evaluated)"),
-    ("a Secret: the error is not (it could quote data)", SECRET, ExprAnswer(error="bad value 'hunter2'"), False,
+     "Database infra/db is not ready: spec.dependsOn[1].readyExpr is not true yet "
+     "(it could not be evaluated)"),
+    ("a Secret: the error is not (it could quote data)", SECRET, ExprAnswer(error="bad value 'hunter2'"),
+     False,
      "Secret token is not ready: spec.dependsOn[2].readyExpr is not true yet (it could not be evaluated)"),
 ])
 def test_ready_expr(case: str, awaited: Awaited, answer: ExprAnswer, ready: bool, message: str) -> None:

@@ -94,7 +94,8 @@ def test_one_watch_per_identity_kind_and_namespace_shared_by_the_stagesets_waiti
                       "/apis/db.example/v1/namespaces/shop/databases", "", "")
     # Another identity never joins it: a watch of its own.
     assert watches.wait(("shop", "c"), client(OTHER), DATABASES, "shop", "db", seen="5", asked=ticks.now)
-    assert len(pool.opened) == 2 and len(watches) == 2
+    assert len(pool.opened) == 2
+    assert len(watches) == 2
 
 
 def test_released_when_the_last_stageset_stops_waiting_and_not_before() -> None:
@@ -104,7 +105,9 @@ def test_released_when_the_last_stageset_stops_waiting_and_not_before() -> None:
     watches.stop(("shop", "a"))
     assert pool.released == []
     watches.forget("shop", "b")
-    assert pool.released == [DB_KEY] and not pool.held and len(watches) == 0
+    assert pool.released == [DB_KEY]
+    assert not pool.held
+    assert len(watches) == 0
     watches.stop(("shop", "b"))  # twice: nothing more
     assert pool.released == [DB_KEY]
 
@@ -114,7 +117,8 @@ def test_waiting_again_on_the_same_watch_keeps_it_open_and_a_new_one_releases_th
     ref = ("shop", "a")
     watches.wait(ref, client(TENANT), DATABASES, "shop", "db", seen="5", asked=ticks.now)
     watches.wait(ref, client(TENANT), DATABASES, "shop", "db", seen="6", asked=ticks.now)
-    assert pool.opened == [DB_KEY] and pool.released == []  # never closed and reopened between passes
+    assert pool.opened == [DB_KEY]
+    assert pool.released == []
     watches.wait(ref, client(TENANT), CACHES, "shop", "c", seen=None, asked=ticks.now)
     assert pool.released == [DB_KEY]
     assert watches.waiting(ref) == (watch_key(client(TENANT), CACHES, "shop"), "c")
@@ -161,7 +165,8 @@ def test_bounds_total_and_per_identity_then_the_stageset_is_not_watched() -> Non
     pool, watches, _, ticks = setup(capacity=3, per_identity=2)
     assert watches.wait(("shop", "a"), client(TENANT), DATABASES, "shop", "db", seen=None, asked=ticks.now)
     assert watches.wait(("shop", "b"), client(TENANT), CACHES, "shop", "c", seen=None, asked=ticks.now)
-    assert not watches.wait(("shop", "c"), client(TENANT), DATABASES, "other", "db", seen=None, asked=ticks.now)
+    assert not watches.wait(("shop", "c"), client(TENANT), DATABASES, "other", "db", seen=None,
+                            asked=ticks.now)
     assert watches.waiting(("shop", "c")) is None
     # An existing watch may still be joined at the bound.
     assert watches.wait(("shop", "d"), client(TENANT), DATABASES, "shop", "x", seen=None, asked=ticks.now)
@@ -184,4 +189,5 @@ def test_close_releases_everything() -> None:
     watches.wait(("shop", "a"), client(TENANT), DATABASES, "shop", "db", seen=None, asked=ticks.now)
     watches.wait(("shop", "b"), client(OTHER), CACHES, "shop", "db", seen=None, asked=ticks.now)
     watches.close()
-    assert not pool.held and len(watches) == 0
+    assert not pool.held
+    assert len(watches) == 0
