@@ -23,7 +23,8 @@ def database(name: str = "db", namespace: str = NS, *, ready: str | None = None,
     if phase is not None:
         status["phase"] = phase
     return {"apiVersion": "db.example/v1", "kind": "Database",
-            "metadata": {"name": name, "namespace": namespace}, "spec": {"size": "1Gi"}, **({"status": status} if status else {})}
+            "metadata": {"name": name, "namespace": namespace}, "spec": {"size": "1Gi"},
+            **({"status": status} if status else {})}
 
 
 def tenant_writes(world: World) -> list[str]:
