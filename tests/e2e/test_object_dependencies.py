@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
+from stageset.envtest import dependencykinds as kinds
 from stageset.envtest.server import ControlPlane
 from stageset.kube.client import KubeClient
 from tests.conftest import Tenant
-from tests.e2e import dependencykinds as kinds
 from tests.e2e.conftest import ControllerProcess, wait_for, writes_by
 from tests.e2e.stagesets import Scenario, cm, scenario
 from tests.gitserver import GitServer
@@ -57,7 +57,8 @@ def test_a_stageset_waits_for_a_database_and_is_woken_by_its_watch(
     make_tenant: TenantFactory,
 ) -> None:
     s = scenario(served, git_server, make_tenant("dbwait"), {"app/cm.yaml": cm("app")})
-    kinds.grant_reading(s.tenant, group=kinds.DB_GROUP, plural="databases")
+    kinds.grant_reading(served, namespace=s.ns, account=s.tenant.service_account, group=kinds.DB_GROUP,
+                        plural="databases")
     s.stageset("app", [{"name": "app", "path": "./app"}], dependsOn=[DATABASE], retryInterval="10m")
     waiting = s.wait_reason("app", "DependencyNotReady")
     assert waiting["message"].startswith("Database db not found (spec.dependsOn[0])")
@@ -94,7 +95,8 @@ def test_a_ready_expr_holds_the_stageset_until_it_is_true(
     controller: ControllerProcess, served: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
 ) -> None:
     s = scenario(served, git_server, make_tenant("dbexpr"), {"app/cm.yaml": cm("app")})
-    kinds.grant_reading(s.tenant, group=kinds.DB_GROUP, plural="databases")
+    kinds.grant_reading(served, namespace=s.ns, account=s.tenant.service_account, group=kinds.DB_GROUP,
+                        plural="databases")
     # Ready by kstatus (a Ready=True condition), but not what the expression asks for.
     kinds.create_database(served, s.ns, "db", status={"conditions": [kinds.ready_condition("True")]})
     s.stageset("app", [{"name": "app", "path": "./app"}], retryInterval="10m",
@@ -130,7 +132,8 @@ def test_a_flux_helmrelease_is_waited_for_the_same_way(
     controller: ControllerProcess, served: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
 ) -> None:
     s = scenario(served, git_server, make_tenant("hrwait"), {"app/cm.yaml": cm("app")})
-    kinds.grant_reading(s.tenant, group=kinds.HELM_GROUP, plural="helmreleases")
+    kinds.grant_reading(served, namespace=s.ns, account=s.tenant.service_account, group=kinds.HELM_GROUP,
+                        plural="helmreleases")
     kinds.create_helmrelease(served, s.ns, "operator", ready=kinds.ready_condition(
         "False", "Helm install in progress", reason="Progressing"))
     s.stageset("app", [{"name": "app", "path": "./app"}], retryInterval="10m", dependsOn=[

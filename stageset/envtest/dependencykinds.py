@@ -1,4 +1,5 @@
-"""Kinds a StageSet's ``spec.dependsOn`` waits for in the e2e tests, as CustomResourceDefinitions.
+"""Kinds a StageSet's ``spec.dependsOn`` waits for in the tests and ``bench.dependency_kinds``, as
+CustomResourceDefinitions, and what their operators would write.
 
 - ``Database`` (``db.example/v1``): a test CRD of an imagined database operator.  No status
   subresource, so a test creates one with its status in one request (as it would look after its
@@ -10,22 +11,20 @@
   version are those of ``github.com/fluxcd/helm-controller/api@v1.7.1`` ``v2/groupversion_info.go``.
   The schema keeps every field (what the controller reads is ``status.conditions``).
 
-Identity: the admin installs them; tenants get ``get``, ``list`` and ``watch`` on them by a Role
-(:func:`grant_reading`).
+Identity: the admin client handed in installs them, grants tenants ``get``, ``list`` and ``watch``
+on them (:func:`grant_reading`) and writes their objects and statuses, as their operators would.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kubernetes import client as k8s
-
 from stageset.envtest.sourcecontroller import install_flux_crds
 from stageset.kube.client import KubeClient
-from tests.conftest import Tenant
 
 DB_GROUP, DB_VERSION = "db.example", "v1"
 HELM_GROUP, HELM_VERSION = "helm.toolkit.fluxcd.io", "v2"
+_MANAGER = "stageset-test-kinds"
 
 
 def _crd(*, group: str, version: str, kind: str, plural: str, status_subresource: bool) -> dict[str, Any]:
@@ -52,18 +51,21 @@ def install(admin: KubeClient) -> None:
     install_flux_crds(admin, crds=[DATABASE_CRD, HELMRELEASE_CRD])
 
 
-def grant_reading(tenant: Tenant, *, group: str, plural: str) -> None:
-    """Let the tenant's ServiceAccount get, list and watch ``plural`` in its namespace."""
-    rbac = k8s.RbacAuthorizationV1Api(tenant.api)
+def grant_reading(admin: KubeClient, *, namespace: str, account: str, group: str, plural: str) -> None:
+    """Let ServiceAccount ``account`` of ``namespace`` get, list and watch ``plural`` there (idempotent)."""
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
     name = f"read-{plural}"
-    rbac.create_namespaced_role(tenant.namespace, {
-        "metadata": {"name": name},
-        "rules": [{"apiGroups": [group], "resources": [plural], "verbs": ["get", "list", "watch"]}]})
-    rbac.create_namespaced_role_binding(tenant.namespace, {
-        "metadata": {"name": name},
+    admin.apply(f"{rbac}/roles/{name}", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": name, "namespace": namespace},
+        "rules": [{"apiGroups": [group], "resources": [plural], "verbs": ["get", "list", "watch"]}]},
+        field_manager=_MANAGER)
+    admin.apply(f"{rbac}/rolebindings/{name}", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": name, "namespace": namespace},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": tenant.service_account,
-                      "namespace": tenant.namespace}]})
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": namespace}]},
+        field_manager=_MANAGER)
 
 
 def ready_condition(status: str, message: str = "", reason: str = "") -> dict[str, Any]:
