@@ -9,6 +9,8 @@
 #   - containerd, runc, the CNI plugins, iptables, conntrack and ipset (Debian packages) for the test
 #     node (stageset.envtest.nodeplane; ipset for its NetworkPolicy enforcer, kube-router), when
 #     missing; no system containerd is started;
+#   - skopeo (Debian) that pushes the release's image archive to a registry (the loopback registry
+#     of the tests, the real ones in the release workflow: stageset.envtest.publish), when missing;
 # The control-plane binaries are built on first use by stageset.envtest.build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -94,6 +96,11 @@ fi
 # The SOPS tests make an OpenPGP key with gpg and encrypt for it with the real sops.
 if ! command -v gpg >/dev/null && command -v apt-get >/dev/null; then
     apt_install "the SOPS tests' OpenPGP key" gnupg >&2
+fi
+# The release's image archive is pushed by skopeo (stageset.envtest.publish): on loopback by the
+# tests, to the real registries by the release workflow.
+if ! command -v skopeo >/dev/null && command -v apt-get >/dev/null; then
+    apt_install "pushing the release's image to a registry" skopeo >&2
 fi
 # The test node (tests/node) runs Debian's containerd and runc with the CNI plugins, its own
 # instance only: policy-rc.d keeps the package from starting a system containerd.

@@ -102,6 +102,14 @@ LEADER_ELECTION_RULES: list[dict[str, Any]] = [
 # Notifications: the providers, alerts and the providers' Secrets, granted by a Role in the one
 # platform namespace the controller reads them from (``--notification-namespace``; the chart's
 # "<release>-notifications" Role), never cluster-wide: the controller reads no tenant's Secret.
+# Tenant-owned alerts (``--tenant-notifications``): the two kinds, listed where the controller
+# watches (the chart's "<release>-tenant-notifications" ClusterRole, bound like the controller's own
+# role); no Secret: a tenant provider's Secret is read as its serviceAccountName (impersonated).
+TENANT_NOTIFICATION_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [GROUP], "resources": ["notificationproviders", "notificationalerts"],
+     "verbs": ["get", "list"]},
+]
+
 NOTIFICATION_RULES: list[dict[str, Any]] = [
     {"apiGroups": ["stages.metio.wtf"], "resources": ["notificationproviders", "notificationalerts"],
      "verbs": ["get", "list"]},

@@ -24,7 +24,7 @@ from stageset.api.tenancy import TENANT_LABEL
 from stageset.cli import cleanup
 from stageset.cli.completion import complete_nothing
 from stageset.cli.params import DURATION
-from stageset.cli.session import DNS_LABEL, CliError, Session, StagesetGroup, echo
+from stageset.cli.session import DNS_LABEL, CliError, Session, StagesetGroup, confirmed, echo, yes_option
 from stageset.cli.tenantobjects import (
     DEFAULT_CLUSTER_ROLE,
     DEFAULT_SERVICE_ACCOUNT,
@@ -171,8 +171,7 @@ def create_tenant(name: str, namespaces: tuple[str, ...], control_plane_namespac
 
 @delete.command("tenant")
 @click.argument("name", type=DNS_LABEL, shell_complete=complete_nothing)
-@click.option("--yes", is_flag=True, default=False,
-              help="Delete (without it, only list what would be deleted).")
+@yes_option()
 @click.option("--timeout", type=DURATION, default="10m", show_default=True,
               help="How long to wait for the controller to tear the tenant's StageSets down.")
 @_kubeconfig_options
@@ -180,7 +179,8 @@ def delete_tenant(name: str, yes: bool, timeout: float, kubeconfig: str | None, 
     """Delete a tenant: its StageSets first (the controller tears them down), then its namespaces.
 
     The tenant's namespaces are those labelled stages.metio.wtf/tenant=NAME; deleting them deletes
-    everything in them. A dry run unless --yes: it lists what would be deleted, in order.
+    everything in them. It lists what it would delete, in order, then asks, unless -y/--yes; with
+    no answer to read, a dry run.
     """
     session = Session(kubeconfig=kubeconfig, context=context)
     try:
@@ -201,7 +201,7 @@ def delete_tenant(name: str, yes: bool, timeout: float, kubeconfig: str | None, 
             echo(f"  StageSet {obj['metadata']['namespace']}/{obj['metadata']['name']}\n")
         for namespace in namespaces:
             echo(f"  Namespace {namespace}\n")
-        if not yes:
+        if not confirmed(f"Delete tenant {name}?", yes=yes):
             echo("dry run: nothing deleted (pass --yes to delete)\n")
             return
         cleanup.delete_and_wait(client, scope=namespaces, selector=None, timeout=timeout,

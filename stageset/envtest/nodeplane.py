@@ -14,7 +14,9 @@ What runs, and where:
 - **Runtime.** containerd and runc from Debian, with root, state, socket and CNI configuration in
   the node's own directories (never ``/etc/containerd`` or ``/var/lib/containerd``), sandbox image
   :data:`~stageset.envtest.node.PAUSE_IMAGE` imported from the locally built archive; images reach
-  the node only by :meth:`Node.import_image` (``ctr images import``): nothing is pulled.
+  the node by :meth:`Node.import_image` (``ctr images import``) or are pulled from a loopback
+  registry the test runs and names with :meth:`Node.trust_registry` (plain HTTP, a ``hosts.toml``
+  in the node's own ``certs.d``); nothing is pulled from anywhere else.
 - **Node.** kubelet with the cgroupfs driver, ``failCgroupV1: false`` (these machines mount the v1
   controllers), image GC and disk eviction off (a full disk elsewhere must not evict the test's
   pods), its API on the bridge address only, its read-only port off.
@@ -240,6 +242,14 @@ class Node:
             self.ctr("images", "tag", "--force", imported[0], name)
         return name
 
+    def trust_registry(self, host: str) -> None:
+        """Let containerd pull from the plain-HTTP registry ``host`` (``127.0.0.1:<port>``): a
+        ``hosts.toml`` in the node's own ``certs.d``, read on every pull.  containerd runs on the
+        host, so a loopback registry is reached as it is (the kubelet asks, containerd pulls);
+        the pods never talk to the registry."""
+        _write(self.workdir / "certs.d" / host / "hosts.toml",
+               f'server = "http://{host}"\n\n[host."http://{host}"]\n  capabilities = ["pull", "resolve"]\n')
+
     def expose(self, port: int) -> tuple[str, int]:
         """Carry the bridge address's ``port`` to ``127.0.0.1:port``: a loopback server, reached
         from the pod network only (the bridge is not routed anywhere else)."""
@@ -383,6 +393,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [{cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
   BinaryName = "{os.environ.get('STAGESET_NODE_RUNC') or shutil.which('runc') or 'runc'}"
+[{cri}.registry]
+  # hosts.toml per registry (Node.trust_registry): a plain-HTTP registry on loopback is pulled from.
+  config_path = "{root / 'certs.d'}"
 [{cri}.cni]
   bin_dir = "{CNI_BIN}"
   conf_dir = "{root / 'cni'}"

@@ -335,7 +335,8 @@ class PassRunner:
         status = status.model_copy(update={"history": history.recorded(
             ctx.writer.status.history, order=progress.order, outcomes=progress.outcomes,
             applied=progress.fresh, changes=progress.written, pruned=pruned,
-            generation=ctx.stageset.metadata.get("generation"))})
+            generation=ctx.stageset.metadata.get("generation"), now=format_time(self._clock()),
+            tried={name: rendered[name].revision if name in rendered else None for name in progress.order})})
         self._release.told(ctx, steer)
         requeue = verdict.requeue_after
         unlisted = progress.unlisted
