@@ -16,6 +16,16 @@ import yaml
 
 # The StageSets of DESIGN.md ("must work verbatim"), copied character for character.
 DESIGN_STAGESETS = Path(__file__).with_name("design-stagesets.yaml")
+# The documented example of dependsOn on other kinds (examples/dependencies/).
+DEPENDENCIES_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dependencies" / "stageset.yaml"
+
+
+def example_stageset(path: Path) -> dict[str, Any]:
+    """The StageSet of an example file, without its namespace (the tests choose theirs)."""
+    documents = yaml.safe_load_all(path.read_text(encoding="utf-8"))
+    found = next(d for d in documents if d and d["kind"] == "StageSet")
+    found["metadata"].pop("namespace", None)
+    return dict(found)
 
 PLURALS = {"StageSet": "stagesets", "GitRepository": "gitrepositories"}
 
@@ -483,6 +493,7 @@ VALID = {
             {"name": "policies"}],
         "stages": [stage("app")],
     }),
+    "example-dependencies": example_stageset(DEPENDENCIES_EXAMPLE),
     "git-https-branch": gitrepository({"url": HTTPS, "ref": {"branch": "main"}}),
     "git-scp-like": gitrepository({"url": "git@github.com:org/repo.git", "ref": {"tag": "v1.2.3"}}),
     "git-ssh-semver": gitrepository({"url": "ssh://git@git.example.com:2222/org/repo.git",
