@@ -153,3 +153,28 @@ def test_stageset_dependencies_come_first_and_cost_what_they_cost(world: World) 
     world.stageset("plain", [{"name": "app", "path": "./app"}], dependsOn=[{"name": "db"}])
     world.reconcile("plain")
     assert [r for r in world.cluster.requests if r.user == CONTROLLER and "db.example" in r.path] == []
+
+
+def test_in_cluster_admin_mode_without_a_service_account_the_controller_reads_it(world: World) -> None:
+    world.reconciler = world.make_reconciler(cluster_admin=True)
+    world.cluster.controller_prefixes = None
+    world.commit({"app/cm.json": configmap("app")})
+    world.cluster.put(database(ready="False", message="provisioning"))
+    world.stageset("app", [{"name": "app", "path": "./app"}], serviceAccountName=None, dependsOn=[DB])
+    world.reconcile("app")
+    assert world.ready("app")["message"].startswith("Database db is not Ready: provisioning")
+    world.cluster.set_status(f"{DATABASES}/db", {"conditions": [{"type": "Ready", "status": "True"}]})
+    world.reconcile("app")
+    assert world.ready("app")["status"] == "True"
+    assert {r.user for r in world.cluster.requests if r.path == f"{DATABASES}/db"} == {CONTROLLER}
+
+
+def test_a_stageset_naming_a_service_account_drops_to_its_rights_in_cluster_admin_mode(world: World) -> None:
+    world.reconciler = world.make_reconciler(cluster_admin=True)
+    world.cluster.controller_prefixes = None
+    world.commit({"app/cm.json": configmap("app")})
+    world.cluster.put(database(namespace="infra", ready="True"))
+    world.stageset("app", [{"name": "app", "path": "./app"}], dependsOn=[{**DB, "namespace": "infra"}])
+    world.reconcile("app")
+    assert world.ready("app")["reason"] == Reason.RBAC_DENIED
+    assert {r.user for r in world.cluster.requests if "/databases" in r.path} == {TENANT}
