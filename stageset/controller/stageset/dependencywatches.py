@@ -51,8 +51,9 @@ Ref = tuple[str, str]  # (namespace, name) of a StageSet
 WatchKey = tuple[str, str, str, str, str]  # the pool's: (cluster, identity, collection path, labels, fields)
 Wake = Callable[[str, str], None]
 
-DEFAULT_CAPACITY = 256
-"""Dependency watches at once (``--max-dependency-watches``)."""
+DEFAULT_CAPACITY = 100
+"""Dependency watches at once (``--max-dependency-watches``): each is a thread and a connection, and
+about 145 KiB of the controller's memory (measured for held watches by issue 45)."""
 PER_IDENTITY = 16
 """Dependency watches one identity may hold at once (kinds and namespaces its StageSets wait in)."""
 RECENT = 256
