@@ -48,8 +48,9 @@ def acting(event: dict[str, Any]) -> str:
 
 
 def message(s: Scenario, name: str) -> str:
-    ready = next(c for c in s.get(name)["status"]["conditions"] if c["type"] == "Ready")
-    return str(ready["message"])
+    """The StageSet's Ready message ("" before it has one)."""
+    conditions = (s.get(name).get("status") or {}).get("conditions") or []
+    return str(next((c["message"] for c in conditions if c["type"] == "Ready"), ""))
 
 
 def test_a_stageset_waits_for_a_database_and_is_woken_by_its_watch(
@@ -145,3 +146,30 @@ def test_a_flux_helmrelease_is_waited_for_the_same_way(
         "True", "Helm install succeeded for release operator", reason="InstallSucceeded"))
     s.wait_ready("app", timeout=30)
     assert s.configmap("app") is not None
+
+
+def test_with_get_alone_the_stageset_is_not_watched_says_so_and_looks_again_at_its_retry(
+    controller: ControllerProcess, served: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+) -> None:
+    s = scenario(served, git_server, make_tenant("dbgetonly"), {"app/cm.yaml": cm("app")})
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{s.ns}"
+    served.apply(f"{rbac}/roles/get-databases", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
+        "metadata": {"name": "get-databases", "namespace": s.ns},
+        "rules": [{"apiGroups": [kinds.DB_GROUP], "resources": ["databases"], "verbs": ["get"]}]},
+        field_manager="test")
+    served.apply(f"{rbac}/rolebindings/get-databases", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
+        "metadata": {"name": "get-databases", "namespace": s.ns},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "get-databases"},
+        "subjects": [{"kind": "ServiceAccount", "name": s.tenant.service_account, "namespace": s.ns}]},
+        field_manager="test")
+    kinds.create_database(served, s.ns, "db", status={"conditions": [kinds.ready_condition("False", "busy")]})
+    s.stageset("app", [{"name": "app", "path": "./app"}], dependsOn=[DATABASE], retryInterval="3s")
+    # The watch is refused (403 on list); the next look says so, and what it means.
+    wait_for(lambda: "not watched" in message(s, "app"), what="the StageSet saying it is not watched")
+    said = message(s, "app")
+    assert said.startswith("Database db is not Ready: busy; not watched: "
+                           f"{s.tenant.username} may not list and watch databases in namespace {s.ns}")
+    kinds.set_database_status(served, s.ns, "db", {"conditions": [kinds.ready_condition("True")]})
+    s.wait_ready("app", timeout=30)  # at its next retry
