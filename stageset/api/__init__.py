@@ -47,6 +47,7 @@ from stageset.api.stageset import (
     StageSetStatus,
     StageStatus,
     SubstituteRef,
+    SupersededRef,
 )
 from stageset.api.target import StageTarget, StageTargetSpec, StageTargetStatus, TargetRef
 
@@ -85,6 +86,7 @@ __all__ = [
     "StageTargetSpec",
     "StageTargetStatus",
     "SubstituteRef",
+    "SupersededRef",
     "TargetRef",
     "duration_seconds",
     "format_time",

@@ -55,6 +55,8 @@ from stageset.api.vocabulary import StagePhase
 MAX_STAGES = 64
 MAX_DEPENDENCIES = 32
 """Entries of ``spec.dependsOn`` (a bound the CEL cost estimate of its rules needs)."""
+MAX_SUPERSEDES = 16
+"""StageSets in ``spec.supersedes``."""
 DEFAULT_TIMEOUT = "15m"
 """``spec.timeout`` when left out, as in the reference."""
 MAX_PATCHES = 32
@@ -161,6 +163,26 @@ class StageSetRef(ApiModel):
 
 DependencyRef = StageSetRef
 """A ``spec.dependsOn`` entry: a StageSet, or an object of any kind (the older name stays)."""
+
+
+class SupersededRef(ApiModel):
+    """A StageSet whose objects this one takes over in place (``spec.supersedes``)."""
+
+    name: DNSSubdomain
+    """Name of the StageSet."""
+    namespace: DNSLabel | None = None
+    """Namespace of the StageSet; defaults to this StageSet's namespace."""
+
+    def key(self, namespace: str) -> tuple[str, str]:
+        """``(namespace, name)``, the namespace defaulted to ``namespace`` (this StageSet's)."""
+        return self.namespace or namespace, self.name
+
+
+_UNIQUE_SUPERSEDED: JsonDict = {
+    "rule": "self.all(a, self.exists_one(b, b.name == a.name && (has(b.__namespace__) ? "
+            "b.__namespace__ : '') == (has(a.__namespace__) ? a.__namespace__ : '')))",
+    "message": "supersedes names a StageSet more than once",
+}
 
 
 def _secret_ref_by_rule(schema: JsonDict) -> None:
@@ -775,6 +797,17 @@ class StageSetSpec(ApiModel):
         json_schema_extra={"x-kubernetes-list-type": "atomic"})
     """StageSets, and objects of other kinds (``apiVersion`` and ``kind`` set), that must be ready
     before any stage of this one starts."""
+    supersedes: list[SupersededRef] = Field(
+        default_factory=list, max_length=MAX_SUPERSEDES,
+        json_schema_extra={"x-kubernetes-list-type": "atomic",
+                           "x-kubernetes-validations": [_UNIQUE_SUPERSEDED]})
+    """StageSets whose objects this one takes over: an object this StageSet renders that one of them
+    holds is adopted in place (same object, new owner labels; nothing deleted or created) instead of
+    an ``OwnershipConflict``, and that StageSet lets it go.  Its actions' ledger comes along, so a
+    ``pre``/``post`` action it ran for the revision does not run again.  Only what this StageSet's
+    ServiceAccount could take over by hand: it must be allowed to ``get`` and ``patch`` each StageSet
+    named here (else ``SupersedeDenied``, and nothing is taken).  An extension: the reference has no
+    such field (see the tenancy tiers page: "Moving from tier 1 to tier 2")."""
     service_account_name: DNSSubdomain | None = None
     """ServiceAccount every write is made as (impersonated).
 
@@ -849,6 +882,13 @@ class StageSetSpec(ApiModel):
     def _one_target(self) -> StageSetSpec:
         if self.kube_config is not None and self.target_ref is not None:
             raise ValueError(str(_ONE_TARGET["message"]))
+        return self
+
+    @model_validator(mode="after")
+    def _superseded_once(self) -> StageSetSpec:
+        named = [(ref.namespace or "", ref.name) for ref in self.supersedes]
+        if len(set(named)) != len(named):
+            raise ValueError(str(_UNIQUE_SUPERSEDED["message"]))
         return self
 
     @model_validator(mode="after")

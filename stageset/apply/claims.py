@@ -15,13 +15,18 @@ without a dry-run (the pilot, :mod:`stageset.apply.write`) is made create-only (
 so it can never write an existing object unseen.  ``Claims`` is asked only about objects whose labels
 name another StageSet, at most once per holder and stage.
 
+A StageSet that names the holder in ``spec.supersedes`` takes the object over instead (issue 46): the
+holder's claim does not count for it, and before the first such object is written :meth:`Claims.adopting`
+is told what is adopted from whom — the controller records the hand-over on the holder there
+(:mod:`stageset.controller.stageset.handover`), so the holder lets go before the labels change.
+
 Identity: reads go through the ``client`` handed in (the stage's identity); :class:`Claims` answers
 with whatever identity its implementation documents (the controller's, reading StageSets).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -55,7 +60,13 @@ class Claims(Protocol):
 
     def claim(self, *, holder: tuple[str, str], oid: ObjectId) -> Claim | None:
         """``holder``'s claim on ``oid``; ``None`` when it no longer holds it (gone, or it no longer
-        lists the object): the object may be adopted."""
+        lists the object, or it is being taken over from): the object may be adopted."""
+        ...
+
+    def adopting(self, adopted: Sequence[tuple[tuple[str, str], ObjectId]]) -> None:
+        """``adopted`` — objects whose labels name another StageSet that holds them no more, with that
+        StageSet — are about to be written: anything that must be recorded first is recorded now
+        (raises :class:`StageError` when it cannot be: then none of them is written)."""
         ...
 
 
@@ -65,6 +76,9 @@ class Unclaimed:
     def claim(self, *, holder: tuple[str, str], oid: ObjectId) -> Claim | None:
         del holder, oid
         return None
+
+    def adopting(self, adopted: Sequence[tuple[tuple[str, str], ObjectId]]) -> None:
+        del adopted
 
 
 def create_only(manifest: KubeObject) -> KubeObject:
@@ -93,6 +107,7 @@ def read_existing(core: ApplyCore, *, client: KubeClient, items: list[AppliedObj
 def refuse_claimed(items: list[AppliedObject], *, owner: StageOwner, claims: Claims) -> None:
     """Fail with ``OwnershipConflict`` when another StageSet still holds an object the stage would write."""
     held: list[tuple[AppliedObject, Claim]] = []
+    adopted: list[tuple[tuple[str, str], ObjectId]] = []
     for item in items:
         found = holder(item.live)
         if item.action is Action.SKIPPED or found is None or found == (owner.namespace, owner.name):
@@ -100,7 +115,11 @@ def refuse_claimed(items: list[AppliedObject], *, owner: StageOwner, claims: Cla
         claim = claims.claim(holder=found, oid=item.id)
         if claim is not None:
             held.append((item, claim))
+        else:
+            adopted.append((found, item.id))
     if not held:
+        if adopted:
+            claims.adopting(adopted)
         return
     item, claim = held[0]
     more = f" (and {len(held) - 1} more object(s) held by other StageSets)" if len(held) > 1 else ""

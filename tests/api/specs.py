@@ -365,6 +365,17 @@ INVALID = [
     Invalid("http-not-http",
             actions({"post": [{"name": "h", "http": {"url": "file:///etc/passwd"}}]}),
             "spec.stages[0].actions.post[0].http.url", "should match"),
+    # spec.supersedes (issue 46): each StageSet once, at most 16.
+    Invalid("supersedes-names-one-twice",
+            stageset({"supersedes": [{"namespace": "team-a", "name": "app"}, {"name": "web"},
+                                     {"namespace": "team-a", "name": "app"}], "stages": [stage("app")]}),
+            "spec.supersedes", "supersedes names a StageSet more than once"),
+    Invalid("supersedes-too-many",
+            stageset({"supersedes": [{"name": f"s{i}"} for i in range(17)], "stages": [stage("app")]}),
+            "spec.supersedes", "must have at most 16 items"),
+    Invalid("supersedes-without-name",
+            stageset({"supersedes": [{"namespace": "team-a"}], "stages": [stage("app")]}),
+            "spec.supersedes[0].name", "Required value"),
     Invalid("action-retries-over-the-bound",
             actions({"post": [{"name": "h", "retries": 101, "http": {"url": "https://x.example/"}}]}),
             "spec.stages[0].actions.post[0].retries", "less than or equal to 100"),
@@ -398,6 +409,10 @@ VALID = {
                               '"value": "9Gi"}]'}}],
         "onFailure": [{"name": "page", "http": {"url": "https://alerts.internal/x",
                                                 "bodyFrom": {"name": "alert", "key": "body"}}}]}),
+    # The same name in two namespaces, and one in this StageSet's own (namespace left out).
+    "supersedes": stageset({"targetNamespace": "team-a", "supersedes": [
+        {"namespace": "team-a", "name": "app"}, {"namespace": "team-b", "name": "app"}, {"name": "app"}],
+        "stages": [stage("app")]}),
     "fan-out-and-in": stageset({"stages": [
         stage("crds"),
         stage("operator", dependsOn=["crds"]),

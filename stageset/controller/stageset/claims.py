@@ -15,6 +15,11 @@ A stage that renders an object whose owner labels name another StageSet asks thi
   record grows before anything is applied, so a StageSet about to write the object already holds
   it.  A record from before targets were recorded names no cluster and holds on every one.
 
+A holder the StageSet names in ``spec.supersedes`` and may take over from this pass (its
+:class:`~stageset.controller.stageset.handover.Handover`) holds nothing against it: the object is
+taken over in place, and the hand-over is recorded on the holder before it is written
+(:meth:`LiveClaims.adopting`).
+
 Anything else lets the stage adopt the object in place: the StageSet is gone (404), or it lists the
 object nowhere on that cluster (it stopped rendering it; a ``prune: false`` stage dropped it;
 ``deletionPolicy: Orphan`` released it, labels and all; it moved away and gave that cluster up
@@ -32,12 +37,14 @@ Cost: nothing unless an object's labels name another StageSet; then one read per
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from stageset.api import API_VERSION, THIS_CLUSTER
 from stageset.apply.claims import Claim
 from stageset.apply.inventory import ObjectId
 from stageset.apply.record import parse
+from stageset.controller.stageset.handover import Handover
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.types import KubeObject
 
@@ -86,18 +93,34 @@ class LiveClaims:
     ours: tuple[str, str]
     target: str
     """The cluster the stage writes (its target id): a holder holds only what it lists there."""
+    handover: Handover | None = None
+    """The predecessors this pass takes over from (``spec.supersedes``; ``None``: it names none)."""
+    stage: str = ""
     _read: dict[tuple[str, str], KubeObject | None] = field(default_factory=dict)
     _named: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def claim(self, *, holder: tuple[str, str], oid: ObjectId) -> Claim | None:
         if holder == self.ours:
             return None
+        if self.handover is not None and self.handover.takes_from(holder):
+            return None  # taken over: recorded on the holder before it is written (adopting)
         if holder not in self._read:
             self._read[holder] = self._fetch(holder)
         found = self._read[holder]
         if found is not None and not lists(found, oid, target=self.target):
             return None
         return Claim(self._name(holder))
+
+    def adopting(self, adopted: Sequence[tuple[tuple[str, str], ObjectId]]) -> None:
+        """Before the first of ``adopted`` is written: record on each predecessor what is taken from it."""
+        if self.handover is None:
+            return
+        taken: dict[tuple[str, str], list[ObjectId]] = {}
+        for holder, oid in adopted:
+            if self.handover.takes_from(holder):
+                taken.setdefault(holder, []).append(oid)
+        for holder, oids in sorted(taken.items()):
+            self.handover.record(holder, oids, stage=self.stage)
 
     def _fetch(self, holder: tuple[str, str]) -> KubeObject | None:
         """The holder as the controller reads it: ``{}`` when it is gone (it lists nothing);

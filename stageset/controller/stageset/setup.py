@@ -53,6 +53,7 @@ from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.release import Release, SelectedBy, no_rollouts
 from stageset.controller.stageset.rendering import Renderer
 from stageset.controller.stageset.stage import StageApply, Wake
+from stageset.controller.stageset.supersedes import Supersedes
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.stageset.watches import SourceIndex, StageSetWatches
 from stageset.controller.targets.clusters import Targets
@@ -122,9 +123,10 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     release = Release(clients=clients, identities=identities, renderer=renderer, stages=stages,
                       changes=changes, events=shared.events, metrics=shared.metrics, clock=shared.clock,
                       selected_by=selected_by)
+    supersedes = Supersedes(clients=clients, identities=identities, events=shared.events)
     teardown = Teardown(clients=clients, identities=identities, targets=targets, events=shared.events,
                         clock=shared.clock, max_wait=settings.max_teardown_wait, records=records,
-                        terminating=shared.terminating)
+                        terminating=shared.terminating, supersedes=supersedes)
     moves = Moves(clients=clients, identities=identities, targets=targets, teardown=teardown,
                   events=shared.events, clock=shared.clock, max_wait=settings.max_teardown_wait)
     # A StageSet waiting for an object of another kind is woken through the shared pool's held watches.
@@ -135,7 +137,7 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
                                  accounts=accounts, watches=waits)
     passes = PassRunner(clients=clients, identities=identities, records=records, changes=changes,
                         settings=settings, renderer=renderer, stages=stages, release=release,
-                        accounts=accounts, moves=moves, clock=shared.clock)
+                        accounts=accounts, moves=moves, clock=shared.clock, supersedes=supersedes)
     return StageSetReconciler(clients=clients, resource=resource, identities=identities, reads=reads,
                               expressions=expressions, objects=objects, index=index, targets=targets,
                               passes=passes,

@@ -2,7 +2,9 @@
 
 - ``For`` StageSets (:func:`trigger`): a new generation, a ``requestedAt``, a deletion, a
   promote/update-now annotation (a request is an annotation, so it is named here), or the
-  release a FleetRollout wrote (``stages.metio.wtf/fleet-release``: a wave opened for it).
+  release a FleetRollout wrote (``stages.metio.wtf/fleet-release``: a wave opened for it), or its
+  hand-over record (``stages.metio.wtf/handed-over``: a StageSet naming it in ``spec.supersedes``
+  took objects over, which it now lets go).
   Status writes alone requeue nothing.  A Ready that turns ``False`` is told as a Warning
   annotated with the revision that failed (:class:`~stageset.controller.events.ReadyWarnings`),
   except a release held as asked or a rollback the pass told itself.
@@ -43,6 +45,7 @@ from typing import Any, Protocol
 
 from stageset.api.fleet import ANNOTATION_FLEET_RELEASE
 from stageset.api.release import ANNOTATION_PROMOTE, ANNOTATION_UPDATE_NOW
+from stageset.apply.handover import ANNOTATION as HANDED_OVER
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder, ReadyWarnings, failing_revision
@@ -85,7 +88,8 @@ def trigger(obj: KubeObject) -> tuple[Any, ...]:
     """What, when changed, calls for a reconcile of a StageSet."""
     annotations = obj.get("metadata", {}).get("annotations") or {}
     return (*reconcile_trigger(obj), annotations.get(ANNOTATION_PROMOTE),
-            annotations.get(ANNOTATION_UPDATE_NOW), annotations.get(ANNOTATION_FLEET_RELEASE))
+            annotations.get(ANNOTATION_UPDATE_NOW), annotations.get(ANNOTATION_FLEET_RELEASE),
+            annotations.get(HANDED_OVER))
 
 
 def as_dependency(obj: KubeObject) -> tuple[Any, ...]:
