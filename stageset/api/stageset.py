@@ -55,7 +55,7 @@ from stageset.api.vocabulary import StagePhase
 
 MAX_STAGES = 64
 MAX_DEPENDENCIES = 32
-"""StageSets in ``spec.dependsOn`` (a bound the CEL cost estimate of ``minVersion`` needs)."""
+"""Entries of ``spec.dependsOn`` (a bound the CEL cost estimate of its rules needs)."""
 MAX_SUPERSEDES = 16
 """StageSets in ``spec.supersedes``."""
 DEFAULT_TIMEOUT = "15m"
@@ -75,26 +75,95 @@ MAX_CEL_EXPRESSION = 2048
 
 _SHORT = Annotated[str, Field(min_length=1, max_length=253)]
 
+CelExpression = Annotated[str, Field(min_length=1, max_length=MAX_CEL_EXPRESSION)]
+"""A CEL expression over the object's top-level fields (``metadata``, ``spec``, ``status`` ...)."""
+
+
+DEPENDENCY_API_VERSION_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                                  r"[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+"""``group/version`` or a core ``version``: a DNS subdomain, then a DNS label."""
+KIND_PATTERN = r"^[A-Za-z][A-Za-z0-9]*$"
+
+_IS_STAGESET = f"has(self.apiVersion) && self.apiVersion == '{API_VERSION}' && self.kind == 'StageSet'"
+
+_API_VERSION_WITH_KIND: JsonDict = {
+    "rule": "has(self.apiVersion) == has(self.kind)",
+    "message": "set apiVersion and kind together (an object of that kind), or neither (a StageSet)",
+    "fieldPath": ".kind",
+}
+_MIN_VERSION_OF_STAGESETS: JsonDict = {
+    "rule": f"!has(self.minVersion) || !has(self.kind) || ({_IS_STAGESET})",
+    "message": "minVersion applies to StageSet dependencies only (a version floor on what it applied); "
+               "use readyExpr to say when an object of another kind is ready",
+    "fieldPath": ".minVersion",
+}
+_READY_EXPR_OF_OTHER_KINDS: JsonDict = {
+    "rule": f"!has(self.readyExpr) || (has(self.kind) && !({_IS_STAGESET}))",
+    "message": "readyExpr applies to dependencies of other kinds (apiVersion and kind set); a StageSet "
+               "dependency is ready when it is Ready at its generation (see minVersion)",
+    "fieldPath": ".readyExpr",
+}
+
 
 class StageSetRef(ApiModel):
-    """Another StageSet this one waits for: Ready at its current generation, no new revision held
-    back by its update windows, and (with ``minVersion``) applied at a version at or above it."""
+    """What this StageSet waits for before any of its stages starts.
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [MIN_VERSION_RULE]})
+    Without ``apiVersion`` and ``kind``: another StageSet, Ready at its current generation, no new
+    revision held back by its update windows, and (with ``minVersion``) applied at a version at or
+    above it.  With them: any object of that kind (an operator's CustomResourceDefinition, a
+    database claim, a HelmRelease), ready when the kstatus rules say it is Current, or when
+    ``readyExpr`` is true.  Either is read, and watched while waited for, as this StageSet's
+    ServiceAccount."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        MIN_VERSION_RULE, _API_VERSION_WITH_KIND, _MIN_VERSION_OF_STAGESETS, _READY_EXPR_OF_OTHER_KINDS]})
+
+    api_version: Annotated[str, Field(min_length=1, max_length=253,
+                                      pattern=DEPENDENCY_API_VERSION_PATTERN)] | None = None
+    """API version of the object, e.g. ``example.com/v1`` or ``v1`` (the core group); set together
+    with ``kind``.  Left out (with ``kind``): a StageSet."""
+    kind: Annotated[str, Field(min_length=1, max_length=63, pattern=KIND_PATTERN)] | None = None
+    """Kind of the object, e.g. ``CustomResourceDefinition``, ``HelmRelease``; set together with
+    ``apiVersion``.  ``stages.metio.wtf/v1`` ``StageSet`` is the same as leaving both out."""
     name: DNSSubdomain
-    """Name of the StageSet."""
+    """Name of the StageSet (or of the object of ``kind``)."""
     namespace: DNSLabel | None = None
-    """Namespace of the StageSet; defaults to this StageSet's namespace."""
+    """Namespace of the StageSet or object; defaults to this StageSet's.  Ignored for a
+    cluster-scoped kind (a CustomResourceDefinition, a Namespace ...), which discovery tells."""
     min_version: MinVersion | None = None
     """A semantic version (``5.2.0``, ``v5.2``) the StageSet's applied revision must be at or above:
     every revision in its ``status.lastAppliedRevision`` must be a version tag (``v5.2.1@sha1:…``)
-    no lower than this.  Until then this StageSet waits (``DependencyNotReady``)."""
+    no lower than this.  Until then this StageSet waits (``DependencyNotReady``).  StageSets only."""
+    ready_expr: CelExpression | None = None
+    """A CEL expression that is true when the object is ready, instead of the kstatus rules (other
+    kinds only).  Variables as in ``readyChecks.exprs``: ``apiVersion``, ``kind``, ``metadata``,
+    ``spec``, ``status`` (an absent one is an empty map) and ``self``, the whole object; e.g.
+    ``status.phase == 'Bound'``.  An object being deleted, or whose ``status.observedGeneration``
+    is behind its ``metadata.generation``, is not ready whatever it says."""
 
     @field_validator("min_version")
     @classmethod
     def _semver(cls, value: str | None) -> str | None:
         return checked_min_version(value)
+
+    @model_validator(mode="after")
+    def _kinds(self) -> StageSetRef:
+        if (self.api_version is None) != (self.kind is None):
+            raise ValueError(_API_VERSION_WITH_KIND["message"])
+        if self.min_version is not None and not self.names_stageset:
+            raise ValueError(_MIN_VERSION_OF_STAGESETS["message"])
+        if self.ready_expr is not None and self.names_stageset:
+            raise ValueError(_READY_EXPR_OF_OTHER_KINDS["message"])
+        return self
+
+    @property
+    def names_stageset(self) -> bool:
+        """Whether this entry is a StageSet dependency (no ``kind``, or ``stages.metio.wtf/v1`` StageSet)."""
+        return self.kind is None or (self.api_version == API_VERSION and self.kind == "StageSet")
+
+
+DependencyRef = StageSetRef
+"""A ``spec.dependsOn`` entry: a StageSet, or an object of any kind (the older name stays)."""
 
 
 class SupersededRef(ApiModel):
@@ -293,8 +362,6 @@ class OnTimeout(StrEnum):
     with ``rollbackOnFailure: true`` the release is rolled back to its last good revisions."""
 
 
-CelExpression = Annotated[str, Field(min_length=1, max_length=MAX_CEL_EXPRESSION)]
-"""A CEL expression over the object's top-level fields (``metadata``, ``spec``, ``status`` ...)."""
 
 
 class HealthCheckExpr(ApiModel):
@@ -747,7 +814,8 @@ class StageSetSpec(ApiModel):
     depends_on: list[StageSetRef] = Field(
         default_factory=list, max_length=MAX_DEPENDENCIES,
         json_schema_extra={"x-kubernetes-list-type": "atomic"})
-    """StageSets that must be ready before any stage of this one starts."""
+    """StageSets, and objects of other kinds (``apiVersion`` and ``kind`` set), that must be ready
+    before any stage of this one starts."""
     supersedes: list[SupersededRef] = Field(
         default_factory=list, max_length=MAX_SUPERSEDES,
         json_schema_extra={"x-kubernetes-list-type": "atomic",

@@ -120,6 +120,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         target_namespaces=tuple(params.get("target_namespaces") or ()),
         max_remote_targets=int(params.get("max_remote_targets", 64)),
         workload_identity=bool(params.get("workload_identity")),
+        max_dependency_watches=int(params.get("max_dependency_watches", 100)),
         runbook_base_url=str(params.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL)),
         default_source_kind=DefaultSourceKind(params.get("default_source_kind")
                                               or DefaultSourceKind.GIT_REPOSITORY),
@@ -195,6 +196,10 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               "controller, even with --cluster-admin); empty: no default.")
 @click.option("--no-cross-namespace-refs", is_flag=True, default=False,
               help="Refuse sourceRef and dependsOn into other namespaces.")
+@click.option("--max-dependency-watches", default=100, show_default=True, type=click.IntRange(min=0),
+              help="Watches StageSets waiting for an object of another kind in spec.dependsOn may hold at "
+              "once (one per cluster, identity, kind and namespace; at most 16 per identity); past that "
+              "they look again at their retryInterval. 0: no such watches.")
 @click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1),
               help="Concurrent StageSet reconciles.")
 @click.option("--source-workers", default=4, show_default=True, type=click.IntRange(min=1),

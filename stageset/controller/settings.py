@@ -116,6 +116,10 @@ class ControllerSettings:
     # tokens for ServiceAccounts (create serviceaccounts/token) and reaches remotes that trust this
     # cluster's issuer with them.  Off: every configMapRef is refused and no token is ever requested.
     workload_identity: bool = False
+    # A StageSet waiting for an object of another kind in spec.dependsOn is woken by a watch as its
+    # identity (one per cluster, identity, kind and namespace, held while someone waits), at most this
+    # many at once (``--max-dependency-watches``; 0: none); past that, it looks again at its retry.
+    max_dependency_watches: int = 100
     # Concurrent StageSet reconciles, and (a separate pool) concurrent GitRepository fetches.
     workers: int = 4
     source_workers: int = 4
