@@ -16,8 +16,8 @@ Rules:
   it is tried again on every pass until it completes, and nothing is pruned meanwhile;
 - each stage record names the cluster it was applied on (a target id, :data:`THIS_CLUSTER` when
   absent) and, for a remote, how it was reached: the kubeConfig Secret of the StageSet's namespace
-  (``kc``: name and key) or the platform's StageTarget (``st``: namespace and name) — references
-  only, never a credential;
+  (``kc``: name and key), its workload-identity ConfigMap (``cm``: name) or the platform's StageTarget
+  (``st``: namespace and name) — references only, never a credential;
   when the stages move to another cluster, the records of the cluster they leave go to
   ``previous`` (with ``since``, when the move began) until that cluster is cleaned up, so a
   controller that restarts, or a StageSet whose status was lost, still finds them.
@@ -26,8 +26,9 @@ Format history (:data:`FORMAT`; :func:`parse` migrates): 1 — no targets (every
 cluster); 2 — targets, ``previous`` and ``since``; ``st`` was added to format 2 later without a new
 number, as an optional key: a record without it reads as before (a remote reached through
 ``kc`` only), and an older format-2 reader ignores it (so a rollback does not turn every record
-into a rebuild).  A format this controller does not know reads as "look on the cluster again"
-(``rebuild``).
+into a rebuild); ``cm`` was added the same way (an older reader sees a remote with no way recorded
+to reach it again, as it would any record it cannot follow).  A format this controller does not
+know reads as "look on the cluster again" (``rebuild``).
 
 Why an annotation and not status, a new kind (the reference's per-stage ``StageInventory``
 objects) or labels alone: see docs/concepts.md ("Inventory").
@@ -87,6 +88,9 @@ class StageRecord:
     stage_target: StageTargetName | None = None
     """For a remote target: the platform StageTarget it was reached through (``spec.targetRef``), so
     a StageSet whose status was lost mid-move still reaches the cluster it leaves."""
+    config_map: str | None = None
+    """For a remote target: the workload-identity ConfigMap (``kubeConfig.configMapRef``) it was
+    reached through."""
 
     def covers(self, other: StageRecord) -> bool:
         return self.service_account == other.service_account and self.target == other.target and all(
@@ -97,8 +101,11 @@ class StageRecord:
         kinds = {k: frozenset(v) for k, v in self.kinds.items()}
         for kind, namespaces in other.kinds.items():
             kinds[kind] = kinds.get(kind, frozenset()) | namespaces
-        return StageRecord(other.service_account, kinds, other.target, other.via or self.via,
-                           other.stage_target or self.stage_target)
+        # One way to reach the target: the other's Secret or ConfigMap if it names one, else this one's.
+        secret_or_map = (other.via, other.config_map) if other.via or other.config_map else \
+            (self.via, self.config_map)
+        return StageRecord(other.service_account, kinds, other.target, secret_or_map[0],
+                           other.stage_target or self.stage_target, secret_or_map[1])
 
     def body(self) -> dict[str, Any]:
         encoded: dict[str, Any] = {
@@ -110,6 +117,8 @@ class StageRecord:
                 encoded["kc"] = list(self.via)
             if self.stage_target is not None:
                 encoded["st"] = list(self.stage_target)
+            if self.config_map is not None:
+                encoded["cm"] = self.config_map
         return encoded
 
     @classmethod
@@ -118,7 +127,8 @@ class StageRecord:
                    kinds={KindRef.decode(str(k)): frozenset(str(n) for n in ns)
                           for k, ns in (stage.get("kinds") or {}).items()},
                    target=str(stage.get("t") or THIS_CLUSTER),
-                   via=_pair(stage.get("kc")), stage_target=_pair(stage.get("st")))
+                   via=_pair(stage.get("kc")), stage_target=_pair(stage.get("st")),
+                   config_map=str(stage["cm"]) if isinstance(stage.get("cm"), str) and stage["cm"] else None)
 
 
 def _pair(value: Any) -> tuple[str, str] | None:
@@ -213,7 +223,7 @@ def parse(obj: KubeObject) -> Record:
             return Record(rebuild=True)  # a format we do not know: look on the cluster again
         stages = {str(name): StageRecord.of_body(stage) for name, stage in (body.get("stages") or {}).items()}
         if body["v"] == _TARGETLESS:  # migration: no target was recorded, so it was this cluster
-            stages = {name: replace(stage, target=THIS_CLUSTER, via=None, stage_target=None)
+            stages = {name: replace(stage, target=THIS_CLUSTER, via=None, stage_target=None, config_map=None)
                       for name, stage in stages.items()}
             return Record(stages, bool(body.get("rebuild")), targetless=True)
         previous = _gathered((str(item["stage"]), StageRecord.of_body(item))
@@ -226,16 +236,18 @@ def parse(obj: KubeObject) -> Record:
 
 
 def of_objects(service_account: str | None, objects: Iterable[tuple[str, KubeObject]], *,
-               target: str, via: Via | None, stage_target: StageTargetName | None = None) -> StageRecord:
+               target: str, via: Via | None, stage_target: StageTargetName | None = None,
+               config_map: str | None = None) -> StageRecord:
     """A stage record from ``(namespace, manifest)`` pairs (namespace ``""`` when cluster-scoped),
-    applied on ``target`` (reached through ``via`` or ``stage_target``)."""
+    applied on ``target`` (reached through ``via``, ``config_map`` or ``stage_target``)."""
     kinds: dict[KindRef, set[str]] = {}
     for namespace, obj in objects:
         kind = KindRef(str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
         kinds.setdefault(kind, set()).add(namespace)
     remote = target != THIS_CLUSTER
     return StageRecord(service_account, {k: frozenset(v) for k, v in kinds.items()}, target,
-                       via if remote else None, stage_target if remote else None)
+                       via if remote else None, stage_target if remote else None,
+                       config_map if remote else None)
 
 
 def of_inventory(inv: StageInventory) -> StageRecord:
@@ -246,9 +258,11 @@ def of_inventory(inv: StageInventory) -> StageRecord:
         kinds.setdefault(KindRef(item.v, oid.kind), set()).add(oid.namespace)
     ref = inv.target.kube_config if inv.target is not None else None
     platform = inv.target.target_ref if inv.target is not None else None
+    config_map = inv.target.config_map_ref if inv.target is not None else None
     return StageRecord(inv.service_account_name, {k: frozenset(v) for k, v in kinds.items()}, inv.target_id,
                        (ref.name, ref.key) if ref is not None else None,
-                       (platform.namespace, platform.name) if platform is not None else None)
+                       (platform.namespace, platform.name) if platform is not None else None,
+                       config_map.name if config_map is not None else None)
 
 
 def of_inventories(inventories: Iterable[StageInventory], *, previous: Iterable[StageInventory],

@@ -26,6 +26,7 @@ from stageset.controller.render.stores import ArtifactTrees
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.shared import Shared
+from stageset.controller.stageset.awaited import names_stageset
 from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.setup import stageset_reconciler
 from stageset.controller.targets.setup import clusters
@@ -163,9 +164,10 @@ class World:
                 live = self.cluster.objects[path]
                 live["spec"] = body["spec"]
                 live["metadata"]["generation"] = int(live["metadata"]["generation"]) + 1
-        self.index.update(
+        self.index.update(  # as the StageSet watch keeps it: StageSet entries only
             (namespace, name),
-            [(d.get("namespace") or namespace, d["name"]) for d in spec.get("dependsOn", [])],
+            [(d.get("namespace") or namespace, d["name"]) for d in spec.get("dependsOn", [])
+             if names_stageset(d)],
         )
         return path
 

@@ -53,6 +53,10 @@ KINDS = [
     ("source.toolkit.fluxcd.io/v1", "OCIRepository", "ocirepositories", True),
     ("source.toolkit.fluxcd.io/v1", "Bucket", "buckets", True),
     ("coordination.k8s.io/v1", "Lease", "leases", True),
+    # What spec.dependsOn may wait for (tests/inprocess/test_object_dependencies.py).
+    ("db.example/v1", "Database", "databases", True),
+    ("helm.toolkit.fluxcd.io/v2", "HelmRelease", "helmreleases", True),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False),
 ]
 ALL_VERBS = "get,list,watch,create,apply,patch,delete"
 _VOLATILE = ("resourceVersion", "managedFields", "generation", "uid", "creationTimestamp")

@@ -17,6 +17,7 @@ from stageset.api import (
     StageInventory,
     TargetRef,
 )
+from stageset.api.common import LocalObjectRef
 from stageset.apply.inventory import split_by_target as split
 from stageset.apply.record import (
     ANNOTATION,
@@ -199,3 +200,34 @@ def test_records_name_no_stage_target_for_this_cluster() -> None:
     local = of_objects("deployer", [("shop", {"apiVersion": "v1", "kind": "ConfigMap"})], target=THIS_CLUSTER,
                        via=None, stage_target=("platform", "prod"))
     assert local.stage_target is None
+
+
+# -- a workload-identity ConfigMap in the record (issue 48: a move away from it reaches it again) ---
+
+ON_CONFIG_MAP = StageRecord("deployer", {CM: frozenset({"shop"})}, A, None, None, "prod-eu")
+
+
+def test_a_workload_identity_configmap_is_recorded_by_name_and_read_back() -> None:
+    encoded = Record({"app": on(B)}, previous=(("app", ON_CONFIG_MAP),), since=EARLIER).encode()
+    body = json.loads(encoded)
+    assert body["v"] == FORMAT == 2, "an optional key of format 2, as st"
+    assert body["prev"][0]["cm"] == "prod-eu"
+    assert "kc" not in body["prev"][0]
+    assert parse(obj(encoded)).previous == (("app", ON_CONFIG_MAP),)
+    on_map = AppliedTarget(id=A, config_map_ref=LocalObjectRef(name="prod-eu"))
+    inventory = StageInventory(name="app", service_account_name="deployer", entries=[entry("a")],
+                               target=on_map)
+    assert of_inventories([], previous=[inventory], since=EARLIER).previous == (("app", ON_CONFIG_MAP),)
+    local = of_objects("deployer", [("shop", {"apiVersion": "v1", "kind": "ConfigMap"})], target=THIS_CLUSTER,
+                       via=None, config_map="prod-eu")
+    assert local.config_map is None, "nothing recorded for this cluster"
+
+
+def test_one_way_to_a_target_the_newer_record_s() -> None:
+    """A stage that switched from a Secret to a ConfigMap naming the same cluster records the ConfigMap
+    only (and back): the record never names two ways to one cluster."""
+    by_secret = StageRecord("deployer", {CM: frozenset({"shop"})}, A, ("kc", "value"))
+    assert by_secret.union(ON_CONFIG_MAP).via is None
+    assert by_secret.union(ON_CONFIG_MAP).config_map == "prod-eu"
+    assert ON_CONFIG_MAP.union(by_secret).config_map is None
+    assert ON_CONFIG_MAP.union(by_secret).via == ("kc", "value")

@@ -6,7 +6,9 @@ target cluster) -> one pass (:mod:`~stageset.controller.stageset.passes`).  Ever
 StageSet goes through the reconcile's :class:`~stageset.controller.stageset.writer.PassWriter`.
 
 Identity, per request (the rules: :mod:`stageset.controller.identity`):
-- the StageSets in ``spec.dependsOn`` and the ``spec.kubeConfig`` Secret: the StageSet's identity;
+- the StageSets and the objects of other kinds in ``spec.dependsOn`` (and the watch that wakes it
+  while it waits for one: :mod:`~stageset.controller.stageset.objectdeps`) and the ``spec.kubeConfig``
+  Secret: the StageSet's identity;
 - a stage's source, variables and objects: the stage's identity (see the pass);
 - discovery, status, finalizers and events: the controller's own identity.
 
@@ -34,6 +36,7 @@ from stageset.controller.result import Result, TerminalError
 from stageset.controller.stageset import floors, plan
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.holding import Holding
+from stageset.controller.stageset.objectdeps import ObjectDependencies
 from stageset.controller.stageset.passes import PassRunner, log_denial
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.stageset.writer import PassWriter, Ticks
@@ -46,11 +49,13 @@ from stageset.kube.types import KubeObject
 
 class StageSetReconciler:
     def __init__(self, *, clients: ClientPool, resource: Resource, identities: IdentityPolicy,
-                 reads: TenantReads, expressions: ExpressionChecker, index: DependencyIndex, targets: Targets,
+                 reads: TenantReads, expressions: ExpressionChecker, objects: ObjectDependencies,
+                 index: DependencyIndex, targets: Targets,
                  passes: PassRunner, teardown: Teardown, changes: Changes, clock: Clock,
                  runbook_base_url: str, ticks: Ticks, default_interval: float,
                  on_write: WriteListener | None = None, holding: Holding | None = None):
         self._clients = clients
+        self._objects = objects
         self._holding = holding
         self._resource = resource
         self._identities = identities
@@ -75,6 +80,7 @@ class StageSetReconciler:
     def forget(self, namespace: str, name: str) -> None:
         """The StageSet is gone: drop what this reconciler remembers of it."""
         self._changes.forget(namespace, name)
+        self._objects.forget(namespace, name)
         if self._holding is not None:
             self._holding.forget(namespace, name)
 
@@ -85,7 +91,8 @@ class StageSetReconciler:
         # reach the log filter as soon as they are read.
         redactor = Redactor(REGISTRY.of(key), on_add=lambda values: REGISTRY.set(key, values))
         try:
-            return self._reconcile(copy.deepcopy(raw), redactor)
+            with self._objects.passing((key[1], key[2])):  # a pass that waits for no object stops watching
+                return self._reconcile(copy.deepcopy(raw), redactor)
         finally:
             REGISTRY.set(key, redactor.added or REGISTRY.of(key))
 
@@ -140,6 +147,7 @@ class StageSetReconciler:
             reason = Reason.INVALID_SPEC if error.cycle is None else Reason.STALLED
             raise StageError(reason, str(error)) from error
         self._expressions.check(stageset)  # readyChecks.exprs compile and return bool: before any apply
+        self._objects.check_spec(stageset)  # and spec.dependsOn[].readyExpr
         self._reads.refuse_cross_namespace(stageset)
         client = self._stageset_client(stageset, what="reading spec.dependsOn") \
             if stageset.spec.depends_on else None
@@ -151,12 +159,15 @@ class StageSetReconciler:
             raise StageError(Reason.STALLED,
                              f"StageSets form a cycle: {spell_cycle(cycle, namespace=namespace)}")
         self._reads.require_ready(dependencies)
-        for ref, other in zip(stageset.spec.depends_on, dependencies, strict=True):
+        stagesets = [ref for ref in stageset.spec.depends_on if ref.names_stageset]
+        for ref, other in zip(stagesets, dependencies, strict=True):
             # Read as the tenant above; only what it may read is named.
             why = floors.version_floor(other.get("status"), ref.min_version,
                                        name=f"{ref.namespace or namespace}/{ref.name}")
             if why is not None:
                 raise StageError(Reason.DEPENDENCY_NOT_READY, why)
+        if client is not None:
+            self._objects.require_ready(client, stageset)  # objects of other kinds, after the StageSets
         if stageset.spec.target_ref is not None:
             return graph, self._targets.for_target_ref(stageset)  # read as the controller, never the tenant
         if stageset.spec.kube_config is None:

@@ -23,7 +23,8 @@
   (:mod:`~stageset.controller.artifacts`), a GitRepository's new revision (also a known one a
   restarted controller's fresh mirror now holds: :meth:`StageSetWatches.revised`).  A readiness
   watch that sees what a stage waits for change queues its StageSet itself (the stage's ``wake``,
-  :mod:`~stageset.controller.stageset.stage`).
+  :mod:`~stageset.controller.stageset.stage`), and so does the held watch of an object of another
+  kind a StageSet's ``spec.dependsOn`` waits for (:mod:`~stageset.controller.stageset.dependencywatches`).
 
 The StageSet watch keeps two indexes before any key is queued for the event: the dependency
 graph (:class:`~stageset.controller.dependencies.DependencyIndex`; a reconcile finds cycles
@@ -68,6 +69,7 @@ from stageset.controller.sourcekinds import (
     referenced,
 )
 from stageset.controller.sourcekinds import trigger as source_trigger
+from stageset.controller.stageset.awaited import names_stageset
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
@@ -115,9 +117,10 @@ def target_named(obj: KubeObject, *, kind: str) -> set[SourceObject]:
 
 
 def depends_on(key: ObjectKey, obj: KubeObject, *, no_cross_namespace_refs: bool) -> list[tuple[str, str]]:
-    """The StageSets ``obj``'s ``spec.dependsOn`` names, as (namespace, name)."""
+    """The StageSets ``obj``'s ``spec.dependsOn`` names, as (namespace, name); entries naming objects of
+    other kinds are no edges of the StageSet graph (their watches: ``dependencywatches``)."""
     found = [(dep.get("namespace") or key.namespace, dep.get("name", ""))
-             for dep in (obj.get("spec") or {}).get("dependsOn") or []]
+             for dep in (obj.get("spec") or {}).get("dependsOn") or [] if names_stageset(dep)]
     if no_cross_namespace_refs:
         # Refused references are no edges: cycles never span namespaces on such a controller.
         found = [dep for dep in found if dep[0] == key.namespace]
