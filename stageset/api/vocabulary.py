@@ -50,6 +50,9 @@ class Reason(StrEnum):
     namespaces, or not allowing its namespace: one message for all); nothing is sent to any cluster."""
     OWNERSHIP_CONFLICT = "OwnershipConflict"
     """A stage renders an object another live StageSet owns: the stage writes nothing until it is released."""
+    RECONCILIATION_FAILED = "ReconciliationFailed"
+    """A pass failed in a way no other reason names (Flux's word): nothing more is applied until a
+    pass succeeds; retried with backoff."""
     # Steering a release (the reference's words; none of them is a failure but the last two)
     SOAKING = "Soaking"
     """A stage is Ready and soaking: its dependents start when the soak ends."""

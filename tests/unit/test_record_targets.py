@@ -27,6 +27,7 @@ from stageset.apply.record import (
     of_inventories,
     of_objects,
     parse,
+    problem_of,
 )
 from stageset.controller.stageset.targets import where
 
@@ -199,3 +200,47 @@ def test_records_name_no_stage_target_for_this_cluster() -> None:
     local = of_objects("deployer", [("shop", {"apiVersion": "v1", "kind": "ConfigMap"})], target=THIS_CLUSTER,
                        via=None, stage_target=("platform", "prod"))
     assert local.stage_target is None
+
+
+# -- every value of a tenant-editable record is checked where it is parsed (issue 43 item 7) ---------
+
+GOOD = {"sa": "deployer", "kinds": {"v1//ConfigMap": ["shop"]}}
+REMOTE = {**GOOD, "t": A, "kc": ["kc", "value"]}
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"v": 2, "stages": {"Not A Stage": GOOD}}, "stages: 'Not A Stage' is not a stage name"),
+    ({"v": 2, "stages": {"app": {**GOOD, "sa": "x\r\ny"}}}, "stages[app].sa"),
+    ({"v": 2, "stages": {"app": {**GOOD, "kinds": {"v1//Config Map": ["shop"]}}}}, "stages[app].kinds"),
+    ({"v": 2, "stages": {"app": {**GOOD, "kinds": {"../../v1//ConfigMap": ["shop"]}}}}, "stages[app].kinds"),
+    ({"v": 2, "stages": {"app": {**GOOD, "kinds": {"v1//ConfigMap": ["../kube-system"]}}}},
+     "stages[app].kinds[v1//ConfigMap]"),
+    ({"v": 2, "stages": {"app": {**GOOD, "kinds": {"v1//ConfigMap": "shop"}}}}, "stages[app].kinds[v1//ConfigMap]"),
+    ({"v": 2, "stages": {"app": REMOTE}, "prev": [{"stage": "app", **REMOTE, "kc": ["Not_A_Secret", "value"]}]},
+     "prev[0].kc"),
+    ({"v": 2, "stages": {"app": REMOTE}, "prev": [{"stage": "app", **REMOTE, "kc": ["kc"]}]}, "prev[0].kc"),
+    ({"v": 2, "stages": {"app": {**REMOTE, "st": ["NS", "t"]}}}, "stages[app].st"),
+    ({"v": 2, "stages": {"app": {**REMOTE, "t": "a b"}}}, "stages[app].t"),
+    ({"v": 2, "stages": {"app": GOOD}, "prev": [{"stage": 5, **GOOD}]}, "prev[0].stage"),
+    ({"v": 2, "stages": {"app": GOOD}, "prev": {"stage": "app"}}, "prev: not a list"),
+    ({"v": 2, "stages": {"app": GOOD}, "prev": [{"stage": "app", **REMOTE}], "since": "yesterday"}, "since"),
+    ({"v": 1, "stages": {"app": "deployer"}}, "stages[app]: not an object"),
+    ({"v": 2, "stages": ["app"]}, "stages: not an object"),
+])
+def test_a_record_value_that_fails_the_apis_rules_is_named_and_trusted_for_nothing(body: Any, field: str) -> None:
+    record = parse(obj(body))
+    assert record.problem is not None and record.problem.startswith(field), record.problem
+    assert record.stages == {} and record.previous == () and record.rebuild
+    said = problem_of(obj(body))
+    assert said is not None and said.startswith(f"metadata.annotations[{ANNOTATION}]: {field}")
+
+
+def test_what_the_controller_writes_passes_its_own_checks() -> None:
+    written = Record({"app": StageRecord("deployer", {CM: frozenset({"shop", ""}),
+                                                       KindRef("apps/v1", "Deployment"): frozenset({"shop"}),
+                                                       KindRef("x.example.com/v1alpha1", "Widget-Set"):
+                                                       frozenset({""})}, A, ("kc", "value"), ("platform", "prod")),
+                      "db": on(THIS_CLUSTER)},
+                     previous=(("app", on(B)),), since=NOW)
+    assert parse(obj(written.encode())) == written
+    assert problem_of(obj(written.encode())) is None
