@@ -88,7 +88,8 @@ def check_server(server: Any) -> str:
     if not isinstance(server, str) or not server.startswith("https://"):
         raise KubeconfigError("kubeconfig cluster.server must be an https:// URL")
     if len(server) > MAX_SERVER or any(not 33 <= ord(c) < 127 for c in server):
-        raise KubeconfigError("kubeconfig cluster.server must be one line of printable ASCII without spaces")
+        raise KubeconfigError("kubeconfig cluster.server must be one line of printable ASCII without "
+                              "spaces")
     try:
         parts = urlsplit(server)
         parts.port  # noqa: B018 - raises on a port that is no number
@@ -105,7 +106,8 @@ def check_server(server: Any) -> str:
 
 
 def check_token(token: Any) -> str:
-    """``user.token`` as a request header may carry it, or :class:`KubeconfigError` (the value is never quoted)."""
+    """``user.token`` as a request header may carry it, or :class:`KubeconfigError` (the value is
+    never quoted)."""
     if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN \
             or any(not 33 <= ord(c) < 127 for c in token):
         raise KubeconfigError("kubeconfig user field 'token' must be one line of printable ASCII "

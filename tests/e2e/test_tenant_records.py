@@ -87,7 +87,8 @@ def test_a_record_naming_a_non_dns_secret_ends_in_invalid_spec_naming_the_field(
         body={"metadata": {"annotations": {RECORD: json.dumps(record)}}})
     seen = len(control_plane.audit_events())
     sha = s.commit({"app/cm.yaml": cm("app", "v2")})
-    refused = stale_ready_never(s, "shop", "InvalidSpec", old=s.get("shop")["status"]["lastAppliedRevision"][-40:])
+    old = s.get("shop")["status"]["lastAppliedRevision"][-40:]
+    refused = stale_ready_never(s, "shop", "InvalidSpec", old=old)
     assert refused["status"] == "False"
     assert f"metadata.annotations[{RECORD}]: prev[0].kc" in refused["message"], refused["message"]
     assert "Not_A" not in refused["message"], "the value is not quoted"
@@ -127,8 +128,8 @@ def test_a_hostile_remote_kubeconfig_ends_in_invalid_spec_and_reaches_nothing(
     remote_admin.request("POST", "/api/v1/namespaces", body={"metadata": {"name": tenant.namespace}})
     put_secret(as_tenant(kube_pool, tenant), tenant.namespace, "prod", inline_kubeconfig(remote))
     # The remote's admin certificate impersonates the tenant's account there: give it the rights.
-    remote_admin.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{tenant.namespace}/rolebindings",
-                         body={"metadata": {"name": "deployer"},
+    bindings = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{tenant.namespace}/rolebindings"
+    remote_admin.request("POST", bindings, body={"metadata": {"name": "deployer"},
                                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
                                            "name": "cluster-admin"},
                                "subjects": [{"kind": "User", "name": tenant.username}]})
