@@ -168,7 +168,8 @@ class LoginStore:
 
     def __init__(self, *, limit: int, idle: float, lifetime: float, per_identity: int | None = None):
         self.limit, self.idle, self.lifetime = limit, idle, lifetime
-        self.per_identity = max(1, min(limit, per_identity if per_identity is not None else DEFAULT_PER_IDENTITY))
+        wanted = per_identity if per_identity is not None else DEFAULT_PER_IDENTITY
+        self.per_identity = max(1, min(limit, wanted))
         self._lock = threading.Lock()
         self._logins: dict[str, Login] = {}
 
