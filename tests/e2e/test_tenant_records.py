@@ -153,3 +153,59 @@ def test_a_hostile_remote_kubeconfig_ends_in_invalid_spec_and_reaches_nothing(
     time.sleep(2)
     assert remote_admin.get(remote_cm)["data"]["k"] == "v1", f"{sha} reached the remote"
     assert "Traceback" not in controller.output()[-20000:]
+
+
+# -- item 4: a forged durable record blocks nothing -------------------------------------------------
+
+def second_account(admin: KubeClient, namespace: str, name: str) -> str:
+    """Another tenant's deployer in the same (shared) namespace, bound to ``edit`` there."""
+    admin.request("POST", f"/api/v1/namespaces/{namespace}/serviceaccounts",
+                  body={"metadata": {"name": name}})
+    admin.request("POST", f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}/rolebindings", body={
+        "metadata": {"name": f"{name}-edit"},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": "edit"},
+        "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": namespace}]})
+    return f"system:serviceaccount:{namespace}:{name}"
+
+
+@pytest.mark.parametrize("holder", ["suspended", "never-applied"])
+def test_a_forged_record_in_a_shared_namespace_blocks_nothing(
+    controller: ControllerProcess, installed: KubeClient, kube_pool: ClientPool, git_server: GitServer,
+    make_tenant: TenantFactory, control_plane: ControlPlane, holder: str,
+) -> None:
+    victim = make_tenant(f"shared-{holder}")
+    s = scenario(installed, git_server, victim,
+                 {"app/cm.yaml": cm("app", "v1"), "other/cm.yaml": cm("other")})
+    s.stageset("victim", [{"name": "app", "path": "./app"}], retryInterval="2s")
+    s.wait_ready("victim")
+    squatter = second_account(installed, s.ns, "squatter")
+    attacker = kube_pool.client(Identity(user=squatter))
+    record = json.dumps({"v": 2, "stages": {"app": {"sa": "squatter", "kinds": {"v1//ConfigMap": [s.ns]}}}})
+    spec: dict[str, Any] = {"serviceAccountName": "squatter",
+                            "stages": [{"name": "app", "sourceRef": {"name": "app"}, "path": "./other"}]}
+    if holder == "suspended":
+        spec["suspend"] = True
+    else:
+        spec["stages"][0]["sourceRef"] = {"name": "no-such-source"}  # fails before any stage applies
+    # As the other tenant: the victim's object's owner labels pointed at a StageSet of its own (one
+    # label patch), then that StageSet with a forged record (edit in the shared namespace allows
+    # both); the never-applied one's first pass rebuilds its "lost" inventory from those labels.
+    attacker.request("PATCH", f"/api/v1/namespaces/{s.ns}/configmaps/app",
+                     content_type="application/merge-patch+json",
+                     body={"metadata": {"labels": {"stages.metio.wtf/name": "squatter"}}})
+    attacker.request("POST", f"/apis/stages.metio.wtf/v1/namespaces/{s.ns}/stagesets", body={
+        "apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+        "metadata": {"name": "squatter", "annotations": {RECORD: record}}, "spec": spec})
+    reason = "Suspended" if holder == "suspended" else "SourceNotReady"
+    wait_for(lambda: (condition(s.get("squatter")) or {}).get("reason") == reason, what=f"squatter {reason}",
+             timeout=90)
+    seen = len(control_plane.audit_events())
+    sha = s.commit({"app/cm.yaml": cm("app", "v2"), "other/cm.yaml": cm("other")})
+    s.wait_ready("victim", revision=sha, timeout=90)
+    assert (s.configmap("app") or {})["data"]["k"] == "v2"
+    assert (s.configmap("app") or {})["metadata"]["labels"]["stages.metio.wtf/name"] == "victim"
+    assert "OwnershipConflict" not in json.dumps(s.get("victim")["status"]["conditions"])
+    written = [e for e in writes_by(control_plane.audit_events()[seen:], victim.username)
+               if (e.get("objectRef") or {}).get("resource") == "configmaps"
+               and (e.get("objectRef") or {}).get("name") == "app"]
+    assert written, "the victim applied its new commit (the audit log shows its write)"

@@ -122,7 +122,8 @@ class StageApply:
                                   default_namespace=namespace) if run.recheck else None
             if result is None:
                 claims = LiveClaims(controller=self._clients.client(), ours=(owner.namespace, owner.name),
-                                    tenant=self._clients.client(rendered.identity), target=rendered.target.id)
+                                    tenant=self._clients.client(rendered.identity), target=rendered.target.id,
+                                    now=self._clock())
                 result = applier.apply(client=client, owner=owner, objects=rendered.objects,
                                        default_namespace=namespace, claims=claims,
                                        conflicts=ConflictResolver.of(stage),
