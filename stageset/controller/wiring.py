@@ -167,7 +167,7 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
     platform = PlatformTargets(admin=admin, namespaces=settings.target_namespaces) \
         if settings.target_namespaces else None
     fleet_index = _fleet_index(shared)
-    selected_by = no_rollouts if fleet_index is None else fleet_index.selected_by
+    selected_by = no_rollouts if fleet_index is None else fleet_index.view
     reconciler = stageset_reconciler(shared, identities=identities, store=store, resource=STAGESETS,
                                      source_resource=GITREPOSITORIES, index=index, stop=stop,
                                      artifacts=artifacts, platform=platform,
