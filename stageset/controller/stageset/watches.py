@@ -39,6 +39,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from stageset.api.fleet import ANNOTATION_FLEET_RELEASE
+from stageset.apply.record import problem_of
 from stageset.api.release import ANNOTATION_PROMOTE, ANNOTATION_UPDATE_NOW
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
@@ -77,10 +78,13 @@ class Reconciles(Protocol):
 
 
 def trigger(obj: KubeObject) -> tuple[Any, ...]:
-    """What, when changed, calls for a reconcile of a StageSet."""
+    """What, when changed, calls for a reconcile of a StageSet (of its durable record, only whether it
+    can be used: a tenant's edit that breaks it, or removing one that did, is acted on at once; the
+    controller's own growing of it is not a trigger)."""
     annotations = obj.get("metadata", {}).get("annotations") or {}
     return (*reconcile_trigger(obj), annotations.get(ANNOTATION_PROMOTE),
-            annotations.get(ANNOTATION_UPDATE_NOW), annotations.get(ANNOTATION_FLEET_RELEASE))
+            annotations.get(ANNOTATION_UPDATE_NOW), annotations.get(ANNOTATION_FLEET_RELEASE),
+            problem_of(obj) is None)
 
 
 def as_dependency(obj: KubeObject) -> tuple[Any, ...]:
