@@ -127,13 +127,14 @@ def listing(holder: KubeObject, oid: ObjectId, *, target: str,
 
 
 def came_after(holder: KubeObject, evidence: Evidence) -> bool:
-    """Does the claimant's own inventory list the object, and the holder exist only since after the
-    object was created (so its claim rests on labels alone)?  Pure."""
+    """Does the claimant's own inventory list the object, and the holder exist only since the object
+    was created or later (so its claim rests on labels alone; creation times have a one-second
+    grain: a holder created in the same second is taken to have come after)?  Pure."""
     if not evidence.listed:
         return False
     born = parse_time(str((holder.get("metadata") or {}).get("creationTimestamp") or ""))
     created = parse_time(evidence.created)
-    return born is not None and created is not None and born > created
+    return born is not None and created is not None and born >= created
 
 
 def lists(holder: KubeObject, oid: ObjectId, *, target: str, now: datetime.datetime | None = None) -> bool:
