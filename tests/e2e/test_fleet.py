@@ -318,8 +318,8 @@ def test_the_reference_version_fields_are_refused_by_name(installed: KubeClient,
     wave: dict[str, Any] = {"name": "all", "selector": {}}
     # (issue 43: a rollout names the platform's namespaces, or the schema refuses it before its
     # rules are checked)
-    spec: dict[str, Any] = {"selector": {}, "namespaceSelector": {"matchLabels": {platform_label("x"): "true"}},
-                            "waves": [wave]}
+    spec: dict[str, Any] = {"selector": {}, "waves": [wave],
+                            "namespaceSelector": {"matchLabels": {platform_label("x"): "true"}}}
     (wave if where == "wave" else spec)[field] = value
     with pytest.raises(ApiError) as refused:
         installed.apply(f"{FLEET}/refused", {"apiVersion": "stages.metio.wtf/v1", "kind": "FleetRollout",
@@ -343,7 +343,8 @@ def tenant_client(kube_pool: ClientPool, tenant: Tenant) -> KubeClient:
 
 
 def configmap_writes(events: list[dict[str, Any]], tenant: Tenant) -> list[dict[str, Any]]:
-    return [e for e in writes_by(events, tenant.username) if (e.get("objectRef") or {}).get("resource") == "configmaps"]
+    return [e for e in writes_by(events, tenant.username)
+            if (e.get("objectRef") or {}).get("resource") == "configmaps"]
 
 
 def held_by(fleet: Fleet, name: str) -> str:
@@ -359,7 +360,8 @@ def test_a_forged_edited_or_removed_release_annotation_ships_nothing_early(
     """Item 1: the canary soaks for an hour; ring1's tenant writes on its own StageSet the release its
     wave would get — the revision the canary runs — then edits it, then removes it.  Nothing of the
     new commit is written by ring1's tenant, and the controller writes its own annotation back."""
-    fleet = make_fleet(installed, git_server, make_tenant, app="forge", members={"fc": "canary", "fr": "ring1"})
+    fleet = make_fleet(installed, git_server, make_tenant, app="forge",
+                       members={"fc": "canary", "fr": "ring1"})
     rollout(installed, "forge", app="forge", waves=[("canary", "1h"), ("ring1", None)])
     wait_rollout(installed, "forge", "Completed")
     wait_for(lambda: annotated(fleet, "forge"), what="every member annotated")
@@ -379,10 +381,12 @@ def test_a_forged_edited_or_removed_release_annotation_ships_nothing_early(
     forged = json.dumps({"rollout": "forge", "wave": "ring1", "revisions": pending}, separators=(",", ":"))
     for value in (forged, json.dumps({"rollout": "forge", "wave": "canary", "revisions": pending}), None):
         forge(value)
+
+        def restored(value: str | None = value) -> bool:
+            now = (fleet.get("fr")["metadata"].get("annotations") or {}).get(ANNOTATION) or ""
+            return "forge" in now and now != value
         # Held, and the controller's own annotation is written back (what its status records).
-        wait_for(lambda: "forge" in ((fleet.get("fr")["metadata"].get("annotations") or {}).get(ANNOTATION) or "")
-                 and (fleet.get("fr")["metadata"]["annotations"][ANNOTATION] != value),
-                 what="the controller's annotation back")
+        wait_for(restored, what="the controller's annotation back")
         poke(installed, path)
         wait_for(lambda: "until wave ring1 opens" in held_by(fleet, "fr"), what="ring1 still holding it")
     time.sleep(3)  # several passes of ring1 (each poked, each woken by the annotation's changes)
@@ -415,14 +419,16 @@ def test_a_foreign_relabelled_or_late_member_neither_halts_the_round_nor_jumps_a
     outsider.bind_cluster_role("edit")
     apply(installed, {"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
                       "metadata": {"name": "app", "namespace": outsider.namespace},
-                      "spec": {"url": git_server.url(fleet.repo), "ref": {"branch": "main"}, "interval": "1h"}})
+                      "spec": {"url": git_server.url(fleet.repo), "ref": {"branch": "main"},
+                               "interval": "1h"}})
     apply(installed, {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
                       "metadata": {"name": "intruder", "namespace": outsider.namespace,
                                    "labels": {"app": "members", "ring": "canary"}},
                       "spec": {"serviceAccountName": "no-such-account",
                                "stages": [{"name": "app", "path": "./app", "sourceRef": {"name": "app"}}]}})
-    wait_for(lambda: (condition(installed.get(f"{STAGESETS.format(ns=outsider.namespace)}/intruder")) or {}).get(
-        "status") == "False", what="the intruder failing")
+    intruder = f"{STAGESETS.format(ns=outsider.namespace)}/intruder"
+    wait_for(lambda: (condition(installed.get(intruder)) or {}).get("status") == "False",
+             what="the intruder failing")
     status = installed.get(f"{FLEET}/members")["status"]
     assert "intruder" not in {m["name"] for m in status["members"]}, "an unselected namespace holds no member"
     # mlate gets its wave label now (platform-selected namespace): a member before the round begins.
@@ -448,7 +454,8 @@ def test_a_foreign_relabelled_or_late_member_neither_halts_the_round_nor_jumps_a
             "apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
             "metadata": {"name": "joiner", "labels": {"app": "members", "ring": "canary"}},
             "spec": {"serviceAccountName": joiner.service_account,
-                     "stages": [{"name": "app", "path": "./missing-path", "sourceRef": {"name": "no-source"}}]}})
+                     "stages": [{"name": "app", "path": "./missing-path",
+                                 "sourceRef": {"name": "no-source"}}]}})
 
     def decided() -> Any:
         status = installed.get(f"{FLEET}/members")["status"]
@@ -459,8 +466,10 @@ def test_a_foreign_relabelled_or_late_member_neither_halts_the_round_nor_jumps_a
     assert members["joiner"]["joined"] is True
     assert members["mr"]["wave"] == "ring1", "the relabelled member keeps its wave for the round"
     waves = {w["name"]: w for w in status["waves"]}
-    wait_for(lambda: {w["name"]: w["phase"] for w in installed.get(f"{FLEET}/members")["status"]["waves"]}.get(
-        "ring1") == "Open", what="ring1 open after the canary's soak, whatever the joiner does", timeout=60)
+    def ring1_open() -> bool:
+        return {w["name"]: w["phase"] for w in installed.get(f"{FLEET}/members")["status"]["waves"]}.get(
+            "ring1") == "Open"
+    wait_for(ring1_open, what="ring1 open after the canary's soak, whatever the joiner does", timeout=60)
     ready = rollout_ready(installed, "members")
     assert ready is not None
     assert ready["reason"] != "Halted", ready
@@ -531,7 +540,8 @@ def test_a_halt_then_a_fix_opens_every_wave_in_order(
 ])
 def test_a_rollout_without_a_platform_namespace_selector_is_refused_at_admission(
         installed: KubeClient, selector: dict[str, Any] | None, said: str) -> None:
-    spec: dict[str, Any] = {"selector": {"matchLabels": {"app": "x"}}, "waves": [{"name": "all", "selector": {}}]}
+    spec: dict[str, Any] = {"selector": {"matchLabels": {"app": "x"}},
+                            "waves": [{"name": "all", "selector": {}}]}
     if selector is not None:
         spec["namespaceSelector"] = selector
     with pytest.raises(ApiError) as refused:

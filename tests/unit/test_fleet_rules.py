@@ -516,3 +516,43 @@ def test_a_rollout_without_a_platform_namespace_selector_is_refused() -> None:
         FleetRollout.model_validate({"metadata": {"name": "x"}, "spec": {**base, "namespaceSelector": {}}})
     assert FleetRollout.model_validate({"metadata": {"name": "x"}, "spec": {
         **base, "namespaceSelector": {"matchExpressions": [{"key": "fleet", "operator": "Exists"}]}}})
+
+
+# -- the index: what a member's pass learns of the rollouts ----------------------------------------
+
+def test_the_index_gives_members_their_records_and_holds_them_for_a_refused_rollout() -> None:
+    from stageset.controller.fleet.index import FleetIndex
+    from stageset.controller.keys import ObjectKey
+    from stageset.controller.setup import Event
+
+    labels = {"t-a": {"fleet": "yes"}, "t-b": {}}
+    index = FleetIndex(namespace_labels=labels.get)
+    for ns in ("t-a", "t-b", "t-c"):
+        index.stageset(Event.ADDED, ObjectKey("StageSet", ns, "web"), {
+            "metadata": {"namespace": ns, "name": "web", "labels": {"app": "web", "ring": "all"}}})
+    spec = {"selector": {"matchLabels": {"app": "web"}}, "namespaceSelector": {"matchLabels": {"fleet": "yes"}},
+            "waves": [{"name": "all", "selector": {}}]}
+    record = {"namespace": "t-a", "name": "web", "wave": "all", "revisions": {SRC: NEW}}
+    changed = index.rollout(Event.ADDED, ObjectKey("FleetRollout", "", "web"),
+                            {"metadata": {"name": "web"}, "spec": spec, "status": {"releases": [record]}})
+    assert changed == [("t-a", "web")], "a member whose record changed is told"
+    view = index.view("t-a", "web")
+    assert view.selected_by == ("web",)
+    assert view.records == {"web": FleetRelease(rollout="web", wave="all", revisions={SRC: NEW})}
+    assert index.view("t-b", "web") == FleetView(), "a namespace the platform did not label: no member"
+    assert index.view("t-c", "web").unknown == ("web",), "unknown namespace labels: held, never free"
+    # The same status again: nothing changed for anyone.
+    assert index.rollout(Event.MODIFIED, ObjectKey("FleetRollout", "", "web"),
+                         {"metadata": {"name": "web"}, "spec": spec, "status": {"releases": [record]}}) == []
+    # A rollout stored before namespaceSelector was required: refused, and it holds what it selects.
+    legacy = {k: v for k, v in spec.items() if k != "namespaceSelector"}
+    index.rollout(Event.ADDED, ObjectKey("FleetRollout", "", "old"), {"metadata": {"name": "old"}, "spec": legacy})
+    held = index.view("t-b", "web")
+    assert "namespaceSelector" in held.refused["old"]
+    found = of_view(held, annotation=None, new={"app": NEW}, sources={"app": SRC})
+    assert found is not None
+    assert "refused" in found.why
+    assert index.orphans(rollout=None) == [], "no annotation is taken back from what a refused rollout holds"
+    # The rollout goes: its members are told, and free.
+    assert index.rollout(Event.DELETED, ObjectKey("FleetRollout", "", "web"), {}) == [("t-a", "web")]
+    assert index.view("t-a", "web").records == {}
