@@ -201,8 +201,9 @@ def test_events_reach_webhook_slack_teams_and_commit_statuses_with_no_secret(
 
 # -- issue 43 item 5: tenant text that cannot ping a channel; fair between tenants ---------------------
 
-EVIL_KIND = "Evil<!channel><https://evil.example/approve|Approve release>"
-EVIL = f'apiVersion: v1\nkind: "{EVIL_KIND}"\nmetadata: {{name: evil}}\n'
+# Tenant text from Git that the apiserver refuses and echoes in its error (the StageFailed message).
+EVIL_TEXT = "<!channel><https://evil.example/approve|Approve release>"
+EVIL = f'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: evil\n  labels: {{tier: "{EVIL_TEXT}"}}\n'
 FAILING = 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: "Not_A_Valid_Name"}\n'
 
 
@@ -222,9 +223,17 @@ def test_a_tenants_burst_never_delays_another_tenants_alert_and_its_markup_pings
     def told(namespace: str, name: str) -> list[int]:
         return [i for i, r in enumerate(receiver.received("/fair"))
                 if f"StageSet/{namespace}/{name}:" in json.loads(r.body)["text"]]
-    # The configuration is read within its refresh: a first failure tells when it is.
-    noisy.stageset("probe", [{"name": "app", "path": "./bad"}])
-    wait_for(lambda: told(noisy.ns, "probe"), what="the provider in use", timeout=90)
+    # The configuration is read again within its refresh (30 s): a failure every 10 s until one is
+    # told says it is in use.
+    probes: list[str] = []
+
+    def probed() -> bool:
+        if any(told(noisy.ns, p) for p in probes):
+            return True
+        probes.append(f"probe-{len(probes)}")
+        noisy.stageset(probes[-1], [{"name": "app", "path": "./bad"}])
+        return False
+    wait_for(probed, what="the provider in use", timeout=120, interval=10)
 
     # The receiver holds the noisy tenant's next alert: everything after it waits in the queue.
     hold = threading.Event()
