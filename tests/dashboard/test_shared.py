@@ -273,4 +273,5 @@ def test_one_identity_cannot_sign_another_out_and_failed_sign_ins_are_throttled(
     asked = small.stderr.count("sign-in refused: the cluster did not accept this token")
     assert asked == answers.count(401), "each 401 was one review, each 429 none"
     assert "sign-in refused before any request: too many from 127.0.0.1" in small.stderr
-    assert f"login of {world.alpha.username} ended" not in small.stderr
+    assert f"login of {world.alpha.username} ended: evicted" not in small.stderr
+    assert f"login of {world.beta.username} ended: evicted" in small.stderr, "beta's own logins ended"
