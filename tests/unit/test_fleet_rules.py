@@ -530,7 +530,8 @@ def test_the_index_gives_members_their_records_and_holds_them_for_a_refused_roll
     for ns in ("t-a", "t-b", "t-c"):
         index.stageset(Event.ADDED, ObjectKey("StageSet", ns, "web"), {
             "metadata": {"namespace": ns, "name": "web", "labels": {"app": "web", "ring": "all"}}})
-    spec = {"selector": {"matchLabels": {"app": "web"}}, "namespaceSelector": {"matchLabels": {"fleet": "yes"}},
+    spec = {"selector": {"matchLabels": {"app": "web"}},
+            "namespaceSelector": {"matchLabels": {"fleet": "yes"}},
             "waves": [{"name": "all", "selector": {}}]}
     record = {"namespace": "t-a", "name": "web", "wave": "all", "revisions": {SRC: NEW}}
     changed = index.rollout(Event.ADDED, ObjectKey("FleetRollout", "", "web"),
@@ -546,7 +547,8 @@ def test_the_index_gives_members_their_records_and_holds_them_for_a_refused_roll
                          {"metadata": {"name": "web"}, "spec": spec, "status": {"releases": [record]}}) == []
     # A rollout stored before namespaceSelector was required: refused, and it holds what it selects.
     legacy = {k: v for k, v in spec.items() if k != "namespaceSelector"}
-    index.rollout(Event.ADDED, ObjectKey("FleetRollout", "", "old"), {"metadata": {"name": "old"}, "spec": legacy})
+    index.rollout(Event.ADDED, ObjectKey("FleetRollout", "", "old"),
+                  {"metadata": {"name": "old"}, "spec": legacy})
     held = index.view("t-b", "web")
     assert "namespaceSelector" in held.refused["old"]
     found = of_view(held, annotation=None, new={"app": NEW}, sources={"app": SRC})

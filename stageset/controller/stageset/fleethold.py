@@ -71,7 +71,9 @@ def hold(release: FleetRelease | None, *, new: Mapping[str, str], sources: Mappi
 
 
 def _all(new: Mapping[str, str], rollout: str, why: str, *, wave: str = "") -> FleetHold:
-    return FleetHold(held=dict(new), rollout=rollout, wave=wave, why=f"held by FleetRollout {rollout}: {why}")
+    # ``rollout`` names one rollout, or (contested) several: status keeps at most 253 characters of it.
+    return FleetHold(held=dict(new), rollout=rollout[:253], wave=wave,
+                     why=f"held by FleetRollout {rollout}: {why}")
 
 
 def of_view(view: FleetView, *, annotation: FleetRelease | None, new: Mapping[str, str],

@@ -18,7 +18,8 @@ input is checked where it is parsed (``InvalidSpec`` naming the field: the spec 
 durable record by :func:`~stageset.apply.record.problem_of`, a kubeconfig by
 :mod:`stageset.kube.remote`), and anything a check missed ends the pass with
 ``ReconciliationFailed`` (the exception's type only: its text may quote tenant data) before the
-manager retries it with backoff.
+manager retries it with backoff — except a moment's refusal of the controller's own write by the
+apiserver (409, 429, 5xx), retried within seconds, which no tenant input causes.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.stageset.writer import PassWriter, Ticks
 from stageset.controller.status import StatusWriter, WriteListener, validation_message
-from stageset.kube.client import ClientPool, KubeClient, UnreachableError
+from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
@@ -127,6 +128,12 @@ class StageSetReconciler:
             return self._attempt(writer, stageset, redactor=redactor, retry=retry)
         except (TerminalError, UnreachableError):
             raise  # nothing to write (an unreadable status; the apiserver itself unreachable)
+        except ApiError as error:
+            # The controller's own write refused for a moment (a conflict, throttling, the apiserver
+            # failing): retried within seconds, no tenant input behind it.
+            if not (error.status in (409, 429) or error.status >= 500):
+                self._failed(writer, error)
+            raise
         except Exception as error:
             self._failed(writer, error)
             raise

@@ -39,8 +39,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
 from stageset.api.fleet import ANNOTATION_FLEET_RELEASE
-from stageset.apply.record import problem_of
 from stageset.api.release import ANNOTATION_PROMOTE, ANNOTATION_UPDATE_NOW
+from stageset.apply.record import problem_of
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.keys import ObjectKey
