@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from stageset.envtest.server import ControlPlane
-from stageset.kube.client import ClientPool, Identity, KubeClient
+from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
 from tests.conftest import Tenant
 from tests.e2e.conftest import ControllerProcess, condition, wait_for, writes_by
 from tests.e2e.remotes import inline_kubeconfig
@@ -47,7 +47,16 @@ def put_secret(client: KubeClient, namespace: str, name: str, data: bytes) -> No
     """Create or replace a kubeconfig Secret (as ``client``)."""
     body = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": name, "namespace": namespace},
             "data": {"value": base64.b64encode(data).decode()}}
-    client.apply(f"/api/v1/namespaces/{namespace}/secrets/{name}", body, field_manager="tenant")
+
+    def put() -> bool:
+        try:
+            client.apply(f"/api/v1/namespaces/{namespace}/secrets/{name}", body, field_manager="tenant")
+        except ApiError as error:
+            if error.forbidden:  # a RoleBinding just made is not in the authorizer's cache yet
+                return False
+            raise
+        return True
+    wait_for(put, what=f"Secret {namespace}/{name} written as the tenant")
 
 
 def stale_ready_never(s: Scenario, name: str, reason: str, *, old: str) -> dict[str, Any]:
@@ -190,9 +199,17 @@ def test_a_forged_record_in_a_shared_namespace_blocks_nothing(
     # As the other tenant: the victim's object's owner labels pointed at a StageSet of its own (one
     # label patch), then that StageSet with a forged record (edit in the shared namespace allows
     # both); the never-applied one's first pass rebuilds its "lost" inventory from those labels.
-    attacker.request("PATCH", f"/api/v1/namespaces/{s.ns}/configmaps/app",
-                     content_type="application/merge-patch+json",
-                     body={"metadata": {"labels": {"stages.metio.wtf/name": "squatter"}}})
+    def relabel() -> bool:
+        try:
+            attacker.request("PATCH", f"/api/v1/namespaces/{s.ns}/configmaps/app",
+                             content_type="application/merge-patch+json",
+                             body={"metadata": {"labels": {"stages.metio.wtf/name": "squatter"}}})
+        except ApiError as error:
+            if error.forbidden:  # the new RoleBinding is not in the apiserver's authorizer cache yet
+                return False
+            raise
+        return True
+    wait_for(relabel, what="the other tenant's rights in the shared namespace")
     attacker.request("POST", f"/apis/stages.metio.wtf/v1/namespaces/{s.ns}/stagesets", body={
         "apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
         "metadata": {"name": "squatter", "annotations": {RECORD: record}}, "spec": spec})
