@@ -26,7 +26,7 @@ from pathlib import Path
 
 from bench.common import machine, markdown_table, replace_section, revision
 from bench.peers import MANAGER, ROOT, Bench, log, ready
-from stageset.controller.manager import STAGESETS
+from stageset.controller.kinds import STAGESETS
 from stageset.envtest.controller import ControllerProcess, memory_mib
 from stageset.kube.types import KubeObject
 from tests.artifactload import ZERO_FILE_BYTES, ZERO_FILES, at_the_limits

@@ -7,7 +7,7 @@ test command; prints a Markdown table.
 One control plane plays both sides: the controller's cluster (the StageTargets' Secrets, read as the
 admin here) and every remote (each target's kubeconfig names it, with content of its own, so each
 is a connection of its own, as distinct clusters are).  For each bound, a fresh
-:class:`~stageset.controller.stageset.targets.Targets` with that capacity resolves every target
+:class:`~stageset.controller.targets.clusters.Targets` with that capacity resolves every target
 ``--rounds`` times in turn (one StageSet per target, each resolving one kind: discovery), and the
 table shows per resolve the wall time, the Secret reads and the discoveries (``GET /api/v1`` in the
 audit log).  Within the bound, every round after the first is free; past it, least-recently-used
@@ -30,8 +30,8 @@ from stageset.apply.engine import StageApplier
 from stageset.apply.settings import ApplySettings
 from stageset.controller.keys import ObjectKey
 from stageset.controller.setup import Event
-from stageset.controller.stageset.platform import PlatformTargets
-from stageset.controller.stageset.targets import Targets
+from stageset.controller.targets.clusters import Targets
+from stageset.controller.targets.platform import PlatformTargets
 from stageset.envtest import server as envtest
 from stageset.kube.client import ClientPool
 from stageset.kube.mapping import RestMapper

@@ -26,7 +26,7 @@ build would pay for it.  The helper runs only for a stage whose build reads SOPS
   The helper's stderr is never shown (only its exit status).
 
 Identity: none here.  The caller reads the key Secret as the StageSet's ServiceAccount
-(:mod:`stageset.controller.stageset.decryption`, the CLI's ``build``/``diff``).
+(:mod:`stageset.controller.render.decryption`, the CLI's ``build``/``diff``).
 """
 
 from __future__ import annotations

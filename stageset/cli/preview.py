@@ -61,7 +61,7 @@ from stageset.cli.session import CliError, ExitCode, Session, cluster_options, d
 from stageset.controller.sourcekinds import DefaultSourceKind
 from stageset.controller.stageset import actionplan
 from stageset.controller.stageset.rendering import identify
-from stageset.controller.stageset.targets import Target, Targets, named
+from stageset.controller.targets.clusters import Target, Targets, named
 from stageset.kube.client import LOCAL, ApiError, Identity, KubeClient
 from stageset.kube.mapping import RestMapper
 from stageset.kube.types import KubeObject

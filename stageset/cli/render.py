@@ -1,7 +1,7 @@
 """Rendering a StageSet's stages on the user's machine, for ``build`` and ``diff``: the controller's pipeline.
 
 Every stage goes through the controller's own render service
-(:class:`~stageset.controller.stageset.renderservice.RenderService`): the same source and
+(:class:`~stageset.controller.render.service.RenderService`): the same source and
 ``substituteFrom`` reads, the same Git mirror consumer (the GitRepository by uid), the same build
 limits, stage ``patches``, SOPS decryption and substitution, the same error messages — so
 ``build`` and ``diff`` show what the controller would render and apply.  This module supplies
@@ -13,7 +13,7 @@ only what differs on the user's machine:
   ``None`` for ``build -f ... --source-dir ...``, which reads no cluster (:class:`OfflineReads`:
   only ``postBuild.substitute`` and ``${var:=default}`` apply);
 - **how keys are read**: the controller's
-  :class:`~stageset.controller.stageset.decryption.PassDecryption` over the session, or a local
+  :class:`~stageset.controller.render.decryption.PassDecryption` over the session, or a local
   age identity file (``--sops-age-key-file``, :class:`KeyFileDecryption`, which reads no Secret).
 
 Identity — the controller's rules (:mod:`stageset.controller.identity`), so the output is what
@@ -55,17 +55,16 @@ from stageset.cli.sourcefiles import CliFiles, GitMirror, SourceDirs
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.redact import MASK, Redactor
-from stageset.controller.rendercache import StageDecryption
-from stageset.controller.sourcekinds import DefaultSourceKind
-from stageset.controller.stageset.decryption import PassDecryption
-from stageset.controller.stageset.reads import ArtifactSource, Source, TenantReads
-from stageset.controller.stageset.renderservice import (
-    Clients,
+from stageset.controller.render.cache import StageDecryption
+from stageset.controller.render.decryption import PassDecryption
+from stageset.controller.render.reads import ArtifactSource, Clients, Source, TenantReads
+from stageset.controller.render.service import (
     ClusterReads,
     RenderService,
     StageReads,
     Variables,
 )
+from stageset.controller.sourcekinds import DefaultSourceKind
 from stageset.controller.status import validation_message
 from stageset.kube.client import Identity, KubeClient
 from stageset.kube.types import KubeObject
@@ -116,7 +115,7 @@ class RenderedStage:
     error: StageError | CliError | None = None
     inputs: str = ""
     """What else the stage builds from, as the controller's actions ledger keys it
-    (:func:`~stageset.controller.stageset.actionplan.inputs_digest`)."""
+    (:func:`~stageset.controller.render.digests.inputs_digest`)."""
 
 
 def _impersonation_check(client: KubeClient, identity: Identity, checked: set[Identity]) -> None:

@@ -1,15 +1,15 @@
 """Where ``stageset build`` and ``diff`` take a stage's files from, on the user's machine.
 
-The CLI's :class:`~stageset.controller.stageset.renderservice.SourceFiles` (the render service
+The CLI's :class:`~stageset.controller.render.files.SourceFiles` (the render service
 reads the source object and variables, builds, decrypts and substitutes exactly as the
 controller does; only the files come from elsewhere):
 
 - ``--source-dir [NAME=]DIR``: a local checkout stands in for the source (a
-  :class:`~stageset.controller.stageset.renderservice.Checkout`: the source object is not read;
+  :class:`~stageset.controller.render.files.Checkout`: the source object is not read;
   with ``-f``, no cluster at all);
 - a GitRepository: the commit in its status (what the controller last fetched), fetched into a
   mirror under ``~/.cache/stageset/cli-mirrors`` as the **controller's consumer** — the
-  GitRepository by uid (:attr:`Source.consumer <stageset.controller.stageset.reads.Source.consumer>`)
+  GitRepository by uid (:attr:`Source.consumer <stageset.controller.render.reads.Source.consumer>`)
   — and read back only as that consumer;
 - a Flux source (or a producer's ExternalArtifact): the artifact its status names, downloaded
   from this machine into ``~/.cache/stageset/cli-artifacts`` and verified exactly as the
@@ -46,9 +46,9 @@ from stageset.controller.gitrepository import credentials_from, secret_values
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.kinds import GITREPOSITORIES
 from stageset.controller.redact import Redactor
-from stageset.controller.rendercache import SourceRoot
-from stageset.controller.stageset.reads import ArtifactSource, Source
-from stageset.controller.stageset.renderservice import ARTIFACT_URL, Checkout, Clients, Files, mirror_files
+from stageset.controller.render.cache import SourceRoot
+from stageset.controller.render.files import ARTIFACT_URL, Checkout, Files, mirror_files
+from stageset.controller.render.reads import ArtifactSource, Clients, Source
 from stageset.controller.status import validation_message
 from stageset.kube.client import ApiError, Identity
 

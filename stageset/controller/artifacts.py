@@ -2,7 +2,7 @@
 
 Identity: downloads carry no identity at all (Flux serves artifacts without credentials); the
 URL and digest come from a source object the *tenant* read
-(:mod:`~stageset.controller.stageset.reads`), and a tree is handed to a stage only once **its own
+(:mod:`~stageset.controller.render.reads`), and a tree is handed to a stage only once **its own
 source's URL** served that digest to this controller (:meth:`ArtifactStore.proven
 <sources.artifacts.ArtifactStore.proven>`): naming another tenant's digest with a URL that serves
 nothing gets a download that fails, and nothing of the stored tree.
@@ -57,10 +57,10 @@ from sources.errors import (
 from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.controller.keys import JobKey
-from stageset.controller.rendercache import SourceRoot
+from stageset.controller.render.cache import SourceRoot
+from stageset.controller.render.reads import ArtifactSource
 from stageset.controller.result import Result
 from stageset.controller.sourcekinds import SourceObject
-from stageset.controller.stageset.reads import ArtifactSource
 
 log = logging.getLogger(__name__)
 

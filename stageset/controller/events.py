@@ -18,7 +18,12 @@ After a quiet window a repeat starts a new Event.  The cache of recent events is
 What the controller records (reasons in :mod:`stageset.api.vocabulary`):
 
 - a Warning with the Ready reason whenever an object's Ready condition turns ``False`` or
-  changes its reason while ``False`` (:func:`ready_transition`);
+  changes its reason while ``False`` (:func:`ready_transition`), as the policy each controller
+  declares says (:class:`ReadyWarnings`), except for the reasons of a state someone chose
+  (``NO_TRANSITION_EVENT``: a suspend, a held release);
+- a Normal ``Suspended`` / ``Resumed`` when an object enters or leaves the suspended state
+  (:func:`suspend_transition`, told by :class:`ReadyWarnings` too): no failure, so no failing
+  commit status and no red message;
 - a Normal ``ReconciliationSucceeded`` when a StageSet is Ready after a change, naming what
   changed (:func:`change_summary`), and a Normal ``NewArtifact`` for a new Git revision;
 - Warnings ``DriftCorrected``, ``PruneFailed`` and ``TeardownForced``.
@@ -35,10 +40,10 @@ from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from stageset.api.vocabulary import EventReason, EventType, Reason
+from stageset.api.vocabulary import NO_TRANSITION_EVENT, EventReason, EventType, Reason
 from stageset.apply.changeset import WRITES, Change
 from stageset.controller.clock import Clock, system_clock
-from stageset.controller.redact import bounded
+from stageset.controller.redact import REGISTRY, Redactor, bounded
 from stageset.kube.client import ApiError, KubeClient, UnreachableError
 from stageset.kube.types import KubeObject, metadata
 
@@ -109,6 +114,18 @@ def ready_transition(before: Mapping[str, str] | None, after: Mapping[str, str] 
     return before is None or before.get("status") != "False" or before.get("reason") != after.get("reason")
 
 
+def suspend_transition(before: Mapping[str, str] | None,
+                       after: Mapping[str, str] | None) -> EventReason | None:
+    """Did Ready enter the ``Suspended`` reason (``SUSPENDED``) or leave it (``RESUMED``)?"""
+    was = before is not None and before.get("reason") == Reason.SUSPENDED.value
+    now = after is not None and after.get("reason") == Reason.SUSPENDED.value
+    if now and not was:
+        return EventReason.SUSPENDED
+    if was and not now and after is not None:
+        return EventReason.RESUMED
+    return None
+
+
 @dataclass(frozen=True)
 class Recorded:
     """An event as recorded (its note redacted and bounded), for what listens to the recorder
@@ -141,7 +158,7 @@ class EventRecorder:
                  listener: Listener | None = None):
         self._client = client
         # Told every new event (not its repeats); must not block (the notifier only queues it).
-        self._listener = listener
+        self._listeners: list[Listener] = [] if listener is None else [listener]
         self._controller = controller
         self._instance = (instance or f"stageset-controller-{socket.gethostname()}")[:128]
         self._clock = clock
@@ -152,6 +169,10 @@ class EventRecorder:
         # Per StageSet, the revisions its last pass set out to apply, by stage (bounded like the
         # series cache): what a failure event names, since status keeps only applied revisions.
         self._attempted: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
+
+    def subscribe(self, listener: Listener) -> None:
+        """Tell ``listener`` every new event from now on (a feature's listener, declared in its setup)."""
+        self._listeners.append(listener)
 
     def attempting(self, namespace: str, name: str, revisions: Mapping[str, str]) -> None:
         """A pass of the StageSet sets out to apply ``revisions`` (by stage)."""
@@ -186,7 +207,7 @@ class EventRecorder:
                 repeat: _Series | None = _Series(series.name, namespace, series.count, now)
             else:
                 repeat = None
-        if repeat is None and self._listener is not None:
+        if repeat is None and self._listeners:
             self._tell(obj, namespace=namespace, type_=type_, reason=reason, note=note, now=now,
                        annotations=annotations)
         try:
@@ -206,16 +227,17 @@ class EventRecorder:
 
     def _tell(self, obj: KubeObject, *, namespace: str, type_: EventType, reason: EventReason | Reason,
               note: str, now: datetime.datetime, annotations: Mapping[str, str] | None) -> None:
-        assert self._listener is not None
         meta = metadata(obj)
         regarding = {"apiVersion": str(obj.get("apiVersion") or ""), "kind": str(obj.get("kind") or ""),
                      "namespace": namespace, "name": str(meta["name"]), "uid": str(meta.get("uid") or "")}
-        try:
-            self._listener(Recorded(regarding=regarding, labels=dict(meta.get("labels") or {}), type=type_,
-                                    reason=reason.value, note=note, annotations=dict(annotations or {}),
-                                    time=micro_time(now)))
-        except Exception:  # advisory, like the event itself: a listener's fault never fails a reconcile
-            log.exception("an event listener failed on %s %s/%s", reason.value, namespace, meta["name"])
+        recorded = Recorded(regarding=regarding, labels=dict(meta.get("labels") or {}), type=type_,
+                            reason=reason.value, note=note, annotations=dict(annotations or {}),
+                            time=micro_time(now))
+        for listener in self._listeners:
+            try:
+                listener(recorded)
+            except Exception:  # advisory, like the event itself: a listener's fault never fails a reconcile
+                log.exception("an event listener failed on %s %s/%s", reason.value, namespace, meta["name"])
 
     def forget(self, namespace: str, name: str) -> None:
         """The object is gone: its recent events no longer aggregate (and free their cache entries)."""
@@ -258,3 +280,44 @@ class EventRecorder:
             "regarding": {k: v for k, v in regarding.items() if v is not None},
         })
         return name
+
+
+class ReadyWarnings:
+    """A controller's Ready→False event policy, declared on its
+    :attr:`~stageset.controller.setup.Controller.transitions`: after a reconcile that turned Ready
+    ``False`` (or changed its reason while ``False``, :func:`ready_transition`), a Warning with Ready's
+    reason and message — except the reasons in :data:`~stageset.api.vocabulary.NO_TRANSITION_EVENT`
+    (a release held as asked, a rollback the reconciler told itself, a suspend); entering or leaving
+    the suspended state is a Normal ``Suspended`` / ``Resumed`` (:func:`suspend_transition`).
+    ``revision`` (the StageSet's) names the revision that failed, annotated on the event so a
+    notification sets its commit's status.
+
+    The message passes the object's redactor (:data:`~stageset.controller.redact.REGISTRY`) as every
+    event's does."""
+
+    def __init__(self, events: EventRecorder, *, revision: Callable[[KubeObject], str] | None = None):
+        self._events = events
+        self._revision = revision
+
+    def __call__(self, ref: tuple[str, str, str], before: KubeObject, after: KubeObject) -> None:
+        """``ref``: the object's (kind, namespace, name); ``before``: as its reconcile was handed it;
+        ``after``: as the cache knows it now (its own writes included)."""
+        condition = ready_condition(after)
+        change = suspend_transition(ready_condition(before), condition)
+        if change is not None:  # a state someone chose: told as one, never as a failure
+            self._events.emit(before, type_=EventType.NORMAL, reason=change, message=(
+                "reconciliation is suspended (spec.suspend): nothing is applied, pruned or corrected until "
+                "it is resumed; what was applied stays" if change is EventReason.SUSPENDED
+                else "reconciliation resumed (spec.suspend is false)"))
+        if condition is None or not ready_transition(ready_condition(before), condition):
+            return
+        try:
+            reason = Reason(condition.get("reason", ""))
+        except ValueError:
+            return
+        if reason in NO_TRANSITION_EVENT:
+            return
+        revision = self._revision(after) if self._revision is not None else ""
+        self._events.emit(before, type_=EventType.WARNING, reason=reason,
+                          message=str(condition.get("message", "")), redact=Redactor(REGISTRY.of(ref)),
+                          annotations=revision_annotation(revision))

@@ -4,7 +4,7 @@ Identity: the controller's own (list/watch of ``source.toolkit.fluxcd.io`` kinds
 ClusterRole grants; RBAC rules for a group nobody serves grant nothing and fail nothing, so the
 chart installs the same with or without Flux).  What the watches see is used **only as a
 trigger**: which StageSets to requeue.  What a stage uses is read again as the tenant
-(:mod:`stageset.controller.stageset.reads`).
+(:mod:`stageset.controller.render.reads`).
 
 Which kinds: :data:`~stageset.controller.sourcekinds.FLUX_KINDS`, each at the first served version
 of :data:`~stageset.controller.sourcekinds.FLUX_VERSIONS`, found through discovery (allowed to every

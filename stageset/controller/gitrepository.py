@@ -16,7 +16,7 @@ readable with this GitRepository's own credentials, and StageSets read only comm
 to the GitRepository they name (:func:`artifact_consumer`; see :mod:`sources.mirror`).
 
 What requeues a GitRepository: :meth:`GitRepositoryReconciler.controller` (declared to the
-manager, :mod:`stageset.controller.setup`).
+manager by :func:`setup`, :mod:`stageset.controller.setup`).
 
 Each fetch is counted and timed per URL as shown without credentials (metrics), a new
 revision is told as a ``NewArtifact`` event, and failures are logged (the source layer's
@@ -44,13 +44,15 @@ from stageset.apply.errors import StageError
 from stageset.controller import logs
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.consumers import artifact_consumer as artifact_consumer  # re-exported
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, ReadyWarnings
 from stageset.controller.identity import IdentityPolicy
+from stageset.controller.kinds import GITREPOSITORIES
 from stageset.controller.metrics import Metrics
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
-from stageset.controller.setup import Controller, reconcile_trigger
+from stageset.controller.setup import Controller, Setup, reconcile_trigger
+from stageset.controller.shared import Shared
 from stageset.controller.status import StatusWriter, WriteListener, validation_message
 from stageset.kube.client import ApiError, ClientPool
 from stageset.kube.mapping import Resource
@@ -141,9 +143,11 @@ class GitRepositoryReconciler:
     def controller(self, *, workers: int) -> Controller:
         """What this reconciler watches (its ``SetupWithManager``): its own kind only — a new
         generation, a ``requestedAt`` or a deletion requeues a GitRepository; a status write does
-        not.  The StageSets naming one are woken by the StageSet reconciler's watch of this kind."""
+        not.  The StageSets naming one are woken by the StageSet reconciler's watch of this kind.  A
+        Ready that turns ``False`` is told as a Warning (:class:`ReadyWarnings`)."""
         return Controller(resource=self._resource, reconciler=self, workers=workers,
-                          trigger=reconcile_trigger)
+                          trigger=reconcile_trigger,
+                          transitions=None if self._events is None else ReadyWarnings(self._events))
 
     def _credentials(self, repo: GitRepository, redactor: Redactor) -> Credentials | None:
         if repo.spec.secret_ref is None:
@@ -252,3 +256,15 @@ class GitRepositoryReconciler:
                 self._metrics.fetched(("GitRepository", str(meta["namespace"]), str(meta["name"])),
                                       url=display_url(repo.spec.url), result=result,
                                       seconds=time.monotonic() - started)
+
+
+def setup(shared: Shared, *, store: Fetcher, identities: IdentityPolicy,
+          on_revision: RevisionListener) -> Setup:
+    """The GitRepository feature: its reconciler over the shared mirror, ``For`` GitRepositories in
+    the source pool (``--source-workers``); ``on_revision`` wakes the StageSets naming one."""
+    settings = shared.settings
+    reconciler = GitRepositoryReconciler(clients=shared.clients, store=store, resource=GITREPOSITORIES,
+                                         on_revision=on_revision, identities=identities, clock=shared.clock,
+                                         events=shared.events, metrics=shared.metrics,
+                                         runbook_base_url=settings.runbook_base_url, on_write=shared.on_write)
+    return Setup(controllers=(reconciler.controller(workers=settings.source_workers),))

@@ -28,8 +28,8 @@ prevent it:
   rewritten since, as by a StageSet moved on again, stays).  A Lease left by a hand-off that
   timed out, or not waited for (below), stays until the next hand-off of that StageSet ends.
 
-The wiring (:mod:`stageset.controller.wiring`) declares one :class:`ShardHandoff` per process as the
-:class:`~stageset.controller.setup.Guard` of every controller when it runs as a label shard (each
+:func:`setup` declares one :class:`ShardHandoff` per process as the guard of every controller
+(:attr:`Setup.guard <stageset.controller.setup.Setup.guard>`) when it runs as a label shard (each
 kind is watched under the selector, so every kind's passes are fenced); only StageSets' releases
 are recorded and waited for.
 
@@ -68,8 +68,9 @@ from stageset.controller.kinds import STAGESETS
 from stageset.controller.leader import default_identity
 from stageset.controller.metrics import Metrics
 from stageset.controller.result import Result
-from stageset.controller.setup import Event
+from stageset.controller.setup import Event, Setup
 from stageset.controller.sharding import LabelSelector
+from stageset.controller.shared import Shared
 from stageset.kube import fence
 from stageset.kube.client import ApiError, KubeClient, UnreachableError
 from stageset.kube.types import KubeObject
@@ -387,3 +388,16 @@ class ShardHandoff:
     def close(self) -> None:
         """Stop the publisher once it wrote what it was given."""
         self._releases.put(None)
+
+
+def setup(shared: Shared, *, stop: threading.Event) -> Setup:
+    """On a label shard, one hand-off guarding every controller watched under the shard's selector
+    (one writer per object across shards); nothing otherwise."""
+    settings = shared.settings
+    selector = settings.watch_label_selector
+    if selector is None:
+        return Setup()
+    return Setup(guard=ShardHandoff(client=shared.clients.client(), selector=selector,
+                                    namespace=settings.shard_handoff_namespace,
+                                    timeout=settings.shard_handoff_timeout, metrics=shared.metrics, stop=stop,
+                                    synced=shared.synced, leading=shared.leading))

@@ -1,15 +1,19 @@
-"""Runs the controller: what the reconcilers declare — watches, the watch cache, work queues and workers.
+"""Runs the controller: what the features declare — watches, the watch cache, work queues and workers.
 
-The manager knows no kind by name.  :func:`~stageset.controller.wiring.wire` builds a
-:class:`~stageset.controller.setup.Setup`; for each :class:`~stageset.controller.setup.Controller`
-in it the manager lists and watches its kind, caches it (:mod:`stageset.controller.cache`) and
-runs a pool of workers named after it.  A watch event is handed to the controller's guard
-first (if it declares one), then to its index hook, then every watch declared on that kind
-compares its state and queues the keys its mapping names (the object's own key for the
-controller's trigger); a controller's guard also runs around each of its reconciles.  Work is
-routed by the type of its key (:mod:`stageset.controller.keys`): an ``ObjectKey`` runs its kind's
-reconciler in its kind's pool, a ``JobKey`` its runner in the pool the runner names, a
-``ReportKey`` the reports' runner in theirs.
+The manager knows no kind by name and builds no feature.  :func:`~stageset.controller.wiring.wire`
+joins every feature's own ``setup`` into a :class:`~stageset.controller.setup.Setup`, handing each
+the :class:`~stageset.controller.shared.Shared` parts (the client pool, the settings, the event
+recorder, the metrics, the clock and this manager's hooks).  For each
+:class:`~stageset.controller.setup.Controller` in it the manager lists and watches its kind, caches
+it (:mod:`stageset.controller.cache`) and runs a pool of workers named after it.  A watch event is
+handed to the controller's guard first (if it declares one), then to its index hook and the indexes
+other features declared on its kind, then every watch declared on that kind compares its state and
+queues the keys its mapping names (the object's own key for the controller's trigger); a
+controller's guard also runs around each of its reconciles.  Work is routed by the type of its key
+(:mod:`stageset.controller.keys`): an ``ObjectKey`` runs its kind's reconciler in its kind's pool, a
+``JobKey`` its runner in the pool the runner names, a ``ReportKey`` the reports' runner in theirs.
+The listeners a setup declares are subscribed to the event recorder; its closers are closed once
+the workers have stopped (the notifier sends what is queued, the readiness watches end).
 
 Identity: the watches of the kinds controllers are ``For``, and every status write, use the
 controller's own identity; everything a reconcile applies goes through the per-tenant clients
@@ -21,8 +25,8 @@ sharded release never needs cluster-wide list rights; a controller that declares
 With ``watch_label_selector`` (label shards, :mod:`stageset.controller.sharding`) the lists and
 watches carry the selector: the apiserver sends only this shard's objects, and an object relabelled
 away arrives as ``DELETED`` — forgotten here, never torn down (teardown follows a
-``deletionTimestamp`` only); the wiring then declares the hand-off between shards
-(:mod:`stageset.controller.handoff`) as the guard of every sharded kind. Declared
+``deletionTimestamp`` only); the hand-off between shards (:mod:`stageset.controller.handoff`) is
+then declared as the guard of every sharded kind. Declared
 :class:`~stageset.controller.setup.Reports` (the main shard's report of objects no shard serves)
 watch under their own selector, uncached and not waited for.
 
@@ -31,8 +35,9 @@ writes reach the cache as values (``on_write``), kept until the watch has caught
 
 Observability hooks live here once for every kind: every watch event updates the object's
 metrics (and a deletion removes them), every reconcile runs with its log fields bound
-(:mod:`stageset.controller.logs`), is counted and timed (:mod:`stageset.controller.metrics`),
-and a Ready condition that turns False is told as a Warning event.
+(:mod:`stageset.controller.logs`), is counted and timed (:mod:`stageset.controller.metrics`), and
+is followed by what its controller declared of its transitions (a Ready condition that turned
+False told as a Warning event: :class:`~stageset.controller.events.ReadyWarnings`).
 """
 
 from __future__ import annotations
@@ -44,35 +49,28 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import assert_never
 
-from sources.addresses import AddressGuard
-from stageset.api.vocabulary import NO_TRANSITION_EVENT, EventType, Reason
 from stageset.controller import logs
 from stageset.controller.cache import ObjectCache, States
 from stageset.controller.clock import Clock, system_clock
-from stageset.controller.events import (
-    EventRecorder,
-    failing_revision,
-    ready_condition,
-    ready_transition,
-    revision_annotation,
-)
+from stageset.controller.events import EventRecorder
 from stageset.controller.health import Lifecycle
 from stageset.controller.keys import JobKey, ObjectKey, ReportKey, WorkKey
 from stageset.controller.memory import Trimmer
 from stageset.controller.metrics import Metrics
-from stageset.controller.notifications.delivery import http_sender
-from stageset.controller.notifications.notifier import Notifier
 from stageset.controller.queue import Backoff, WorkQueue
-from stageset.controller.redact import REGISTRY, Redactor
+from stageset.controller.redact import REGISTRY
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.setup import CREATED_OR_CHANGED, Controller, Event, Reports, Setup, Watch
-from stageset.controller.wiring import Shared, Store, Wired, wire
+from stageset.controller.shared import Shared
+from stageset.controller.wiring import Store, Wired, wire
 from stageset.kube.client import ClientPool, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 from stageset.kube.watch import Handler, Reflector, wait_synced
 from stageset.kube.watches import WatchPool
+
+Indexed = Callable[[Event, ObjectKey, KubeObject], None]
 
 log = logging.getLogger(__name__)
 
@@ -115,6 +113,19 @@ def watches_by_kind(setup: Setup) -> dict[str, tuple[Watch, ...]]:
     return {kind: tuple(watches) for kind, watches in found.items()}
 
 
+def indexes_by_kind(setup: Setup) -> dict[str, tuple[Indexed, ...]]:
+    """Per cached kind, what is told each of its events before any key is queued: its controller's
+    own index hook first, then the indexes other features declared on it.  An index of a kind no
+    controller is ``For`` is refused (nothing would list it)."""
+    found: dict[str, list[Indexed]] = {c.kind: [] if c.indexed is None else [c.indexed]
+                                       for c in setup.controllers}
+    for index in setup.indexes:
+        if index.kind not in found:
+            raise ValueError(f"an index of {index.kind} is declared, which no controller is For")
+        found[index.kind].append(index.indexed)
+    return {kind: tuple(hooks) for kind, hooks in found.items()}
+
+
 class Manager:
     def __init__(self, *, clients: ClientPool, settings: ControllerSettings, store: Store | None = None,
                  clock: Clock = system_clock, metrics: Metrics | None = None,
@@ -131,23 +142,11 @@ class Manager:
         self.trimmer = Trimmer()
         self.cache = ObjectCache()
         admin = clients.client()
-        # Notifications (off without --notification-namespace): the recorder tells the notifier every
-        # new event; it queues and returns, so no reconcile waits for a receiver.
-        self.notifier = Notifier(admin, settings=settings.notifications, counters=self.metrics,
-                                 send=http_sender(AddressGuard(allow_insecure=settings.allow_insecure_sources,
-                                                               purpose="notifications", verb="send to"))) \
-            if settings.notifications.namespace else None
-        self.events = EventRecorder(admin, clock=clock,
-                                    listener=self.notifier.offer if self.notifier is not None else None)
-        # Waiting stages watch what they wait for (each watch as the stage's identity), bounded.
-        self.watches = WatchPool(capacity=settings.max_readiness_watches,
-                                 on_refused=self.metrics.readiness_watches_refused.inc) \
-            if settings.max_readiness_watches > 0 else None
-        if self.watches is not None:
-            self.metrics.readiness_watches.set_function(self.watches.__len__)
+        # What every feature records through; the listeners its setup declares hear each new event.
+        self.events = EventRecorder(admin, clock=clock)
         shared = Shared(clients=clients, settings=settings, events=self.events, metrics=self.metrics,
-                        clock=clock, on_write=self.cache.wrote, watches=self.watches,
-                        synced=self._caches_synced, leading=self._leading)
+                        clock=clock, on_write=self.cache.wrote, synced=self._caches_synced,
+                        leading=self._leading)
         self.wired: Wired = wire(shared, enqueue=self._enqueue, stop=self.stop, store=store)
         setup = self.wired.setup
         self._controllers = {controller.kind: controller for controller in setup.controllers}
@@ -156,9 +155,13 @@ class Manager:
         self.pools = self._pools(setup)
         self._watches = watches_by_kind(setup)
         self._runnables = setup.runnables
-        undeclared = [r for r in setup.synced if r not in setup.runnables]
+        self._closers = setup.closers
+        self._indexes = indexes_by_kind(setup)
+        for listener in setup.listeners:
+            self.events.subscribe(listener)
+        undeclared = [r for r in setup.caches if r not in setup.runnables]
         if undeclared:
-            raise ValueError(f"{len(undeclared)} synced watch(es) not among the runnables: never started")
+            raise ValueError(f"{len(undeclared)} cache(s) not among the runnables: never started")
         selector = settings.watch_label_selector
         self._reflectors = [
             self._reflector(admin, controller.resource, namespace, self._handler(controller),
@@ -171,8 +174,13 @@ class Manager:
             for namespace in settings.watch_namespaces or (None,) for resource in setup.reports.resources]
         # What "synced" waits for: every cached kind, and the runnables declared as caches (the
         # StageTargets' Secret watch), so no reconcile runs on an index not filled yet.
-        self._synced_events = [*(r.synced for r in self._reflectors), *(r.synced for r in setup.synced)]
+        self._synced_events = [*(r.synced for r in self._reflectors), *(r.synced for r in setup.caches)]
         self.metrics.caches_synced.set_function(self._caches_synced)
+
+    @property
+    def watches(self) -> WatchPool | None:
+        """The readiness watch pool the wiring built and handed the features (tests look into it)."""
+        return self.wired.watches
 
     def _caches_synced(self) -> bool:
         return all(event.is_set() for event in self._synced_events)
@@ -234,8 +242,8 @@ class Manager:
             # Gone from this shard's watch: deleted (without a finalizer of ours) or relabelled
             # to another shard.  Either way forgotten; nothing is torn down.
             log.info("%s %s/%s left this shard's watch (deleted, or its labels no longer match)", *key.ref)
-        if controller.indexed is not None:
-            controller.indexed(event, key, obj)  # before any key is queued: a reconcile reads the indexes
+        for indexed in self._indexes[controller.kind]:
+            indexed(event, key, obj)  # before any key is queued: a reconcile reads the indexes
         if gone:
             self.metrics.forget(key.ref)
             self.events.forget(key.namespace, key.name)
@@ -325,7 +333,6 @@ class Manager:
         return obj if cached is None else cached
 
     def _reconcile(self, queue: WorkQueue[WorkKey], key: ObjectKey, obj: KubeObject) -> None:
-        before = dict(ready_condition(obj) or {}) or None
         self.metrics.working(key.kind, 1)
         started = time.monotonic()
         outcome = "error"
@@ -336,24 +343,10 @@ class Manager:
         finally:
             self.metrics.working(key.kind, -1)
             self.metrics.reconciled(key.ref, result=outcome, seconds=time.monotonic() - started)
-            self._tell_transition(key, obj, before)
-
-    def _tell_transition(self, key: ObjectKey, obj: KubeObject, before: dict[str, str] | None) -> None:
-        """A Warning event (reason: Ready's) when this reconcile turned Ready False."""
-        after = ready_condition(self._latest(key, obj))
-        if after is None or not ready_transition(before, after):
-            return
-        try:
-            reason = Reason(after.get("reason", ""))
-        except ValueError:
-            return
-        if reason in NO_TRANSITION_EVENT:
-            return  # a release held as asked, or a rollback the reconciler told itself
-        # Annotated with the revision that failed, so a notification sets its commit's status.
-        self.events.emit(obj, type_=EventType.WARNING, reason=reason, message=str(after.get("message", "")),
-                         redact=Redactor(REGISTRY.of(key.ref)),
-                         annotations=revision_annotation(failing_revision(
-                             self._latest(key, obj), self.events.attempted(key.namespace, key.name))))
+            # What the reconcile changed, told as its controller declared (its Ready→False event).
+            transitions = self._controllers[key.kind].transitions
+            if transitions is not None:
+                transitions(key.ref, obj, self._latest(key, obj))
 
     def _reconcile_once(self, queue: WorkQueue[WorkKey], key: ObjectKey, obj: KubeObject) -> str:
         """One reconcile; returns controller-runtime's result word for the metrics."""
@@ -418,16 +411,14 @@ class Manager:
         """Every pool's workers, until :attr:`stop` is set."""
         workers = self._start_workers()
         wait_until_set(self.stop)
-        if self.watches is not None:
-            self.watches.close()
         for pool in self.pools.values():
             pool.queue.shutdown()
         # One deadline for all workers: in-flight passes finish or are abandoned within it.
         deadline = time.monotonic() + self._settings.shutdown_timeout
         for worker in workers:
             worker.join(timeout=max(0.0, deadline - time.monotonic()))
-        if self.notifier is not None:  # what is queued gets what is left of the deadline, then is dropped
-            self.notifier.close(timeout=max(0.5, deadline - time.monotonic()))
+        for close in self._closers:  # what is queued gets what is left of the deadline, then is dropped
+            close(max(0.0, deadline - time.monotonic()))
 
     def _synced(self) -> bool:
         """Wait for the caches (then the Lease, with a lifecycle); ``False``: stopped meanwhile, no

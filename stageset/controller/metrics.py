@@ -174,7 +174,8 @@ class Metrics:
             "--max-readiness-watches were open: it polled instead.", registry=r)
         # -- per object (Flux's gotk_* series): plain numbers, written when scraped -------------
         # Their `tenant` label: the namespace's stages.metio.wtf/tenant label (controller/tenants.py,
-        # fed by a metadata-only Namespace watch the wiring declares), never a label on the object itself.
+        # fed by a metadata-only Namespace watch, controller/namespaces.py), never a label on the
+        # object itself.
         self.tenants = TenantLabels()
         self.objects = ObjectSeries(buckets=OBJECT_BUCKETS, tenant_of=self.tenants.of)
         r.register(self.objects)

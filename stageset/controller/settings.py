@@ -1,7 +1,9 @@
 """Controller settings, grouped and injected (never global).
 
 The CLI builds one :class:`ControllerSettings` and hands it to the manager, which hands
-each part to what reads it (``apply`` to every apply engine, for example).
+each part to what reads it (``apply`` to every apply engine, for example).  Every part's settings
+are declared here or below (``apply``, ``build``, ``sources``), never in a feature package, so the
+settings import no feature.
 """
 
 from __future__ import annotations
@@ -15,7 +17,6 @@ from sources import Limits
 from sources.limits import ArtifactLimits
 from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
-from stageset.controller.notifications.notifier import NotificationSettings
 from stageset.controller.sharding import LabelSelector
 from stageset.controller.sourcekinds import DefaultSourceKind
 
@@ -24,6 +25,44 @@ from stageset.controller.sourcekinds import DefaultSourceKind
 # github.com/stageset/stageset, mkdocs.yml's site_url, which a test keeps equal).  Operators who
 # host the docs elsewhere set ``--runbook-base-url``; an empty base leaves messages without links.
 DEFAULT_RUNBOOK_BASE_URL = "https://stageset.github.io/stageset/runbooks/"
+
+
+@dataclass(frozen=True)
+class DeliverySettings:
+    """How each notification provider's outbox sends (:mod:`stageset.controller.notifications.delivery`)."""
+
+    rate: float = 1.0
+    """Requests per second per provider, once its burst is spent."""
+    burst: int = 10
+    capacity: int = 100
+    """Requests one provider's queue holds; past that, new ones are dropped."""
+    attempts: int = 4
+    backoff: float = 1.0
+    backoff_cap: float = 30.0
+    max_providers: int = 64
+    """Providers with an outbox at once (each has one thread); past that, events to others are dropped."""
+
+
+@dataclass(frozen=True)
+class NotificationSettings:
+    """Notifications (:mod:`stageset.controller.notifications`): where configured, how sent."""
+
+    namespace: str | None = None
+    """Where the platform's providers, alerts and their Secrets are read (``--notification-namespace``);
+    ``None``: no platform alerts."""
+    tenants: bool = False
+    """Also each StageSet's own namespace's alerts, for its events only (``--tenant-notifications``;
+    :mod:`~stageset.controller.notifications.tenants`)."""
+    refresh: float = 30.0
+    """How long a read configuration is used before it is read again."""
+    intake: int = 1000
+    """Events waiting to be matched at most; past that, new ones are dropped."""
+    delivery: DeliverySettings = field(default_factory=DeliverySettings)
+
+    @property
+    def enabled(self) -> bool:
+        """Any alerts to honour: the platform's, or the tenants' own."""
+        return bool(self.namespace) or self.tenants
 
 
 @dataclass(frozen=True)

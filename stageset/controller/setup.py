@@ -1,20 +1,25 @@
-"""What a reconciler declares to the manager: its kind, what it watches and which events queue which keys.
+"""What a feature declares to the manager: its kinds, what it watches and which events queue which keys.
 
-As controller-runtime's ``SetupWithManager``: a :class:`Controller` is ``For`` one kind (the
-manager lists, watches and caches it, and queues the object's own key when its
-:attr:`~Controller.trigger` changes) and ``Watches`` kinds other controllers are ``For`` with a
-mapping from the watched object's key to the keys to queue (:class:`Watch`).  Work that is no
-reconcile is declared too: :class:`Jobs` (a runner of :class:`~stageset.controller.keys.JobKey`
-work in a controller's pool) and :class:`Reports` (objects watched under another label selector,
-each event mapped to a :class:`~stageset.controller.keys.ReportKey` written about it).  Event
-sources the manager does not run (discovery-driven watches, download jobs that end) queue keys
-through the :data:`Enqueue` they are given; a :class:`Runnable` is started with the watches (and,
-declared :class:`Synced`, waited for with them before any worker starts).  A
-:class:`Guard` declared on a controller sees each watch event of its kind first and runs around
-each of its reconciles (the label shards' hand-off, :mod:`stageset.controller.handoff`).
+As controller-runtime's ``SetupWithManager``: each feature's ``setup`` returns a :class:`Setup`
+(:func:`merged` joins them).  A :class:`Controller` is ``For`` one kind (the manager lists,
+watches and caches it, and queues the object's own key when its :attr:`~Controller.trigger`
+changes), ``Watches`` kinds other controllers are ``For`` with a mapping from the watched object's
+key to the keys to queue (:class:`Watch`), and says which Ready→False transitions become Warning
+events (:attr:`~Controller.transitions`).  Work that is no reconcile is declared too: :class:`Jobs`
+(a runner of :class:`~stageset.controller.keys.JobKey` work in a controller's pool) and
+:class:`Reports` (objects watched under another label selector, each event mapped to a
+:class:`~stageset.controller.keys.ReportKey` written about it).  Event sources the manager does
+not run (discovery-driven watches, download jobs that end) queue keys through the :data:`Enqueue`
+they are given; a :class:`Runnable` is started with the watches (and, declared among the
+:attr:`~Setup.caches`, waited for with them before any worker starts).  An :class:`Index` is told
+every event of another controller's kind before any key is queued; a listener hears every event
+the recorder records; a :data:`Closer` finishes after the workers stopped.  A :class:`Guard`
+declared on a controller (or on a whole setup: :attr:`Setup.guard`) sees each watch event of its
+kind first and runs around each of its reconciles (the label shards' hand-off,
+:mod:`stageset.controller.handoff`).
 
-The manager knows no kind by name: it runs what a :class:`Setup` declares
-(:mod:`stageset.controller.wiring` builds it; each reconciler module says its own part).
+The manager knows no kind and builds no feature: it runs what a :class:`Setup` declares
+(:mod:`stageset.controller.wiring` joins each feature's own ``setup``).
 
 Invariants: a state function is pure and cheap (it runs on every watch event, under the cache's
 lock); a mapping returns keys only (it never queues or blocks); a watched kind is one some
@@ -27,10 +32,11 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
+from stageset.controller.events import Listener
 from stageset.controller.keys import JobKey, ObjectKey, ReportKey, WorkKey
 from stageset.controller.result import Result
 from stageset.controller.status import requested_at
@@ -43,6 +49,12 @@ State = Callable[[KubeObject], Any]
 """What of an object a watch compares between two events (compared with ``!=``)."""
 Mapping = Callable[[ObjectKey], Iterable[ObjectKey]]
 """From the key of a watched object to the keys to queue."""
+Transitions = Callable[[tuple[str, str, str], KubeObject, KubeObject], None]
+"""Told after each reconcile: the object's (kind, namespace, name), the object its reconcile was
+handed and the object as the cache knows it now (:class:`~stageset.controller.events.ReadyWarnings`)."""
+Closer = Callable[[float], None]
+"""Called once the workers have stopped (or their deadline passed), with the seconds left of the
+shutdown deadline: finish what is queued (the notifier sends it), then stop."""
 
 
 class Event(StrEnum):
@@ -149,6 +161,9 @@ class Controller:
     namespaces: tuple[str, ...] | None = None
     """Watched in these namespaces (one list/watch each, without the shard's label selector)
     instead of the manager's: a platform kind that lives only where the platform keeps it."""
+    transitions: Transitions | None = None
+    """The Ready→False event policy of this kind (:class:`~stageset.controller.events.ReadyWarnings`);
+    ``None``: no event."""
 
     @property
     def kind(self) -> str:
@@ -180,13 +195,55 @@ class Reports:
 
 
 @dataclass(frozen=True)
-class Setup:
-    """Everything the manager runs."""
+class Index:
+    """Told every event of :attr:`kind` (a kind some controller is ``For``) after that controller's
+    own :attr:`~Controller.indexed` hook, before any key is queued: a view another feature keeps of
+    a kind it does not reconcile (the FleetRollouts' view of StageSets)."""
 
-    controllers: tuple[Controller, ...]
+    kind: str
+    indexed: Callable[[Event, ObjectKey, KubeObject], None]
+
+
+@dataclass(frozen=True)
+class Setup:
+    """What one feature declares, or (:func:`merged`) everything the manager runs."""
+
+    controllers: tuple[Controller, ...] = ()
     jobs: tuple[Jobs, ...] = ()
     reports: Reports | None = None
     runnables: tuple[Runnable, ...] = ()
-    synced: tuple[Synced, ...] = ()
+    caches: tuple[Synced, ...] = ()
     """Runnables (among :attr:`runnables`) that count as caches: no worker starts before they have
     listed, and "caches synced" (``/readyz``, ``stageset_caches_synced``) waits for them too."""
+    indexes: tuple[Index, ...] = ()
+    listeners: tuple[Listener, ...] = ()
+    """Told every new event the recorder records (they must not block: the notifier only queues)."""
+    closers: tuple[Closer, ...] = ()
+    """Closed after the workers stopped, in order."""
+    guard: Guard | None = None
+    """Around every controller watched under the manager's namespaces and label selector (not one
+    watched in namespaces of its own): the label shards' hand-off."""
+
+
+def merged(*setups: Setup) -> Setup:
+    """One :class:`Setup` of every feature's: each declaration kept in order; at most one
+    :attr:`~Setup.reports` and one :attr:`~Setup.guard`, which then guards every controller it
+    covers (a controller guarded twice is refused)."""
+    reports = [s.reports for s in setups if s.reports is not None]
+    guards = [s.guard for s in setups if s.guard is not None]
+    if len(reports) > 1 or len(guards) > 1:
+        raise ValueError("more than one feature declares reports or a guard for every controller")
+    controllers = tuple(c for s in setups for c in s.controllers)
+    if guards:
+        if any(c.guard is not None and c.namespaces is None for c in controllers):
+            raise ValueError("a controller declares a guard of its own and is guarded by a setup's too")
+        guard = guards[0]
+        controllers = tuple(c if c.namespaces is not None else replace(c, guard=guard) for c in controllers)
+    return Setup(controllers=controllers,
+                 jobs=tuple(j for s in setups for j in s.jobs),
+                 reports=reports[0] if reports else None,
+                 runnables=tuple(r for s in setups for r in s.runnables),
+                 caches=tuple(c for s in setups for c in s.caches),
+                 indexes=tuple(i for s in setups for i in s.indexes),
+                 listeners=tuple(li for s in setups for li in s.listeners),
+                 closers=tuple(c for s in setups for c in s.closers))

@@ -1,7 +1,7 @@
 """What a stage's ``sourceRef`` names, and what a source object's status says: pure rules, no I/O.
 
 Identity: none here; the reads these rules plan are made as the stage's identity by
-:mod:`stageset.controller.stageset.reads`.
+:mod:`stageset.controller.render.reads`.
 
 A ``sourceRef`` names one of three things (:func:`classify`):
 

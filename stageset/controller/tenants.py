@@ -1,9 +1,9 @@
 """Which tenant each namespace belongs to, from the Namespace's ``stages.metio.wtf/tenant`` label.
 
 Identity: the controller's own, for a metadata-only list and watch of Namespaces (a Reflector of
-:data:`NAMESPACES` the wiring declares as one of the manager's runnables; the chart's ClusterRole
-grants ``get``/``list``/``watch`` on namespaces).  Only
-metadata travels; labels are kept, never annotations.
+:data:`NAMESPACES` that :mod:`stageset.controller.namespaces` sets up as a runnable; the chart's
+ClusterRole grants ``get``/``list``/``watch`` on namespaces).  Only metadata travels; labels are
+kept, never annotations.
 
 Invariant: a tenant is named by the Namespace and by nothing a tenant writes — a label on a
 StageSet or GitRepository is never read here — so a tenant cannot put its series under another

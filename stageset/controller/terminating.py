@@ -1,8 +1,9 @@
 """Which namespaces are terminating: a Namespace whose ``deletionTimestamp`` is set.
 
 Identity: the controller's own, through the one metadata-only list and watch of Namespaces the
-wiring runs for a cluster-wide release (the same Reflector as :mod:`stageset.controller.tenants`;
-the chart's ClusterRole grants ``get``/``list``/``watch`` on namespaces).  Only metadata travels,
+tenant watches run for a cluster-wide release (:mod:`stageset.controller.namespaces`; the same
+Reflector as :mod:`stageset.controller.tenants`; the chart's ClusterRole grants
+``get``/``list``/``watch`` on namespaces).  Only metadata travels,
 and only the names of terminating namespaces are kept.  A Namespace's ``status.phase`` is not in
 its metadata; ``Terminating`` is exactly "``deletionTimestamp`` set", so the timestamp is the fact.
 

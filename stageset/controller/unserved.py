@@ -25,9 +25,12 @@ from stageset.api import GitRepositoryStatus, StageSetStatus
 from stageset.api.vocabulary import Reason
 from stageset.controller.clock import Clock
 from stageset.controller.keys import ObjectKey, ReportKey
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.metrics import Metrics
 from stageset.controller.result import Result
+from stageset.controller.setup import Reports, Setup
 from stageset.controller.sharding import SHARD_LABEL, unserved_message
+from stageset.controller.shared import Shared
 from stageset.controller.status import StatusWriter
 from stageset.kube.client import KubeClient
 from stageset.kube.mapping import Resource
@@ -104,3 +107,18 @@ class Unserved:
     @staticmethod
     def _conclude(writer: StatusWriter[Any], message: str) -> None:
         writer.conclude(ready=False, reason=Reason.NO_SHARD, stalled=True, message=message)
+
+
+def setup(shared: Shared) -> Setup:
+    """With ``--shard-keys`` on a label shard, the report of StageSets and GitRepositories no shard
+    serves (its reports run in the StageSet pool); nothing otherwise."""
+    settings = shared.settings
+    selector, shard_keys = settings.watch_label_selector, settings.shard_keys
+    if shard_keys is None or selector is None:
+        return Setup()
+    resources = (STAGESETS, GITREPOSITORIES)
+    unserved = Unserved(client=shared.clients.client(), shard_keys=shard_keys,
+                        resources={r.kind: r for r in resources}, clock=shared.clock, metrics=shared.metrics,
+                        runbook_base_url=settings.runbook_base_url)
+    return Setup(reports=Reports(resources=resources, label_selector=str(selector.unserved(shard_keys)),
+                                 handle=unserved.handle, run=unserved.run, pool=STAGESETS.kind))

@@ -23,7 +23,7 @@ import yaml
 from stageset.build import BuildError, BuildLimits, prepare, render
 from stageset.build.decrypt import DecryptionError, DecryptionKeys, decrypt, ensure_helper
 from stageset.controller.redact import forms
-from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
+from stageset.controller.render.cache import RenderCache, SourceRoot, render_stage
 from tests.build.conftest import _binary
 from tests.sopskit import SECRET_REGEX, AgeKey, PgpKey, SopsKit, keys_of, sops_kit
 

@@ -19,7 +19,7 @@ import yaml
 
 from stageset.api import StageSet
 from stageset.build import BuildLimits, build_stage
-from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
+from stageset.controller.render.cache import RenderCache, SourceRoot, render_stage
 
 LAYOUTS = Path(__file__).resolve().parents[1] / "fixtures" / "layouts"
 

@@ -14,7 +14,7 @@ import pytest
 
 from sources import Limits, MirrorStore, RefSelector, UrlPolicy
 from stageset.build import BuildError, BuildLimits
-from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
+from stageset.controller.render.cache import RenderCache, SourceRoot, render_stage
 from tests.gitserver import FileValue, GitServer, Submodule, Symlink
 
 CM = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s}\ndata: {v: '%s'}\n"

@@ -23,12 +23,14 @@ from stageset.controller.events import EventRecorder
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.metrics import Metrics
+from stageset.controller.render.stores import ArtifactTrees
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
+from stageset.controller.shared import Shared
 from stageset.controller.stageset.reconciler import StageSetReconciler
-from stageset.controller.stageset.rendering import ArtifactTrees
+from stageset.controller.stageset.setup import stageset_reconciler
+from stageset.controller.targets.setup import clusters
 from stageset.controller.terminating import TerminatingNamespaces
-from stageset.controller.wiring import Shared, stageset_reconciler
 from stageset.kube.types import KubeObject
 from tests.inprocess.fakes import FakeClientPool, FakeCluster, FakeSources
 
@@ -121,7 +123,7 @@ class World:
         return stageset_reconciler(shared, identities=identities,
                                    store=self.sources, resource=STAGESETS, source_resource=GITREPOSITORIES,
                                    index=self.index, stop=self.stop, artifacts=artifacts,
-                                   selected_by=self.selected_by)
+                                   selected_by=self.selected_by, targets=clusters(shared))
 
     # -- Git --------------------------------------------------------------------------------
 

@@ -17,9 +17,11 @@ from stageset.controller.identity import IdentityPolicy
 from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.controller.metrics import Metrics
 from stageset.controller.settings import ControllerSettings
+from stageset.controller.shared import Shared
 from stageset.controller.stageset.holding import GRACE, PATIENCE
 from stageset.controller.stageset.reconciler import StageSetReconciler
-from stageset.controller.wiring import Shared, stageset_reconciler
+from stageset.controller.stageset.setup import stageset_reconciler
+from stageset.controller.targets.setup import clusters
 from tests.inprocess.conftest import NS, World, configmap, stageset_path
 from tests.inprocess.fakes import CONTROLLER
 
@@ -40,7 +42,8 @@ def holding_reconciler(world: World, ticks: Ticks) -> StageSetReconciler:
                     terminating=world.terminating)
     return stageset_reconciler(shared, identities=IdentityPolicy(cluster_admin=False), store=world.sources,
                                resource=STAGESETS, source_resource=GITREPOSITORIES, index=world.index,
-                               stop=world.stop, selected_by=world.selected_by)
+                               stop=world.stop, selected_by=world.selected_by,
+                               targets=clusters(shared))
 
 
 def stageset_writes(world: World) -> list[tuple[str, str]]:

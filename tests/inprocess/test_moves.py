@@ -256,7 +256,7 @@ def test_diff_shows_what_a_pending_move_deletes_or_releases_where(world: World) 
     from stageset.api import StageSet
     from stageset.apply.engine import StageApplier
     from stageset.cli.preview import moving
-    from stageset.controller.stageset.targets import Target
+    from stageset.controller.targets.clusters import Target
     from stageset.kube.client import LOCAL
     from stageset.kube.mapping import RestMapper
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from stageset.apply.engine import StageApplier
 from stageset.controller.stageset.placement import place
-from stageset.controller.stageset.targets import Target
+from stageset.controller.targets.clusters import Target
 from stageset.kube.client import LOCAL
 from stageset.kube.mapping import RestMapper
 from tests.inprocess.conftest import NS, TENANT, World, configmap, stageset_path

@@ -20,9 +20,9 @@ from stageset.apply.errors import StageError
 from stageset.apply.settings import ApplySettings
 from stageset.controller.keys import ObjectKey
 from stageset.controller.setup import Event
-from stageset.controller.stageset.platform import PlatformTargets
-from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.stageset.watches import target_named, target_trigger
+from stageset.controller.targets.clusters import Target, Targets
+from stageset.controller.targets.platform import PlatformTargets
 from stageset.kube.mapping import RestMapper
 from stageset.kube.remote import cluster_id
 from tests.inprocess.fakes import CONTROLLER, FakeClientPool, FakeCluster

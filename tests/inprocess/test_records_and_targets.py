@@ -19,7 +19,7 @@ from stageset.apply.settings import ApplySettings
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.stageset import records
 from stageset.controller.stageset.records import Records
-from stageset.controller.stageset.targets import LOCAL_TARGET, Target, Targets
+from stageset.controller.targets.clusters import LOCAL_TARGET, Target, Targets
 from stageset.kube.client import LOCAL, ApiError
 from stageset.kube.mapping import RestMapper
 from tests.inprocess.conftest import NS, SA, TENANT

@@ -22,14 +22,14 @@ from stageset.apply.settings import ApplySettings
 from stageset.build.kustomize import KustomizeNotFoundError, locate_builder
 from stageset.cli.render import Renderer as CliRenderer
 from stageset.cli.render import SourceDirs, parse_stageset
+from stageset.controller.accounts import AccountCheck
 from stageset.controller.consumers import artifact_consumer
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.kinds import GITREPOSITORIES
 from stageset.controller.redact import Redactor
-from stageset.controller.stageset.decryption import for_pass
-from stageset.controller.stageset.reads import AccountCheck
+from stageset.controller.render.decryption import for_pass
 from stageset.controller.stageset.rendering import Rendered, Renderer
-from stageset.controller.stageset.targets import Target
+from stageset.controller.targets.clusters import Target
 from stageset.kube.client import LOCAL
 from stageset.kube.mapping import RestMapper
 from tests.inprocess.conftest import NS, TENANT, URL, World, configmap

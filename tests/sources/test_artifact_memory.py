@@ -1,7 +1,7 @@
 """Artifact memory is bounded by design: five tenants at the documented limits, in a process of its own.
 
 The real code path — :class:`~sources.artifacts.ArtifactStore` downloading from a loopback
-artifact server, verifying, unpacking, then :func:`~stageset.controller.rendercache.render_stage`
+artifact server, verifying, unpacking, then :func:`~stageset.controller.render.cache.render_stage`
 rendering a stage of each tree as the controller does — runs in a subprocess, five tenants at
 once (one thread each), so its peak RSS (``VmHWM``) is that path's alone.  Each artifact is
 :func:`tests.artifactload.at_the_limits`: 99 MiB of zeros in ten files, 100 KiB compressed; each
@@ -42,7 +42,7 @@ from sources.artifacts import ArtifactStore
 from sources.digests import Digest
 from stageset.build import BuildLimits
 from stageset.build.errors import BuildError
-from stageset.controller.rendercache import RenderCache, SourceRoot, render_stage
+from stageset.controller.render.cache import RenderCache, SourceRoot, render_stage
 from stageset.envtest.controller import memory_mib
 
 spec = json.loads(sys.argv[1])

@@ -4,25 +4,30 @@ manager that names no kind."""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from stageset.controller.keys import JobKey, ObjectKey, ReportKey
-from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
-from stageset.controller.manager import watches_by_kind
+from stageset.controller.kinds import GITREPOSITORIES, STAGESETS, STAGETARGETS
+from stageset.controller.manager import indexes_by_kind, watches_by_kind
 from stageset.controller.result import Result
 from stageset.controller.setup import (
     ANY_CHANGE,
     CHANGED_OR_GONE,
     CREATED_OR_CHANGED,
     Controller,
+    Event,
+    Index,
     Predicate,
     Setup,
     Watch,
+    merged,
     reconcile_trigger,
 )
+from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
 MANAGER = Path(__file__).resolve().parents[2] / "stageset" / "controller" / "manager.py"
@@ -106,3 +111,44 @@ def test_the_manager_names_no_kind() -> None:
             if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in prose}
     assert code, "the manager's string literals were not found"
     assert not {text for text in code if any(kind in text for kind in served)}
+
+
+class Guarding:
+    def observe(self, key: ObjectKey, event: Event, obj: KubeObject, *, known: bool) -> None:
+        del key, event, obj, known
+
+    def run(self, key: ObjectKey, obj: KubeObject, reconcile: Callable[[KubeObject], Result]) -> Result:
+        del key
+        return reconcile(obj)
+
+
+def controller(resource: Resource, *, namespaces: tuple[str, ...] | None = None,
+               indexed: Callable[[Event, ObjectKey, KubeObject], None] | None = None) -> Controller:
+    return Controller(resource=resource, reconciler=Nothing(), workers=1, trigger=reconcile_trigger,
+                      namespaces=namespaces, indexed=indexed)
+
+
+def test_features_are_joined_in_order_and_a_setup_wide_guard_covers_the_selected_controllers() -> None:
+    guard = Guarding()
+    targets = controller(STAGETARGETS, namespaces=("platform",))
+    joined = merged(Setup(controllers=(controller(STAGESETS),)),
+                    Setup(controllers=(controller(GITREPOSITORIES), targets)),
+                    Setup(guard=guard), Setup(listeners=(print,)))
+    assert [c.kind for c in joined.controllers] == ["StageSet", "GitRepository", "StageTarget"]
+    assert [c.guard for c in joined.controllers] == [guard, guard, None], \
+        "a controller watched in namespaces of its own is not under the shard's selector: not guarded"
+    assert joined.listeners == (print,)
+    with pytest.raises(ValueError, match="guard"):
+        merged(Setup(guard=guard), Setup(guard=Guarding()))
+
+
+def test_an_index_on_another_features_kind_is_told_after_the_controllers_own() -> None:
+    told: list[str] = []
+    own = controller(STAGESETS, indexed=lambda *_: told.append("own"))
+    setup = Setup(controllers=(own,), indexes=(Index(kind="StageSet",
+                                                     indexed=lambda *_: told.append("fleet")),))
+    for hook in indexes_by_kind(setup)["StageSet"]:
+        hook(Event.ADDED, ObjectKey("StageSet", "ns", "a"), {})
+    assert told == ["own", "fleet"]
+    with pytest.raises(ValueError, match="Bucket"):
+        indexes_by_kind(Setup(controllers=(own,), indexes=(Index(kind="Bucket", indexed=lambda *_: None),)))

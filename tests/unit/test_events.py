@@ -12,6 +12,7 @@ from stageset.apply.changeset import Action, Change
 from stageset.apply.inventory import ObjectId
 from stageset.controller.events import (
     EventRecorder,
+    ReadyWarnings,
     Recorded,
     change_summary,
     failing_revision,
@@ -226,3 +227,43 @@ def test_attempted_revisions_are_kept_per_stageset_and_forgotten_with_it() -> No
     assert recorder.attempted("shop", "api") == {}
     recorder.forget("shop", "web")
     assert recorder.attempted("shop", "web") == {}
+
+
+def ready(status: str, reason: str, message: str = "") -> dict[str, Any]:
+    return {**OBJ, "status": {"conditions": [{"type": "Ready", "status": status, "reason": reason,
+                                              "message": message}]}}
+
+
+@pytest.mark.parametrize(("before", "after", "told"), [
+    (ready("True", "Succeeded"), ready("False", "StageFailed", "boom"), "StageFailed"),
+    (ready("False", "StageFailed"), ready("False", "StageFailed"), None),  # no transition
+    (ready("True", "Succeeded"), ready("False", "Soaking"), None),  # a hold the reconciler asked for
+    (ready("True", "Succeeded"), ready("False", "NotAReason"), None),  # not our vocabulary: not told
+    (ready("False", "StageFailed"), ready("True", "Succeeded"), None),
+])
+def test_the_ready_policy_a_controller_declares_tells_a_warning_when_ready_turns_false(
+        before: dict[str, Any], after: dict[str, Any], told: str | None) -> None:
+    heard: list[Recorded] = []
+    recorder = EventRecorder(Recording(), clock=Clock(), instance="test", listener=heard.append)  # type: ignore[arg-type]
+    ReadyWarnings(recorder)(("StageSet", "shop", "web"), before, after)
+    assert [(e.type, e.reason, e.note) for e in heard] == \
+        ([] if told is None else [(EventType.WARNING, told, "boom")])
+
+
+def test_the_stagesets_ready_policy_names_the_revision_that_failed_others_none() -> None:
+    heard: list[Recorded] = []
+    recorder = EventRecorder(Recording(), clock=Clock(), instance="test", listener=heard.append)  # type: ignore[arg-type]
+    ReadyWarnings(recorder, revision=lambda _: "main@sha1:new")(
+        ("StageSet", "shop", "web"), ready("True", "Succeeded"), ready("False", "StageFailed", "boom"))
+    ReadyWarnings(recorder)(("GitRepository", "shop", "web"), ready("True", "Succeeded"),
+                            ready("False", "GitOperationFailed", "boom"))
+    assert [e.annotations for e in heard] == [{"stages.metio.wtf/revision": "main@sha1:new"}, {}]
+
+
+def test_every_subscribed_listener_hears_each_new_event() -> None:
+    first: list[Recorded] = []
+    second: list[Recorded] = []
+    recorder = EventRecorder(Recording(), clock=Clock(), instance="test", listener=first.append)  # type: ignore[arg-type]
+    recorder.subscribe(second.append)
+    recorder.emit(OBJ, type_=EventType.NORMAL, reason=EventReason.NEW_ARTIFACT, message="x")
+    assert len(first) == len(second) == 1

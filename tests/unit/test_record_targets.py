@@ -29,7 +29,7 @@ from stageset.apply.record import (
     parse,
     problem_of,
 )
-from stageset.controller.stageset.targets import where
+from stageset.controller.targets.clusters import where
 
 A = "https://a.example:6443#aaaaaaaaaaaaaaaa"
 B = "https://b.example:6443#bbbbbbbbbbbbbbbb"

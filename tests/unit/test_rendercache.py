@@ -12,7 +12,7 @@ import orjson
 import pytest
 
 from stageset.build import BuildError, BuildLimits
-from stageset.controller.rendercache import RenderCache, SourceRoot, render_key, render_stage, source_key
+from stageset.controller.render.cache import RenderCache, SourceRoot, render_key, render_stage, source_key
 
 URL = "https://git.example/x.git"
 CM = "apiVersion: v1\nkind: ConfigMap\nmetadata: {name: %s}\ndata: {v: '%s'}\n"
@@ -159,7 +159,7 @@ def test_builds_run_at_most_max_builds_at_once(monkeypatch: pytest.MonkeyPatch) 
     ``max_builds``, however many stages ask at once."""
     import threading
 
-    import stageset.controller.rendercache as rendercache
+    import stageset.controller.render.cache as rendercache
 
     real = rendercache.render
     changed = threading.Condition()

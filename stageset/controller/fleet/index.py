@@ -1,7 +1,8 @@
 """What the FleetRollout reconciler knows of StageSets and rollouts: small views kept from the watch.
 
-The manager tells this index every StageSet event (the wiring chains it to the StageSet
-controller's own index hook) and every FleetRollout event, before any key is queued; a rollout's
+The manager tells this index every StageSet event (an index the fleet's setup declares on the
+StageSet kind, told after the StageSet controller's own hook) and every FleetRollout event, before
+any key is queued; a rollout's
 reconcile reads the index, never the apiserver.  Per StageSet only what a rollout decides on is
 kept (:class:`Seen`: labels, the held revisions, the applied ones, Ready at its generation, the
 release annotation) — never its spec, objects or anything read from a tenant's sources or

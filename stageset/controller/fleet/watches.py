@@ -1,6 +1,7 @@
 """What the FleetRollout reconciler declares to the manager (its ``SetupWithManager``).
 
-- ``For`` FleetRollouts (cluster-scoped): a new generation, a ``requestedAt``, a deletion;
+- ``For`` FleetRollouts (cluster-scoped): a new generation, a ``requestedAt``, a deletion; a
+  Ready that turns ``False`` is told as a Warning (:class:`~stageset.controller.events.ReadyWarnings`);
 - ``Watches`` FleetRollouts: a rollout created, changed or deleted requeues every rollout (which
   StageSets are contested depends on all of them);
 - ``Watches`` StageSets (:func:`~stageset.controller.fleet.index.state`): a member's labels, held
@@ -13,11 +14,11 @@
   after a start, any rollout's (:class:`Sweep`, a runnable).
 
 Both kinds' events reach the :class:`~stageset.controller.fleet.index.FleetIndex` before any key
-is queued: the rollout's through :attr:`Controller.indexed`, the StageSets' through the StageSet
-controller's hook, chained by :func:`chained` (the wiring does it).
+is queued: the rollout's through :attr:`Controller.indexed`, the StageSets' through an
+:class:`~stageset.controller.setup.Index` on their kind (declared by :mod:`~stageset.controller.fleet.setup`).
 
-Only on a cluster-wide release without label shards (the wiring's rule): a rollout must see every
-StageSet it may select, and FleetRollouts are cluster-scoped.
+Only on a cluster-wide release without label shards (:mod:`~stageset.controller.fleet.setup`'s
+rule): a rollout must see every StageSet it may select, and FleetRollouts are cluster-scoped.
 
 Identity: none; nothing here makes a request.
 """
@@ -26,9 +27,9 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import replace
 from typing import Any
 
+from stageset.controller.events import EventRecorder, ReadyWarnings
 from stageset.controller.fleet.index import FleetIndex, state
 from stageset.controller.fleet.reconciler import JOB_KIND, FleetRolloutReconciler
 from stageset.controller.keys import JobKey, ObjectKey
@@ -53,8 +54,9 @@ def spec_of(obj: KubeObject) -> Any:
 
 class FleetWatches:
     def __init__(self, *, reconciler: FleetRolloutReconciler, resource: Resource, stageset_kind: str,
-                 index: FleetIndex, enqueue: Enqueue):
+                 index: FleetIndex, enqueue: Enqueue, events: EventRecorder):
         self._reconciler = reconciler
+        self._events = events
         self._resource = resource
         self._stageset_kind = stageset_kind
         self._index = index
@@ -67,21 +69,10 @@ class FleetWatches:
             resource=self._resource, reconciler=self._reconciler, workers=workers, trigger=reconcile_trigger,
             watches=(Watch(kind=self._resource.kind, state=spec_of, fires=ANY_CHANGE, keys=self._every),
                      Watch(kind=self._stageset_kind, state=state, fires=ANY_CHANGE, keys=self._selecting)),
-            indexed=self._indexed)
+            indexed=self._indexed, transitions=ReadyWarnings(self._events))
 
     def jobs(self) -> Jobs:
         return Jobs(runner=JOB_KIND, pool=self._resource.kind, run=self._reconciler.job)
-
-    def chained(self, stagesets: Controller) -> Controller:
-        """The StageSet controller with this index told its events too (after its own index)."""
-        own = stagesets.indexed
-        index = self._index
-
-        def both(event: Event, key: ObjectKey, obj: KubeObject) -> None:
-            if own is not None:
-                own(event, key, obj)
-            index.stageset(event, key, obj)
-        return replace(stagesets, indexed=both)
 
     def _indexed(self, event: Event, key: ObjectKey, obj: KubeObject) -> None:
         for namespace, name in self._index.rollout(event, key, obj):

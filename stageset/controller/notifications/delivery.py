@@ -35,7 +35,6 @@ import threading
 import time
 from collections import OrderedDict, deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Protocol
 from urllib.parse import urlsplit
 
@@ -44,22 +43,9 @@ from sources.download import call, display
 from sources.errors import SourceError
 from stageset.controller.notifications.config import Provider
 from stageset.controller.notifications.payloads import Outgoing
+from stageset.controller.settings import DeliverySettings as DeliverySettings  # declared with the others
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DeliverySettings:
-    rate: float = 1.0
-    """Requests per second per provider, once its burst is spent."""
-    burst: int = 10
-    capacity: int = 100
-    """Requests one provider's queue holds; past that, new ones are dropped."""
-    attempts: int = 4
-    backoff: float = 1.0
-    backoff_cap: float = 30.0
-    max_providers: int = 64
-    """Providers with an outbox at once (each has one thread); past that, events to others are dropped."""
 
 
 class Counters(Protocol):

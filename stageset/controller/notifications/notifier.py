@@ -1,8 +1,10 @@
 """The notifier: hears every event the recorder records (:mod:`stageset.controller.events`) and
 hands what an alert selects to its provider's outbox.
 
-Identity: the controller's own, for reading the configuration in the notification namespace only
-(:mod:`~stageset.controller.notifications.config`); no Kubernetes request otherwise.
+Identity: the controller's own, for reading the configuration in the notification namespace
+(:mod:`~stageset.controller.notifications.config`); with tenant alerts, the two kinds of an event's
+own namespace as the controller and their providers' Secrets as each provider's ServiceAccount
+(:mod:`~stageset.controller.notifications.tenants`); no Kubernetes request otherwise.
 
 Invariants: :meth:`Notifier.offer` (called from the recorder, in a reconcile's thread) only puts
 the event on a bounded intake queue -- a full queue drops it, counted -- so neither a slow
@@ -19,13 +21,17 @@ import contextlib
 import logging
 import queue
 import threading
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 from stageset.controller.events import Recorded
 from stageset.controller.notifications.config import ConfigReader, Subject, routes
-from stageset.controller.notifications.delivery import Counters, DeliverySettings, Outboxes, Send
+from stageset.controller.notifications.delivery import Counters, Outboxes, Send
 from stageset.controller.notifications.payloads import AddressError, notice, requests_for
+from stageset.controller.notifications.tenants import TenantConfigs
 from stageset.controller.redact import REGISTRY, Redactor
+from stageset.controller.settings import (
+    NotificationSettings as NotificationSettings,  # declared with the others
+)
 from stageset.kube.client import KubeClient
 
 log = logging.getLogger(__name__)
@@ -34,21 +40,14 @@ INTAKE_PROVIDER = ""
 """The provider label of a drop at intake (before any provider was chosen)."""
 
 
-@dataclass(frozen=True)
-class NotificationSettings:
-    namespace: str | None = None
-    """Where providers, alerts and their Secrets are read (``--notification-namespace``); ``None``: off."""
-    refresh: float = 30.0
-    """How long a read configuration is used before it is read again."""
-    intake: int = 1000
-    """Events waiting to be matched at most; past that, new ones are dropped."""
-    delivery: DeliverySettings = field(default_factory=DeliverySettings)
-
-
 class Notifier:
-    def __init__(self, client: KubeClient, *, settings: NotificationSettings, counters: Counters, send: Send):
-        assert settings.namespace, "the notifier needs a namespace"
-        self._reader = ConfigReader(client, namespace=settings.namespace, refresh=settings.refresh)
+    def __init__(self, client: KubeClient, *, settings: NotificationSettings, counters: Counters, send: Send,
+                 tenants: TenantConfigs | None = None):
+        """``tenants``: the tenants' own configurations (with ``settings.tenants``)."""
+        assert settings.enabled, "the notifier needs a namespace or tenant alerts"
+        self._reader = ConfigReader(client, namespace=settings.namespace, refresh=settings.refresh) \
+            if settings.namespace else None
+        self._tenants = tenants
         self._counters = counters
         self._intake: queue.Queue[Recorded | None] = queue.Queue(maxsize=settings.intake)
         self._outboxes = Outboxes(settings=settings.delivery, send=send, counters=counters)
@@ -90,7 +89,9 @@ class Notifier:
         ref = event.regarding
         subject = Subject(namespace=ref["namespace"], name=ref["name"], labels=event.labels, type=event.type,
                           reason=event.reason)
-        found = routes(self._reader.get(), subject)
+        found = routes(self._reader.get(), subject) if self._reader is not None else []
+        if self._tenants is not None:  # the StageSet's own namespace's alerts: its events only
+            found += routes(self._tenants.get(subject.namespace), subject)
         if not found:
             return
         redact = Redactor(REGISTRY.of((ref["kind"], ref["namespace"], ref["name"])))

@@ -1,5 +1,7 @@
 """The StageSet reconciler, as small named parts.  A picture of one pass: docs/architecture.md.
 
+- ``setup`` — the reconciler and every collaborator of it, built once, and its declaration (what
+  the wiring calls; the in-process tests too);
 - ``reconciler`` — orchestration only: copy what the cache handed over, read the spec
   (teardown, suspend), prepare (finalizer, stage graph, dependencies, target), run one pass;
 - ``watches`` — its declaration to the manager: what requeues a StageSet (its spec and
@@ -17,15 +19,13 @@
 - ``writer`` — **everything a reconcile writes to its StageSet, and when**: finalizer,
   inventory record, announce, progress, throttled waiting messages, conclusion (a quiet pass is
   an argument, not a mode of the writer);
-- ``reads`` — what a StageSet names, read as the tenant (sources, variables, dependencies);
-- ``targets`` — the cluster it applies to (``spec.kubeConfig``), a bounded cache of remotes;
-- ``renderservice`` — **the one render pipeline**, which ``stageset build``/``diff`` call too: a
-  stage's source and variables read as the tenant, its files from wherever the caller says, built
-  (``patches``, SOPS, substitution) and cached by content;
-- ``rendering`` — the controller's side of it: files from the shared mirror and the artifact
-  store; ``Rendered`` carries the stage's identity and its objects' ids on the target;
-- ``decryption`` — ``spec.decryption``: the key Secret read as the StageSet's ServiceAccount,
-  once a pass;
+- ``rendering`` — the pass's side of the render service (:mod:`stageset.controller.render`, the
+  one pipeline ``stageset build``/``diff`` call too: what a StageSet names read as the tenant,
+  files, build, SOPS keys, the render cache): ``Rendered`` carries the stage's identity and its
+  objects' ids on the target;
+- the cluster it applies to comes from the cluster targets (:mod:`stageset.controller.targets`),
+  through their face only (``targets.clusters``);
+- ``placement`` — ``spec.targetNamespace``; ``claims`` — which StageSet holds an object (live);
 - ``stage`` — applying one stage and judging its readiness within one slice;
 - ``scheduler`` — running stages over the dependency graph, branches concurrently, every
   callback on the reconcile's thread;
@@ -35,10 +35,10 @@
 - ``release`` — steering a release in a pass (pinned and held stages, promotion gates, rollback,
   the last good snapshot), doing what the pure rules decide: ``steering`` (where each stage
   renders, the steered verdict), ``gates`` (soak, manual promotion), ``windows`` (update
-  windows), ``rollback`` (the plan and its record), ``floors`` (``dependsOn[].minVersion``);
-  ``revisions`` is the seam for "a stage's source at a recorded revision".
+  windows), ``rollback`` (the plan and its record), ``floors`` (``dependsOn[].minVersion``); a
+  stage's source at a recorded revision comes from :mod:`stageset.controller.render.revisions`.
 
-The modules are layered, one way, from ``reconciler`` down to the pure rules (the import-linter
+The modules are layered, one way, from ``setup`` down to the pure rules (the import-linter
 contract in ``pyproject.toml``; every module is placed).
 
 Who acts as whom: :mod:`stageset.controller.identity`.  Whether a pass deletes: ``pruning``; what

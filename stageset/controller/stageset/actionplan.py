@@ -27,12 +27,12 @@ from __future__ import annotations
 import datetime
 import fnmatch
 import hashlib
-import json
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from stageset.api import THIS_CLUSTER, Stage, duration_seconds, format_time, parse_time
+from stageset.api import THIS_CLUSTER, duration_seconds, format_time, parse_time
 from stageset.api.actions import Action, ActionLedger, ActionRun, Hook, StageActions
+from stageset.controller.render.digests import inputs_digest as inputs_digest  # the ledger's key
 
 BACKOFF_BASE, BACKOFF_CAP = 2.0, 30.0
 """Seconds before the retry after a failed attempt: doubling from the base, at most the cap."""
@@ -40,22 +40,6 @@ HTTP_ATTEMPT_CAP = 10.0
 """Seconds one HTTP request may take at most (a slower endpoint fails the attempt): no worker is held
 longer."""
 MAX_ERROR = 1024
-_SECRET = "<from a Secret>"  # noqa: S105 - a placeholder for a value, not a password
-
-
-def inputs_digest(stage: Stage, variables: Mapping[str, str] | None, secret_values: Iterable[str]) -> str:
-    """``sha256:<16 hex>`` of what the stage builds from besides its source revision."""
-    secrets = set(secret_values)
-    data = {
-        "path": stage.path,
-        "patches": [p.model_dump(mode="json", by_alias=True, exclude_none=True) for p in stage.patches],
-        "variables": None if variables is None
-        else {name: (_SECRET if value in secrets else value) for name, value in sorted(variables.items())},
-    }
-    digest = hashlib.sha256(json.dumps(data, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
-    return f"sha256:{digest[:16]}"
-
-
 def ledger_for(before: ActionLedger | None, *, revision: str, inputs: str, target: str
                ) -> ActionLedger:
     """The ledger of this revision on this target (a cluster id, :data:`THIS_CLUSTER` here):

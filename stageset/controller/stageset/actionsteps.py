@@ -63,12 +63,12 @@ from stageset.apply.health import variables as cel_variables
 from stageset.apply.inventory import describe
 from stageset.apply.plan import phases
 from stageset.apply.readiness import Status
+from stageset.controller.accounts import read_named
 from stageset.controller.clock import Clock
 from stageset.controller.redact import Redactor, bounded
 from stageset.controller.stageset import actionplan
-from stageset.controller.stageset.reads import read_named
 from stageset.controller.stageset.rendering import Renderer
-from stageset.controller.stageset.targets import Target
+from stageset.controller.targets.clusters import Target
 from stageset.kube import fence
 from stageset.kube.client import ApiError, Identity, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource

@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 from stageset.api import StageSet
 from stageset.controller.redact import Redactor
-from stageset.controller.rendercache import StageDecryption
+from stageset.controller.render.cache import StageDecryption
 from stageset.controller.stageset.progress import Progress
-from stageset.controller.stageset.targets import Target
 from stageset.controller.stageset.writer import PassWriter
+from stageset.controller.targets.clusters import Target
 from stageset.kube.client import ApiError, UnreachableError
 
 

@@ -45,7 +45,7 @@ Ref = tuple[str, str]  # (namespace, name)
 # Seconds a person would not notice: a wait shorter than this is never written.
 GRACE = 1.0
 # Waiting only for GitRepositories that have said nothing yet, their first fetch queued or running
-# (:class:`~stageset.controller.stageset.reads.NothingSaidYet`): their first conclusion, whatever
+# (:class:`~stageset.controller.render.reads.NothingSaidYet`): their first conclusion, whatever
 # it is, wakes the StageSet, so it waits for that — many created at once queue for the source
 # workers — at most as long as one fetch may take by default (a GitRepository's ``spec.timeout``).
 # (Not a dependency: only its turning Ready wakes its dependents, so they get the short grace.)

@@ -1,7 +1,7 @@
 """Re-targeting is make-before-break: a StageSet whose stages move to another cluster is applied and
 Ready there first; only then is the previous cluster cleaned up.
 
-A move is a pass whose target (:attr:`Target.id <stageset.controller.stageset.targets.Target.id>`,
+A move is a pass whose target (:attr:`Target.id <stageset.controller.targets.clusters.Target.id>`,
 a stable cluster id, never a credential) differs from the one a stage's inventory or durable record
 names: ``spec.kubeConfig`` set, removed or pointed at another Secret, or a Secret whose content now
 names another cluster.  The steps:
@@ -29,7 +29,7 @@ names another cluster.  The steps:
 
 Identity: the kubeConfig Secret of a previous target is read as the StageSet's identity on this
 cluster (only a Secret of its own namespace, :meth:`Targets.previous
-<stageset.controller.stageset.targets.Targets.previous>`); lists, deletes and releases there are
+<stageset.controller.targets.clusters.Targets.previous>`); lists, deletes and releases there are
 made as the identity each inventory (or record) names — the one that applied the objects; events
 as the controller.
 """
@@ -58,7 +58,8 @@ from stageset.controller.stageset.context import PassContext
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
 from stageset.controller.stageset.progress import Progress
 from stageset.controller.stageset.records import applied_target, on_target
-from stageset.controller.stageset.targets import (
+from stageset.controller.stageset.teardown import AGAIN, CLUSTER_ERRORS, Teardown, release_remaining, why
+from stageset.controller.targets.clusters import (
     LOCAL_TARGET,
     Target,
     Targets,
@@ -66,7 +67,6 @@ from stageset.controller.stageset.targets import (
     named,
     where,
 )
-from stageset.controller.stageset.teardown import AGAIN, CLUSTER_ERRORS, Teardown, release_remaining, why
 from stageset.kube.client import ClientPool, KubeClient
 
 log = logging.getLogger(__name__)

@@ -43,28 +43,29 @@ from stageset.apply.prune import Owner, candidates, unpruned_stages
 from stageset.apply.prune import prune as prune_stale
 from stageset.apply.record import StageRecord
 from stageset.controller import logs
+from stageset.controller.accounts import AccountCheck
 from stageset.controller.clock import Clock
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.redact import Redactor
+from stageset.controller.render.decryption import for_pass
+from stageset.controller.render.reads import NothingSaidYet
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.stageset import history, plan, pruning, records, steering
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.context import Interrupted, PassContext, interruptible
-from stageset.controller.stageset.decryption import for_pass
 from stageset.controller.stageset.moves import Moves
 from stageset.controller.stageset.placement import placed
 from stageset.controller.stageset.progress import Progress, concluded, shown
 from stageset.controller.stageset.pruning import PrunePermission, Scope
-from stageset.controller.stageset.reads import AccountCheck, NothingSaidYet
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.release import Release, Request
 from stageset.controller.stageset.rendering import Rendered, Renderer
 from stageset.controller.stageset.scheduler import StageScheduler, Tell
 from stageset.controller.stageset.stage import StageRun, StageWork
 from stageset.controller.stageset.steering import Steering
-from stageset.controller.stageset.targets import Target, inventory_clients
 from stageset.controller.stageset.writer import PassWriter
+from stageset.controller.targets.clusters import Target, inventory_clients
 from stageset.kube.client import ApiError, ClientPool, UnreachableError
 
 log = logging.getLogger(__name__)
@@ -203,7 +204,7 @@ class PassRunner:
     def _render_all(self, ctx: PassContext, progress: Progress
                     ) -> tuple[dict[str, Rendered], Progress, set[str]]:
         """Every stage rendered (or failed), and the stages whose GitRepository has not said
-        anything yet (:class:`~stageset.controller.stageset.reads.NothingSaidYet`)."""
+        anything yet (:class:`~stageset.controller.render.reads.NothingSaidYet`)."""
         rendered: dict[str, Rendered] = {}
         unspoken: set[str] = set()
         namespace = ctx.ref[0]
@@ -334,7 +335,8 @@ class PassRunner:
         status = status.model_copy(update={"history": history.recorded(
             ctx.writer.status.history, order=progress.order, outcomes=progress.outcomes,
             applied=progress.fresh, changes=progress.written, pruned=pruned,
-            generation=ctx.stageset.metadata.get("generation"))})
+            generation=ctx.stageset.metadata.get("generation"), now=format_time(self._clock()),
+            tried={name: rendered[name].revision if name in rendered else None for name in progress.order})})
         self._release.told(ctx, steer)
         requeue = verdict.requeue_after
         unlisted = progress.unlisted

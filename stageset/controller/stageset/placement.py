@@ -21,7 +21,7 @@ from dataclasses import replace
 
 from stageset.api import StageSet
 from stageset.controller.stageset.rendering import Rendered, identify
-from stageset.controller.stageset.targets import Target
+from stageset.controller.targets.clusters import Target
 from stageset.kube.types import KubeObject
 
 

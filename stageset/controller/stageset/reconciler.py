@@ -10,7 +10,7 @@ Identity, per request (the rules: :mod:`stageset.controller.identity`):
 - a stage's source, variables and objects: the stage's identity (see the pass);
 - discovery, status, finalizers and events: the controller's own identity.
 
-Every collaborator is passed in; :mod:`stageset.controller.wiring` builds them, once.
+Every collaborator is passed in; :mod:`stageset.controller.stageset.setup` builds them, once.
 
 Invariant: a reconcile that fails for any reason concludes with ``Ready=False`` and a reason,
 never leaving the last pass's ``Ready=True`` standing while new commits go unapplied: tenant
@@ -40,16 +40,16 @@ from stageset.controller.dependencies import DependencyIndex, spell_cycle
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.ordering import OrderingError, stage_graph
 from stageset.controller.redact import REGISTRY, Redactor
+from stageset.controller.render.reads import TenantReads
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.stageset import floors, plan
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.holding import Holding
 from stageset.controller.stageset.passes import PassRunner, log_denial
-from stageset.controller.stageset.reads import TenantReads
-from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.stageset.writer import PassWriter, Ticks
 from stageset.controller.status import StatusWriter, WriteListener, validation_message
+from stageset.controller.targets.clusters import Target, Targets
 from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject

@@ -29,7 +29,7 @@ from stageset.apply.record import Previous, Record, StageRecord, of_inventories,
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.stageset import plan
 from stageset.controller.stageset.rendering import Rendered
-from stageset.controller.stageset.targets import Target, inventory_clients
+from stageset.controller.targets.clusters import Target, inventory_clients
 from stageset.kube.client import ClientPool
 from stageset.kube.types import KubeObject, metadata
 

@@ -64,7 +64,7 @@ from stageset.controller.stageset.pruning import PrunePermission, Scope
 from stageset.controller.stageset.rendering import Rendered, Renderer
 from stageset.controller.stageset.stage import StageRun, StageWork
 from stageset.controller.stageset.steering import Steering
-from stageset.controller.stageset.targets import inventory_clients
+from stageset.controller.targets.clusters import inventory_clients
 from stageset.kube.client import ClientPool
 
 log = logging.getLogger(__name__)

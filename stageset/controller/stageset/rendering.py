@@ -1,20 +1,20 @@
 """The StageSet reconciler's renderer: the one render service over the controller's own sources.
 
 Rendering itself — the tenant's reads, the build, SOPS, substitution, the render cache — is
-:class:`~stageset.controller.stageset.renderservice.RenderService`, the pipeline ``stageset build``
-and ``diff`` call too.  What this module adds is the controller's side of it:
+:class:`~stageset.controller.render.service.RenderService`, the pipeline ``stageset build``
+and ``diff`` call too (:mod:`stageset.controller.render`).  What this module adds is the pass's
+side of it:
 
-- where the files come from (:class:`MirrorFiles`): the controller's shared Git mirror, which
-  holds only commits the GitRepository's own credentials fetched and serves a GitRepository only
-  those (its uid-qualified consumer), or the artifact store, which hands out only the digest the
-  tenant's own read of the source object named (:mod:`stageset.controller.artifacts`);
-- the client pool the tenant's reads go through (:class:`ClusterReads`);
-- each object's identity on the target (:func:`identify`), carried by :class:`Rendered`.
+- the render service over the controller's files
+  (:class:`~stageset.controller.render.files.MirrorFiles`: the shared Git mirror and the artifact
+  store), reading as the tenant through its client pool;
+- each object's identity on the target (:func:`identify`), carried by :class:`Rendered` with the
+  stage's identity and target.
 
 Identity: the source object (our GitRepository, a Flux source, a producer's ExternalArtifact)
 and the ``substituteFrom`` ConfigMaps/Secrets are read as the stage's identity (through
-:class:`~stageset.controller.stageset.reads.TenantReads`); the key Secret as the StageSet's
-(:mod:`stageset.controller.stageset.decryption`).  Discovery (namespace defaulting) is the
+:class:`~stageset.controller.render.reads.TenantReads`); the key Secret as the StageSet's
+(:mod:`stageset.controller.render.decryption`).  Discovery (namespace defaulting) is the
 target's (controller identity, or the remote kubeconfig's).
 
 An artifact renders under the key ``("artifact", <digest>)``: a digest fixes every byte, so every
@@ -22,7 +22,7 @@ stage naming it shares one build per path and variables, and an unchanged artifa
 built again.
 
 A build starts at the stage's path but may load any file of the source root (``../``
-bases, components); :func:`~stageset.controller.rendercache.render_stage` reads the whole
+bases, components); :func:`~stageset.controller.render.cache.render_stage` reads the whole
 root at most once per commit and keys the render on exactly the files the build loads, so a
 change in a shared base re-renders every stage that uses it and nothing else.
 """
@@ -30,48 +30,20 @@ change in a shared base re-renders every stage that uses it and nothing else.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from stageset.api import Stage
-from stageset.api.vocabulary import Reason
-from stageset.apply.errors import StageError
 from stageset.apply.inventory import ObjectId, object_id
 from stageset.build import BuildLimits
+from stageset.controller.accounts import service_account_of
 from stageset.controller.redact import Redactor
-from stageset.controller.rendercache import RenderCache, SourceRoot, StageDecryption
-from stageset.controller.stageset.reads import ArtifactSource, Source, TenantReads, service_account_of
-from stageset.controller.stageset.renderservice import (
-    ARTIFACT_URL,
-    Checkout,
-    ClusterReads,
-    Files,
-    RenderService,
-    mirror_files,
-)
-from stageset.controller.stageset.revisions import RevisionContent
-from stageset.controller.stageset.targets import Target
+from stageset.controller.render.cache import RenderCache, StageDecryption
+from stageset.controller.render.reads import Source, TenantReads
+from stageset.controller.render.revisions import RevisionContent
+from stageset.controller.render.service import ClusterReads, RenderService
+from stageset.controller.render.stores import ArtifactTrees, MirrorFiles, SourceTrees
+from stageset.controller.targets.clusters import Target
 from stageset.kube.client import ClientPool, Identity
 from stageset.kube.types import KubeObject
-
-
-class SourceTrees(Protocol):
-    """What rendering needs of the Git mirror (:class:`sources.MirrorStore`)."""
-
-    def tree_hash(self, url: str, *, commit: str, path: str = "./") -> str: ...
-
-    def is_served(self, url: str, *, commit: str, consumer: str) -> bool: ...
-
-    def read_tree(self, url: str, *, commit: str, path: str = "./", ignore: str | None = None,
-                  consumer: str | None = None, unreadable: dict[str, str] | None = None
-                  ) -> dict[str, bytes]: ...
-
-
-class ArtifactTrees(Protocol):
-    """What rendering needs of artifacts (:class:`stageset.controller.artifacts.ArtifactFetcher`)."""
-
-    def require(self, source: ArtifactSource, *, stage: str, requester: str) -> object: ...
-
-    def tree(self, source: ArtifactSource, *, stage: str, requester: str) -> SourceRoot: ...
 
 
 @dataclass
@@ -87,61 +59,19 @@ class Rendered:
     source: Source | None = None
     """The source as read (at :attr:`revision`)."""
     inputs: str | None = None
-    """A digest of the stage's ``postBuild`` variables (:func:`rollback.substitution_digest`)."""
+    """A digest of the stage's ``postBuild`` variables
+    (:func:`~stageset.controller.render.digests.substitution_digest`)."""
     pinned: bool = False
     """Rendered at a recorded revision rather than the source's current one."""
     action_inputs: str = ""
     """What else the stage builds from besides its revision, as a digest: with the revision, what its
-    actions run once for (:func:`~stageset.controller.stageset.actionplan.inputs_digest`)."""
+    actions run once for (:func:`~stageset.controller.render.digests.inputs_digest`)."""
 
     @property
     def account(self) -> str | None:
         """The ServiceAccount the stage acts as, as its inventory records it (``None``: the controller)."""
         found = service_account_of(self.identity)
         return found[1] if found is not None else None
-
-
-class MirrorFiles:
-    """The controller's :class:`~stageset.controller.stageset.renderservice.SourceFiles`: the shared
-    Git mirror (a GitRepository is served only the commits fetched with its own credentials) and
-    the artifact store (only the digest the tenant's read of the source named)."""
-
-    def __init__(self, *, store: SourceTrees, artifacts: ArtifactTrees | None = None):
-        self._store = store
-        self._artifacts = artifacts
-
-    def checkout(self, stage: Stage) -> Checkout | None:
-        del stage
-        return None  # the controller always reads the stage's source
-
-    def git(self, source: Source, *, stage: Stage, identity: Identity, pinned: bool) -> Files:
-        del identity  # the mirror is this process's; what it serves is decided by the consumer
-        url, commit, ignore, consumer = source.url, source.commit, source.ignore, source.consumer
-        if pinned and not self._store.is_served(url, commit=commit, consumer=consumer):
-            raise StageError(Reason.PREVIOUS_REVISION_UNAVAILABLE, f"stage {stage.name!r}: GitRepository "
-                             f"{source.name}: revision {source.revision} is no longer in the controller's "
-                             "Git mirror")
-        if not self._store.is_served(url, commit=commit, consumer=consumer):
-            # Only what this GitRepository was served, never another commit of a shared mirror
-            # (a status a tenant wrote, or a commit another tenant's credentials fetched).
-            raise StageError(Reason.ARTIFACT_NOT_FOUND, f"stage {stage.name!r}: GitRepository "
-                             f"{source.name}: revision {source.revision} has not been "
-                             "fetched for it (yet)")
-        store = self._store
-
-        return mirror_files(store, url=url, commit=commit, ignore=ignore, consumer=consumer,
-                            stage_path=stage.path)
-
-    def artifact(self, source: ArtifactSource, *, stage: Stage, namespace: str) -> Files:
-        if self._artifacts is None:
-            raise StageError(Reason.STAGE_FAILED, f"stage {stage.name!r}: {source.what}: this controller "
-                             "does not read artifacts")
-        artifacts = self._artifacts
-        # Asked before the render cache: a digest the store cannot serve (not downloaded yet, or
-        # refused) says so even when another stage rendered it once.  Reading it waits for a miss.
-        artifacts.require(source, stage=stage.name, requester=namespace)
-        return Files(url=ARTIFACT_URL, commit=source.digest,
-                     read_root=lambda: artifacts.tree(source, stage=stage.name, requester=namespace))
 
 
 class Renderer:

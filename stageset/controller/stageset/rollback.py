@@ -23,7 +23,6 @@ The words:
 from __future__ import annotations
 
 import datetime
-import hashlib
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -32,20 +31,10 @@ import networkx as nx
 from stageset.api import format_time
 from stageset.api.release import Rollback, RollbackPhase, StageSnapshot
 from stageset.api.vocabulary import Reason, StagePhase
+from stageset.controller.render.digests import (
+    substitution_digest as substitution_digest,  # its snapshots' key
+)
 from stageset.controller.stageset.plan import StageOutcome
-
-
-def substitution_digest(variables: Mapping[str, str] | None, *, salt: str) -> str | None:
-    """A digest of a stage's ``postBuild`` variables (names and values, never the values
-    themselves), salted with the StageSet's uid; ``None`` when the stage has no variables."""
-    if variables is None:
-        return None
-    digest = hashlib.sha256(salt.encode())
-    for name in sorted(variables):
-        for part in (name, variables[name]):
-            data = part.encode()
-            digest.update(len(data).to_bytes(8, "big") + data)
-    return f"sha256:{digest.hexdigest()}"
 
 
 @dataclass(frozen=True)

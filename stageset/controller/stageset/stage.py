@@ -6,7 +6,7 @@ single-tenant mode).  Whether another StageSet still holds an object the stage r
 as the controller (:mod:`~stageset.controller.stageset.claims`).  ``readyChecks.checks`` are read
 as the same identity, and so are the
 watches a waiting stage opens (:mod:`stageset.kube.watches`, through the engine).  After a denial,
-whether the ServiceAccount exists is asked as :class:`~stageset.controller.stageset.reads.AccountCheck`
+whether the ServiceAccount exists is asked as :class:`~stageset.controller.accounts.AccountCheck`
 says.
 
 The stage's settings used here: ``conflictPolicy`` (and ``force``) for immutable-field conflicts;
@@ -41,12 +41,12 @@ from stageset.apply.inventory import ObjectId, by_id
 from stageset.apply.ownership import StageOwner
 from stageset.apply.readiness import Readiness
 from stageset.controller import logs
+from stageset.controller.accounts import AccountCheck
 from stageset.controller.clock import Clock
 from stageset.controller.events import change_summary
 from stageset.controller.redact import Redactor
 from stageset.controller.stageset.claims import LiveClaims
 from stageset.controller.stageset.plan import StageOutcome, judge_readiness, on_timeout, readiness_window
-from stageset.controller.stageset.reads import AccountCheck
 from stageset.controller.stageset.rendering import Rendered
 from stageset.kube.client import ApiError, ClientPool, KubeClient
 from stageset.kube.types import KubeObject

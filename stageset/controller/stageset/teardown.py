@@ -33,7 +33,7 @@ fails is retried with a growing delay (:func:`~stageset.controller.stageset.plan
 A StageSet deleted while a move is in flight is torn down on every cluster: its current target
 first, then what the move left on previous ones (``status.previousTargets``; each reached again
 through the kubeConfig Secret its inventory names, :meth:`Targets.previous
-<stageset.controller.stageset.targets.Targets.previous>`), within the same wait.
+<stageset.controller.targets.clusters.Targets.previous>`), within the same wait.
 
 Past the wait the finalizer is removed anyway, with a ``TeardownForced`` event that counts what
 was left behind per kind and namespace (names the tenant's own manifests gave, nothing else);
@@ -66,8 +66,8 @@ from stageset.controller.result import Result
 from stageset.controller.stageset import pruning
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
 from stageset.controller.stageset.records import Records
-from stageset.controller.stageset.targets import Target, Targets
 from stageset.controller.stageset.writer import PassWriter
+from stageset.controller.targets.clusters import Target, Targets
 from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
 from stageset.kube.types import KubeObject
 

@@ -3,7 +3,9 @@
 - ``For`` StageSets (:func:`trigger`): a new generation, a ``requestedAt``, a deletion, a
   promote/update-now annotation (a request is an annotation, so it is named here), or the
   release a FleetRollout wrote (``stages.metio.wtf/fleet-release``: a wave opened for it).
-  Status writes alone requeue nothing.
+  Status writes alone requeue nothing.  A Ready that turns ``False`` is told as a Warning
+  annotated with the revision that failed (:class:`~stageset.controller.events.ReadyWarnings`),
+  except a release held as asked or a rollback the pass told itself.
 - ``Watches`` StageSets (:func:`as_dependency`): a StageSet turning (un)Ready at its generation,
   applying a new revision (``minVersion``) or releasing a held one wakes the StageSets whose
   ``spec.dependsOn`` names it, at once.
@@ -43,6 +45,7 @@ from stageset.api.release import ANNOTATION_PROMOTE, ANNOTATION_UPDATE_NOW
 from stageset.apply.record import problem_of
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
+from stageset.controller.events import EventRecorder, ReadyWarnings, failing_revision
 from stageset.controller.keys import ObjectKey
 from stageset.controller.result import Result
 from stageset.controller.setup import (
@@ -160,8 +163,9 @@ class StageSetWatches:
     def __init__(self, *, reconciler: Reconciles, resource: Resource, source_kind: str,
                  index: DependencyIndex, sources: SourceIndex, poke: Callable[[str], None],
                  default_source_kind: DefaultSourceKind, no_cross_namespace_refs: bool,
-                 target_kind: str | None = None):
+                 target_kind: str | None = None, events: EventRecorder | None = None):
         self._reconciler = reconciler
+        self._events = events
         self._resource = resource
         self._source_kind = source_kind
         self._index = index
@@ -181,7 +185,17 @@ class StageSetWatches:
                      *([] if self._target_kind is None else
                        [Watch(kind=self._target_kind, state=target_trigger, fires=ANY_CHANGE,
                               keys=self._naming)])),
-            indexed=self._indexed)
+            indexed=self._indexed,
+            transitions=None if self._events is None else ReadyWarnings(self._events,
+                                                                        revision=self._failed_at))
+
+    def _failed_at(self, obj: KubeObject) -> str:
+        """The revision a StageSet's failure is about: what its last pass attempted for its failed
+        stages (:func:`~stageset.controller.events.failing_revision`)."""
+        assert self._events is not None
+        meta = obj.get("metadata") or {}
+        attempted = self._events.attempted(str(meta.get("namespace", "")), str(meta.get("name", "")))
+        return failing_revision(obj, attempted)
 
     def revised(self, namespace: str, name: str, revision: str) -> None:
         """A GitRepository's artifact changed (or a fetch stored a known revision anew)."""

@@ -2,7 +2,7 @@
 
 Identity: the controller's own, throughout — it lists and watches StageTargets only in the target
 namespaces (``--target-namespaces``; a Role each), reads each target's kubeconfig Secret there as
-itself (:class:`~stageset.controller.stageset.platform.PlatformTargets`), asks the remote's
+itself (:class:`~stageset.controller.targets.platform.PlatformTargets`), asks the remote's
 ``/version`` with the kubeconfig's own identity (no impersonation: nothing is written there), and
 writes the StageTarget's status as itself.  No tenant identity is ever used here.
 
@@ -36,14 +36,15 @@ from pydantic import ValidationError
 from stageset.api import StageTarget, StageTargetStatus
 from stageset.api.vocabulary import Reason
 from stageset.controller.clock import Clock, system_clock
+from stageset.controller.events import EventRecorder, ReadyWarnings
 from stageset.controller.kinds import SECRETS
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
 from stageset.controller.setup import Controller, Enqueue, reconcile_trigger
 from stageset.controller.sharding import LabelSelector
-from stageset.controller.stageset.platform import SecretUnusable
-from stageset.controller.stageset.targets import Targets
 from stageset.controller.status import StatusWriter, WriteListener, validation_message
+from stageset.controller.targets.clusters import Targets
+from stageset.controller.targets.credentials import SecretUnusable
 from stageset.kube.client import ApiError, ClientPool, Identity, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.remote import KubeconfigError
@@ -55,9 +56,9 @@ log = logging.getLogger(__name__)
 
 class StageTargetReconciler:
     def __init__(self, *, clients: ClientPool, targets: Targets, resource: Resource,
-                 namespaces: tuple[str, ...], interval: float, clock: Clock = system_clock,
-                 runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL, on_write: WriteListener | None = None,
-                 shard: LabelSelector | None = None):
+                 namespaces: tuple[str, ...], interval: float, events: EventRecorder,
+                 clock: Clock = system_clock, runbook_base_url: str = DEFAULT_RUNBOOK_BASE_URL,
+                 on_write: WriteListener | None = None, shard: LabelSelector | None = None):
         assert targets.platform is not None, "platform targets are wired with --target-namespaces only"
         self._clients = clients
         self._targets = targets
@@ -69,6 +70,7 @@ class StageTargetReconciler:
         self._runbooks = runbook_base_url
         self._on_write = on_write
         self._shard = shard
+        self._events = events
 
     def owns(self, obj: KubeObject) -> bool:
         """Whether this controller writes ``obj``'s status: without label shards always; on one, when
@@ -77,10 +79,11 @@ class StageTargetReconciler:
 
     def controller(self, *, workers: int) -> Controller:
         """``For`` StageTargets of the target namespaces (a new generation, a ``requestedAt``, a
-        deletion); every event indexed first, so a StageSet's check sees the spec the watch did."""
+        deletion); every event indexed first, so a StageSet's check sees the spec the watch did.  A
+        Ready that turns ``False`` is told as a Warning (:class:`ReadyWarnings`)."""
         return Controller(resource=self._resource, reconciler=self, workers=workers,
                           trigger=reconcile_trigger, indexed=self._platform.observe,
-                          namespaces=self._namespaces)
+                          namespaces=self._namespaces, transitions=ReadyWarnings(self._events))
 
     def secrets(self, *, enqueue: Enqueue, stop: threading.Event, resync: float) -> tuple[Reflector, ...]:
         """Metadata-only watches of the target namespaces' Secrets (no value is ever listed or

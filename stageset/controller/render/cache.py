@@ -122,7 +122,7 @@ class Seal:
 
 class StageDecryption(Protocol):
     """A StageSet's ``spec.decryption`` for one stage's render (see
-    :mod:`stageset.controller.stageset.decryption`)."""
+    :mod:`stageset.controller.render.decryption`)."""
 
     @property
     def scope(self) -> str:

@@ -1,6 +1,6 @@
 """A StageSet's ``spec.decryption`` for one pass: the key Secret, read as the tenant, once, when needed.
 
-How the render service (:mod:`stageset.controller.stageset.renderservice`) reads keys, in the
+How the render service (:mod:`stageset.controller.render.service`) reads keys, in the
 controller and in ``stageset build``/``diff`` alike: the CLI builds the same
 :class:`PassDecryption` over its session (which first checks that the user may impersonate the
 ServiceAccount), so both read the same Secret as the same identity and fail with the same
@@ -11,7 +11,7 @@ namespace: the API has no way to name another) is read as the **StageSet's**
 ``serviceAccountName`` (:meth:`~stageset.controller.identity.IdentityPolicy.for_stageset`; the
 controller itself only in cluster-admin mode), as the reference does — never as a stage's
 override, so a stage cannot widen whose keys decrypt it.  A 403 is ``RBACDenied`` (with the
-ServiceAccount check of :class:`~stageset.controller.stageset.reads.AccountCheck`), a missing
+ServiceAccount check of :class:`~stageset.controller.accounts.AccountCheck`), a missing
 Secret ``StageFailed``.
 
 The Secret is read lazily: only when a stage's build reads a SOPS file, or a decrypted render
@@ -30,15 +30,15 @@ from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.build import BuildError
 from stageset.build.decrypt import DecryptionKeys
+from stageset.controller.accounts import AccountCheck, read_named
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.redact import Redactor
-from stageset.controller.stageset.reads import AccountCheck, read_named
-from stageset.controller.stageset.renderservice import Clients
+from stageset.controller.render.reads import Clients
 
 
 class PassDecryption:
     """One StageSet's ``spec.decryption`` during one pass (implements
-    :class:`~stageset.controller.rendercache.StageDecryption`)."""
+    :class:`~stageset.controller.render.cache.StageDecryption`)."""
 
     def __init__(self, *, stageset: StageSet, policy: IdentityPolicy, clients: Clients,
                  accounts: AccountCheck, redactor: Redactor):

@@ -5,30 +5,32 @@ The StageSet reconciler (:class:`~stageset.controller.stageset.rendering.Rendere
 they cannot silently disagree.  Shared, whoever calls:
 
 - the stage's source object and its ``substituteFrom`` ConfigMaps/Secrets, read as the tenant by
-  :class:`~stageset.controller.stageset.reads.TenantReads` (the same kinds, refusals and messages);
+  :class:`~stageset.controller.render.reads.TenantReads` (the same kinds, refusals and messages);
 - whom the Git mirror serves the commit to: the GitRepository *by uid*
-  (:attr:`Source.consumer <stageset.controller.stageset.reads.Source.consumer>`, from
+  (:attr:`Source.consumer <stageset.controller.render.reads.Source.consumer>`, from
   :func:`~stageset.controller.consumers.artifact_consumer`), never a name a recreated object could
   reuse;
-- the build: :func:`~stageset.controller.rendercache.render_stage` — the build limits, the stage's
+- the build: :func:`~stageset.controller.render.cache.render_stage` — the build limits, the stage's
   ``patches``, SOPS files decrypted with the StageSet's keys, ``postBuild`` substitution, the
   render cache;
 - the digests a pass records: the substitution digest and the action inputs
-  (:func:`~stageset.controller.stageset.actionplan.inputs_digest`).
+  (:mod:`~stageset.controller.render.digests`).
 
 What differs is supplied by the caller:
 
-- **where the files come from** (:class:`SourceFiles`): the controller reads its shared mirror
-  (only commits fetched for the GitRepository) and its artifact store; the CLI fetches into a
-  mirror on the user's machine, downloads artifacts, or reads a local checkout (``--source-dir``,
-  a :class:`Checkout`: the source object is then not read at all);
-- **how keys are read** (a :class:`~stageset.controller.rendercache.StageDecryption` per render):
-  :class:`~stageset.controller.stageset.decryption.PassDecryption` in the controller and in a CLI
+- **where the files come from** (:class:`~stageset.controller.render.files.SourceFiles`): the
+  controller reads its shared mirror (only commits fetched for the GitRepository) and its artifact
+  store; the CLI fetches into a mirror on the user's machine, downloads artifacts, or reads a local
+  checkout (``--source-dir``, a :class:`~stageset.controller.render.files.Checkout`: the source
+  object is then not read at all);
+- **how keys are read** (a :class:`~stageset.controller.render.cache.StageDecryption` per render):
+  :class:`~stageset.controller.render.decryption.PassDecryption` in the controller and in a CLI
   that reads the cluster (the key Secret as the StageSet's ServiceAccount), or the CLI's local age
   key file;
 - **what is read as the tenant, through which client** (:class:`StageReads`): :class:`ClusterReads`
-  over a :class:`Clients` — the controller's pool, or the CLI's session (which first checks the
-  user may impersonate) — or, for a CLI build without a cluster, nothing.
+  over a :class:`~stageset.controller.render.reads.Clients` — the controller's pool, or the CLI's
+  session (which first checks the user may impersonate) — or, for a CLI build without a cluster,
+  nothing.
 
 Identity: the source object and ``substituteFrom`` are read as the ``identity`` handed to
 :meth:`RenderService.render` (the stage's: :meth:`IdentityPolicy.for_stage
@@ -43,7 +45,7 @@ stage (a caller's file source may raise its own errors, which pass through).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -55,22 +57,16 @@ from stageset.apply.errors import StageError
 from stageset.build import BuildError, BuildLimits, KustomizeNotFoundError
 from stageset.build.decrypt import DecryptionError
 from stageset.controller.redact import Redactor
-from stageset.controller.rendercache import RenderCache, SourceRoot, StageDecryption, render_stage
-from stageset.controller.stageset.actionplan import inputs_digest
-from stageset.controller.stageset.reads import ArtifactSource, Source, TenantReads
-from stageset.controller.stageset.revisions import GitRevisions, RevisionContent
-from stageset.controller.stageset.rollback import substitution_digest
-from stageset.kube.client import Identity, KubeClient
+from stageset.controller.render.cache import RenderCache, StageDecryption, render_stage
+from stageset.controller.render.digests import inputs_digest, substitution_digest
+from stageset.controller.render.files import Files, SourceFiles
+from stageset.controller.render.reads import ArtifactSource, Clients, Source, TenantReads
+from stageset.controller.render.revisions import GitRevisions, RevisionContent
+from stageset.kube.client import Identity
 from stageset.kube.types import KubeObject
 
 Variables = tuple[dict[str, str] | None, list[str]]
 """A stage's ``postBuild`` variables (``None``: no ``postBuild``) and the values that came from Secrets."""
-
-
-class Clients(Protocol):
-    """A client bound to an identity (:class:`~stageset.kube.client.ClientPool`, or the CLI's session)."""
-
-    def client(self, identity: Identity) -> KubeClient: ...
 
 
 class StageReads(Protocol):
@@ -100,75 +96,6 @@ class ClusterReads:
 
 
 @dataclass(frozen=True)
-class Files:
-    """A stage's source files: how the render cache keys them, and how to read them."""
-
-    url: str
-    """Where (the cache key's URL; artifacts share :data:`ARTIFACT_URL`)."""
-    commit: str
-    """Which content: a commit, an artifact's digest; equal ``(url, commit, ignore)`` hold equal files."""
-    read_root: Callable[[], SourceRoot]
-    """The whole source root (a build may load ``../`` bases)."""
-    ignore: str | None = None
-    read_path: Callable[[], SourceRoot] | None = None
-    """Only the stage's own directory (keys relative to it): enough for a plain path."""
-
-
-class TreeReader(Protocol):
-    """A Git mirror's tree reads (:class:`sources.MirrorStore`), as both callers hold one."""
-
-    def read_tree(self, url: str, *, commit: str, path: str = "./", ignore: str | None = None,
-                  consumer: str | None = None, unreadable: dict[str, str] | None = None
-                  ) -> dict[str, bytes]: ...
-
-
-def mirror_files(store: TreeReader, *, url: str, commit: str, ignore: str | None, consumer: str,
-                 stage_path: str) -> Files:
-    """A commit's files from a Git mirror, served only to ``consumer`` (the GitRepository by uid,
-    once its own credentials proved the commit readable): the whole root, as the GitRepository was
-    served it (a submodule or a link leaving the root fails only a build that loads it), or only the
-    stage's own directory, enough for a plain path."""
-    def read(path: str) -> SourceRoot:
-        unreadable: dict[str, str] = {}
-        files = store.read_tree(url, commit=commit, path=path, ignore=ignore, consumer=consumer,
-                                unreadable=unreadable)
-        return SourceRoot(files=files, unreadable=unreadable)
-
-    return Files(url=url, commit=commit, ignore=ignore, read_root=lambda: read("./"),
-                 read_path=lambda: read(stage_path))
-
-
-@dataclass(frozen=True)
-class Checkout:
-    """Files that stand in for a stage's source (the CLI's ``--source-dir``): its object is not read."""
-
-    revision: str
-    """What the stage shows as its revision (``local:DIR``)."""
-    files: Files
-
-
-class SourceFiles(Protocol):
-    """Where a stage's files come from, once its source object has been read as the tenant."""
-
-    def checkout(self, stage: Stage) -> Checkout | None:
-        """Files standing in for the stage's source; ``None``: read the source (the controller always)."""
-        ...
-
-    def git(self, source: Source, *, stage: Stage, identity: Identity, pinned: bool) -> Files:
-        """The GitRepository's commit, served only as ``source.consumer``; ``pinned``: a recorded
-        revision, not the current one."""
-        ...
-
-    def artifact(self, source: ArtifactSource, *, stage: Stage, namespace: str) -> Files:
-        """The artifact the tenant's read of its source object named (by digest)."""
-        ...
-
-
-ARTIFACT_URL = "artifact:"
-"""The render cache's URL for artifacts: the digest alone names the content."""
-
-
-@dataclass(frozen=True)
 class StageRender:
     """One stage, rendered: its objects and what the pass records of how."""
 
@@ -181,7 +108,7 @@ class StageRender:
     restored) or a checkout."""
     inputs: str | None
     """A digest of the ``postBuild`` variables
-    (:func:`~stageset.controller.stageset.rollback.substitution_digest`)."""
+    (:func:`~stageset.controller.render.digests.substitution_digest`)."""
     pinned: bool
     """Rendered at a recorded revision rather than the source's current one."""
     action_inputs: str

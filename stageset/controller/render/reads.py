@@ -24,22 +24,22 @@ producer is found by listing the ``ExternalArtifact`` objects of its namespace, 
 source that is not Ready says why in the stage's message — its own reason and message — unless it
 lives in another namespace: then only the fixed text is shown, nothing of the other namespace.
 
-After a denial, :class:`AccountCheck` says whether the ServiceAccount exists: read as the
-controller where its role allows (single-tenant mode), else as the ServiceAccount itself (its
-own object, in its own namespace); when neither may tell, the message asks the user to check
-both the account and its rights.
+A read that is denied or finds nothing is said as every tenant read says it
+(:mod:`stageset.controller.accounts`: after a denial, whether the ServiceAccount exists).
 """
 
 from __future__ import annotations
 
 import base64
 from dataclasses import dataclass
+from typing import Protocol
 
 from sources import parse_revision
 from stageset.api import Stage, StageSet
 from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.build import BuildError, VariableSource, merge_variables
+from stageset.controller.accounts import AccountCheck, read_named, read_optional
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.consumers import artifact_consumer
 from stageset.controller.sharding import LabelSelector, foreign_source_message
@@ -57,7 +57,7 @@ from stageset.controller.sourcekinds import (
     points_at,
     ready_condition,
 )
-from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
+from stageset.kube.client import ApiError, Identity, KubeClient
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
@@ -67,70 +67,12 @@ CROSS_NAMESPACE_SOURCE = ("sourceRef names a source in another namespace, and th
 CROSS_NAMESPACE_DEPENDENCY = ("dependsOn names a StageSet in another namespace, and this controller does not "
                               "allow cross-namespace references (--no-cross-namespace-refs); depend only on "
                               "StageSets of this namespace")
-_SA_PREFIX = "system:serviceaccount:"
 
 
-def service_account_of(identity: Identity) -> tuple[str, str] | None:
-    """``(namespace, name)`` of an impersonated ServiceAccount; ``None`` for the controller itself."""
-    if not identity.user or not identity.user.startswith(_SA_PREFIX):
-        return None
-    namespace, _, name = identity.user.removeprefix(_SA_PREFIX).partition(":")
-    return (namespace, name) if namespace and name else None
+class Clients(Protocol):
+    """A client bound to an identity (:class:`~stageset.kube.client.ClientPool`, or the CLI's session)."""
 
-
-class AccountCheck:
-    """After a denial: does the ServiceAccount exist?  Two reads at most, only on the failure path.
-
-    Identity: the controller's own (``/api/v1/.../serviceaccounts/<name>``) only where its role
-    allows it (``controller_reads_accounts``: single-tenant mode); otherwise the ServiceAccount
-    itself, reading its own object.  A denied look-up says nothing either way.
-    """
-
-    def __init__(self, *, clients: ClientPool | None, controller_reads_accounts: bool):
-        self._clients = clients
-        self._controller = controller_reads_accounts
-
-    def explain(self, denied: KubeClient) -> str:
-        """A clause to append to a denial of ``denied``'s identity ("" when it adds nothing)."""
-        account = service_account_of(denied.identity)
-        if account is None:
-            return ""
-        namespace, name = account
-        path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{name}"
-        asker = self._clients.client() if self._controller and self._clients is not None else denied
-        try:
-            asker.get(path)
-        except ApiError as error:
-            if error.not_found:
-                return (f"; ServiceAccount {namespace}/{name} does not exist: create it, or name an "
-                        "existing one in serviceAccountName")
-            return (f"; check that ServiceAccount {namespace}/{name} exists and that a RoleBinding or "
-                    "ClusterRoleBinding grants it these rights")
-        return f"; ServiceAccount {namespace}/{name} exists but is not granted these rights"
-
-
-def read_optional(client: KubeClient, path: str, *, what: str,
-                  accounts: AccountCheck | None = None) -> KubeObject | None:
-    """Read an object the StageSet names as ``client``'s identity; ``None`` if absent."""
-    try:
-        return client.get(path)
-    except ApiError as error:
-        if error.forbidden:
-            why = accounts.explain(client) if accounts is not None else ""
-            raise StageError(Reason.RBAC_DENIED,
-                             f"{client.identity.describe()} may not read {what}{why}") from error
-        if error.not_found:
-            return None
-        raise
-
-
-def read_named(client: KubeClient, path: str, *, what: str, missing_reason: Reason,
-               missing_message: str = "", accounts: AccountCheck | None = None) -> KubeObject:
-    """As :func:`read_optional`, but a missing object is a :class:`StageError` with ``missing_reason``."""
-    found = read_optional(client, path, what=what, accounts=accounts)
-    if found is None:
-        raise StageError(missing_reason, missing_message or f"{what} not found")
-    return found
+    def client(self, identity: Identity) -> KubeClient: ...
 
 
 @dataclass(frozen=True)

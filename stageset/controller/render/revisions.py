@@ -29,7 +29,7 @@ from typing import Protocol, runtime_checkable
 from sources import parse_revision
 from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
-from stageset.controller.stageset.reads import Source
+from stageset.controller.render.reads import Source
 
 log = logging.getLogger(__name__)
 

@@ -1,12 +1,15 @@
 """The cluster a StageSet applies to: this one, the one its ``spec.kubeConfig`` names, or the
-platform's StageTarget its ``spec.targetRef`` names.
+platform's StageTarget its ``spec.targetRef`` names.  The face of :mod:`stageset.controller.targets`:
+what a StageSet pass asks of its clusters.
 
 Identity: the kubeConfig Secret is read from this cluster as the StageSet's identity
-(``spec.serviceAccountName``); a StageTarget and its Secret are read as the controller itself,
-never as the tenant (:mod:`~stageset.controller.stageset.platform`).  Requests to the remote
-cluster use the kubeconfig's credentials, impersonating the stage's ServiceAccount there exactly
-as here; discovery on the remote uses the kubeconfig's own identity.  A kubeconfig is only ever
-accepted with inline data (:mod:`stageset.kube.remote`): no commands, files or proxies.
+(``spec.serviceAccountName``) through the credential seam
+(:class:`~stageset.controller.targets.credentials.CredentialSource`); a StageTarget and its Secret
+are read as the controller itself, never as the tenant (:mod:`~stageset.controller.targets.platform`).
+Requests to the remote cluster use the kubeconfig's credentials, impersonating the stage's
+ServiceAccount there exactly as here; discovery on the remote uses the kubeconfig's own identity.
+A kubeconfig is only ever accepted with inline data (:mod:`stageset.kube.remote`): no commands,
+files or proxies.
 
 One :class:`Target` (client configuration and discovery cache) per kubeconfig content, shared by
 every StageSet using it, at most ``capacity`` of them (``--max-remote-targets``, default
@@ -24,21 +27,21 @@ record a tenant could edit names only Secrets of its own namespace, read as its 
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass
 
 from stageset.api import THIS_CLUSTER, AppliedTarget, StageSet
+from stageset.api.common import SecretKeyRef
 from stageset.api.vocabulary import Reason
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
 from stageset.apply.prune import ClientFor
 from stageset.apply.settings import ApplySettings
+from stageset.controller.accounts import AccountCheck
 from stageset.controller.identity import IdentityPolicy
-from stageset.controller.stageset.platform import PlatformTargets, unavailable
-from stageset.controller.stageset.reads import AccountCheck, read_named
+from stageset.controller.targets.credentials import Credentials, CredentialSource, KubeconfigSecret
+from stageset.controller.targets.platform import PlatformTargets, unavailable
 from stageset.kube.client import LOCAL, ClientPool, ClusterKey, Identity, KubeClient
 from stageset.kube.mapping import RestMapper
 from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
@@ -113,10 +116,11 @@ def inventory_clients(*, clients: ClientPool, identities: IdentityPolicy, namesp
 class Targets:
     def __init__(self, *, clients: ClientPool, settings: ApplySettings, local: StageApplier,
                  accounts: AccountCheck | None = None, capacity: int = MAX_REMOTES,
-                 platform: PlatformTargets | None = None):
+                 platform: PlatformTargets | None = None, credentials: CredentialSource | None = None):
         self._clients = clients
         self.platform = platform
-        self._accounts = accounts
+        # How spec.kubeConfig is read (as the StageSet's identity): the seam a new credential plugs into.
+        self._credentials = credentials or KubeconfigSecret(accounts=accounts)
         self._settings = settings
         self._capacity = capacity
         self.local = Target(LOCAL, local)
@@ -131,8 +135,7 @@ class Targets:
         ref = stageset.spec.kube_config
         if ref is None:
             return self.local
-        return self.reach(client, namespace=str(stageset.metadata["namespace"]),
-                          secret_name=ref.secret_ref.name, key=ref.secret_ref.key)
+        return self.reach(client, namespace=str(stageset.metadata["namespace"]), ref=ref.secret_ref)
 
     def previous(self, client: KubeClient, *, stageset: StageSet, applied: AppliedTarget | None) -> Target:
         """The cluster a stage was applied on before a move (see the module docstring); raises
@@ -161,10 +164,10 @@ class Targets:
         if ref is None:
             raise StageError(Reason.CLUSTER_UNREACHABLE,
                              f"the cluster at {server}: no kubeConfig Secret recorded")
-        cached = self._kept(f"{namespace}/{ref.name}#", applied.id)
+        cached = self._kept(self._credentials.kept(namespace=namespace, ref=ref), applied.id)
         if cached is not None:
             return cached
-        target = self.reach(client, namespace=namespace, secret_name=ref.name, key=ref.key)
+        target = self.reach(client, namespace=namespace, ref=ref)
         if target.id != applied.id:
             raise StageError(Reason.CLUSTER_UNREACHABLE,
                              f"the cluster at {server}: Secret {namespace}/{ref.name} now names another "
@@ -178,23 +181,13 @@ class Targets:
             return next((t for key, t in reversed(self._remotes.items())
                          if key.name.startswith(prefix) and t.id == cluster_id), None)
 
-    def reach(self, client: KubeClient, *, namespace: str, secret_name: str, key: str) -> Target:
-        """The cluster the kubeconfig in ``secret_name``/``key`` names (read as ``client``'s identity)."""
-        secret = read_named(client, f"/api/v1/namespaces/{namespace}/secrets/{secret_name}",
-                            what=f"Secret {namespace}/{secret_name} (spec.kubeConfig)",
-                            missing_reason=Reason.STAGE_FAILED,
-                            missing_message=f"spec.kubeConfig: Secret {namespace}/{secret_name} not found",
-                            accounts=self._accounts)
-        encoded = (secret.get("data") or {}).get(key)
-        if not encoded:
-            raise StageError(Reason.INVALID_SPEC, f"spec.kubeConfig: Secret {namespace}/{secret_name} has no "
-                             f"key {key!r}")
-        raw = base64.b64decode(encoded)
-        cluster = ClusterKey(f"{namespace}/{secret_name}#{hashlib.sha256(raw).hexdigest()[:16]}")
-        if (found := self.cached(cluster)) is not None:
+    def reach(self, client: KubeClient, *, namespace: str, ref: SecretKeyRef) -> Target:
+        """The cluster the kubeconfig ``ref`` names in ``namespace`` (read as ``client``'s identity)."""
+        credentials = self._credentials.read(client, namespace=namespace, ref=ref)
+        if (found := self.cached(credentials.cluster)) is not None:
             return found
         try:
-            return self.remote(cluster, raw)
+            return self.connect(credentials)
         except KubeconfigError as error:
             raise StageError(Reason.INVALID_SPEC, f"spec.kubeConfig: {error}") from error
 
@@ -215,10 +208,11 @@ class Targets:
                 self._remotes.move_to_end(cluster)
             return found
 
-    def remote(self, cluster: ClusterKey, raw: bytes, *, name: str = "") -> Target:
-        """Connect to the kubeconfig ``raw`` under ``cluster`` (one key per content; the one already
-        connected if another thread was first); raises :class:`KubeconfigError`.  No request is made:
-        discovery runs when a stage first resolves a kind."""
+    def connect(self, credentials: Credentials, *, name: str = "") -> Target:
+        """Connect to ``credentials`` under their key (one key per content; the one already connected
+        if another thread was first); raises :class:`KubeconfigError`.  No request is made: discovery
+        runs when a stage first resolves a kind.  ``name``: the platform StageTarget it is."""
+        cluster, raw = credentials.cluster, credentials.kubeconfig
         with self._lock:
             found = self._remotes.get(cluster)
             if found is not None:

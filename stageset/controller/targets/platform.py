@@ -29,8 +29,6 @@ Invariants:
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -44,6 +42,12 @@ from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.controller.keys import ObjectKey
 from stageset.controller.setup import Event
+from stageset.controller.targets.credentials import (
+    Credentials,
+    SecretUnusable,
+    content_key,
+    read_kubeconfig_secret,
+)
 from stageset.kube.client import ApiError, ClusterKey, KubeClient
 from stageset.kube.types import KubeObject
 
@@ -56,12 +60,13 @@ T_co = TypeVar("T_co", covariant=True)
 
 
 class Remotes(Protocol[T_co]):
-    """The bounded cache of remote clusters (:class:`~stageset.controller.stageset.targets.Targets`,
-    whose :class:`~stageset.controller.stageset.targets.Target` is ``T_co``)."""
+    """The bounded cache of remote clusters (:class:`~stageset.controller.targets.clusters.Targets`,
+    whose :class:`~stageset.controller.targets.clusters.Target` is ``T_co``), handed in by the caller:
+    this registry sits below it."""
 
     def cached(self, cluster: ClusterKey) -> T_co | None: ...
 
-    def remote(self, cluster: ClusterKey, raw: bytes, *, name: str = "") -> T_co: ...
+    def connect(self, credentials: Credentials, *, name: str = "") -> T_co: ...
 
 
 def unavailable(*, target: TargetName, namespace: str) -> StageError:
@@ -78,14 +83,6 @@ def not_ready(target: TargetName) -> StageError:
     return StageError(Reason.CLUSTER_UNREACHABLE,
                       f"spec.targetRef: StageTarget {target[0]}/{target[1]} is not ready (its owner sees why "
                       "in its status); retrying")
-
-
-class SecretUnusable(Exception):
-    """The target's kubeconfig Secret is missing or lacks its key; the message names which."""
-
-    def __init__(self, message: str, *, missing: bool):
-        super().__init__(message)
-        self.missing = missing
 
 
 @dataclass(frozen=True)
@@ -223,26 +220,18 @@ class PlatformTargets:
         with self._one_at_a_time(name):
             if not fresh and (found := self._current(name, spec, remotes=remotes)) is not None:
                 return found
-            raw, version = self._read_secret(name[0], spec)
-            digest = hashlib.sha256(raw).hexdigest()[:16]
-            cluster = ClusterKey(f"target:{name[0]}/{name[1]}#{digest}")
-            target = remotes.cached(cluster) or remotes.remote(cluster, raw, name=f"{name[0]}/{name[1]}")
+            credentials = self._read_secret(name, spec)
+            cluster = credentials.cluster
+            target = remotes.cached(cluster) or remotes.connect(credentials, name=f"{name[0]}/{name[1]}")
             with self._lock:
                 if name in self._specs:  # not deleted meanwhile
                     self._connections[name] = Connection(cluster=cluster, secret=(spec.secret, spec.key),
-                                                         secret_version=version)
+                                                         secret_version=credentials.version)
             return target
 
-    def _read_secret(self, namespace: str, spec: TargetSpec) -> tuple[bytes, str]:
-        """The kubeconfig and the Secret's ``resourceVersion``, read as the controller."""
+    def _read_secret(self, name: TargetName, spec: TargetSpec) -> Credentials:
+        """The target's kubeconfig, read as the controller (:mod:`.credentials`)."""
         self.secret_reads += 1
-        try:
-            secret = self._admin.get(f"/api/v1/namespaces/{namespace}/secrets/{spec.secret}")
-        except ApiError as error:
-            if error.not_found:
-                raise SecretUnusable(f"Secret {namespace}/{spec.secret} not found", missing=True) from error
-            raise
-        encoded = (secret.get("data") or {}).get(spec.key)
-        if not encoded:
-            raise SecretUnusable(f"Secret {namespace}/{spec.secret} has no key {spec.key!r}", missing=False)
-        return base64.b64decode(encoded), str((secret.get("metadata") or {}).get("resourceVersion", ""))
+        raw, version = read_kubeconfig_secret(self._admin, namespace=name[0], name=spec.secret, key=spec.key)
+        return Credentials(cluster=content_key(f"target:{name[0]}/{name[1]}", raw), kubeconfig=raw,
+                           version=version)
