@@ -54,6 +54,9 @@ class Reason(StrEnum):
     SUPERSEDE_DENIED = "SupersedeDenied"
     """``spec.supersedes`` names a StageSet this StageSet's ServiceAccount may not read or patch: nothing
     is applied, and that StageSet keeps everything it holds."""
+    RECONCILIATION_FAILED = "ReconciliationFailed"
+    """A pass failed in a way no other reason names (Flux's word): nothing more is applied until a
+    pass succeeds; retried with backoff."""
     # Steering a release (the reference's words; none of them is a failure but the last two)
     SOAKING = "Soaking"
     """A stage is Ready and soaking: its dependents start when the soak ends."""

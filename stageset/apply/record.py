@@ -30,6 +30,14 @@ into a rebuild); ``cm`` was added the same way (an older reader sees a remote wi
 to reach it again, as it would any record it cannot follow).  A format this controller does not
 know reads as "look on the cluster again" (``rebuild``).
 
+The record is written by the controller but sits in the StageSet's own metadata, where its tenant
+can edit it: every value is checked where it is parsed (:func:`parse`) — stage names, the
+ServiceAccount, kinds and namespaces (they become list paths), targets, the ``kc`` Secret, the ``cm``
+ConfigMap and ``st`` StageTarget references, ``since`` — with the rules the API applies to the same
+names.  A record of a known format with a value that fails them reads as "look on the cluster
+again" *and* names the field (:attr:`Record.problem`): the StageSet's pass stops there with ``InvalidSpec``
+(:func:`problem_of`), and the record is never trusted to name a cluster, a Secret or an identity.
+
 Why an annotation and not status, a new kind (the reference's per-stage ``StageInventory``
 objects) or labels alone: see docs/concepts.md ("Inventory").
 """
@@ -37,11 +45,13 @@ objects) or labels alone: see docs/concepts.md ("Inventory").
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stageset.api import THIS_CLUSTER, StageInventory
+from stageset.api import THIS_CLUSTER, StageInventory, parse_time
+from stageset.api.common import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
 from stageset.apply.inventory import entry_id
 from stageset.kube.types import KubeObject
 
@@ -131,6 +141,90 @@ class StageRecord:
                    config_map=str(stage["cm"]) if isinstance(stage.get("cm"), str) and stage["cm"] else None)
 
 
+class RecordError(ValueError):
+    """A value of a known-format record that fails the API's rules; the message names the field."""
+
+
+_API_VERSION = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]+$")
+_KIND = re.compile(r"^[A-Za-z][-A-Za-z0-9]{0,62}$")
+MAX_TARGET = 2100
+"""Characters of a target id at most (a server URL of at most 2048, ``#``, a fingerprint)."""
+
+
+def _label(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 63 and re.fullmatch(DNS_LABEL_PATTERN, value) is not None
+
+
+def _subdomain(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 253 and \
+        re.fullmatch(DNS_SUBDOMAIN_PATTERN, value) is not None
+
+
+def _printable(value: Any, limit: int) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= limit and all(33 <= ord(c) < 127 for c in value)
+
+
+def _check_stage(stage: Any, where: str) -> None:
+    """Raise :class:`RecordError` naming the first field of one stage record that fails its rule."""
+    if not isinstance(stage, Mapping):
+        raise RecordError(f"{where}: not an object")
+    account = stage.get("sa")
+    if account is not None and not _subdomain(account):
+        raise RecordError(f"{where}.sa: not a ServiceAccount name (a DNS subdomain)")
+    kinds = stage.get("kinds") or {}
+    if not isinstance(kinds, Mapping):
+        raise RecordError(f"{where}.kinds: not an object")
+    for key, namespaces in kinds.items():
+        kind = KindRef.decode(str(key))
+        if not _API_VERSION.fullmatch(kind.api_version) or not _KIND.fullmatch(kind.kind):
+            raise RecordError(f"{where}.kinds: {str(key)[:100]!r} is not an apiVersion and kind")
+        if not isinstance(namespaces, list) or not all(n == "" or _label(n) for n in namespaces):
+            raise RecordError(f"{where}.kinds[{str(key)[:100]}]: not a list of namespace names")
+    target = stage.get("t")
+    if target is not None and not _printable(target, MAX_TARGET):
+        raise RecordError(f"{where}.t: not a target id")
+    via = stage.get("kc")
+    if via is not None and not (isinstance(via, list) and len(via) == 2 and _subdomain(via[0])
+                                and isinstance(via[1], str) and 0 < len(via[1]) <= 253):
+        raise RecordError(f"{where}.kc: not a kubeConfig Secret reference [name, key] (the name a DNS "
+                          "subdomain)")
+    platform = stage.get("st")
+    if platform is not None and not (isinstance(platform, list) and len(platform) == 2
+                                     and _label(platform[0]) and _subdomain(platform[1])):
+        raise RecordError(f"{where}.st: not a StageTarget reference [namespace, name]")
+    config_map = stage.get("cm")
+    if config_map is not None and not _subdomain(config_map):
+        raise RecordError(f"{where}.cm: not a workload-identity ConfigMap name (a DNS subdomain)")
+
+
+def check(body: Mapping[str, Any]) -> None:
+    """Every value of a known-format record body against the API's rules; raises :class:`RecordError`."""
+    stages = body.get("stages") or {}
+    if not isinstance(stages, Mapping):
+        raise RecordError("stages: not an object")
+    for name, stage in stages.items():
+        if not _label(name):
+            raise RecordError(f"stages: {str(name)[:100]!r} is not a stage name")
+        _check_stage(stage, f"stages[{name}]")
+    previous = body.get("prev") or []
+    if not isinstance(previous, list):
+        raise RecordError("prev: not a list")
+    for index, item in enumerate(previous):
+        if not isinstance(item, Mapping) or not _label(item.get("stage")):
+            raise RecordError(f"prev[{index}].stage: not a stage name")
+        _check_stage(item, f"prev[{index}]")
+    since = body.get("since")
+    if since is not None and (not isinstance(since, str) or parse_time(since) is None):
+        raise RecordError("since: not a timestamp")
+
+
+def problem_of(obj: KubeObject) -> str | None:
+    """Why the StageSet's record cannot be used (``InvalidSpec``), naming the field; ``None``: it can."""
+    problem = parse(obj).problem
+    return None if problem is None else f"metadata.annotations[{ANNOTATION}]: {problem}; remove the " \
+        "annotation and the controller writes it again from status and the cluster"
+
+
 def _pair(value: Any) -> tuple[str, str] | None:
     """A reference written as a two-item list (``kc``, ``st``); anything else is no reference."""
     return (str(value[0]), str(value[1])) if isinstance(value, list) and len(value) == 2 else None
@@ -161,6 +255,9 @@ class Record:
     targetless: bool = False
     """Read from a record written before targets were recorded (format 1, or none at all): its
     StageSet's inventories name no target because none was recorded, not because they are here."""
+    problem: str | None = None
+    """A known-format record with a value that fails the API's rules: which field (the record then
+    holds nothing and asks for a rebuild; the StageSet's pass stops with ``InvalidSpec``)."""
 
     def encode(self) -> str:
         body: dict[str, Any] = {"v": FORMAT, "stages": {
@@ -221,6 +318,7 @@ def parse(obj: KubeObject) -> Record:
         body = json.loads(raw)
         if not isinstance(body, dict) or body.get("v") not in (FORMAT, _TARGETLESS):
             return Record(rebuild=True)  # a format we do not know: look on the cluster again
+        check(body)
         stages = {str(name): StageRecord.of_body(stage) for name, stage in (body.get("stages") or {}).items()}
         if body["v"] == _TARGETLESS:  # migration: no target was recorded, so it was this cluster
             stages = {name: replace(stage, target=THIS_CLUSTER, via=None, stage_target=None, config_map=None)
@@ -231,7 +329,9 @@ def parse(obj: KubeObject) -> Record:
         since = body.get("since")
         return Record(stages, bool(body.get("rebuild")), previous,
                       str(since) if previous and since else None)
-    except (ValueError, TypeError, AttributeError, KeyError):
+    except RecordError as error:
+        return Record(rebuild=True, problem=str(error))
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
         return Record(rebuild=True)
 
 

@@ -13,11 +13,21 @@ Identity, per request (the rules: :mod:`stageset.controller.identity`):
 - discovery, status, finalizers and events: the controller's own identity.
 
 Every collaborator is passed in; :mod:`stageset.controller.stageset.setup` builds them, once.
+
+Invariant: a reconcile that fails for any reason concludes with ``Ready=False`` and a reason,
+never leaving the last pass's ``Ready=True`` standing while new commits go unapplied: tenant
+input is checked where it is parsed (``InvalidSpec`` naming the field: the spec by the models, the
+durable record by :func:`~stageset.apply.record.problem_of`, a kubeconfig by
+:mod:`stageset.kube.remote`), and anything a check missed ends the pass with
+``ReconciliationFailed`` (the exception's type only: its text may quote tenant data) before the
+manager retries it with backoff — except a moment's refusal of the controller's own write by the
+apiserver (409, 429, 5xx), retried within seconds, which no tenant input causes.
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 
 import networkx as nx
 from pydantic import ValidationError
@@ -26,6 +36,7 @@ from stageset.api import StageSet, StageSetStatus
 from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
 from stageset.apply.health import ExpressionChecker
+from stageset.apply.record import problem_of
 from stageset.controller.clock import Clock
 from stageset.controller.dependencies import DependencyIndex, spell_cycle
 from stageset.controller.identity import IdentityPolicy
@@ -42,9 +53,11 @@ from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.stageset.writer import PassWriter, Ticks
 from stageset.controller.status import StatusWriter, WriteListener, validation_message
 from stageset.controller.targets.clusters import Target, Targets
-from stageset.kube.client import ClientPool, KubeClient
+from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
+
+log = logging.getLogger(__name__)
 
 
 class StageSetReconciler:
@@ -113,6 +126,36 @@ class StageSetReconciler:
             writer.conclude(ready=False, reason=Reason.SUSPENDED, message="reconciliation is suspended")
             return Result()
         retry = stageset.spec.retry_seconds(self._default_interval)
+        problem = problem_of(raw)
+        if problem is not None:
+            # Looked at again at retryInterval: removing the annotation is no spec change.
+            writer.conclude(ready=False, reason=Reason.INVALID_SPEC, message=problem, stalled=True)
+            return Result(requeue_after=retry)
+        try:
+            return self._attempt(writer, stageset, redactor=redactor, retry=retry)
+        except (TerminalError, UnreachableError):
+            raise  # nothing to write (an unreadable status; the apiserver itself unreachable)
+        except ApiError as error:
+            # The controller's own write refused for a moment (a conflict, throttling, the apiserver
+            # failing): retried within seconds, no tenant input behind it.
+            if not (error.status in (409, 429) or error.status >= 500):
+                self._failed(writer, error)
+            raise
+        except Exception as error:
+            self._failed(writer, error)
+            raise
+
+    def _failed(self, writer: PassWriter, error: Exception) -> None:
+        """A pass raised: Ready=False before the manager's backoff, never a stale True."""
+        try:
+            writer.conclude(ready=False, reason=Reason.RECONCILIATION_FAILED,
+                            message=f"the pass failed unexpectedly ({type(error).__name__}); nothing more "
+                                    "is applied until it succeeds, retried with backoff (the controller's "
+                                    "log has the details)")
+        except Exception:  # the status cannot be written either: the manager logs the first failure
+            log.debug("could not conclude a failed pass", exc_info=True)
+
+    def _attempt(self, writer: PassWriter, stageset: StageSet, *, redactor: Redactor, retry: float) -> Result:
         try:
             graph, target = self._prepare(writer, stageset)
         except StageError as error:

@@ -156,6 +156,10 @@ def settled(inventories: list[StageInventory], *, previous: PreviousTargets | No
                              since=previous.since if previous else None)
     if not unlisted:
         return settled
-    return replace(settled, previous=tuple(sorted({*settled.previous, *unlisted},
-                                                  key=lambda item: (item[0], item[1].target))),
+    # Stage records hold mappings (not hashable): duplicates are dropped by equality.
+    both: list[tuple[str, StageRecord]] = []
+    for item in (*settled.previous, *unlisted):
+        if item not in both:
+            both.append(item)
+    return replace(settled, previous=tuple(sorted(both, key=lambda item: (item[0], item[1].target))),
                    since=settled.since or (previous.since if previous else None))

@@ -126,7 +126,7 @@ class StageApply:
             if result is None:
                 claims = LiveClaims(controller=self._clients.client(), ours=(owner.namespace, owner.name),
                                     tenant=self._clients.client(rendered.identity), target=rendered.target.id,
-                                    handover=run.handover, stage=stage.name)
+                                    handover=run.handover, stage=stage.name, now=self._clock())
                 result = applier.apply(client=client, owner=owner, objects=rendered.objects,
                                        default_namespace=namespace, claims=claims,
                                        conflicts=ConflictResolver.of(stage),

@@ -46,6 +46,7 @@ from typing import Any, Protocol
 from stageset.api.fleet import ANNOTATION_FLEET_RELEASE
 from stageset.api.release import ANNOTATION_PROMOTE, ANNOTATION_UPDATE_NOW
 from stageset.apply.handover import ANNOTATION as HANDED_OVER
+from stageset.apply.record import problem_of
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder, ReadyWarnings, failing_revision
@@ -85,11 +86,13 @@ class Reconciles(Protocol):
 
 
 def trigger(obj: KubeObject) -> tuple[Any, ...]:
-    """What, when changed, calls for a reconcile of a StageSet."""
+    """What, when changed, calls for a reconcile of a StageSet (of its durable record, only whether it
+    can be used: a tenant's edit that breaks it, or removing one that did, is acted on at once; the
+    controller's own growing of it is not a trigger)."""
     annotations = obj.get("metadata", {}).get("annotations") or {}
     return (*reconcile_trigger(obj), annotations.get(ANNOTATION_PROMOTE),
             annotations.get(ANNOTATION_UPDATE_NOW), annotations.get(ANNOTATION_FLEET_RELEASE),
-            annotations.get(HANDED_OVER))
+            annotations.get(HANDED_OVER), problem_of(obj) is None)
 
 
 def as_dependency(obj: KubeObject) -> tuple[Any, ...]:
