@@ -8,20 +8,35 @@ reconciler-side helpers :func:`warning` and :func:`normal`, and recorded by
 ``stages.metio.wtf/revision`` annotation and tells the listeners (each subscribed to the kinds it
 declared: :class:`Subscription`).
 
+**One Event per object per pass.**  The manager runs every reconcile, and what follows it (the
+Ready transitions its controller declared), inside :meth:`EventRecorder.one_pass`.  There
+:meth:`~EventRecorder.emit` tells the listeners at once -- a notification filtering on a reason
+hears every event, as before -- and keeps the event; when the pass ends, each object it told
+something about gets one Event: the most important event's type, reason and action
+(:func:`importance`: a Ready failure, then any other Warning, then any other Normal, then
+``ReconciliationSucceeded``), its note followed by the others' reasons and messages
+(``...; also ReconciliationSucceeded: ConfigMap/shop/a configured``, spelled by
+:mod:`stageset.api.eventnote`, bounded by :func:`pass_note`) and the revision its success applied
+(:func:`pass_revision`).  A pass that tells one thing records exactly that event.  Outside a pass
+(a job, a thread the pass left behind, a test driving a reconciler directly) an event is recorded
+as it is emitted.  The pass is a context variable, so the stage threads of a pass (which run in a
+copy of its context) tell into it too.
+
 Identity: events are created and patched with the controller's own identity (the chart's
 ClusterRole may create and patch Events).  Messages name objects and reasons; every message
 passes the caller's redactor as it is built, and the subject's (every Secret value its reconciles
 read, :data:`~stageset.controller.redact.REGISTRY`) before it is cut to the apiserver's bound
 (:func:`~stageset.controller.redact.bounded`), so Secret values never leave through an event, in
-any encoding the redactor knows.  A failure to record an event is logged and otherwise ignored --
-events are advisory.
+any encoding the redactor knows; a pass's note is redacted part by part and then whole.  A failure
+to record an event is logged and otherwise ignored -- events are advisory.
 
-Repeats are aggregated as client-go's event recorder does: an event equal to one recorded in
+Repeats are aggregated as client-go's event recorder does: an Event equal to one recorded in
 the last :data:`SERIES_WINDOW` seconds (same object, type, reason, action, note and annotations
 -- so the revision an event is annotated with is always the one it reports) does not
 create an Event object; it patches the first one's ``series`` (``count``, ``lastObservedTime``).
-After a quiet window a repeat starts a new Event.  The cache of recent events is bounded
-(least recently used entries go first).
+After a quiet window a repeat starts a new Event.  Listeners are not told a repeat within the
+window either.  The caches of recent Events and told events are bounded (least recently used
+entries go first).
 
 What the controller records (reasons in :mod:`stageset.api.vocabulary`):
 
@@ -39,15 +54,18 @@ What the controller records (reasons in :mod:`stageset.api.vocabulary`):
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import datetime
 import logging
 import socket
 import threading
 import uuid
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from stageset.api import eventnote
 from stageset.api.vocabulary import (
     EVENT_REVISION_ANNOTATION,
     NO_TRANSITION_EVENT,
@@ -197,8 +215,10 @@ def normal(obj: KubeObject, reason: EventReason | Reason, message: str, *, actio
 
 @dataclass(frozen=True)
 class Recorded:
-    """An event as recorded (its note redacted and bounded), for what listens to the recorder
-    (notifications).  Told once per new Event, never for a repeat folded into a series."""
+    """An event as told (its note redacted and bounded), for what listens to the recorder
+    (notifications): every event a reconcile emits, at once -- also one that its pass's Event tells
+    beside another (:meth:`EventRecorder.one_pass`) --, never a repeat of the same event (same
+    object, type, reason, action, note and revision) within :data:`SERIES_WINDOW` of the last one."""
 
     regarding: Mapping[str, str]
     """``apiVersion``, ``kind``, ``namespace``, ``name``, ``uid`` of the object."""
@@ -223,6 +243,96 @@ class Subscription:
     """Must not block (the notifier only queues)."""
 
 
+# -- one Event per pass (pure) ------------------------------------------------------------------
+
+def importance(event: ObjectEvent) -> int:
+    """Which of a pass's events heads its Event (lowest first; among equals, the first told):
+
+    0. a Warning with a Ready reason -- the failure the pass left the object in (``StageFailed``);
+    1. any other Warning (``DriftCorrected``, ``PruneFailed``, ``RolledBack``, ``ActionFailed``);
+    2. any other Normal -- what made this pass more than routine (``Promoted``, ``Resumed``,
+       ``UpdateOverridden``, ``Retargeted``, ``TakenOver``, ``ActionSucceeded``);
+    3. ``ReconciliationSucceeded`` -- the routine outcome the others explain.
+    """
+    if event.type is EventType.WARNING:
+        return 0 if isinstance(event.reason, Reason) else 1
+    return 3 if event.reason == EventReason.RECONCILIATION_SUCCEEDED else 2
+
+
+def headline(events: Sequence[ObjectEvent]) -> tuple[ObjectEvent, list[ObjectEvent]]:
+    """The event that heads one object's Event for a pass, and the others in the order they were
+    told (an exact repeat -- same type, reason and message -- told once)."""
+    first = min(range(len(events)), key=lambda i: (importance(events[i]), i))
+    head = events[first]
+    seen = {(head.type, head.reason.value, head.message)}
+    others: list[ObjectEvent] = []
+    for event in events:
+        said = (event.type, event.reason.value, event.message)
+        if said not in seen:
+            seen.add(said)
+            others.append(event)
+    return head, others
+
+
+def pass_revision(head: ObjectEvent, others: Sequence[ObjectEvent]) -> str:
+    """The revision one pass's Event is annotated with: the one its success applied (a
+    ``ReconciliationSucceeded`` among them: what the dashboard shows as a stage's last change),
+    else the headline's, else the first other event's that names one."""
+    told = [head, *others]
+    applied = [e.revision for e in told if e.reason == EventReason.RECONCILIATION_SUCCEEDED and e.revision]
+    return next(iter(applied), "") or head.revision or next((e.revision for e in others if e.revision), "")
+
+
+def pass_note(head: str, others: Sequence[tuple[str, str]], *, limit: int, redact: Redact) -> str:
+    """The note of one pass's Event (:mod:`stageset.api.eventnote`): ``head`` (the headline's
+    message), then ``(reason, message)`` of each other event, at most ``limit`` characters.
+
+    Every part is redacted whole before it is cut (:func:`~stageset.controller.redact.bounded`),
+    and the note once more whole, so neither a cut nor a join leaves a Secret value behind.  Every
+    named part keeps at least its reason (``; also Reason: ...``); the headline gets what that
+    leaves, the other messages what the headline leaves, in order."""
+    named = others[:eventnote.NAMED]
+    tail = eventnote.more(len(others) - len(named)) if len(others) > len(named) else ""
+    least = [len(eventnote.part(reason, "...")) for reason, _ in named]
+    text = bounded(head, limit=max(3, limit - sum(least) - len(tail)), redact=redact)
+    room = limit - len(text) - len(tail)
+    for i, (reason, message) in enumerate(named):
+        prefix = eventnote.part(reason, "")
+        said = prefix + bounded(message, limit=max(3, room - sum(least[i + 1:]) - len(prefix)), redact=redact)
+        text += said
+        room -= len(said)
+    return bounded(text + tail, limit=limit, redact=redact)
+
+
+class _Pass:
+    """What one pass told, by object, until the pass ends (then it is closed: a late event, from a
+    thread the pass left behind, is recorded on its own)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open = True
+        self._told: dict[tuple[str, ...], list[ObjectEvent]] = {}
+
+    def add(self, event: ObjectEvent) -> bool:
+        subject = event.subject
+        with self._lock:
+            if not self._open:
+                return False
+            key = (subject.kind, subject.namespace, subject.name, subject.uid)
+            self._told.setdefault(key, []).append(event)
+            return True
+
+    def close(self) -> list[list[ObjectEvent]]:
+        with self._lock:
+            self._open = False
+            return list(self._told.values())
+
+
+_PASS: contextvars.ContextVar[_Pass | None] = contextvars.ContextVar("stageset_event_pass", default=None)
+"""The pass the running code belongs to (copied into a pass's stage threads with the rest of its
+context: :mod:`stageset.controller.stageset.scheduler`)."""
+
+
 @dataclass
 class _Series:
     name: str
@@ -236,7 +346,7 @@ class EventRecorder:
                  clock: Clock = system_clock, window: float = SERIES_WINDOW, cache_size: int = CACHE_SIZE,
                  listener: Listener | None = None):
         self._client = client
-        # Told every new event (not its repeats) of the kinds they subscribed to; ``listener``: every kind.
+        # Told every event (not its repeats) of the kinds they subscribed to; ``listener``: every kind.
         self._listeners: list[tuple[frozenset[str] | None, Listener]] = [] if listener is None \
             else [(None, listener)]
         self._controller = controller
@@ -245,7 +355,10 @@ class EventRecorder:
         self._window = window
         self._size = cache_size
         self._lock = threading.Lock()
+        # The Events recorded lately (a repeat counts on its series) and the events told lately (a
+        # repeat is not told again): both bounded, least recently seen out.
         self._recent: OrderedDict[tuple[str, ...], _Series] = OrderedDict()
+        self._told: OrderedDict[tuple[str, ...], datetime.datetime] = OrderedDict()
         # Per StageSet, the revisions its last pass set out to apply, by stage (bounded like the
         # series cache): what a failure event names, since status keeps only applied revisions.
         self._attempted: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
@@ -266,20 +379,92 @@ class EventRecorder:
         with self._lock:
             return dict(self._attempted.get((namespace, name), {}))
 
+    @contextlib.contextmanager
+    def one_pass(self) -> Iterator[None]:
+        """A pass (the manager opens one around each reconcile, its transitions included): the
+        events it emits are told to the listeners at once, and recorded when it ends as at most one
+        Event per object -- the most important one (:func:`importance`), the others' reasons and
+        messages following in its note (:func:`pass_note`).  Inside a pass already: that pass's."""
+        if _PASS.get() is not None:
+            yield
+            return
+        collected = _Pass()
+        token = _PASS.set(collected)
+        try:
+            yield
+        finally:
+            _PASS.reset(token)
+            for told in collected.close():
+                try:
+                    self._record_pass(told)
+                except Exception:  # advisory: a bug here never fails the pass it reports on
+                    log.exception("recording the events of a pass failed")
+
     def emit(self, event: ObjectEvent) -> None:
-        """Record ``event`` (a repeat within the window counts on the first one's series).  Its
-        message passes the subject's redactor (:data:`~stageset.controller.redact.REGISTRY`: every
-        Secret value its reconciles read) once more before it is cut to the apiserver's bound."""
+        """Tell the listeners ``event`` (unless it repeats one told within the window) and record
+        it: inside a pass (:meth:`one_pass`) with the pass's other events about its object when the
+        pass ends, else now.  Its message passes the subject's redactor
+        (:data:`~stageset.controller.redact.REGISTRY`: every Secret value its reconciles read)
+        once more before it is cut to the apiserver's bound."""
         subject = event.subject
         namespace = subject.namespace or "default"
         # Redacted whole, then cut: a cut never leaves the start of a Secret value for the redactor to miss.
-        note = bounded(event.message, limit=MAX_NOTE, redact=Redactor(REGISTRY.of(subject.ref)))
-        annotations = event.annotations
-        # The annotations (the revision applied) are part of the key: a repeat at another revision is
-        # a new Event, never folded into one that names the old revision (a revert A -> B -> A).
-        key = (namespace, subject.kind, subject.name, subject.uid, event.type.value, event.reason.value,
-               event.action, note, *(f"{k}={v}" for k, v in sorted(annotations.items())))
+        note = bounded(event.message, limit=MAX_NOTE, redact=self._redactor(subject))
         now = self._clock()
+        if self._first(self._told, self._key(event, namespace=namespace, note=note), now):
+            self._tell(event, namespace=namespace, note=note, now=now)
+        collecting = _PASS.get()
+        if collecting is not None and collecting.add(event):
+            return
+        self._record(event, note=note, annotations=event.annotations, now=now)
+
+    @staticmethod
+    def _redactor(subject: Subject) -> Redactor:
+        return Redactor(REGISTRY.of(subject.ref))
+
+    @staticmethod
+    def _key(event: ObjectEvent, *, namespace: str, note: str,
+             annotations: Mapping[str, str] | None = None) -> tuple[str, ...]:
+        """What makes two events the same.  The annotations (the revision) are part of it: a repeat
+        at another revision is a new Event, never folded into one that names the old revision (a
+        revert A -> B -> A)."""
+        subject = event.subject
+        annotations = event.annotations if annotations is None else annotations
+        return (namespace, subject.kind, subject.name, subject.uid, event.type.value, event.reason.value,
+                event.action, note, *(f"{k}={v}" for k, v in sorted(annotations.items())))
+
+    def _first(self, seen: OrderedDict[tuple[str, ...], datetime.datetime], key: tuple[str, ...],
+               now: datetime.datetime) -> bool:
+        """Is ``key`` not seen within the window?  Either way it is seen now."""
+        with self._lock:
+            last = seen.get(key)
+            seen[key] = now
+            seen.move_to_end(key)
+            while len(seen) > self._size:
+                seen.popitem(last=False)
+        return last is None or (now - last).total_seconds() >= self._window
+
+    def _record_pass(self, told: Sequence[ObjectEvent]) -> None:
+        """One Event for what one pass told about one object."""
+        head, others = headline(told)
+        redact = self._redactor(head.subject)
+        if not others:
+            self._record(head, note=bounded(head.message, limit=MAX_NOTE, redact=redact),
+                         annotations=head.annotations, now=self._clock())
+            return
+        note = pass_note(head.message, [(e.reason.value, e.message) for e in others], limit=MAX_NOTE,
+                         redact=redact)
+        revision = pass_revision(head, others)
+        self._record(head, note=note, annotations={REVISION_ANNOTATION: revision} if revision else {},
+                     now=self._clock())
+
+    def _record(self, event: ObjectEvent, *, note: str, annotations: Mapping[str, str],
+                now: datetime.datetime) -> None:
+        """Create an Event of ``event``'s object, type, reason and action with ``note`` and
+        ``annotations``, or count it on the series of the same Event within the window."""
+        subject = event.subject
+        namespace = subject.namespace or "default"
+        key = self._key(event, namespace=namespace, note=note, annotations=annotations)
         with self._lock:
             series = self._recent.get(key)
             if series is not None and (now - series.last).total_seconds() < self._window:
@@ -289,12 +474,10 @@ class EventRecorder:
                 repeat: _Series | None = _Series(series.name, namespace, series.count, now)
             else:
                 repeat = None
-        if repeat is None:
-            self._tell(event, namespace=namespace, note=note, now=now)
         try:
             if repeat is not None and self._patch_series(repeat):
                 return
-            name = self._create(event, namespace=namespace, note=note, now=now)
+            name = self._create(event, namespace=namespace, note=note, annotations=annotations, now=now)
         except (ApiError, UnreachableError) as error:
             log.warning("could not record event %s on %s/%s: %s", event.reason.value, namespace, subject.name,
                         error)
@@ -325,8 +508,9 @@ class EventRecorder:
     def forget(self, namespace: str, name: str) -> None:
         """The object is gone: its recent events no longer aggregate (and free their cache entries)."""
         with self._lock:
-            for key in [k for k in self._recent if k[0] == namespace and k[2] == name]:
-                del self._recent[key]
+            for cache in (self._recent, self._told):
+                for key in [k for k in cache if k[0] == namespace and k[2] == name]:
+                    del cache[key]
             self._attempted.pop((namespace, name), None)
 
     def _path(self, namespace: str) -> str:
@@ -345,13 +529,14 @@ class EventRecorder:
             raise
         return True
 
-    def _create(self, event: ObjectEvent, *, namespace: str, note: str, now: datetime.datetime) -> str:
+    def _create(self, event: ObjectEvent, *, namespace: str, note: str, annotations: Mapping[str, str],
+                now: datetime.datetime) -> str:
         subject = event.subject
         # As client-go names events: the object's name and a unique suffix (within 253 characters).
         name = f"{subject.name[:236]}.{uuid.uuid4().hex[:16]}"
         event_meta: dict[str, object] = {"name": name, "namespace": namespace}
-        if event.annotations:
-            event_meta["annotations"] = event.annotations
+        if annotations:
+            event_meta["annotations"] = dict(annotations)
         regarding = {"apiVersion": subject.api_version, "kind": subject.kind, "name": subject.name,
                      "namespace": namespace, "uid": subject.uid}
         self._client.request("POST", self._path(namespace), body={

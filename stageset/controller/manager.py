@@ -37,7 +37,9 @@ Observability hooks live here once for every kind: every watch event updates the
 metrics (and a deletion removes them), every reconcile runs with its log fields bound
 (:mod:`stageset.controller.logs`), is counted and timed (:mod:`stageset.controller.metrics`), and
 is followed by what its controller declared of its transitions (a Ready condition that turned
-False told as a Warning event: :class:`~stageset.controller.events.ReadyWarnings`).
+False told as a Warning event: :class:`~stageset.controller.events.ReadyWarnings`), and both run
+in one pass of the event recorder (:meth:`~stageset.controller.events.EventRecorder.one_pass`): at
+most one Event per object per pass.
 """
 
 from __future__ import annotations
@@ -336,6 +338,12 @@ class Manager:
         return obj if cached is None else cached
 
     def _reconcile(self, queue: WorkQueue[WorkKey], key: ObjectKey, obj: KubeObject) -> None:
+        # One pass, one Event per object: what the reconcile and its transitions tell is recorded
+        # when both are done (controller/events.py).
+        with self.events.one_pass():
+            self._reconcile_and_tell(queue, key, obj)
+
+    def _reconcile_and_tell(self, queue: WorkQueue[WorkKey], key: ObjectKey, obj: KubeObject) -> None:
         self.metrics.working(key.kind, 1)
         started = time.monotonic()
         outcome = "error"

@@ -325,6 +325,20 @@ def test_a_drift_message_that_names_only_some_objects() -> None:
     assert found["backend"].objects == [("Service/shop/a", "restored"), ("Service/shop/b", "restored")]
 
 
+def test_one_passs_event_is_read_part_by_part_its_success_before_the_drift_it_restored() -> None:
+    # A pass that restored drift and turned Ready again records one Event: the DriftCorrected
+    # Warning heads it, its success follows in the note, annotated with the revision it applied.
+    inventories = {"config": [oid("ConfigMap", "settings")], "backend": [oid("Service", "api")]}
+    note = ("stage 'backend': restored Service shop/api; also ReconciliationSucceeded: "
+            "ConfigMap/shop/settings configured, Service/shop/api configured; and 1 more")
+    found = last_changes([event("DriftCorrected", note, "2026-01-01T10:00:00.000000Z",
+                                revision="main@sha1:2")], inventories)
+    assert found["config"].objects == [("ConfigMap/shop/settings", "configured")]
+    assert found["config"].revision == "main@sha1:2"
+    assert not found["backend"].drift  # the success names it too, and was told after the drift
+    assert found["backend"].objects == [("Service/shop/api", "configured")]
+
+
 # -- what the watch saw change ------------------------------------------------------------------------------
 
 

@@ -9,6 +9,12 @@ The controller records no field-level diff.  What it does record, as Events on t
 - ``DriftCorrected`` when a stage restored objects someone else changed (``stage 'backend':
   restored Service shop/web``).
 
+The controller records at most one Event per pass: when a pass told more than one of these (a
+drift corrected, then the StageSet Ready again), one Event heads with the most important and its
+note goes on with the others (``...; also ReconciliationSucceeded: ...``); each part is read here
+as if it were an Event of its own (:func:`stageset.api.eventnote.split`), with the Event's revision
+(the one its success applied).
+
 An object named there belongs to the stage whose inventory holds it.  So a stage's last change
 is *known* when such an event is still kept by the apiserver (Events live for its
 ``--event-ttl``, one hour by default), the user may list Events in the StageSet's namespace, and
@@ -22,6 +28,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from stageset.api import eventnote
 from stageset.api.vocabulary import EVENT_REVISION_ANNOTATION, EventReason
 from stageset.apply.changeset import WRITES
 from stageset.apply.inventory import ObjectId
@@ -105,26 +112,35 @@ def last_changes(events: Iterable[EventRow], inventories: Mapping[str, Sequence[
     by_subject = {subject(oid): stage for stage, oids in inventories.items() for oid in oids}
     found: dict[str, StageChange] = {}
     for event in sorted(events, key=lambda e: e.last_seen or "", reverse=True):
-        if event.reason == EventReason.RECONCILIATION_SUCCEEDED:
-            summary = parse_summary(event.message)
-            stages: dict[str, list[tuple[str, str]]] = {}
-            for name, action in summary.objects:
-                if (stage := by_subject.get(name)) is not None:
-                    stages.setdefault(stage, []).append((name, action))
-            for stage, objects in stages.items():
-                found.setdefault(stage, StageChange(when=event.last_seen, revision=event.revision,
-                                                    objects=objects, more=summary.more > 0))
-        elif event.reason == EventReason.DRIFT_CORRECTED:
-            drift = _DRIFT.match(event.message)
-            if drift is None:
-                continue
-            stage, listed = drift.group(1), drift.group(2)
-            more = _DRIFT_MORE.match(listed)
-            names = (more.group(1) if more else listed).split(", ")
-            found.setdefault(stage, StageChange(
-                when=event.last_seen, revision=None, drift=True, more=more is not None,
-                objects=[(_as_subject(name), "restored") for name in names if name]))
+        # One pass's parts, the last first: its success is told last (after the drift it restored).
+        for reason, message in reversed(eventnote.split(event.reason, event.message)):
+            _read(event, reason, message, by_subject, found)
     return found
+
+
+def _read(event: EventRow, reason: str, message: str, by_subject: Mapping[str, str],
+          found: dict[str, StageChange]) -> None:
+    """One part of ``event`` (``reason``, ``message``): each stage it names that ``found`` has no
+    newer change for yet."""
+    if reason == EventReason.RECONCILIATION_SUCCEEDED:
+        summary = parse_summary(message)
+        stages: dict[str, list[tuple[str, str]]] = {}
+        for name, action in summary.objects:
+            if (stage := by_subject.get(name)) is not None:
+                stages.setdefault(stage, []).append((name, action))
+        for stage, objects in stages.items():
+            found.setdefault(stage, StageChange(when=event.last_seen, revision=event.revision,
+                                                objects=objects, more=summary.more > 0))
+    elif reason == EventReason.DRIFT_CORRECTED:
+        drift = _DRIFT.match(message)
+        if drift is None:
+            return
+        stage, listed = drift.group(1), drift.group(2)
+        more = _DRIFT_MORE.match(listed)
+        names = (more.group(1) if more else listed).split(", ")
+        found.setdefault(stage, StageChange(
+            when=event.last_seen, revision=None, drift=True, more=more is not None,
+            objects=[(_as_subject(name), "restored") for name in names if name]))
 
 
 def _as_subject(name: str) -> str:
