@@ -140,7 +140,8 @@ class Clock:
 
 
 def recorder() -> tuple[EventRecorder, Recording, list[Recorded], Clock]:
-    client, clock, heard = Recording(), Clock(), []
+    client, clock = Recording(), Clock()
+    heard: list[Recorded] = []
     return EventRecorder(client, clock=clock, instance="test", listener=heard.append), client, heard, clock  # type: ignore[arg-type]
 
 
