@@ -117,8 +117,16 @@ def test_repeats_are_one_event_with_a_series_count(
         )
     [drift] = events(installed, s.ns, name="shop", reason="DriftCorrected")
     assert drift["type"] == "Warning"
-    assert drift["note"] == f"stage 'app': restored ConfigMap {s.ns}/a"
+    # One Event per pass (issue 51): the pass that restored the drift also made the StageSet Ready
+    # after a change; that success follows in the Warning's note (its own Event before), and the
+    # Event carries the revision it applied.
+    assert drift["note"] == (f"stage 'app': restored ConfigMap {s.ns}/a; "
+                             f"also ReconciliationSucceeded: ConfigMap/{s.ns}/a configured")
+    revision = drift["metadata"]["annotations"]["stages.metio.wtf/revision"]
+    assert revision == f"main@sha1:{git_server.head(s.repo)}"
     assert drift["series"]["lastObservedTime"] >= drift["eventTime"]
+    successes = events(installed, s.ns, name="shop", reason="ReconciliationSucceeded")
+    assert [e["note"] for e in successes] == [f"ConfigMap/{s.ns}/a created"], "the cold pass's own, no other"
 
 
 def test_ready_turning_false_is_a_warning_with_its_reason_and_repeats_aggregate(
