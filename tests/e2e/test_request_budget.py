@@ -5,7 +5,9 @@ reached (docs/benchmarks.md explains each request): 13 for a cold pass of 5 obje
 requested pass over it unchanged, 2 for a routine one; and issue 38's for a StageSet created with
 its GitRepository (as ``kubectl apply -f`` of both does, and ``bench.peers``): 17 (19 with a
 quiet re-check), the GitRepository's own fetch included — its first pass, before the fetch,
-writes nothing.  A change
+writes nothing.  Issue 51 (one Event per object per pass) changed none of those (each of their
+passes records one Event, the cold pass its ``ReconciliationSucceeded``, kept on purpose) and
+added the drift pass: 8, one Event where there were two.  A change
 that makes a pass cost more fails here, by identity and verb, before a benchmark would show it.
 """
 
@@ -98,6 +100,38 @@ def test_a_cold_and_a_warm_pass_stay_within_their_request_budgets(
     warm = counted(control_plane.audit_events()[seen:], namespace=s.ns, tenant=tenant.username)
     assert warm[("tenant", "list")] == 1, warm
     assert over(warm, WARM) == {}, f"a warm pass costs more than {dict(WARM)}: {dict(warm)}"
+
+
+# A requested pass that restores one object someone edited by hand: the warm pass's reads, the
+# edited object read and dry-run (what changed), the tenant's restoring apply, and one Event
+# (issue 51, one Event per pass: the DriftCorrected Warning with the ReconciliationSucceeded of the
+# same pass in its note -- two Events, 9 requests, before; 8 now).  The only count issue 51
+# changed; the budgets above and below are as they were (their passes record one Event each).
+DRIFT = WARM + Counter({("tenant", "get"): 1, ("tenant", "patch (dry-run)"): 1, ("tenant", "patch"): 1,
+                        ("controller", "create"): 1})
+
+
+def test_a_pass_that_restores_drift_records_one_event(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    control_plane: ControlPlane,
+) -> None:
+    tenant = make_tenant("budget-drift")
+    s = scenario(installed, git_server, tenant, {f"app/cm-{i}.yaml": cm(f"cm-{i}") for i in range(OBJECTS)})
+    s.stageset("drift", [{"name": "app", "path": "./app"}])
+    s.wait_ready("drift")
+    time.sleep(1)  # the cold pass's last requests land before the window
+    seen = len(control_plane.audit_events())
+    installed.request("PATCH", f"/api/v1/namespaces/{s.ns}/configmaps/cm-0",
+                      content_type="application/merge-patch+json", body={"data": {"k": "by hand"}})
+    stamp = poke(installed, s.path("drift"))
+    wait_for(lambda: s.get("drift")["status"].get("lastHandledReconcileAt") == stamp, what="the drift pass")
+    wait_for(lambda: (s.configmap("cm-0") or {}).get("data") == {"k": "v"}, what="the drift restored")
+    time.sleep(1)
+    drift = counted(control_plane.audit_events()[seen:], namespace=s.ns, tenant=tenant.username)
+    # Evidence first: the restoring apply and the Event are in the log.
+    assert drift[("tenant", "patch")] == 1, drift
+    assert drift[("controller", "create")] == 1, drift
+    assert over(drift, DRIFT) == {}, f"a drift pass costs more than {dict(DRIFT)}: {dict(drift)}"
 
 
 # A routine pass (the interval, nobody asked) over it, unchanged: the source and one
