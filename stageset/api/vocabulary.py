@@ -17,6 +17,8 @@ class ConditionType(StrEnum):
     READY = "Ready"
     RECONCILING = "Reconciling"
     STALLED = "Stalled"
+    DRIFTED = "Drifted"
+    """StageSet, ``driftDetection.mode: Warn``: objects were left as someone else changed them."""
 
 
 class ConditionStatus(StrEnum):
@@ -50,6 +52,8 @@ class Reason(StrEnum):
     namespaces, or not allowing its namespace: one message for all); nothing is sent to any cluster."""
     OWNERSHIP_CONFLICT = "OwnershipConflict"
     """A stage renders an object another live StageSet owns: the stage writes nothing until it is released."""
+    DRIFT_DETECTED = "DriftDetected"
+    """The reason of the ``Drifted`` condition (never of ``Ready``): objects differ from what was applied."""
     # Steering a release (the reference's words; none of them is a failure but the last two)
     SOAKING = "Soaking"
     """A stage is Ready and soaking: its dependents start when the soak ends."""
@@ -112,6 +116,8 @@ class EventReason(StrEnum):
     RECONCILIATION_SUCCEEDED = "ReconciliationSucceeded"
     NEW_ARTIFACT = "NewArtifact"
     DRIFT_CORRECTED = "DriftCorrected"
+    DRIFT_DETECTED = "DriftDetected"
+    """``driftDetection.mode: Warn``: objects were changed by someone else and left so (once per drift)."""
     PRUNE_FAILED = "PruneFailed"
     TEARDOWN_FORCED = "TeardownForced"
     ORPHANED = "Orphaned"

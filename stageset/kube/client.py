@@ -365,13 +365,16 @@ class KubeClient:
         return response.status, response.headers, response.data
 
     def stream(
-        self, path: str, *, query: Mapping[str, QueryValue], timeout: float, accept: str | None = None
+        self, path: str, *, query: Mapping[str, QueryValue], timeout: float, accept: str | None = None,
+        opened: Callable[[Callable[[], None] | None], None] | None = None,
     ) -> Iterator[KubeObject]:
         """Yield each JSON line of a streaming GET (a watch); ``accept`` as for :meth:`request`
         (:data:`METADATA`: each event's object as metadata only).  Blank lines are skipped, and so
-        is a last line the server never ended (a connection broken mid-event is not an event)."""
+        is a last line the server never ended (a connection broken mid-event is not an event).
+        ``opened`` is handed a function that shuts the stream down from another thread once it is
+        open (and ``None`` when it ended)."""
         with closing(self._lines(path, query=query, timeout=timeout, accept=accept or "application/json",
-                                 tail=False)) as lines:
+                                 tail=False, opened=opened)) as lines:
             for line in lines:
                 if line.strip():
                     yield orjson.loads(line)
@@ -386,7 +389,8 @@ class KubeClient:
                 yield line.decode("utf-8", "replace")
 
     def _lines(self, path: str, *, query: Mapping[str, QueryValue], timeout: float | None, accept: str,
-               tail: bool) -> Generator[bytes]:
+               tail: bool, opened: Callable[[Callable[[], None] | None], None] | None = None
+               ) -> Generator[bytes]:
         """The one streaming GET under :meth:`stream` and :meth:`text_lines`: each line of the body
         as the server sent it (newline removed; chunks joined, so a line — or a character — split
         across reads arrives whole), and with ``tail`` the unterminated rest.  A connection that
@@ -403,6 +407,8 @@ class KubeClient:
             self._observe("GET", path, query, None, None, started, stream=True)
             raise UnreachableError(server=self.server, why=_why(error)) from None
         self._observe("GET", path, query, None, response.status, started, stream=True)
+        if opened is not None:
+            opened(response.shutdown)
         try:
             if response.status >= 300:
                 raise _api_error(response.status, response.read(), retry_after(response.headers))
@@ -415,6 +421,8 @@ class KubeClient:
             if tail and buffer:
                 yield buffer
         finally:
+            if opened is not None:
+                opened(None)
             response.release_conn()
 
     def _observe(self, method: str, path: str, query: Mapping[str, QueryValue] | None,

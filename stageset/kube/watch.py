@@ -20,6 +20,15 @@ asks the server to end it at the next resync, and a stream that stays silent pas
 timeout.  Failures back off exponentially (0.5 s doubling to 30 s, with jitter), a
 ``Retry-After`` the server sent counting as the least wait.
 
+Held watches (drift, :mod:`stageset.kube.watches`) may start from a known ``resourceVersion``
+(what a pass just saw) instead of a list: no list is made until the watch expires (410) or the
+resync comes; after every list the keys present are told to ``listed`` (a relist's ``DELETED``
+only covers keys this reflector has seen).  :meth:`Reflector.close` ends a stream at once (the
+connection is shut down, not left to its timeout); ``health`` hears whether the last attempt
+worked; ``read_timeout`` bounds a silent stream below the resync (the apiserver sends a bookmark
+about every minute, so a longer silence is a dead connection); ``backoff_cap`` and
+``denied_backoff`` bound the waits between failures (a refusal, 403 or 404, waits longer).
+
 Identity: whatever ``client`` is — the controller's own, for our kinds.
 """
 
@@ -40,6 +49,8 @@ from stageset.kube.types import KubeObject, WatchEvent
 log = logging.getLogger(__name__)
 
 Handler = Callable[[str, KubeObject], None]
+Listed = Callable[[set[tuple[str, str]]], None]
+"""Told the (namespace, name) keys a list found, after each list."""
 DEFAULT_RESYNC = 300.0
 # How long past the requested end a silent stream is still waited for.
 _GRACE = 10.0
@@ -57,8 +68,21 @@ class Reflector:
     def __init__(self, *, client: KubeClient, resource: Resource, namespace: str | None,
                  handler: Handler, stop: threading.Event, resync: float = DEFAULT_RESYNC,
                  rng: random.Random | None = None, label_selector: str | None = None,
-                 field_selector: str | None = None, metadata_only: bool = False):
+                 field_selector: str | None = None, metadata_only: bool = False,
+                 resource_version: str = "", listed: Listed | None = None,
+                 health: Callable[[bool], None] | None = None, read_timeout: float | None = None,
+                 backoff_cap: float = _BACKOFF_CAP, denied_backoff: float | None = None):
         self._client = client
+        # Start watching here instead of listing first (the caller knows the objects as of it).
+        self._start = resource_version
+        self._listed = listed
+        self._health = health
+        self._read_timeout = read_timeout
+        self._backoff_cap = backoff_cap
+        self._denied_backoff = denied_backoff
+        # How the stream being read is shut down from another thread (close()).
+        self._abort: Callable[[], None] | None = None
+        self._abort_lock = threading.Lock()
         # Metadata only (PartialObjectMetadata): the handler sees metadata, never spec or status.
         self._metadata_only = metadata_only
         self._resource = resource
@@ -105,6 +129,8 @@ class Reflector:
             self._handler("DELETED", {"apiVersion": self._resource.api_version, "kind": self._resource.kind,
                                       "metadata": {"namespace": namespace, "name": name}})
         self._known = fresh
+        if self._listed is not None:
+            self._listed(set(fresh))
         return str(listing.get("metadata", {}).get("resourceVersion", ""))
 
     def _watch(self, resource_version: str, *, until: float) -> str:
@@ -117,11 +143,17 @@ class Reflector:
         # silent for longer than that (plus grace) is a dead connection.
         # (``accept`` is passed only when asked for: test doubles of a client need not know it.)
         timeout = seconds + _GRACE
-        lines = self._client.stream(self._path(), query=query, timeout=timeout, accept=METADATA) \
-            if self._metadata_only else self._client.stream(self._path(), query=query, timeout=timeout)
+        if self._read_timeout is not None:
+            timeout = min(timeout, self._read_timeout)
+        extra: dict[str, object] = {} if not self._metadata_only else {"accept": METADATA}
+        if self._health is not None:
+            extra["opened"] = self._opened  # held watches only: a test double need not know it
+        lines = self._client.stream(self._path(), query=query, timeout=timeout, **extra)  # type: ignore[arg-type]
         for line in lines:
             if self._stop.is_set():
                 break
+            if self._health is not None:
+                self._health(True)
             event: WatchEvent = {"type": str(line.get("type", "")), "object": line.get("object") or {}}
             kind, obj = event["type"], event["object"]
             if kind == "ERROR":
@@ -143,13 +175,34 @@ class Reflector:
         # Jittered down by up to 10%: reflectors started together do not relist together.
         return time.monotonic() + self._resync * (1 - 0.1 * self._rng.random())
 
-    def _backoff(self, failures: int, *, at_least: float = 0.0) -> float:
-        exact = min(_BACKOFF_CAP, _BACKOFF_BASE * 2.0 ** min(failures, 16))
+    def _backoff(self, failures: int, *, at_least: float = 0.0, cap: float | None = None) -> float:
+        exact = min(cap or self._backoff_cap, _BACKOFF_BASE * 2.0 ** min(failures, 16))
         return max(at_least, exact * (0.9 + 0.2 * self._rng.random()))
 
+    def _opened(self, abort: Callable[[], None] | None) -> None:
+        """The stream now being read can be shut down with ``abort`` (``None`` once it ended)."""
+        with self._abort_lock:
+            self._abort = abort
+        if abort is not None and self._stop.is_set():
+            abort()  # closed while it opened
+
+    def close(self) -> None:
+        """Stop, and shut the stream being read now (its thread ends at once, not at the stream's end)."""
+        self._stop.set()
+        with self._abort_lock:
+            abort = self._abort
+        if abort is not None:
+            abort()
+
+    def _told(self, healthy: bool) -> None:
+        if self._health is not None:
+            self._health(healthy)
+
     def run(self) -> None:
-        resource_version = ""
-        resync_at = 0.0
+        resource_version = self._start
+        resync_at = 0.0 if not resource_version else self._next_resync()
+        if resource_version:
+            self.synced.set()  # known as of resource_version: nothing to list first
         failures = 0
         while not self._stop.is_set():
             try:
@@ -157,6 +210,7 @@ class Reflector:
                     resource_version = self._list()
                     resync_at = self._next_resync()
                     self.synced.set()
+                    self._told(True)
                 resource_version = self._watch(resource_version, until=resync_at)
                 failures = 0
             except ApiError as error:
@@ -167,14 +221,18 @@ class Reflector:
                     self.relists_after_gone += 1
                     resource_version = ""
                     continue
-                delay = self._backoff(failures, at_least=error.retry_after or 0.0)
+                self._told(False)
+                denied = error.status in (403, 404)
+                delay = self._backoff(failures, at_least=error.retry_after or 0.0,
+                                      cap=self._denied_backoff if denied else None)
                 failures += 1
                 log.warning("watch of %s failed: %s; retrying in %.1fs", self._resource.plural, error, delay)
-                resource_version = "" if error.status in (403, 404) else resource_version
+                resource_version = "" if denied else resource_version
                 self._stop.wait(delay)
             except (UnreachableError, urllib3.exceptions.HTTPError, OSError, ValueError) as error:
                 if self._stop.is_set():
                     return
+                self._told(False)
                 delay = self._backoff(failures)
                 failures += 1
                 log.log(logging.WARNING if failures == 1 else logging.DEBUG,

@@ -10,7 +10,8 @@ Identity, per request (the rules: :mod:`stageset.controller.identity`):
 - a stage's source, variables and objects: the stage's identity (see the pass);
 - discovery, status, finalizers and events: the controller's own identity.
 
-Every collaborator is passed in; :mod:`stageset.controller.stageset.setup` builds them, once.
+Every collaborator is passed in; :mod:`stageset.controller.stageset.setup` builds them, once.  With
+drift watches, each reconcile runs inside :meth:`~stageset.controller.stageset.drifting.DriftHooks.around`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from stageset.controller.render.reads import TenantReads
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.stageset import floors, plan
 from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.drifting import DriftHooks
 from stageset.controller.stageset.holding import Holding
 from stageset.controller.stageset.passes import PassRunner, log_denial
 from stageset.controller.stageset.teardown import Teardown
@@ -49,8 +51,10 @@ class StageSetReconciler:
                  reads: TenantReads, expressions: ExpressionChecker, index: DependencyIndex, targets: Targets,
                  passes: PassRunner, teardown: Teardown, changes: Changes, clock: Clock,
                  runbook_base_url: str, ticks: Ticks, default_interval: float,
-                 on_write: WriteListener | None = None, holding: Holding | None = None):
+                 on_write: WriteListener | None = None, holding: Holding | None = None,
+                 drift: DriftHooks | None = None):
         self._clients = clients
+        self._drift = drift
         self._holding = holding
         self._resource = resource
         self._identities = identities
@@ -77,6 +81,8 @@ class StageSetReconciler:
         self._changes.forget(namespace, name)
         if self._holding is not None:
             self._holding.forget(namespace, name)
+        if self._drift is not None:
+            self._drift.forget(namespace, name)
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Reconcile one StageSet (``raw``, from the watch cache: read, never changed)."""
@@ -85,6 +91,8 @@ class StageSetReconciler:
         # reach the log filter as soon as they are read.
         redactor = Redactor(REGISTRY.of(key), on_add=lambda values: REGISTRY.set(key, values))
         try:
+            if self._drift is not None:  # the drift watches hold this StageSet's events meanwhile
+                return self._drift.around(raw, lambda: self._reconcile(copy.deepcopy(raw), redactor))
             return self._reconcile(copy.deepcopy(raw), redactor)
         finally:
             REGISTRY.set(key, redactor.added or REGISTRY.of(key))

@@ -52,6 +52,8 @@ LOCAL_TARGET = THIS_CLUSTER
 # Remote clusters (distinct kubeconfig contents) kept at once by default (``--max-remote-targets``):
 # discovery of each is cached.
 MAX_REMOTES = 64
+MAX_SECRETS_READ = 100_000
+"""kubeConfig Secrets whose read version is remembered (least recently read out first)."""
 
 
 def where(target: str, *, stage_target: str = "") -> str:
@@ -126,6 +128,9 @@ class Targets:
         self.local = Target(LOCAL, local)
         self._remotes: OrderedDict[ClusterKey, Target] = OrderedDict()
         self._lock = threading.Lock()
+        # The resourceVersion each spec.kubeConfig Secret was last read at (the drift watches watch
+        # it from there: a rotation queues its StageSets).  One entry per Secret named, bounded.
+        self._read: OrderedDict[tuple[str, str], str] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._remotes)
@@ -136,6 +141,11 @@ class Targets:
         if ref is None:
             return self.local
         return self.reach(client, namespace=str(stageset.metadata["namespace"]), ref=ref.secret_ref)
+
+    def secret_version(self, namespace: str, name: str) -> str:
+        """The ``resourceVersion`` the kubeConfig Secret ``namespace/name`` was last read at ("": unknown)."""
+        with self._lock:
+            return self._read.get((namespace, name), "")
 
     def previous(self, client: KubeClient, *, stageset: StageSet, applied: AppliedTarget | None) -> Target:
         """The cluster a stage was applied on before a move (see the module docstring); raises
@@ -184,6 +194,12 @@ class Targets:
     def reach(self, client: KubeClient, *, namespace: str, ref: SecretKeyRef) -> Target:
         """The cluster the kubeconfig ``ref`` names in ``namespace`` (read as ``client``'s identity)."""
         credentials = self._credentials.read(client, namespace=namespace, ref=ref)
+        if credentials.version:
+            with self._lock:
+                self._read[(namespace, ref.name)] = credentials.version
+                self._read.move_to_end((namespace, ref.name))
+                while len(self._read) > MAX_SECRETS_READ:
+                    self._read.popitem(last=False)
         if (found := self.cached(credentials.cluster)) is not None:
             return found
         try:
