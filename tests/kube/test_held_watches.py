@@ -37,8 +37,12 @@ class Heard:
 
 
 def cm(name: str, value: str = "v", labelled: bool = True) -> dict[str, Any]:
-    return {"apiVersion": "v1", "kind": "ConfigMap",
-            "metadata": {"name": name, "labels": {SELECTOR: "x"} if labelled else {}}, "data": {"k": value}}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "labels": {SELECTOR: "x"} if labelled else {}},
+        "data": {"k": value},
+    }
 
 
 def held_threads() -> int:
@@ -46,27 +50,42 @@ def held_threads() -> int:
 
 
 def test_a_held_watch_starts_where_it_is_told_is_shared_and_closes_at_once(
-    admin: KubeClient, make_namespace: Callable[..., str],
+    admin: KubeClient,
+    make_namespace: Callable[..., str],
 ) -> None:
     namespace = make_namespace("held")
     base = f"/api/v1/namespaces/{namespace}/configmaps"
-    before = admin.apply(f"{base}/before", {**cm("before"), "metadata": {**cm("before")["metadata"],
-                                                                         "namespace": namespace}},
-                         field_manager="test")
+    before = admin.apply(
+        f"{base}/before",
+        {**cm("before"), "metadata": {**cm("before")["metadata"], "namespace": namespace}},
+        field_manager="test",
+    )
     pool = WatchPool()
     first, second = Heard(), Heard()
     listed: list[set[tuple[str, str]]] = []
     threads = held_threads()
-    key = pool.hold("a", admin, CONFIGMAPS, namespace, handler=first, label_selector=SELECTOR,
-                    resource_version=before["metadata"]["resourceVersion"], listed=listed.append)
+    key = pool.hold(
+        "a",
+        admin,
+        CONFIGMAPS,
+        namespace,
+        handler=first,
+        label_selector=SELECTOR,
+        resource_version=before["metadata"]["resourceVersion"],
+        listed=listed.append,
+    )
     assert pool.hold("b", admin, CONFIGMAPS, namespace, handler=second, label_selector=SELECTOR) == key
-    assert pool.held() == 1 and held_threads() == threads + 1
+    assert pool.held() == 1
+    assert held_threads() == threads + 1
     admin.request("POST", base, body=cm("after"))
     admin.request("POST", base, body=cm("unlabelled", labelled=False))
-    wait_for(lambda: ("ADDED", "after") in first.names() and ("ADDED", "after") in second.names(),
-             what="both holders told of the new object")
+    wait_for(
+        lambda: ("ADDED", "after") in first.names() and ("ADDED", "after") in second.names(),
+        what="both holders told of the new object",
+    )
     # From the version it was told: nothing before it, no list, nothing outside the selector.
-    assert ("ADDED", "before") not in first.names() and listed == []
+    assert ("ADDED", "before") not in first.names()
+    assert listed == []
     assert not any(name == "unlabelled" for _, name in first.names())
     # Metadata only: no data reaches the holders.
     assert all("data" not in obj for _, _, obj in first.events)
@@ -81,21 +100,36 @@ def test_a_held_watch_starts_where_it_is_told_is_shared_and_closes_at_once(
 
 
 def test_a_label_removed_is_a_delete_and_a_watch_the_identity_may_not_open_is_retried_unhealthy(
-    admin: KubeClient, kube_pool: ClientPool, make_tenant: Callable[..., Tenant],
+    admin: KubeClient,
+    kube_pool: ClientPool,
+    make_tenant: Callable[..., Tenant],
 ) -> None:
     tenant = make_tenant("held-rbac")
     base = f"/api/v1/namespaces/{tenant.namespace}/configmaps"
     made = admin.request("POST", base, body=cm("a"))
     pool = WatchPool()
     heard = Heard()
-    key = pool.hold("h", admin, CONFIGMAPS, tenant.namespace, handler=heard, label_selector=SELECTOR,
-                    resource_version=made["metadata"]["resourceVersion"])
-    admin.request("PATCH", f"{base}/a", content_type="application/merge-patch+json",
-                  body={"metadata": {"labels": {SELECTOR: None}}})
+    key = pool.hold(
+        "h",
+        admin,
+        CONFIGMAPS,
+        tenant.namespace,
+        handler=heard,
+        label_selector=SELECTOR,
+        resource_version=made["metadata"]["resourceVersion"],
+    )
+    admin.request(
+        "PATCH",
+        f"{base}/a",
+        content_type="application/merge-patch+json",
+        body={"metadata": {"labels": {SELECTOR: None}}},
+    )
     wait_for(lambda: ("DELETED", "a") in heard.names(), what="the unlabelled object told as DELETED")
     assert pool.healthy(key) is True
     # The tenant may not list ConfigMaps there: its watch fails, says so, and stays held (retried).
-    denied = kube_pool.client(Identity.service_account(namespace=tenant.namespace, name=tenant.service_account))
+    denied = kube_pool.client(
+        Identity.service_account(namespace=tenant.namespace, name=tenant.service_account)
+    )
     refused = pool.hold("t", denied, CONFIGMAPS, tenant.namespace, handler=Heard(), label_selector=SELECTOR)
     assert refused != key
     wait_for(lambda: pool.healthy(refused) is False, what="the denied watch reported unhealthy")

@@ -7,14 +7,31 @@ from typing import Any
 from stageset.apply.differ import differing_paths
 
 
-def deployment(*, replicas: int = 1, image: str = "web:1", rv: str = "1", extra: dict[str, Any] | None = None
-               ) -> dict[str, Any]:
-    return {"apiVersion": "apps/v1", "kind": "Deployment",
-            "metadata": {"name": "web", "namespace": "shop", "resourceVersion": rv, "generation": int(rv),
-                         "managedFields": [{"manager": rv}], "labels": {"app": "web"}},
-            "spec": {"replicas": replicas, "template": {"spec": {"containers": [
-                {"name": "app", "image": image}, {"name": "sidecar", "image": "proxy:1"}]}}, **(extra or {})},
-            "status": {"replicas": int(rv)}}
+def deployment(
+    *, replicas: int = 1, image: str = "web:1", rv: str = "1", extra: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {
+            "name": "web",
+            "namespace": "shop",
+            "resourceVersion": rv,
+            "generation": int(rv),
+            "managedFields": [{"manager": rv}],
+            "labels": {"app": "web"},
+        },
+        "spec": {
+            "replicas": replicas,
+            "template": {
+                "spec": {
+                    "containers": [{"name": "app", "image": image}, {"name": "sidecar", "image": "proxy:1"}]
+                }
+            },
+            **(extra or {}),
+        },
+        "status": {"replicas": int(rv)},
+    }
 
 
 def test_named_list_entries_are_compared_by_name_and_bookkeeping_is_ignored() -> None:
@@ -40,6 +57,10 @@ def test_values_are_never_named_and_the_count_is_bounded() -> None:
 def test_against_a_manifest_only_its_own_paths_are_compared() -> None:
     """Without a dry-run (an immutable change), what the server added is no drift."""
     live = deployment(replicas=2, extra={"strategy": {"type": "RollingUpdate"}})
-    manifest = {"apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "web", "namespace": "shop"},
-                "spec": {"replicas": 1}}
+    manifest = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": "web", "namespace": "shop"},
+        "spec": {"replicas": 1},
+    }
     assert differing_paths(live, manifest, only_wanted=True) == ["spec.replicas"]

@@ -43,57 +43,95 @@ class Held:
 
 @dataclass
 class Pool:
-    """Held watches, recorded: what was opened (and from where), what released; events are delivered by hand."""
+    """Held watches, recorded: what was opened (and from where), what released; events are
+    delivered by hand."""
 
     held: dict[Key, Held] = field(default_factory=dict)
     opened: list[Key] = field(default_factory=list)
     released: list[Key] = field(default_factory=list)
     unhealthy: set[Key] = field(default_factory=set)
 
-    def hold(self, holder: Hashable, client: Any, resource: Resource, namespace: str | None, *, handler: Handler,
-             listed: Listed | None = None, label_selector: str = "", field_selector: str = "",
-             resource_version: str = "", metadata_only: bool = True) -> Key:
+    def hold(
+        self,
+        holder: Hashable,  # noqa: ARG002 - one holder here
+        client: Any,
+        resource: Resource,
+        namespace: str | None,
+        *,
+        handler: Handler,
+        listed: Listed | None = None,
+        label_selector: str = "",
+        field_selector: str = "",
+        resource_version: str = "",
+        metadata_only: bool = True,
+    ) -> Key:
         assert metadata_only
-        key = WatchPool.key(client, resource, namespace, label_selector=label_selector, field_selector=field_selector)
+        key = WatchPool.key(
+            client, resource, namespace, label_selector=label_selector, field_selector=field_selector
+        )
         assert key not in self.held, "held twice"
-        self.held[key] = Held(client, resource, namespace, label_selector, field_selector, resource_version,
-                              handler, listed)
+        self.held[key] = Held(
+            client, resource, namespace, label_selector, field_selector, resource_version, handler, listed
+        )
         self.opened.append(key)
         return key
 
-    def release(self, holder: Hashable, key: Key) -> None:
+    def release(self, holder: Hashable, key: Key) -> None:  # noqa: ARG002 - one holder here
         del self.held[key]
         self.released.append(key)
 
     def healthy(self, key: Key) -> bool | None:
-        return False if key in self.unhealthy else True
+        return key not in self.unhealthy
 
-    def send(self, namespace: str, resource: Resource, event: str, obj: dict[str, Any], *, user: str = "") -> None:
+    def send(
+        self, namespace: str, resource: Resource, event: str, obj: dict[str, Any], *, user: str = ""
+    ) -> None:
         for key, held in list(self.held.items()):
             if held.resource == resource and held.namespace == namespace and (not user or key[1] == user):
                 held.handler(event, obj)
 
 
-def live(name: str, *, namespace: str = "shop", rv: str = "10", uid: str = "u-a",
-         ours: dict[str, Any] | None = None, others: tuple[dict[str, Any], ...] = ()) -> dict[str, Any]:
+def live(
+    name: str,
+    *,
+    namespace: str = "shop",
+    rv: str = "10",
+    uid: str = "u-a",
+    ours: dict[str, Any] | None = None,
+    others: tuple[dict[str, Any], ...] = (),
+) -> dict[str, Any]:
     fields = {"f:data": {"f:k": {}}} if ours is None else ours
-    return {"metadata": {"name": name, "namespace": namespace, "uid": uid, "resourceVersion": rv,
-                         "managedFields": [{"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": fields},
-                                           *others]}}
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": namespace,
+            "uid": uid,
+            "resourceVersion": rv,
+            "managedFields": [{"manager": FIELD_MANAGER, "operation": "Apply", "fieldsV1": fields}, *others],
+        }
+    }
 
 
 def applied(name: str, *, resource: Resource = CONFIGMAPS, namespace: str = "shop", **kw: Any) -> Applied:
-    return Applied(resource=resource, namespace=namespace, name=name, live=live(name, namespace=namespace, **kw))
+    return Applied(
+        resource=resource, namespace=namespace, name=name, live=live(name, namespace=namespace, **kw)
+    )
 
 
 class Registry:
     def __init__(self, capacity: int = 100, terminating: frozenset[str] = frozenset()) -> None:
         self.pool = Pool()
         self.queued: list[tuple[str, str]] = []
-        self.drift = DriftWatches(pool=self.pool, enqueue=lambda ns, name: self.queued.append((ns, name)),
-                                  capacity=capacity, terminating=lambda ns: ns in terminating)
+        self.drift = DriftWatches(
+            pool=self.pool,
+            enqueue=lambda ns, name: self.queued.append((ns, name)),
+            capacity=capacity,
+            terminating=lambda ns: ns in terminating,
+        )
 
-    def pass_(self, ref: tuple[str, str], stage: str, client: Any, objects: list[Applied], **settle: Any) -> None:
+    def pass_(
+        self, ref: tuple[str, str], stage: str, client: Any, objects: list[Applied], **settle: Any
+    ) -> None:
         self.drift.begin(ref)
         self.drift.applied(ref, stage, client, objects)
         self.drift.settle(ref, stages=settle.pop("stages", [stage]), **settle)
@@ -103,12 +141,18 @@ def test_one_watch_per_identity_kind_and_namespace_shared_by_every_stageset_ther
     r = Registry()
     client = tenant("shop")
     for i in range(50):
-        r.pass_(("shop", f"set-{i}"), "app", client, [applied(f"cm-{i}", rv=str(100 + i)),
-                                                       applied(f"web-{i}", resource=DEPLOYMENTS, rv="90")])
+        r.pass_(
+            ("shop", f"set-{i}"),
+            "app",
+            client,
+            [applied(f"cm-{i}", rv=str(100 + i)), applied(f"web-{i}", resource=DEPLOYMENTS, rv="90")],
+        )
     assert len(r.pool.held) == 2 == r.drift.watches()
     [cms] = [h for h in r.pool.held.values() if h.resource == CONFIGMAPS]
     # As the stage's identity, selected by the owner labels, from what the first pass saw (no list).
-    assert cms.client is client and cms.label_selector == SELECTOR and cms.resource_version == "100"
+    assert cms.client is client
+    assert cms.label_selector == SELECTOR
+    assert cms.resource_version == "100"
     # Another identity applying there has a watch of its own.
     r.pass_(("shop", "other"), "app", tenant("shop", "reader"), [applied("x")])
     assert r.drift.watches() == 3
@@ -117,7 +161,8 @@ def test_one_watch_per_identity_kind_and_namespace_shared_by_every_stageset_ther
         r.drift.forget(("shop", f"set-{i}"))
     assert r.pool.released == []
     r.drift.forget(("shop", "set-49"))
-    assert len(r.pool.released) == 2 and r.drift.watches() == 1
+    assert len(r.pool.released) == 2
+    assert r.drift.watches() == 1
 
 
 def test_only_a_change_that_is_not_ours_queues_the_owner() -> None:
@@ -125,8 +170,12 @@ def test_only_a_change_that_is_not_ours_queues_the_owner() -> None:
     r.pass_(("shop", "web"), "app", tenant("shop"), [applied("a")])
     # Our own write as the pass left it, a status or another manager's field: nothing.
     r.pool.send("shop", CONFIGMAPS, "MODIFIED", live("a"))
-    r.pool.send("shop", CONFIGMAPS, "MODIFIED", live("a", rv="11", others=({"manager": "hpa", "operation": "Update",
-                                                                             "fieldsV1": {"f:x": {}}},)))
+    r.pool.send(
+        "shop",
+        CONFIGMAPS,
+        "MODIFIED",
+        live("a", rv="11", others=({"manager": "hpa", "operation": "Update", "fieldsV1": {"f:x": {}}},)),
+    )
     assert r.queued == []
     # An edit of a field we manage: queued once; the status updates that follow are judged against it.
     r.pool.send("shop", CONFIGMAPS, "MODIFIED", live("a", rv="12", ours={}))
@@ -160,14 +209,16 @@ def test_the_bound_refuses_new_watches_and_counts_the_stagesets_that_fall_back()
     r = Registry(capacity=2)
     r.pass_(("a", "one"), "app", tenant("a"), [applied("x", namespace="a"), applied("y", namespace="b")])
     r.pass_(("c", "two"), "app", tenant("c"), [applied("z", namespace="c")])
-    assert r.drift.watches() == 2 and r.drift.refused == 1
+    assert r.drift.watches() == 2
+    assert r.drift.refused == 1
     assert r.drift.unwatched() == 1
     # Asked again at its next pass: counted once, still refused; room made: held.
     r.pass_(("c", "two"), "app", tenant("c"), [applied("z", namespace="c")])
     assert r.drift.refused == 1
     r.drift.forget(("a", "one"))
     r.pass_(("c", "two"), "app", tenant("c"), [applied("z", namespace="c")])
-    assert r.drift.watches() == 1 and r.drift.unwatched() == 0
+    assert r.drift.watches() == 1
+    assert r.drift.unwatched() == 0
     # A watch that does not work (RBAC, a cluster down) is a fallback too.
     r.pool.unhealthy.update(r.pool.held)
     assert r.drift.unwatched() == 1
@@ -207,7 +258,13 @@ def test_the_kubeconfig_secret_is_watched_as_the_stageset_from_the_version_read(
     r = Registry()
     ref = ("shop", "web")
     me = tenant("shop")
-    r.pass_(ref, "app", me, [applied("a")], secret=SecretWatch(client=me, namespace="shop", name="prod", version="7"))
+    r.pass_(
+        ref,
+        "app",
+        me,
+        [applied("a")],
+        secret=SecretWatch(client=me, namespace="shop", name="prod", version="7"),
+    )
     [secret] = [h for h in r.pool.held.values() if h.field_selector]
     assert (secret.client, secret.field_selector, secret.resource_version) == (me, "metadata.name=prod", "7")
     secret.handler("MODIFIED", {"metadata": {"name": "prod", "namespace": "shop", "resourceVersion": "7"}})

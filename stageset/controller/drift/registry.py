@@ -398,7 +398,7 @@ class DriftWatches:
             # against the edited state.
             found.known = None if event == "DELETED" else fingerprint(obj)
             ref = found.owner
-        what = f"{obj.get('kind') or resource.kind} {namespace + '/' if namespace else ''}{meta.get('name')}"
+        what = f"{resource.kind} {namespace + '/' if namespace else ''}{name}"
         self._trigger(ref, why=f"{what} {'deleted or unlabelled' if event == 'DELETED' else 'changed'}")
 
     def _listed(self, key: Key, resource: Resource, names: set[tuple[str, str]]) -> None:
