@@ -131,10 +131,11 @@ class ControlPlane:
     def start_apiserver(self) -> None:
         """Start kube-apiserver again after :meth:`stop_apiserver`: same flags, port, certificates and
         data (its audit log goes on); returns once it is ready."""
-        assert self._apiserver and self._processes[1].poll() is not None, "stop_apiserver() first"
-        log = self.workdir / "kube-apiserver.log"
-        self._processes[1] = _spawn(self._apiserver, log=self.workdir / "kube-apiserver.restarted.log")
-        _wait_ready(self, logs=[self.workdir / "etcd.log", log.with_name("kube-apiserver.restarted.log"),
+        assert self._apiserver, "not started by start()"
+        assert self._processes[1].poll() is not None, "stop_apiserver() first"
+        log = self.workdir / "kube-apiserver.restarted.log"
+        self._processes[1] = _spawn(self._apiserver, log=log)
+        _wait_ready(self, logs=[self.workdir / "etcd.log", log,
                                 *([self.workdir / "kube-controller-manager.log"] if len(self._processes) > 2
                                   else [])])
 

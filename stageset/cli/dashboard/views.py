@@ -280,6 +280,8 @@ class Row:
     created: str | None
     suspended: bool
     waits_for: str
+    drifted: int = 0
+    """Objects a ``Warn`` StageSet left as someone else changed them (``status.drifted``)."""
 
 
 def list_row(obj: KubeObject) -> Row:
@@ -296,7 +298,8 @@ def list_row(obj: KubeObject) -> Row:
         message=_without_runbook(str(ready.get("message", ""))),
         done=sum(1 for n in names if phases.get(n) == StagePhase.READY), total=len(names),
         revision=revision, created=meta.get("creationTimestamp"),
-        suspended=bool(_spec(obj).get("suspend", False)), waits_for="" if held is None else held.text())
+        suspended=bool(_spec(obj).get("suspend", False)), waits_for="" if held is None else held.text(),
+        drifted=len(status.get("drifted") or []))
 
 
 def list_rows(objs: Iterable[KubeObject]) -> list[Row]:
@@ -330,6 +333,8 @@ class ObjectView:
     css: str
     href: str | None = None
     """Its page (live YAML, diff)."""
+    drifted: str | None = None
+    """Left as someone else changed it (``Warn``): the fields that differ, or ``deleted``."""
 
 
 @dataclass(frozen=True)
@@ -396,6 +401,15 @@ class Detail:
     """``status.history``: the releases the controller recorded, newest first (durable)."""
     pending_update: bool = False
     """An update window holds new revisions back (``status.pendingUpdate``): update-now can ship them."""
+    drift: str = ""
+    """The ``Drifted`` condition's message (``driftDetection.mode: Warn``): what was left as found."""
+
+
+def _drifted(status: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """(stage, inventory id) -> what a Warn StageSet left drifted there (fields, or ``deleted``)."""
+    return {(str(d.get("stage")), str(d.get("id"))): "deleted" if d.get("deleted")
+            else ", ".join(str(f) for f in d.get("fields") or []) or "changed"
+            for d in status.get("drifted") or [] if isinstance(d, Mapping)}
 
 
 def _shown(value: Any) -> str:
@@ -447,6 +461,7 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
                   if e.kind == STAGESET_KIND and e.name == name and e.namespace == namespace]
     changes = last_changes(own_events, {stage: [oid for _, oid in entries]
                                         for stage, entries in inventories.items()})
+    drifted = _drifted(status)
     spec_names = [n.name for n in stage_nodes(obj)]
     stages: list[StageView] = []
     for stage in [*spec_names, *sorted(n for n in inventories if n not in spec_names)]:
@@ -464,7 +479,8 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
             state = lookup(ref)
             objects.append(ObjectView(ref=ref, status=state.status, message=state.message,
                                       css=status_class(state.status),
-                                      href=object_href(namespace, name, stage, oid)))
+                                      href=object_href(namespace, name, stage, oid),
+                                      drifted=drifted.get((stage, oid.encode()))))
         stages.append(StageView(
             name=stage, phase=phase, css=phase_class(phase), revision=raw.get("revision"),
             message=str(raw.get("message") or ("no longer in the spec: its objects stay until pruned"
@@ -515,7 +531,8 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
         observed_generation=status.get("observedGeneration"), holding=held, graph_error=problem,
         wide=layout.picture(graph, order=order), tall=layout.picture(graph, order=order, vertical=True),
         nodes=views, stages=stages, dependencies=dependencies, events=shown_events, activity=list(activity),
-        history=history_rows(obj), pending_update=bool(status.get("pendingUpdate")))
+        history=history_rows(obj), pending_update=bool(status.get("pendingUpdate")),
+        drift=str(find_condition(status.get("conditions"), ConditionType.DRIFTED).get("message", "")))
 
 
 # -- what the watch saw change ----------------------------------------------------------------------
