@@ -742,7 +742,8 @@ def test_a_warn_stageset_shows_what_it_left_drifted_escaped() -> None:
         },
     )
     page = views.detail(obj, lookup=lambda _ref: views.ObjectState("Current"), events=[], activity=[],
-                        linkable=lambda _namespace: True, now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+                        linkable=lambda _namespace: True,
+                        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
     assert page.drift == f"1 object differs: {HOSTILE}"
     assert page.stages[0].objects[0].drifted == f"data.{HOSTILE}"
     assert views.list_row(obj).drifted == 1
