@@ -278,3 +278,17 @@ def test_the_kubeconfig_secret_is_watched_as_the_stageset_from_the_version_read(
     r.drift.begin(ref)
     r.drift.settle(ref, stages=["app"])
     assert not any(h.field_selector for h in r.pool.held.values())
+
+
+def test_an_event_queues_only_the_stageset_that_registered_that_object_under_that_identity() -> None:
+    """Tenant b watches its own namespace; an object there carrying a's owner labels (forged), or an
+    object a registered but seen through b's watch, queues nobody."""
+    r = Registry()
+    a, b = tenant("shop", "deployer"), tenant("shop", "reader")
+    r.pass_(("shop", "a"), "app", a, [applied("mine")])
+    r.pass_(("shop", "b"), "app", b, [applied("theirs")])
+    r.pool.send("shop", CONFIGMAPS, "DELETED", live("forged", rv="50"))
+    r.pool.send("shop", CONFIGMAPS, "DELETED", live("mine", rv="51"), user=b.identity.user)
+    assert r.queued == []
+    r.pool.send("shop", CONFIGMAPS, "DELETED", live("mine", rv="52"), user=a.identity.user)
+    assert r.queued == [("shop", "a")]
