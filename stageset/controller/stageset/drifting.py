@@ -18,6 +18,7 @@ identity on its cluster); the kubeConfig Secret with the StageSet's identity on 
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 
@@ -34,6 +35,8 @@ from stageset.controller.stageset.stage import StageRun, StageWork
 from stageset.controller.targets.clusters import Targets
 from stageset.kube.client import ClientPool
 from stageset.kube.types import KubeObject
+
+log = logging.getLogger(__name__)
 
 
 class DriftHooks:
@@ -58,13 +61,20 @@ class DriftHooks:
         try:
             return reconcile()
         finally:
-            with self._lock:
-                stageset = self._seen.pop(ref, None)
-            stages = [str(s.get("name")) for s in spec.get("stages") or [] if isinstance(s, dict)]
+            self._settle(ref, spec)
+
+    def _settle(self, ref: tuple[str, str], spec: KubeObject) -> None:
+        """Tell the watches the pass ended; what goes wrong here is logged, never the pass's."""
+        with self._lock:
+            stageset = self._seen.pop(ref, None)
+        stages = [str(s.get("name")) for s in spec.get("stages") or [] if isinstance(s, dict)]
+        try:
             if stageset is None:
                 self._drift.settle(ref, stages=stages, keep_secret=True)
             else:
                 self._drift.settle(ref, stages=stages, secret=self._secret(stageset))
+        except Exception:  # the StageSet falls back to its interval; its pass stands
+            log.exception("drift watches of StageSet %s/%s not updated", *ref)
 
     def forget(self, namespace: str, name: str) -> None:
         self._drift.forget((namespace, name))
@@ -80,8 +90,12 @@ class DriftHooks:
         objects = [Applied(resource=o.resource, namespace=namespace_of(o),
                            name=str(o.manifest["metadata"]["name"]), live=o.live)
                    for o in result.objects if o.action is not Action.SKIPPED or o.drifted]
-        client = self._clients.client(run.rendered.identity, run.rendered.target.cluster)
-        self._drift.applied(ref, run.rendered.stage.name, client, objects)
+        try:
+            client = self._clients.client(run.rendered.identity, run.rendered.target.cluster)
+            self._drift.applied(ref, run.rendered.stage.name, client, objects)
+        except Exception:  # the stage's outcome stands; its drift is noticed at the interval
+            log.exception("drift watches of stage %s of StageSet %s/%s not updated",
+                          run.rendered.stage.name, *ref)
 
     def _secret(self, stageset: StageSet) -> SecretWatch | None:
         """The kubeConfig Secret to watch, as the StageSet's identity, from the version its pass read."""
