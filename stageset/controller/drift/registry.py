@@ -235,6 +235,12 @@ class DriftWatches:
                                 field_selector=f"metadata.name={secret.name}",
                                 resource_version=secret.version,
                                 handler=self._secret_handler(key))
+        # A forget() that ran while these were opened (the StageSet deleted meanwhile) let them go.
+        for key in [k for k, _ in opened] + secrets:
+            with self._lock:
+                orphaned = key not in self._users
+            if orphaned:
+                self._pool.release(self, key)
         if overflow:
             self._trigger(ref, why="changes while its pass ran")
         for key, resource, event, obj in pending:
