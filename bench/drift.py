@@ -27,8 +27,13 @@ Measured per (N, mode), after every StageSet is Ready:
   (``kubectl edit``'s field manager): seconds until each is restored, p50 and max.  With the
   watches off a change waits for the interval.
 
-A default run (no ``--quick``, no ``--no-docs``) writes its table into ``docs/scale.md`` between the
-``bench.drift`` markers; ``docs/sizing.md`` states the arithmetic it supports.
+And, first, what one watch costs (``--watch-memory K``, default 1000; 0 skips it): this process
+opens K held watches of the shared pool (:meth:`stageset.kube.watches.WatchPool.hold`, as the
+controller's drift watches are, metadata only, each in its own namespace), waits until each has
+delivered an event, and reports its ``VmRSS`` and thread count before and after, per watch.
+
+A default run (no ``--quick``, no ``--no-docs``) writes its tables into ``docs/scale.md`` between
+the ``bench.drift`` markers; ``docs/sizing.md`` states the arithmetic they support.
 """
 
 from __future__ import annotations
@@ -82,6 +87,7 @@ Key = tuple[str, str]
 
 @dataclass(frozen=True)
 class Options:
+    watch_memory: int
     sizes: tuple[int, ...]
     objects: int
     tenants: int
@@ -304,6 +310,49 @@ class Harness:
         return sorted(times)
 
 
+def watch_memory(admin: KubeClient, count: int) -> str:
+    """What ``count`` held watches cost this process (RSS, threads), each in a namespace of its own."""
+    from stageset.envtest.controller import memory_mib
+    from stageset.kube.mapping import Resource
+    from stageset.kube.watches import WatchPool
+
+    configmaps = Resource(group="", version="v1", kind="ConfigMap", plural="configmaps", namespaced=True)
+    namespaces = [f"w{j:05d}" for j in range(count)]
+    parallel(8, lambda ns: admin.apply(f"/api/v1/namespaces/{ns}", {"apiVersion": "v1", "kind": "Namespace",
+                                                                    "metadata": {"name": ns}},
+                                       field_manager=MANAGER), namespaces)
+    heard: set[str] = set()
+    lock = threading.Lock()
+
+    def handler(_event: str, obj: KubeObject) -> None:
+        with lock:
+            heard.add(str((obj.get("metadata") or {}).get("namespace")))
+
+    import os
+    pid = os.getpid()
+    time.sleep(1)
+    before, threads = memory_mib(pid)["VmRSS"], threading.active_count()
+    pool = WatchPool()
+    listed = admin.get("/api/v1/namespaces/default/configmaps")
+    version = str((listed.get("metadata") or {}).get("resourceVersion", ""))
+    for ns in namespaces:
+        pool.hold("bench", admin, configmaps, ns, handler=handler, label_selector="bench",
+                  resource_version=version)
+    parallel(8, lambda ns: admin.request("POST", f"/api/v1/namespaces/{ns}/configmaps", body={
+        "metadata": {"name": "x", "labels": {"bench": "1"}}, "data": {"k": "v"}}), namespaces)
+    deadline = time.monotonic() + 120
+    while len(heard) < count and time.monotonic() < deadline:
+        time.sleep(0.5)
+    time.sleep(2)
+    after, more = memory_mib(pid)["VmRSS"], threading.active_count()
+    pool.close()
+    rows = [[str(count), str(len(heard)), f"{before:.0f}", f"{after:.0f}",
+             f"{(after - before) * 1024 / count:.0f}", str(more - threads)]]
+    return ("What held watches cost the process holding them (each a thread and a connection, metadata "
+            "only):\n\n" + markdown_table(["watches", "streaming", "RSS before MiB", "RSS after MiB",
+                                             "KiB per watch", "threads added"], rows) + "\n")
+
+
 def report(measures: list[Measure], options: Options) -> str:
     rows = []
     for m in measures:
@@ -325,6 +374,8 @@ def report(measures: list[Measure], options: Options) -> str:
 
 def parse(argv: list[str] | None) -> Options:
     parser = argparse.ArgumentParser(prog="python -m bench.drift", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--watch-memory", type=int, default=1000,
+                        help="held watches to measure (0: skip)")
     parser.add_argument("--sizes", default="100,1000")
     parser.add_argument("--quick", action="store_true", help="N = 10, 50; print only")
     parser.add_argument("--objects", type=int, default=2)
@@ -335,8 +386,9 @@ def parse(argv: list[str] | None) -> Options:
     parser.add_argument("--workers", type=int, default=4)
     parser.add_argument("--no-docs", action="store_true")
     args = parser.parse_args(argv)
-    sizes = (10, 50) if args.quick else tuple(int(s) for s in args.sizes.split(","))
-    return Options(sizes=sizes, objects=args.objects, tenants=args.tenants, interval=args.interval,
+    sizes = (10, 50) if args.quick else tuple(int(s) for s in args.sizes.split(",") if s)
+    return Options(watch_memory=100 if args.quick else args.watch_memory, sizes=sizes, objects=args.objects,
+                   tenants=args.tenants, interval=args.interval,
                    windows=args.windows, edits=args.edits, workers=args.workers,
                    write_docs=not args.quick and not args.no_docs)
 
@@ -345,11 +397,12 @@ def main(argv: list[str] | None = None) -> int:
     options = parse(argv)
     workdir = Path(tempfile.mkdtemp(prefix="stageset-bench-drift-"))
     repo = workdir / "repo"
-    write_repository(repo, sets=max(options.sizes), m=options.objects)
+    write_repository(repo, sets=max(options.sizes, default=0), m=options.objects)
     log(f"starting a control plane; work directory {workdir}")
     plane = envtest.start(workdir=workdir / "plane")
     tracker: StageSetTracker | None = None
     measures: list[Measure] = []
+    memory = ""
     try:
         admin = ClientPool.from_kubeconfig(str(plane.kubeconfig)).client()
         install.install(admin)
@@ -357,6 +410,11 @@ def main(argv: list[str] | None = None) -> int:
         admin.apply(f"/api/v1/namespaces/{SOURCE_NS}",
                     {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": SOURCE_NS}},
                     field_manager=MANAGER)
+        if options.watch_memory:
+            log(f"{options.watch_memory} held watches: what they cost")
+            memory = watch_memory(admin, options.watch_memory)
+        if not options.sizes:
+            return _finish(memory, measures, options)
         tracker = StageSetTracker(admin)
         tracker.start()
         with serve_directory(repo, name="bench") as url:
@@ -375,7 +433,11 @@ def main(argv: list[str] | None = None) -> int:
             tracker.stop()
         plane.stop()
         shutil.rmtree(workdir, ignore_errors=True)
-    text = report(measures, options)
+    return _finish(memory, measures, options)
+
+
+def _finish(memory: str, measures: list[Measure], options: Options) -> int:
+    text = memory + "\n" + report(measures, options) if measures else memory
     print(text)
     if options.write_docs:
         when = time.strftime("%Y-%m-%d")

@@ -134,7 +134,7 @@ class ControllerSettings:
     # and namespace; their kubeConfig Secrets too), at most this many watches (``--max-drift-watches``;
     # 0: none, drift is noticed at each StageSet's interval only); past that, StageSets fall back
     # to their interval for what no watch covers (controller/drift/).
-    max_drift_watches: int = 1000
+    max_drift_watches: int = 500
     # A new StageSet (or a new generation) whose pass only waits for its source or a dependency,
     # having written nothing, says so in status only after this many seconds: a source fetched
     # sooner is never shown as not ready, and costs no writes (controller/stageset/holding.py); 0: at once.

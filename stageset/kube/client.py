@@ -366,15 +366,16 @@ class KubeClient:
 
     def stream(
         self, path: str, *, query: Mapping[str, QueryValue], timeout: float, accept: str | None = None,
-        opened: Callable[[Callable[[], None] | None], None] | None = None,
+        opened: Callable[[Callable[[], None] | None], None] | None = None, chunk: int = 64 * 1024,
     ) -> Iterator[KubeObject]:
         """Yield each JSON line of a streaming GET (a watch); ``accept`` as for :meth:`request`
         (:data:`METADATA`: each event's object as metadata only).  Blank lines are skipped, and so
         is a last line the server never ended (a connection broken mid-event is not an event).
         ``opened`` is handed a function that shuts the stream down from another thread once it is
-        open (and ``None`` when it ended)."""
+        open (and ``None`` when it ended); ``chunk``: the most read at once (a watch blocked in its
+        read holds that much: a quiet metadata watch needs little)."""
         with closing(self._lines(path, query=query, timeout=timeout, accept=accept or "application/json",
-                                 tail=False, opened=opened)) as lines:
+                                 tail=False, opened=opened, chunk=chunk)) as lines:
             for line in lines:
                 if line.strip():
                     yield orjson.loads(line)
@@ -389,8 +390,8 @@ class KubeClient:
                 yield line.decode("utf-8", "replace")
 
     def _lines(self, path: str, *, query: Mapping[str, QueryValue], timeout: float | None, accept: str,
-               tail: bool, opened: Callable[[Callable[[], None] | None], None] | None = None
-               ) -> Generator[bytes]:
+               tail: bool, opened: Callable[[Callable[[], None] | None], None] | None = None,
+               chunk: int = 64 * 1024) -> Generator[bytes]:
         """The one streaming GET under :meth:`stream` and :meth:`text_lines`: each line of the body
         as the server sent it (newline removed; chunks joined, so a line — or a character — split
         across reads arrives whole), and with ``tail`` the unterminated rest.  A connection that
@@ -413,8 +414,8 @@ class KubeClient:
             if response.status >= 300:
                 raise _api_error(response.status, response.read(), retry_after(response.headers))
             buffer = b""
-            for chunk in response.stream(64 * 1024):
-                buffer += chunk
+            for data in response.stream(chunk):
+                buffer += data
                 while b"\n" in buffer:
                     line, buffer = buffer.split(b"\n", 1)
                     yield line

@@ -55,6 +55,8 @@ DEFAULT_RESYNC = 300.0
 # How long past the requested end a silent stream is still waited for.
 _GRACE = 10.0
 _BACKOFF_BASE, _BACKOFF_CAP = 0.5, 30.0
+HELD_CHUNK = 8 * 1024
+"""What a held watch reads at once: a quiet stream of metadata blocks in its read holding this much."""
 
 
 def object_key(obj: KubeObject) -> tuple[str, str]:
@@ -146,8 +148,9 @@ class Reflector:
         if self._read_timeout is not None:
             timeout = min(timeout, self._read_timeout)
         extra: dict[str, object] = {} if not self._metadata_only else {"accept": METADATA}
-        if self._health is not None:
-            extra["opened"] = self._opened  # held watches only: a test double need not know it
+        if self._health is not None:  # held watches only: a test double need not know these
+            extra["opened"] = self._opened
+            extra["chunk"] = HELD_CHUNK
         lines = self._client.stream(self._path(), query=query, timeout=timeout, **extra)  # type: ignore[arg-type]
         for line in lines:
             if self._stop.is_set():

@@ -449,9 +449,9 @@ class FakeKubeClient(KubeClient):
         return ClusterKey(self._cluster.name)
 
     def stream(self, path: str, *, query: Mapping[str, QueryValue], timeout: float,
-               accept: str | None = None, opened: Callable[[Callable[[], None] | None], None] | None = None
-               ) -> Iterator[KubeObject]:
-        del timeout, accept
+               accept: str | None = None, opened: Callable[[Callable[[], None] | None], None] | None = None,
+               chunk: int = 0) -> Iterator[KubeObject]:
+        del timeout, accept, chunk
         watch = Request(user=self.user, verb="watch", path=f"{path}?{urlencode(dict(query))}")
         self._cluster.requests.append(watch)
         since = int(str(query.get("resourceVersion") or 0))

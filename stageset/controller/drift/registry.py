@@ -60,7 +60,7 @@ SELECTOR = ",".join((LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE))
 """Every object a StageSet applied carries its owner labels: one watch per kind and namespace serves
 every StageSet applying there as the same identity."""
 
-DEFAULT_CAPACITY = 1000
+DEFAULT_CAPACITY = 500
 MAX_PENDING = 64
 """Events held for one StageSet while its pass runs; past that, it is simply queued again."""
 
