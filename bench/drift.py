@@ -9,7 +9,8 @@ Run from the checkout's root (long at N = 1000: run it on a quiet machine)::
 One control plane, one Git server (one repository, a directory per StageSet), one shared
 GitRepository.  For each N, two fresh controllers one after the other, on the same shape: **off**
 (``--max-drift-watches 0``: drift is noticed at each StageSet's interval, as before issue 45) and
-**on** (the default bound).  Each runs as the chart's multi-tenant controller; N StageSets of one
+**on** (a bound with room for every watch the shape needs: ``max(500, 2N)``).  Each runs as the
+chart's multi-tenant controller; N StageSets of one
 stage of ``--objects`` ConfigMaps spread over ``--tenants`` tenant namespaces (default: one per
 StageSet, the most watches a shape can need: one per namespace and kind), each applying as its
 tenant's ServiceAccount, every ``--interval`` seconds.
@@ -226,11 +227,12 @@ class Harness:
         self.audit = Audit(plane)
 
     @contextlib.contextmanager
-    def controller(self, label: str, mode: str) -> Iterator[ControllerProcess]:
+    def controller(self, label: str, mode: str, n: int) -> Iterator[ControllerProcess]:
         extra = ["--workers", str(self.options.workers), "--metrics-address", "127.0.0.1:0",
                  "--log-format", "json"]
-        if mode == "off":
-            extra += ["--max-drift-watches", "0"]
+        # Off: none; on: room for every watch the shape needs (one per tenant namespace and kind),
+        # so what is measured is every StageSet watched, not the default bound.
+        extra += ["--max-drift-watches", "0" if mode == "off" else str(max(500, 2 * n))]
         handle = ControllerProcess(kubeconfig=self.config, workdir=self.workdir / label,
                                    mirror_dir=self.workdir / "mirrors", log_level="info", extra=extra)
         try:
@@ -249,7 +251,7 @@ class Harness:
                      subjects=[(ns, ACCOUNT) for ns in namespaces])
         keys = [(namespaces[k % count], f"set-{k:04d}") for k in range(n)]
         found = Measure(n=n, mode=mode, tenants=count)
-        with self.controller(f"n{n}-{mode}", mode) as controller:
+        with self.controller(f"n{n}-{mode}", mode, n) as controller:
             url = metrics_url(controller)
             self.audit.start()
             start = time.monotonic()
