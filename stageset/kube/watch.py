@@ -84,6 +84,8 @@ class Reflector:
         self._denied_backoff = denied_backoff
         # How the stream being read is shut down from another thread (close()).
         self._abort: Callable[[], None] | None = None
+        # drain(): nothing more is handed over, and the stream ends when the server ends it.
+        self._draining = threading.Event()
         self._abort_lock = threading.Lock()
         # Metadata only (PartialObjectMetadata): the handler sees metadata, never spec or status.
         self._metadata_only = metadata_only
@@ -155,6 +157,8 @@ class Reflector:
         for line in lines:
             if self._stop.is_set():
                 break
+            if self._draining.is_set():
+                continue  # read to the server's end of the stream, told to nobody
             if self._health is not None:
                 self._health(True)
             event: WatchEvent = {"type": str(line.get("type", "")), "object": line.get("object") or {}}
@@ -197,6 +201,12 @@ class Reflector:
         if abort is not None:
             abort()
 
+    def drain(self) -> None:
+        """Stop without a word to the server: nothing more is handed over, no request is made again,
+        and the stream open now ends when the server ends it (at the resync at the latest) — for a
+        watch of a namespace being deleted, where nothing more is to be sent, not even a close."""
+        self._draining.set()
+
     def _told(self, healthy: bool) -> None:
         if self._health is not None:
             self._health(healthy)
@@ -207,7 +217,7 @@ class Reflector:
         if resource_version:
             self.synced.set()  # known as of resource_version: nothing to list first
         failures = 0
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._draining.is_set():
             try:
                 if not resource_version or time.monotonic() >= resync_at:
                     resource_version = self._list()
@@ -217,7 +227,7 @@ class Reflector:
                 resource_version = self._watch(resource_version, until=resync_at)
                 failures = 0
             except ApiError as error:
-                if self._stop.is_set():
+                if self._stop.is_set() or self._draining.is_set():
                     return
                 if error.gone:
                     log.info("watch of %s expired (410); relisting", self._resource.plural)
@@ -233,7 +243,7 @@ class Reflector:
                 resource_version = "" if denied else resource_version
                 self._stop.wait(delay)
             except (UnreachableError, urllib3.exceptions.HTTPError, OSError, ValueError) as error:
-                if self._stop.is_set():
+                if self._stop.is_set() or self._draining.is_set():
                     return
                 self._told(False)
                 delay = self._backoff(failures)

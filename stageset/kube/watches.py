@@ -229,8 +229,10 @@ class WatchPool:
         threading.Thread(target=reflector.run, name=f"held-{resource.plural}", daemon=True).start()
         return key
 
-    def release(self, holder: Hashable, key: Key) -> None:
-        """``holder`` no longer needs the watch ``key``: closed at once when nobody else holds it."""
+    def release(self, holder: Hashable, key: Key, *, drain: bool = False) -> None:
+        """``holder`` no longer needs the watch ``key``: closed at once when nobody else holds it —
+        or, with ``drain``, left to end when the server ends its stream (a namespace being deleted:
+        no request, not even a close, goes there any more; :meth:`Reflector.drain`)."""
         with self._lock:
             found = self._held.get(key)
             if found is None:
@@ -240,7 +242,10 @@ class WatchPool:
                 return
             del self._held[key]
         if found.reflector is not None:
-            found.reflector.close()
+            if drain:
+                found.reflector.drain()
+            else:
+                found.reflector.close()
 
     def held(self) -> int:
         """How many held watches are open."""

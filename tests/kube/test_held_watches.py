@@ -5,6 +5,7 @@ lets go, metadata only, and as the identity that opened them (a denial is retrie
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -136,3 +137,26 @@ def test_a_label_removed_is_a_delete_and_a_watch_the_identity_may_not_open_is_re
     assert pool.held() == 2
     pool.close()
     assert pool.held() == 0
+
+
+def test_a_drained_watch_tells_nobody_and_sends_nothing_until_the_server_ends_it(
+    admin: KubeClient, make_namespace: Callable[..., str],
+) -> None:
+    """A watch of a namespace being deleted is drained: its holder hears nothing more, no request is
+    made again, and its stream is left to end when the server ends it (not shut by us)."""
+    namespace = make_namespace("drain")
+    base = f"/api/v1/namespaces/{namespace}/configmaps"
+    made = admin.request("POST", base, body=cm("a"))
+    pool = WatchPool()
+    heard = Heard()
+    threads = held_threads()
+    key = pool.hold("h", admin, CONFIGMAPS, namespace, handler=heard, label_selector=SELECTOR,
+                    resource_version=made["metadata"]["resourceVersion"])
+    admin.request("POST", base, body=cm("b"))
+    wait_for(lambda: ("ADDED", "b") in heard.names(), what="the watch streaming")
+    pool.release("h", key, drain=True)
+    assert pool.held() == 0
+    admin.request("POST", base, body=cm("c"))
+    time.sleep(2)
+    assert ("ADDED", "c") not in heard.names()
+    assert held_threads() == threads + 1, "still reading its stream to the server's end"

@@ -50,6 +50,7 @@ class Pool:
     opened: list[Key] = field(default_factory=list)
     released: list[Key] = field(default_factory=list)
     unhealthy: set[Key] = field(default_factory=set)
+    drained: list[Key] = field(default_factory=list)
 
     def hold(
         self,
@@ -76,9 +77,11 @@ class Pool:
         self.opened.append(key)
         return key
 
-    def release(self, holder: Hashable, key: Key) -> None:  # noqa: ARG002 - one holder here
+    def release(self, holder: Hashable, key: Key, *, drain: bool = False) -> None:  # noqa: ARG002
         del self.held[key]
         self.released.append(key)
+        if drain:
+            self.drained.append(key)
 
     def healthy(self, key: Key) -> bool | None:
         return key not in self.unhealthy
@@ -292,3 +295,17 @@ def test_an_event_queues_only_the_stageset_that_registered_that_object_under_tha
     assert r.queued == []
     r.pool.send("shop", CONFIGMAPS, "DELETED", live("mine", rv="52"), user=a.identity.user)
     assert r.queued == [("shop", "a")]
+
+
+def test_a_watch_of_a_namespace_being_deleted_is_drained_not_closed() -> None:
+    """Nothing more is sent into a terminating namespace, not even the close of a watch there."""
+    r = Registry(terminating=frozenset({"gone"}))
+    r.pass_(
+        ("gone", "web"),
+        "app",
+        tenant("gone"),
+        [applied("a", namespace="gone"), applied("b", namespace="web")],
+    )
+    r.drift.forget(("gone", "web"))
+    assert len(r.pool.released) == 2
+    assert [k[2] for k in r.pool.drained] == ["/api/v1/namespaces/gone/configmaps"]

@@ -77,7 +77,7 @@ class HeldWatches(Protocol):
              handler: Handler, listed: Listed | None = None, label_selector: str = "",
              field_selector: str = "", resource_version: str = "", metadata_only: bool = True) -> Key: ...
 
-    def release(self, holder: Hashable, key: Key) -> None: ...
+    def release(self, holder: Hashable, key: Key, *, drain: bool = False) -> None: ...
 
     def healthy(self, key: Key) -> bool | None: ...
 
@@ -137,6 +137,12 @@ class _Owner:
     overflow: bool = False
     secret: Key | None = None
     secret_version: str = ""
+
+
+def namespace_of(key: Key) -> str:
+    """The namespace a watch key's collection path is in ("": cluster-wide)."""
+    _, found, rest = key[2].partition("/namespaces/")
+    return rest.split("/", 1)[0] if found and "/" in rest else ""
 
 
 def _newest(versions: Collection[str]) -> str:
@@ -224,7 +230,7 @@ class DriftWatches:
             if not owner.stages and owner.secret is None:
                 del self._owners[ref]
         for key in closed:
-            self._pool.release(self, key)
+            self._release(key)
         for key, how in opened:
             self._pool.hold(self, how.client, how.resource, how.namespace, label_selector=SELECTOR,
                             resource_version=how.version, handler=self._handler(key, how.resource),
@@ -240,7 +246,7 @@ class DriftWatches:
             with self._lock:
                 orphaned = key not in self._users
             if orphaned:
-                self._pool.release(self, key)
+                self._release(key)
         if overflow:
             self._trigger(ref, why="changes while its pass ran")
         for key, resource, event, obj in pending:
@@ -258,7 +264,7 @@ class DriftWatches:
             for key in list(owner.held):
                 closed += self._unuse(ref, owner, key)
         for key in closed:
-            self._pool.release(self, key)
+            self._release(key)
 
     # -- what the metrics and tests read ---------------------------------------------------------
 
@@ -280,6 +286,12 @@ class DriftWatches:
                    if refused or any(self._pool.healthy(key) is False for key in held))
 
     # -- inside ------------------------------------------------------------------------------
+
+    def _release(self, key: Key) -> None:
+        """Let the pool close watch ``key`` — a watch of a namespace being deleted is drained instead
+        (no request, not even a close, is sent into it any more)."""
+        namespace = namespace_of(key)
+        self._pool.release(self, key, drain=bool(namespace) and self._terminating(namespace))
 
     def _needed(self, ref: Ref, owner: _Owner) -> tuple[list[tuple[Key, _Open]], list[Key]]:
         """Hold what ``ref``'s stages need, as far as the bound allows, and let go of the rest (lock
