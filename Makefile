@@ -1,7 +1,7 @@
 # The two commands a new machine needs (both install everything they use):
 #   make run    the main job: the controller reconciling examples/ on a local control plane
 #   make test   the whole test suite, linters and contracts included (what CI runs)
-.PHONY: run demo-change test lint crds docs bench image helm release
+.PHONY: run demo-change test lint crds docs bench image helm release publish
 
 
 run:
@@ -34,6 +34,16 @@ image:
 release:
 	@test -n "$(VERSION)" || { echo "usage: make release VERSION=x.y.z" >&2; exit 2; }
 	@uv=$$(./hack/bootstrap.sh) && UV=$$uv $$uv run --frozen python -m stageset.envtest.release $(VERSION)
+
+# Push dist/$(VERSION)/'s image archive (skopeo) and chart (helm push) to $(REGISTRY) (default: the
+# chart's, ghcr.io): image <registry>/stageset/stageset:<version>, chart
+# oci://<registry>/stageset/charts/stageset; prints both digests as JSON.  Log in first (skopeo login,
+# helm registry login).  Install from there with `--set image.registry=<registry>`.
+# `make publish VERSION=0.3.0 REGISTRY=registry.example.com`; the release workflow runs it on a tag.
+publish:
+	@test -n "$(VERSION)" || { echo "usage: make publish VERSION=x.y.z [REGISTRY=host]" >&2; exit 2; }
+	@uv=$$(./hack/bootstrap.sh) && $$uv run --frozen python -m stageset.envtest.publish $(VERSION) \
+		$(if $(REGISTRY),--registry $(REGISTRY)) $(ARGS)
 
 # helm built from the Go module proxy into ~/.cache/stageset (prints its path).
 helm:

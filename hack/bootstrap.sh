@@ -6,8 +6,11 @@
 #   - mmdebstrap, umoci and binutils (Debian packages) for the daemonless image build, when missing;
 #   - chromium (Debian's, with a font) for the dashboard's browser tests, when missing;
 #   - gnupg (Debian) for the SOPS tests' OpenPGP key, when gpg is missing;
-#   - containerd, runc, the CNI plugins, iptables and conntrack (Debian packages) for the test node
-#     (stageset.envtest.nodeplane), when missing; no system containerd is started;
+#   - containerd, runc, the CNI plugins, iptables, conntrack and ipset (Debian packages) for the test
+#     node (stageset.envtest.nodeplane; ipset for its NetworkPolicy enforcer, kube-router), when
+#     missing; no system containerd is started;
+#   - skopeo (Debian) that pushes the release's image archive to a registry (the loopback registry
+#     of the tests, the real ones in the release workflow: stageset.envtest.publish), when missing;
 # The control-plane binaries are built on first use by stageset.envtest.build.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -94,17 +97,23 @@ fi
 if ! command -v gpg >/dev/null && command -v apt-get >/dev/null; then
     apt_install "the SOPS tests' OpenPGP key" gnupg >&2
 fi
+# The release's image archive is pushed by skopeo (stageset.envtest.publish): on loopback by the
+# tests, to the real registries by the release workflow.
+if ! command -v skopeo >/dev/null && command -v apt-get >/dev/null; then
+    apt_install "pushing the release's image to a registry" skopeo >&2
+fi
 # The test node (tests/node) runs Debian's containerd and runc with the CNI plugins, its own
 # instance only: policy-rc.d keeps the package from starting a system containerd.
 if { ! command -v containerd >/dev/null || ! command -v runc >/dev/null || [ ! -x /usr/lib/cni/bridge ] \
-        || ! command -v iptables >/dev/null || ! command -v conntrack >/dev/null; } \
+        || ! command -v iptables >/dev/null || ! command -v conntrack >/dev/null \
+        || ! command -v ipset >/dev/null; } \
         && command -v apt-get >/dev/null && [ "$(id -u)" -eq 0 ]; then
     made_policy=""
     if [ ! -e /usr/sbin/policy-rc.d ]; then
         printf '#!/bin/sh\nexit 101\n' > /usr/sbin/policy-rc.d && chmod 755 /usr/sbin/policy-rc.d
         made_policy=1
     fi
-    apt_install "the test node" containerd runc containernetworking-plugins iptables conntrack >&2
+    apt_install "the test node" containerd runc containernetworking-plugins iptables conntrack ipset >&2
     if [ -n "$made_policy" ]; then rm -f /usr/sbin/policy-rc.d; fi
 fi
 echo "$UV"

@@ -40,11 +40,14 @@ await_lanes() {
 if [ "${1:-}" != "--lint-only" ]; then
     lane "source-controller, kustomize-controller (Flux e2e and benchmark-mode tests; one module cache)" \
         stageset.envtest.sourcecontroller bench.flux
-    lane "syft, actionlint (the release and workflow tests)" stageset.envtest.syft stageset.envtest.actionlint
+    lane "syft, actionlint, registry (the release and workflow tests, the install from a registry)" \
+        stageset.envtest.syft stageset.envtest.actionlint stageset.envtest.registry
     lane "helm, kubectl, toxiproxy (chart, plugin and fault tests)" \
         stageset.envtest.helm stageset.envtest.kubectl stageset.envtest.toxiproxy
     lane "kubelet, kube-proxy, kube-scheduler, pause (the test node)" \
         stageset.envtest.node
+    lane "kube-router, netcheck (the test node's NetworkPolicy enforcer and packet probes)" \
+        stageset.envtest.netpol
 fi
 echo "== ruff"; run ruff check stageset sources tests bench
 echo "== mypy --strict"; run mypy

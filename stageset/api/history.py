@@ -2,8 +2,10 @@
 
 Each stage keeps its newest :data:`PER_STAGE` releases (fewer when a StageSet has many stages, so
 that the whole history stays under :data:`TOTAL` entries), newest first.  A release is a revision
-(or a spec generation) the stage applied: when, at which phase the pass left it, and what it
-wrote — counts per action and at most :data:`NAMED` objects by name.  Never an object's content.
+(or a spec generation that changed what was applied) the stage applied: when, at which phase the
+pass left it, and what it wrote — counts per action and at most :data:`NAMED` objects by name.  A
+failed attempt that applied nothing is an entry too (``attempt``, with its ``reason``).  Never an
+object's content, never a message (it could echo a value).
 
 Why status and not the durable record annotation (``stages.metio.wtf/inventory-record``): history
 is observed state, written by the pass's own conclusion (the status write every pass that changed
@@ -43,7 +45,8 @@ class Release(StatusModel):
     generation: Count | None = None
     """The StageSet's ``metadata.generation`` applied."""
     applied_at: Time | None = None
-    """When the stage applied it."""
+    """When the stage released it: the pass that first applied this revision (or generation), also
+    when that pass found nothing to change; for a failed attempt, when it first failed."""
     phase: Annotated[StagePhase, WithJsonSchema({"type": "string", "maxLength": 64})] = StagePhase.READY
     """Where the stage stood when the pass that applied it ended (its last pass at this release)."""
     created: Count = 0
@@ -55,6 +58,12 @@ class Release(StatusModel):
     objects: list[Annotated[str, Field(max_length=600)]] = Field(
         default_factory=list, max_length=NAMED, json_schema_extra={"x-kubernetes-list-type": "atomic"})
     """Up to five of the objects written, ``Kind/namespace/name action``."""
+    reason: Annotated[str, Field(max_length=64)] | None = None
+    """Why the stage failed (a Ready reason: ``StageFailed``, ``RBACDenied``, ...), when it did."""
+    attempt: bool | None = None
+    """True: a failed attempt, nothing applied (refused, denied, or it could not be built); the
+    revision is the one it tried (unknown when it could not be built).  Consecutive failures with
+    the same revision, generation and reason are one entry."""
 
 
 class StageHistory(StatusModel):

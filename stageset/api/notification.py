@@ -2,11 +2,15 @@
 people about StageSet events (a webhook, Slack, Microsoft Teams, a commit status on GitHub or
 GitLab), and which events it tells.
 
-Both are platform-owned: the controller reads them, and the Secrets a provider names, only in
-the one namespace its ``--notification-namespace`` flag (chart value
-``controller.notifications.namespace``) gives, with its own identity -- never in a tenant's
-namespace, so a tenant can neither point another tenant's events at its receiver nor read the
-platform's tokens.  Objects of these kinds in any other namespace are ignored.
+The platform's are read in the one namespace its ``--notification-namespace`` flag (chart value
+``controller.notifications.namespace``) gives, with the controller's identity, Secrets included,
+and may select any StageSet.  With ``--tenant-notifications`` (chart value
+``controller.notifications.tenants``) an app team may own alerts too: those in its namespace are
+read there and match only that namespace's StageSets, whatever their event sources say, and a
+tenant provider's Secret is read as the provider's ``serviceAccountName`` (impersonated), never
+with the controller's own rights -- so a tenant can neither point another tenant's events at its
+receiver nor read a Secret its own account could not.  Without the flag, objects of these kinds
+outside the notification namespace are ignored.
 
 The field names follow Flux's ``notification.toolkit.fluxcd.io/v1beta3`` ``Provider`` and
 ``Alert`` so a platform team can port theirs by changing ``apiVersion`` and ``kind`` (and the
@@ -27,6 +31,7 @@ from pydantic import Field
 from stageset.api.common import (
     API_VERSION,
     ApiModel,
+    DNSLabel,
     Duration,
     LocalObjectRef,
 )
@@ -82,10 +87,17 @@ class NotificationProviderSpec(ApiModel):
     """How long one attempt to send may take."""
     suspend: bool = False
     """Send nothing."""
+    service_account_name: DNSLabel | None = None
+    """A tenant's provider (in its own namespace, with ``--tenant-notifications``): the
+    ServiceAccount of that namespace whose rights read ``secretRef`` (the controller impersonates
+    it; without it a provider with a Secret sends nothing).  Ignored in the platform's notification
+    namespace, whose Secrets the controller reads itself."""
 
 
 class NotificationProvider(ApiModel):
-    """A receiver of StageSet events (platform-owned; read only in the notification namespace)."""
+    """A receiver of StageSet events: the platform's (in the notification namespace, for any
+    StageSet its alerts select) or, with ``--tenant-notifications``, a tenant's (in its namespace,
+    for that namespace's StageSets only)."""
 
     api_version: Literal["stages.metio.wtf/v1"] = API_VERSION
     """``stages.metio.wtf/v1``."""

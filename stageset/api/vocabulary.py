@@ -149,10 +149,16 @@ class EventReason(StrEnum):
     """A member of an open wave failed: the FleetRollout opens no further wave."""
     ROLLOUT_COMPLETED = "RolloutCompleted"
     """Every wave of a FleetRollout is Ready at the newest revisions."""
+    SUSPENDED = "Suspended"
+    """``spec.suspend`` turned true: nothing is applied until it is resumed (a Normal event: a
+    deliberate state, not a failure)."""
+    RESUMED = "Resumed"
+    """``spec.suspend`` turned false again: reconciling resumes."""
 
 
 # Ready reasons without the Warning event a Ready condition turning False gets: a release held as
-# asked (soaking, awaiting a promotion, deferred) is not a failure, and a rollback (a fleet's halt) is
-# told by the reconciler itself (a RolledBack / RolloutHalted event naming what failed).
+# asked (soaking, awaiting a promotion, deferred) is not a failure, a rollback (a fleet's halt) is
+# told by the reconciler itself (a RolledBack / RolloutHalted event naming what failed), and a
+# suspend is a state someone chose (told by a Normal Suspended / Resumed event instead).
 NO_TRANSITION_EVENT = frozenset({Reason.SOAKING, Reason.AWAITING_PROMOTION, Reason.UPDATE_DEFERRED,
-                                 Reason.ROLLED_BACK, Reason.HALTED})
+                                 Reason.ROLLED_BACK, Reason.HALTED, Reason.SUSPENDED})

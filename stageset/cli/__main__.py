@@ -1,3 +1,3 @@
-from stageset.cli.main import main
+from stageset.cli.root import main
 
 main()

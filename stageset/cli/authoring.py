@@ -21,7 +21,16 @@ import click
 
 from stageset.cli.completion import complete_gitrepositories, complete_nothing, complete_stagesets
 from stageset.cli.params import parse_duration_option
-from stageset.cli.session import DNS_LABEL, CliError, Session, StagesetGroup, cluster_options, echo
+from stageset.cli.session import (
+    DNS_LABEL,
+    CliError,
+    Session,
+    StagesetGroup,
+    cluster_options,
+    confirmed,
+    echo,
+    yes_option,
+)
 from stageset.cli.tenant import FIELD_MANAGER, create, delete, export_yaml
 from stageset.controller.kinds import GITREPOSITORIES, STAGESETS
 from stageset.kube.client import ApiError
@@ -95,11 +104,12 @@ def _apply(session: Session, resource: Resource, obj: dict[str, Any]) -> None:
     echo(f"applied {where}\n")
 
 
-def _delete(session: Session, resource: Resource, name: str, silent: bool) -> None:
+def _delete(session: Session, resource: Resource, name: str, yes: bool) -> None:
     namespace = session.namespace
     where = f"{resource.kind} {namespace}/{name}"
-    if not silent:
-        click.confirm(f"Are you sure you want to delete {where}?", abort=True)
+    if not confirmed(f"Are you sure you want to delete {where}?", yes=yes):
+        echo(f"dry run: {where} not deleted (pass --yes to delete)\n")
+        return
     try:
         session.client().delete(resource.object_path(name=name, namespace=namespace))
     except ApiError as error:
@@ -113,7 +123,7 @@ def _delete(session: Session, resource: Resource, name: str, silent: bool) -> No
 
 EXPORT = click.option("--export", "export_only", is_flag=True, default=False,
                       help="Print the YAML (deterministic) instead of applying it; contacts no cluster.")
-SILENT = click.option("-s", "--silent", is_flag=True, default=False, help="Delete without asking.")
+SILENT = yes_option(silent=True)
 
 
 @click.command("stageset")
@@ -198,25 +208,39 @@ def create_git(session: Session, name: str, url: str, branch: str | None, tag: s
 @click.argument("name", shell_complete=complete_stagesets)
 @SILENT
 @cluster_options(outputs=("table",))
-def delete_stageset(session: Session, name: str, silent: bool) -> None:
+def delete_stageset(session: Session, name: str, yes: bool) -> None:
     """Delete a StageSet; the controller tears down what its stages applied (spec.deletionPolicy).
 
-    Asks first, unless -s/--silent.
+    Asks first, unless -y/--yes (or Flux's -s/--silent); with no answer to read, a dry run.
     """
-    _delete(session, STAGESETS, name, silent)
+    _delete(session, STAGESETS, name, yes)
 
 
 @click.command("git")
 @click.argument("name", shell_complete=complete_gitrepositories)
 @SILENT
 @cluster_options(outputs=("table",))
-def delete_git(session: Session, name: str, silent: bool) -> None:
-    """Delete a GitRepository; StageSets that use it wait for a source.  Asks first, unless -s/--silent."""
-    _delete(session, GITREPOSITORIES, name, silent)
+def delete_git(session: Session, name: str, yes: bool) -> None:
+    """Delete a GitRepository; StageSets that use it wait for a source.  Asks first, unless -y/--yes."""
+    _delete(session, GITREPOSITORIES, name, yes)
+
+
+def create_group() -> click.Group:
+    """``create`` with every form (``tenant``, ``stageset``, ``source git``)."""
+    register()
+    return create
+
+
+def delete_group() -> click.Group:
+    """``delete`` with every form (``tenant``, ``stageset``, ``source git``)."""
+    register()
+    return delete
 
 
 def register() -> None:
-    """Add the StageSet and Git source forms to ``create`` and ``delete`` (beside ``tenant``)."""
+    """Add the StageSet and Git source forms to ``create`` and ``delete`` (beside ``tenant``); once."""
+    if "stageset" in create.commands:
+        return
     create.add_command(create_stageset)
     delete.add_command(delete_stageset)
     for group, git in ((create, create_git), (delete, delete_git)):

@@ -3,7 +3,9 @@
 ``check --pre`` (before an install): the apiserver's version against what the CRDs need
 (:data:`~stageset.api.crd.MIN_KUBERNETES`), and whether the user may install the chart's
 cluster-wide objects.  ``check``: that too, then the CRDs (installed, established, and the same
-schema this CLI generates), then every controller Deployment the chart installed (found by its
+schema this CLI generates), the chart's Helm releases (each one's latest revision deployed, or
+why not: the hook that failed and its reason, from the hook Job or its pods' events), then every
+controller Deployment the chart installed (found by its
 labels): ready replicas (and when some are not, why: each pod's failing container -- an image
 that cannot be pulled, a crash loop -- or why it is not scheduled), the rights its
 ServiceAccount needs for the flags it runs with (asked of the apiserver with
@@ -36,6 +38,7 @@ import urllib3
 from stageset.api import parse_time
 from stageset.api.crd import KINDS, MIN_KUBERNETES, VERSION_ANNOTATION, custom_resource_definition
 from stageset.api.rbac import CONTROLLER_RULES, LEADER_ELECTION_RULES
+from stageset.cli import helmstore
 from stageset.cli.session import CliError, Session, cluster_options, dump, echo
 from stageset.kube.client import ApiError, KubeClient
 
@@ -388,6 +391,27 @@ def _schemas(versions: list[dict[str, Any]]) -> list[tuple[str, Any]]:
     return [(v.get("name", ""), (v.get("schema") or {}).get("openAPIV3Schema")) for v in versions]
 
 
+def _releases(report: Report, client: KubeClient, *, namespace: str | None) -> None:
+    """The chart's Helm releases: each one's latest revision deployed, or why not -- the failed
+    hook and its reason (an image that cannot be pulled, the command's failure)."""
+    records = helmstore.latest(helmstore.releases(client, namespace))
+    if not records:
+        return
+    report.section("checking Helm releases")
+    for record in records:
+        what = (f"release {record.namespace}/{record.name} (revision {record.revision}, "
+                f"chart {record.chart_version})")
+        if record.status == "deployed":
+            report.ok(f"{what}: deployed")
+            continue
+        hooks = helmstore.failed_hooks(record)
+        reasons = [f"hook {kind} {record.namespace}/{name}: " + ("; ".join(
+            helmstore.job_reasons(client, record.namespace, name) if kind == "Job" else [])
+            or "no reason left (its events are kept an hour)") for kind, name in hooks]
+        report.fail(f"{what}: {record.status}: {_short(record.description, 400)}"
+                    + "".join(f"\n    {reason}" for reason in reasons))
+
+
 def _controllers(report: Report, client: KubeClient, *, namespace: str | None, metrics_url: str | None,
                  now: Callable[[], datetime.datetime]) -> None:
     report.section("checking controllers")
@@ -443,6 +467,7 @@ def check(session: Session, pre: bool, metrics_url: str | None) -> None:
     _pre(report, client)
     if not pre:
         _crds(report, client)
+        _releases(report, client, namespace=session.namespace_flag)
         _controllers(report, client, namespace=session.namespace_flag, metrics_url=metrics_url,
                      now=lambda: datetime.datetime.now(datetime.UTC))
     if report.failures:

@@ -153,21 +153,22 @@ def complete_stages(ctx: click.Context, _param: click.Parameter, incomplete: str
     ).get("spec") or {}).get("stages") or []])
 
 
-def attach(group: click.Group) -> None:
-    """Complete every command's StageSet ``NAME`` argument and ``--stage`` option from the
-    cluster (those without a completion of their own): one place, so a new command gets it --
-    also under a verb's or a group's subcommands (``get``'s StageSet form, ``delete stageset``)."""
-    for command in group.commands.values():
-        if isinstance(command, click.Group):
-            attach(command)
+def attach(command: click.Command) -> None:
+    """Complete the command's StageSet ``NAME`` argument and ``--stage`` option from the cluster
+    (those without a completion of their own): one place, so a new command gets it -- also under
+    a verb's or a group's subcommands (``get``'s StageSet form, ``delete stageset``).  The root
+    group calls it for each command as it loads it (:mod:`stageset.cli.root`)."""
+    if isinstance(command, click.Group):
+        for sub in command.commands.values():
+            attach(sub)
+        return
+    for param in command.params:
+        if param._custom_shell_complete is not None:
             continue
-        for param in command.params:
-            if param._custom_shell_complete is not None:
-                continue
-            if isinstance(param, click.Argument) and param.name == "name":
-                param._custom_shell_complete = complete_stagesets
-            elif isinstance(param, click.Option) and param.name == "stage":
-                param._custom_shell_complete = complete_stages
+        if isinstance(param, click.Argument) and param.name == "name":
+            param._custom_shell_complete = complete_stagesets
+        elif isinstance(param, click.Option) and param.name == "stage":
+            param._custom_shell_complete = complete_stages
 
 
 @click.command("completion")

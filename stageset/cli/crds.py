@@ -10,8 +10,15 @@ a conflict (docs/upgrading.md#the-crds).  A CRD that carries a newer project ver
 (:data:`VERSION_ANNOTATION`) than this one is left alone: two releases of different versions on
 one cluster never downgrade each other's schema.
 
+With ``--tenant-roles`` it also applies the two shared ClusterRoles that ``stageset create tenant``
+binds (``stageset-tenant-deployer``, ``stageset-tenant-admin``:
+:func:`stageset.api.rbac.tenant_cluster_roles`), with the same field manager and forced, as the
+chart's hook does when ``rbac.tenantRoles`` is on: like the CRDs they are the cluster's, not a
+release's, so any number of releases apply them.
+
 Identity: the caller's own credentials (the kubeconfig; in the chart's hook Job, a ServiceAccount
-that may only get, create and patch our CRDs, and exists only while the hook runs).
+that may only get, create and patch our CRDs — and with ``rbac.tenantRoles`` get, create, patch
+and escalate the two tenant ClusterRoles, by name — and exists only while the hook runs).
 """
 
 from __future__ import annotations
@@ -23,6 +30,7 @@ import time
 import click
 
 from stageset.api.crd import KINDS, VERSION_ANNOTATION, Kind, custom_resource_definition, render
+from stageset.api.rbac import tenant_cluster_roles
 from stageset.cli.check import client_version
 from stageset.cli.session import CliError, Session, echo
 from stageset.kube.client import ApiError, KubeClient
@@ -31,6 +39,7 @@ from stageset.kube.types import KubeObject
 FIELD_MANAGER = "stageset"
 """The one field manager of the CRDs on every path we ship (the hook, ``--apply``, ``make run``)."""
 CRDS = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
+CLUSTER_ROLES = "/apis/rbac.authorization.k8s.io/v1/clusterroles"
 
 
 def _release(version: str) -> tuple[int, ...] | None:
@@ -93,6 +102,22 @@ def apply_crds(client: KubeClient, *, version: str, timeout: float = 60.0,
     return said
 
 
+def apply_tenant_roles(client: KubeClient) -> list[str]:
+    """Server-side apply the tenants' shared ClusterRoles as :data:`FIELD_MANAGER`, forced."""
+    said: list[str] = []
+    for role in tenant_cluster_roles():
+        name = role["metadata"]["name"]
+        try:
+            client.apply(f"{CLUSTER_ROLES}/{name}", role, field_manager=FIELD_MANAGER, force=True)
+        except ApiError as error:
+            if error.forbidden:
+                raise CliError(f"you may not apply the ClusterRole {name} ({error.message}): it needs a "
+                               "cluster admin, or escalate on that role") from None
+            raise
+        said.append(f"applied ClusterRole {name}")
+    return said
+
+
 @click.command("crds")
 @click.option("-o", "--output", type=click.Choice(["yaml", "json"]), default="yaml", show_default=True)
 @click.option("--apply", "apply_", is_flag=True, default=False,
@@ -102,7 +127,10 @@ def apply_crds(client: KubeClient, *, version: str, timeout: float = 60.0,
               help="With --apply: kubeconfig file (default: $KUBECONFIG, then ~/.kube/config, then "
               "in-cluster).")
 @click.option("--context", default=None, help="With --apply: kubeconfig context (default: the current one).")
-def crds(output: str, apply_: bool, kubeconfig: str | None, context: str | None) -> None:
+@click.option("--tenant-roles", is_flag=True, default=False,
+              help="With --apply: also apply the ClusterRoles stageset-tenant-deployer and "
+              "stageset-tenant-admin that `stageset create tenant` binds (docs/tenants.md).")
+def crds(output: str, apply_: bool, kubeconfig: str | None, context: str | None, tenant_roles: bool) -> None:
     """Print the CustomResourceDefinitions, or apply them with --apply.
 
     What the chart's hook runs before every install and upgrade; by hand: `stageset crds --apply`
@@ -110,8 +138,8 @@ def crds(output: str, apply_: bool, kubeconfig: str | None, context: str | None)
     the chart takes them over from there (docs/upgrading.md#the-crds).
     """
     if not apply_:
-        if kubeconfig or context:
-            raise click.UsageError("--kubeconfig and --context need --apply")
+        if kubeconfig or context or tenant_roles:
+            raise click.UsageError("--kubeconfig, --context and --tenant-roles need --apply")
         if output == "json":
             items = [custom_resource_definition(kind) for kind in KINDS]
             echo(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}, indent=2) + "\n")
@@ -120,7 +148,11 @@ def crds(output: str, apply_: bool, kubeconfig: str | None, context: str | None)
         return
     session = Session(kubeconfig=kubeconfig, context=context)
     try:
-        for line in apply_crds(session.client(), version=client_version()):
+        client = session.client()
+        for line in apply_crds(client, version=client_version()):
             echo(line + "\n")
+        if tenant_roles:
+            for line in apply_tenant_roles(client):
+                echo(line + "\n")
     finally:
         session.close()

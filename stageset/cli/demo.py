@@ -242,6 +242,12 @@ def run_demo(*, examples: Path, once: bool, stop: threading.Event, settings: Con
         # chart's ClusterRole, so every tenant write in the demo goes through impersonation.
         controller_config = install.controller_kubeconfig(
             admin, url=plane.url, ca=plane.pki.ca_cert, path=plane.workdir / "controller.kubeconfig")
+        # What the chart grants with its notification values, so --notification-namespace and
+        # --tenant-notifications work here as in a release (issue 50: they ran without, into 403s).
+        if settings.notifications.namespace:
+            install.grant_notifications(admin, namespace=settings.notifications.namespace)
+        if settings.notifications.tenants:
+            install.grant_tenant_notifications(admin)
         controller_clients = ClientPool.from_kubeconfig(str(controller_config))
         metrics = Metrics()
         manager = Manager(clients=controller_clients, settings=dataclasses.replace(

@@ -115,3 +115,9 @@ def export_gitrepository(session: Session, name: str | None, every: bool) -> Non
     Its credentials Secret is named (spec.secretRef), never read.
     """
     _export(session, GITREPOSITORIES, name, every)
+
+
+# Flux's shape, as the other verbs have it (`get sources git`, `create source git`): `export source git`.
+_source = StagesetGroup("source", help="Export a source (GitRepository: `git`), as `flux export source git`.")
+_source.add_command(export_gitrepository, "git")
+export.add_command(_source)

@@ -18,7 +18,16 @@ import click
 from stageset.api.vocabulary import ConditionType
 from stageset.cli.completion import complete_gitrepositories
 from stageset.cli.params import DURATION
-from stageset.cli.session import CliError, Session, StagesetGroup, age, cluster_options, dump, echo, table
+from stageset.cli.session import (
+    CliError,
+    Session,
+    StagesetGroup,
+    age,
+    cluster_options,
+    dump_objects,
+    echo,
+    table,
+)
 from stageset.cli.steer import outcome as ready_line
 from stageset.cli.steer import patch, request_stamp, wait_handled
 from stageset.controller.conditions import find_condition
@@ -85,7 +94,7 @@ def get_git(session: Session, name: str | None) -> None:
     if name is not None and session.all_namespaces:
         raise click.UsageError("NAME and --all-namespaces cannot be combined")
     if name is not None:
-        views = [source_view(_read(session, name))]
+        listed = [_read(session, name)]
     else:
         namespace = None if session.all_namespaces else session.namespace
         try:
@@ -95,9 +104,11 @@ def get_git(session: Session, name: str | None) -> None:
                 where = f"namespace {namespace}" if namespace else "every namespace"
                 raise CliError(f"you may not list GitRepositories in {where}: {error.message}") from None
             raise
-        views = sorted((source_view(obj) for obj in listed), key=lambda v: (v["namespace"], v["name"]))
+    listed = sorted(listed, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+    views = [source_view(obj) for obj in listed]
     if session.output != "table":
-        echo(dump(views if name is None else views[0], session.output))
+        # The objects themselves, as kubectl prints them (a List without NAME).
+        echo(dump_objects(listed, session.output, one=name is not None))
         return
     if not views:
         where = "any namespace" if session.all_namespaces else f"namespace {session.namespace}"

@@ -30,7 +30,8 @@ def render_history(rows: Iterable[HistoryRow]) -> str:
 @cluster_options()
 def history(session: Session, name: str, stage: tuple[str, ...]) -> None:
     """Show the releases each stage of a StageSet applied, newest first: when, which revision and
-    spec generation, the phase it reached, and what it wrote.
+    spec generation, the phase it reached, and what it wrote; and its failed attempts (nothing
+    applied) with their reason.
 
     The controller keeps the newest ten per stage in the StageSet's status (fewer when it has many
     stages), so this outlives restarts and the cluster's Events.
@@ -39,7 +40,8 @@ def history(session: Session, name: str, stage: tuple[str, ...]) -> None:
     if session.output != "table":
         echo(dump([{"stage": r.stage, "revision": r.revision, "generation": r.generation,
                     "appliedAt": r.applied_at, "phase": r.phase, "created": r.created,
-                    "configured": r.configured, "deleted": r.deleted, "objects": list(r.objects)}
+                    "configured": r.configured, "deleted": r.deleted, "objects": list(r.objects),
+                    **({"reason": r.reason} if r.reason else {}), **({"attempt": True} if r.attempt else {})}
                    for r in rows], session.output))
         return
     if not rows:

@@ -18,14 +18,16 @@ from stageset.api.target import target_text
 from stageset.api.vocabulary import ConditionType, StagePhase
 from stageset.apply.inventory import ObjectId
 from stageset.apply.readiness import readiness
-from stageset.cli import fleet
+from stageset.cli import fleet, tenantview
 from stageset.cli.params import LABEL_SELECTOR
 from stageset.cli.session import (
     CliError,
     Session,
     age,
+    as_printed,
     cluster_options,
     dump,
+    dump_objects,
     echo,
     short_revision,
     table,
@@ -213,11 +215,13 @@ def _one(session: Session, view: dict[str, Any]) -> None:
     echo(table(headers, rows))
 
 
-def _print_views(session: Session, views: list[dict[str, Any]], *, name: str | None, every: bool) -> None:
+def _print_views(session: Session, views: list[dict[str, Any]], *, name: str | None, every: bool,
+                 objects: list[KubeObject]) -> None:
     if session.output == "name":
         echo("".join(object_name(v) + "\n" for v in views))
     elif session.output in ("yaml", "json"):
-        echo(dump(views[0] if name is not None else views, session.output))
+        # The objects themselves, as kubectl prints them (a List without NAME).
+        echo(dump_objects(objects, session.output, one=name is not None))
     elif name is not None:
         _one(session, views[0])
     elif views:
@@ -264,8 +268,9 @@ def _watch(session: Session, *, name: str | None, selector: str | None) -> None:
                     echo(columns.more([[*row[:-1], f"{row[-1]} [deleted]" if c.type == "DELETED" else row[-1]]
                                        for c, row in zip(changes, rows, strict=True)]))
             elif session.output in ("yaml", "json"):
-                for view in views:
-                    echo(("---\n" if session.output == "yaml" else "") + dump(view, session.output))
+                for change in changes:
+                    echo(("---\n" if session.output == "yaml" else "")
+                         + dump(as_printed(change.obj), session.output))
             elif session.output == "name":
                 echo("".join(object_name(v) + "\n" for v in views))
             else:
@@ -297,11 +302,17 @@ def get(session: Session, name: str | None, named: str | None, selector: LabelSe
     stage's phase, the sources and the whole message; -o name prints stageset.stages.metio.wtf/NAME.
 
     `get fleetrollouts [NAME]` shows FleetRollouts (cluster-scoped): each wave's phase and Ready
-    members, and the revisions being rolled out; `get stageset NAME` names a StageSet whose name
-    is one of those words.
+    members, and the revisions being rolled out; `get tenant NAME` a tenant at a glance (the
+    namespaces labelled stages.metio.wtf/tenant=NAME, their quota use, their StageSets and
+    whether they are Ready); `get stageset NAME` names a StageSet whose name is one of those words.
     """
     if name in fleet.KIND_WORDS:
         _get_fleet(session, named)
+        return
+    if name in tenantview.KIND_WORDS:
+        if named is None:
+            raise click.UsageError("get tenant NAME: which tenant?")
+        tenantview.show(session, named)
         return
     if name in fleet.STAGESET_WORDS and named is not None:
         name, named = named, None
@@ -316,28 +327,30 @@ def get(session: Session, name: str | None, named: str | None, selector: LabelSe
         _watch(session, name=name, selector=labels)
         return
     if name is not None:
-        view = summary(read_stageset(session, name))
-        _print_views(session, [view], name=name, every=False)
+        obj = read_stageset(session, name)
+        _print_views(session, [summary(obj)], name=name, every=False, objects=[obj])
         return
     namespace = None if session.all_namespaces else session.namespace
     query: dict[str, QueryValue] = {"labelSelector": labels} if labels else {}
     path = STAGESETS.collection_path(namespace)
     listed = session.client().request("GET", path, query=query).get("items", [])
-    views = sorted((summary(obj) for obj in listed), key=lambda v: (v["namespace"], v["name"]))
+    listed = sorted(listed, key=lambda o: (o["metadata"].get("namespace", ""), o["metadata"]["name"]))
+    views = [summary(obj) for obj in listed]
     if not views and session.output in ("table", "wide"):
         where = "any namespace" if namespace is None else f"namespace {namespace}"
         click.echo(f"No StageSets found in {where}" + (f" with labels {labels}" if labels else "") + ".",
                    err=True)
         return
-    _print_views(session, views, name=None, every=namespace is None)
+    _print_views(session, views, name=None, every=namespace is None, objects=listed)
     if session.output in ("table", "wide"):
         _warn_unreconciled(views)
 
 
 def _get_fleet(session: Session, name: str | None) -> None:
-    views = [fleet.summary(obj) for obj in fleet.read(session, name)]
+    objects = sorted(fleet.read(session, name), key=lambda o: str(o["metadata"]["name"]))
+    views = [fleet.summary(obj) for obj in objects]
     if session.output in ("yaml", "json"):
-        echo(dump(views[0] if name is not None else views, session.output))
+        echo(dump_objects(objects, session.output, one=name is not None))
     elif session.output == "name":
         echo("".join(f"fleetrollout.stages.metio.wtf/{v['name']}\n" for v in views))
     elif not views:

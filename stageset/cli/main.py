@@ -1,14 +1,17 @@
-"""click commands.  Each command builds its settings once and injects them.
+"""``controller`` (production) and ``run`` (the local demo), and the ``stageset`` group they join.
 
-``controller`` runs the controller (production); ``run`` is the local demo (or the controller
-against ``--kubeconfig``; hidden from the command list, ``make run`` runs it); the user commands
-(``get``, ``tree``, ``graph``, ``events``, ``history``, ``logs``, ``trace``, ``build``, ``diff``,
-``reconcile``, ``suspend``, ``resume`` -- each also in its ``source git`` form --, ``export``,
-``create stageset``/``source git``, ``delete stageset``/``source git``, ``crds``) and the platform
-commands (``check``, ``version``, ``cleanup``, ``completion``, ``create tenant``, ``delete tenant``)
-live in their own modules and are registered here.  The same group is the ``kubectl-stageset``
-plugin (:func:`kubectl_plugin`).  Exit codes: 0 ok, 1 differences (``diff``), 2 usage, 3 runtime
-error (:mod:`stageset.cli.session`).
+``controller`` runs the controller; ``run`` is the local demo (or the controller against
+``--kubeconfig``; hidden from the command list, ``make run`` runs it).  The group itself and every
+other command are registered in :mod:`stageset.cli.root`, which loads a command's module only when
+it runs, so ``stageset --version`` or a TAB press never imports the controller; this module is the
+controller's, loaded for ``controller`` and ``run`` (and re-exports the group as ``main``).  The
+user commands (``get``, ``tree``, ``graph``, ``events``, ``history``, ``logs``, ``trace``,
+``build``, ``diff``, ``reconcile``, ``suspend``, ``resume`` -- each also in its ``source git`` form
+--, ``export``, ``create stageset``/``source git``, ``delete stageset``/``source git``, ``crds``)
+and the platform commands (``check``, ``version``, ``cleanup``, ``completion``, ``create tenant``,
+``delete tenant``, ``uninstall``) live in their own modules.  The same group is the
+``kubectl-stageset`` plugin (:func:`kubectl_plugin`).  Exit codes: 0 ok, 1 differences (``diff``),
+2 usage, 3 runtime error (:mod:`stageset.cli.session`).
 """
 
 from __future__ import annotations
@@ -35,18 +38,7 @@ from sources.limits import ArtifactLimits
 from stageset.apply.rights import DEFAULT_MAX_AGE
 from stageset.apply.settings import ApplySettings
 from stageset.build import BuildLimits
-from stageset.cli import authoring, process
-from stageset.cli import completion as completion_names
-from stageset.cli.check import check, version
-from stageset.cli.cleanup import cleanup
-from stageset.cli.completion import completion
-from stageset.cli.controllerlogs import logs as logs_command
-from stageset.cli.crds import crds
-from stageset.cli.dashboard.command import dashboard
-from stageset.cli.export import export
-from stageset.cli.gitsources import get_sources, reconcile_source, resume_source, suspend_source
-from stageset.cli.history import history
-from stageset.cli.inspect import events, get, graph, tree
+from stageset.cli import process
 from stageset.cli.params import (
     BASE_URL,
     DURATION,
@@ -60,14 +52,7 @@ from stageset.cli.params import (
     parse_duration_option,
     parse_size,
 )
-from stageset.cli.preview import build, diff
-from stageset.cli.promote import promote
-from stageset.cli.session import StagesetGroup
-from stageset.cli.steer import reconcile, resume, suspend
-from stageset.cli.tenant import create, delete
-from stageset.cli.trace import trace
-from stageset.cli.uninstall import uninstall
-from stageset.cli.verbs import verb
+from stageset.cli.root import kubectl_plugin, main
 from stageset.controller import logs, memory
 from stageset.controller.leader import default_namespace
 from stageset.controller.manager import Manager
@@ -97,17 +82,6 @@ def run_controller(manager: Manager, *, early_stop: threading.Event | None = Non
     if early_stop is not None and early_stop.is_set():
         manager.stop.set()
     manager.run()
-
-
-@click.group(cls=StagesetGroup)
-@click.version_option(package_name="stageset", prog_name="stageset")
-def main() -> None:
-    """stageset: staged GitOps for Kubernetes, applied as the tenant.
-
-    Exit codes: 0 ok, 1 differences found (diff), 2 usage error, 3 runtime error.
-    """
-    # Library chatter (dulwich's protocol notes) is not for the user of a command.
-    logging.getLogger("dulwich").setLevel(logging.ERROR)
 
 
 def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = True) -> ControllerSettings:
@@ -153,6 +127,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         allowed_action_hosts=tuple(params.get("allowed_action_hosts") or ()),
         notifications=NotificationSettings(
             namespace=params.get("notification_namespace") or None,
+            tenants=bool(params.get("tenant_notifications")),
             delivery=DeliverySettings(rate=float(params.get("notification_rate", 1.0)),
                                       burst=int(params.get("notification_burst", 10)))),
         apply=ApplySettings(rights_max_age=float(params.get("rights_recheck_interval", DEFAULT_MAX_AGE))),
@@ -195,7 +170,7 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
             max_files=int(params.get("artifact_max_files") or limits.max_files)))
 
 
-@main.command()
+@click.command()
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), envvar="KUBECONFIG",
               help="Kubeconfig to use; in-cluster configuration when omitted.")
 @click.option("--watch-namespaces", envvar="STAGESET_WATCH_NAMESPACES", default="", type=NAMESPACES,
@@ -242,6 +217,10 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               help="Send StageSet events as the NotificationAlerts and NotificationProviders of this "
               "namespace say (read with the controller's identity, with the providers' Secrets; "
               "docs/notifications.md); empty: no notifications.")
+@click.option("--tenant-notifications", is_flag=True, default=False, envvar="STAGESET_TENANT_NOTIFICATIONS",
+              help="Also send each StageSet's events as the NotificationAlerts of its own namespace say "
+              "(an app team's alerts, for that namespace's StageSets only; a provider's Secret read as its "
+              "serviceAccountName; docs/notifications.md#tenant-owned-alerts).")
 @click.option("--notification-rate", default=1.0, show_default=True, type=click.FloatRange(min=0.01),
               help="Notifications per second each provider sends once its burst is spent.")
 @click.option("--notification-burst", default=10, show_default=True, type=click.IntRange(min=1),
@@ -358,7 +337,7 @@ def _dump_heap(_signum: int, _frame: FrameType | None) -> None:
 _LIFECYCLE = tuple(inspect.signature(process.lifecycle_settings).parameters)
 
 
-@main.command(hidden=True, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+@click.command(hidden=True, context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Run the controller against this cluster instead of a local control plane "
               "(the CRDs are installed when missing).")
@@ -385,6 +364,8 @@ def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: 
         return
     params.pop("kubeconfig", None)
     fmt = str(params.pop("log_format", None) or "text")
+    # Unless asked for a format, the controller's lines take the shape of the demo's progress lines.
+    fmt = fmt if "--log-format" in ctx.args else logs.PROGRESS
     level = str(params.pop("log_level", None) or "warning")
     level = level if "--log-level" in ctx.args else "warning"
     _setup_logging(os.environ.get("STAGESET_LOG_LEVEL", level), fmt)
@@ -393,20 +374,3 @@ def run(ctx: click.Context, kubeconfig: str | None, examples: str | None, once: 
     sys.exit(demo.run_demo(examples=directory, once=once, stop=threading.Event(),
                            settings=controller_settings(params, temporary_mirrors=False),
                            lifecycle=lifecycle))
-
-
-# `get`, `reconcile`, `suspend`, `resume`: the StageSet command, or with `source(s) git` first the
-# GitRepository one (stageset.cli.verbs routes); `create`/`delete` gain `stageset` and `source git`.
-authoring.register()
-for _command in (verb(get, get_sources), tree, graph, events, build, diff, verb(reconcile, reconcile_source),
-                 verb(suspend, suspend_source), verb(resume, resume_source), trace, check, version, cleanup,
-                 completion, dashboard, promote, create, delete, history, logs_command, export):
-    main.add_command(_command)
-for _command in (crds, uninstall):  # install and uninstall (stageset.cli.crds, stageset.cli.uninstall)
-    main.add_command(_command)
-completion_names.attach(main)  # NAME and --stage of every command above complete from the cluster
-
-
-def kubectl_plugin() -> None:
-    """``kubectl stageset ...``: kubectl runs the ``kubectl-stageset`` executable it finds on PATH."""
-    main(prog_name="kubectl stageset")

@@ -25,13 +25,21 @@ class HistoryRow:
     configured: int
     deleted: int
     objects: tuple[str, ...]
+    reason: str | None = None
+    """Why it failed (a Ready reason), when it did."""
+    attempt: bool = False
+    """A failed attempt: nothing was applied."""
 
     def changed(self) -> str:
-        """``2 created, 1 configured, 1 pruned`` (``no changes`` when it wrote nothing)."""
+        """``2 created, 1 configured, 1 pruned`` (``no changes`` when it wrote nothing); a failed
+        attempt: ``failed: RBACDenied, nothing applied``."""
+        if self.attempt:
+            return f"failed: {self.reason or 'unknown reason'}, nothing applied"
         parts = [f"{count} {what}" for count, what in ((self.created, "created"),
                                                        (self.configured, "configured"),
                                                        (self.deleted, "pruned")) if count]
-        return ", ".join(parts) or "no changes"
+        changed = ", ".join(parts) or "no changes"
+        return f"{changed} (failed: {self.reason})" if self.reason else changed
 
 
 def _int(value: Any) -> int:
@@ -54,5 +62,7 @@ def history_rows(obj: KubeObject) -> list[HistoryRow]:
                 applied_at=release.get("appliedAt"), phase=str(release.get("phase") or ""),
                 created=_int(release.get("created")), configured=_int(release.get("configured")),
                 deleted=_int(release.get("deleted")),
-                objects=tuple(str(o) for o in release.get("objects") or [])))
+                objects=tuple(str(o) for o in release.get("objects") or []),
+                reason=str(release["reason"]) if release.get("reason") else None,
+                attempt=release.get("attempt") is True))
     return sorted(rows, key=lambda r: r.applied_at or "", reverse=True)

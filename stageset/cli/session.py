@@ -36,6 +36,7 @@ import yaml
 from stageset.api import parse_time
 from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient, UnreachableError
 from stageset.kube.kubeconfig import ConfigException, list_contexts
+from stageset.kube.types import KubeObject
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -61,16 +62,50 @@ def describe_api_error(error: ApiError | UnreachableError) -> str:
     return f"{error.message} ({error.status} {error.reason})".replace(" ()", "")
 
 
+def translated(error: BaseException) -> CliError | None:
+    """The one-line error (exit code 3) for an error every command can meet; None for others."""
+    if isinstance(error, (ApiError, UnreachableError)):
+        return CliError(describe_api_error(error))
+    if isinstance(error, ConfigException):
+        return CliError(f"kubeconfig: {error}")
+    return None
+
+
 class StagesetGroup(click.Group):
     """Maps the errors every command can meet to exit code 3 and one line, not a traceback."""
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             return super().invoke(ctx)
-        except (ApiError, UnreachableError) as error:
-            raise CliError(describe_api_error(error)) from None
-        except ConfigException as error:
-            raise CliError(f"kubeconfig: {error}") from None
+        except (ApiError, UnreachableError, ConfigException) as error:
+            raise translated(error) or error from None
+
+
+# -- deleting: one convention for every command that deletes ----------------------------------------
+
+def yes_option(*, silent: bool = False) -> Callable[[F], F]:
+    """``-y/--yes``: delete without asking (``silent``: also Flux's ``-s/--silent`` for the same)."""
+    names = ["-y", "--yes", *(["-s", "--silent"] if silent else [])]
+    return click.option(*names, "yes", is_flag=True, default=False,
+                        help="Do it without asking (without it: asked y/N; with no answer to read, "
+                        "a dry run that changes nothing).")
+
+
+def confirmed(question: str, *, yes: bool) -> bool:
+    """Every delete's convention (``delete stageset``/``source git``/``tenant``, ``uninstall``): what
+    it would do is printed first; then ``--yes`` goes ahead, else the question is asked: "y" goes
+    ahead, any other answer stops (exit 1, as click's Abort), and no answer at all (stdin at its end: a
+    script, a pipe) makes it a dry run -- False, nothing is changed."""
+    if yes:
+        return True
+    echo(f"{question} [y/N]: ")
+    answer = sys.stdin.readline()
+    if not answer:
+        echo("\n")
+        return False
+    if answer.strip().lower() in ("y", "yes"):
+        return True
+    raise click.Abort()
 
 
 # -- the kubeconfig -------------------------------------------------------------------------------
@@ -259,6 +294,20 @@ def table(headers: Sequence[str], rows: Iterator[Sequence[str]] | Sequence[Seque
     widths = [max(len(row[i]) for row in materialized) for i in range(len(headers))]
     lines = ["   ".join(cell.ljust(widths[i]) for i, cell in enumerate(row)).rstrip() for row in materialized]
     return "\n".join(lines) + "\n"
+
+
+def as_printed(obj: KubeObject) -> KubeObject:
+    """An object as ``kubectl get -o yaml|json`` prints it: whole, without ``managedFields``."""
+    meta = {k: v for k, v in (obj.get("metadata") or {}).items() if k != "managedFields"}
+    return {**obj, "metadata": meta}
+
+
+def dump_objects(objects: Sequence[KubeObject], output: str, *, one: bool) -> str:
+    """``-o yaml|json`` as kubectl prints it: the object, or a ``List`` of them."""
+    if one:
+        return dump(as_printed(objects[0]), output)
+    return dump({"apiVersion": "v1", "kind": "List", "items": [as_printed(o) for o in objects],
+                 "metadata": {"resourceVersion": ""}}, output)
 
 
 def dump(data: Any, output: str) -> str:

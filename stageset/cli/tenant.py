@@ -24,13 +24,14 @@ from stageset.api.tenancy import TENANT_LABEL
 from stageset.cli import cleanup
 from stageset.cli.completion import complete_nothing
 from stageset.cli.params import DURATION
-from stageset.cli.session import DNS_LABEL, CliError, Session, StagesetGroup, echo
+from stageset.cli.session import DNS_LABEL, CliError, Session, StagesetGroup, confirmed, echo, yes_option
 from stageset.cli.tenantobjects import (
     DEFAULT_CLUSTER_ROLE,
     DEFAULT_SERVICE_ACCOUNT,
     NAMESPACES,
     TenantSpec,
     limit_range_limits,
+    namespace_label,
     object_path,
     parse_pairs,
     quota_hard,
@@ -42,11 +43,20 @@ FIELD_MANAGER = "stageset"
 
 
 class _PlainDumper(yaml.SafeDumper):
-    """No anchors and aliases: every document stands alone, as a reviewer reads it."""
+    """No anchors and aliases: every document stands alone, as a reviewer reads it.  A list of plain
+    values is one line (``verbs: [get, list, watch]``), so a role's rules read as a table."""
 
     def ignore_aliases(self, data: Any) -> bool:
         del data
         return True
+
+
+def _represent_list(dumper: yaml.SafeDumper, data: list[Any]) -> yaml.Node:
+    flat = all(isinstance(item, (str, int, float, bool)) for item in data)
+    return dumper.represent_sequence("tag:yaml.org,2002:seq", data, flow_style=flat and bool(data))
+
+
+_PlainDumper.add_representer(list, _represent_list)
 
 
 def export_yaml(objects: list[dict[str, Any]]) -> str:
@@ -82,7 +92,21 @@ def delete() -> None:
 @click.option("--service-account", type=DNS_LABEL, default=DEFAULT_SERVICE_ACCOUNT, show_default=True,
               help="The deployer ServiceAccount made in each namespace.")
 @click.option("--cluster-role", default=DEFAULT_CLUSTER_ROLE, show_default=True,
-              help="The ClusterRole bound (per namespace, by a RoleBinding) to the deployers.")
+              help="The ClusterRole bound (per namespace, by a RoleBinding) to the deployers. The default "
+              "may not write NetworkPolicies, ResourceQuotas, LimitRanges, Roles or RoleBindings; 'edit' "
+              "may write NetworkPolicies, so a tenant's Git could loosen its own isolation "
+              "(docs/tenants.md).")
+@click.option("--admin-user", "admin_users", multiple=True, metavar="USER",
+              help="A person bound to stageset-tenant-admin (admin minus the guardrails) in each namespace "
+              "(repeatable).")
+@click.option("--admin-group", "admin_groups", multiple=True, metavar="GROUP",
+              help="A group bound to stageset-tenant-admin in each namespace (repeatable).")
+@click.option("--allow-from-namespace-label", "allow_from", multiple=True, metavar="KEY=VALUE",
+              help="Allow ingress from pods in namespaces with this label (an ingress controller, "
+              "monitoring; repeatable).")
+@click.option("--allow-to-namespace-label", "allow_to", multiple=True, metavar="KEY=VALUE",
+              help="Allow egress to pods in namespaces with this label (shared platform services; "
+              "repeatable).")
 @click.option("--quota", default="", metavar="K=V,...",
               help="A ResourceQuota's hard limits in each namespace, e.g. "
               "requests.cpu=4,requests.memory=8Gi,stagesets=2 (stagesets: count/stagesets.stages.metio.wtf).")
@@ -93,14 +117,18 @@ def delete() -> None:
               help="Print the YAML (deterministic) instead of applying it; contacts no cluster.")
 @_kubeconfig_options
 def create_tenant(name: str, namespaces: tuple[str, ...], control_plane_namespace: str | None,
-                  service_account: str, cluster_role: str, quota: str, limit_range: str, export_only: bool,
-                  kubeconfig: str | None, context: str | None) -> None:
+                  service_account: str, cluster_role: str, admin_users: tuple[str, ...],
+                  admin_groups: tuple[str, ...], allow_from: tuple[str, ...], allow_to: tuple[str, ...],
+                  quota: str, limit_range: str, export_only: bool, kubeconfig: str | None,
+                  context: str | None) -> None:
     """Create a tenant: namespaces, a deployer in each, its rights there, network isolation, quota, limits.
 
     Every namespace is labelled stages.metio.wtf/tenant=NAME and gets a deployer ServiceAccount, a
     RoleBinding of --cluster-role to it (in workload namespaces also to the control-plane
-    namespace's deployer), a default-deny NetworkPolicy with exceptions for the tenant's own
-    namespaces and DNS, and the ResourceQuota and LimitRange asked for. Nothing cluster-wide is
+    namespace's deployer), the admins' RoleBinding, a default-deny NetworkPolicy with exceptions
+    for the tenant's own namespaces, DNS and the labelled shared namespaces, and the ResourceQuota
+    and LimitRange asked for. The default roles (stageset-tenant-deployer, stageset-tenant-admin,
+    applied too) may not write those policies, quotas, limits or bindings. Nothing cluster-wide is
     granted. Applied server-side as you (field manager stageset); --export prints it instead.
     """
     if control_plane_namespace and control_plane_namespace in namespaces:
@@ -110,6 +138,10 @@ def create_tenant(name: str, namespaces: tuple[str, ...], control_plane_namespac
         spec = TenantSpec(
             name=name, namespaces=namespaces, control_plane_namespace=control_plane_namespace,
             service_account=service_account, cluster_role=cluster_role,
+            admin_users=admin_users, admin_groups=admin_groups,
+            allow_from=tuple(namespace_label(pair, what="--allow-from-namespace-label")
+                             for pair in allow_from),
+            allow_to=tuple(namespace_label(pair, what="--allow-to-namespace-label") for pair in allow_to),
             quota=quota_hard(parse_pairs(quota, what="--quota")) or None,
             limit_range=limit_range_limits(parse_pairs(limit_range, what="--limit-range")) or None)
     except ValueError as error:
@@ -139,8 +171,7 @@ def create_tenant(name: str, namespaces: tuple[str, ...], control_plane_namespac
 
 @delete.command("tenant")
 @click.argument("name", type=DNS_LABEL, shell_complete=complete_nothing)
-@click.option("--yes", is_flag=True, default=False,
-              help="Delete (without it, only list what would be deleted).")
+@yes_option()
 @click.option("--timeout", type=DURATION, default="10m", show_default=True,
               help="How long to wait for the controller to tear the tenant's StageSets down.")
 @_kubeconfig_options
@@ -148,7 +179,8 @@ def delete_tenant(name: str, yes: bool, timeout: float, kubeconfig: str | None, 
     """Delete a tenant: its StageSets first (the controller tears them down), then its namespaces.
 
     The tenant's namespaces are those labelled stages.metio.wtf/tenant=NAME; deleting them deletes
-    everything in them. A dry run unless --yes: it lists what would be deleted, in order.
+    everything in them. It lists what it would delete, in order, then asks, unless -y/--yes; with
+    no answer to read, a dry run.
     """
     session = Session(kubeconfig=kubeconfig, context=context)
     try:
@@ -169,7 +201,7 @@ def delete_tenant(name: str, yes: bool, timeout: float, kubeconfig: str | None, 
             echo(f"  StageSet {obj['metadata']['namespace']}/{obj['metadata']['name']}\n")
         for namespace in namespaces:
             echo(f"  Namespace {namespace}\n")
-        if not yes:
+        if not confirmed(f"Delete tenant {name}?", yes=yes):
             echo("dry run: nothing deleted (pass --yes to delete)\n")
             return
         cleanup.delete_and_wait(client, scope=namespaces, selector=None, timeout=timeout,

@@ -13,22 +13,31 @@ StageSet deleted later in ``Terminating``.  So, in this order:
      it applied (as the StageSet's ServiceAccount), with progress until none is left, at most
      ``--timeout`` (then nothing more is removed: the controller keeps running, so re-run it, or
      use ``--keep-objects`` for what is left);
-2. then the release's objects (the manifest of its latest Helm revision; ``helm.sh/resource-policy:
-   keep`` honoured), the controllers' Leases, and the release's Helm records, so Helm forgets it.
+2. then ``helm uninstall`` (``--no-hooks``: step 1 did what the chart's cleanup hook would; with
+   ``HELM_DRIVER`` set to where the release's records are, Secrets or ConfigMaps), which deletes the
+   objects of its latest revision (``helm.sh/resource-policy: keep`` honoured) and its records;
+   then what Helm leaves behind: the controllers' Leases and any hook object still there (the CRD
+   hook Job of a failed or interrupted install, its ServiceAccount and rights).
 
-Without ``--yes`` it changes nothing and prints what it would do (a dry run).  The CRDs are never
-deleted (no release owns them: docs/upgrading.md#the-crds).
+The plan (and the dry run) names only objects that exist: a failed install's manifest may name
+objects never created.
+
+It prints what it would do, then asks, unless ``--yes``; with no answer to read it is a dry run
+that changes nothing (the convention of every command that deletes:
+:func:`~stageset.cli.session.confirmed`).  The CRDs are never deleted (no release owns them:
+docs/upgrading.md#the-crds).
 
 Identity: every request is the caller's own (the kubeconfig's credentials: a cluster admin, as for
-``helm uninstall``).  Nothing is deleted but the StageSets in scope (with ``--teardown``), the
-objects the release's manifest names, its Leases and its Helm release Secrets.
+``helm uninstall``), and so is ``helm uninstall``'s (the same kubeconfig and context).  Nothing is
+deleted but the StageSets in scope (with ``--teardown``), what ``helm uninstall`` deletes, the
+release's Leases and the hook objects its records declare.
 """
 
 from __future__ import annotations
 
-import base64
-import gzip
-import json
+import os
+import shutil
+import subprocess
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -38,8 +47,9 @@ import click
 import yaml
 
 from stageset.apply.ownership import FINALIZER
+from stageset.cli import helmstore
 from stageset.cli.params import DURATION, NAMESPACES
-from stageset.cli.session import CliError, Session, echo
+from stageset.cli.session import CliError, Session, confirmed, echo, yes_option
 from stageset.controller.kinds import STAGESETS
 from stageset.kube.client import ApiError, KubeClient
 from stageset.kube.mapping import RestMapper, UnknownKindError
@@ -178,41 +188,51 @@ def delete_stageset(client: KubeClient, obj: KubeObject) -> None:
 class Release:
     name: str
     namespace: str
-    records: list[KubeObject] = field(default_factory=list)
-    """Helm's release Secrets (one per revision)."""
+    records: list[helmstore.Record] = field(default_factory=list)
+    """Helm's records of the release (one per revision, oldest first), in either storage driver."""
     objects: list[KubeObject] = field(default_factory=list)
     """The latest revision's manifest (hooks are not part of it)."""
+    hooks: list[KubeObject] = field(default_factory=list)
+    """Every hook object any revision declared (Helm never deletes a hook that failed or was
+    interrupted, nor hooks of events other than the uninstall's)."""
 
     @property
     def deployments(self) -> list[KubeObject]:
         return [o for o in self.objects if o.get("kind") == "Deployment"
                 and CONTROLLER_LABELS.items() <= ((o.get("metadata") or {}).get("labels") or {}).items()]
 
+    @property
+    def driver(self) -> str:
+        return self.records[-1].driver if self.records else "secret"
+
 
 def decode_release(secret: KubeObject) -> dict[str, Any]:
-    """Helm's storage format: the Secret's data is base64 of Helm's own base64 of gzipped JSON."""
-    raw = base64.b64decode(base64.b64decode(secret["data"]["release"]))
-    if raw[:2] == b"\x1f\x8b":
-        raw = gzip.decompress(raw)
-    decoded: dict[str, Any] = json.loads(raw)
-    return decoded
+    """Helm's storage format in a Secret: base64 of Helm's own base64 of gzipped JSON."""
+    return helmstore.decode(secret, driver="secret")
+
+
+def _documents(text: str) -> list[KubeObject]:
+    return [doc for doc in yaml.safe_load_all(text) if isinstance(doc, dict) and doc.get("kind")]
 
 
 def load_release(client: KubeClient, *, name: str, namespace: str) -> Release | None:
     try:
-        records = client.request("GET", f"/api/v1/namespaces/{namespace}/secrets",
-                                 query={"labelSelector": f"owner=helm,name={name}"}).get("items", [])
+        records = helmstore.releases(client, namespace, name=name, chart=None)
     except ApiError as error:
         if error.forbidden:
-            raise CliError(f"you may not read Helm's records of release {namespace}/{name} (Secrets): "
+            raise CliError(f"you may not read Helm's records of release {namespace}/{name}: "
                            f"{error.message}") from None
         raise
     if not records:
         return None
-    latest = max(records, key=lambda s: int((s["metadata"].get("labels") or {}).get("version", "0")))
-    manifest = decode_release(latest).get("manifest", "")
-    objects = [doc for doc in yaml.safe_load_all(manifest) if isinstance(doc, dict) and doc.get("kind")]
-    return Release(name=name, namespace=namespace, records=records, objects=objects)
+    hooks: dict[tuple[str, str, str], KubeObject] = {}
+    for record in records:
+        for hook in record.hooks:
+            for obj in _documents(str(hook.get("manifest", ""))):
+                meta = obj.get("metadata") or {}
+                hooks[(obj["kind"], str(meta.get("namespace") or namespace), str(meta.get("name")))] = obj
+    return Release(name=name, namespace=namespace, records=records, objects=_documents(records[-1].manifest),
+                   hooks=list(hooks.values()))
 
 
 def describe(obj: KubeObject) -> str:
@@ -235,34 +255,85 @@ def leases(release: Release) -> list[KubeObject]:
     return found
 
 
-def remove_release(client: KubeClient, release: Release) -> None:
-    """Delete the manifest's objects (Deployments first; ``helm.sh/resource-policy: keep`` kept), the
-    Leases and Helm's records."""
+def existing(client: KubeClient, objects: Iterable[KubeObject], *, namespace: str) -> list[KubeObject]:
+    """Those of ``objects`` that exist (a failed install's manifest names objects never created:
+    they are neither planned nor reported)."""
     mapper = RestMapper(client)
-    ordered = sorted(release.objects, key=lambda o: o["kind"] not in FIRST)
-    for obj in [*ordered, *leases(release)]:
-        if ((obj["metadata"].get("annotations") or {}).get(KEEP_POLICY)) == "keep":
-            echo(f"  kept {describe(obj)} ({KEEP_POLICY}: keep)\n")
-            continue
+    found = []
+    for obj in objects:
         try:
-            path = mapper.object_path(obj, default_namespace=release.namespace)
-            client.request("DELETE", path, body={"kind": "DeleteOptions", "apiVersion": "v1",
-                                                 "propagationPolicy": "Background"})
+            client.get(mapper.object_path(obj, default_namespace=namespace))
         except UnknownKindError:  # e.g. a ServiceMonitor whose CRD is gone
             continue
         except ApiError as error:
             if error.not_found:
                 continue
             raise
-        echo(f"  deleted {describe(obj)}\n")
-    for record in release.records:
+        found.append(obj if obj["metadata"].get("namespace") or obj["kind"] in _CLUSTER_KINDS
+                     else {**obj, "metadata": {**obj["metadata"], "namespace": namespace}})
+    return found
+
+
+_CLUSTER_KINDS = {"ClusterRole", "ClusterRoleBinding", "Namespace", "CustomResourceDefinition",
+                  "PriorityClass", "ValidatingWebhookConfiguration", "MutatingWebhookConfiguration"}
+
+
+def delete_objects(client: KubeClient, objects: Iterable[KubeObject], *, namespace: str, what: str) -> None:
+    """Delete each object (its pods with it: background propagation); only actual deletes are reported."""
+    mapper = RestMapper(client)
+    for obj in objects:
         try:
-            client.request("DELETE", f"/api/v1/namespaces/{release.namespace}/secrets/"
-                                     f"{record['metadata']['name']}")
+            path = mapper.object_path(obj, default_namespace=namespace)
+            client.request("DELETE", path, body={"kind": "DeleteOptions", "apiVersion": "v1",
+                                                 "propagationPolicy": "Background"})
+        except UnknownKindError:
+            continue
         except ApiError as error:
-            if not error.not_found:
-                raise
-    echo(f"  deleted Helm's records of release {release.namespace}/{release.name} ({len(release.records)})\n")
+            if error.not_found:
+                continue
+            raise
+        echo(f"  deleted {what}{describe(obj)}\n")
+
+
+def helm_uninstall(release: Release, *, helm: str, kubeconfig: str | None, context: str | None) -> None:
+    """``helm uninstall`` of the release, with the storage driver its records are in.
+
+    ``--no-hooks``: the StageSets were handled already (what the chart's pre-delete cleanup hook
+    would do), so its Job would only find nothing to do."""
+    binary = shutil.which(helm)
+    if binary is None:
+        raise CliError(f"helm is needed to uninstall the release ({helm!r} not found): install helm, or "
+                       "pass --helm-binary")
+    args = [binary, "uninstall", release.name, "--namespace", release.namespace, "--no-hooks", "--wait",
+            "--timeout", "5m"]
+    if kubeconfig:
+        args += ["--kubeconfig", kubeconfig]
+    if context:
+        args += ["--kube-context", context]
+    env = {**os.environ, "HELM_DRIVER": release.driver}
+    result = subprocess.run(args, env=env, capture_output=True, text=True, check=False, timeout=600)
+    for line in (result.stdout + result.stderr).splitlines():
+        if line.strip():
+            echo(f"  helm: {line.strip()}\n")
+    if result.returncode != 0:
+        raise CliError(f"helm uninstall {release.name} failed (exit code {result.returncode}); the StageSets "
+                       "are already released: run it again")
+
+
+def remove_release(client: KubeClient, release: Release, *, helm: str, kubeconfig: str | None,
+                   context: str | None) -> None:
+    """``helm uninstall`` (the manifest's objects, ``helm.sh/resource-policy: keep`` honoured, and
+    Helm's records, whichever driver), then what Helm leaves: the controllers' Leases and any hook
+    object still there (a hook Job of a failed or interrupted install, its ServiceAccount and rights)."""
+    kept = [o for o in release.objects if (o["metadata"].get("annotations") or {}).get(KEEP_POLICY) == "keep"]
+    hooks = existing(client, release.hooks, namespace=release.namespace)
+    helm_uninstall(release, helm=helm, kubeconfig=kubeconfig, context=context)
+    for obj in kept:
+        echo(f"  kept {describe(obj)} ({KEEP_POLICY}: keep)\n")
+    delete_objects(client, leases(release), namespace=release.namespace, what="")
+    delete_objects(client, hooks, namespace=release.namespace, what="leftover hook ")
+    echo(f"  Helm forgot release {release.namespace}/{release.name} ({len(release.records)} record(s), "
+         f"driver {release.driver})\n")
 
 
 # -- the command --------------------------------------------------------------------------------
@@ -275,7 +346,7 @@ def remove_release(client: KubeClient, release: Release) -> None:
               help="Keep every StageSet and what it applied: suspend each, then drop its finalizer.")
 @click.option("--teardown", is_flag=True, default=False,
               help="Delete every StageSet and wait until the controller deleted what each applied.")
-@click.option("--yes", is_flag=True, default=False, help="Do it (without: print what would be done).")
+@yes_option()
 @click.option("--timeout", type=DURATION, default="10m", show_default=True,
               help="With --teardown: how long to wait for the controller.")
 @click.option("--namespaces", type=NAMESPACES, default=None,
@@ -285,14 +356,17 @@ def remove_release(client: KubeClient, release: Release) -> None:
 @click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
               help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config).")
 @click.option("--context", default=None, help="Kubeconfig context (default: the current one).")
+@click.option("--helm-binary", default="helm", show_default=True, envvar="STAGESET_HELM",
+              help="The helm that uninstalls the release ($STAGESET_HELM; default: helm on PATH).")
 def uninstall(release_name: str, namespace: str, keep_objects: bool, teardown: bool, yes: bool,
               timeout: float, namespaces: tuple[str, ...] | None, all_namespaces: bool,
-              kubeconfig: str | None, context: str | None) -> None:
+              kubeconfig: str | None, context: str | None, helm_binary: str) -> None:
     """Uninstall a release of the chart without leaving a StageSet stuck with its finalizer.
 
     Either keep the StageSets and their objects (--keep-objects: suspended, finalizer dropped) or
     tear them down first (--teardown: deleted, waited for, with progress), then delete the release's
-    objects and Helm's records of it.  A dry run unless --yes.  The CRDs stay.
+    objects and Helm's records of it.  Asks first unless -y/--yes; with no answer to read, a dry
+    run.  The CRDs stay.
     """
     if keep_objects and teardown:
         raise click.UsageError("choose one of --keep-objects and --teardown")
@@ -301,16 +375,23 @@ def uninstall(release_name: str, namespace: str, keep_objects: bool, teardown: b
     session = Session(kubeconfig=kubeconfig, context=context)
     try:
         _uninstall(session.client(), release_name=release_name, namespace=namespace,
-                   keep_objects=keep_objects,
-                   teardown=teardown, yes=yes, timeout=timeout,
+                   keep_objects=keep_objects, teardown=teardown, yes=yes, timeout=timeout,
+                   helm=Helm(binary=helm_binary, kubeconfig=kubeconfig, context=context),
                    override=Scope(namespaces=None) if all_namespaces else
                    Scope(namespaces=namespaces) if namespaces else None)
     finally:
         session.close()
 
 
+@dataclass(frozen=True)
+class Helm:
+    binary: str
+    kubeconfig: str | None
+    context: str | None
+
+
 def _uninstall(client: KubeClient, *, release_name: str, namespace: str, keep_objects: bool, teardown: bool,
-               yes: bool, timeout: float, override: Scope | None) -> None:
+               yes: bool, timeout: float, helm: Helm, override: Scope | None) -> None:
     release = load_release(client, name=release_name, namespace=namespace)
     if release is None and override is None:
         raise CliError(f"no Helm release {release_name} in namespace {namespace}; to release StageSets "
@@ -325,8 +406,9 @@ def _uninstall(client: KubeClient, *, release_name: str, namespace: str, keep_ob
         raise CliError(f"{len(stagesets)} StageSet(s) would be left with a finalizer no controller removes: "
                        "choose --keep-objects (keep them and what they applied) or --teardown (delete "
                        "what they applied first)")
-    _plan(release, stagesets, keep_objects=keep_objects, prefix="" if yes else "would ")
-    if not yes:
+    _plan(client, release, stagesets, keep_objects=keep_objects, prefix="" if yes else "would ")
+    what = f"release {namespace}/{release_name}" if release is not None else "the StageSets"
+    if not confirmed(f"Uninstall {what}?", yes=yes):
         echo("dry run: nothing changed; pass --yes to uninstall\n")
         return
     if keep_objects:
@@ -334,18 +416,29 @@ def _uninstall(client: KubeClient, *, release_name: str, namespace: str, keep_ob
     elif teardown and stagesets:
         _tear_down(client, stagesets, scopes, timeout=timeout)
     if release is not None:
-        remove_release(client, release)
+        remove_release(client, release, helm=helm.binary, kubeconfig=helm.kubeconfig, context=helm.context)
     echo("uninstalled\n" if release is not None else "done\n")
 
 
-def _plan(release: Release | None, stagesets: list[KubeObject], *, keep_objects: bool, prefix: str) -> None:
+def _plan(client: KubeClient, release: Release | None, stagesets: list[KubeObject], *, keep_objects: bool,
+          prefix: str) -> None:
     for obj in stagesets:
         action = "suspend, then drop the finalizer of" if keep_objects else "delete (teardown)"
         echo(f"  {prefix}{action} StageSet {key(obj)}\n")
-    if release is not None:
-        for obj in [*release.objects, *leases(release)]:
+    if release is None:
+        return
+    echo(f"  {prefix}run helm uninstall {release.name} --namespace {release.namespace} (driver "
+         f"{release.driver}): it deletes\n")
+    for obj in existing(client, release.objects, namespace=release.namespace):
+        if (obj["metadata"].get("annotations") or {}).get(KEEP_POLICY) == "keep":
+            echo(f"  {prefix}keep {describe(obj)} ({KEEP_POLICY}: keep)\n")
+        else:
             echo(f"  {prefix}delete {describe(obj)}\n")
-        echo(f"  {prefix}delete Helm's records of release {release.namespace}/{release.name}\n")
+    for obj in existing(client, leases(release), namespace=release.namespace):
+        echo(f"  {prefix}delete {describe(obj)}\n")
+    for obj in existing(client, release.hooks, namespace=release.namespace):
+        echo(f"  {prefix}delete leftover hook {describe(obj)}\n")
+    echo(f"  {prefix}delete Helm's records of release {release.namespace}/{release.name}\n")
 
 
 def _keep(client: KubeClient, stagesets: list[KubeObject], scopes: list[Scope]) -> None:

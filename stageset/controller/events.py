@@ -19,7 +19,11 @@ What the controller records (reasons in :mod:`stageset.api.vocabulary`):
 
 - a Warning with the Ready reason whenever an object's Ready condition turns ``False`` or
   changes its reason while ``False`` (:func:`ready_transition`), as the policy each controller
-  declares says (:class:`ReadyWarnings`);
+  declares says (:class:`ReadyWarnings`), except for the reasons of a state someone chose
+  (``NO_TRANSITION_EVENT``: a suspend, a held release);
+- a Normal ``Suspended`` / ``Resumed`` when an object enters or leaves the suspended state
+  (:func:`suspend_transition`, told by :class:`ReadyWarnings` too): no failure, so no failing
+  commit status and no red message;
 - a Normal ``ReconciliationSucceeded`` when a StageSet is Ready after a change, naming what
   changed (:func:`change_summary`), and a Normal ``NewArtifact`` for a new Git revision;
 - Warnings ``DriftCorrected``, ``PruneFailed`` and ``TeardownForced``.
@@ -108,6 +112,18 @@ def ready_transition(before: Mapping[str, str] | None, after: Mapping[str, str] 
     if after is None or after.get("status") != "False":
         return False
     return before is None or before.get("status") != "False" or before.get("reason") != after.get("reason")
+
+
+def suspend_transition(before: Mapping[str, str] | None,
+                       after: Mapping[str, str] | None) -> EventReason | None:
+    """Did Ready enter the ``Suspended`` reason (``SUSPENDED``) or leave it (``RESUMED``)?"""
+    was = before is not None and before.get("reason") == Reason.SUSPENDED.value
+    now = after is not None and after.get("reason") == Reason.SUSPENDED.value
+    if now and not was:
+        return EventReason.SUSPENDED
+    if was and not now and after is not None:
+        return EventReason.RESUMED
+    return None
 
 
 @dataclass(frozen=True)
@@ -271,8 +287,10 @@ class ReadyWarnings:
     :attr:`~stageset.controller.setup.Controller.transitions`: after a reconcile that turned Ready
     ``False`` (or changed its reason while ``False``, :func:`ready_transition`), a Warning with Ready's
     reason and message — except the reasons in :data:`~stageset.api.vocabulary.NO_TRANSITION_EVENT`
-    (a release held as asked, a rollback the reconciler told itself).  ``revision`` (the StageSet's)
-    names the revision that failed, annotated on the event so a notification sets its commit's status.
+    (a release held as asked, a rollback the reconciler told itself, a suspend); entering or leaving
+    the suspended state is a Normal ``Suspended`` / ``Resumed`` (:func:`suspend_transition`).
+    ``revision`` (the StageSet's) names the revision that failed, annotated on the event so a
+    notification sets its commit's status.
 
     The message passes the object's redactor (:data:`~stageset.controller.redact.REGISTRY`) as every
     event's does."""
@@ -285,6 +303,12 @@ class ReadyWarnings:
         """``ref``: the object's (kind, namespace, name); ``before``: as its reconcile was handed it;
         ``after``: as the cache knows it now (its own writes included)."""
         condition = ready_condition(after)
+        change = suspend_transition(ready_condition(before), condition)
+        if change is not None:  # a state someone chose: told as one, never as a failure
+            self._events.emit(before, type_=EventType.NORMAL, reason=change, message=(
+                "reconciliation is suspended (spec.suspend): nothing is applied, pruned or corrected until "
+                "it is resumed; what was applied stays" if change is EventReason.SUSPENDED
+                else "reconciliation resumed (spec.suspend is false)"))
         if condition is None or not ready_transition(ready_condition(before), condition):
             return
         try:

@@ -134,16 +134,38 @@ class TextFormatter(logging.Formatter):
         return f"{head} {' '.join(fields)}{sep}{tail}"
 
 
+class ProgressFormatter(logging.Formatter):
+    """``[HH:MM:SS] warning: message (key=value ...)``: the local demo's (``make run``) log lines, in
+    the shape of its progress lines, so the two read as one stream."""
+
+    def __init__(self) -> None:
+        super().__init__("[%(asctime)s] %(levelname)s: %(message)s", datefmt="%H:%M:%S")
+
+    def format(self, record: logging.LogRecord) -> str:
+        record.levelname = record.levelname.lower()
+        text = super().format(record)
+        fields = [f"{field}={value}" for field in FIELDS if (value := getattr(record, field, None))]
+        if not fields:
+            return text
+        head, sep, tail = text.partition("\n")
+        return f"{head} ({' '.join(fields)}){sep}{tail}"
+
+
+PROGRESS = "progress"
+"""The demo's own format (not a ``--log-format`` choice)."""
+
+
 def setup(*, level: str = "info", fmt: str = "text") -> None:
     """Configure the root logger once for the process: one stderr handler, the chosen format,
     Secret values redacted, the per-reconcile fields attached."""
-    if fmt not in FORMATS:
+    if fmt not in (*FORMATS, PROGRESS):
         raise ValueError(f"unknown log format {fmt!r} (use {' or '.join(FORMATS)})")
     root = logging.getLogger()
     for handler in list(root.handlers):
         root.removeHandler(handler)
     handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
+    handler.setFormatter(JsonFormatter() if fmt == "json" else ProgressFormatter() if fmt == PROGRESS
+                         else TextFormatter())
     handler.addFilter(ContextFilter())
     handler.addFilter(DulwichFilter())
     root.addHandler(handler)

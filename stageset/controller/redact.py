@@ -81,6 +81,9 @@ these taken out (:class:`_Squeezed`), so a value is found however its echo was w
 _FOLDED = re.compile(r"\\[\r\n]\s*|" + _SEPARATOR.pattern)
 """The same, with YAML's fold of a double-quoted line (a backslash before the line break, taken out
 too); a text with one is matched both ways (the backslash may as well start an escape)."""
+_UNESCAPED = re.compile(r"\s+|(?:<[bB][rR]\s*/?>)+")
+"""The separators without the escaped line break: a text with a backslash before an ``r`` or ``n``
+is matched this way too, since the value itself may hold that backslash (``ab\\rcd`` as written)."""
 _PARTIAL = r"(?:%[0-9A-Fa-f]{0,2}|\\[xuU]?\{?[0-9A-Fa-f]*)*(?:&#?[xX]?[0-9A-Za-z]*)?"
 """A half-written escape (or character: some of its UTF-8 bytes) between a prefix and its cut."""
 
@@ -370,11 +373,15 @@ class _Pattern:
 
     @staticmethod
     def _spans(text: str, find: Callable[[str], list[tuple[int, int]]]) -> list[tuple[int, int]]:
-        """What ``find`` finds in ``text`` squeezed (both ways when it has a YAML fold), as spans of
-        ``text``."""
+        """What ``find`` finds in ``text`` squeezed (both ways when it has a YAML fold; also with no
+        escaped line break taken out when it has a backslash before an ``r`` or ``n``, which may be
+        the value's own), as spans of ``text``."""
         spans: list[tuple[int, int]] = []
         folded = "\\\n" in text or "\\\r" in text
-        for separators in (_SEPARATOR, _FOLDED) if folded else (_SEPARATOR,):
+        ways = [_SEPARATOR, _FOLDED] if folded else [_SEPARATOR]
+        if "\\r" in text or "\\n" in text:
+            ways.append(_UNESCAPED)
+        for separators in ways:
             found = find(separators.sub("", text))
             if found:
                 squeezed = _Squeezed(text, separators)

@@ -48,12 +48,21 @@ class NotificationSettings:
     """Notifications (:mod:`stageset.controller.notifications`): where configured, how sent."""
 
     namespace: str | None = None
-    """Where providers, alerts and their Secrets are read (``--notification-namespace``); ``None``: off."""
+    """Where the platform's providers, alerts and their Secrets are read (``--notification-namespace``);
+    ``None``: no platform alerts."""
+    tenants: bool = False
+    """Also each StageSet's own namespace's alerts, for its events only (``--tenant-notifications``;
+    :mod:`~stageset.controller.notifications.tenants`)."""
     refresh: float = 30.0
     """How long a read configuration is used before it is read again."""
     intake: int = 1000
     """Events waiting to be matched at most; past that, new ones are dropped."""
     delivery: DeliverySettings = field(default_factory=DeliverySettings)
+
+    @property
+    def enabled(self) -> bool:
+        """Any alerts to honour: the platform's, or the tenants' own."""
+        return bool(self.namespace) or self.tenants
 
 
 @dataclass(frozen=True)

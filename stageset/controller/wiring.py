@@ -116,7 +116,8 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
         stageset.setup, git, *(() if rollouts is None else (rollouts.setup,)), clusters.setup, flux.setup,
         namespaces.setup(shared, stop=stop),
         notifications.setup(admin=shared.clients.client(), settings=settings.notifications,
-                            counters=shared.metrics, allow_insecure=settings.allow_insecure_sources),
+                            counters=shared.metrics, allow_insecure=settings.allow_insecure_sources,
+                            clients=shared.clients),
         handoff.setup(shared, stop=stop),
         unserved.setup(shared),
         Setup(closers=(lambda _: pool.close(),)))

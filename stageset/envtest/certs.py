@@ -29,6 +29,8 @@ class Pki:
     """``system:kube-controller-manager``, the user the bootstrap RBAC policy grants the controller
     manager's own rights (it then acts as one ServiceAccount per controller, as on a real cluster)."""
     controller_manager_key: Path
+    ca_key: Path | None = None
+    """The CA's key: more client certificates may be issued (:func:`issue_client_certificate`)."""
 
 
 def _key() -> ec.EllipticCurvePrivateKey:
@@ -125,8 +127,11 @@ def write_pki(directory: Path) -> Pki:
         sa_private=directory / "sa.key",
         controller_manager_cert=directory / "controller-manager.crt",
         controller_manager_key=directory / "controller-manager.key",
+        ca_key=directory / "ca.key",
     )
     pki.ca_cert.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    assert pki.ca_key is not None
+    pki.ca_key.write_bytes(_pem_key(ca_key))
     pki.serving_cert.write_bytes(serving.public_bytes(serialization.Encoding.PEM))
     pki.serving_key.write_bytes(_pem_key(serving_key))
     pki.admin_cert.write_bytes(admin.public_bytes(serialization.Encoding.PEM))
@@ -142,3 +147,21 @@ def write_pki(directory: Path) -> Pki:
     for private in (pki.serving_key, pki.admin_key, pki.controller_manager_key, pki.sa_private):
         private.chmod(0o600)
     return pki
+
+
+def issue_client_certificate(pki: Pki, *, user: str, groups: tuple[str, ...] = ()) -> tuple[bytes, bytes]:
+    """A new client certificate (PEM) and its key for ``user`` in ``groups``, signed by the plane's
+    CA: what a cluster's own tooling hands out (e.g. a rotated kubeconfig credential)."""
+    if pki.ca_key is None:
+        raise ValueError("this PKI keeps no CA key")
+    ca_key = serialization.load_pem_private_key(pki.ca_key.read_bytes(), password=None)
+    ca = x509.load_pem_x509_certificate(pki.ca_cert.read_bytes())
+    key = _key()
+    subject = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, user),
+                         *(x509.NameAttribute(NameOID.ORGANIZATION_NAME, group) for group in groups)])
+    certificate = (
+        _builder(subject, ca.subject, key.public_key())
+        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.CLIENT_AUTH]), critical=False)
+        .sign(ca_key, hashes.SHA256())  # type: ignore[arg-type]
+    )
+    return certificate.public_bytes(serialization.Encoding.PEM), _pem_key(key)

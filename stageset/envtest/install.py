@@ -16,8 +16,10 @@ from stageset.api.rbac import (
     LEADER_ELECTION_RULES,
     NOTIFICATION_RULES,
     TARGET_RULES,
+    TENANT_NOTIFICATION_RULES,
     aggregated_cluster_roles,
     controller_cluster_role,
+    tenant_cluster_roles,
 )
 from stageset.envtest.aggregation import aggregate_cluster_roles
 from stageset.kube.client import KubeClient
@@ -32,11 +34,12 @@ def crd_manifests() -> list[dict[str, Any]]:
 
 
 def install(admin: KubeClient, *, timeout: float = 60.0) -> None:
-    """Apply the CRDs and aggregated roles; return once the CRDs are Established."""
+    """Apply the CRDs, the aggregated roles and the tenants' roles (as the chart's hook does); return
+    once the CRDs are Established."""
     crds = crd_manifests()
     for crd in crds:
         admin.apply(f"{_CRDS}/{crd['metadata']['name']}", crd, field_manager="stageset-install")
-    for role in aggregated_cluster_roles():
+    for role in [*aggregated_cluster_roles(), *tenant_cluster_roles()]:
         admin.apply(f"{_ROLES}/{role['metadata']['name']}", role, field_manager="stageset-install")
     aggregate_cluster_roles(admin)
     deadline = time.monotonic() + timeout
@@ -98,6 +101,25 @@ def grant_notifications(admin: KubeClient, *, namespace: str, account: str = "st
         "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "RoleBinding",
         "metadata": {"name": name, "namespace": namespace},
         "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+        "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": account_namespace}]},
+        field_manager="stageset-install")
+
+
+def grant_tenant_notifications(admin: KubeClient, *, account: str = "stageset-controller",
+                               account_namespace: str = "stageset-system") -> None:
+    """What ``--tenant-notifications`` needs (the chart's ``<release>-tenant-notifications``):
+    ``get``/``list`` of the two notification kinds in every namespace, bound to the controller's
+    account.  No Secret: a tenant provider's Secret is read as its own ServiceAccount."""
+    rbac = "/apis/rbac.authorization.k8s.io/v1"
+    name = f"{account}-tenant-notifications"
+    admin.apply(f"{rbac}/clusterroles/{name}", {"apiVersion": "rbac.authorization.k8s.io/v1",
+                                                "kind": "ClusterRole", "metadata": {"name": name},
+                                                "rules": TENANT_NOTIFICATION_RULES},
+                field_manager="stageset-install")
+    admin.apply(f"{rbac}/clusterrolebindings/{name}", {
+        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+        "metadata": {"name": name},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
         "subjects": [{"kind": "ServiceAccount", "name": account, "namespace": account_namespace}]},
         field_manager="stageset-install")
 

@@ -94,20 +94,27 @@ def _go_build(command: list[str], *, cwd: Path) -> None:
 
 def pause_image(*, binary: Path, out: Path, work: Path) -> None:
     """A one-layer OCI archive holding ``/pause`` (root-owned, fixed timestamps), tagged ``1``."""
+    one_file_image(binary=binary, file_name="pause", tag=PAUSE_IMAGE.rsplit(":", 1)[1], user="65535:65535",
+                   out=out, work=work)
+
+
+def one_file_image(*, binary: Path, file_name: str, tag: str, user: str, out: Path, work: Path) -> None:
+    """A one-layer OCI archive holding ``/<file_name>`` as its entrypoint (root-owned, fixed
+    timestamps: the same binary gives the same archive), run as ``user``, tagged ``tag``."""
     rootfs = work / "rootfs"
     rootfs.mkdir()
-    shutil.copy2(binary, rootfs / "pause")
-    os.utime(rootfs / "pause", (1700000000, 1700000000))
+    shutil.copy2(binary, rootfs / file_name)
+    os.utime(rootfs / file_name, (1700000000, 1700000000))
     layer = work / "layer.tar"
     _run(["tar", "--create", "--file", str(layer), "--directory", str(rootfs), "--numeric-owner",
-          "--owner=0", "--group=0", "--mtime=@1700000000", "pause"])
+          "--owner=0", "--group=0", "--mtime=@1700000000", file_name])
     layout = work / "oci"
-    image = f"{layout}:{PAUSE_IMAGE.rsplit(':', 1)[1]}"
+    image = f"{layout}:{tag}"
     _run(["umoci", "init", "--layout", str(layout)])
     _run(["umoci", "new", "--image", image])
     _run(["umoci", "raw", "add-layer", "--image", image, "--history.created", _CREATED, str(layer)])
     _run(["umoci", "config", "--image", image, "--no-history", "--created", _CREATED, "--os", "linux",
-          "--architecture", "amd64", "--config.user", "65535:65535", "--config.entrypoint", "/pause"])
+          "--architecture", "amd64", "--config.user", user, "--config.entrypoint", f"/{file_name}"])
     _run(["umoci", "gc", "--layout", str(layout)])
     _run(["tar", "--create", "--file", str(out), "--directory", str(layout), "--sort=name",
           "--numeric-owner", "--mtime=@1700000000", "."])

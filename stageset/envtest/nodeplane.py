@@ -14,7 +14,9 @@ What runs, and where:
 - **Runtime.** containerd and runc from Debian, with root, state, socket and CNI configuration in
   the node's own directories (never ``/etc/containerd`` or ``/var/lib/containerd``), sandbox image
   :data:`~stageset.envtest.node.PAUSE_IMAGE` imported from the locally built archive; images reach
-  the node only by :meth:`Node.import_image` (``ctr images import``): nothing is pulled.
+  the node by :meth:`Node.import_image` (``ctr images import``) or are pulled from a loopback
+  registry the test runs and names with :meth:`Node.trust_registry` (plain HTTP, a ``hosts.toml``
+  in the node's own ``certs.d``); nothing is pulled from anywhere else.
 - **Node.** kubelet with the cgroupfs driver, ``failCgroupV1: false`` (these machines mount the v1
   controllers), image GC and disk eviction off (a full disk elsewhere must not evict the test's
   pods), its API on the bridge address only, its read-only port off.
@@ -23,9 +25,16 @@ Identity: every component (kubelet, kube-proxy, scheduler, controller-manager) a
 plane's ``system:masters`` admin: the node is a test fixture, not a model of node authorization.
 The pods act as their ServiceAccounts (the ServiceAccount admission is on, tokens are projected).
 
+- **NetworkPolicies**, where a test asks (:meth:`Node.enforce_network_policies`): kube-router's
+  network policy controller (:mod:`stageset.envtest.netpol`) programs per-pod iptables chains and
+  ipsets; bridged pod-to-pod packets pass the host's FORWARD chain (``br_netfilter``), where it
+  matches them.  Without it, policies are stored and change nothing, as on a cluster whose network
+  plugin does not enforce them.
+
 Invariants: everything the node starts is stopped by :meth:`Node.stop` (processes in their own
 sessions, asked to die with the test process), the bridge is deleted and kube-proxy's iptables
-chains are removed (``kube-proxy --cleanup``); the pods' cgroups go with their containers.
+chains are removed (``kube-proxy --cleanup``), and kube-router's chains and ipsets too; the
+pods' cgroups go with their containers.
 :func:`unavailable` says, before anything starts, why a node cannot run here (not root, a
 missing package, no usable cgroup controllers), so callers skip with that reason.
 """
@@ -47,13 +56,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
 import yaml
 
+from stageset.envtest import netpol
 from stageset.envtest.build import ensure_assets
 from stageset.envtest.node import PAUSE_IMAGE, NodeAssets, ensure_node_assets
 from stageset.envtest.server import ControlPlane, _die_with_parent, free_port
@@ -191,6 +201,7 @@ class Node:
     """The control plane's kube-controller-manager binary (run here with a node's controllers)."""
     _processes: list[tuple[str, subprocess.Popen[bytes]]] = field(default_factory=list, repr=False)
     _relays: list[Relay] = field(default_factory=list, repr=False)
+    _cleanups: list[Callable[[], None]] = field(default_factory=list, repr=False)
     _owns_plane: bool = False
     _lock: IO[str] | None = field(default=None, repr=False)
 
@@ -231,6 +242,14 @@ class Node:
             self.ctr("images", "tag", "--force", imported[0], name)
         return name
 
+    def trust_registry(self, host: str) -> None:
+        """Let containerd pull from the plain-HTTP registry ``host`` (``127.0.0.1:<port>``): a
+        ``hosts.toml`` in the node's own ``certs.d``, read on every pull.  containerd runs on the
+        host, so a loopback registry is reached as it is (the kubelet asks, containerd pulls);
+        the pods never talk to the registry."""
+        _write(self.workdir / "certs.d" / host / "hosts.toml",
+               f'server = "http://{host}"\n\n[host."http://{host}"]\n  capabilities = ["pull", "resolve"]\n')
+
     def expose(self, port: int) -> tuple[str, int]:
         """Carry the bridge address's ``port`` to ``127.0.0.1:port``: a loopback server, reached
         from the pod network only (the bridge is not routed anywhere else)."""
@@ -240,6 +259,19 @@ class Node:
 
     def processes(self) -> dict[str, subprocess.Popen[bytes]]:
         return dict(self._processes)
+
+    def enforce_network_policies(self) -> None:
+        """Run kube-router's network policy controller for this node (:mod:`stageset.envtest.netpol`);
+        stopped, and its chains and ipsets removed, by :meth:`stop`.  Raises with the reason where
+        it cannot run."""
+        reason = netpol.unavailable()
+        if reason:
+            raise RuntimeError(reason)
+        binary = netpol.ensure_kube_router(log=False)
+        self._cleanups.append(netpol.cleanup)
+        args = netpol.enforcer_args(binary=binary, kubeconfig=_kubeconfig(self), node_name=self.name,
+                                    service_cidr=SERVICE_CIDR)
+        self._processes.append(("kube-router", _spawn(args, log=self.log("kube-router"))))
 
     def stop(self) -> None:
         for _, process in reversed(self._processes):
@@ -254,6 +286,9 @@ class Node:
                     os.killpg(process.pid, signal.SIGKILL)
                 process.wait(timeout=15)
         self._processes.clear()
+        for cleanup in self._cleanups:
+            cleanup()
+        self._cleanups.clear()
         _kill_shims(self.workdir)
         for relay in self._relays:
             relay.close()
@@ -358,6 +393,9 @@ disabled_plugins = ["io.containerd.snapshotter.v1.aufs", "io.containerd.snapshot
 [{cri}.containerd.runtimes.runc.options]
   SystemdCgroup = false
   BinaryName = "{os.environ.get('STAGESET_NODE_RUNC') or shutil.which('runc') or 'runc'}"
+[{cri}.registry]
+  # hosts.toml per registry (Node.trust_registry): a plain-HTTP registry on loopback is pulled from.
+  config_path = "{root / 'certs.d'}"
 [{cri}.cni]
   bin_dir = "{CNI_BIN}"
   conf_dir = "{root / 'cni'}"

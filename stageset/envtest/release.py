@@ -43,6 +43,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import yaml
+from packaging.version import InvalidVersion, Version
 
 from stageset.envtest.helm import ensure_helm
 from stageset.envtest.image import _CREATED, TAG, _tar, ensure_image
@@ -51,7 +52,10 @@ from stageset.envtest.wheels import PLATFORMS, Platform, WheelError, build_wheel
 
 ROOT = Path(__file__).resolve().parents[2]
 CHART = ROOT / "helm" / "stageset"
-VERSION = re.compile(r"^\d+\.\d+\.\d+(-[0-9A-Za-z.-]+)?$")
+# Semantic Versioning 2.0.0 (what Helm requires of a chart's version), without build metadata: a
+# `+` has no place in an image tag.
+VERSION = re.compile(r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+                     r"(-(0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*)(\.(0|[1-9]\d*|\d*[A-Za-z-][0-9A-Za-z-]*))*)?$")
 
 
 class ReleaseError(RuntimeError):
@@ -71,25 +75,50 @@ def image_repository(root: Path = ROOT) -> str:
     return str(values["image"]["repository"])
 
 
+def check_version(version: str, root: Path = ROOT) -> None:
+    """Everything ``make release`` needs of ``version``, checked before any file is written: the
+    chart's semver (Helm), the Python package's PEP 440 (uv, pip and every later ``make``), and a
+    CHANGELOG section (the release notes).  A version that fails any of them changes nothing."""
+    problems = []
+    if not VERSION.match(version):
+        problems.append("not x.y.z or x.y.z-prerelease (Semantic Versioning, as Helm requires of the "
+                        "chart's version)")
+    try:
+        Version(version)
+    except InvalidVersion:
+        problems.append("not a PEP 440 version (pyproject.toml): a pre-release is x.y.z-aN, -bN, -rcN or "
+                        "-devN, e.g. 1.2.0-rc.1")
+    if problems:
+        raise ReleaseError(f"not a release version: {version!r}: " + "; ".join(problems))
+    changelog_section((root / "CHANGELOG.md").read_text(), version)
+
+
 def set_version(version: str, root: Path = ROOT) -> list[Path]:
-    """Write ``version`` into pyproject.toml, uv.lock and Chart.yaml; returns the files changed."""
+    """Write ``version`` into pyproject.toml, uv.lock and Chart.yaml; returns the files changed.
+
+    Every edit is computed first and the files are written only when all of them apply."""
     if not VERSION.match(version):
         raise ReleaseError(f"not a release version: {version!r} (x.y.z, optionally -suffix)")
+    try:
+        Version(version)
+    except InvalidVersion:
+        raise ReleaseError(f"not a release version: {version!r} (not PEP 440)") from None
     edits = [
         (root / "pyproject.toml", re.compile(r'^(version = ")[^"]+(")', re.MULTILINE)),
         (root / "uv.lock", re.compile(r'(\[\[package\]\]\nname = "stageset"\nversion = ")[^"]+(")')),
         (root / "helm" / "stageset" / "Chart.yaml", re.compile(r'^(version: )\S+()', re.MULTILINE)),
         (root / "helm" / "stageset" / "Chart.yaml", re.compile(r'^(appVersion: ")[^"]+(")', re.MULTILINE)),
     ]
-    changed: list[Path] = []
+    texts = {path: path.read_text() for path, _ in edits}
+    updated = dict(texts)
     for path, pattern in edits:
-        text = path.read_text()
-        updated, count = pattern.subn(lambda m: f"{m.group(1)}{version}{m.group(2)}", text, count=1)
+        updated[path], count = pattern.subn(lambda m: f"{m.group(1)}{version}{m.group(2)}", updated[path],
+                                            count=1)
         if count != 1:
             raise ReleaseError(f"{path.relative_to(root)}: found no version to set")
-        if updated != text:
-            path.write_text(updated)
-            changed.append(path)
+    changed = [path for path in texts if updated[path] != texts[path]]
+    for path in changed:
+        path.write_text(updated[path])
     return changed
 
 
@@ -203,15 +232,16 @@ def release(version: str, *, dist: Path, image: Path | None = None,
     return [*artifacts, checksums(artifacts, out)]
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str], *, root: Path = ROOT) -> int:
     parser = argparse.ArgumentParser(prog="python -m stageset.envtest.release",
                                      description=(__doc__ or "").split("\n")[0])
     parser.add_argument("version", help="x.y.z")
     parser.add_argument("--dist", type=Path, default=ROOT / "dist", help="where dist/<version>/ goes")
     args = parser.parse_args(argv)
     try:
-        for path in set_version(args.version):
-            print(f"set version {args.version} in {path.relative_to(ROOT)}", file=sys.stderr)
+        check_version(args.version, root)
+        for path in set_version(args.version, root):
+            print(f"set version {args.version} in {path.relative_to(root)}", file=sys.stderr)
         for path in release(args.version, dist=args.dist):
             print(path)
     except ReleaseError as error:

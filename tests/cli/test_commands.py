@@ -163,11 +163,19 @@ def test_get_lists_stagesets_and_one_in_detail(shop: Shop) -> None:
     assert every.stdout.splitlines()[0].split()[0] == "NAMESPACE"
     assert any(line.split()[:2] == [shop.namespace, "shop"] for line in every.stdout.splitlines())
 
+    # -o json prints the object, as kubectl does (issue 50: it printed the table's summary).
     data = json.loads(shop.cli("get", "shop", "-n", shop.namespace, "-o", "json").stdout)
-    assert data["ready"] == "True"
-    assert data["revision"] == f"main@sha1:{shop.git.head(shop.repo)}"
-    assert [s["phase"] for s in data["stages"]] == ["Ready"] * 3
-    assert [s["objects"] for s in data["stages"]] == [1, 2, 1]
+    assert (data["apiVersion"], data["kind"], data["metadata"]["name"]) == ("stages.metio.wtf/v1", "StageSet",
+                                                                            "shop")
+    assert "managedFields" not in data["metadata"]
+    assert next(c for c in data["status"]["conditions"] if c["type"] == "Ready")["status"] == "True"
+    assert data["status"]["lastAppliedRevision"] == f"main@sha1:{shop.git.head(shop.repo)}"
+    assert [s["phase"] for s in data["status"]["stages"]] == ["Ready"] * 3
+    assert [s["objects"] for s in data["status"]["stages"]] == [1, 2, 1]
+    listed = yaml.safe_load(shop.cli("get", "-n", shop.namespace, "-o", "yaml").stdout)
+    assert (listed["apiVersion"], listed["kind"]) == ("v1", "List")
+    assert "shop" in [item["metadata"]["name"] for item in listed["items"]]
+    assert {item["kind"] for item in listed["items"]} == {"StageSet"}
 
 
 def test_the_namespace_comes_from_the_context(

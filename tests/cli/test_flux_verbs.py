@@ -297,6 +297,10 @@ def test_export_prints_what_a_person_wrote_and_applies_again(world: World) -> No
     assert repo["kind"] == "GitRepository"
     assert repo["spec"]["url"] == "https://git.example/app.git"
     assert "status" not in repo
+    # Flux's shape prints the same (issue 50).
+    flux_shape = run_cli("export", "source", "git", "--all", "-n", NS, kubeconfig=world.viewer)
+    assert flux_shape.exit_code == 0, flux_shape.stderr
+    assert flux_shape.stdout == every.stdout
     assert run_cli("export", "stageset", "-n", NS, kubeconfig=world.viewer).exit_code == 2
     missing = run_cli("export", "stageset", "nothing", "-n", NS, kubeconfig=world.viewer)
     assert missing.exit_code == 3
@@ -427,7 +431,9 @@ def test_get_sources_git(world: World) -> None:
     assert "branch/main" in app
     assert REVISION in app
     one = run_cli("get", "sources", "git", "app", "-n", NS, "-o", "json", kubeconfig=world.viewer)
-    assert json.loads(one.stdout)["revision"] == REVISION
+    printed = json.loads(one.stdout)  # the object, as kubectl prints it
+    assert (printed["kind"], printed["metadata"]["name"]) == ("GitRepository", "app")
+    assert printed["status"]["artifact"]["revision"] == REVISION
     every = run_cli("get", "sources", "git", "-A", kubeconfig=world.plane.kubeconfig)
     assert every.stdout.splitlines()[0].split()[0] == "NAMESPACE"
     # The StageSet form of the verb is unchanged, and reachable by its explicit name too.

@@ -201,10 +201,12 @@ def change_settings(world: World, currency: str) -> str:
 
 
 def writes_by(world: World, user: str, since: int) -> list[dict[str, Any]]:
-    """The write requests ``user`` made after audit event number ``since`` (their final stage)."""
+    """The write requests ``user`` made after audit event number ``since`` (their final stage); a
+    SelfSubjectAccessReview (the page asking whether to show a button) is a question, not a write."""
     return [e for e in world.plane.audit_events()[since:]
             if (e.get("user") or {}).get("username") == user and e.get("stage") == "ResponseComplete"
-            and e.get("verb") in {"create", "update", "patch", "delete", "deletecollection"}]
+            and e.get("verb") in {"create", "update", "patch", "delete", "deletecollection"}
+            and (e.get("objectRef") or {}).get("resource") != "selfsubjectaccessreviews"]
 
 
 # -- release history -------------------------------------------------------------------------------
@@ -222,6 +224,8 @@ def test_history_is_kept_in_status_and_survives_restarts(world: World, browser: 
     web = releases(shop, "web")  # applied at the new revision too, writing nothing
     assert [r["revision"] for r in web] == [second, first]
     assert (web[0]["created"], web[0]["configured"], web[0]["objects"]) == (0, 0, [])
+    # Its own time: the pass that released it, not the first release's apply (issue 50).
+    assert web[0]["appliedAt"] == config[0]["appliedAt"] != web[1]["appliedAt"]
     assert MARKER not in str(shop["status"])
     assert "password" not in str(shop["status"]["history"])
 
@@ -244,6 +248,10 @@ def test_history_is_kept_in_status_and_survives_restarts(world: World, browser: 
             expect(rows.nth(0)).to_have_attribute("data-revision", third)
         finally:
             context.close()
+    # A suspend and a resume (two spec generations applying nothing) add no row.
+    assert run_cli("suspend", "shop", "-n", NS, kubeconfig=world.plane.kubeconfig).exit_code == 0
+    assert run_cli("resume", "shop", "-n", NS, kubeconfig=world.plane.kubeconfig).exit_code == 0
+    ready(world, "shop")
     cli = run_cli("history", "shop", "-n", NS, "--stage", "config", kubeconfig=world.viewer_kubeconfig)
     assert cli.exit_code == 0, cli.output + cli.stderr
     lines = cli.output.splitlines()
@@ -342,31 +350,46 @@ def _done(page: Page, verb: str) -> Any:
     return page.locator(f"ol.actions-done li[data-verb='{verb}']").first
 
 
-def test_a_viewer_without_the_right_is_refused_and_nothing_is_written(
+def test_a_viewer_without_the_right_sees_no_button_and_a_forged_post_is_refused(
     world: World, viewer_dashboard: DashboardProcess, page: Page
 ) -> None:
+    """Issue 50: the buttons show only for what the apiserver would allow the viewer (a
+    SelfSubjectAccessReview as them); a post made anyway is still the viewer's own request, refused."""
     ready(world, "shop")
     since = len(world.plane.audit_events())
     page.goto(f"{viewer_dashboard.url}stagesets/{NS}/shop")
     live(page)
+    expect(page.locator("#actions")).to_have_attribute("data-denied", "true")
+    expect(page.locator("#actions")).to_contain_text("You may not act on this StageSet")
+    expect(page.locator("button[data-verb]")).to_have_count(0)
     for verb in ("reconcile", "reconcile-with-source", "suspend"):
-        _click(page, verb)
+        _post(page, verb)
         expect(_done(page, verb)).to_have_attribute("data-ok", "false")
         expect(_done(page, verb)).to_contain_text("you may not patch")
     _post(page, "update-now")
     expect(_done(page, "update-now")).to_contain_text("you may not patch StageSet")
-    # Resume, on a suspended StageSet; promote, on a stage at its gate.
+    # Resume, on a suspended StageSet; promote, on a stage at its gate: no button, refused.
     assert run_cli("suspend", "shop", "-n", NS, kubeconfig=world.plane.kubeconfig).exit_code == 0
     try:
-        expect(page.locator("button[data-verb='resume']")).to_be_visible(timeout=WAIT)
-        _click(page, "resume")
+        expect(page.locator("#summary dd").first).to_be_visible(timeout=WAIT)
+        expect(page.locator("button[data-verb='resume']")).to_have_count(0)
+        _post(page, "resume")
         expect(_done(page, "resume")).to_contain_text("you may not patch StageSet")
     finally:
         assert run_cli("resume", "shop", "-n", NS, kubeconfig=world.plane.kubeconfig).exit_code == 0
     page.goto(f"{viewer_dashboard.url}stagesets/{NS}/gated")
     live(page)
-    expect(page.locator("#stage-first button[data-verb='promote']")).to_be_visible(timeout=120_000)
-    _click(page, "promote")
+    expect(page.locator("#stage-first p.gate")).to_be_visible(timeout=120_000)
+    expect(page.locator("button[data-verb='promote']")).to_have_count(0)
+    page.evaluate(
+        """([action, token]) => { const form = document.createElement("form"); form.method = "post";
+           form.action = action; for (const [k, v] of [["token", token], ["stage", "first"]]) { const i =
+           document.createElement("input"); i.type = "hidden"; i.name = k; i.value = v; form.append(i); }
+           document.body.append(form); form.submit(); }""",
+        [f"/stagesets/{NS}/gated/actions/promote",
+         page.locator("input[name=token]").first.get_attribute("value")])
+    page.wait_for_url("**#activity")
+    live(page)
     expect(_done(page, "promote")).to_contain_text("you may not patch StageSet")
     # Denied means nothing written: every write the viewer's dashboard asked for was refused.
     writes = writes_by(world, world.viewer, since)
@@ -384,6 +407,14 @@ def test_an_editor_acts_as_themselves_and_the_controller_follows(
     since = len(world.plane.audit_events())
     page.goto(f"{editor_dashboard.url}stagesets/{NS}/shop")
     live(page)
+    # Suspend asks first (issue 50): dismissed, nothing is asked of the cluster.
+    asked: list[str] = []
+    page.once("dialog", lambda dialog: (asked.append(dialog.message), dialog.dismiss()))
+    page.locator("button[data-verb='suspend']").click()
+    assert asked == [f"Suspend {NS}/shop? Nothing is applied, pruned or corrected until it is resumed."]
+    assert not stageset(world.admin, NS, "shop")["spec"].get("suspend")
+    assert not writes_by(world, world.editor, since)
+    page.once("dialog", lambda dialog: dialog.accept())
     _click(page, "suspend")
     expect(_done(page, "suspend")).to_have_attribute("data-ok", "true")
     assert stageset(world.admin, NS, "shop")["spec"]["suspend"] is True

@@ -54,6 +54,8 @@ def test_run_reconciles_the_example_to_ready_and_cleans_up(tmp_path: Path) -> No
     # The source's first fetch is a wait, not a failure.
     assert "Ready=False" not in output
     assert " Failed" not in output
+    # One stream: no Python-shaped log line (`2026-... WARNING name: ...`) among the progress lines.
+    assert not re.search(r"^\d{4}-\d\d-\d\d[ T].* (WARNING|ERROR|INFO) ", output, re.MULTILINE), output
     assert not (tmp_path / "run" / "kubeconfig").exists(), "the kubeconfig is removed at the end"
 
 
@@ -132,7 +134,7 @@ def test_the_first_run_teaches(tmp_path: Path, examples: Path) -> None:
         # The commands it prints work, with the kubeconfig it keeps.
         got = run_cli("get", "shop", "-n", "shop", "-o", "json", kubeconfig=kubeconfig)
         assert got.exit_code == 0, got.output
-        assert json.loads(got.stdout)["revision"] == first.group(1)
+        assert json.loads(got.stdout)["status"]["lastAppliedRevision"] == first.group(1)
         tree = run_cli("tree", "shop", "-n", "shop", kubeconfig=kubeconfig)
         assert "ConfigMap/shop/shop-settings  Current" in tree.stdout
         assert run_cli("diff", "shop", "-n", "shop", kubeconfig=kubeconfig).exit_code == 0

@@ -48,8 +48,18 @@ def receiver() -> Iterator[ActionServer]:
 
 
 @pytest.fixture(scope="module")
-def controller_args(installed: KubeClient) -> list[str]:
+def controller_args(installed: KubeClient, receiver: ActionServer) -> list[str]:
     install.grant_notifications(installed, namespace=PLATFORM)
+    # The suspend test's providers, there before the controller first reads the configuration (it
+    # reads it again only every 30 s): a StageSet named `paused`, in whichever tenant namespace.
+    for path in ("/pause-hook", "/pause-slack"):
+        receiver.answer(path, 200)
+    provider(installed, "pause-hook", {"type": "generic", "address": receiver.url("/pause-hook")})
+    provider(installed, "pause-slack", {"type": "slack", "address": receiver.url("/pause-slack")})
+    provider(installed, "pause-github", {"type": "github", "address": receiver.url("/org/paused")})
+    for name in ("pause-hook", "pause-slack", "pause-github"):
+        alert(installed, name, {"providerRef": {"name": name},
+                                "eventSources": [{"kind": "StageSet", "namespace": "*", "name": "paused"}]})
     return ["--notification-namespace", PLATFORM, *METRICS_ARGS]
 
 
@@ -195,3 +205,51 @@ def test_events_reach_webhook_slack_teams_and_commit_statuses_with_no_secret(
         return (sent, failing) if sent >= 2 and all(v >= 2 for v in failing.values()) else None
     wait_for(counted, what="sends and failures in the metrics")
     assert "/refuses" not in controller.output(), "a failure names the receiver's origin, never its path"
+
+
+def test_suspend_and_resume_are_told_as_a_state_never_as_a_failure(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    receiver: ActionServer,
+) -> None:
+    """``stageset suspend`` (the dashboard's Suspend: ``spec.suspend``) and resume: a Normal
+    ``Suspended`` then ``Resumed`` event, sent as info to a webhook and in green to Slack, no failing
+    commit status, and no Warning event on the StageSet.  (Its providers and alerts are made with
+    the module's controller: ``controller_args``.)"""
+    s = scenario(installed, git_server, make_tenant("pause"), {"app/cm.yaml": cm("app")})
+    sha = git_server.head(s.repo)
+    github = f"/api/v3/repos/org/paused/statuses/{sha}"
+    receiver.answer(github, 201)
+    s.stageset("paused", [{"name": "app", "path": "./app"}])
+    s.wait_ready("paused")
+    wait_for(lambda: [b for b in bodies(receiver, github) if b["state"] == "success"],
+             what="the success status")
+
+    def set_suspend(value: bool) -> None:
+        installed.request("PATCH", s.path("paused"), content_type="application/merge-patch+json",
+                          body={"spec": {"suspend": value}})
+
+    set_suspend(True)
+    ready = s.wait_reason("paused", "Suspended")  # the Ready condition
+    assert ready["status"] == "False"
+    assert "suspended" in ready["message"]
+    told = wait_for(lambda: events_to(receiver, "/pause-hook", "Suspended", "paused"),
+                    what="the Suspended event")
+    assert json.loads(told[0].body)["severity"] == "info"
+    set_suspend(False)
+    s.wait_ready("paused")
+    resumed = wait_for(lambda: events_to(receiver, "/pause-hook", "Resumed", "paused"),
+                       what="the Resumed event")
+    assert json.loads(resumed[0].body)["severity"] == "info"
+    slack = wait_for(lambda: [b for b in bodies(receiver, "/pause-slack")
+                              if b["text"] == f"StageSet/{s.ns}/paused: Resumed"], what="slack's Resumed")
+    assert slack[0]["attachments"][0]["color"] == "good"
+
+    told_as_failure = [b for b in bodies(receiver, "/pause-hook") if b["severity"] == "error"]
+    assert not told_as_failure, told_as_failure
+    assert all(b["attachments"][0]["color"] == "good" for b in bodies(receiver, "/pause-slack"))
+    states = {b["state"] for b in bodies(receiver, github)}
+    assert states == {"success"}, "no failing (nor pending) commit status"  # the resume's pass: success
+    events = installed.request("GET", f"/apis/events.k8s.io/v1/namespaces/{s.ns}/events",
+                               query={"fieldSelector": "regarding.name=paused"})["items"]
+    assert {(e["type"], e["reason"]) for e in events} >= {("Normal", "Suspended"), ("Normal", "Resumed")}
+    assert not [e for e in events if e["type"] == "Warning"], [(e["reason"], e.get("note")) for e in events]

@@ -172,3 +172,46 @@ def test_an_object_that_exists_already_is_adopted_through_the_dry_run(
     assert asked["access review"] == 2, asked
     assert asked["patch (dry-run)"] == 1, asked
     assert asked["patch"] == 4, asked  # three create-only, one apply of the adopted object
+
+
+NETWORK_POLICY = """apiVersion: networking.k8s.io/v1
+kind: NetworkPolicy
+metadata: {name: allow-everything}
+spec:
+  podSelector: {}
+  policyTypes: [Ingress, Egress]
+  ingress: [{}]
+  egress: [{}]
+"""
+
+
+@pytest.mark.parametrize("preflight", ["DryRun", "AccessReview"])
+def test_a_stage_rendering_a_network_policy_fails_for_the_tenant_deployer_with_nothing_applied(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    control_plane: ControlPlane, preflight: str,
+) -> None:
+    """stageset-tenant-deployer (what `create tenant` binds) may not write NetworkPolicies: a tenant's
+    Git that renders one beside its workload gets RBACDenied naming the policy, and none of the
+    stage's objects is written — with the dry-run and with the access reviews alike."""
+    tenant = make_tenant(f"pf-np-{preflight.lower()}")
+    files = {**{f"app/cm-{i}.yaml": cm(f"cm-{i}") for i in range(2)}, "app/policy.yaml": NETWORK_POLICY}
+    s = scenario(installed, git_server, tenant, files, role="stageset-tenant-deployer")
+    seen = len(control_plane.audit_events())
+    s.stageset("opens-up", [{"name": "app", "path": "./app", "preflight": preflight}])
+    denied = s.wait_reason("opens-up", "RBACDenied")
+    time.sleep(1)  # let the audit log catch up with the last requests
+    events = control_plane.audit_events()[seen:]
+
+    message = denied["message"]
+    assert "stage 'app'" in message, message
+    assert tenant.username in message, message
+    assert f"NetworkPolicy {tenant.namespace}/allow-everything" in message, message
+    assert "networkpolicies" in message, message
+    # Evidence first: the pass asked as the tenant (reviews or dry-runs are in the log) — then
+    # nothing at all was written, and nothing of the stage exists.
+    asked = by_tenant(events, tenant.username)
+    assert asked["access review"] + asked["patch (dry-run)"] >= 1, asked
+    assert writes(events, tenant.username) == [], writes(events, tenant.username)
+    assert all(s.configmap(f"cm-{i}") is None for i in range(2))
+    policies = installed.get(f"/apis/networking.k8s.io/v1/namespaces/{tenant.namespace}/networkpolicies")
+    assert policies["items"] == []

@@ -19,7 +19,7 @@ class Helm:
     home: Path  # HELM_CACHE_HOME & co: nothing of the user's helm set-up leaks into the tests
     kubeconfig: Path | None = None
 
-    def _env(self) -> dict[str, str]:
+    def env(self) -> dict[str, str]:
         env = {**os.environ, "HELM_CACHE_HOME": str(self.home / "cache"),
                "HELM_CONFIG_HOME": str(self.home / "config"), "HELM_DATA_HOME": str(self.home / "data")}
         if self.kubeconfig is not None:
@@ -28,11 +28,11 @@ class Helm:
 
     def start(self, *args: str) -> subprocess.Popen[str]:
         """``helm ARGS`` in the background (e.g. an uninstall that waits for its hook Job)."""
-        return subprocess.Popen([str(self.binary), *args], env=self._env(), stdout=subprocess.PIPE,
+        return subprocess.Popen([str(self.binary), *args], env=self.env(), stdout=subprocess.PIPE,
                                 stderr=subprocess.PIPE, text=True)
 
     def run(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run([str(self.binary), *args], env=self._env(), capture_output=True, text=True,
+        result = subprocess.run([str(self.binary), *args], env=self.env(), capture_output=True, text=True,
                                 check=False, timeout=300)
         if check and result.returncode != 0:
             raise AssertionError(f"helm {' '.join(args)} failed ({result.returncode}):\n{result.stderr}")

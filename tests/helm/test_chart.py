@@ -18,6 +18,7 @@ from stageset.api.rbac import (
     LEADER_ELECTION_RULES,
     NOTIFICATION_RULES,
     TARGET_RULES,
+    TENANT_NOTIFICATION_RULES,
     aggregated_cluster_roles,
 )
 from stageset.build import BuildLimits
@@ -256,6 +257,27 @@ def test_notifications_are_off_by_default_and_read_only_in_their_namespace(helm:
         ("Role", "stageset-notifications", SA)
     # The ClusterRole still reads no Secret anywhere.
     assert not any("secrets" in r["resources"] for d in find(docs, "ClusterRole") for r in d["rules"])
+
+
+def test_tenant_owned_alerts_grant_the_two_kinds_where_the_controller_watches_and_no_secret(
+        helm: Helm) -> None:
+    assert not find(helm.render(), "ClusterRole", "stageset-system-stageset-tenant-notifications")
+    docs = helm.render("--set", "controller.notifications.tenants=true")
+    args = controller_args(docs)
+    assert "--tenant-notifications" in args
+    assert not any(a.startswith("--notification-namespace") for a in args)
+    assert "--notification-burst=10" in args  # the same limits as the platform's providers
+    role = one(docs, "ClusterRole", "stageset-system-stageset-tenant-notifications")
+    assert rules(role) == [(r["apiGroups"], r["resources"], r["verbs"]) for r in TENANT_NOTIFICATION_RULES]
+    assert binding(docs, "ClusterRoleBinding", "stageset-system-stageset-tenant-notifications") == \
+        ("ClusterRole", "stageset-system-stageset-tenant-notifications", SA)
+    assert not any("secrets" in r["resources"] for d in find(docs, "ClusterRole") for r in d["rules"])
+    sharded = helm.render("--set", "controller.notifications.tenants=true",
+                          "--set", "controller.watchNamespaces={a,b}")
+    assert not find(sharded, "ClusterRoleBinding", "stageset-system-stageset-tenant-notifications")
+    name = "stageset-system-stageset-tenant-notifications"
+    for namespace in ("a", "b"):
+        assert binding(sharded, "RoleBinding", name, namespace)[:2] == ("ClusterRole", name)
 
 
 def test_leader_election_strategy_pdb_and_service_monitor(helm: Helm) -> None:

@@ -226,7 +226,7 @@ def test_install_and_upgrade_take_over_the_crds_from_whoever_applied_them(cluste
     installed = hooked(cluster, "install", release, str(CHART), "--namespace", namespace,
                        "--create-namespace", namespace=namespace)
     assert [p.job for p in installed.played] == [f"{release}-stageset-crds"]
-    assert installed.played[0].command == ["stageset", "crds", "--apply"]
+    assert installed.played[0].command == ["stageset", "crds", "--apply", "--tenant-roles"]
     assert_chart_schema(cluster.admin)
     # The hook objects are gone once it succeeded (its rights last only as long as it runs).
     for hook_path in (f"/api/v1/namespaces/{namespace}/serviceaccounts/{release}-stageset-crds",
@@ -260,6 +260,16 @@ def test_the_hook_role_names_only_our_crds(helm: Helm) -> None:
 
     docs = helm.render()
     role = next(d for d in find(docs, "ClusterRole") if d["metadata"]["name"].endswith("-crds"))
+    # By default (rbac.tenantRoles) also the tenants' two shared ClusterRoles, by name
+    # (test_values.py: test_the_tenant_roles_are_applied_by_the_crd_hook_with_escalate_on_their_names_only).
+    assert role["rules"][0] == {
+        "apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
+        "resourceNames": [kind.crd_name for kind in KINDS],
+        "verbs": ["get", "create", "patch"]}
+    assert [r["resourceNames"] for r in role["rules"][1:]] == [
+        ["stageset-tenant-deployer", "stageset-tenant-admin"]]
+    without = helm.render("--set", "rbac.tenantRoles=false")
+    role = next(d for d in find(without, "ClusterRole") if d["metadata"]["name"].endswith("-crds"))
     assert role["rules"] == [{
         "apiGroups": ["apiextensions.k8s.io"], "resources": ["customresourcedefinitions"],
         "resourceNames": [kind.crd_name for kind in KINDS],

@@ -48,6 +48,7 @@ import yaml
 from click.testing import CliRunner
 
 from stageset.api.crd import KINDS, VERSION_ANNOTATION, custom_resource_definition
+from stageset.api.rbac import tenant_cluster_roles
 from stageset.cli.check import client_version
 from stageset.cli.main import main as cli_main
 from stageset.envtest import server as envtest
@@ -238,7 +239,7 @@ def test_the_previous_chart_upgrades_to_crds_that_serve_this_version_s_schema(in
     ``crds/`` folder created, and the apiserver serves exactly the schema generated from this
     version's models (so every field added since N-1 is served)."""
     plain = installed.upgrade["plain"]
-    assert [p.command for p in plain.played] == [["stageset", "crds", "--apply"]]
+    assert [p.command for p in plain.played] == [["stageset", "crds", "--apply", "--tenant-roles"]]
     for kind in KINDS:
         live = crd(installed.admin, kind.crd_name)
         # A kind new since N-1 had no CRD then: every path of it is added.
@@ -832,6 +833,14 @@ def test_uninstall_keeps_the_crds_and_the_stagesets(installed: Cluster) -> None:
     for kind in KINDS:  # no release's objects: the hook applied them
         assert crd(installed.admin, kind.crd_name)["metadata"]["annotations"][VERSION_ANNOTATION]
     assert crds_served(installed.admin)
+    # The tenants' roles too: applied by the hooks (as their accounts, by escalate on the two names),
+    # the cluster's rather than a release's, so every tenant's RoleBindings still name them.
+    for role in tenant_cluster_roles():
+        name = role["metadata"]["name"]
+        live = installed.admin.get(f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{name}")
+        assert live["rules"] == role["rules"]
+        assert "stageset" in {m["manager"] for m in live["metadata"]["managedFields"]}
+        assert "meta.helm.sh/release-name" not in (live["metadata"].get("annotations") or {})
     assert installed.admin.get(f"{STAGESETS.format(ns='tenant-x')}/apps")
     assert not find(documents(installed.helm.run("get", "manifest", PLATFORM.name, "--namespace",
                                                  PLATFORM.namespace).stdout), "CustomResourceDefinition")

@@ -32,6 +32,28 @@ def test_rules_and_dashboard_are_off_by_default_and_render_the_files_when_on(hel
         json.loads((FILES / "grafana-dashboard.json").read_text())
 
 
+def test_the_tenant_quota_alert_is_off_by_default_and_joins_the_tenant_label(helm: Helm) -> None:
+    docs = helm.render("--set", "metrics.prometheusRule.enabled=true")
+    assert [g["name"] for g in one(docs, "PrometheusRule")["spec"]["groups"]] == ["stageset"]
+    docs = helm.render("--set", "metrics.prometheusRule.enabled=true",
+                       "--set", "metrics.prometheusRule.tenantQuota.enabled=true",
+                       "--set-json", "metrics.prometheusRule.tenantQuota.threshold=0.8",
+                       "--set", "metrics.prometheusRule.tenantQuota.for=5m")
+    groups = one(docs, "PrometheusRule")["spec"]["groups"]
+    assert groups[0] == yaml.safe_load((FILES / "prometheus-rules.yaml").read_text())["groups"][0]
+    quota = groups[1]
+    assert quota["name"] == "stageset-tenant-quota"
+    rule = quota["rules"][0]
+    assert rule["alert"] == "TenantQuotaNearlyUsed"
+    assert rule["for"] == "5m"
+    assert ">= 0.8" in rule["expr"]
+    assert 'kube_resourcequota{type="used"}' in rule["expr"]
+    assert 'kube_namespace_labels{label_stages_metio_wtf_tenant!=""}' in rule["expr"]
+    assert "{{ $labels.label_stages_metio_wtf_tenant }}" in rule["annotations"]["summary"]
+    refused = helm.template("--set-json", "metrics.prometheusRule.tenantQuota.threshold=2", check=False)
+    assert refused.returncode != 0
+
+
 def test_rules_need_the_metrics_port(helm: Helm) -> None:
     result = helm.template("--set", "metrics.prometheusRule.enabled=true", "--set", "metrics.enabled=false",
                            check=False)

@@ -194,8 +194,8 @@ def reconciled(cluster: Cluster, installed: Installed) -> None:
 
 
 def uninstall(cluster: Cluster, installed: Installed, *flags: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("uninstall", "--release", installed.release, "-n", installed.namespace, *flags,
-                   kubeconfig=cluster.plane.kubeconfig)
+    return run_cli("uninstall", "--release", installed.release, "-n", installed.namespace,
+                   "--helm-binary", str(cluster.helm.binary), *flags, kubeconfig=cluster.plane.kubeconfig)
 
 
 def helm_knows(cluster: Cluster, installed: Installed) -> bool:
@@ -318,3 +318,54 @@ def test_the_cleanup_hook_releases_what_is_left_at_its_timeout(cluster: Cluster)
     assert f"released StageSet {installed.tenant}/apps after 1s: what it applied stays" in ran.stdout
     assert get_or_none(cluster.admin, STAGESET.format(ns=installed.tenant)) is None
     assert get_or_none(cluster.admin, CONFIGMAP.format(ns=installed.tenant)) is not None
+
+
+def test_an_interrupted_install_kept_in_configmaps_is_uninstalled_without_phantoms_or_leftover_hooks(
+        cluster: Cluster) -> None:
+    """``helm install`` killed while it waits for the CRD hook (a pod that never starts): the release
+    stays ``pending-install`` in Helm's ConfigMap driver, none of its own objects exists, and the
+    hook's Job, ServiceAccount and rights are left.  ``stageset uninstall`` finds the release in
+    ConfigMaps, plans and reports no delete of an object that never existed, has ``helm uninstall``
+    forget it, and deletes the leftover hook objects."""
+    release, namespace, tenant = "halted", "halted-system", "halted-team"
+    create_tenant(cluster.admin, namespace=tenant, service_account="deployer")
+    env = {**cluster.helm.env(), "HELM_DRIVER": "configmap"}
+    values = ["--set", f"controller.watchNamespaces={{{tenant}}}"]
+    helm = subprocess.Popen([str(cluster.helm.binary), "install", release, str(CHART), "--namespace",
+                             namespace, "--create-namespace", *values], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    job = f"/apis/batch/v1/namespaces/{namespace}/jobs/{release}-stageset-crds"
+    try:
+        wait_for(lambda: get_or_none(cluster.admin, job), what="the CRD hook Job")
+    finally:
+        helm.kill()
+        helm.communicate(timeout=30)
+    hook_objects = [job, f"/api/v1/namespaces/{namespace}/serviceaccounts/{release}-stageset-crds",
+                    f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{namespace}-{release}-stageset-crds",
+                    f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{namespace}-{release}-stageset-crds"]
+    for path in hook_objects:
+        assert get_or_none(cluster.admin, path) is not None, path
+    records = cluster.admin.request("GET", f"/api/v1/namespaces/{namespace}/configmaps",
+                                    query={"labelSelector": f"owner=helm,name={release}"})["items"]
+    assert [r["metadata"]["labels"]["status"] for r in records] == ["pending-install"]
+    installed = Installed(release=release, namespace=namespace, tenant=tenant, manifest=[])
+    deployment = f"/apis/apps/v1/namespaces/{namespace}/deployments/{release}-stageset"
+    assert get_or_none(cluster.admin, deployment) is None  # the release's own objects were never made
+
+    dry = uninstall(cluster, installed)
+    assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert f"would run helm uninstall {release} --namespace {namespace} (driver configmap)" in dry.stdout
+    assert f"would delete leftover hook Job {namespace}/{release}-stageset-crds" in dry.stdout
+    assert f"would delete leftover hook ClusterRole {namespace}-{release}-stageset-crds" in dry.stdout
+    assert "would delete Deployment" not in dry.stdout  # never created: no phantom
+    assert f"would delete ServiceAccount {namespace}/{release}-stageset\n" not in dry.stdout
+
+    done = uninstall(cluster, installed, "--yes")
+    sys.stderr.write(f"\nstageset uninstall (interrupted install):\n{done.stdout}{done.stderr}\n")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"deleted leftover hook Job {namespace}/{release}-stageset-crds" in done.stdout
+    assert "deleted Deployment" not in done.stdout
+    for path in hook_objects:
+        assert get_or_none(cluster.admin, path) is None, path
+    assert not cluster.admin.request("GET", f"/api/v1/namespaces/{namespace}/configmaps",
+                                     query={"labelSelector": f"owner=helm,name={release}"})["items"]

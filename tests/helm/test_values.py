@@ -56,8 +56,8 @@ def test_the_crds_are_applied_by_a_hook_never_rendered(helm: Helm) -> None:
     assert weights["Job"] > weights["ServiceAccount"] == weights["ClusterRoleBinding"]  # rights first
     pod = job["spec"]["template"]["spec"]
     controller = pod_spec(docs)
-    assert pod["containers"][0]["command"] == ["stageset", "crds", "--apply"]
-    cli.commands["crds"].make_context("crds", ["--apply"])  # type: ignore[attr-defined]
+    assert pod["containers"][0]["command"] == ["stageset", "crds", "--apply", "--tenant-roles"]
+    cli.commands["crds"].make_context("crds", ["--apply", "--tenant-roles"])  # type: ignore[attr-defined]
     assert pod["containers"][0]["image"] == controller["containers"][0]["image"]
     assert pod["securityContext"] == controller["securityContext"]
     assert pod["containers"][0]["securityContext"] == controller["containers"][0]["securityContext"]
@@ -69,6 +69,65 @@ def test_the_crds_are_applied_by_a_hook_never_rendered(helm: Helm) -> None:
     # Accepted (and ignored) for --reuse-values upgrades from charts that rendered the CRDs.
     helm.render("--set", "crds.keep=false", "--set", "crds.annotations.owner=platform")
     assert not find(helm.render("--set", "crds.install=false"), "Job")
+
+
+def test_the_crd_hook_fails_fast_and_its_rights_go_after_it(helm: Helm) -> None:
+    """Issue 50: the hook Job ends by itself well inside Helm's 5-minute wait; on failure Helm prints
+    its pod's log, deletes the Job and only then its ServiceAccount and rights (the failed hook is
+    deleted before the earlier ones)."""
+    docs = helm.render()
+    job = one(docs, "Job", "stageset-crds")
+    annotations = job["metadata"]["annotations"]
+    assert annotations["helm.sh/hook-delete-policy"] == "before-hook-creation,hook-succeeded,hook-failed"
+    assert annotations["helm.sh/hook-output-log-policy"] == "hook-failed"
+    assert (job["spec"]["activeDeadlineSeconds"], job["spec"]["backoffLimit"]) == (120, 1)
+    for kind in ("ServiceAccount", "ClusterRole", "ClusterRoleBinding"):
+        rights = next(d for d in docs if d["kind"] == kind and d["metadata"]["name"].endswith("-crds"))
+        # Kept when the hook fails (Helm deletes them after the Job), gone when it succeeded.
+        assert rights["metadata"]["annotations"]["helm.sh/hook-delete-policy"] == \
+            "before-hook-creation,hook-succeeded", kind
+    tuned = one(helm.render("--set", "crds.hook.activeDeadlineSeconds=45",
+                            "--set", "crds.hook.backoffLimit=0"), "Job", "stageset-crds")
+    assert (tuned["spec"]["activeDeadlineSeconds"], tuned["spec"]["backoffLimit"]) == (45, 0)
+    refused = helm.template("--set", "crds.hook.activeDeadlineSeconds=5", check=False)
+    assert refused.returncode != 0
+    assert "activeDeadlineSeconds" in refused.stderr
+
+
+def test_the_registry_override_is_the_only_value_an_install_from_a_mirror_needs(helm: Helm) -> None:
+    """image.registry replaces the registry of image.repository everywhere the image is named."""
+    docs = helm.render("--set", "image.registry=127.0.0.1:5000", "--set", "cleanupOnDelete.enabled=true",
+                       "--set", "dashboard.enabled=true")
+    version = yaml.safe_load((CHART / "Chart.yaml").read_text())["appVersion"]
+    images = {c["image"] for d in docs if d["kind"] in ("Deployment", "Job")
+              for c in d["spec"]["template"]["spec"]["containers"]}
+    assert images == {f"127.0.0.1:5000/stageset/stageset:{version}"}
+    mirrored = controller_container(helm.render("--set", "image.registry=registry.example.com/mirror"))
+    assert mirrored["image"] == f"registry.example.com/mirror/stageset/stageset:{version}"
+    # A repository without a registry part (Docker Hub's) gets the registry in front of it.
+    bare = controller_container(helm.render("--set", "image.repository=team/stageset",
+                                            "--set", "image.registry=mirror.example.com"))
+    assert bare["image"] == f"mirror.example.com/team/stageset:{version}"
+    assert controller_container(helm.render())["image"] == f"ghcr.io/stageset/stageset:{version}"
+    assert helm.template("--set", "image.registry=https://x", check=False).returncode != 0
+
+
+def test_the_tenant_roles_are_applied_by_the_crd_hook_with_escalate_on_their_names_only(helm: Helm) -> None:
+    """stageset-tenant-deployer and -admin have fixed names (every tenant's RoleBindings name them):
+    no release renders them as its own objects; the CRD hook applies them (`--tenant-roles`), its
+    account may write exactly those two names, with `escalate` to write rules it does not hold."""
+    docs = helm.render()
+    assert not [d for d in find(docs, "ClusterRole") if d["metadata"]["name"].startswith("stageset-tenant-")]
+    hook = one(docs, "ClusterRole", "stageset-system-stageset-crds")
+    assert {"apiGroups": ["rbac.authorization.k8s.io"], "resources": ["clusterroles"],
+            "resourceNames": ["stageset-tenant-deployer", "stageset-tenant-admin"],
+            "verbs": ["get", "create", "patch", "escalate"]} in hook["rules"]
+    assert all(r.get("resourceNames") for r in hook["rules"]), "nothing beyond named objects"
+    off = helm.render("--set", "rbac.tenantRoles=false")
+    assert one(off, "Job", "stageset-crds")["spec"]["template"]["spec"]["containers"][0]["command"] == \
+        ["stageset", "crds", "--apply"]
+    assert not [r for r in one(off, "ClusterRole", "stageset-system-stageset-crds")["rules"]
+                if "clusterroles" in r["resources"]]
 
 
 def test_kube_version_is_what_the_crds_need(helm: Helm) -> None:

@@ -1,5 +1,9 @@
-"""The chart on a real node: ``make image``'s archive imported into containerd, the chart installed
-by the real ``helm`` with its default security context, the controller pods Running and Ready by
+"""The chart on a real node, installed from a registry: what ``make release`` makes (the image archive
+and the chart package) pushed to a real OCI registry on loopback (CNCF distribution,
+:mod:`stageset.envtest.registry`) by the release workflow's own step (:mod:`stageset.envtest.publish`),
+the chart installed with one ``helm install oci://...`` whose only image value is the registry
+override, the image pulled by the node's containerd when the kubelet asks for it (the CRD hook Job
+first), the controller pods Running and Ready by
 their own probes, a StageSet reconciled from a Git server reached from the pod network, leader
 election between two replicas (the leader killed: the other takes over), ``helm upgrade`` rolling
 the pods, and ``stageset uninstall --teardown``.
@@ -25,12 +29,17 @@ from typing import Any, TypeVar
 
 import pytest
 
+from stageset.envtest import registry as registry_server
+from stageset.envtest import release
 from stageset.envtest.helm import ensure_helm
 from stageset.envtest.image import ensure_image
 from stageset.envtest.install import create_tenant
 from stageset.envtest.nodeplane import Node
+from stageset.envtest.publish import Published, publish
+from stageset.envtest.registry import Registry
+from stageset.envtest.release import current_version
 from stageset.kube.client import ApiError, KubeClient
-from tests.helm.chart import CHART, Helm
+from tests.helm.chart import Helm
 from tests.helm.hooks import run_cli
 
 pytestmark = [pytest.mark.node, pytest.mark.e2e]
@@ -56,7 +65,8 @@ class Day:
     node: Node
     admin: KubeClient
     helm: Helm
-    image: str
+    registry: Registry
+    published: Published
     git: Any  # tests.gitserver.GitServer
     git_url: str
     seen: dict[str, Any] = field(default_factory=dict)
@@ -119,30 +129,83 @@ def day(node: Node, admin: KubeClient, tmp_path_factory: pytest.TempPathFactory)
 
     if os.geteuid() != 0:  # the node fixture has skipped already; the image build needs root too
         pytest.skip("the image build needs root")
-    archive = ensure_image(log=False)
-    # The archive's file name carries its content key: the tag, so a new build is a new image.
-    key = archive.name.removeprefix("stageset-").removesuffix(".oci.tar")
-    image = node.import_image(archive, name=f"stageset.local/stageset:{key}")
     work = tmp_path_factory.mktemp("chart-on-node")
     helm = Helm(binary=ensure_helm(log=False), home=work / "helm", kubeconfig=node.plane.kubeconfig)
-    with GitServer(tls=True, tls_addresses=[node.host_ip]) as git:
+    # What `make release` makes for this version: the chart package and the image archive (tagged
+    # with the version, labelled); the SBOM and the wheels are tests/release's.
+    version = current_version()
+    dist = work / "dist"
+    (dist / version).mkdir(parents=True)
+    release.package_chart(version, dist / version)
+    release.release_image(ensure_image(log=False), version, dist / version)
+    with registry_server.running() as registry, \
+            GitServer(tls=True, tls_addresses=[node.host_ip]) as git:
+        published = publish(version, dist=dist, registry=registry.host, plain_http=True, helm_env=helm.env())
+        node.trust_registry(registry.host)
         git.create_repo("apps", {"app/cm.yaml": configmap_file("one")})
         port = int(git.base_url.rsplit(":", 1)[1])
         host, relayed = node.expose(port)
-        yield Day(node=node, admin=admin, helm=helm, image=image, git=git,
+        yield Day(node=node, admin=admin, helm=helm, registry=registry, published=published, git=git,
                   git_url=f"https://{host}:{relayed}/apps.git")
 
 
 def install_values(day: Day) -> list[str]:
-    repository, tag = day.image.rsplit(":", 1)
-    return ["--set", f"image.repository={repository}", "--set", f"image.tag={tag}",
+    """The registry override is the only image value: repository path and tag are the chart's."""
+    return ["--plain-http", "--version", day.published.version,
+            "--set", f"image.registry={day.registry.host}",
             "--set", f"controller.watchNamespaces={{{TENANT}}}", "--set", "replicaCount=2"]
+
+
+def test_the_release_is_in_the_registry_as_the_workflow_pushes_it(day: Day) -> None:
+    version = day.published.version
+    assert day.registry.tags("stageset/stageset") == [version]
+    assert day.registry.tags("stageset/charts/stageset") == [version]
+    assert day.published.image == f"{day.registry.host}/stageset/stageset@{day.published.image.split('@')[1]}"
+    assert day.published.chart_url == f"oci://{day.registry.host}/stageset/charts/stageset"
+    # Nothing of the image is on the node yet: the install below makes containerd pull it.
+    assert day.published.image_tag not in day.node.ctr("images", "list", "--quiet").split()
+
+
+def test_a_hook_whose_image_cannot_be_pulled_fails_fast_leaves_nothing_and_says_why(day: Day) -> None:
+    """An install whose image is not in the registry: the CRD hook Job ends at its deadline (not at
+    Helm's timeout), Helm fails naming it, nothing of the hook is left (no Job, no pod, no
+    ServiceAccount or rights), and ``stageset check`` says the image could not be pulled."""
+    release, namespace = "broken", "stageset-broken"
+    job = f"{release}-stageset-crds"
+    result = day.helm.run("install", release, day.published.chart_url, "--namespace", namespace,
+                          "--create-namespace", "--plain-http", "--version", day.published.version,
+                          "--set", f"image.registry={day.registry.host}", "--set", "image.tag=no-such-tag",
+                          "--set", "crds.hook.activeDeadlineSeconds=30", "--wait", "--timeout", "4m",
+                          check=False)
+    sys.stderr.write(f"\nhelm install (image not in the registry):\n{result.stdout}{result.stderr}\n")
+    assert result.returncode != 0
+    assert job in result.stderr
+    assert "context deadline exceeded" not in result.stderr  # the Job's own deadline ended it, not Helm's
+    hook_objects = [f"/apis/batch/v1/namespaces/{namespace}/jobs/{job}",
+                    f"/api/v1/namespaces/{namespace}/serviceaccounts/{job}",
+                    f"/apis/rbac.authorization.k8s.io/v1/clusterroles/{namespace}-{job}",
+                    f"/apis/rbac.authorization.k8s.io/v1/clusterrolebindings/{namespace}-{job}"]
+    for path in hook_objects:
+        assert get_or_none(day.admin, path) is None, path
+    day.until("the hook's pod gone", lambda: not day.admin.request(
+        "GET", f"/api/v1/namespaces/{namespace}/pods", query={"labelSelector": f"job-name={job}"})["items"])
+    check = run_cli("check", "-n", namespace, kubeconfig=day.node.plane.kubeconfig)
+    sys.stderr.write(f"\nstageset check:\n{check.stdout}{check.stderr}\n")
+    assert check.returncode == 3
+    failed = f"release {namespace}/{release} (revision 1, chart {day.published.version}): failed"
+    assert failed in check.stdout
+    reason = next(line for line in check.stdout.splitlines() if f"hook Job {namespace}/{job}:" in line)
+    assert f"{day.registry.host}/stageset/stageset:no-such-tag" in reason, reason
+    assert "pull" in reason.lower(), reason
+    day.helm.run("uninstall", release, "--namespace", namespace)
+    day.seen["failed-hook"] = True
 
 
 def test_the_chart_installs_and_its_pods_turn_ready_with_the_default_security_context(day: Day) -> None:
     create_tenant(day.admin, namespace=TENANT, service_account="deployer")  # the release binds into it
-    result = day.helm.run("install", RELEASE, str(CHART), "--namespace", NAMESPACE, "--create-namespace",
-                          *install_values(day), "--wait", "--timeout", "5m", check=False)
+    result = day.helm.run("install", RELEASE, day.published.chart_url, "--namespace", NAMESPACE,
+                          "--create-namespace", *install_values(day), "--wait", "--timeout", "5m",
+                          check=False)
     if result.returncode != 0:
         sys.stderr.write(day.diagnosis())
     assert result.returncode == 0, result.stderr
@@ -155,11 +218,14 @@ def test_the_chart_installs_and_its_pods_turn_ready_with_the_default_security_co
         assert spec["securityContext"]["runAsUser"] == 65532
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
         assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
-        assert container["image"] == day.image
+        assert container["image"] == day.published.image_tag
         assert spec["nodeName"] == day.node.name
         status = next(s for s in pod["status"]["containerStatuses"] if s["name"] == "controller")
         assert status["ready"] is True, status
         assert status["restartCount"] == 0, status
+        # The kubelet ran the very image the release pushed: pulled from the registry by digest.
+        assert status["imageID"] == day.published.image, status
+    assert day.published.image_tag in day.node.ctr("images", "list", "--quiet").split()
     # The CRDs were applied by the chart's hook Job, which ran the image on the node.
     assert day.admin.get("/apis/apiextensions.k8s.io/v1/customresourcedefinitions/stagesets.stages.metio.wtf")
     day.seen["installed"] = [p["metadata"]["name"] for p in pods]
@@ -221,7 +287,8 @@ def test_killing_the_leader_pod_hands_over_to_the_other_replica(day: Day) -> Non
 
 def test_helm_upgrade_rolls_the_pods_and_the_lease_moves_to_a_new_one(day: Day) -> None:
     assert day.seen.get("before-upgrade"), "the leader scenario did not pass"
-    result = day.helm.run("upgrade", RELEASE, str(CHART), "--namespace", NAMESPACE, "--reuse-values",
+    result = day.helm.run("upgrade", RELEASE, day.published.chart_url, "--namespace", NAMESPACE,
+                          "--plain-http", "--version", day.published.version, "--reuse-values",
                           "--set", "podAnnotations.rolled=yes", "--wait", "--timeout", "5m", check=False)
     if result.returncode != 0:
         sys.stderr.write(day.diagnosis())
@@ -242,6 +309,7 @@ def test_helm_upgrade_rolls_the_pods_and_the_lease_moves_to_a_new_one(day: Day) 
 def test_stageset_uninstall_tears_down_and_removes_the_release(day: Day) -> None:
     assert day.seen.get("upgraded"), "the upgrade scenario did not pass"
     result = run_cli("uninstall", "--release", RELEASE, "-n", NAMESPACE, "--teardown", "--yes",
+                     "--helm-binary", str(day.helm.binary),
                      kubeconfig=day.node.plane.kubeconfig)
     sys.stderr.write(f"\nstageset uninstall --teardown:\n{result.stdout}{result.stderr}\n")
     assert result.returncode == 0, result.stdout + result.stderr

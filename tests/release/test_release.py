@@ -52,6 +52,28 @@ def test_set_version_writes_every_file_once(tmp_path: Path) -> None:
         set_version("v1.0", root=tmp_path)
 
 
+@pytest.mark.parametrize(("version", "says"), [
+    ("0.0.0-test", "not a PEP 440 version"),  # semver, but uv and pip refuse it
+    ("1.0", "Semantic Versioning"),  # PEP 440, but Helm refuses it as a chart version
+    ("v1.0.0", "not x.y.z"),
+    ("1.0.0+build.1", "not x.y.z"),
+    ("9.9.9", "CHANGELOG.md has no section for 9.9.9"),  # a fine version without release notes
+])
+def test_make_release_with_a_bad_version_changes_no_file(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                         version: str, says: str) -> None:
+    """``make release VERSION=...`` (``python -m stageset.envtest.release``) checks the version and the
+    release notes before it writes anything: a refused version leaves every file as it was."""
+    files = ("pyproject.toml", "uv.lock", "helm/stageset/Chart.yaml", "CHANGELOG.md")
+    for name in files:
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    before = {name: (tmp_path / name).read_bytes() for name in files}
+    assert release.main([version, "--dist", str(tmp_path / "dist")], root=tmp_path) == 1
+    assert says in capsys.readouterr().err
+    assert {name: (tmp_path / name).read_bytes() for name in files} == before
+    assert not (tmp_path / "dist").exists()
+
+
 CHANGELOG = """# Changelog
 
 ## [Unreleased]

@@ -11,6 +11,7 @@ import yaml
 
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
 from stageset.envtest.actionlint import ensure_actionlint
+from stageset.envtest.publish import chart_repository
 from stageset.envtest.release import image_repository
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -46,9 +47,14 @@ def test_ci_runs_the_test_command_and_release_publishes_the_chart_s_default_imag
     job = release["jobs"]["release"]
     assert job["permissions"] == {"contents": "write", "packages": "write", "id-token": "write"}
     scripts = "\n".join(step.get("run", "") for step in job["steps"])
+    # The push is `make publish` (stageset.envtest.publish), the very step tests/node/test_chart.py
+    # runs against a loopback registry before it installs the chart from there.
     for needed in ("make test", 'make release VERSION="$version"', "cosign sign --yes", "cosign attest",
-                   '"$HELM" push'):
+                   'make --silent publish VERSION="$VERSION" REGISTRY=ghcr.io'):
         assert needed in scripts, needed
+    assert release["env"]["CHARTS"] == f"oci://{chart_repository('ghcr.io')}"
+    assert "skopeo copy" not in scripts  # no second way to push
+    assert '"$HELM" push' not in scripts
 
 
 def test_release_publishes_the_wheels_to_pypi_and_the_docs_where_the_runbook_links_point() -> None:

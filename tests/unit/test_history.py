@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from stageset.api.history import NAMED, PER_STAGE, StageHistory, per_stage
-from stageset.api.vocabulary import StagePhase
+from stageset.api.vocabulary import Reason, StagePhase
 from stageset.apply.changeset import Action, Change
 from stageset.apply.inventory import ObjectId
 from stageset.controller.stageset.history import recorded
@@ -20,10 +20,19 @@ def outcome(revision: str, phase: StagePhase = StagePhase.READY) -> StageOutcome
 
 def run(previous: list[StageHistory], revision: str, *, changes: list[Change] | None = None,
         generation: int = 1, phase: StagePhase = StagePhase.READY, applied: bool = True,
-        pruned: int = 0) -> list[StageHistory]:
+        pruned: int = 0, now: str | None = None) -> list[StageHistory]:
     return recorded(previous, order=["config"], outcomes={"config": outcome(revision, phase)},
                     applied=["config"] if applied else [], changes={"config": changes or []},
-                    pruned={"config": pruned} if pruned else {}, generation=generation)
+                    pruned={"config": pruned} if pruned else {}, generation=generation,
+                    now=now or f"2026-01-01T00:00:0{revision[-1]}Z")
+
+
+def attempt(previous: list[StageHistory], revision: str | None, reason: Reason, *, generation: int = 1,
+            now: str) -> list[StageHistory]:
+    """A pass in which the stage failed without applying anything (refused, denied, not buildable)."""
+    failed = StageOutcome("config", StagePhase.FAILED, reason, "stage 'config': refused")
+    return recorded(previous, order=["config"], outcomes={"config": failed}, applied=[], changes={},
+                    pruned={}, generation=generation, now=now, tried={"config": revision})
 
 
 def test_a_new_revision_starts_a_release_newest_first() -> None:
@@ -53,8 +62,50 @@ def test_the_same_revision_after_a_failure_updates_its_release() -> None:
     assert len(fixed[0].releases) == 1
     assert fixed[0].releases[0].phase is StagePhase.READY
     assert fixed[0].releases[0].created == 2
-    # A new spec generation at the same revision is a release of its own.
-    assert len(run(fixed, "r1", generation=2)[0].releases) == 2
+    # A new spec generation at the same revision is a release of its own when it changed something
+    # (issue 50: one that changed nothing -- a suspend, a resume -- is not, see below).
+    assert len(run(fixed, "r1", generation=2, changes=[change("a", Action.CONFIGURED)])[0].releases) == 2
+
+
+def test_a_release_has_its_own_time_even_when_it_wrote_nothing() -> None:
+    """A new revision that changed nothing this stage renders is released at that pass's time, not at
+    the time of the last apply that wrote (the stage's lastAppliedTime)."""
+    first = run([], "r1", changes=[change("a", Action.CREATED)], now="2026-01-01T00:00:00Z")
+    quiet = recorded(first, order=["config"], outcomes={"config": StageOutcome(
+        "config", StagePhase.READY, revision="r2", applied_at="2026-01-01T00:00:00Z")},
+        applied=["config"], changes={"config": [change("a", Action.UNCHANGED)]}, pruned={}, generation=1,
+        now="2026-01-01T00:03:00Z")
+    assert [(r.revision, r.applied_at) for r in quiet[0].releases] == [
+        ("r2", "2026-01-01T00:03:00Z"), ("r1", "2026-01-01T00:00:00Z")]
+
+
+def test_suspend_and_resume_never_crowd_out_releases() -> None:
+    """Each suspend and resume is a new spec generation that applies nothing: no row of its own."""
+    history = run([], "r1", changes=[change("a", Action.CREATED)])
+    history = run(history, "r2", changes=[change("a", Action.CONFIGURED)])
+    for generation in range(2, 2 + 2 * PER_STAGE):
+        history = run(history, "r2", generation=generation, changes=[change("a", Action.UNCHANGED)])
+    assert [r.revision for r in history[0].releases] == ["r2", "r1"]
+    assert history[0].releases[0].generation == 1
+
+
+def test_failed_attempts_are_listed_with_their_reason_once() -> None:
+    history = run([], "r1", changes=[change("a", Action.CREATED)])
+    failed = attempt(history, "r2", Reason.RBAC_DENIED, now="2026-01-01T00:05:00Z")
+    entry = failed[0].releases[0]
+    assert (entry.revision, entry.phase, entry.reason, entry.attempt, entry.applied_at) == (
+        "r2", StagePhase.FAILED, "RBACDenied", True, "2026-01-01T00:05:00Z")
+    assert (entry.created, entry.configured, entry.deleted) == (0, 0, 0)
+    # The same failure retried is the same entry (a retrying stage writes nothing new) ...
+    assert attempt(failed, "r2", Reason.RBAC_DENIED, now="2026-01-01T00:06:00Z") == failed
+    # ... another one is a new entry, and the fix is a release above them.
+    other = attempt(failed, "r2", Reason.STAGE_FAILED, now="2026-01-01T00:07:00Z")
+    fixed = run(other, "r2", changes=[change("a", Action.CONFIGURED)], now="2026-01-01T00:09:00Z")
+    assert [(r.revision, r.reason, bool(r.attempt)) for r in fixed[0].releases] == [
+        ("r2", None, False), ("r2", "StageFailed", True), ("r2", "RBACDenied", True), ("r1", None, False)]
+    # A stage that could not be built tried a revision unknown to it.
+    unbuilt = attempt([], None, Reason.INVALID_SPEC, now="2026-01-01T00:01:00Z")
+    assert unbuilt[0].releases[0].revision is None
 
 
 def test_history_is_bounded() -> None:
@@ -72,5 +123,6 @@ def test_history_is_bounded() -> None:
 
 def test_a_stage_gone_from_the_spec_keeps_no_history() -> None:
     first = run([], "r1")
-    gone = recorded(first, order=["other"], outcomes={}, applied=[], changes={}, pruned={}, generation=2)
+    gone = recorded(first, order=["other"], outcomes={}, applied=[], changes={}, pruned={}, generation=2,
+                    now="2026-01-01T00:00:09Z")
     assert gone == []

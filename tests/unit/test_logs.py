@@ -6,6 +6,7 @@ import contextvars
 import io
 import json
 import logging
+import re
 import threading
 from collections.abc import Iterator
 
@@ -111,3 +112,16 @@ def test_unknown_fields_and_formats_are_refused() -> None:
         pass
     with pytest.raises(ValueError, match="unknown log format"):
         logs.setup(fmt="xml")
+
+
+def test_the_demo_s_lines_have_the_shape_of_its_progress_lines(captured: io.StringIO) -> None:
+    """``make run`` (issue 50): a warning reads ``[HH:MM:SS] warning: ...`` like the demo's own lines,
+    never Python's ``2026-... WARNING name: ...``; the bound fields follow in brackets."""
+    configure(captured, logs.PROGRESS)
+    with logs.bind(stageset="shop/shop"):
+        logging.getLogger("stageset.controller.x").warning("the source is not ready yet")
+    line = captured.getvalue().strip()
+    assert re.fullmatch(r"\[\d\d:\d\d:\d\d\] warning: the source is not ready yet \(stageset=shop/shop\)",
+                        line), line
+    with pytest.raises(ValueError, match="unknown log format"):
+        logs.setup(fmt="fancy")

@@ -198,6 +198,14 @@ def test_a_prefix_of_a_value_at_a_cut_is_masked(value: str, encoder: str, where:
     assert MASK in redacted
 
 
+@pytest.mark.parametrize("echo", ["x 00000\\r00 y", "body: 00000\\r...", "a\\nb 00000\\r00", "00000\\r\n00"])
+def test_a_value_holding_a_backslash_before_r_or_n_is_masked(echo: str) -> None:
+    """A backslash and an ``r`` in the value itself is not an escaped line break to take out."""
+    redacted = Redactor(["00000\\r00"])(echo, cut=False)
+    assert MASK in redacted, redacted
+    assert "00000\\r" not in redacted, redacted
+
+
 @given(value=secret_values, filler=st.integers(min_value=0, max_value=400))
 @settings(max_examples=60, deadline=None)
 def test_bounded_redacts_before_it_cuts(value: str, filler: int) -> None:

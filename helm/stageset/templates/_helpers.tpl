@@ -78,12 +78,28 @@ app.kubernetes.io/part-of: stageset
 {{- end -}}
 {{- end -}}
 
+{{/* image.repository, its registry (the first part, when it names a host: a dot, a port or
+localhost) replaced by image.registry when that is set. */}}
+{{- define "stageset.imageRepository" -}}
+{{- $repository := .Values.image.repository -}}
+{{- if .Values.image.registry -}}
+{{- $parts := splitList "/" $repository -}}
+{{- $first := first $parts -}}
+{{- if and (gt (len $parts) 1) (or (contains "." $first) (contains ":" $first) (eq $first "localhost")) -}}
+{{- $repository = join "/" (rest $parts) -}}
+{{- end -}}
+{{- $repository = printf "%s/%s" (trimSuffix "/" .Values.image.registry) $repository -}}
+{{- end -}}
+{{- $repository -}}
+{{- end -}}
+
 {{- define "stageset.image" -}}
 {{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{- $repository := include "stageset.imageRepository" . -}}
 {{- if .Values.image.digest -}}
-{{- printf "%s@%s" .Values.image.repository .Values.image.digest -}}
+{{- printf "%s@%s" $repository .Values.image.digest -}}
 {{- else -}}
-{{- printf "%s:%s" .Values.image.repository $tag -}}
+{{- printf "%s:%s" $repository $tag -}}
 {{- end -}}
 {{- end -}}
 

@@ -28,6 +28,8 @@ import asyncio
 import datetime
 import hashlib
 import json
+import threading
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -57,6 +59,9 @@ from stageset.cli.session import Session, age, short_revision
 
 SETTLE = 0.15
 REFRESH = 10.0
+REVIEW_TTL = 60.0
+"""Seconds a viewer's SelfSubjectAccessReview answer (may they act?) is remembered."""
+GROUP = "stages.metio.wtf"
 LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "[::1]"]
 
 CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; "
@@ -145,11 +150,42 @@ class Dashboard:
         self.session = session
         self.actions = actions
         self.guard = Guard()
+        self._reviews: dict[tuple[str, str, str, str], tuple[float, bool]] = {}
+        self._reviews_lock = threading.Lock()
         self.env = environment()
         self.env.globals["signed_in"] = signed_in
 
     def render(self, template: str, **context: Any) -> Markup:
         return Markup(self.env.get_template(template).render(**context))  # noqa: S704 - autoescaped output
+
+    def may(self, *, verb: str, resource: str, namespace: str, name: str | None = None) -> bool:
+        """Would the apiserver let the viewer ``verb`` the ``resource`` (of our group)?  Asked of it
+        as the viewer (a SelfSubjectAccessReview), remembered :data:`REVIEW_TTL` seconds; a review
+        that cannot be made counts as no (the buttons stay hidden; the action itself is asked as the
+        viewer anyway, so nothing is decided here)."""
+        if self.session is None:
+            return False
+        key = (verb, resource, namespace, name or "")
+        now = time.monotonic()
+        with self._reviews_lock:
+            cached = self._reviews.get(key)
+            if cached is not None and now - cached[0] < REVIEW_TTL:
+                return cached[1]
+        attributes = {"verb": verb, "group": GROUP, "resource": resource, "namespace": namespace,
+                      **({"name": name} if name else {})}
+        try:
+            review = self.session.client().request(
+                "POST", "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+                body={"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                      "spec": {"resourceAttributes": attributes}})
+            allowed = bool((review.get("status") or {}).get("allowed"))
+        except Exception:  # an unanswered review hides the buttons, nothing more
+            allowed = False
+        with self._reviews_lock:
+            self._reviews[key] = (now, allowed)
+            if len(self._reviews) > 4096:
+                self._reviews.pop(next(iter(self._reviews)))
+        return allowed
 
     def problems(self) -> list[str]:
         return self.hub.problems() if self.hub.synced else ["listing StageSets…", *self.hub.problems()]
@@ -250,7 +286,12 @@ class StageSetPage(Page):
         log = self.dashboard.actions
         done = log.of(self.namespace, self.name) if log is not None else []
         forms = None if self.token is None else {
-            "token": self.token, "action": f"{views.stageset_href(self.namespace, self.name)}/actions/"}
+            "token": self.token, "action": f"{views.stageset_href(self.namespace, self.name)}/actions/",
+            # The buttons only for what the apiserver would let the viewer do (every verb patches the
+            # StageSet; "with source" also its GitRepositories).
+            "allowed": self.dashboard.may(verb="patch", resource="stagesets", namespace=self.namespace,
+                                          name=self.name),
+            "sources": self.dashboard.may(verb="patch", resource="gitrepositories", namespace=self.namespace)}
         return [
             Fragment("summary", render("fragments/summary.html", d=detail, forms=forms,
                                        problems=self.dashboard.problems())),

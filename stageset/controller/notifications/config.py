@@ -1,10 +1,12 @@
 """The platform's notification configuration: ``NotificationProvider``/``NotificationAlert`` objects
 and the providers' Secrets, read from one namespace, and which providers an event goes to.
 
-Identity: the controller's own, in the notification namespace only (``--notification-namespace``;
-the chart's Role there grants ``get``/``list`` of the two kinds and ``get`` of Secrets).  Nothing is
-read from a tenant's namespace: a provider's ``secretRef`` names a Secret beside it, and an alert's
-``providerRef`` a provider beside it.
+Identity: the controller's own, in the notification namespace (``--notification-namespace``; the
+chart's Role there grants ``get``/``list`` of the two kinds and ``get`` of Secrets).  In a tenant's
+namespace (``--tenant-notifications``, :mod:`~stageset.controller.notifications.tenants`) the two
+kinds are listed as the controller, and a provider's Secret is read only as the provider's
+``serviceAccountName`` (impersonated).  A provider's ``secretRef`` names a Secret beside it, and an
+alert's ``providerRef`` a provider beside it.
 
 Invariants: the configuration is read in the notifier's own thread, never in a reconcile; it is
 cached for ``refresh`` seconds (a changed provider or alert takes effect within that time); an
@@ -127,8 +129,15 @@ class ConfigReader:
     """Reads (and caches) the configuration of one namespace; thread-safe."""
 
     def __init__(self, client: KubeClient, *, namespace: str, refresh: float = 30.0,
-                 clock: Callable[[], float] = time.monotonic):
+                 clock: Callable[[], float] = time.monotonic,
+                 secrets_as: Callable[[str], KubeClient] | None = None):
+        """``secrets_as``: a tenant's namespace (:mod:`~stageset.controller.notifications.tenants`):
+        each provider's Secret is read with the client this gives for the provider's
+        ``serviceAccountName`` (impersonating it), a provider without one reads none, and provider
+        names are told as ``namespace/name``.  ``None``: the platform's namespace, read as the
+        controller."""
         self._client = client
+        self._secrets_as = secrets_as
         self._namespace = namespace
         self._refresh = refresh
         self._clock = clock
@@ -166,15 +175,19 @@ class ConfigReader:
                 continue
             address, token, problem = spec.address or "", "", ""
             if spec.secret_ref is not None:
-                secret = self._secret(spec.secret_ref.name)
-                if secret is None:
+                secret = self._secret(spec.secret_ref.name, account=spec.service_account_name)
+                if secret is None and self._secrets_as is not None and not spec.service_account_name:
+                    problem = (f"its Secret {spec.secret_ref.name} is read as its serviceAccountName, and it "
+                               "names none")
+                elif secret is None:
                     problem = f"its Secret {spec.secret_ref.name} cannot be read"
                 else:
                     address = _decoded(secret, "address") or address
                     token = _decoded(secret, "token")
             if not address and not problem:
                 problem = "it has no address"
-            providers[name] = Provider(name=name, type=spec.type, address=address, token=token,
+            told = name if self._secrets_as is None else f"{self._namespace}/{name}"
+            providers[name] = Provider(name=told, type=spec.type, address=address, token=token,
                                        channel=spec.channel, username=spec.username,
                                        timeout=duration_seconds(spec.timeout), suspended=spec.suspend,
                                        problem=problem)
@@ -188,9 +201,14 @@ class ConfigReader:
                             self._namespace, name)
         return Config(providers=providers, alerts=tuple(sorted(alerts, key=lambda a: a[0])))
 
-    def _secret(self, name: str) -> dict[str, object] | None:
+    def _secret(self, name: str, *, account: str | None = None) -> dict[str, object] | None:
+        client = self._client
+        if self._secrets_as is not None:
+            if not account:
+                return None  # a tenant's Secret is read as its account, never as the controller
+            client = self._secrets_as(account)
         try:
-            return self._client.request("GET", f"/api/v1/namespaces/{self._namespace}/secrets/{name}")
+            return client.request("GET", f"/api/v1/namespaces/{self._namespace}/secrets/{name}")
         except (ApiError, UnreachableError) as error:
             log.warning("notifications: cannot read Secret %s/%s: %s", self._namespace, name,
                         getattr(error, "reason", type(error).__name__))

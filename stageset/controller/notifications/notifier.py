@@ -1,8 +1,10 @@
 """The notifier: hears every event the recorder records (:mod:`stageset.controller.events`) and
 hands what an alert selects to its provider's outbox.
 
-Identity: the controller's own, for reading the configuration in the notification namespace only
-(:mod:`~stageset.controller.notifications.config`); no Kubernetes request otherwise.
+Identity: the controller's own, for reading the configuration in the notification namespace
+(:mod:`~stageset.controller.notifications.config`); with tenant alerts, the two kinds of an event's
+own namespace as the controller and their providers' Secrets as each provider's ServiceAccount
+(:mod:`~stageset.controller.notifications.tenants`); no Kubernetes request otherwise.
 
 Invariants: :meth:`Notifier.offer` (called from the recorder, in a reconcile's thread) only puts
 the event on a bounded intake queue -- a full queue drops it, counted -- so neither a slow
@@ -24,6 +26,7 @@ from stageset.controller.events import Recorded
 from stageset.controller.notifications.config import ConfigReader, Subject, routes
 from stageset.controller.notifications.delivery import Counters, Outboxes, Send
 from stageset.controller.notifications.payloads import AddressError, notice, requests_for
+from stageset.controller.notifications.tenants import TenantConfigs
 from stageset.controller.redact import REGISTRY, Redactor
 from stageset.controller.settings import (
     NotificationSettings as NotificationSettings,  # declared with the others
@@ -37,9 +40,13 @@ INTAKE_PROVIDER = ""
 
 
 class Notifier:
-    def __init__(self, client: KubeClient, *, settings: NotificationSettings, counters: Counters, send: Send):
-        assert settings.namespace, "the notifier needs a namespace"
-        self._reader = ConfigReader(client, namespace=settings.namespace, refresh=settings.refresh)
+    def __init__(self, client: KubeClient, *, settings: NotificationSettings, counters: Counters, send: Send,
+                 tenants: TenantConfigs | None = None):
+        """``tenants``: the tenants' own configurations (with ``settings.tenants``)."""
+        assert settings.enabled, "the notifier needs a namespace or tenant alerts"
+        self._reader = ConfigReader(client, namespace=settings.namespace, refresh=settings.refresh) \
+            if settings.namespace else None
+        self._tenants = tenants
         self._counters = counters
         self._intake: queue.Queue[Recorded | None] = queue.Queue(maxsize=settings.intake)
         self._outboxes = Outboxes(settings=settings.delivery, send=send, counters=counters)
@@ -81,7 +88,9 @@ class Notifier:
         ref = event.regarding
         subject = Subject(namespace=ref["namespace"], name=ref["name"], labels=event.labels, type=event.type,
                           reason=event.reason)
-        found = routes(self._reader.get(), subject)
+        found = routes(self._reader.get(), subject) if self._reader is not None else []
+        if self._tenants is not None:  # the StageSet's own namespace's alerts: its events only
+            found += routes(self._tenants.get(subject.namespace), subject)
         if not found:
             return
         redact = Redactor(REGISTRY.of((ref["kind"], ref["namespace"], ref["name"])))

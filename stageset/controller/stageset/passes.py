@@ -336,7 +336,8 @@ class PassRunner:
         status = status.model_copy(update={"history": history.recorded(
             ctx.writer.status.history, order=progress.order, outcomes=progress.outcomes,
             applied=progress.fresh, changes=progress.written, pruned=pruned,
-            generation=ctx.stageset.metadata.get("generation"))})
+            generation=ctx.stageset.metadata.get("generation"), now=format_time(self._clock()),
+            tried={name: rendered[name].revision if name in rendered else None for name in progress.order})})
         # Drift left as found (driftDetection.mode Warn): status.drifted, the Drifted condition, and
         # one DriftDetected event for what is new; in Correct mode both are cleared.
         drift = drift_report.reported(status, written=progress.written, stages=progress.order,

@@ -2,6 +2,14 @@
 // and escaped by its template engine; this script only swaps them in.  It never builds markup from
 // data, so tenant-written text cannot become markup here.
 "use strict";
+// A button that says data-confirm (Suspend) asks first; its text was rendered and escaped by the
+// server and is shown as text.
+document.addEventListener("submit", function (event) {
+  const button = event.submitter;
+  if (button && button.dataset.confirm && !window.confirm(button.dataset.confirm)) {
+    event.preventDefault();
+  }
+});
 (function () {
   const main = document.querySelector("main[data-live]");
   const badge = document.getElementById("live");

@@ -1,0 +1,6 @@
+//go:build tools
+
+// Package tools pins the command this module builds, so `go mod tidy` keeps go.sum whole.
+package tools
+
+import _ "github.com/cloudnativelabs/kube-router/v2/cmd/kube-router"

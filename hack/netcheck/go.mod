@@ -1,0 +1,3 @@
+module stageset.local/tools/netcheck
+
+go 1.24
