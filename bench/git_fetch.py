@@ -18,6 +18,12 @@ It reports, as a Markdown table:
   different spellings of the URL and of the ref, after one new commit per URL: how many
   pack fetches reach the server (target: exactly 5) and how many ``ls-refs`` (one per
   caller: each caller's credentials are checked by the remote);
+* **many cold mirrors** (``--mirrors K``, default 200): K repositories of 5 small files each
+  (the ``pairs`` shape of ``bench.scale``: every StageSet with its own repository), each fetched
+  cold into a mirror of its own and its stage path read, on 4 threads (the controller's default
+  source workers): wall and this process's CPU per mirror, and the ``fsync`` calls made
+  (``os.fsync``, counted by wrapping it for the run).  ``--only-mirrors`` runs only this part,
+  for whole-process A/B runs of two checkouts;
 * **resources**: the mirrors' disk use and this process's RSS (now and peak).
 
 ``--hostile`` instead fetches and reads each hostile input of ``tests/sources/memprobe.py``
@@ -217,11 +223,52 @@ def bench_fan_in(server: GitServer, work: Path, *, callers: int, urls: int) -> l
     ]
 
 
+def bench_many_mirrors(server: GitServer, work: Path, *, count: int,
+                       threads: int = 4) -> list[tuple[str, str]]:
+    """``count`` cold fetches, each into a mirror of its own, and a read of each stage path."""
+    urls = [server.create_repo(f"many{i}", {f"deploy/cm-{j}.yaml": f"n: {i}-{j}\n" for j in range(5)})
+            for i in range(count)]
+    store = MirrorStore(root=work / "many", policy=POLICY)
+    calls = [0]
+    real_fsync = os.fsync
+
+    def counted(fd: int) -> None:
+        calls[0] += 1
+        real_fsync(fd)
+
+    def one(url: str) -> int:
+        snap = store.fetch(url, ref=RefSelector(branch="main"), consumer="bench/one")
+        return len(store.read_tree(url, commit=snap.commit, path="deploy", consumer="bench/one"))
+
+    os.fsync = counted
+    try:
+        cpu = time.process_time()
+        began = time.perf_counter()
+        with ThreadPoolExecutor(max_workers=threads) as pool:
+            read = list(pool.map(one, urls))
+        seconds = time.perf_counter() - began
+        cpu = time.process_time() - cpu
+    finally:
+        os.fsync = real_fsync
+    assert read == [5] * count, read
+    return [
+        (f"many cold mirrors: {count} repositories of 5 files, each fetched into its own mirror and "
+         f"read, {threads} threads", f"{seconds * 1000 / count:.1f} ms wall per mirror"),
+        ("  CPU of this process per mirror (the server's request threads included, not git's)",
+         f"{cpu * 1000 / count:.1f} ms"),
+        ("  fsync calls per mirror", f"{calls[0] / count:g}"),
+    ]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.git_fetch", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true", help="smaller repository, fewer rounds")
     parser.add_argument("--files", type=int, default=None, help="files in the big repository")
+    parser.add_argument("--mirrors", type=int, default=200,
+                        help="repositories for the many-cold-mirrors part")
+    parser.add_argument("--only-mirrors", action="store_true",
+                        help="run only the many-cold-mirrors part")
     parser.add_argument("--hostile", action="store_true",
                         help="memory of each hostile input, in a fresh process each")
     args = parser.parse_args(argv)
@@ -233,25 +280,34 @@ def main(argv: list[str] | None = None) -> int:
     rows: list[tuple[str, str]] = []
     with tempfile.TemporaryDirectory(prefix="bench-git-") as tmp, GitServer() as server:
         work = Path(tmp)
+        if args.only_mirrors:
+            rows += bench_many_mirrors(server, work, count=args.mirrors)
+            _print(rows)
+            return 0
         rows += bench_fetch_vs_git(server, work, files=files, size=1024, rounds=rounds)
         rows += bench_noop_poll(server, work, rounds=rounds * 3)
         rows += bench_noop_poll_ssh(server, work, rounds=rounds)
         rows += bench_fan_in(server, work, callers=200, urls=5)
-        disk = sum(_disk_mib(work / d) for d in ("extract", "poll", "poll-ssh", "fan")
+        rows += bench_many_mirrors(server, work, count=args.mirrors)
+        disk = sum(_disk_mib(work / d) for d in ("extract", "poll", "poll-ssh", "fan", "many")
                    if (work / d).exists())
         current, peak = _rss_mib()
         rows += [
-            ("mirror disk use (big repo + 7 small mirrors)", f"{disk:.1f} MiB"),
+            (f"mirror disk use (big repo + {7 + args.mirrors} small mirrors)", f"{disk:.1f} MiB"),
             ("process RSS now / peak (server threads included)",
              f"{current:.0f} MiB / {peak:.0f} MiB"),
         ]
+    _print(rows)
+    return 0
+
+
+def _print(rows: list[tuple[str, str]]) -> None:
     print(f"git fetch benchmark (Python {sys.version.split()[0]}, "
           f"{os.cpu_count()} CPUs, git {_git_version()})\n")
     print("| measure | result |")
     print("| --- | --- |")
     for name, value in rows:
         print(f"| {name.replace('|', '/')} | {value} |")
-    return 0
 
 
 def _hostile(*, quick: bool) -> int:

@@ -16,7 +16,16 @@ dashboard), kube-apiserver's and etcd's CPU seconds are counted over N x rounds 
 * ``status without inventory and history`` — the same patch with ``inventory``, ``history`` and
   ``lastAppliedSnapshot`` taken out of the object first (what a smaller status would cost);
 * ``ConfigMap apply`` — a server-side apply of one of the set's ConfigMaps with a changed value
-  (the floor's write).
+  (the floor's write);
+* with ``--shapes`` (issue 51, the inventory out of the hot status write): ``status without
+  inventory`` (only ``inventory`` taken out: the status write of a StageSet whose inventory lives
+  elsewhere), and the reference's shape of that elsewhere — a ``StageInventory`` object per stage
+  (a bench-only CRD in the same group: the stage's entries in ``spec``, so backups keep them; an
+  owner reference to its StageSet), server-side applied as the controller would: ``StageInventory
+  apply, new`` (a cold pass creates one per stage) and ``StageInventory apply, changed`` (a pass
+  that applied a new revision rewrites its digests).  The per-pass table then adds them up for a
+  cold pass, a pass that applied a change and a warm no-op pass, today's shape beside the
+  reference's.
 
 Last, the StageSet CRD is applied again without its ``x-kubernetes-validations`` (CEL rules, all
 on ``spec``; the apiserver validates the whole object on a status write) and the two status
@@ -32,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import shutil
 import sys
@@ -58,10 +68,11 @@ def _size(obj: KubeObject) -> tuple[int, int]:
     return whole, len(json.dumps({**obj, "metadata": meta}, separators=(",", ":")))
 
 
-def _status_patch(obj: KubeObject, round_: int, *, smaller: bool) -> dict[str, Any]:
+def _status_patch(obj: KubeObject, round_: int, *, smaller: bool,
+                  without: tuple[str, ...] = SMALLER) -> dict[str, Any]:
     status = json.loads(json.dumps(obj["status"]))
     if smaller:
-        for key in SMALLER:
+        for key in without:
             status.pop(key, None)
     for condition in status.get("conditions", []):
         if condition.get("type") == "Ready":
@@ -69,7 +80,28 @@ def _status_patch(obj: KubeObject, round_: int, *, smaller: bool) -> dict[str, A
     return {"status": {**{k: None for k in obj["status"] if k not in status}, **status}}
 
 
-def measure(n: int, rounds: int, watchers: tuple[int, ...]) -> str:
+INVENTORY_CRD: dict[str, Any] = {
+    "apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+    "metadata": {"name": "stageinventories.stages.metio.wtf"},
+    "spec": {
+        "group": "stages.metio.wtf", "scope": "Namespaced",
+        "names": {"kind": "StageInventory", "listKind": "StageInventoryList", "plural": "stageinventories",
+                  "singular": "stageinventory"},
+        "versions": [{"name": "v1", "served": True, "storage": True, "schema": {"openAPIV3Schema": {
+            "type": "object",
+            "properties": {"spec": {"type": "object", "properties": {
+                "stageSet": {"type": "string", "maxLength": 253},
+                "stage": {"type": "string", "maxLength": 63},
+                "serviceAccountName": {"type": "string", "maxLength": 253},
+                "entries": {"type": "array", "x-kubernetes-list-type": "atomic", "items": {
+                    "type": "object", "required": ["id", "v"], "properties": {
+                        "id": {"type": "string", "maxLength": 1024},
+                        "v": {"type": "string", "maxLength": 256},
+                        "h": {"type": "string", "maxLength": 64}}}}}}}}}}]}}
+"""The reference's shape, as a bench-only CRD: one object per stage, its entries in ``spec``."""
+
+
+def measure(n: int, rounds: int, watchers: tuple[int, ...], *, shapes: bool = False) -> str:
     workdir = Path(tempfile.mkdtemp(prefix="stageset-status-"))
     bench = Bench(workdir, sources="pairs", tenants=10)
     rows: list[list[str]] = []
@@ -94,6 +126,10 @@ def measure(n: int, rounds: int, watchers: tuple[int, ...]) -> str:
         sizes.append(["StageSet without inventory, history, lastAppliedSnapshot", str(whole), str(bare),
                       str(whole - bare)])
         processes = {name: pid for name, pid in bench._processes({}).items() if name != "benchmark"}
+        if shapes:
+            bench.admin.apply(f"/apis/apiextensions.k8s.io/v1/customresourcedefinitions/"
+                              f"{INVENTORY_CRD['metadata']['name']}", INVENTORY_CRD, field_manager="bench")
+            time.sleep(5)  # until the apiserver serves the new kind
         for extra in watchers:
             stop = threading.Event()
             reflectors = [Reflector(client=bench.admin, resource=STAGESETS, namespace=None,
@@ -102,7 +138,7 @@ def measure(n: int, rounds: int, watchers: tuple[int, ...]) -> str:
                 reflector.start()
                 reflector.synced.wait(60)
             try:
-                for label, write in _writes(bench, placement).items():
+                for label, write in _writes(bench, placement, shapes=shapes, sets=sets).items():
                     meter = CpuMeter(processes)
                     meter.start()
                     begun = time.monotonic()
@@ -118,6 +154,8 @@ def measure(n: int, rounds: int, watchers: tuple[int, ...]) -> str:
                     log(f"watchers {extra + 1}: {label}: {api + etcd:.2f} ms per write")
             finally:
                 stop.set()
+        if shapes:
+            rows.append([])  # marks where the per-pass sums go
         _strip_cel(bench)
         writes = _writes(bench, placement)
         for label in ("status (as written)", "status without inventory and history"):
@@ -136,6 +174,8 @@ def measure(n: int, rounds: int, watchers: tuple[int, ...]) -> str:
     finally:
         bench.close()
         shutil.rmtree(workdir, ignore_errors=True)
+    passes = _per_pass(rows) if shapes else ""
+    rows = [row for row in rows if row]
     head = (f"N = {n} StageSets (one stage of 5 ConfigMaps each, converged by this controller, then "
             f"stopped), {rounds} rounds of each write, 8 threads. Machine: {machine()}. "
             f"Code: {revision(ROOT)}.")
@@ -144,7 +184,28 @@ def measure(n: int, rounds: int, watchers: tuple[int, ...]) -> str:
         markdown_table(["object", "bytes (JSON)", "without managedFields", "managedFields"], sizes),
         markdown_table(["StageSet watchers", "write", "writes", "kube-apiserver ms/write", "etcd ms/write",
                         "together ms/write", "wall (s)", "other processes CPU-s"], rows),
+        *([passes] if passes else []),
     ])
+
+
+def _per_pass(rows: list[list[str]]) -> str:
+    """Per kind of pass, what the writes of each shape cost together (the rows with one watcher)."""
+    cost = {row[1]: float(row[5]) for row in rows[:rows.index([])] if row and row[0] == "1"}
+    today = cost["status (as written)"]
+    status = cost["status without inventory"]
+    new, changed = cost["StageInventory apply, new"], cost["StageInventory apply, changed"]
+    lines = [
+        ["cold pass (one stage)", "1 status write", f"{today:.2f}",
+         "1 status write + 1 StageInventory created", f"{status + new:.2f}",
+         f"{(status + new) / today:.2f}x"],
+        ["a pass that applied a new revision", "1 status write", f"{today:.2f}",
+         "1 status write + 1 StageInventory rewritten", f"{status + changed:.2f}",
+         f"{(status + changed) / today:.2f}x"],
+        ["warm no-op pass (lastHandledReconcileAt)", "1 status write", f"{today:.2f}", "1 status write",
+         f"{status:.2f}", f"{status / today:.2f}x"],
+    ]
+    return markdown_table(["pass", "today: writes", "ms", "StageInventory shape: writes", "ms",
+                           "shape / today"], lines)
 
 
 def _strip_cel(bench: Bench) -> None:
@@ -167,14 +228,34 @@ def _call(write: Any, round_: int, item: tuple[tuple[str, str], KubeObject]) -> 
     write(item, round_)
 
 
-def _writes(bench: Bench, placement: list[tuple[str, int]]) -> dict[str, Any]:
+def _writes(bench: Bench, placement: list[tuple[str, int]], *, shapes: bool = False,
+            sets: dict[tuple[str, str], KubeObject] | None = None) -> dict[str, Any]:
     index = {f"set-{k:04d}": k for _, k in placement}
+    counter = itertools.count(1)
 
-    def status(item: tuple[tuple[str, str], KubeObject], round_: int, *, smaller: bool) -> None:
+    def status(item: tuple[tuple[str, str], KubeObject], round_: int, *, smaller: bool,
+               without: tuple[str, ...] = SMALLER) -> None:
         (namespace, name), obj = item
         bench.admin.request("PATCH", STAGESETS.object_path(namespace=namespace, name=name) + "/status",
-                            body=_status_patch(obj, round_, smaller=smaller),
+                            body=_status_patch(obj, round_, smaller=smaller, without=without),
                             content_type="application/merge-patch+json")
+
+    def inventory(item: tuple[tuple[str, str], KubeObject], round_: int, *, new: bool) -> None:
+        (namespace, name), obj = item
+        del round_  # every call writes something new: a new object, or changed digests
+        stage = obj["status"]["inventory"][0]
+        serial = next(counter)
+        object_name = f"{name}-{stage['name']}" + (f"-n{serial}" if new else "")
+        entries = [{**entry, "h": f"{serial:06d}{entry.get('h', '')[6:]}"} for entry in stage["entries"]]
+        body = {"apiVersion": "stages.metio.wtf/v1", "kind": "StageInventory",
+                "metadata": {"name": object_name, "namespace": namespace,
+                             "labels": {"stages.metio.wtf/name": name},
+                             "ownerReferences": [{"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+                                                  "name": name, "uid": obj["metadata"]["uid"],
+                                                  "controller": True, "blockOwnerDeletion": True}]},
+                "spec": {"stageSet": name, "stage": stage["name"], "entries": entries}}
+        bench.admin.apply(f"/apis/stages.metio.wtf/v1/namespaces/{namespace}/stageinventories/{object_name}",
+                          body, field_manager="stageset-controller")
 
     def configmap(item: tuple[tuple[str, str], KubeObject], round_: int) -> None:
         (namespace, name), _ = item
@@ -185,11 +266,21 @@ def _writes(bench: Bench, placement: list[tuple[str, int]]) -> dict[str, Any]:
                            "data": {"round": str(round_)}},
                           field_manager="stageset-bench-floor")
 
-    return {
+    if shapes and sets is not None:
+        # The objects "changed" rewrites, created first (untimed).
+        parallel(8, lambda item: inventory(item, 0, new=False), list(sets.items()))
+    writes = {
         "status (as written)": lambda item, r: status(item, r, smaller=False),
         "status without inventory and history": lambda item, r: status(item, r, smaller=True),
         "ConfigMap apply": configmap,
     }
+    if shapes:
+        writes.update({
+            "status without inventory": lambda item, r: status(item, r, smaller=True, without=("inventory",)),
+            "StageInventory apply, new": lambda item, r: inventory(item, r, new=True),
+            "StageInventory apply, changed": lambda item, r: inventory(item, r, new=False),
+        })
+    return writes
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,8 +289,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--watchers", type=lambda v: tuple(int(x) for x in v.split(",")), default=(0, 4),
                         help="extra StageSet watchers per measurement (the benchmark's own is always open)")
+    parser.add_argument("--shapes", action="store_true",
+                        help="also the inventory's own object (the reference's StageInventory), per pass")
     args = parser.parse_args(argv)
-    print(measure(args.n, args.rounds, args.watchers))
+    print(measure(args.n, args.rounds, args.watchers, shapes=args.shapes))
     return 0
 
 

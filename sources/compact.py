@@ -21,7 +21,8 @@ Records of consumers not heard of for :data:`SERVED_TTL` (a GitRepository delete
 kept records their holder has not refreshed for as long (a StageSet deleted long ago), are dropped
 first, so their commits stop being kept.
 
-The compacted copy is built aside (``.init-*``) and swapped in by the caller
+The compacted copy is built aside (``.init-*``, written as :mod:`sources.cachefiles` writes a
+mirror: no lock files, no fsync) and swapped in by the caller
 (:class:`sources.mirror.MirrorStore`, holding the URL's fetch lock, with no reader inside);
 the old directory is then deleted.  A crash midway leaves the old mirror intact and an
 ``.init-*`` directory that the next start removes.
@@ -39,8 +40,9 @@ from pathlib import Path
 
 from dulwich.object_store import BaseObjectStore
 from dulwich.objects import Commit, ObjectID, ShaFile, Tag, Tree
-from dulwich.refs import Ref
 from dulwich.repo import Repo
+
+from sources import cachefiles
 
 COMPACT_AFTER_PACKS = 16
 """A mirror with more packs than this is compacted after its next fetch."""
@@ -154,14 +156,16 @@ def compacted_copy(path: Path, *, served_dir_name: str, keep_files: Iterable[str
             objects = list(_closure(old.object_store, roots))
             kept = {o.id for o in objects}
             commits = [o for o in objects if isinstance(o, Commit)]
-            with Repo.init_bare(str(staging)) as new:
+            cachefiles.init_bare(staging, url="")
+            with cachefiles.CacheRepo(str(staging)) as new:
                 if objects:
                     new.object_store.add_objects([(o, None) for o in objects])
                 shallow = {c.id for c in commits if any(p not in kept for p in c.parents)}
                 if shallow:
                     new.update_shallow(shallow, None)
-                for ref, sha in refs.items():
-                    new.refs[Ref(ref)] = sha
+            for ref, sha in refs.items():
+                with contextlib.suppress(OSError):  # refs are hints for negotiation
+                    cachefiles.set_ref(staging, ref.decode(), sha.decode("ascii"))
         shutil.copyfile(path / "config", staging / "config")
         for records in (served_dir_name, kept_dir_name):
             if records is not None and (path / records).is_dir():

@@ -88,6 +88,16 @@ A mirror does not grow with its history either: after a fetch that leaves it wit
 commits still served to someone or named by its refs (trees included, history not) and
 swapped in atomically, under its fetch lock and only while nobody reads it
 (:mod:`sources.compact`).
+
+**A cache, not a database** (:mod:`sources.cachefiles`): refs, the shallow list and the
+repository's own files are written aside and renamed into place, with no lock file and no
+``fsync``; a write is bracketed by a marker naming its writer.  A mirror found damaged — an
+unfinished write, or, for a mirror last known whole in another boot, any checksum that does not
+match — is moved aside and removed like an evicted one (:attr:`MirrorStore.discarded` counts
+them), never read: its commits are fetched again.  A mirror is checked when a store adopts it
+from disk, and again whenever reading or fetching into it fails other than on purpose (a
+:class:`~sources.errors.SourceError`); a fetch that finds its mirror damaged starts over in a
+new one, once.
 """
 
 from __future__ import annotations
@@ -99,20 +109,26 @@ import shutil
 import tempfile
 import threading
 import time
+import traceback
 from collections import deque
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dulwich.errors import NotGitRepository
-from dulwich.object_store import ObjectStoreGraphWalker
+from dulwich.object_store import DiskObjectStore, ObjectStoreGraphWalker
 from dulwich.objects import Commit, ObjectID, Tag
-from dulwich.refs import Ref
 from dulwich.repo import Repo
 
+from sources import cachefiles
 from sources.compact import compacted_copy, kept_commits, needs_compaction
 from sources.credentials import Credentials
-from sources.errors import GitOperationError, NotFetchedError, RefNotFoundError, UrlPolicyError
+from sources.errors import (
+    GitOperationError,
+    NotFetchedError,
+    RefNotFoundError,
+    SourceError,
+    UrlPolicyError,
+)
 from sources.limits import Limits
 from sources.refs import PEELED_SUFFIX, RefSelector, Resolution, resolve, valid_ref_name
 from sources.revision import format_revision
@@ -168,7 +184,7 @@ class Snapshot:
         return format_revision(self.ref_name, self.commit)
 
 
-class _MirrorRepo(Repo):
+class _MirrorRepo(cachefiles.CacheRepo):
     """A mirror; negotiates fetches from every commit its refs keep, not only branches."""
 
     def get_graph_walker(self, heads: list[ObjectID] | None = None) -> ObjectStoreGraphWalker:
@@ -194,6 +210,17 @@ def _disk_usage(path: Path) -> int:
     return total
 
 
+def _clear_debris(mirror: Path, *, now: float) -> None:
+    """Files a writer that died left aside in ``mirror`` (never used: only renamed-in files are)."""
+    for directory, prefix in ((mirror, cachefiles.STAGING_PREFIX), (mirror / "objects", "tmp_pack_")):
+        with contextlib.suppress(OSError):
+            for leftover in directory.iterdir():
+                with contextlib.suppress(OSError):
+                    if leftover.name.startswith(prefix) and (
+                            now - leftover.stat().st_mtime > _DEBRIS_AGE):
+                        leftover.unlink()
+
+
 def _consumer_file(consumer: str) -> str:
     return hashlib.sha256(consumer.encode()).hexdigest()[:32]
 
@@ -210,6 +237,14 @@ def _peeled_commit(repo: Repo, sha: ObjectID) -> ObjectID | None:
             return None
         sha = obj.object[1]
     return None
+
+
+def _write_fetch(remote: Remote, repo: Repo, *, wants: list[str], depth: int, blob_limit: int,
+                 listing: Listing, haves: list[str] | None = None) -> int:
+    """:meth:`Remote.fetch` into ``repo``, bracketed as a write (:func:`sources.cachefiles.writing`)."""
+    with cachefiles.writing(Path(repo.path)):
+        return remote.fetch(repo, wants=wants, depth=depth, blob_limit=blob_limit,
+                            haves=haves or [], listing=listing)
 
 
 def reachable(repo: Repo, *, tips: Iterable[str], target: str, limit: int) -> bool:
@@ -268,6 +303,11 @@ class MirrorStore:
         """How many mirrors were evicted by this store (for metrics and tests)."""
         self.compactions = 0
         """How many times a mirror was compacted (:mod:`sources.compact`)."""
+        self.discarded = 0
+        """How many mirrors were found damaged and discarded (:mod:`sources.cachefiles`)."""
+        self._damaged: set[str] = set()
+        # Mirrors found damaged while someone read them: refused to new readers, discarded by
+        # the next fetch once nobody reads them.
         self._adopt_existing()
 
     # -- public API --------------------------------------------------------------------
@@ -296,21 +336,17 @@ class MirrorStore:
                 f"timed out after {timeout:g}s waiting for another fetch of {remote_url.display}"
             )
         try:
-            path = self._ensure_mirror(remote_url)
-            with _MirrorRepo(str(path)) as repo:
-                fetched = False
-                if selector.commit is not None:
-                    fetched = self._prove_pin(remote, repo, listing, selector, name=name)
-                elif ObjectID(resolution.want.encode("ascii")) not in repo.object_store:
-                    self._make_room(keep=name)
-                    self._fetch_tip(remote, repo, resolution, listing=listing)
-                    fetched = True
-                commit = self._peel(repo, resolution, url=remote_url.display)
-                if resolution.ref is not None and resolution.ref.startswith("refs/") and (
-                    valid_ref_name(resolution.ref)
-                ):
-                    # Kept so later fetches negotiate from it (see _MirrorRepo).
-                    repo.refs[Ref(resolution.ref.encode())] = ObjectID(commit.encode("ascii"))
+            path = self._ensure_mirror(remote_url, name=name)
+            try:
+                commit, fetched = self._fetch_into(path, remote, listing, selector, resolution,
+                                                   name=name)
+            except Exception as error:
+                if not self._found_damaged(name, path, deep=not isinstance(error, SourceError)):
+                    raise
+                # Discarded: start over, once, in a new mirror.
+                path = self._ensure_mirror(remote_url, name=name)
+                commit, fetched = self._fetch_into(path, remote, listing, selector, resolution,
+                                                   name=name)
             if consumer is not None:
                 self._record_served(name, consumer, commit)
             self._touch(name, persist=True)
@@ -324,6 +360,27 @@ class MirrorStore:
             self.evict(keep=name)
         return Snapshot(url=remote_url.display, ref_name=resolution.ref_name, commit=commit,
                         fetched=fetched)
+
+    def _fetch_into(self, path: Path, remote: Remote, listing: Listing, selector: RefSelector,
+                    resolution: Resolution, *, name: str) -> tuple[str, bool]:
+        """The fetch itself, under the URL's lock: (the commit, whether objects were fetched)."""
+        with _MirrorRepo(str(path)) as repo:
+            fetched = False
+            if selector.commit is not None:
+                fetched = self._prove_pin(remote, repo, listing, selector, name=name)
+            elif ObjectID(resolution.want.encode("ascii")) not in repo.object_store:
+                self._make_room(keep=name)
+                self._fetch_tip(remote, repo, resolution, listing=listing)
+                fetched = True
+            commit = self._peel(repo, resolution, url=remote.url.display)
+        if resolution.ref is not None and resolution.ref.startswith("refs/") and (
+            valid_ref_name(resolution.ref)
+        ):
+            # Kept so later fetches negotiate from it (see _MirrorRepo); only a hint, so a ref
+            # that cannot be written (another ref's directory in the way) is left out.
+            with contextlib.suppress(OSError):
+                cachefiles.set_ref(path, resolution.ref, commit)
+        return commit, fetched
 
     def is_served(self, url: str, *, commit: str, consumer: str) -> bool:
         """Whether ``commit`` of ``url`` was served to ``consumer`` by :meth:`fetch` (and the
@@ -399,8 +456,8 @@ class MirrorStore:
         """
         remote_url = parse_url(url, self._policy)
         self._check_served(remote_url, url=url, commit=commit, consumer=consumer)
-        with self._reading(remote_url, commit=commit) as repo:
-            return read_tree(repo.object_store, commit=commit, path=path, ignore=ignore,
+        with self._reading(remote_url, commit=commit) as store:
+            return read_tree(store, commit=commit, path=path, ignore=ignore,
                              limits=limits or self._limits, cache=self._ignores, unreadable=unreadable,
                              trees=self._trees, scope=self._name_for(remote_url))
 
@@ -409,8 +466,8 @@ class MirrorStore:
         """The Git tree id of ``path`` at ``commit``: equal ids mean equal content."""
         remote_url = parse_url(url, self._policy)
         self._check_served(remote_url, url=url, commit=commit, consumer=consumer)
-        with self._reading(remote_url, commit=commit) as repo:
-            return subtree_id(repo.object_store, commit=commit, path=path, trees=self._trees,
+        with self._reading(remote_url, commit=commit) as store:
+            return subtree_id(store, commit=commit, path=path, trees=self._trees,
                               scope=self._name_for(remote_url))
 
     def mirror_path(self, url: str) -> Path:
@@ -471,7 +528,7 @@ class MirrorStore:
     def _fetch_tip(self, remote: Remote, repo: Repo, resolution: Resolution, *,
                    listing: Listing) -> None:
         """Fetch an object the caller's listing advertised (proven by the listing itself)."""
-        remote.fetch(repo, wants=[resolution.want], depth=1, blob_limit=self._blob_limit(),
+        _write_fetch(remote, repo, wants=[resolution.want], depth=1, blob_limit=self._blob_limit(),
                      listing=listing)
         if ObjectID(resolution.want.encode("ascii")) not in repo.object_store:
             raise GitOperationError(
@@ -495,7 +552,7 @@ class MirrorStore:
             "credentials)")
         self._make_room(keep=name)
         try:
-            remote.fetch(repo, wants=[pinned], depth=1, blob_limit=self._blob_limit(),
+            _write_fetch(remote, repo, wants=[pinned], depth=1, blob_limit=self._blob_limit(),
                          haves=[pinned] if present else [], listing=listing)
         except WantRefusedError as refused:
             if refused.protocol_version == 2 or not tips:
@@ -510,7 +567,7 @@ class MirrorStore:
                     not_found: RefNotFoundError, listing: Listing) -> bool:
         """Servers that send only advertised tips: deepen them, boundedly, to find ``pinned``."""
         for depth in _PIN_STEPS:
-            remote.fetch(repo, wants=tips, depth=depth, blob_limit=self._blob_limit(),
+            _write_fetch(remote, repo, wants=tips, depth=depth, blob_limit=self._blob_limit(),
                          listing=listing)
             if reachable(repo, tips=tips, target=pinned, limit=depth + 1):
                 return True
@@ -609,6 +666,39 @@ class MirrorStore:
         self.compactions += 1
         return True
 
+    def _found_damaged(self, name: str, path: Path, *, deep: bool) -> bool:
+        """After a fetch into mirror ``name`` failed (its lock held): whether the mirror is
+        damaged, and then discarded (True: the caller may start over in a new one)."""
+        with self._locks_guard:
+            flagged = name in self._damaged
+        if not flagged and cachefiles.damage(path, deep=deep) is None:
+            return False
+        if not self._discard(name):
+            with self._locks_guard:
+                self._damaged.add(name)  # refused to new readers; discarded once they are done
+            return False
+        return True
+
+    def _discard(self, name: str) -> bool:
+        """Remove damaged mirror ``name`` (its fetch lock held by the caller) unless someone
+        reads it; whether it is gone."""
+        with self._locks_guard:
+            if self._readers.get(name, 0):
+                return False
+            aside = self._root / f".evict-{name}-{os.getpid()}-{threading.get_ident()}"
+            try:
+                os.rename(self._root / name, aside)
+                moved = True
+            except FileNotFoundError:
+                moved = False
+            self._damaged.discard(name)
+            self._sizes.pop(name, None)
+        if moved:
+            shutil.rmtree(aside, ignore_errors=True)
+            self.discarded += 1
+        self._trees.forget(name)
+        return True
+
     def _detach(self, name: str) -> tuple[Path, int] | None:
         """Atomically move mirror ``name`` aside if nobody uses it; None if busy.
 
@@ -642,44 +732,83 @@ class MirrorStore:
                     if now - entry.stat().st_mtime > _DEBRIS_AGE:
                         shutil.rmtree(entry, ignore_errors=True)
             elif entry.is_dir() and (entry / "HEAD").exists():
+                _clear_debris(entry, now=now)
+                whole = cachefiles.known_whole_in_this_boot(entry)
+                if cachefiles.damage(entry, deep=not whole) is not None:
+                    aside = self._root / f".evict-{entry.name}-{os.getpid()}-adopt"
+                    with contextlib.suppress(OSError):
+                        os.rename(entry, aside)
+                        shutil.rmtree(aside, ignore_errors=True)
+                        self.discarded += 1
+                    continue
+                if not whole:
+                    cachefiles.mark_boot(entry)
                 marker = entry / _USED_MARKER
                 used = marker.stat().st_mtime if marker.exists() else entry.stat().st_mtime
                 self._last_used[entry.name] = used
                 self._sizes[entry.name] = _disk_usage(entry)
 
     @contextlib.contextmanager
-    def _reading(self, remote_url: RemoteUrl, *, commit: str) -> Iterator[_MirrorRepo]:
-        """The mirror opened for reading; it cannot be evicted until the block ends."""
+    def _reading(self, remote_url: RemoteUrl, *, commit: str) -> Iterator[DiskObjectStore]:
+        """The mirror's object store opened for reading; it cannot be evicted until the block ends.
+        Only the object store: a whole repository (its config parsed, its refs and worktrees set
+        up) costs ten times as much to open, on every read.
+
+        A read that fails other than on purpose (not a :class:`SourceError`) has the mirror
+        checked in full: found damaged, it is refused to every reader from then on (this one
+        gets :class:`NotFetchedError`) and discarded by the next fetch, which fetches again."""
         name = self._name_for(remote_url)
+        missing = NotFetchedError(
+            f"commit {commit} of {remote_url.display} is not in the mirror; fetch it first")
         with self._locks_guard:
+            if name in self._damaged:
+                raise missing
             self._readers[name] = self._readers.get(name, 0) + 1
         try:
-            try:
-                repo = _MirrorRepo(str(self._root / name))
-            except NotGitRepository:
-                raise NotFetchedError(
-                    f"commit {commit} of {remote_url.display} is not in the mirror; fetch it "
-                    "first"
-                ) from None
+            objects = self._root / name / "objects"
+            if not objects.is_dir():
+                raise missing
+            store = DiskObjectStore(str(objects))
             self._touch(name)
-            with repo:
-                yield repo
+            try:
+                yield store
+            except SourceError:
+                raise
+            except Exception as error:
+                # Its frames may hold views of the pack's memory map, which could not be closed.
+                traceback.clear_frames(error.__traceback__)
+                problem = cachefiles.damage(self._root / name, deep=True)
+                if problem is None:
+                    raise
+                with self._locks_guard:
+                    self._damaged.add(name)
+                raise NotFetchedError(
+                    f"the mirror of {remote_url.display} was found damaged ({problem}); "
+                    "it is fetched again") from None
+            finally:
+                with contextlib.suppress(BufferError):  # a view still held: the map goes with it
+                    store.close()
         finally:
             with self._locks_guard:
                 self._readers[name] -= 1
 
-    def _ensure_mirror(self, remote_url: RemoteUrl) -> Path:
-        """Create the bare mirror if needed (atomically: init aside, then rename)."""
+    def _ensure_mirror(self, remote_url: RemoteUrl, *, name: str) -> Path:
+        """Create the bare mirror if needed (atomically: init aside, then rename); the caller
+        holds its lock.  One found damaged meanwhile (an unfinished write of this process, or a
+        read that failed) is discarded first, or refused while someone still reads it."""
         path = self._path_for(remote_url)
+        with self._locks_guard:
+            flagged = name in self._damaged
+        if (flagged or cachefiles.unfinished_write(path)) and not self._discard(name):
+            raise GitOperationError(
+                f"the mirror of {remote_url.display} was found damaged and is still being read; "
+                "it is fetched again once nobody reads it")
         if (path / "HEAD").exists():
             return path
         staging = Path(tempfile.mkdtemp(prefix=".init-", dir=self._root))
         try:
-            with Repo.init_bare(str(staging)) as repo:
-                config = repo.get_config()
-                # For people inspecting the disk; never contains credentials.
-                config.set((b"stageset",), b"url", remote_url.display.encode())
-                config.write_to_path()
+            # The URL is for people inspecting the disk; it never contains credentials.
+            cachefiles.init_bare(staging, url=remote_url.display)
             try:
                 os.rename(staging, path)
             except OSError:

@@ -49,6 +49,8 @@ from __future__ import annotations
 
 import base64
 import functools
+import heapq
+import itertools
 import socket
 import ssl
 import threading
@@ -233,6 +235,67 @@ class Sockets:
                     sock.shutdown(socket.SHUT_RDWR)
 
 
+class _Armed:
+    """One deadline the :class:`Watchdog` keeps: its action runs at the deadline unless cancelled."""
+
+    __slots__ = ("action", "cancelled")
+
+    def __init__(self, action: Callable[[], None]) -> None:
+        self.action = action
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class Watchdog:
+    """One thread that runs each armed action at its deadline (cutting an HTTP session's sockets).
+
+    A timer thread per session cost a thread start and its wake-up per Git request: with a
+    repository per GitRepository, about 4 % of the controller's busy time in a cold run of 300.
+    Cancelled deadlines are dropped when they come up; the thread starts with the first one."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, _Armed]] = []
+        self._serial = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def arm(self, seconds: float, action: Callable[[], None]) -> _Armed:
+        armed = _Armed(action)
+        with self._cond:
+            heapq.heappush(self._heap, (time.monotonic() + seconds, next(self._serial), armed))
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._run, name="git-watchdog", daemon=True)
+                self._thread.start()
+            self._cond.notify()
+        return armed
+
+    def _run(self) -> None:
+        with self._cond:
+            while True:
+                while self._heap and self._heap[0][2].cancelled:
+                    heapq.heappop(self._heap)
+                if not self._heap:
+                    self._cond.wait()
+                    continue
+                due = self._heap[0][0] - time.monotonic()
+                if due > 0:
+                    self._cond.wait(due)
+                    continue
+                armed = heapq.heappop(self._heap)[2]
+                self._cond.release()
+                try:
+                    with suppress(Exception):  # an action's failure must not stop every deadline
+                        armed.action()
+                finally:
+                    self._cond.acquire()
+
+
+WATCHDOG = Watchdog()
+"""The process's watchdog of Git HTTP sessions."""
+
+
 class _WatchedHTTPPool(urllib3.HTTPConnectionPool):
     sockets: Sockets | None = None
 
@@ -388,18 +451,18 @@ class Remote:
             raise self._timed_out(action)
         if self.url.kind != "ssh":
             sockets = Sockets()
-            watchdog = threading.Timer(deadline.remaining(), sockets.cut)
-            watchdog.daemon = True
+            armed: _Armed | None = None
             try:
                 with self._errors(action, sockets):
                     client, path = self._client(sockets, budget, deadline, reuse=reuse)
-                    watchdog.start()
+                    armed = WATCHDOG.arm(deadline.remaining(), sockets.cut)
                     try:
                         yield client, path
                     finally:
                         client.close()
             finally:
-                watchdog.cancel()
+                if armed is not None:
+                    armed.cancel()
             return
         creds = self.credentials or Credentials()
         session = ssh_session(identity=creds.identity, known_hosts=creds.known_hosts,

@@ -32,6 +32,7 @@ from stageset.api.stageset import (
     AppliedTarget,
     Decryption,
     DecryptionProvider,
+    DependencyRef,
     DriftDetection,
     DriftedObject,
     DriftMode,
@@ -49,6 +50,7 @@ from stageset.api.stageset import (
     StageSetStatus,
     StageStatus,
     SubstituteRef,
+    SupersededRef,
 )
 from stageset.api.target import StageTarget, StageTargetSpec, StageTargetStatus, TargetRef
 
@@ -62,6 +64,7 @@ __all__ = [
     "Condition",
     "Decryption",
     "DecryptionProvider",
+    "DependencyRef",
     "DriftDetection",
     "DriftMode",
     "DriftedObject",
@@ -89,6 +92,7 @@ __all__ = [
     "StageTargetSpec",
     "StageTargetStatus",
     "SubstituteRef",
+    "SupersededRef",
     "TargetRef",
     "duration_seconds",
     "format_time",

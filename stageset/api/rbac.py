@@ -91,6 +91,23 @@ TARGET_RULES: list[dict[str, Any]] = [
     {"apiGroups": [""], "resources": ["secrets"], "verbs": ["get", "list", "watch"]},
 ]
 
+# Workload identity (``--workload-identity``, the chart's ``targets.workloadIdentity``): the controller
+# requests tokens for the ServiceAccounts that act on a workload-identity remote (``kubeConfig.
+# configMapRef``).  Bound where its ClusterRole is (one ClusterRoleBinding, or a RoleBinding per watched
+# namespace: only tenants' namespaces it serves), never in cluster-admin mode (which has it), and in
+# each target namespace through the targets Role (the StageTargets' platform accounts).  No more than
+# ``impersonate serviceaccounts`` already allows there; which account a token is requested for is
+# decided in stageset/controller/targets/workload.py.
+TOKEN_REQUEST_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "resources": ["serviceaccounts/token"], "verbs": ["create"]},
+]
+# ... and in each target namespace, the workload-identity ConfigMaps beside the StageTargets (read and
+# watched metadata-only by the controller itself), added to the targets Role.
+WORKLOAD_TARGET_RULES: list[dict[str, Any]] = [
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list", "watch"]},
+    *TOKEN_REQUEST_RULES,
+]
+
 # Leader election: the release's Lease, granted by a Role in the release namespace only (the
 # chart's "<release>-leader-election" Role), not cluster-wide; label shards' hand-off records are
 # Leases there too, deleted once their hand-off is complete (stageset/controller/handoff.py).

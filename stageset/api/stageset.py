@@ -29,6 +29,7 @@ from stageset.api.common import (
     DNSLabel,
     DNSSubdomain,
     Duration,
+    LocalObjectRef,
     SecretKeyRef,
     StatusModel,
     Time,
@@ -54,7 +55,9 @@ from stageset.api.vocabulary import StagePhase
 
 MAX_STAGES = 64
 MAX_DEPENDENCIES = 32
-"""StageSets in ``spec.dependsOn`` (a bound the CEL cost estimate of ``minVersion`` needs)."""
+"""Entries of ``spec.dependsOn`` (a bound the CEL cost estimate of its rules needs)."""
+MAX_SUPERSEDES = 16
+"""StageSets in ``spec.supersedes``."""
 DEFAULT_TIMEOUT = "15m"
 """``spec.timeout`` when left out, as in the reference."""
 MAX_PATCHES = 32
@@ -72,57 +75,164 @@ MAX_CEL_EXPRESSION = 2048
 
 _SHORT = Annotated[str, Field(min_length=1, max_length=253)]
 
+CelExpression = Annotated[str, Field(min_length=1, max_length=MAX_CEL_EXPRESSION)]
+"""A CEL expression over the object's top-level fields (``metadata``, ``spec``, ``status`` ...)."""
+
+
+DEPENDENCY_API_VERSION_PATTERN = (r"^([a-z0-9]([-a-z0-9]*[a-z0-9])?([.][a-z0-9]([-a-z0-9]*[a-z0-9])?)*/)?"
+                                  r"[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+"""``group/version`` or a core ``version``: a DNS subdomain, then a DNS label."""
+KIND_PATTERN = r"^[A-Za-z][A-Za-z0-9]*$"
+
+_IS_STAGESET = f"has(self.apiVersion) && self.apiVersion == '{API_VERSION}' && self.kind == 'StageSet'"
+
+_API_VERSION_WITH_KIND: JsonDict = {
+    "rule": "has(self.apiVersion) == has(self.kind)",
+    "message": "set apiVersion and kind together (an object of that kind), or neither (a StageSet)",
+    "fieldPath": ".kind",
+}
+_MIN_VERSION_OF_STAGESETS: JsonDict = {
+    "rule": f"!has(self.minVersion) || !has(self.kind) || ({_IS_STAGESET})",
+    "message": "minVersion applies to StageSet dependencies only (a version floor on what it applied); "
+               "use readyExpr to say when an object of another kind is ready",
+    "fieldPath": ".minVersion",
+}
+_READY_EXPR_OF_OTHER_KINDS: JsonDict = {
+    "rule": f"!has(self.readyExpr) || (has(self.kind) && !({_IS_STAGESET}))",
+    "message": "readyExpr applies to dependencies of other kinds (apiVersion and kind set); a StageSet "
+               "dependency is ready when it is Ready at its generation (see minVersion)",
+    "fieldPath": ".readyExpr",
+}
+
 
 class StageSetRef(ApiModel):
-    """Another StageSet this one waits for: Ready at its current generation, no new revision held
-    back by its update windows, and (with ``minVersion``) applied at a version at or above it."""
+    """What this StageSet waits for before any of its stages starts.
 
-    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [MIN_VERSION_RULE]})
+    Without ``apiVersion`` and ``kind``: another StageSet, Ready at its current generation, no new
+    revision held back by its update windows, and (with ``minVersion``) applied at a version at or
+    above it.  With them: any object of that kind (an operator's CustomResourceDefinition, a
+    database claim, a HelmRelease), ready when the kstatus rules say it is Current, or when
+    ``readyExpr`` is true.  Either is read, and watched while waited for, as this StageSet's
+    ServiceAccount."""
 
+    model_config = ConfigDict(json_schema_extra={"x-kubernetes-validations": [
+        MIN_VERSION_RULE, _API_VERSION_WITH_KIND, _MIN_VERSION_OF_STAGESETS, _READY_EXPR_OF_OTHER_KINDS]})
+
+    api_version: Annotated[str, Field(min_length=1, max_length=253,
+                                      pattern=DEPENDENCY_API_VERSION_PATTERN)] | None = None
+    """API version of the object, e.g. ``example.com/v1`` or ``v1`` (the core group); set together
+    with ``kind``.  Left out (with ``kind``): a StageSet."""
+    kind: Annotated[str, Field(min_length=1, max_length=63, pattern=KIND_PATTERN)] | None = None
+    """Kind of the object, e.g. ``CustomResourceDefinition``, ``HelmRelease``; set together with
+    ``apiVersion``.  ``stages.metio.wtf/v1`` ``StageSet`` is the same as leaving both out."""
     name: DNSSubdomain
-    """Name of the StageSet."""
+    """Name of the StageSet (or of the object of ``kind``)."""
     namespace: DNSLabel | None = None
-    """Namespace of the StageSet; defaults to this StageSet's namespace."""
+    """Namespace of the StageSet or object; defaults to this StageSet's.  Ignored for a
+    cluster-scoped kind (a CustomResourceDefinition, a Namespace ...), which discovery tells."""
     min_version: MinVersion | None = None
     """A semantic version (``5.2.0``, ``v5.2``) the StageSet's applied revision must be at or above:
     every revision in its ``status.lastAppliedRevision`` must be a version tag (``v5.2.1@sha1:…``)
-    no lower than this.  Until then this StageSet waits (``DependencyNotReady``)."""
+    no lower than this.  Until then this StageSet waits (``DependencyNotReady``).  StageSets only."""
+    ready_expr: CelExpression | None = None
+    """A CEL expression that is true when the object is ready, instead of the kstatus rules (other
+    kinds only).  Variables as in ``readyChecks.exprs``: ``apiVersion``, ``kind``, ``metadata``,
+    ``spec``, ``status`` (an absent one is an empty map) and ``self``, the whole object; e.g.
+    ``status.phase == 'Bound'``.  An object being deleted, or whose ``status.observedGeneration``
+    is behind its ``metadata.generation``, is not ready whatever it says."""
 
     @field_validator("min_version")
     @classmethod
     def _semver(cls, value: str | None) -> str | None:
         return checked_min_version(value)
 
+    @model_validator(mode="after")
+    def _kinds(self) -> StageSetRef:
+        if (self.api_version is None) != (self.kind is None):
+            raise ValueError(_API_VERSION_WITH_KIND["message"])
+        if self.min_version is not None and not self.names_stageset:
+            raise ValueError(_MIN_VERSION_OF_STAGESETS["message"])
+        if self.ready_expr is not None and self.names_stageset:
+            raise ValueError(_READY_EXPR_OF_OTHER_KINDS["message"])
+        return self
 
-def _secret_ref_by_rule(schema: JsonDict) -> None:
-    # ``secretRef`` is required, but said by a rule rather than the schema's ``required``: a
-    # missing required field stops the apiserver before the CEL rules run, and then a reference
-    # StageSet with ``configMapRef`` would be told "secretRef: Required value" instead of why
-    # ``configMapRef`` is refused.
+    @property
+    def names_stageset(self) -> bool:
+        """Whether this entry is a StageSet dependency (no ``kind``, or ``stages.metio.wtf/v1`` StageSet)."""
+        return self.kind is None or (self.api_version == API_VERSION and self.kind == "StageSet")
+
+
+DependencyRef = StageSetRef
+"""A ``spec.dependsOn`` entry: a StageSet, or an object of any kind (the older name stays)."""
+
+
+class SupersededRef(ApiModel):
+    """A StageSet whose objects this one takes over in place (``spec.supersedes``)."""
+
+    name: DNSSubdomain
+    """Name of the StageSet."""
+    namespace: DNSLabel | None = None
+    """Namespace of the StageSet; defaults to this StageSet's namespace."""
+
+    def key(self, namespace: str) -> tuple[str, str]:
+        """``(namespace, name)``, the namespace defaulted to ``namespace`` (this StageSet's)."""
+        return self.namespace or namespace, self.name
+
+
+_UNIQUE_SUPERSEDED: JsonDict = {
+    "rule": "self.all(a, self.exists_one(b, b.name == a.name && (has(b.__namespace__) ? "
+            "b.__namespace__ : '') == (has(a.__namespace__) ? a.__namespace__ : '')))",
+    "message": "supersedes names a StageSet more than once",
+}
+
+
+_ONE_KUBECONFIG: JsonDict = {
+    "rule": "has(self.secretRef) != has(self.configMapRef)",
+    "message": "kubeConfig needs exactly one of secretRef (a Secret holding a kubeconfig) and "
+               "configMapRef (a ConfigMap naming the cluster, reached by workload identity)",
+    "fieldPath": ".secretRef", "reason": "FieldValueRequired"}
+
+
+def _one_of_refs(schema: JsonDict) -> None:
+    # Neither ref is required by the schema: exactly one of them is, said by a CEL rule (a missing
+    # required field would stop the apiserver before the rules run, with a less helpful message).
     required = schema.get("required")
-    assert isinstance(required, list)
-    required.remove("secretRef")
-    if not required:
-        del schema["required"]
+    if isinstance(required, list):
+        for name in ("secretRef", "configMapRef"):
+            if name in required:
+                required.remove(name)
+        if not required:
+            del schema["required"]
     rules = schema.get("x-kubernetes-validations", [])
     assert isinstance(rules, list)
-    schema["x-kubernetes-validations"] = [*rules, {
-        "rule": "has(self.secretRef) || has(self.configMapRef)",
-        "message": "kubeConfig needs secretRef: the Secret (and key) holding the kubeconfig",
-        "fieldPath": ".secretRef", "reason": "FieldValueRequired"}]
+    schema["x-kubernetes-validations"] = [*rules, _ONE_KUBECONFIG]
 
 
 class KubeConfigRef(ApiModel):
-    """Apply to a remote cluster, with the kubeconfig stored in a Secret of this namespace.
+    """Apply to a remote cluster: a kubeconfig stored in a Secret of this namespace (``secretRef``), or
+    a ConfigMap naming the cluster, reached with a token this cluster issues for the ServiceAccount
+    (``configMapRef``, workload identity: nothing secret is stored).
 
-    The Secret is read as the tenant; the kubeconfig may not run commands or read
-    local files.
+    Both are read as the tenant.  A kubeconfig may not run commands or read local files; a ConfigMap's
+    keys are Flux's: ``provider`` (``generic``), ``address``, ``ca.crt``, and optionally
+    ``audiences`` and ``serviceAccountName``.
     """
 
-    model_config = ConfigDict(json_schema_extra=_secret_ref_by_rule)
+    model_config = ConfigDict(json_schema_extra=_one_of_refs)
 
-    secret_ref: SecretKeyRef
+    secret_ref: SecretKeyRef | None = None
     """The Secret and key holding the kubeconfig; the key defaults to ``value``."""
+    config_map_ref: LocalObjectRef | None = None
+    """The ConfigMap naming the remote cluster (``provider: generic``, ``address``, ``ca.crt``,
+    ``audiences``, ``serviceAccountName``): the controller asks this cluster for a token for the
+    ServiceAccount (audience: the address) and talks to the remote as that identity, without
+    impersonation.  Exclusive with ``secretRef``."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> KubeConfigRef:
+        if (self.secret_ref is None) == (self.config_map_ref is None):
+            raise ValueError(str(_ONE_KUBECONFIG["message"]))
+        return self
 
 
 class DecryptionProvider(StrEnum):
@@ -252,8 +362,6 @@ class OnTimeout(StrEnum):
     with ``rollbackOnFailure: true`` the release is rolled back to its last good revisions."""
 
 
-CelExpression = Annotated[str, Field(min_length=1, max_length=MAX_CEL_EXPRESSION)]
-"""A CEL expression over the object's top-level fields (``metadata``, ``spec``, ``status`` ...)."""
 
 
 class HealthCheckExpr(ApiModel):
@@ -747,7 +855,19 @@ class StageSetSpec(ApiModel):
     depends_on: list[StageSetRef] = Field(
         default_factory=list, max_length=MAX_DEPENDENCIES,
         json_schema_extra={"x-kubernetes-list-type": "atomic"})
-    """StageSets that must be ready before any stage of this one starts."""
+    """StageSets, and objects of other kinds (``apiVersion`` and ``kind`` set), that must be ready
+    before any stage of this one starts."""
+    supersedes: list[SupersededRef] = Field(
+        default_factory=list, max_length=MAX_SUPERSEDES,
+        json_schema_extra={"x-kubernetes-list-type": "atomic",
+                           "x-kubernetes-validations": [_UNIQUE_SUPERSEDED]})
+    """StageSets whose objects this one takes over: an object this StageSet renders that one of them
+    holds is adopted in place (same object, new owner labels; nothing deleted or created) instead of
+    an ``OwnershipConflict``, and that StageSet lets it go.  Its actions' ledger comes along, so a
+    ``pre``/``post`` action it ran for the revision does not run again.  Only what this StageSet's
+    ServiceAccount could take over by hand: it must be allowed to ``get`` and ``patch`` each StageSet
+    named here (else ``SupersedeDenied``, and nothing is taken).  An extension: the reference has no
+    such field (see the tenancy tiers page: "Moving from tier 1 to tier 2")."""
     service_account_name: DNSSubdomain | None = None
     """ServiceAccount every write is made as (impersonated).
 
@@ -755,7 +875,8 @@ class StageSetSpec(ApiModel):
     installed in cluster-admin mode accepts.
     """
     kube_config: KubeConfigRef | None = None
-    """Apply to the remote cluster this kubeconfig points at."""
+    """Apply to a remote cluster: the one a kubeconfig Secret points at (``secretRef``), or the one a
+    ConfigMap names, reached by workload identity (``configMapRef``)."""
     target_ref: TargetRef | None = None
     """Apply to the cluster a StageTarget of the platform names (exclusive with ``kubeConfig``).  The
     target and its kubeconfig are read by the controller; this namespace must be one of the target's
@@ -832,6 +953,13 @@ class StageSetSpec(ApiModel):
         return self
 
     @model_validator(mode="after")
+    def _superseded_once(self) -> StageSetSpec:
+        named = [(ref.namespace or "", ref.name) for ref in self.supersedes]
+        if len(set(named)) != len(named):
+            raise ValueError(str(_UNIQUE_SUPERSEDED["message"]))
+        return self
+
+    @model_validator(mode="after")
     def _stage_graph_names(self) -> StageSetSpec:
         names = [stage.name for stage in self.stages]
         seen: set[str] = set()
@@ -902,6 +1030,8 @@ class AppliedTarget(StatusModel):
     """The cluster's stable id: its server URL and CA fingerprint (``https://host:6443#<16 hex>``)."""
     kube_config: SecretKeyRef | None = None
     """The kubeConfig Secret (and key) it was reached through, to reach it again after a move."""
+    config_map_ref: LocalObjectRef | None = None
+    """Or the kubeConfig ConfigMap (workload identity) it was reached through."""
     target_ref: TargetRef | None = None
     """Or the platform's StageTarget it was reached through (``spec.targetRef``)."""
 

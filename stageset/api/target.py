@@ -16,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from pydantic import Field
+from pydantic import ConfigDict, Field, model_validator
 from pydantic.config import JsonDict
 
 from stageset.api.common import (
@@ -26,6 +26,7 @@ from stageset.api.common import (
     Count,
     DNSLabel,
     DNSSubdomain,
+    LocalObjectRef,
     SecretKeyRef,
     StatusModel,
 )
@@ -36,20 +37,55 @@ MAX_ALLOWED_NAMESPACES = 1024
 _UNIQUE_NAMESPACES: JsonDict = {"x-kubernetes-list-type": "set"}
 
 
-class TargetKubeConfig(ApiModel):
-    """Where the target's kubeconfig is: a Secret in the StageTarget's own namespace, read by the
-    controller alone.  The same rules as ``StageSet.spec.kubeConfig``: inline data only, no
-    commands, files or proxies."""
+_ONE_KUBECONFIG: JsonDict = {
+    "rule": "has(self.secretRef) != has(self.configMapRef)",
+    "message": "kubeConfig needs exactly one of secretRef (a Secret holding a kubeconfig) and "
+               "configMapRef (a ConfigMap naming the cluster, reached by workload identity)",
+    "fieldPath": ".secretRef", "reason": "FieldValueRequired"}
 
-    secret_ref: SecretKeyRef
+
+def _one_of_refs(schema: JsonDict) -> None:
+    required = schema.get("required")
+    if isinstance(required, list):
+        for name in ("secretRef", "configMapRef"):
+            if name in required:
+                required.remove(name)
+        if not required:
+            del schema["required"]
+    rules = schema.get("x-kubernetes-validations", [])
+    assert isinstance(rules, list)
+    schema["x-kubernetes-validations"] = [*rules, _ONE_KUBECONFIG]
+
+
+class TargetKubeConfig(ApiModel):
+    """Where the target's cluster is: a kubeconfig Secret in the StageTarget's own namespace, or a
+    ConfigMap there naming the cluster (workload identity), read by the controller alone.  The same
+    rules as ``StageSet.spec.kubeConfig``: inline data only, no commands, files or proxies."""
+
+    model_config = ConfigDict(json_schema_extra=_one_of_refs)
+
+    secret_ref: SecretKeyRef | None = None
     """The Secret and key holding the kubeconfig; the key defaults to ``value``."""
+    config_map_ref: LocalObjectRef | None = None
+    """The ConfigMap naming the cluster (``provider: generic``, ``address``, ``ca.crt``, optional
+    ``audiences``) and the ServiceAccount of this namespace the controller requests tokens for
+    (``serviceAccountName``, required here): the platform's own identity on the cluster, used for
+    discovery and the target's health.  Each stage still writes as its own ServiceAccount there, by
+    a token requested for it (never by impersonation).  Exclusive with ``secretRef``."""
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> TargetKubeConfig:
+        if (self.secret_ref is None) == (self.config_map_ref is None):
+            raise ValueError(str(_ONE_KUBECONFIG["message"]))
+        return self
 
 
 class StageTargetSpec(ApiModel):
     """Which cluster, and which tenant namespaces may apply to it."""
 
     kube_config: TargetKubeConfig
-    """The kubeconfig of the cluster (its Secret is read by the controller, never by a tenant)."""
+    """The cluster: a kubeconfig Secret or a workload-identity ConfigMap, read by the controller, never by
+    a tenant."""
     allowed_namespaces: list[DNSLabel] = Field(
         default_factory=list, max_length=MAX_ALLOWED_NAMESPACES, json_schema_extra=_UNIQUE_NAMESPACES)
     """The namespaces whose StageSets may name this target, by name.  Removing one stops its
@@ -71,8 +107,8 @@ class StageTargetStatus(StatusModel):
     kubernetes_version: str | None = Field(default=None, max_length=256)
     """The Kubernetes version the cluster reported (``/version``'s ``gitVersion``)."""
     observed_secret_version: str | None = Field(default=None, max_length=256)
-    """The ``resourceVersion`` of the kubeconfig Secret last read: a change (a rotated credential,
-    another cluster) wakes every StageSet on the target."""
+    """The ``resourceVersion`` of the kubeconfig Secret (or workload-identity ConfigMap) last read: a
+    change (a rotated credential, another cluster) wakes every StageSet on the target."""
     last_handled_reconcile_at: str | None = Field(default=None, max_length=256)
     """The last ``reconcile.fluxcd.io/requestedAt`` annotation value acted on."""
 
@@ -104,9 +140,14 @@ class TargetRef(ApiModel):
 def target_text(spec: Mapping[str, Any]) -> str | None:
     """The cluster a StageSet's raw ``spec`` applies to, by name (the CLI and the dashboard show it):
     ``StageTarget <namespace>/<name>`` (the platform's, never its server), ``kubeConfig Secret
-    <name>``, or ``None`` for the controller's own cluster."""
+    <name>``, ``kubeConfig ConfigMap <name>`` (workload identity), or ``None`` for the controller's own
+    cluster."""
     ref = spec.get("targetRef") or {}
     if ref.get("name"):
         return f"StageTarget {ref.get('namespace')}/{ref['name']}"
-    secret = ((spec.get("kubeConfig") or {}).get("secretRef") or {}).get("name")
-    return f"kubeConfig Secret {secret}" if secret else None
+    kube_config = spec.get("kubeConfig") or {}
+    secret = (kube_config.get("secretRef") or {}).get("name")
+    if secret:
+        return f"kubeConfig Secret {secret}"
+    config_map = (kube_config.get("configMapRef") or {}).get("name")
+    return f"kubeConfig ConfigMap {config_map}" if config_map else None

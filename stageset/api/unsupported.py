@@ -74,7 +74,6 @@ class Shape(enum.Enum):
 PATHS: Final = {
     "StageSetSpec": "spec",
     "Stage": "spec.stages[]",
-    "KubeConfigRef": "spec.kubeConfig",
     "Promotion": "spec.stages[].promotion",
     "PreAction": "spec.stages[].actions.pre[]",
     "PostAction": "spec.stages[].actions.post[]",
@@ -158,9 +157,6 @@ REFUSED: Final = (
     Refusal("StageSetSpec", "migrations", "versioned migrations", shape=Shape.OBJECTS),
     Refusal("StageSetSpec", "migrationsSourceRef", "versioned migrations read from a source",
             shape=Shape.OBJECT),
-    # spec.kubeConfig
-    Refusal("KubeConfigRef", "configMapRef", "cloud workload-identity access to a remote cluster",
-            shape=Shape.OBJECT, instead="use secretRef with a self-contained kubeconfig instead"),
     # spec.stages[]
     Refusal("Stage", "errorBudget", "freezing a stage on its SLO error budget", shape=Shape.OBJECT),
     Refusal("Stage", "migrationAnchor", "the anchor versioned migrations name", shape=Shape.TEXT),

@@ -54,6 +54,12 @@ class Reason(StrEnum):
     """A stage renders an object another live StageSet owns: the stage writes nothing until it is released."""
     DRIFT_DETECTED = "DriftDetected"
     """The reason of the ``Drifted`` condition (never of ``Ready``): objects differ from what was applied."""
+    SUPERSEDE_DENIED = "SupersedeDenied"
+    """``spec.supersedes`` names a StageSet this StageSet's ServiceAccount may not read or patch: nothing
+    is applied, and that StageSet keeps everything it holds."""
+    RECONCILIATION_FAILED = "ReconciliationFailed"
+    """A pass failed in a way no other reason names (Flux's word): nothing more is applied until a
+    pass succeeds; retried with backoff."""
     # Steering a release (the reference's words; none of them is a failure but the last two)
     SOAKING = "Soaking"
     """A stage is Ready and soaking: its dependents start when the soak ends."""
@@ -149,6 +155,10 @@ class EventReason(StrEnum):
     """A member of an open wave failed: the FleetRollout opens no further wave."""
     ROLLOUT_COMPLETED = "RolloutCompleted"
     """Every wave of a FleetRollout is Ready at the newest revisions."""
+    TAKEN_OVER = "TakenOver"
+    """A stage took over objects of a StageSet its ``spec.supersedes`` names, in place (same objects)."""
+    HANDED_OVER = "HandedOver"
+    """A StageSet let objects go that a StageSet naming it in ``spec.supersedes`` took over."""
     SUSPENDED = "Suspended"
     """``spec.suspend`` turned true: nothing is applied until it is resumed (a Normal event: a
     deliberate state, not a failure)."""

@@ -161,6 +161,12 @@ class ExpressionChecker:
                     self._known.popitem(last=False)
         return known
 
+    def answers(self, sources: Iterable[str]) -> dict[str, Answer]:
+        """The type checker's answer for each expression (cached by source).  Raises
+        :class:`~stageset.apply.cel.LimitExceededError` and
+        :class:`~stageset.apply.cel.CelUnavailableError`."""
+        return self._answers(sources)
+
     def check(self, stageset: StageSet) -> None:
         """Raise :class:`StageError` (``InvalidSpec``) naming the first bad expression."""
         expressions = expressions_of(stageset)

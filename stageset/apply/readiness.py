@@ -4,6 +4,13 @@ Pure functions of the object's JSON.  ``Status.CURRENT`` means the object reache
 its desired state; ``IN_PROGRESS`` means wait; ``FAILED`` is terminal (waiting will
 not help).  Unknown kinds are current once their controller (if any) observed the
 latest generation and no Ready-style condition says otherwise.
+
+Our own kinds (``stages.metio.wtf``: StageSet, GitRepository, StageTarget, FleetRollout) are
+stricter (:func:`_ours`): the controller always writes their status, so one is current only when it
+says so — ``status.observedGeneration`` and the ``Ready`` condition's both at the object's
+generation, and ``Ready=True``.  A StageSet a parent StageSet has just created carries no status
+yet; under the generic rule it would read as current at once, and the parent would go on (and
+prune what the child is about to take over) before the child has done anything.
 """
 
 from __future__ import annotations
@@ -142,6 +149,31 @@ def _namespace(obj: KubeObject) -> Readiness:
     return Readiness(Status.IN_PROGRESS, "namespace is terminating")
 
 
+OUR_GROUP = "stages.metio.wtf"
+
+
+def _ours(obj: KubeObject) -> Readiness:
+    """One of our kinds: current only when its controller said ``Ready=True`` about its current
+    generation (both ``status.observedGeneration`` and the condition's); ``Stalled=True`` about that
+    generation is terminal; anything else — no status at all included — is in progress."""
+    generation = obj.get("metadata", {}).get("generation")
+    status = obj.get("status") or {}
+    conditions = _conditions(obj)
+    stalled = conditions.get("Stalled", {})
+    if stalled.get("status") == "True" and stalled.get("observedGeneration", generation) == generation:
+        return Readiness(Status.FAILED, str(stalled.get("message") or "stalled"))
+    ready = conditions.get("Ready")
+    if ready is None or status.get("observedGeneration") is None:
+        return Readiness(Status.IN_PROGRESS, f"has not reported its status for generation {generation} yet")
+    if status.get("observedGeneration") != generation or ready.get("observedGeneration") != generation:
+        return Readiness(Status.IN_PROGRESS, f"generation {generation} not yet observed "
+                                             f"(at {status.get('observedGeneration')})")
+    if ready.get("status") != "True":
+        reason = f"{ready.get('reason')}: " if ready.get("reason") else ""
+        return Readiness(Status.IN_PROGRESS, f"{reason}{ready.get('message') or 'not ready'}")
+    return Readiness(Status.CURRENT)
+
+
 def _generic(obj: KubeObject) -> Readiness:
     conditions = _conditions(obj)
     stalled = conditions.get("Stalled", {})
@@ -183,5 +215,7 @@ def readiness(obj: KubeObject) -> Readiness:
     if early is not None:
         return early
     group = str(obj.get("apiVersion", "")).rpartition("/")[0]
+    if group == OUR_GROUP:
+        return _ours(obj)
     rule = _RULES.get((group, str(obj.get("kind", ""))), _generic)
     return rule(obj)

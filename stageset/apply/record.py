@@ -16,8 +16,8 @@ Rules:
   it is tried again on every pass until it completes, and nothing is pruned meanwhile;
 - each stage record names the cluster it was applied on (a target id, :data:`THIS_CLUSTER` when
   absent) and, for a remote, how it was reached: the kubeConfig Secret of the StageSet's namespace
-  (``kc``: name and key) or the platform's StageTarget (``st``: namespace and name) — references
-  only, never a credential;
+  (``kc``: name and key), its workload-identity ConfigMap (``cm``: name) or the platform's StageTarget
+  (``st``: namespace and name) — references only, never a credential;
   when the stages move to another cluster, the records of the cluster they leave go to
   ``previous`` (with ``since``, when the move began) until that cluster is cleaned up, so a
   controller that restarts, or a StageSet whose status was lost, still finds them.
@@ -26,8 +26,17 @@ Format history (:data:`FORMAT`; :func:`parse` migrates): 1 — no targets (every
 cluster); 2 — targets, ``previous`` and ``since``; ``st`` was added to format 2 later without a new
 number, as an optional key: a record without it reads as before (a remote reached through
 ``kc`` only), and an older format-2 reader ignores it (so a rollback does not turn every record
-into a rebuild).  A format this controller does not know reads as "look on the cluster again"
-(``rebuild``).
+into a rebuild); ``cm`` was added the same way (an older reader sees a remote with no way recorded
+to reach it again, as it would any record it cannot follow).  A format this controller does not
+know reads as "look on the cluster again" (``rebuild``).
+
+The record is written by the controller but sits in the StageSet's own metadata, where its tenant
+can edit it: every value is checked where it is parsed (:func:`parse`) — stage names, the
+ServiceAccount, kinds and namespaces (they become list paths), targets, the ``kc`` Secret, the ``cm``
+ConfigMap and ``st`` StageTarget references, ``since`` — with the rules the API applies to the same
+names.  A record of a known format with a value that fails them reads as "look on the cluster
+again" *and* names the field (:attr:`Record.problem`): the StageSet's pass stops there with ``InvalidSpec``
+(:func:`problem_of`), and the record is never trusted to name a cluster, a Secret or an identity.
 
 Why an annotation and not status, a new kind (the reference's per-stage ``StageInventory``
 objects) or labels alone: see docs/concepts.md ("Inventory").
@@ -36,11 +45,13 @@ objects) or labels alone: see docs/concepts.md ("Inventory").
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from stageset.api import THIS_CLUSTER, StageInventory
+from stageset.api import THIS_CLUSTER, StageInventory, parse_time
+from stageset.api.common import DNS_LABEL_PATTERN, DNS_SUBDOMAIN_PATTERN
 from stageset.apply.inventory import entry_id
 from stageset.kube.types import KubeObject
 
@@ -87,6 +98,9 @@ class StageRecord:
     stage_target: StageTargetName | None = None
     """For a remote target: the platform StageTarget it was reached through (``spec.targetRef``), so
     a StageSet whose status was lost mid-move still reaches the cluster it leaves."""
+    config_map: str | None = None
+    """For a remote target: the workload-identity ConfigMap (``kubeConfig.configMapRef``) it was
+    reached through."""
 
     def covers(self, other: StageRecord) -> bool:
         return self.service_account == other.service_account and self.target == other.target and all(
@@ -97,8 +111,11 @@ class StageRecord:
         kinds = {k: frozenset(v) for k, v in self.kinds.items()}
         for kind, namespaces in other.kinds.items():
             kinds[kind] = kinds.get(kind, frozenset()) | namespaces
-        return StageRecord(other.service_account, kinds, other.target, other.via or self.via,
-                           other.stage_target or self.stage_target)
+        # One way to reach the target: the other's Secret or ConfigMap if it names one, else this one's.
+        secret_or_map = (other.via, other.config_map) if other.via or other.config_map else \
+            (self.via, self.config_map)
+        return StageRecord(other.service_account, kinds, other.target, secret_or_map[0],
+                           other.stage_target or self.stage_target, secret_or_map[1])
 
     def body(self) -> dict[str, Any]:
         encoded: dict[str, Any] = {
@@ -110,6 +127,8 @@ class StageRecord:
                 encoded["kc"] = list(self.via)
             if self.stage_target is not None:
                 encoded["st"] = list(self.stage_target)
+            if self.config_map is not None:
+                encoded["cm"] = self.config_map
         return encoded
 
     @classmethod
@@ -118,7 +137,92 @@ class StageRecord:
                    kinds={KindRef.decode(str(k)): frozenset(str(n) for n in ns)
                           for k, ns in (stage.get("kinds") or {}).items()},
                    target=str(stage.get("t") or THIS_CLUSTER),
-                   via=_pair(stage.get("kc")), stage_target=_pair(stage.get("st")))
+                   via=_pair(stage.get("kc")), stage_target=_pair(stage.get("st")),
+                   config_map=str(stage["cm"]) if isinstance(stage.get("cm"), str) and stage["cm"] else None)
+
+
+class RecordError(ValueError):
+    """A value of a known-format record that fails the API's rules; the message names the field."""
+
+
+_API_VERSION = re.compile(r"^([a-z0-9]([-a-z0-9.]*[a-z0-9])?/)?[a-z0-9]+$")
+_KIND = re.compile(r"^[A-Za-z][-A-Za-z0-9]{0,62}$")
+MAX_TARGET = 2100
+"""Characters of a target id at most (a server URL of at most 2048, ``#``, a fingerprint)."""
+
+
+def _label(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 63 and re.fullmatch(DNS_LABEL_PATTERN, value) is not None
+
+
+def _subdomain(value: Any) -> bool:
+    return isinstance(value, str) and len(value) <= 253 and \
+        re.fullmatch(DNS_SUBDOMAIN_PATTERN, value) is not None
+
+
+def _printable(value: Any, limit: int) -> bool:
+    return isinstance(value, str) and 0 < len(value) <= limit and all(33 <= ord(c) < 127 for c in value)
+
+
+def _check_stage(stage: Any, where: str) -> None:
+    """Raise :class:`RecordError` naming the first field of one stage record that fails its rule."""
+    if not isinstance(stage, Mapping):
+        raise RecordError(f"{where}: not an object")
+    account = stage.get("sa")
+    if account is not None and not _subdomain(account):
+        raise RecordError(f"{where}.sa: not a ServiceAccount name (a DNS subdomain)")
+    kinds = stage.get("kinds") or {}
+    if not isinstance(kinds, Mapping):
+        raise RecordError(f"{where}.kinds: not an object")
+    for key, namespaces in kinds.items():
+        kind = KindRef.decode(str(key))
+        if not _API_VERSION.fullmatch(kind.api_version) or not _KIND.fullmatch(kind.kind):
+            raise RecordError(f"{where}.kinds: {str(key)[:100]!r} is not an apiVersion and kind")
+        if not isinstance(namespaces, list) or not all(n == "" or _label(n) for n in namespaces):
+            raise RecordError(f"{where}.kinds[{str(key)[:100]}]: not a list of namespace names")
+    target = stage.get("t")
+    if target is not None and not _printable(target, MAX_TARGET):
+        raise RecordError(f"{where}.t: not a target id")
+    via = stage.get("kc")
+    if via is not None and not (isinstance(via, list) and len(via) == 2 and _subdomain(via[0])
+                                and isinstance(via[1], str) and 0 < len(via[1]) <= 253):
+        raise RecordError(f"{where}.kc: not a kubeConfig Secret reference [name, key] (the name a DNS "
+                          "subdomain)")
+    platform = stage.get("st")
+    if platform is not None and not (isinstance(platform, list) and len(platform) == 2
+                                     and _label(platform[0]) and _subdomain(platform[1])):
+        raise RecordError(f"{where}.st: not a StageTarget reference [namespace, name]")
+    config_map = stage.get("cm")
+    if config_map is not None and not _subdomain(config_map):
+        raise RecordError(f"{where}.cm: not a workload-identity ConfigMap name (a DNS subdomain)")
+
+
+def check(body: Mapping[str, Any]) -> None:
+    """Every value of a known-format record body against the API's rules; raises :class:`RecordError`."""
+    stages = body.get("stages") or {}
+    if not isinstance(stages, Mapping):
+        raise RecordError("stages: not an object")
+    for name, stage in stages.items():
+        if not _label(name):
+            raise RecordError(f"stages: {str(name)[:100]!r} is not a stage name")
+        _check_stage(stage, f"stages[{name}]")
+    previous = body.get("prev") or []
+    if not isinstance(previous, list):
+        raise RecordError("prev: not a list")
+    for index, item in enumerate(previous):
+        if not isinstance(item, Mapping) or not _label(item.get("stage")):
+            raise RecordError(f"prev[{index}].stage: not a stage name")
+        _check_stage(item, f"prev[{index}]")
+    since = body.get("since")
+    if since is not None and (not isinstance(since, str) or parse_time(since) is None):
+        raise RecordError("since: not a timestamp")
+
+
+def problem_of(obj: KubeObject) -> str | None:
+    """Why the StageSet's record cannot be used (``InvalidSpec``), naming the field; ``None``: it can."""
+    problem = parse(obj).problem
+    return None if problem is None else f"metadata.annotations[{ANNOTATION}]: {problem}; remove the " \
+        "annotation and the controller writes it again from status and the cluster"
 
 
 def _pair(value: Any) -> tuple[str, str] | None:
@@ -151,6 +255,9 @@ class Record:
     targetless: bool = False
     """Read from a record written before targets were recorded (format 1, or none at all): its
     StageSet's inventories name no target because none was recorded, not because they are here."""
+    problem: str | None = None
+    """A known-format record with a value that fails the API's rules: which field (the record then
+    holds nothing and asks for a rebuild; the StageSet's pass stops with ``InvalidSpec``)."""
 
     def encode(self) -> str:
         body: dict[str, Any] = {"v": FORMAT, "stages": {
@@ -211,9 +318,10 @@ def parse(obj: KubeObject) -> Record:
         body = json.loads(raw)
         if not isinstance(body, dict) or body.get("v") not in (FORMAT, _TARGETLESS):
             return Record(rebuild=True)  # a format we do not know: look on the cluster again
+        check(body)
         stages = {str(name): StageRecord.of_body(stage) for name, stage in (body.get("stages") or {}).items()}
         if body["v"] == _TARGETLESS:  # migration: no target was recorded, so it was this cluster
-            stages = {name: replace(stage, target=THIS_CLUSTER, via=None, stage_target=None)
+            stages = {name: replace(stage, target=THIS_CLUSTER, via=None, stage_target=None, config_map=None)
                       for name, stage in stages.items()}
             return Record(stages, bool(body.get("rebuild")), targetless=True)
         previous = _gathered((str(item["stage"]), StageRecord.of_body(item))
@@ -221,21 +329,25 @@ def parse(obj: KubeObject) -> Record:
         since = body.get("since")
         return Record(stages, bool(body.get("rebuild")), previous,
                       str(since) if previous and since else None)
-    except (ValueError, TypeError, AttributeError, KeyError):
+    except RecordError as error:
+        return Record(rebuild=True, problem=str(error))
+    except (ValueError, TypeError, AttributeError, KeyError, RecursionError):
         return Record(rebuild=True)
 
 
 def of_objects(service_account: str | None, objects: Iterable[tuple[str, KubeObject]], *,
-               target: str, via: Via | None, stage_target: StageTargetName | None = None) -> StageRecord:
+               target: str, via: Via | None, stage_target: StageTargetName | None = None,
+               config_map: str | None = None) -> StageRecord:
     """A stage record from ``(namespace, manifest)`` pairs (namespace ``""`` when cluster-scoped),
-    applied on ``target`` (reached through ``via`` or ``stage_target``)."""
+    applied on ``target`` (reached through ``via``, ``config_map`` or ``stage_target``)."""
     kinds: dict[KindRef, set[str]] = {}
     for namespace, obj in objects:
         kind = KindRef(str(obj.get("apiVersion", "")), str(obj.get("kind", "")))
         kinds.setdefault(kind, set()).add(namespace)
     remote = target != THIS_CLUSTER
     return StageRecord(service_account, {k: frozenset(v) for k, v in kinds.items()}, target,
-                       via if remote else None, stage_target if remote else None)
+                       via if remote else None, stage_target if remote else None,
+                       config_map if remote else None)
 
 
 def of_inventory(inv: StageInventory) -> StageRecord:
@@ -246,9 +358,11 @@ def of_inventory(inv: StageInventory) -> StageRecord:
         kinds.setdefault(KindRef(item.v, oid.kind), set()).add(oid.namespace)
     ref = inv.target.kube_config if inv.target is not None else None
     platform = inv.target.target_ref if inv.target is not None else None
+    config_map = inv.target.config_map_ref if inv.target is not None else None
     return StageRecord(inv.service_account_name, {k: frozenset(v) for k, v in kinds.items()}, inv.target_id,
                        (ref.name, ref.key) if ref is not None else None,
-                       (platform.namespace, platform.name) if platform is not None else None)
+                       (platform.namespace, platform.name) if platform is not None else None,
+                       config_map.name if config_map is not None else None)
 
 
 def of_inventories(inventories: Iterable[StageInventory], *, previous: Iterable[StageInventory],

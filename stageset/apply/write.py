@@ -206,7 +206,7 @@ def _held(core: ApplyCore, *, client: KubeClient, items: list[AppliedObject],
     """After a dry-run, before any write: read what exists but is new to the inventory, and fail
     with OwnershipConflict if another live StageSet holds any of it."""
     read_existing(core, client=client, items=items, previous=previous)
-    refuse_claimed(items, owner=owner, claims=claims)
+    refuse_claimed(items, owner=owner, claims=claims, previous=previous)
 
 
 def _write_pilot(core: ApplyCore, *, client: KubeClient, item: AppliedObject, conflicts: ConflictResolver,

@@ -37,7 +37,12 @@ import urllib3
 
 from stageset.api import parse_time
 from stageset.api.crd import KINDS, MIN_KUBERNETES, VERSION_ANNOTATION, custom_resource_definition
-from stageset.api.rbac import CONTROLLER_RULES, LEADER_ELECTION_RULES
+from stageset.api.rbac import (
+    CONTROLLER_RULES,
+    LEADER_ELECTION_RULES,
+    TOKEN_REQUEST_RULES,
+    WORKLOAD_TARGET_RULES,
+)
 from stageset.cli import helmstore
 from stageset.cli.session import CliError, Session, cluster_options, dump, echo
 from stageset.kube.client import ApiError, KubeClient
@@ -253,7 +258,8 @@ def _describe(attributes: dict[str, str]) -> str:
 def rights_needed(flags: dict[str, str], *, namespace: str) -> list[dict[str, str]]:
     """The SubjectAccessReview attributes a controller in ``namespace`` running with ``flags`` needs
     granted: the controller's rules where it watches, and the Lease rules where its Leases live —
-    the leader's (``--leader-elect``) and, on a label shard, the hand-off records beside it."""
+    the leader's (``--leader-elect``) and, on a label shard, the hand-off records beside it; with
+    ``--workload-identity``, ServiceAccount tokens where it watches and in the target namespaces."""
     watched = [n for n in flags.get("watch-namespaces", "").split(",") if n] or [""]
     wanted = [a for where in watched for a in _needed(CONTROLLER_RULES, where)]
     electing = flags.get("leader-elect") == "true"
@@ -262,6 +268,11 @@ def rights_needed(flags: dict[str, str], *, namespace: str) -> list[dict[str, st
         wanted += list(_needed(LEADER_ELECTION_RULES, lease_ns))
     if flags.get("cluster-admin") == "true":
         wanted.append({"verb": "*", "group": "*", "resource": "*", "subresource": ""})
+    elif flags.get("workload-identity") == "true":
+        # Token requests where it watches; in each target namespace, the ConfigMaps too.
+        wanted += [a for where in watched for a in _needed(TOKEN_REQUEST_RULES, where)]
+        targets = [n for n in flags.get("target-namespaces", "").split(",") if n]
+        wanted += [a for where in targets for a in _needed(WORKLOAD_TARGET_RULES, where)]
     return wanted
 
 

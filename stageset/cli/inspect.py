@@ -18,7 +18,7 @@ from stageset.api.target import target_text
 from stageset.api.vocabulary import ConditionType, StagePhase
 from stageset.apply.inventory import ObjectId
 from stageset.apply.readiness import readiness
-from stageset.cli import fleet, tenantview
+from stageset.cli import fleet, tenantview, waits
 from stageset.cli.params import LABEL_SELECTOR
 from stageset.cli.session import (
     CliError,
@@ -83,6 +83,7 @@ def summary(obj: KubeObject) -> dict[str, Any]:
             "lastAppliedTime": (stages.get(stage.get("name")) or {}).get("lastAppliedTime"),
         } for stage in spec.get("stages") or []],
         "sources": _sources_text(obj),
+        "dependsOn": waits.spec_text(obj),
         "target": target_text(spec),
         "pendingUpdate": status.get("pendingUpdate"),
         "rollback": status.get("rollback"),
@@ -160,8 +161,8 @@ def object_name(view: dict[str, Any]) -> str:
 
 
 def list_table(views: list[dict[str, Any]], *, every: bool, wide: bool) -> tuple[list[str], list[list[str]]]:
-    """The header and rows of ``get`` without NAME (``wide``: generation, phases, sources, the whole
-    message)."""
+    """The header and rows of ``get`` without NAME (``wide``: generation, phases, sources, what it waits
+    for, the whole message)."""
     headers = ["NAME", "READY", "REASON", "STAGES", "REVISION", "SUSPENDED", "AGE", "MESSAGE"]
     rows = [[v["name"], v["ready"], v["reason"] or "-", _stages_ready(v), short_revision(v["revision"]),
              str(v["suspended"]).lower(), age(v["created"]),
@@ -171,10 +172,10 @@ def list_table(views: list[dict[str, Any]], *, every: bool, wide: bool) -> tuple
         rows = [[*row[:4], str(len(v["drifted"])) if v["driftMode"] != "Correct" or v["drifted"] else "-",
                  *row[4:]] for v, row in zip(views, rows, strict=True)]
     if wide:
-        headers = [*headers[:-1], "GENERATION", "PHASES", "SOURCES", "TARGET", headers[-1]]
+        headers = [*headers[:-1], "GENERATION", "PHASES", "SOURCES", "WAITS FOR", "TARGET", headers[-1]]
         rows = [[*row[:-1], f"{v['observedGeneration'] or '-'}/{v['generation'] or '-'}",
                  ",".join(f"{s['name']}={s['phase']}" for s in v["stages"]) or "-", v["sources"],
-                 v["target"] or "-", row[-1]]
+                 v["dependsOn"], v["target"] or "-", row[-1]]
                 for v, row in zip(views, rows, strict=True)]
     if any(v["shard"] for v in views):  # label shards in use: which shard each one is for
         headers = [headers[0], "SHARD", *headers[1:]]
@@ -200,6 +201,8 @@ def _one(session: Session, view: dict[str, Any]) -> None:
     if wide:
         echo(f"  generation: {view['generation'] or '-'} (observed {view['observedGeneration'] or '-'}); "
              f"sources: {view['sources']}\n")
+        for line in waits_lines(view.get("waitsFor") or []):
+            echo(f"  {line}\n")
     for line in steering_lines(view):
         echo(f"  {line}\n")
     echo("\n")
@@ -213,6 +216,12 @@ def _one(session: Session, view: dict[str, Any]) -> None:
         rows = [[*row[:-1], age(s["lastAppliedTime"]) if s["lastAppliedTime"] else "-", row[-1]]
                 for s, row in zip(view["stages"], rows, strict=True)]
     echo(table(headers, rows))
+
+
+def waits_lines(found: list[dict[str, Any]]) -> list[str]:
+    """``waits for Database db: NotReady (is not Ready: provisioning)``, one per ``spec.dependsOn`` entry."""
+    return [f"waits for {d['what']}: {d['state']}" + (f" ({d['message']})" if d["message"] else "")
+            + (f" [readyExpr: {d['readyExpr']}]" if d.get("readyExpr") else "") for d in found]
 
 
 def _print_views(session: Session, views: list[dict[str, Any]], *, name: str | None, every: bool,
@@ -299,7 +308,8 @@ def get(session: Session, name: str | None, named: str | None, selector: LabelSe
 
     Without NAME, every StageSet of the namespace (-A: of every namespace; -l: with these
     labels); with NAME, that StageSet and a line per stage.  -o wide adds the generation, every
-    stage's phase, the sources and the whole message; -o name prints stageset.stages.metio.wtf/NAME.
+    stage's phase, the sources, what it waits for (spec.dependsOn; with NAME, each one's state, read
+    as you) and the whole message; -o name prints stageset.stages.metio.wtf/NAME.
 
     `get fleetrollouts [NAME]` shows FleetRollouts (cluster-scoped): each wave's phase and Ready
     members, and the revisions being rolled out; `get tenant NAME` a tenant at a glance (the
@@ -328,7 +338,10 @@ def get(session: Session, name: str | None, named: str | None, selector: LabelSe
         return
     if name is not None:
         obj = read_stageset(session, name)
-        _print_views(session, [summary(obj)], name=name, every=False, objects=[obj])
+        view = summary(obj)
+        if session.output == "wide":
+            view["waitsFor"] = waits.states(session.client(), obj)  # read as the user
+        _print_views(session, [view], name=name, every=False, objects=[obj])
         return
     namespace = None if session.all_namespaces else session.namespace
     query: dict[str, QueryValue] = {"labelSelector": labels} if labels else {}
@@ -423,8 +436,8 @@ def tree_view(session: Session, obj: KubeObject) -> dict[str, Any]:
                        "objects": objects})
     return {"namespace": view["namespace"], "name": view["name"], "ready": view["ready"],
             "reason": view["reason"], "revision": view["revision"], "target": view["target"],
-            "stages": stages, "pendingUpdate": view["pendingUpdate"], "rollback": view["rollback"],
-            "drift": view["drift"]}
+            "waitsFor": waits.states(client, obj), "stages": stages, "pendingUpdate": view["pendingUpdate"],
+            "rollback": view["rollback"], "drift": view["drift"]}
 
 
 def render_tree(view: dict[str, Any]) -> str:
@@ -432,6 +445,7 @@ def render_tree(view: dict[str, Any]) -> str:
              + (f" ({view['reason']})" if view["reason"] else "")
              + (f"  on {view['target']}" if view.get("target") else "")]
     lines.extend(f"  {line}" for line in steering_lines(view))
+    lines.extend(f"  {line}" for line in waits_lines(view.get("waitsFor") or []))
     stages = view["stages"]
     for i, stage in enumerate(stages):
         last_stage = i == len(stages) - 1
@@ -461,11 +475,12 @@ def render_tree(view: dict[str, Any]) -> str:
 def tree(session: Session, name: str, named: str | None) -> None:
     """Show a StageSet's stages and the objects each one applied, with their readiness.
 
-    Objects come from the StageSet's inventory and are read as you, so an object you may not
-    read shows as Unknown.  One a StageSet in `driftDetection.mode: Warn` left as someone else
-    changed it is marked `[drifted: <fields>]` (or `[drifted: deleted]`).  `tree fleetrollout
-    NAME` shows a FleetRollout's waves, each member with the revisions released to it and what it
-    holds.
+    First what it waits for (spec.dependsOn: StageSets and objects of other kinds, each Ready or
+    not by the controller's rules, readyExpr included).  Objects come from the StageSet's inventory
+    and are read as you, so an object you may not read shows as Unknown.  One a StageSet in
+    `driftDetection.mode: Warn` left as someone else changed it is marked `[drifted: <fields>]` (or
+    `[drifted: deleted]`).  `tree fleetrollout NAME` shows a FleetRollout's waves, each member with
+    the revisions released to it and what it holds.
     """
     if name in fleet.KIND_WORDS:
         if named is None:
@@ -508,15 +523,17 @@ def graph_view(session: Session, obj: KubeObject) -> dict[str, Any]:
     phases = {s["name"]: s["phase"] for s in view["stages"]}
     namespace = str(view["namespace"])
     client = session.client()
-    dependencies = [{"namespace": d.get("namespace") or namespace, "name": d["name"]}
-                    for d in spec.get("dependsOn") or []]
+    stagesets = [d for d in waits.entries(obj) if waits.is_stageset(d)]
+    dependencies = [{"namespace": d.get("namespace") or namespace, "name": d["name"]} for d in stagesets]
     for dependency in dependencies:
         dependency["state"] = _dependency_state(client, dependency["namespace"], dependency["name"])
+    others = waits.states(client, obj, stagesets=False)
     return {
         "namespace": namespace, "name": view["name"],
         "stages": [{"name": n.name, "phase": phases.get(n.name, "Pending"),
                     "after": sorted(graph.predecessors(n.name))} for n in nodes],
         "dependsOn": dependencies,
+        "waitsFor": others,
     }
 
 
@@ -543,6 +560,11 @@ def render_dot(view: dict[str, Any]) -> str:
         label = f"StageSet {dependency['namespace']}/{dependency['name']}\n{dependency['state']}"
         lines.append(f"  {_dot_id(node)} [label={_dot_id(label)}, style=dashed];")
         lines.extend(f"  {_dot_id(node)} -> {_dot_id('stage/' + root)} [style=dashed];" for root in roots)
+    for other in view.get("waitsFor") or []:
+        node = f"object/{other['kind']}/{other['namespace']}/{other['name']}"
+        label = f"{other['what']}\n{other['state']}"
+        lines.append(f"  {_dot_id(node)} [label={_dot_id(label)}, style=dashed];")
+        lines.extend(f"  {_dot_id(node)} -> {_dot_id('stage/' + root)} [style=dashed];" for root in roots)
     lines.append("}")
     return "\n".join(lines) + "\n"
 
@@ -553,6 +575,10 @@ def render_graph_table(view: dict[str, Any]) -> str:
     if view["dependsOn"]:
         text += "\n" + table(["DEPENDS ON STAGESET", "STATE"],
                              [[f"{d['namespace']}/{d['name']}", d["state"]] for d in view["dependsOn"]])
+    if view.get("waitsFor"):
+        text += "\n" + table(["DEPENDS ON", "STATE", "MESSAGE"],
+                             [[d["what"], d["state"], _first_line(d["message"], 100) or "-"]
+                              for d in view["waitsFor"]])
     return text
 
 
@@ -560,7 +586,8 @@ def render_graph_table(view: dict[str, Any]) -> str:
 @click.argument("name")
 @cluster_options(outputs=("table", "dot", "yaml", "json"))
 def graph(session: Session, name: str) -> None:
-    """Show the stage graph (which stage runs after which) and the StageSets this one waits for.
+    """Show the stage graph (which stage runs after which) and what this one waits for: the StageSets
+    and objects of other kinds in spec.dependsOn, each with its state as you read it.
 
     ``-o dot`` prints Graphviz: ``stageset graph shop -o dot | dot -Tsvg > shop.svg``.
     """

@@ -120,6 +120,8 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         max_drift_watches=int(params.get("max_drift_watches", 500)),
         target_namespaces=tuple(params.get("target_namespaces") or ()),
         max_remote_targets=int(params.get("max_remote_targets", 64)),
+        workload_identity=bool(params.get("workload_identity")),
+        max_dependency_watches=int(params.get("max_dependency_watches", 100)),
         runbook_base_url=str(params.get("runbook_base_url", DEFAULT_RUNBOOK_BASE_URL)),
         default_source_kind=DefaultSourceKind(params.get("default_source_kind")
                                               or DefaultSourceKind.GIT_REPOSITORY),
@@ -195,6 +197,10 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
               "controller, even with --cluster-admin); empty: no default.")
 @click.option("--no-cross-namespace-refs", is_flag=True, default=False,
               help="Refuse sourceRef and dependsOn into other namespaces.")
+@click.option("--max-dependency-watches", default=100, show_default=True, type=click.IntRange(min=0),
+              help="Watches StageSets waiting for an object of another kind in spec.dependsOn may hold at "
+              "once (one per cluster, identity, kind and namespace; at most 16 per identity); past that "
+              "they look again at their retryInterval. 0: no such watches.")
 @click.option("--workers", default=4, show_default=True, type=click.IntRange(min=1),
               help="Concurrent StageSet reconciles.")
 @click.option("--source-workers", default=4, show_default=True, type=click.IntRange(min=1),
@@ -280,6 +286,11 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
 @click.option("--max-remote-targets", default=64, show_default=True, type=click.IntRange(min=1),
               help="Remote clusters (StageTargets and spec.kubeConfig contents) kept connected at once, "
               "each with its discovery; past it the least recently used is dropped (reconnected when used).")
+@click.option("--workload-identity/--no-workload-identity", default=False, show_default=True,
+              envvar="STAGESET_WORKLOAD_IDENTITY",
+              help="Reach remote clusters named by a kubeConfig.configMapRef (StageSets and StageTargets) "
+              "with tokens this cluster issues for the ServiceAccounts that act there (TokenRequest: the "
+              "controller needs create on serviceaccounts/token). Off: configMapRef is refused.")
 @click.option("--max-readiness-watches", default=100, show_default=True, type=click.IntRange(min=0),
               help="Watches stages waiting for readiness may hold at once (each as the stage's identity, "
               "one kind and namespace, label-selected); past that they poll. 0: always poll.")

@@ -62,6 +62,7 @@ from stageset.controller.sourcekinds import DefaultSourceKind
 from stageset.controller.stageset import actionplan
 from stageset.controller.stageset.rendering import identify
 from stageset.controller.targets.clusters import Target, Targets, named
+from stageset.controller.targets.credentials import KubeconfigSecret, KubeConfigSources, Unavailable
 from stageset.kube.client import LOCAL, ApiError, Identity, KubeClient
 from stageset.kube.mapping import RestMapper
 from stageset.kube.types import KubeObject
@@ -234,7 +235,12 @@ class Differ:
         local = StageApplier(mapper=RestMapper(self._session.client()), settings=ApplySettings())
         if self._stageset.spec.kube_config is None:
             return Target(LOCAL, local)
-        targets = Targets(clients=self._session.pool, settings=ApplySettings(), local=local)
+        # A workload-identity cluster is reached by the controller's tokens only: refused here by name.
+        sources = KubeConfigSources(secrets=KubeconfigSecret(), config_maps=Unavailable(
+            "spec.kubeConfig.configMapRef: this command does not reach a workload-identity cluster (the "
+            "controller requests its tokens); compare on the remote cluster with --kubeconfig instead"))
+        targets = Targets(clients=self._session.pool, settings=ApplySettings(), local=local,
+                          credentials=sources)
         identity = POLICY.for_stageset(self._stageset, what="reading spec.kubeConfig")
         return targets.resolve(self._renderer.client(identity), self._stageset)
 

@@ -16,5 +16,8 @@ STAGETARGETS = Resource(group=GROUP, version=VERSION, kind="StageTarget", plural
                         namespaced=True)
 SECRETS = Resource(group="", version="v1", kind="Secret", plural="secrets", namespaced=True)
 """Watched metadata-only in the target namespaces (a kubeconfig Secret changed), never cached."""
+CONFIGMAPS = Resource(group="", version="v1", kind="ConfigMap", plural="configmaps", namespaced=True)
+"""Watched metadata-only in the target namespaces with workload identity on (a StageTarget's
+workload-identity ConfigMap changed), never cached."""
 FLEETROLLOUTS = Resource(group=GROUP, version=VERSION, kind="FleetRollout", plural="fleetrollouts",
                          namespaced=False)

@@ -292,8 +292,11 @@ class Manager:
                 self._run(queue, key)
             finally:
                 queue.done(key)
+                idle = len(queue) == 0
+                if idle:  # deflate the cached objects that stopped changing (controller/cache.py)
+                    self.cache.settle()
                 # Give the pass's freed memory back to the kernel (controller/memory.py).
-                self.trimmer.after_work(idle=len(queue) == 0)
+                self.trimmer.after_work(idle=idle)
 
     def _run(self, queue: WorkQueue[WorkKey], key: WorkKey) -> None:
         """One key's work.  The object handed to a reconcile lives only as long as this call: a

@@ -308,25 +308,40 @@ class _Prefixes:
         for index in self._set.Match(text) or ():
             units, head, start = self._forms[index], _compiled(self._heads[index]), 0
             while (match := head.search(text, start)) is not None:
-                end = self._cut_after(text, match.end(), units, cut=cut)
+                end = self._cut_after(text, match.start(), units, cut=cut)
                 if end is not None:
                     found.append((match.start(), end))
                 start = match.start() + 1
         return found
 
     @staticmethod
-    def _cut_after(text: str, at: int, units: tuple[str, ...], *, cut: bool) -> int | None:
+    def _cut_after(text: str, start: int, units: tuple[str, ...], *, cut: bool) -> int | None:
         """Where the prefix ends (half-written escape included) when the form, followed from
-        ``at``, meets a cut at some point; ``None`` when it runs into anything else."""
+        ``start``, meets a cut at some point after its first :data:`MIN_CUT` units; ``None`` when it
+        runs into anything else.  Every way through is followed: a unit that may be missing (a
+        blank, taken out of a squeezed text) is also skipped, so one that could swallow the start
+        of the next unit's escape (a space's ``\\`` before ``\\u00a1``) does not hide it."""
         best: int | None = None
-        for unit in (*units[MIN_CUT:], None):
-            if (mark := _CUT_AHEAD.match(text, at)) is not None:
-                best = mark.end() - next(len(m) for m in CUT_MARKS if text.startswith(m, mark.end() - len(m)))
-            elif cut and (tail := _PARTIAL_TO_END.match(text, at)) is not None:
-                best = tail.end()
-            if unit is None or (step := _compiled(unit).match(text, at)) is None:
+        ways = {start}
+        for index, unit in enumerate((*units, None)):
+            if index >= MIN_CUT:
+                for at in ways:
+                    end: int | None = None
+                    if (mark := _CUT_AHEAD.match(text, at)) is not None:
+                        end = mark.end() - next(len(m) for m in CUT_MARKS
+                                                if text.startswith(m, mark.end() - len(m)))
+                    elif cut and (tail := _PARTIAL_TO_END.match(text, at)) is not None:
+                        end = tail.end()
+                    if end is not None and (best is None or end > best):
+                        best = end
+            if unit is None:
                 return best
-            at = step.end()
+            optional = unit.startswith("(?:") and unit.endswith(")?")
+            step = _compiled(unit[:-1] if optional else unit)
+            ways = {m.end() for at in ways if (m := step.match(text, at)) is not None} | \
+                (ways if optional else set())
+            if not ways:
+                return best
         return best
 
 

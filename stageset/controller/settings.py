@@ -112,6 +112,14 @@ class ControllerSettings:
     # Remote clusters (platform targets and spec.kubeConfig contents) kept connected at once, each
     # with its discovery; past it the least recently used is dropped and connected again when used.
     max_remote_targets: int = 64
+    # Workload identity (spec.kubeConfig.configMapRef, a StageTarget's too): the controller requests
+    # tokens for ServiceAccounts (create serviceaccounts/token) and reaches remotes that trust this
+    # cluster's issuer with them.  Off: every configMapRef is refused and no token is ever requested.
+    workload_identity: bool = False
+    # A StageSet waiting for an object of another kind in spec.dependsOn is woken by a watch as its
+    # identity (one per cluster, identity, kind and namespace, held while someone waits), at most this
+    # many at once (``--max-dependency-watches``; 0: none); past that, it looks again at its retry.
+    max_dependency_watches: int = 100
     # Concurrent StageSet reconciles, and (a separate pool) concurrent GitRepository fetches.
     workers: int = 4
     source_workers: int = 4

@@ -17,6 +17,8 @@ from stageset.api.rbac import (
     NOTIFICATION_RULES,
     TARGET_RULES,
     TENANT_NOTIFICATION_RULES,
+    TOKEN_REQUEST_RULES,
+    WORKLOAD_TARGET_RULES,
     aggregated_cluster_roles,
     controller_cluster_role,
     tenant_cluster_roles,
@@ -128,7 +130,8 @@ def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
                           namespace: str = "stageset-system",
                           account: str = "stageset-controller",
                           watch_namespaces: list[str] | None = None,
-                          leader_election: bool = False, target_namespaces: list[str] | None = None) -> Path:
+                          leader_election: bool = False, target_namespaces: list[str] | None = None,
+                          workload_identity: bool = False) -> Path:
     """A kubeconfig for a ServiceAccount bound to exactly the chart's controller ClusterRole.
 
     Lets tests and benchmarks run the controller with the rights it has in a real
@@ -136,7 +139,10 @@ def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
     the role is bound by one RoleBinding per namespace, as the chart does for a shard; with
     ``leader_election`` the account may also use Leases in ``namespace``, as the chart's Role allows;
     with ``target_namespaces`` it may read StageTargets and Secrets (and write StageTargets' status)
-    in each of them, by a Role there, as the chart's ``targets.namespaces`` grants.
+    in each of them, by a Role there, as the chart's ``targets.namespaces`` grants; with
+    ``workload_identity`` it may request ServiceAccount tokens where its ClusterRole is bound (and read
+    ConfigMaps and request tokens in the target namespaces), as the chart's ``targets.workloadIdentity``
+    grants.
     """
     admin.apply(f"/api/v1/namespaces/{namespace}",
                 {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}},
@@ -162,6 +168,23 @@ def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
         admin.apply(f"{rbac}/clusterrolebindings/{account}",
                     {**binding, "kind": "ClusterRoleBinding", "metadata": {"name": account}},
                     field_manager="stageset-install")
+    if workload_identity:
+        tokens = f"{account}-token-requests"
+        admin.apply(f"{_ROLES}/{tokens}",
+                    {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
+                     "metadata": {"name": tokens}, "rules": TOKEN_REQUEST_RULES},
+                    field_manager="stageset-install")
+        token_binding = {**binding, "roleRef": {"apiGroup": "rbac.authorization.k8s.io",
+                                                "kind": "ClusterRole", "name": tokens}}
+        for watched in watch_namespaces or ():
+            admin.apply(f"{rbac}/namespaces/{watched}/rolebindings/{tokens}",
+                        {**token_binding, "kind": "RoleBinding",
+                         "metadata": {"name": tokens, "namespace": watched}},
+                        field_manager="stageset-install")
+        if not watch_namespaces:
+            admin.apply(f"{rbac}/clusterrolebindings/{tokens}",
+                        {**token_binding, "kind": "ClusterRoleBinding", "metadata": {"name": tokens}},
+                        field_manager="stageset-install")
     if leader_election:
         admin.apply(f"{rbac}/namespaces/{namespace}/roles/{account}-leader-election",
                     {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
@@ -180,7 +203,8 @@ def controller_kubeconfig(admin: KubeClient, *, url: str, ca: Path, path: Path,
                     field_manager="stageset-install")
         admin.apply(f"{rbac}/namespaces/{target}/roles/{account}-targets",
                     {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role",
-                     "metadata": {"name": f"{account}-targets", "namespace": target}, "rules": TARGET_RULES},
+                     "metadata": {"name": f"{account}-targets", "namespace": target},
+                     "rules": [*TARGET_RULES, *(WORKLOAD_TARGET_RULES if workload_identity else [])]},
                     field_manager="stageset-install")
         admin.apply(f"{rbac}/namespaces/{target}/rolebindings/{account}-targets",
                     {**binding, "kind": "RoleBinding", "roleRef": role_ref,

@@ -13,6 +13,14 @@ its own ServiceAccount in ``kube-system`` (``--use-service-account-credentials``
 apiserver's bootstrap RBAC policy), so the audit log names e.g.
 ``system:serviceaccount:kube-system:namespace-controller`` for what the namespace controller deletes.
 
+Workload identity, between two planes (``tests/e2e/federated/``): ``start(serve_issuer=True)`` makes
+the apiserver's ServiceAccount issuer its own URL (so its discovery document and keys are served
+where the issuer says) and lets anyone read them (``system:service-account-issuer-discovery`` bound
+to ``system:unauthenticated``, as a cluster publishing its issuer does); ``start(trust=[JwtIssuer(...)])``
+starts an apiserver with a structured ``AuthenticationConfiguration`` whose JWT authenticators accept
+those issuers' tokens (audience: that apiserver's own URL unless given; usernames prefixed).  The
+default planes do neither.
+
 Each process runs in its own session and is asked to die with its parent
 (``PR_SET_PDEATHSIG``), so even a ``kill -9`` of the test runner leaves no
 apiserver behind.  Ports are picked free on 127.0.0.1.
@@ -66,6 +74,35 @@ def _die_with_parent() -> None:
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+@dataclass(frozen=True)
+class JwtIssuer:
+    """Another cluster's ServiceAccount issuer a plane trusts (one JWT authenticator of its structured
+    authentication configuration); ``audit_requests``: core resources (``serviceaccounts/token``)
+    whose requests are audited with their bodies (level ``Request``: never an answer's)."""
+
+    url: str
+    """The issuer (its ``--service-account-issuer``), where its discovery document is served."""
+    certificate_authority: Path
+    """PEM of the CA the issuer's serving certificate is checked against."""
+    username_prefix: str
+    """Prepended to the token's ``sub`` (``system:serviceaccount:<ns>:<name>``)."""
+    audiences: tuple[str, ...] = ()
+    """The audiences accepted; empty: the trusting apiserver's own URL."""
+
+
+def authentication_config(issuers: Sequence[JwtIssuer], *, own_url: str) -> dict[str, Any]:
+    """A structured ``AuthenticationConfiguration`` trusting ``issuers`` (``apiserver.config.k8s.io/v1``)."""
+    return {
+        "apiVersion": "apiserver.config.k8s.io/v1",
+        "kind": "AuthenticationConfiguration",
+        "jwt": [{
+            "issuer": {"url": issuer.url, "certificateAuthority": issuer.certificate_authority.read_text(),
+                       "audiences": list(issuer.audiences or (own_url,)), "audienceMatchPolicy": "MatchAny"},
+            "claimMappings": {"username": {"claim": "sub", "prefix": issuer.username_prefix}},
+        } for issuer in issuers],
+    }
+
+
 @dataclass
 class ControlPlane:
     """A running etcd + kube-apiserver pair and the admin credentials to reach it."""
@@ -82,6 +119,8 @@ class ControlPlane:
     """Whether a kube-controller-manager runs :data:`CONTROLLERS` against this apiserver."""
     _apiserver: list[str] = field(default_factory=list, repr=False)
     """kube-apiserver's command line, to start it again (:meth:`start_apiserver`)."""
+    issuer: str = "https://kubernetes.default.svc.cluster.local"
+    """Its ServiceAccount issuer (``serve_issuer``: its own URL)."""
 
     def admin_ssl_context(self) -> ssl.SSLContext:
         context = ssl.create_default_context(cafile=str(self.pki.ca_cert))
@@ -234,15 +273,37 @@ def _wait_controllers(plane: ControlPlane, *, process: subprocess.Popen[bytes], 
     raise RuntimeError(f"kube-controller-manager did not start {', '.join(missing)} in {_READY_TIMEOUT:.0f}s")
 
 
+def _allow_issuer_discovery(plane: ControlPlane) -> None:
+    """Anyone may read the issuer's discovery document and keys (another apiserver's JWT
+    authenticator fetches them without credentials)."""
+    binding = {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
+               "metadata": {"name": "service-account-issuer-discovery-unauthenticated"},
+               "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
+                           "name": "system:service-account-issuer-discovery"},
+               "subjects": [{"apiGroup": "rbac.authorization.k8s.io", "kind": "Group",
+                             "name": "system:unauthenticated"}]}
+    # The URL is our own https:// apiserver address.
+    request = urllib.request.Request(f"{plane.url}/apis/rbac.authorization.k8s.io/v1/clusterrolebindings",  # noqa: S310
+                                     data=json.dumps(binding).encode(), method="POST",
+                                     headers={"Content-Type": "application/json"})
+    # The URL is our own https:// apiserver address.
+    with urllib.request.urlopen(request, context=plane.admin_ssl_context(), timeout=10):  # noqa: S310
+        pass
+
+
 def start(*, assets: Assets | None = None, workdir: Path | None = None,
-          apiserver_flags: Sequence[str] = (), controller_manager: bool = False) -> ControlPlane:
+          apiserver_flags: Sequence[str] = (), controller_manager: bool = False,
+          serve_issuer: bool = False, trust: Sequence[JwtIssuer] = (),
+          audit_requests: Sequence[str] = ()) -> ControlPlane:
     """Start a fresh control plane; the caller must ``stop()`` it (or use it as a context manager).
 
     ``apiserver_flags`` win over the defaults (the fault tests turn API Priority and Fairness on,
     the test node turns the ServiceAccount admission back on): a default whose flag they name is
     left out, since list flags such as ``--disable-admission-plugins`` append rather than replace.
     ``controller_manager`` adds a kube-controller-manager running :data:`CONTROLLERS` and returns
-    once each has started."""
+    once each has started.  ``serve_issuer``: the ServiceAccount issuer is this apiserver's own URL,
+    its discovery readable by anyone; ``trust``: other issuers whose tokens it accepts (a structured
+    authentication configuration)."""
     assets = assets or ensure_assets(controller_manager=controller_manager)
     owns = workdir is None
     root = Path(tempfile.mkdtemp(prefix="stageset-envtest-")) if workdir is None else workdir
@@ -253,12 +314,21 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
     plane = ControlPlane(workdir=root, url=url, pki=pki, kubeconfig=root / "kubeconfig",
                          _owns_workdir=owns, etcd_url=f"http://127.0.0.1:{etcd_port}",
                          controller_manager=controller_manager)
+    if serve_issuer:
+        plane.issuer = url
+    federation = [f"--service-account-issuer={plane.issuer}"]
+    if trust:
+        config = root / "authentication-config.yaml"
+        config.write_text(yaml.safe_dump(authentication_config(trust, own_url=url)))
+        federation.append(f"--authentication-config={config}")
     write_kubeconfig(path=plane.kubeconfig, url=url, pki=pki)
     logs = [root / "etcd.log", root / "kube-apiserver.log"]
     # Metadata-level audit of every request: tests and benchmarks count writes from it.
     policy = root / "audit-policy.yaml"
+    bodies = "".join(f"  - level: Request\n    resources: [{{group: \"\", resources: [{json.dumps(r)}]}}]\n"
+                     for r in audit_requests)
     policy.write_text("apiVersion: audit.k8s.io/v1\nkind: Policy\nomitStages: [RequestReceived]\n"
-                      "rules:\n  - level: Metadata\n")
+                      f"rules:\n{bodies}  - level: Metadata\n")
     try:
         plane._processes.append(_spawn([
             str(assets.etcd),
@@ -283,7 +353,7 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
             f"--tls-private-key-file={pki.serving_key}",
             f"--client-ca-file={pki.ca_cert}",
             "--authorization-mode=RBAC",
-            "--service-account-issuer=https://kubernetes.default.svc.cluster.local",
+            *federation,
             f"--service-account-key-file={pki.sa_public}",
             f"--service-account-signing-key-file={pki.sa_private}",
             "--service-cluster-ip-range=10.0.0.0/24",
@@ -310,6 +380,8 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
         ]
         plane._processes.append(_spawn(plane._apiserver, log=logs[1]))
         _wait_ready(plane, logs=logs)
+        if serve_issuer:
+            _allow_issuer_discovery(plane)
         if controller_manager:
             log = root / "kube-controller-manager.log"
             plane._processes.append(_spawn(_controller_manager_args(plane, assets=assets), log=log))

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Generator, Iterator, Mapping
 from contextlib import closing
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, Protocol, cast
 from urllib.parse import urlencode
 
 import orjson
@@ -142,6 +142,29 @@ class UnreachableError(Exception):
         self.why = why
 
 
+class CredentialUnavailable(UnreachableError):
+    """No credential for this identity on this cluster now (a workload-identity token could not be
+    had): the cluster cannot be used as that identity, so callers treat it as unreachable — nothing
+    is pruned, the pass is retried.  ``why`` says what is missing (never a token)."""
+
+
+class Bearer(Protocol):
+    """Where one identity's bearer token on one cluster comes from (workload identity): asked before
+    each request, and asked to renew after the server refused a token (401)."""
+
+    def token(self) -> str:
+        """The token to send; raises :class:`CredentialUnavailable`."""
+        ...
+
+    def renew(self, *, refused: str) -> str:
+        """A new token after ``refused`` was refused; raises :class:`CredentialUnavailable`."""
+        ...
+
+
+BearerFor = Callable[[Identity], Bearer]
+"""A cluster's credential per identity (:meth:`ClientPool.register`)."""
+
+
 def _why(error: BaseException) -> str:
     cause = error.reason if isinstance(error, urllib3.exceptions.MaxRetryError) else error
     if isinstance(cause, urllib3.exceptions.NameResolutionError):
@@ -230,10 +253,14 @@ class KubeClient:
 
     def __init__(self, *, api_client: k8s.ApiClient, identity: Identity, timeout: float = 30.0,
                  cluster: ClusterKey = LOCAL, observer: RequestObserver | None = None,
-                 health: PathHealth | None = None, curl: CurlPool | None = None, libcurl: bool = True):
+                 health: PathHealth | None = None, curl: CurlPool | None = None, libcurl: bool = True,
+                 bearer: Bearer | None = None):
         """``curl``: the cluster's shared libcurl pool (:class:`ClientPool` passes one per cluster);
         without it, a client whose configuration libcurl can serve keeps a pool of its own.
-        ``libcurl=False``: urllib3 for every request (benchmarks compare the two)."""
+        ``libcurl=False``: urllib3 for every request (benchmarks compare the two).  ``bearer``: the
+        identity's own token on this cluster (workload identity) — then ``identity`` is who the token
+        is for, and no ``Impersonate-*`` header is ever sent; a 401 renews the token and the request
+        is tried once more."""
         self._api = api_client
         self._owns_curl = libcurl and curl is None and supports(api_client.configuration)
         self._curl = CurlPool(api_client.configuration) if self._owns_curl else curl if libcurl else None
@@ -244,14 +271,18 @@ class KubeClient:
         self._health = health or PathHealth()
         self._epoch = self._health.epoch
         self._headers: dict[str, str] = {}
-        if identity.user:
+        self._bearer = bearer
+        if identity.user and bearer is None:
             self._headers["Impersonate-User"] = identity.user
         self._auth_lock = threading.Lock()
         self._auth: tuple[float, str | None] = (float("-inf"), None)
 
     def _authorization(self) -> str | None:
         """The ``authorization`` header's value (``None``: a client certificate authenticates), as the
-        official client's configuration gives it, asked again after :data:`AUTH_REFRESH_SECONDS`."""
+        official client's configuration gives it, asked again after :data:`AUTH_REFRESH_SECONDS`; with
+        a :class:`Bearer`, its token (which it keeps and renews itself)."""
+        if self._bearer is not None:
+            return f"Bearer {self._bearer.token()}"
         with self._auth_lock:
             read_at, value = self._auth
             now = time.monotonic()
@@ -273,7 +304,7 @@ class KubeClient:
         if query:
             encoded = {k: (str(v).lower() if isinstance(v, bool) else str(v)) for k, v in query.items()}
             url = f"{url}?{urlencode(encoded)}"
-        if self.identity.groups:  # repeated header lines: urllib3 sends each value of a HTTPHeaderDict
+        if self.identity.groups and self._bearer is None:  # repeated header lines: urllib3 sends each value
             repeated = urllib3.HTTPHeaderDict(all_headers)
             for group in self.identity.groups:
                 repeated.add("Impersonate-Group", group)
@@ -316,6 +347,7 @@ class KubeClient:
             self._clear_pools()
         observed_type = content_type if body is not None else None
         attempt = 0
+        renewed = False
         while True:
             started = time.monotonic()
             left = max(1.0, deadline - time.monotonic())
@@ -328,6 +360,12 @@ class KubeClient:
             self._observe(method, path, query, observed_type, code, started)
             if code < 300:
                 break
+            if code == 401 and self._bearer is not None and not renewed:
+                # The token was refused (expired early, its issuer's keys rotated, the remote's trust
+                # changed): a new one, and this request once more — nothing was done with the refused one.
+                renewed = True
+                headers = {**headers, "authorization": f"Bearer {self._renew(headers)}"}
+                continue
             failed = _api_error(code, data, retry_after(answer_headers))
             wait = _throttle_wait(failed, attempt=attempt)
             if wait is None or attempt >= THROTTLE_RETRIES or time.monotonic() + wait >= deadline:
@@ -411,6 +449,8 @@ class KubeClient:
         if opened is not None:
             opened(response.shutdown)
         try:
+            if response.status == 401 and self._bearer is not None:
+                self._renew(headers)  # the next attempt (the caller's) uses a new token
             if response.status >= 300:
                 raise _api_error(response.status, response.read(), retry_after(response.headers))
             buffer = b""
@@ -425,6 +465,12 @@ class KubeClient:
             if opened is not None:
                 opened(None)
             response.release_conn()
+
+    def _renew(self, headers: Mapping[str, str]) -> str:
+        """A new token from the :class:`Bearer`, after the one in ``headers`` was refused."""
+        assert self._bearer is not None
+        refused = str(headers.get("authorization", "")).removeprefix("Bearer ")
+        return self._bearer.renew(refused=refused)
 
     def _observe(self, method: str, path: str, query: Mapping[str, QueryValue] | None,
                  content_type: str | None, code: int | None, started: float, *, stream: bool = False) -> None:
@@ -569,6 +615,7 @@ class ClientPool:
         self._clients: dict[tuple[ClusterKey, Identity], KubeClient] = {}
         self._health: dict[ClusterKey, PathHealth] = {}
         self._curls: dict[ClusterKey, CurlPool | None] = {}
+        self._bearers: dict[ClusterKey, BearerFor] = {}
         self._lock = threading.Lock()
         self._observer: RequestObserver | None = None
 
@@ -606,10 +653,15 @@ class ClientPool:
         configuration.connection_pool_maxsize = 16
         return cls(configuration=configuration)
 
-    def register(self, cluster: ClusterKey, configuration: k8s.Configuration) -> None:
-        """Make a remote cluster known; a key names one kubeconfig's content, so it never changes."""
+    def register(self, cluster: ClusterKey, configuration: k8s.Configuration, *,
+                 bearers: BearerFor | None = None) -> None:
+        """Make a remote cluster known; a key names one kubeconfig's content, so it never changes.
+        ``bearers``: each identity's own token there (workload identity) instead of impersonation
+        through the configuration's credential, which then has none."""
         with self._lock:
             self._configurations.setdefault(cluster, configuration)
+            if bearers is not None:
+                self._bearers.setdefault(cluster, bearers)
 
     def knows(self, cluster: ClusterKey) -> bool:
         with self._lock:
@@ -621,6 +673,7 @@ class ClientPool:
             return
         with self._lock:
             self._configurations.pop(cluster, None)
+            self._bearers.pop(cluster, None)
             self._health.pop(cluster, None)
             curl = self._curls.pop(cluster, None)
             if curl is not None:
@@ -641,10 +694,12 @@ class ClientPool:
                 if cluster not in self._curls:
                     self._curls[cluster] = CurlPool(configuration) \
                         if self._libcurl and supports(configuration) else None
+                bearers = self._bearers.get(cluster)
                 found = KubeClient(api_client=api, identity=identity, timeout=self._timeout, cluster=cluster,
                                    observer=self._observer,
                                    health=self._health.setdefault(cluster, PathHealth()),
-                                   curl=self._curls[cluster], libcurl=self._libcurl)
+                                   curl=self._curls[cluster], libcurl=self._libcurl,
+                                   bearer=bearers(identity) if bearers is not None else None)
                 self._clients[key] = found
             return found
 

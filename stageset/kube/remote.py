@@ -8,6 +8,12 @@ or route through a proxy of its choosing.  Only inline data is accepted: ``serve
 ``token``.  We build the client configuration ourselves instead of handing the file to
 the official loader, which would honour all of the above.
 
+Every value is checked where it is read (:func:`check_server`, :func:`check_token`): the server is
+an ``https://`` URL with a host and nothing else — no ``user:password@`` (basic auth is refused,
+and a userinfo would otherwise be sent as one), no query or fragment, no whitespace; a token is
+one line of visible ASCII (a CR/LF would otherwise reach a request header).  A refusal is a
+:class:`KubeconfigError` naming the field, never quoting its value (it may be a credential).
+
 Client certificates must be files for the transport; they are written into a private
 directory (0700, files 0600) owned by the :class:`RemoteConfig` and never logged.
 """
@@ -21,6 +27,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 from kubernetes import client as k8s
@@ -28,6 +35,9 @@ from kubernetes import client as k8s
 _FORBIDDEN_USER_FIELDS = ("exec", "auth-provider", "client-certificate", "client-key", "tokenFile",
                           "username", "password", "as", "as-groups", "as-user-extra")
 _FORBIDDEN_CLUSTER_FIELDS = ("certificate-authority", "proxy-url")
+MAX_TOKEN = 16384
+"""Bytes of a bearer token at most (an OIDC id token with many groups stays well below)."""
+MAX_SERVER = 2048
 
 
 class KubeconfigError(ValueError):
@@ -55,26 +65,61 @@ def cluster_id(*, server: str, ca_data: bytes | None) -> str:
     return f"{server}#{fingerprint}"
 
 
-def _named(entries: Any, name: str, what: str) -> dict[str, Any]:
-    for entry in entries or []:
+def _named(entries: Any, name: Any, what: str) -> dict[str, Any]:
+    for entry in entries if isinstance(entries, list) else []:
         if isinstance(entry, dict) and entry.get("name") == name and isinstance(entry.get(what), dict):
             found: dict[str, Any] = entry[what]
             return found
-    raise KubeconfigError(f"kubeconfig has no {what} named {name!r}")
+    shown = repr(name) if isinstance(name, str) and len(name) <= 253 else "(the one named)"
+    raise KubeconfigError(f"kubeconfig has no {what} named {shown}")
 
 
-def _decode(value: str, field: str) -> bytes:
+def _decode(value: Any, field: str) -> bytes:
+    if not isinstance(value, str):
+        raise KubeconfigError(f"kubeconfig field {field} is not a base64 string")
     try:
         return base64.b64decode(value, validate=True)
     except ValueError as error:
         raise KubeconfigError(f"kubeconfig field {field} is not valid base64") from error
 
 
+def check_server(server: Any) -> str:
+    """``cluster.server`` as a client may use it, or :class:`KubeconfigError` naming what is wrong."""
+    if not isinstance(server, str) or not server.startswith("https://"):
+        raise KubeconfigError("kubeconfig cluster.server must be an https:// URL")
+    if len(server) > MAX_SERVER or any(not 33 <= ord(c) < 127 for c in server):
+        raise KubeconfigError("kubeconfig cluster.server must be one line of printable ASCII without "
+                              "spaces")
+    try:
+        parts = urlsplit(server)
+        parts.port  # noqa: B018 - raises on a port that is no number
+    except ValueError as error:
+        raise KubeconfigError("kubeconfig cluster.server is not a valid URL") from error
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        raise KubeconfigError("kubeconfig cluster.server must not carry user:password@ (basic auth is "
+                              "refused: use a token or client-certificate-data)")
+    if not parts.hostname:
+        raise KubeconfigError("kubeconfig cluster.server names no host")
+    if parts.query or parts.fragment or "?" in server or "#" in server:
+        raise KubeconfigError("kubeconfig cluster.server must not carry a query or fragment")
+    return server
+
+
+def check_token(token: Any) -> str:
+    """``user.token`` as a request header may carry it, or :class:`KubeconfigError` (the value is
+    never quoted)."""
+    if not isinstance(token, str) or not 0 < len(token) <= MAX_TOKEN \
+            or any(not 33 <= ord(c) < 127 for c in token):
+        raise KubeconfigError("kubeconfig user field 'token' must be one line of printable ASCII "
+                              f"(no spaces, CR or LF; at most {MAX_TOKEN} bytes)")
+    return token
+
+
 def parse_remote_kubeconfig(raw: bytes, *, scratch: Path | None = None) -> RemoteConfig:
     """A client configuration for the kubeconfig's current context, or :class:`KubeconfigError`."""
     try:
         document = yaml.safe_load(raw)
-    except yaml.YAMLError as error:
+    except (yaml.YAMLError, RecursionError) as error:
         raise KubeconfigError("the kubeconfig is not valid YAML") from error
     if not isinstance(document, dict):
         raise KubeconfigError("the kubeconfig is not a mapping")
@@ -91,9 +136,7 @@ def parse_remote_kubeconfig(raw: bytes, *, scratch: Path | None = None) -> Remot
         if field in user:
             raise KubeconfigError(f"kubeconfig user field {field!r} is not allowed: no commands, "
                                   "files or impersonation; use inline certificate data or a token")
-    server = cluster.get("server")
-    if not isinstance(server, str) or not server.startswith("https://"):
-        raise KubeconfigError("kubeconfig cluster.server must be an https:// URL")
+    server = check_server(cluster.get("server"))
 
     configuration = k8s.Configuration()
     configuration.host = server
@@ -105,7 +148,7 @@ def parse_remote_kubeconfig(raw: bytes, *, scratch: Path | None = None) -> Remot
         ca_data = _decode(cluster["certificate-authority-data"], "certificate-authority-data")
         configuration.ca_cert_data = ca_data.decode()
     if "token" in user:
-        configuration.api_key = {"authorization": f"Bearer {user['token']}"}
+        configuration.api_key = {"authorization": f"Bearer {check_token(user['token'])}"}
     elif "client-certificate-data" in user and "client-key-data" in user:
         directory = Path(tempfile.mkdtemp(prefix="stageset-remote-", dir=scratch))
         os.chmod(directory, 0o700)

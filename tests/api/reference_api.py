@@ -53,8 +53,7 @@ FIELDS = [
     Field("spec.serviceAccountName", "payments-deployer"),
     Field("spec.kubeConfig", {"secretRef": {"name": "prod-eu-kubeconfig"}}),
     Field("spec.kubeConfig", {"secretRef": {"name": "prod-eu-kubeconfig", "key": "value"}}),
-    Field("spec.kubeConfig", {"configMapRef": {"name": "eks-workload-identity"}},
-          "spec.kubeConfig.configMapRef"),
+    Field("spec.kubeConfig", {"configMapRef": {"name": "eks-workload-identity"}}),
     Field("spec.decryption", {"provider": "sops", "secretRef": {"name": "sops-age"}}),
     # -- versioning and migrations
     Field("spec.version", {"fromObject": {"stage": "app", "kind": "Deployment", "name": "web",

@@ -16,6 +16,16 @@ import yaml
 
 # The StageSets of DESIGN.md ("must work verbatim"), copied character for character.
 DESIGN_STAGESETS = Path(__file__).with_name("design-stagesets.yaml")
+# The documented example of dependsOn on other kinds (examples/dependencies/).
+DEPENDENCIES_EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "dependencies" / "stageset.yaml"
+
+
+def example_stageset(path: Path) -> dict[str, Any]:
+    """The StageSet of an example file, without its namespace (the tests choose theirs)."""
+    documents = yaml.safe_load_all(path.read_text(encoding="utf-8"))
+    found = next(d for d in documents if d and d["kind"] == "StageSet")
+    found["metadata"].pop("namespace", None)
+    return dict(found)
 
 PLURALS = {"StageSet": "stagesets", "GitRepository": "gitrepositories"}
 
@@ -110,6 +120,13 @@ INVALID = [
     Invalid("kubeconfig-without-secret",
             stageset({"kubeConfig": {}, "stages": [stage("app")]}),
             "spec.kubeConfig.secretRef", "Required value"),
+    Invalid("kubeconfig-secret-and-configmap",
+            stageset({"kubeConfig": {"secretRef": {"name": "kc"}, "configMapRef": {"name": "wi"}},
+                      "stages": [stage("app")]}),
+            "spec.kubeConfig.secretRef", "exactly one of secretRef"),
+    Invalid("kubeconfig-configmap-without-name",
+            stageset({"kubeConfig": {"configMapRef": {}}, "stages": [stage("app")]}),
+            "spec.kubeConfig.configMapRef.name", "Required value"),
     Invalid("kubeconfig-and-target-ref",
             stageset({"kubeConfig": {"secretRef": {"name": "kc"}},
                       "targetRef": {"name": "prod", "namespace": "platform"}, "stages": [stage("app")]}),
@@ -250,6 +267,32 @@ INVALID = [
     Invalid("min-version-not-semver",
             stageset({"dependsOn": [{"name": "db", "minVersion": "latest"}], "stages": [stage("app")]}),
             "spec.dependsOn[0].minVersion", "minVersion must be a semantic version"),
+    Invalid("depends-on-kind-without-api-version",
+            stageset({"dependsOn": [{"kind": "Database", "name": "db"}], "stages": [stage("app")]}),
+            "spec.dependsOn[0].kind", "set apiVersion and kind together"),
+    Invalid("depends-on-api-version-without-kind",
+            stageset({"dependsOn": [{"apiVersion": "db.example/v1", "name": "db"}],
+                      "stages": [stage("app")]}),
+            "spec.dependsOn[0].kind", "set apiVersion and kind together"),
+    Invalid("depends-on-min-version-of-another-kind",
+            stageset({"dependsOn": [{"apiVersion": "db.example/v1", "kind": "Database", "name": "db",
+                                     "minVersion": "1.0.0"}], "stages": [stage("app")]}),
+            "spec.dependsOn[0].minVersion", "minVersion applies to StageSet dependencies only"),
+    Invalid("depends-on-ready-expr-of-a-stageset",
+            stageset({"dependsOn": [{"name": "db", "readyExpr": "true"}], "stages": [stage("app")]}),
+            "spec.dependsOn[0].readyExpr", "readyExpr applies to dependencies of other kinds"),
+    Invalid("depends-on-ready-expr-of-a-named-stageset",
+            stageset({"dependsOn": [{"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet", "name": "db",
+                                     "readyExpr": "true"}], "stages": [stage("app")]}),
+            "spec.dependsOn[0].readyExpr", "readyExpr applies to dependencies of other kinds"),
+    Invalid("depends-on-kind-not-a-kind",
+            stageset({"dependsOn": [{"apiVersion": "db.example/v1", "kind": "data-base", "name": "db"}],
+                      "stages": [stage("app")]}),
+            "spec.dependsOn[0].kind", "should match"),
+    Invalid("depends-on-api-version-with-a-slash-too-many",
+            stageset({"dependsOn": [{"apiVersion": "db.example/v1/x", "kind": "Database", "name": "db"}],
+                      "stages": [stage("app")]}),
+            "spec.dependsOn[0].apiVersion", "should match"),
     Invalid("soak-not-duration",
             stageset({"stages": [stage("app", promotion={"soak": "an hour"})]}),
             "spec.stages[0].promotion.soak", "should match"),
@@ -333,6 +376,17 @@ INVALID = [
     Invalid("http-not-http",
             actions({"post": [{"name": "h", "http": {"url": "file:///etc/passwd"}}]}),
             "spec.stages[0].actions.post[0].http.url", "should match"),
+    # spec.supersedes (issue 46): each StageSet once, at most 16.
+    Invalid("supersedes-names-one-twice",
+            stageset({"supersedes": [{"namespace": "team-a", "name": "app"}, {"name": "web"},
+                                     {"namespace": "team-a", "name": "app"}], "stages": [stage("app")]}),
+            "spec.supersedes", "supersedes names a StageSet more than once"),
+    Invalid("supersedes-too-many",
+            stageset({"supersedes": [{"name": f"s{i}"} for i in range(17)], "stages": [stage("app")]}),
+            "spec.supersedes", "must have at most 16 items"),
+    Invalid("supersedes-without-name",
+            stageset({"supersedes": [{"namespace": "team-a"}], "stages": [stage("app")]}),
+            "spec.supersedes[0].name", "Required value"),
     Invalid("action-retries-over-the-bound",
             actions({"post": [{"name": "h", "retries": 101, "http": {"url": "https://x.example/"}}]}),
             "spec.stages[0].actions.post[0].retries", "less than or equal to 100"),
@@ -366,6 +420,10 @@ VALID = {
                               '"value": "9Gi"}]'}}],
         "onFailure": [{"name": "page", "http": {"url": "https://alerts.internal/x",
                                                 "bodyFrom": {"name": "alert", "key": "body"}}}]}),
+    # The same name in two namespaces, and one in this StageSet's own (namespace left out).
+    "supersedes": stageset({"targetNamespace": "team-a", "supersedes": [
+        {"namespace": "team-a", "name": "app"}, {"namespace": "team-b", "name": "app"}, {"name": "app"}],
+        "stages": [stage("app")]}),
     "fan-out-and-in": stageset({"stages": [
         stage("crds"),
         stage("operator", dependsOn=["crds"]),
@@ -448,6 +506,23 @@ VALID = {
         "stages": [stage("staging", promotion={"soak": "10m"}),
                    stage("prod", onTimeout="Hold", promotion={"soak": "0s", "requireManualPromotion": True})],
     }),
+    # Dependencies on objects of other kinds (our extension): a readiness expression, a cluster-scoped
+    # CRD, a core kind, a StageSet named by its kind (with minVersion), beside a plain StageSet.
+    "depends-on-other-kinds": stageset({
+        "dependsOn": [
+            {"apiVersion": "db.example/v1", "kind": "Database", "name": "db",
+             "readyExpr": "status.conditions.exists(c, c.type == 'Ready' && c.status == 'True')"},
+            {"apiVersion": "apiextensions.k8s.io/v1", "kind": "CustomResourceDefinition",
+             "name": "databases.db.example"},
+            {"apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease", "name": "operator",
+             "namespace": "operators"},
+            {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "name": "data",
+             "readyExpr": "status.phase == 'Bound'"},
+            {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet", "name": "infra", "minVersion": "1.2"},
+            {"name": "policies"}],
+        "stages": [stage("app")],
+    }),
+    "example-dependencies": example_stageset(DEPENDENCIES_EXAMPLE),
     "git-https-branch": gitrepository({"url": HTTPS, "ref": {"branch": "main"}}),
     "git-scp-like": gitrepository({"url": "git@github.com:org/repo.git", "ref": {"tag": "v1.2.3"}}),
     "git-ssh-semver": gitrepository({"url": "ssh://git@git.example.com:2222/org/repo.git",

@@ -208,3 +208,70 @@ def test_logout_ends_the_session(browser: Browser, world: World, shared: Dashboa
     assert world.alpha.app not in other.content()
     replay.close()
     context.close()
+
+
+# -- issue 43 item 6: one identity cannot sign another out; sign-ins are throttled -------------------
+
+def _post_login(url: str, *, token: str, namespace: str) -> tuple[int, str | None]:
+    """A sign-in as a script would make it (same origin, no browser): the status and the cookie."""
+    import http.client
+    from urllib.parse import urlencode, urlsplit
+
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=30)
+    try:
+        connection.request("POST", "/login", body=urlencode({"token": token, "namespace": namespace}),
+                           headers={"Content-Type": "application/x-www-form-urlencoded",
+                                    "Origin": f"http://{where.netloc}"})
+        response = connection.getresponse()
+        response.read()
+        cookie = next((v.split(";")[0].partition("=")[2] for k, v in response.getheaders()
+                       if k.lower() == "set-cookie" and v.startswith("stageset-dashboard-login=")), None)
+        return response.status, cookie
+    finally:
+        connection.close()
+
+
+def _page_as(url: str, cookie: str) -> tuple[int, str]:
+    import http.client
+    from urllib.parse import urlsplit
+
+    where = urlsplit(url)
+    connection = http.client.HTTPConnection(where.hostname or "", where.port, timeout=30)
+    try:
+        connection.request("GET", "/", headers={"Cookie": f"stageset-dashboard-login={cookie}"})
+        response = connection.getresponse()
+        return response.status, response.read().decode()
+    finally:
+        connection.close()
+
+
+def test_one_identity_cannot_sign_another_out_and_failed_sign_ins_are_throttled(
+    world: World, installed: KubeClient,
+) -> None:
+    with dashboard("--login", "--server", world.plane.url, "--certificate-authority",
+                   str(world.plane.pki.ca_cert), "--max-logins", "4", kubeconfig=None) as small:
+        status, victim = _post_login(small.url, token=world.alpha.token, namespace=ALPHA)
+        assert status == 303
+        assert victim is not None
+        # Beta signs in again and again, each time with a new token of its account (anyone who may
+        # list StageSets somewhere can): past the bound, only its own logins end.
+        account = f"/api/v1/namespaces/{BETA}/serviceaccounts/{world.beta.account}/token"
+        for _ in range(8):
+            token = installed.request("POST", account, body={"spec": {"expirationSeconds": 600}})
+            status, _cookie = _post_login(small.url, token=str(token["status"]["token"]), namespace=BETA)
+            assert status == 303
+        status, page = _page_as(small.url, victim)
+        assert status == 200, "the victim was signed out by another identity's sign-ins"
+        assert world.alpha.app in page or world.alpha.username in page
+        # Wrong tokens from one client: a bounded number reach the apiserver, then each is refused
+        # before any request (429).
+        answers = [_post_login(small.url, token=f"wrong-{n}-{SUFFIX}", namespace=BETA)[0] for n in range(15)]
+        assert set(answers) <= {401, 429}, answers
+        assert answers.count(401) <= 10, answers
+        assert answers[-1] == 429, answers
+    asked = small.stderr.count("sign-in refused: the cluster did not accept this token")
+    assert asked == answers.count(401), "each 401 was one review, each 429 none"
+    assert "sign-in refused before any request: too many from 127.0.0.1" in small.stderr
+    assert f"login of {world.alpha.username} ended: evicted" not in small.stderr
+    assert f"login of {world.beta.username} ended: evicted" in small.stderr, "beta's own logins ended"

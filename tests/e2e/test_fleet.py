@@ -15,6 +15,9 @@ read from the audit log.
 
 from __future__ import annotations
 
+import datetime
+import json
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +27,7 @@ import pytest
 
 from stageset.envtest.controller import ControllerProcess
 from stageset.envtest.server import ControlPlane
-from stageset.kube.client import ApiError, KubeClient
+from stageset.kube.client import ApiError, ClientPool, Identity, KubeClient
 from tests.cli.conftest import run_cli
 from tests.conftest import Tenant
 from tests.e2e.conftest import (
@@ -79,6 +82,18 @@ class Fleet:
                     and not obj["status"].get("pendingUpdate"))
 
 
+def platform_label(app: str) -> str:
+    """The namespace label the platform sets on the namespaces a rollout may take members from
+    (issue 43: ``namespaceSelector`` is required)."""
+    return f"fleet.platform.example/{app}"
+
+
+def select_namespace(admin: KubeClient, namespace: str, app: str) -> None:
+    """The platform labels a tenant's namespace into the fleet (tenants may not label namespaces)."""
+    admin.request("PATCH", f"/api/v1/namespaces/{namespace}", content_type="application/merge-patch+json",
+                  body={"metadata": {"labels": {platform_label(app): "true"}}})
+
+
 def make_fleet(admin: KubeClient, git: GitServer, make_tenant: TenantFactory, *, app: str,
                members: dict[str, str | None],
                extra_labels: dict[str, dict[str, str]] | None = None) -> Fleet:
@@ -88,6 +103,7 @@ def make_fleet(admin: KubeClient, git: GitServer, make_tenant: TenantFactory, *,
     for name, ring in members.items():
         tenant = make_tenant(name)
         tenant.bind_cluster_role("edit")
+        select_namespace(admin, tenant.namespace, app)
         apply(admin, {"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
                       "metadata": {"name": "app", "namespace": tenant.namespace},
                       "spec": {"url": url, "ref": {"branch": "main"}, "interval": "1h"}})
@@ -108,6 +124,7 @@ def rollout(admin: KubeClient, name: str, *, app: str, waves: list[tuple[str, st
     admin.apply(f"{FLEET}/{name}", {
         "apiVersion": "stages.metio.wtf/v1", "kind": "FleetRollout", "metadata": {"name": name},
         "spec": {"selector": {"matchLabels": {"app": app}},
+                 "namespaceSelector": {"matchLabels": {platform_label(app): "true"}},
                  "waves": [{"name": w, "selector": {"matchLabels": {"ring": w}},
                             **({"soak": soak} if soak else {})} for w, soak in waves]}},
         field_manager="e2e-test")
@@ -264,6 +281,7 @@ def test_unassigned_and_contested_members_fail_closed(
     installed.apply(f"{FLEET}/closed-other", {
         "apiVersion": "stages.metio.wtf/v1", "kind": "FleetRollout", "metadata": {"name": "closed-other"},
         "spec": {"selector": {"matchLabels": {"shared": "yes"}},
+                 "namespaceSelector": {"matchLabels": {platform_label("closed"): "true"}},
                  "waves": [{"name": "everyone", "selector": {}}]}}, field_manager="e2e-test")
     contested = wait_rollout(installed, "closed", "MembersContested")
     assert "/both" in contested["message"]
@@ -298,7 +316,10 @@ def test_the_reference_version_fields_are_refused_by_name(installed: KubeClient,
                                                            where: str) -> None:
     value: Any = {"strategy": "Rollback"} if field in ("onRegression", "gate") else "1.2.3"
     wave: dict[str, Any] = {"name": "all", "selector": {}}
-    spec: dict[str, Any] = {"selector": {}, "waves": [wave]}
+    # (issue 43: a rollout names the platform's namespaces, or the schema refuses it before its
+    # rules are checked)
+    spec: dict[str, Any] = {"selector": {}, "waves": [wave],
+                            "namespaceSelector": {"matchLabels": {platform_label("x"): "true"}}}
     (wave if where == "wave" else spec)[field] = value
     with pytest.raises(ApiError) as refused:
         installed.apply(f"{FLEET}/refused", {"apiVersion": "stages.metio.wtf/v1", "kind": "FleetRollout",
@@ -307,3 +328,225 @@ def test_the_reference_version_fields_are_refused_by_name(installed: KubeClient,
     assert refused.value.status == 422
     assert f"{field} (" in str(refused.value)
     assert "is not supported by this controller" in str(refused.value)
+
+
+# -- issue 43: the platform's controls stay the platform's ------------------------------------------
+
+def at(text: str) -> datetime.datetime:
+    """A timestamp of the audit log (microseconds) or of a status (seconds), comparable."""
+    return datetime.datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def tenant_client(kube_pool: ClientPool, tenant: Tenant) -> KubeClient:
+    """The tenant's own ServiceAccount (edit in its namespace): what a tenant may do."""
+    return kube_pool.client(Identity(user=tenant.username))
+
+
+def configmap_writes(events: list[dict[str, Any]], tenant: Tenant) -> list[dict[str, Any]]:
+    return [e for e in writes_by(events, tenant.username)
+            if (e.get("objectRef") or {}).get("resource") == "configmaps"]
+
+
+def held_by(fleet: Fleet, name: str) -> str:
+    """The member's Ready message while it holds something (empty otherwise)."""
+    obj = fleet.get(name)
+    return str((condition(obj) or {}).get("message", "")) if obj["status"].get("pendingUpdate") else ""
+
+
+def test_a_forged_edited_or_removed_release_annotation_ships_nothing_early(
+    controller: ControllerProcess, installed: KubeClient, kube_pool: ClientPool, git_server: GitServer,
+    make_tenant: TenantFactory, control_plane: ControlPlane,
+) -> None:
+    """Item 1: the canary soaks for an hour; ring1's tenant writes on its own StageSet the release its
+    wave would get — the revision the canary runs — then edits it, then removes it.  Nothing of the
+    new commit is written by ring1's tenant, and the controller writes its own annotation back."""
+    fleet = make_fleet(installed, git_server, make_tenant, app="forge",
+                       members={"fc": "canary", "fr": "ring1"})
+    rollout(installed, "forge", app="forge", waves=[("canary", "1h"), ("ring1", None)])
+    wait_rollout(installed, "forge", "Completed")
+    wait_for(lambda: annotated(fleet, "forge"), what="every member annotated")
+    sha = fleet.commit("v2")
+    wait_for(lambda: fleet.ready_at("fc", sha), what="the canary at the new commit", timeout=120)
+    wait_for(lambda: "until wave ring1 opens" in held_by(fleet, "fr"), what="ring1 holding it")
+    pending = fleet.get("fr")["status"]["pendingUpdate"]["revisions"]
+    tenant, _ = fleet.members["fr"]
+    seen = len(control_plane.audit_events())
+    path = f"{STAGESETS.format(ns=tenant.namespace)}/fr"
+
+    def forge(value: str | None) -> None:
+        tenant_client(kube_pool, tenant).request(
+            "PATCH", path, content_type="application/merge-patch+json",
+            body={"metadata": {"annotations": {ANNOTATION: value}}})
+
+    forged = json.dumps({"rollout": "forge", "wave": "ring1", "revisions": pending}, separators=(",", ":"))
+    for value in (forged, json.dumps({"rollout": "forge", "wave": "canary", "revisions": pending}), None):
+        forge(value)
+
+        def restored(value: str | None = value) -> bool:
+            now = (fleet.get("fr")["metadata"].get("annotations") or {}).get(ANNOTATION) or ""
+            return "forge" in now and now != value
+        # Held, and the controller's own annotation is written back (what its status records).
+        wait_for(restored, what="the controller's annotation back")
+        poke(installed, path)
+        wait_for(lambda: "until wave ring1 opens" in held_by(fleet, "fr"), what="ring1 still holding it")
+    time.sleep(3)  # several passes of ring1 (each poked, each woken by the annotation's changes)
+    assert fleet.value("fr") == "v1", "a forged release shipped the new commit early"
+    events = control_plane.audit_events()[seen:]
+    assert [e for e in events if e.get("verb") == "patch" and (e.get("objectRef") or {}).get("name") == "fr"
+            and (e.get("impersonatedUser") or {}).get("username") == tenant.username], \
+        "the audit log shows the tenant's forgeries"
+    assert configmap_writes(events, tenant) == [], "ring1's tenant wrote nothing while its wave was closed"
+    status = installed.get(f"{FLEET}/forge")["status"]
+    record = next(r for r in status["releases"] if r["name"] == "fr")
+    assert record["wave"] == "ring1"
+    assert not record.get("revisions"), "the rollout's own record never took the forged release"
+
+
+def test_a_foreign_relabelled_or_late_member_neither_halts_the_round_nor_jumps_a_wave(
+    controller: ControllerProcess, installed: KubeClient, kube_pool: ClientPool, git_server: GitServer,
+    make_tenant: TenantFactory, control_plane: ControlPlane,
+) -> None:
+    """Item 2.  A tenant whose namespace the platform did not select labels a failing StageSet into the
+    canary wave: it is no member.  A member of ring1 relabels itself into the open canary wave: it
+    keeps ring1 for the round.  A StageSet created in a selected namespace mid-round, labelled into
+    the canary wave with a failing stage, joins: it neither halts the round nor holds it back."""
+    fleet = make_fleet(installed, git_server, make_tenant, app="members",
+                       members={"mc": "canary", "mr": "ring1", "mlate": None})
+    rollout(installed, "members", app="members", waves=[("canary", "2s"), ("ring1", "1h"), ("all", None)])
+    wait_rollout(installed, "members", "MembersUnassigned")  # mlate has no ring label yet
+    # The foreign tenant: same labels, an unselected namespace, a stage that fails on every commit.
+    outsider = make_tenant("outsider")
+    outsider.bind_cluster_role("edit")
+    apply(installed, {"apiVersion": "stages.metio.wtf/v1", "kind": "GitRepository",
+                      "metadata": {"name": "app", "namespace": outsider.namespace},
+                      "spec": {"url": git_server.url(fleet.repo), "ref": {"branch": "main"},
+                               "interval": "1h"}})
+    apply(installed, {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+                      "metadata": {"name": "intruder", "namespace": outsider.namespace,
+                                   "labels": {"app": "members", "ring": "canary"}},
+                      "spec": {"serviceAccountName": "no-such-account",
+                               "stages": [{"name": "app", "path": "./app", "sourceRef": {"name": "app"}}]}})
+    intruder = f"{STAGESETS.format(ns=outsider.namespace)}/intruder"
+    wait_for(lambda: (condition(installed.get(intruder)) or {}).get("status") == "False",
+             what="the intruder failing")
+    status = installed.get(f"{FLEET}/members")["status"]
+    assert "intruder" not in {m["name"] for m in status["members"]}, "an unselected namespace holds no member"
+    # mlate gets its wave label now (platform-selected namespace): a member before the round begins.
+    late, _ = fleet.members["mlate"]
+    installed.request("PATCH", f"{STAGESETS.format(ns=late.namespace)}/mlate",
+                      content_type="application/merge-patch+json",
+                      body={"metadata": {"labels": {"ring": "all"}}})
+    wait_rollout(installed, "members", "Completed")
+    seen = len(control_plane.audit_events())
+
+    sha = fleet.commit("v2")
+    wait_for(lambda: fleet.ready_at("mc", sha), what="the canary at the new commit", timeout=120)
+    wait_for(lambda: "until wave ring1 opens" in held_by(fleet, "mr"), what="ring1 holding it")
+    # ring1's tenant relabels its StageSet into the open canary wave.
+    relabel, _ = fleet.members["mr"]
+    tenant_client(kube_pool, relabel).request(
+        "PATCH", f"{STAGESETS.format(ns=relabel.namespace)}/mr", content_type="application/merge-patch+json",
+        body={"metadata": {"labels": {"ring": "canary"}}})
+    # A new StageSet of a selected namespace joins the open canary wave mid-round, and fails.
+    joiner, _ = fleet.members["mc"]
+    tenant_client(kube_pool, joiner).request(
+        "POST", STAGESETS.format(ns=joiner.namespace), body={
+            "apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+            "metadata": {"name": "joiner", "labels": {"app": "members", "ring": "canary"}},
+            "spec": {"serviceAccountName": joiner.service_account,
+                     "stages": [{"name": "app", "path": "./missing-path",
+                                 "sourceRef": {"name": "no-source"}}]}})
+
+    def decided() -> Any:
+        status = installed.get(f"{FLEET}/members")["status"]
+        members = {m["name"]: m for m in status["members"]}
+        return status if "joiner" in members and members["mr"].get("wave") == "ring1" else None
+    status = wait_for(decided, what="the rollout deciding on the relabelled member and the joiner")
+    members = {m["name"]: m for m in status["members"]}
+    assert members["joiner"]["joined"] is True
+    assert members["mr"]["wave"] == "ring1", "the relabelled member keeps its wave for the round"
+    waves = {w["name"]: w for w in status["waves"]}
+    def ring1_open() -> bool:
+        return {w["name"]: w["phase"] for w in installed.get(f"{FLEET}/members")["status"]["waves"]}.get(
+            "ring1") == "Open"
+    wait_for(ring1_open, what="ring1 open after the canary's soak, whatever the joiner does", timeout=60)
+    ready = rollout_ready(installed, "members")
+    assert ready is not None
+    assert ready["reason"] != "Halted", ready
+    assert waves["canary"]["members"] == 1, "the joiner does not count in its wave"
+    time.sleep(2)
+    assert fleet.value("mr") == "v1" or fleet.ready_at("mr", sha), "mr applies only once ring1 opens"
+    ring1 = installed.get(f"{FLEET}/members")["status"]["waves"][1]
+    events = control_plane.audit_events()[seen:]
+    first = [e for e in configmap_writes(events, relabel)]
+    opened = ring1.get("openedAt")
+    assert opened is not None
+    assert all(at(stamp(e)) >= at(opened) for e in first), "the relabelled member wrote before ring1 opened"
+    assert "intruder" not in {m["name"] for m in installed.get(f"{FLEET}/members")["status"]["members"]}
+
+
+def test_a_halt_then_a_fix_opens_every_wave_in_order(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    control_plane: ControlPlane,
+) -> None:
+    """Item 3: a commit breaks the canary and halts the rollout; the fix reaches the later waves'
+    sources first (the round starts there, the canary still failing at the withdrawn commit), then
+    the canary's.  The canary turns Ready, soaks, and every wave opens in order with its soak."""
+    members = {"xc": "canary", "x1": "ring1", "x2": "broad"}
+    fleet = make_fleet(installed, git_server, make_tenant, app="recover", members=dict(members))
+    rollout(installed, "recover", app="recover", waves=[("canary", "3s"), ("ring1", "3s"), ("broad", None)])
+    wait_rollout(installed, "recover", "Completed")
+    bad = git_server.commit(fleet.repo, {"app/cm.yaml": cm("Not_A_Valid_Name", "bad")})
+    for tenant, _ in fleet.members.values():
+        poke(installed, f"{GITREPOS.format(ns=tenant.namespace)}/app")
+    halted = wait_rollout(installed, "recover", "Halted", timeout=120)
+    assert "xc" in halted["message"]
+    # The fix: fetched by ring1's and broad's sources first; the canary's only once they hold it.
+    fix = git_server.commit(fleet.repo, {"app/cm.yaml": cm("app", "v3")})
+    for name in ("x1", "x2"):
+        tenant, _ = fleet.members[name]
+        poke(installed, f"{GITREPOS.format(ns=tenant.namespace)}/app")
+    for name in ("x1", "x2"):
+        wait_for(lambda name=name: any(r.endswith(fix) for r in (  # type: ignore[misc]
+            fleet.get(name)["status"].get("pendingUpdate") or {}).get("revisions", {}).values()),
+            what=f"{name} holding the fix", timeout=60)
+    seen = len(control_plane.audit_events())
+    canary, _ = fleet.members["xc"]
+    poke(installed, f"{GITREPOS.format(ns=canary.namespace)}/app")
+    for name in members:
+        wait_for(lambda name=name: fleet.ready_at(name, fix), what=f"{name} Ready at the fix",  # type: ignore[misc]
+                 timeout=180)
+    done = wait_rollout(installed, "recover", "Completed", timeout=60)
+    assert "every wave is Ready" in done["message"]
+    status = installed.get(f"{FLEET}/recover")["status"]
+    assert [w["phase"] for w in status["waves"]] == ["Done", "Done", "Done"]
+    assert status.get("halted") is None
+    # In order: each wave's first write of the fix after the wave before was Ready and soaked.
+    events = control_plane.audit_events()[seen:]
+    written = first_writes(events, fleet)
+    assert set(written) == set(members), written
+    opened = {w["name"]: w["openedAt"] for w in status["waves"]}
+    assert at(written["xc"]) < at(opened["ring1"]) <= at(written["x1"]) < at(opened["broad"]) \
+        <= at(written["x2"]), (written, opened)
+    for name in ("x1", "x2"):
+        snapshot = fleet.get(name)["status"].get("lastAppliedSnapshot") or []
+        assert not any(s.get("revision", "").endswith(bad) for s in snapshot), "the withdrawn commit"
+
+
+@pytest.mark.parametrize(("selector", "said"), [
+    (None, "spec.namespaceSelector: Required value"),
+    ({}, "namespaceSelector must name at least one namespace label"),
+    ({"matchLabels": {}}, "namespaceSelector must name at least one namespace label"),
+])
+def test_a_rollout_without_a_platform_namespace_selector_is_refused_at_admission(
+        installed: KubeClient, selector: dict[str, Any] | None, said: str) -> None:
+    spec: dict[str, Any] = {"selector": {"matchLabels": {"app": "x"}},
+                            "waves": [{"name": "all", "selector": {}}]}
+    if selector is not None:
+        spec["namespaceSelector"] = selector
+    with pytest.raises(ApiError) as refused:
+        installed.apply(f"{FLEET}/unscoped", {"apiVersion": "stages.metio.wtf/v1", "kind": "FleetRollout",
+                                              "metadata": {"name": "unscoped"}, "spec": spec},
+                        field_manager="e2e-test")
+    assert refused.value.status == 422
+    assert said in str(refused.value), str(refused.value)

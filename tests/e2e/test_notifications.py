@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import base64
 import json
+import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -205,6 +207,75 @@ def test_events_reach_webhook_slack_teams_and_commit_statuses_with_no_secret(
         return (sent, failing) if sent >= 2 and all(v >= 2 for v in failing.values()) else None
     wait_for(counted, what="sends and failures in the metrics")
     assert "/refuses" not in controller.output(), "a failure names the receiver's origin, never its path"
+
+
+# -- issue 43 item 5: tenant text that cannot ping a channel; fair between tenants ---------------------
+
+# Tenant text from Git that the apiserver refuses and echoes in its error (the StageFailed message).
+EVIL_TEXT = "<!channel><https://evil.example/approve|Approve release>"
+EVIL = f'apiVersion: v1\nkind: ConfigMap\nmetadata:\n  name: evil\n  labels: {{tier: "{EVIL_TEXT}"}}\n'
+FAILING = 'apiVersion: v1\nkind: ConfigMap\nmetadata: {name: "Not_A_Valid_Name"}\n'
+
+
+def test_a_tenants_burst_never_delays_another_tenants_alert_and_its_markup_pings_nobody(
+    controller: ControllerProcess, installed: KubeClient, git_server: GitServer, make_tenant: TenantFactory,
+    receiver: ActionServer,
+) -> None:
+    noisy = scenario(installed, git_server, make_tenant("noisy"), {"bad/cm.yaml": FAILING})
+    quiet = scenario(installed, git_server, make_tenant("quiet"), {"evil/x.yaml": EVIL})
+    receiver.answer("/fair", 200)
+    # (a long timeout: the receiver holds one request for as long as the test needs, never retried)
+    provider(installed, "fair", {"type": "slack", "address": receiver.url("/fair"), "channel": "#releases",
+                                 "timeout": "10m"})
+    alert(installed, "fair", {"providerRef": {"name": "fair"}, "eventSeverity": "error",
+                              "eventReasons": ["StageFailed"],
+                              "eventSources": [{"kind": "StageSet", "namespace": noisy.ns, "name": "*"},
+                                               {"kind": "StageSet", "namespace": quiet.ns, "name": "*"}]})
+
+    def told(namespace: str, name: str) -> list[int]:
+        return [i for i, r in enumerate(receiver.received("/fair"))
+                if f"StageSet/{namespace}/{name}:" in json.loads(r.body)["text"]]
+    # The configuration is read again within its refresh (30 s): a failure every 10 s until one is
+    # told says it is in use.
+    probes: list[str] = []
+
+    def probed() -> bool:
+        if any(told(noisy.ns, p) for p in probes):
+            return True
+        probes.append(f"probe-{len(probes)}")
+        noisy.stageset(probes[-1], [{"name": "app", "path": "./bad"}])
+        return False
+    wait_for(probed, what="the provider in use", timeout=120, interval=10)
+
+    # The receiver holds the noisy tenant's next alert: everything after it waits in the queue.
+    hold = threading.Event()
+    receiver.replies["/fair"].hold = hold
+    try:
+        noisy.stageset("n00", [{"name": "app", "path": "./bad"}])
+        wait_for(lambda: told(noisy.ns, "n00"), what="the first alert in flight", timeout=60)
+        names = [f"n{n:02d}" for n in range(1, 21)]
+        for name in names:
+            noisy.stageset(name, [{"name": "app", "path": "./bad"}])
+        for name in names:
+            noisy.wait_reason(name, "StageFailed", timeout=90)
+        quiet.stageset("evil", [{"name": "app", "path": "./evil"}])
+        quiet.wait_reason("evil", "StageFailed", timeout=90)
+        time.sleep(2)  # the event reaches the outbox (no assertion on time: the order is asserted)
+    finally:
+        hold.set()
+    wait_for(lambda: all(told(noisy.ns, n) for n in names)
+             and told(quiet.ns, "evil"), what="every alert sent", timeout=120)
+    first = min(told(noisy.ns, "n00"))
+    evil = min(told(quiet.ns, "evil"))
+    between = [i for n in names for i in told(noisy.ns, n) if first < i < evil]
+    assert len(between) <= 1, f"{len(between)} of the noisy tenant's alerts went out before the quiet one's"
+
+    body = json.loads(receiver.received("/fair")[evil].body)
+    sent = json.dumps(body)
+    assert "<!channel>" not in sent, "a mention"
+    assert "<https://evil.example" not in sent, "a disguised link"
+    text = body["attachments"][0]["text"]
+    assert "&lt;!channel&gt;&lt;https://evil.example/approve|Approve release&gt;" in text, text
 
 
 def test_suspend_and_resume_are_told_as_a_state_never_as_a_failure(

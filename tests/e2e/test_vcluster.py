@@ -229,7 +229,8 @@ def test_the_vcluster_recipe_runs_as_written(
         return found if found and found["reason"] == "ClusterUnreachable" else None
 
     waits = wait_for(waiting, what="the StageSet waiting for its target")
-    assert "StageTarget stageset-targets/shop-vcluster is not ready" in waits["message"], waits
+    assert "StageTarget stageset-targets/shop-vcluster is not ready: its cluster is not available yet" \
+        in waits["message"], waits
     assert wait_for(
         lambda: (c := condition(installed.get(target))) and c["reason"] == "SecretNotFound" and c,
         what="the StageTarget saying SecretNotFound",

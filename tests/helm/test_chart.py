@@ -19,9 +19,12 @@ from stageset.api.rbac import (
     NOTIFICATION_RULES,
     TARGET_RULES,
     TENANT_NOTIFICATION_RULES,
+    TOKEN_REQUEST_RULES,
+    WORKLOAD_TARGET_RULES,
     aggregated_cluster_roles,
 )
 from stageset.build import BuildLimits
+from stageset.cli.check import parse_flags, rights_needed
 from stageset.cli.main import main as cli
 from tests.helm.chart import CHART, Helm, controller_args, controller_container, find, one
 
@@ -48,6 +51,10 @@ TARGET_RULE_TABLE = [
     (["stages.metio.wtf"], ["stagetargets/status"], ["get", "patch", "update"]),
     ([""], ["secrets"], ["get", "list", "watch"]),
 ]
+# Workload identity (targets.workloadIdentity): token requests where the controller's role is bound, and
+# in each target namespace the ConfigMaps and the platform accounts' tokens.
+TOKEN_RULE_TABLE = [([""], ["serviceaccounts/token"], ["create"])]
+WORKLOAD_TARGET_RULE_TABLE = [([""], ["configmaps"], ["get", "list", "watch"]), *TOKEN_RULE_TABLE]
 
 
 def rules(role: dict[str, Any]) -> list[tuple[list[str], list[str], list[str]]]:
@@ -82,6 +89,9 @@ def test_rules_in_the_chart_are_the_code_s() -> None:
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in CONTROLLER_RULES] == CONTROLLER_RULE_TABLE
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in LEADER_ELECTION_RULES] == LEASE_RULE_TABLE
     assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in TARGET_RULES] == TARGET_RULE_TABLE
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in TOKEN_REQUEST_RULES] == TOKEN_RULE_TABLE
+    assert [(r["apiGroups"], r["resources"], r["verbs"]) for r in WORKLOAD_TARGET_RULES] == \
+        WORKLOAD_TARGET_RULE_TABLE
 
 
 def test_multi_tenant_default_rbac_rule_by_rule(helm: Helm) -> None:
@@ -161,6 +171,53 @@ def test_targets_add_a_role_in_each_target_namespace_and_nothing_for_tenants(hel
     controller = cli.commands["controller"]  # type: ignore[attr-defined]
     params = controller.make_context("controller", list(args)).params
     assert (params["target_namespaces"], params["max_remote_targets"]) == (("platform-a", "platform-b"), 200)
+
+
+def test_workload_identity_grants_token_requests_only_where_the_controller_is_bound(helm: Helm) -> None:
+    """Off by default: no token right, no flag.  On: create serviceaccounts/token by a ClusterRole bound
+    where the controller's own is (cluster-wide, or one RoleBinding per watched namespace), the
+    targets Role gains ConfigMap reads and token requests, cluster-admin mode adds nothing (it has
+    them), and the controller command accepts the flag."""
+    default = helm.render()
+    assert "--workload-identity" not in controller_args(default)
+    assert not any("token" in name for _, _, name in rbac_objects(default))
+    for role in (d for d in default if d["kind"] in ("ClusterRole", "Role")):
+        assert "serviceaccounts/token" not in {r for rule in role["rules"] for r in rule["resources"]}
+
+    docs = helm.render("--set", "targets.workloadIdentity=true")
+    assert rbac_objects(docs) - rbac_objects(default) == {
+        ("ClusterRole", "", "stageset-system-stageset-token-requests"),
+        ("ClusterRoleBinding", "", "stageset-system-stageset-token-requests")}
+    assert rules(one(docs, "ClusterRole", "stageset-system-stageset-token-requests")) == TOKEN_RULE_TABLE
+    assert binding(docs, "ClusterRoleBinding", "stageset-system-stageset-token-requests") == (
+        "ClusterRole", "stageset-system-stageset-token-requests", SA)
+    args = controller_args(docs)
+    assert "--workload-identity" in args
+    controller = cli.commands["controller"]  # type: ignore[attr-defined]
+    assert controller.make_context("controller", list(args)).params["workload_identity"] is True
+
+    sharded = helm.render("--set", "targets.workloadIdentity=true",
+                          "--set", "controller.watchNamespaces={team-a,team-b}",
+                          "--set", "targets.namespaces={platform}")
+    token_objects = {o for o in rbac_objects(sharded) if "token" in o[2]}
+    assert token_objects == {("ClusterRole", "", "stageset-system-stageset-token-requests"),
+                             ("RoleBinding", "team-a", "stageset-system-stageset-token-requests"),
+                             ("RoleBinding", "team-b", "stageset-system-stageset-token-requests")}
+    (targets,) = find(sharded, "Role", "stageset-targets")
+    assert rules(targets) == TARGET_RULE_TABLE + WORKLOAD_TARGET_RULE_TABLE
+
+    # `stageset check` asks for exactly what the chart grants: tokens where the controller watches, and
+    # ConfigMaps and tokens in each target namespace.
+    asked = rights_needed(parse_flags(controller_args(sharded)), namespace="stageset-system")
+    assert {(a["verb"], a["resource"], a.get("subresource"), a.get("namespace")) for a in asked
+            if a["resource"] in ("configmaps", "serviceaccounts") and a["verb"] != "impersonate"} == {
+        ("create", "serviceaccounts", "token", "team-a"), ("create", "serviceaccounts", "token", "team-b"),
+        ("create", "serviceaccounts", "token", "platform"),
+        *((verb, "configmaps", "", "platform") for verb in ("get", "list", "watch"))}
+
+    admin = helm.render("--set", "targets.workloadIdentity=true", "--set", "rbac.clusterAdmin=true")
+    assert not any("token" in name for _, _, name in rbac_objects(admin))
+    assert "--workload-identity" in controller_args(admin)
 
 
 def test_cluster_admin_mode_adds_exactly_a_cluster_admin_binding(helm: Helm) -> None:

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from stageset.api.fleet import FleetRelease, FleetView
 from stageset.controller.consumers import artifact_consumer
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder
@@ -26,6 +27,7 @@ from stageset.controller.render.stores import ArtifactTrees
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
 from stageset.controller.shared import Shared
+from stageset.controller.stageset.awaited import names_stageset
 from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.setup import stageset_reconciler
 from stageset.controller.targets.setup import clusters
@@ -100,9 +102,12 @@ class World:
     """The namespaces the Namespace watch would report terminating (fed by the test)."""
     rollouts: dict[tuple[str, str], list[str]] = field(default_factory=dict)
     """The FleetRollouts that select each StageSet, as the rollout watch would tell (fed by the test)."""
+    fleet_records: dict[tuple[str, str], dict[str, FleetRelease]] = field(default_factory=dict)
+    """What each rollout's ``status.releases`` records for each StageSet (fed by the test)."""
 
-    def selected_by(self, namespace: str, name: str) -> list[str]:
-        return self.rollouts.get((namespace, name), [])
+    def selected_by(self, namespace: str, name: str) -> FleetView:
+        return FleetView(selected_by=tuple(self.rollouts.get((namespace, name), [])),
+                         records=self.fleet_records.get((namespace, name), {}))
 
     def __post_init__(self) -> None:
         self.pool = FakeClientPool(self.cluster)
@@ -163,9 +168,10 @@ class World:
                 live = self.cluster.objects[path]
                 live["spec"] = body["spec"]
                 live["metadata"]["generation"] = int(live["metadata"]["generation"]) + 1
-        self.index.update(
+        self.index.update(  # as the StageSet watch keeps it: StageSet entries only
             (namespace, name),
-            [(d.get("namespace") or namespace, d["name"]) for d in spec.get("dependsOn", [])],
+            [(d.get("namespace") or namespace, d["name"]) for d in spec.get("dependsOn", [])
+             if names_stageset(d)],
         )
         return path
 

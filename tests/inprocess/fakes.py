@@ -33,6 +33,7 @@ from stageset.kube.types import KubeObject
 from tests.recording import merge
 
 CONTROLLER = "controller"  # how requests made as the controller's own identity are recorded
+SELF_SUBJECT_ACCESS_REVIEWS = "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews"
 
 # Discovery served by every fake cluster: (apiVersion, kind, plural, namespaced).
 KINDS = [
@@ -52,6 +53,10 @@ KINDS = [
     ("source.toolkit.fluxcd.io/v1", "OCIRepository", "ocirepositories", True),
     ("source.toolkit.fluxcd.io/v1", "Bucket", "buckets", True),
     ("coordination.k8s.io/v1", "Lease", "leases", True),
+    # What spec.dependsOn may wait for (tests/inprocess/test_object_dependencies.py).
+    ("db.example/v1", "Database", "databases", True),
+    ("helm.toolkit.fluxcd.io/v2", "HelmRelease", "helmreleases", True),
+    ("apiextensions.k8s.io/v1", "CustomResourceDefinition", "customresourcedefinitions", False),
 ]
 ALL_VERBS = "get,list,watch,create,apply,patch,delete"
 _VOLATILE = ("resourceVersion", "managedFields", "generation", "uid", "creationTimestamp")
@@ -124,6 +129,8 @@ class FakeCluster:
     watch_lag: float = 0.0
     # API versions discovery does not list (a CRD not installed yet).
     unserved: set[str] = field(default_factory=set)
+    # Answer SelfSubjectAccessReviews from the grants (off: a review is not answered, as before).
+    reviews: bool = False
 
     def __post_init__(self) -> None:
         self._lock = threading.Condition()
@@ -203,6 +210,8 @@ class FakeCluster:
 
     def handle(self, *, user: str, method: str, path: str, query: Mapping[str, QueryValue] | None, body: Any,
                content_type: str) -> KubeObject:
+        if self.reviews and method == "POST" and path == SELF_SUBJECT_ACCESS_REVIEWS:
+            return self._review(user, body)
         query = query or {}
         dry_run = query.get("dryRun") == "All"
         parsed = parse_path(path)
@@ -230,6 +239,22 @@ class FakeCluster:
             if verb == "delete":
                 return self._delete(parsed, dry_run=dry_run)
             return self._create(parsed, body)
+
+    def _review(self, user: str, body: Any) -> KubeObject:
+        """A SelfSubjectAccessReview, answered from the grants as the apiserver's authorizer would
+        (recorded as a ``create`` of the review, which stores nothing)."""
+        attributes = (body.get("spec") or {}).get("resourceAttributes") or {}
+        group, plural = attributes.get("group") or "", attributes.get("resource") or ""
+        version = next((v for v, _, p, _ in KINDS if p == plural and v.rpartition("/")[0] == group), "v1")
+        root = "/api" if not group else "/apis"
+        namespace = f"/namespaces/{attributes['namespace']}" if attributes.get("namespace") else ""
+        name = f"/{attributes['name']}" if attributes.get("name") else ""
+        target = f"{root}/{version}{namespace}/{plural}{name}"
+        verb = str(attributes.get("verb") or "")
+        with self._lock:
+            self.requests.append(Request(user=user, verb="create", path=SELF_SUBJECT_ACCESS_REVIEWS))
+            allowed = self._allowed(user, verb, target)
+        return {**body, "status": {"allowed": allowed}}
 
     @staticmethod
     def _verb(method: str, content_type: str, parsed: Parsed | None) -> str:

@@ -7,7 +7,10 @@ tests/e2e/test_ownership.py.
 
 from __future__ import annotations
 
+import datetime
 import json
+
+import pytest
 
 from stageset.api import THIS_CLUSTER
 from stageset.api.vocabulary import Reason
@@ -208,3 +211,121 @@ def test_a_holder_on_another_cluster_lets_the_stage_adopt_and_one_on_the_same_co
     claim = there.claim(holder=(NS, "elsewhere"), oid=oid)
     assert claim is not None
     assert claim.holder == f"StageSet {NS}/elsewhere"
+
+
+# -- a claim that blocks rests on what the controller wrote (issue 43 item 4) ------------------------
+
+RECORD = json.dumps({"v": 2, "stages": {"app": {"sa": "d", "kinds": {"v1//ConfigMap": ["shop"]}}}})
+CREATED = "2030-01-01T00:00:00Z"
+
+
+def recorded(**fields: object) -> dict[str, object]:
+    """A StageSet (as read) with a durable record covering ConfigMaps in ``shop``, and ``fields``."""
+    obj: dict[str, object] = {"metadata": {"creationTimestamp": CREATED,
+                                           "annotations": {"stages.metio.wtf/inventory-record": RECORD}},
+                              "spec": {"stages": []}}
+    obj.update(fields)
+    return obj
+
+
+AT = datetime.datetime(2030, 1, 1, 0, 5, tzinfo=datetime.UTC)
+LATER = datetime.datetime(2030, 1, 1, 0, 11, tzinfo=datetime.UTC)
+
+
+@pytest.mark.parametrize(("case", "holder", "now", "held"), [
+    ("status lost (a restore, or not reconciled yet): the record holds", recorded(), AT, True),
+    ("status lost, past the window from its creation: the record no longer holds", recorded(), LATER, False),
+    ("suspended: it applies nothing, its record holds nothing",
+     recorded(spec={"suspend": True, "stages": []}), AT, False),
+    ("reconciled and no inventory: it never applied anything",
+     recorded(status={"observedGeneration": 1, "conditions": [
+         {"type": "Ready", "status": "False", "reason": "Suspended"}]}), AT, False),
+    ("reconciled, failed before any stage applied", recorded(status={"conditions": [
+        {"type": "Ready", "status": "False", "reason": "RBACDenied"}]}), AT, False),
+    ("the controller's inventory lists it: held, with no end", recorded(status={"inventory": [
+        {"name": "app", "entries": [{"id": "shop_a__ConfigMap", "v": "v1"}]}]}), LATER, True),
+    ("the controller's inventory lists something else: the record is not asked",
+     recorded(status={"inventory": [{"name": "app", "entries": [{"id": "shop_b__ConfigMap", "v": "v1"}]}]}),
+     AT, False),
+    ("only a move's previous inventory, listing it", recorded(status={"previousTargets": {
+        "since": CREATED,
+        "inventory": [{"name": "app", "entries": [{"id": "shop_a__ConfigMap", "v": "v1"}]}]}}), LATER, True),
+])
+def test_a_record_only_claim_counts_only_while_status_is_genuinely_lost(
+        case: str, holder: dict[str, object], now: datetime.datetime, held: bool) -> None:
+    oid = ObjectId(namespace="shop", name="a", group="", kind="ConfigMap")
+    assert lists(holder, oid, target=THIS_CLUSTER, now=now) is held, case
+
+
+def forge(world: World, *, holder: str, **spec: object) -> None:
+    """Another StageSet in the shared namespace, its tenant's forged record covering ConfigMaps in
+    ``shop``, and the victim's object's owner labels pointed at it (one label patch)."""
+    world.cluster.put({"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+                       "metadata": {"name": holder, "namespace": NS,
+                                    "annotations": {"stages.metio.wtf/inventory-record": RECORD}},
+                       "spec": {"serviceAccountName": SA, **spec, "stages": [
+                           {"name": "app", "sourceRef": {"name": "app"}, "path": "./other"}]}})
+    world.cluster.edit(f"{CM}/a", lambda o: o["metadata"]["labels"].update(
+        {"stages.metio.wtf/name": holder, "stages.metio.wtf/stage": "app"}))
+
+
+def test_a_forged_record_on_a_suspended_stageset_blocks_nothing(world: World) -> None:
+    world.commit({"app/a.json": configmap("a", "v1"), "other/o.json": configmap("o")})
+    world.stageset("victim", [{"name": "app", "path": "./app"}])
+    world.reconcile("victim")
+    assert world.ready("victim")["status"] == "True"
+    forge(world, holder="squatter", suspend=True)
+    world.reconcile("squatter")  # Suspended: a status, and no inventory
+    assert world.ready("squatter")["reason"] == "Suspended"
+    world.commit({"app/a.json": configmap("a", "v2"), "other/o.json": configmap("o")})
+    world.reconcile("victim")
+    assert world.ready("victim")["status"] == "True", world.ready("victim")
+    assert labels(world, "a")["stages.metio.wtf/name"] == "victim"
+
+
+def test_a_record_only_claim_is_reported_with_its_end_and_lapses(world: World) -> None:
+    world.commit({"app/a.json": configmap("a", "v1"), "other/o.json": configmap("o")})
+    world.stageset("victim", [{"name": "app", "path": "./app"}])
+    world.reconcile("victim")
+    forge(world, holder="restored")  # never reconciled: its status is lost
+    born = world.clock()
+    world.cluster.edit(stageset_path("restored"), lambda o: o["metadata"].update(
+        creationTimestamp=born.strftime("%Y-%m-%dT%H:%M:%SZ")))
+    world.commit({"app/a.json": configmap("a", "v2"), "other/o.json": configmap("o")})
+    world.reconcile("victim")
+    ready = world.ready("victim")
+    assert ready["reason"] == "OwnershipConflict"
+    ends = (born + datetime.timedelta(minutes=10)).strftime("%Y-%m-%dT%H:%M:%SZ")
+    assert f"StageSet {NS}/restored (by its durable record only, while its status is lost: at the latest " \
+           f"until {ends})" in ready["message"], ready["message"]
+    world.clock.advance(601)
+    world.reconcile("victim")
+    assert world.ready("victim")["status"] == "True", "the record-only claim lapsed"
+
+
+def test_labels_pointed_at_a_newer_stageset_take_nothing_from_the_one_that_lists_it(world: World) -> None:
+    """The squatter's lost status is rebuilt from the cluster by the owner labels its tenant pointed
+    at itself: its inventory then lists the victim's object — but it came into existence after the
+    object, and the victim's own inventory lists it: no claim."""
+    world.commit({"app/a.json": configmap("a", "v1")})
+    world.stageset("victim", [{"name": "app", "path": "./app"}])
+    world.reconcile("victim")
+    world.cluster.edit(f"{CM}/a", lambda o: o["metadata"].update(creationTimestamp="2030-01-01T00:00:00Z"))
+    world.cluster.edit(f"{CM}/a", lambda o: o["metadata"]["labels"].update(
+        {"stages.metio.wtf/name": "squatter", "stages.metio.wtf/stage": "app"}))
+    world.cluster.put({"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",
+                       "metadata": {"name": "squatter", "namespace": NS,
+                                    "annotations": {"stages.metio.wtf/inventory-record": RECORD.replace(
+                                        '"sa": "d"', f'"sa": "{SA}"')}},
+                       "spec": {"serviceAccountName": SA, "stages": [
+                           {"name": "app", "sourceRef": {"name": "missing"}, "path": "./app"}]}})
+    world.cluster.edit(stageset_path("squatter"), lambda o: o["metadata"].update(
+        creationTimestamp="2030-01-01T00:01:00Z"))
+    world.reconcile("squatter")
+    listed = [e["id"] for inv in world.get("squatter")["status"].get("inventory", []) for e in inv["entries"]]
+    assert listed == [f"{NS}_a__ConfigMap"], "the rebuild trusted the labels"
+    world.commit({"app/a.json": configmap("a", "v2")})
+    world.reconcile("victim")
+    assert world.ready("victim")["status"] == "True", world.ready("victim")
+    assert labels(world, "a")["stages.metio.wtf/name"] == "victim"
+    assert (world.configmap("a") or {})["data"]["k"] == "v2"

@@ -383,8 +383,20 @@ def test_a_member_a_rollout_selects_holds_new_revisions_until_that_rollouts_rele
              FleetRelease(rollout="other", wave="all", revisions=pending["revisions"]).encode())
     world.reconcile("shop")
     assert world.configmap("app")["data"]["k"] == "v1"  # type: ignore[index]
+    # Issue 43 item 1: what the rollout released is what its *status* records (the controller's,
+    # on a subresource no tenant writes); the annotation alone — which the tenant can write — no
+    # longer releases anything, and it must say what the status records.
+    released = FleetRelease(rollout="web", wave="canary", revisions=pending["revisions"])
+    annotate(world, "shop", ANNOTATION_FLEET_RELEASE, released.encode())
+    world.reconcile("shop")
+    assert world.configmap("app")["data"]["k"] == "v1", "a forged annotation releases nothing"  # type: ignore[index]
+    world.fleet_records[(NS, "shop")] = {"web": released}
     annotate(world, "shop", ANNOTATION_FLEET_RELEASE,
-             FleetRelease(rollout="web", wave="canary", revisions=pending["revisions"]).encode())
+             FleetRelease(rollout="web", wave="canary", revisions={}).encode())
+    world.reconcile("shop")
+    assert world.configmap("app")["data"]["k"] == "v1", "an edited annotation holds"  # type: ignore[index]
+    assert "does not say what the rollout released" in world.ready("shop")["message"]
+    annotate(world, "shop", ANNOTATION_FLEET_RELEASE, released.encode())
     world.reconcile("shop")
     assert world.configmap("app")["data"]["k"] == "v2"  # type: ignore[index]
     assert "pendingUpdate" not in world.get("shop")["status"]

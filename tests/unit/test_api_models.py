@@ -323,3 +323,31 @@ def test_check_mode_reports_drift(tmp_path: Path, capsys: pytest.CaptureFixture[
 
     shutil.rmtree(tmp_path)
     assert crdgen.main(["--check", "--output-dir", str(tmp_path)]) == 1
+
+
+@pytest.mark.parametrize("kube_config", [
+    {"secretRef": {"name": "kc"}, "configMapRef": {"name": "wi"}},
+    {},
+])
+def test_a_kubeconfig_names_exactly_one_secret_or_configmap(kube_config: dict[str, Any]) -> None:
+    """``secretRef`` or ``configMapRef`` (workload identity), never both or neither: on StageSets and
+    StageTargets alike, as the CRDs' rule says."""
+    from stageset.api.target import StageTarget
+
+    with pytest.raises(ValidationError, match="exactly one of secretRef"):
+        StageSet.model_validate(stageset({"kubeConfig": kube_config, "stages": [stage("app")]}))
+    with pytest.raises(ValidationError, match="exactly one of secretRef"):
+        StageTarget.model_validate({"spec": {"kubeConfig": kube_config}})
+    accepted = StageSet.model_validate(stageset({"kubeConfig": {"configMapRef": {"name": "wi"}},
+                                                 "stages": [stage("app")]}))
+    assert accepted.spec.kube_config is not None
+    assert accepted.spec.kube_config.secret_ref is None
+    assert accepted.spec.kube_config.config_map_ref is not None
+    target = StageTarget.model_validate({"spec": {"kubeConfig": {"configMapRef": {"name": "wi"}}}})
+    assert target.spec.kube_config.config_map_ref is not None
+    for kind in crdgen.KINDS:
+        if kind.kind in ("StageSet", "StageTarget"):
+            crd = crdgen.custom_resource_definition(kind)
+            spec = crd["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"]["spec"]
+            rules = spec["properties"]["kubeConfig"]["x-kubernetes-validations"]
+            assert {"rule": "has(self.secretRef) != has(self.configMapRef)"}.items() <= rules[-1].items()

@@ -727,6 +727,34 @@ def test_the_fleet_page_shows_each_wave_its_members_and_what_holds_them() -> Non
     assert "Withdrawn (never released again)" in html
 
 
+def test_objects_of_other_kinds_it_waits_for_are_drawn_with_their_kind_and_readiness() -> None:
+    waits = ready("False", "DependencyNotReady", "Database db is not Ready: provisioning")
+    obj = stageset([{"name": "a"}], depends_on=[
+        {"name": "base"},
+        {"apiVersion": "db.example/v1", "kind": "Database", "name": "db"},
+        {"apiVersion": "helm.toolkit.fluxcd.io/v2", "kind": "HelmRelease", "name": "op", "namespace": "ops",
+         "readyExpr": "status.conditions.exists(c, c.type == 'Ready' && c.status == 'True')"}],
+        status={"conditions": waits})
+    assert [(r.kind, r.namespace, r.name) for r in views.dependency_refs(obj)] == [
+        ("StageSet", "shop", "base"), ("Database", "shop", "db"), ("HelmRelease", "ops", "op")]
+    states = {"Database": views.ObjectState("InProgress", "provisioning")}
+    found = views.detail(obj, lookup=lambda ref: states.get(ref.kind, views.ObjectState("Current")),
+                         events=[], activity=[], linkable=lambda _ns: True,
+                         now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+    database = found.nodes["object:Database/shop/db"]
+    assert (database.title, database.detail, database.css) == ("Database shop/db", "Database · InProgress",
+                                                               "dependency progress")
+    assert database.href is None  # only StageSets have pages here
+    assert found.nodes["object:HelmRelease/ops/op"].title.startswith("HelmRelease ops/op (ready when status.")
+    assert found.holding is not None
+    assert found.holding.nodes == ["object:Database/shop/db"]
+    assert found.holding.text().startswith("Database shop/db: Database db is not Ready")
+    assert list(found.ready_exprs.values()) == [
+        "status.conditions.exists(c, c.type == 'Ready' && c.status == 'True')"]
+    # The picture: every dependency before the stages that start first.
+    assert {views.dependency_id(r) for r in views.dependency_refs(obj)} <= set(found.nodes)
+
+
 def test_a_warn_stageset_shows_what_it_left_drifted_escaped() -> None:
     """The Drifted message on the page, a badge per drifted object and per row; tenant text escaped."""
     from stageset.cli.dashboard.app import Dashboard

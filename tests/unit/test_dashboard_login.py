@@ -73,15 +73,26 @@ def login(store: LoginStore, user: str, closed: list[str], *, token: str = "opaq
 
 
 def test_the_store_is_bounded_and_ends_the_least_recently_used(clock: Clock) -> None:
+    # Issue 43 item 6 changed this test: it asserted that a third identity's sign-in ended the
+    # least recently used login of *another* identity (b's) — the way one tenant emptied the
+    # shared dashboard.  Now the least recently used login that ends is the same identity's own,
+    # and a sign-in past the bound with none of its own to end is refused.
     closed: list[str] = []
     store = LoginStore(limit=2, idle=600, lifetime=3600)
     first, second = login(store, "a", closed), login(store, "b", closed)
     clock.now += 1
     assert store.get(first.id) is first  # a is now the more recently used
-    login(store, "c", closed)
-    assert closed == ["b"]
+    refused = Login(user="c", namespace="team", app=PlainTextResponse("c"), close=lambda: closed.append("c"),
+                    expires=store.expiry("opaque"))
+    assert store.add(refused) is False
+    assert closed == []
     assert len(store) == 2
+    assert store.get(second.id) is second
+    clock.now += 1
+    login(store, "b", closed)  # b's own least recently used login ends for its new one
+    assert closed == ["b"]
     assert store.get(second.id) is None
+    assert store.get(first.id) is first
 
 
 def test_logins_expire_when_idle_at_their_lifetime_and_with_their_token(clock: Clock) -> None:
@@ -278,3 +289,126 @@ def test_over_plain_http_the_cookie_is_not_secure_unless_told(app: Shared) -> No
     response = client.post("/login", form={"token": TOKEN, "namespace": "team"},
                            headers={"origin": "http://testserver"})
     assert "Secure" in response.set_cookies[0]
+
+
+# -- one identity never ends another's login; sign-ins throttled (issue 43 item 6) -------------------
+
+@pytest.mark.parametrize(("user", "identity"), [
+    ("system:serviceaccount:team:reader", "system:serviceaccount:team"),
+    ("system:serviceaccount:team:other", "system:serviceaccount:team"),
+    ("system:serviceaccount:other:reader", "system:serviceaccount:other"),
+    ("alice@example.com", "alice@example.com"),
+    ("system:admin", "system:admin"),
+])
+def test_a_namespaces_service_accounts_are_one_identity(user: str, identity: str) -> None:
+    assert login_module.identity_of(user) == identity
+
+
+def test_an_identity_at_its_bound_ends_its_own_oldest_login_never_anothers(clock: Clock) -> None:
+    closed: list[str] = []
+    store = LoginStore(limit=10, idle=600, lifetime=3600, per_identity=2)
+    victim = login(store, "system:serviceaccount:victim:reader", closed)
+    mine = [login(store, f"system:serviceaccount:attacker:sa{n}", closed) for n in range(8)]
+    assert len(store) == 3, "the attacker's namespace holds two logins, however many accounts it mints"
+    assert closed == [f"system:serviceaccount:attacker:sa{n}" for n in range(6)]
+    assert store.get(victim.id) is victim
+    assert [store.get(m.id) is m for m in mine] == [False] * 6 + [True] * 2
+
+
+def test_a_full_store_refuses_a_new_identity_and_keeps_everyone_signed_in(clock: Clock) -> None:
+    closed: list[str] = []
+    store = LoginStore(limit=3, idle=600, lifetime=3600, per_identity=3)
+    kept = [login(store, f"user-{n}", closed) for n in range(3)]
+    for n in range(3, 10):
+        assert store.add(Login(user=f"user-{n}", namespace=None, app=PlainTextResponse(""),
+                               close=lambda: None, expires=store.expiry("t"))) is False
+    assert closed == []
+    assert all(store.get(k.id) is k for k in kept)
+    clock.now += 700  # every login idle: ended, room again
+    assert store.add(Login(user="user-9", namespace=None, app=PlainTextResponse(""), close=lambda: None,
+                           expires=store.expiry("t"))) is True
+
+
+def test_sign_ins_are_throttled_per_client_and_failures_more_strictly(clock: Clock) -> None:
+    throttle = login_module.SignInThrottle(attempts=3, failures=2, per_minute=3, failures_per_minute=1,
+                                           clock=clock)
+    assert [throttle.client("10.0.0.1") for _ in range(4)] == [True, True, True, False]
+    assert throttle.client("10.0.0.2"), "another client has its own bound"
+    clock.now += 20  # one attempt back (3 a minute)
+    assert throttle.client("10.0.0.1")
+    throttle.failed("10.0.0.3", None)
+    throttle.failed("10.0.0.3", None)
+    assert not throttle.client("10.0.0.3"), "two failures: no more attempts until one is forgiven"
+    clock.now += 60
+    assert throttle.client("10.0.0.3")
+    assert [throttle.identity("system:serviceaccount:t:a") for _ in range(3)] == [True] * 3
+    assert not throttle.identity("system:serviceaccount:t:b"), "the namespace's accounts share one bound"
+    assert throttle.identity("system:serviceaccount:u:a")
+    throttle.failed("10.0.0.9", "alice")
+    throttle.failed("10.0.0.8", "alice")
+    assert not throttle.identity("alice"), "failures of one identity from any client count together"
+
+
+def test_bounded_memory_of_clients() -> None:
+    throttle = login_module.SignInThrottle(keys=100)
+    for n in range(10_000):
+        throttle.client(f"10.0.{n // 256}.{n % 256}")
+    assert len(throttle._client._buckets) == 100
+
+
+@pytest.fixture
+def throttled(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[shared_module.SharedDashboard, list[str]]]:
+    """The shared dashboard with ``sign_in`` answering by token (no cluster asked), a tight throttle."""
+    asked: list[str] = []
+    users = {TOKEN: "system:serviceaccount:team:reader", "other": "system:serviceaccount:team:other",
+             "victim": "system:serviceaccount:victim:reader", "forbidden": "alice"}
+
+    def sign_in(_cluster: Cluster, *, token: str, namespace: str | None) -> object:
+        asked.append(token)
+        if token == "forbidden":
+            return login_module.Refusal.FORBIDDEN_SCOPE, "namespace team: no", "alice"
+        if token not in users:
+            return login_module.Refusal.UNAUTHENTICATED, ""
+        return SignedIn(user=users[token], session=Session())
+
+    def open_login(self: shared_module.SharedDashboard, verified: SignedIn, *, token: str,
+                   namespace: str | None) -> Login:
+        return Login(user=verified.user, namespace=namespace, app=PlainTextResponse(verified.user),
+                     close=lambda: None, expires=self.store.expiry(token))
+
+    monkeypatch.setattr(shared_module, "sign_in", sign_in)
+    monkeypatch.setattr(shared_module.SharedDashboard, "_open", open_login)
+    dashboard = shared_module.SharedDashboard(
+        cluster=Cluster(server="https://127.0.0.1:1", certificate_authority=None),
+        store=LoginStore(limit=5, idle=600, lifetime=3600, per_identity=2), allow_actions=False,
+        secure_cookies=False, throttle=login_module.SignInThrottle(attempts=4, failures=2))
+    yield dashboard, asked
+    dashboard.close()
+
+
+def test_failed_sign_ins_from_one_client_are_refused_before_the_cluster_is_asked(throttled: Shared) -> None:
+    dashboard, asked = throttled
+    client = Client(dashboard)
+    same = {"origin": "http://testserver"}
+    answers = [client.post("/login", form={"token": f"wrong-{n}", "namespace": "team"}, headers=same).status
+               for n in range(5)]
+    assert answers == [401, 401, 429, 429, 429]
+    assert asked == ["wrong-0", "wrong-1"], "a throttled sign-in costs the apiserver nothing"
+    assert "too many sign-ins" in client.post("/login", form={"token": TOKEN, "namespace": "team"},
+                                              headers=same).text
+
+
+def test_one_identity_signing_in_again_and_again_ends_only_its_own_logins(throttled: Shared) -> None:
+    dashboard, _asked = throttled
+    client = Client(dashboard)
+    same = {"origin": "http://testserver"}
+    victim = client.post("/login", form={"token": "victim", "namespace": "victim"}, headers=same).cookie
+    first = client.post("/login", form={"token": TOKEN, "namespace": "team"}, headers=same).cookie
+    answers = [client.post("/login", form={"token": "other", "namespace": "team"}, headers=same).status
+               for _ in range(3)]
+    assert answers == [303, 303, 429], "four attempts a minute from one client"
+    assert len(dashboard.store) == 3, "the namespace's accounts keep two logins between them"
+    assert first is not None
+    assert victim is not None
+    assert client.get("/", cookie=first).status == 303, "its own oldest login ended"
+    assert client.get("/", cookie=victim).text == "system:serviceaccount:victim:reader", "never another's"

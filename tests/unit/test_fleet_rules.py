@@ -14,6 +14,7 @@ from stageset.api.fleet import (
     FleetRelease,
     FleetRollout,
     FleetRolloutStatus,
+    FleetView,
     FleetWave,
     WavePhase,
     read_release,
@@ -21,7 +22,7 @@ from stageset.api.fleet import (
 from stageset.api.vocabulary import Reason
 from stageset.controller.fleet.decide import Decision, Member, decide
 from stageset.controller.fleet.selection import matches, selects, waves_of
-from stageset.controller.stageset.fleethold import hold
+from stageset.controller.stageset.fleethold import hold, of_view
 
 T0 = datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC)
 OLD, NEW, FIX = "main@sha1:" + "a" * 40, "main@sha1:" + "b" * 40, "main@sha1:" + "c" * 40
@@ -338,3 +339,222 @@ def test_the_porting_page_lists_every_refused_fleet_field() -> None:
     section = page.split("## FleetRollout fields", 1)[1].split("\n## ", 1)[0]
     for refusal in FLEET_REFUSED:
         assert f"`{refusal.path}` | refused" in section, refusal.path
+
+
+# -- issue 43: a fleet the platform controls, and that recovers -----------------------------------
+
+def recorded(decision: Decision) -> dict[str, tuple[str, str, bool]]:
+    """Per member: (its recorded wave, what it was released, joined) from ``status.releases``."""
+    return {r.name: (r.wave, r.revisions.get(SRC, ""), r.joined) for r in decision.status.releases}
+
+
+def test_every_member_is_recorded_in_status_and_the_next_decision_reads_its_release_from_there() -> None:
+    first = step(fleet(pending={n: {SRC: NEW} for n in EVERYONE}), None, 0)
+    assert recorded(first) == {"c1": ("canary", NEW, False), "c2": ("canary", NEW, False),
+                               "r1": ("ring1", "", False), "r2": ("ring1", "", False),
+                               "a1": ("all", "", False), "a2": ("all", "", False)}
+    for key, release in first.releases.items():
+        record = next(r for r in first.status.releases if (r.namespace, r.name) == key)
+        assert record.release("web") == release, "the annotation says exactly what the status records"
+
+
+def test_a_fix_whose_round_another_member_starts_resumes_every_wave_after_a_halt() -> None:
+    """Issue 43 item 3: the canary halted at NEW; FIX reaches ring1 and all first (their sources
+    fetched it), so the new round starts while the canary still shows its old failure and holds
+    nothing: that is no failure of the new round.  Then the canary gets FIX, is Ready, soaks, and
+    every wave opens in order."""
+    held = {n: {SRC: NEW} for n in EVERYONE}
+    first = step(fleet(pending=held), None, 0)
+    later = {n: v for n, v in held.items() if n != "c1"}
+    halted = step(fleet(pending=later, applied={"c1": NEW}, released={"c1": NEW},
+                        failing={"c1": "StageFailed"}), first.status, 1)
+    assert halted.reason is Reason.HALTED
+    assert NEW in halted.status.withdrawn
+    # FIX is fetched everywhere but at c1, which still fails at NEW (released to it, withdrawn).
+    elsewhere = {n: {SRC: FIX} for n in EVERYONE if n != "c1"}
+    fixed = step(fleet(pending=elsewhere, applied={"c1": NEW}, released={"c1": NEW},
+                       failing={"c1": "StageFailed"}), halted.status, 2)
+    assert fixed.started
+    assert fixed.halted is None, "a member still on a withdrawn revision does not halt the new round"
+    assert fixed.status.halted is None
+    assert fixed.reason is Reason.PROGRESSING
+    # c1 fetches FIX: released; applies it; Ready.  The canaries soak; every wave opens in order.
+    status = fixed.status
+    fetched = {**elsewhere, "c1": {SRC: FIX}}
+    status = step(fleet(pending=fetched, applied={"c1": NEW}, released={"c1": NEW},
+                        failing={"c1": "StageFailed"}), status, 3).status
+    assert recorded(step(fleet(pending=fetched, applied={"c1": NEW}, released={"c1": NEW},
+                               failing={"c1": "StageFailed"}), status, 3))["c1"][1] == FIX
+    opened: list[str] = []
+    applied: dict[str, str] = {}
+    for minute in (4, 5, 16, 17, 28, 29, 30):
+        waiting = {n: v for n, v in fetched.items() if n not in applied}
+        decision = step(fleet(pending=waiting, applied=applied, released=dict(applied)), status, minute)
+        status = decision.status
+        opened += decision.opened
+        for name, (_wave, revision, _joined) in recorded(decision).items():
+            if revision == FIX:
+                applied[name] = FIX
+    assert opened == ["ring1", "all"]
+    assert decision.reason is Reason.COMPLETED
+    assert set(applied) == set(EVERYONE)
+    assert NEW not in {r.revisions.get(SRC) for r in decision.status.releases}
+
+
+def test_a_member_that_changes_its_wave_mid_round_keeps_its_old_one_until_the_next_round() -> None:
+    held = {n: {SRC: NEW} for n in EVERYONE}
+    first = step(fleet(pending=held), None, 0)
+    # a1 relabels itself into the open canary wave: it stays in "all" for this round.
+    jumped = [replace(m, waves=["canary"]) if m.name == "a1" else m for m in fleet(pending=held)]
+    moved = step(jumped, first.status, 1)
+    assert recorded(moved)["a1"] == ("all", "", False)
+    assert moved.releases[("t-a1", "a1")].revisions == {}
+    assert moved.releases[("t-a1", "a1")].wave == "all"
+    # A member that relabels itself out of every wave (or out of the selector) keeps its wave too.
+    lost = [replace(m, waves=[]) if m.name == "r1" else m for m in fleet(pending=held)]
+    assert recorded(step(lost, first.status, 1))["r1"] == ("ring1", "", False)
+    left = [replace(m, waves=[], selected=False) if m.name == "r2" else m for m in fleet(pending=held)]
+    assert recorded(step(left, first.status, 1))["r2"] == ("ring1", "", False)
+    # The next round takes the new labels (and frees who left the selection).
+    fixed = {n: {SRC: FIX} for n in EVERYONE}
+    nxt = step([replace(m, waves=["canary"]) if m.name == "a1" else
+                replace(m, waves=[], selected=False) if m.name == "r2" else m for m in fleet(pending=fixed)],
+               moved.status, 2)
+    assert nxt.started
+    assert recorded(nxt)["a1"] == ("canary", FIX, False)
+    assert "r2" not in recorded(nxt)
+    assert ("t-r2", "r2") not in nxt.releases
+
+
+def test_a_member_that_joins_mid_round_neither_halts_it_nor_holds_its_wave_back() -> None:
+    held = {n: {SRC: NEW} for n in EVERYONE}
+    first = step(fleet(pending=held), None, 0)
+    canaries = {"c1": NEW, "c2": NEW}
+    rest = {n: v for n, v in held.items() if n not in canaries}
+    # A StageSet labels itself into the open canary wave after the round began, and fails.
+    joiner = member("evil", "canary", pending={}, ready=False, reason="StageFailed")
+    joined = step([*fleet(pending=rest, applied=canaries, released=canaries), joiner], first.status, 1)
+    assert joined.halted is None
+    assert joined.reason is Reason.PROGRESSING
+    assert recorded(joined)["evil"] == ("canary", "", True)
+    assert next(m for m in joined.status.members if m.name == "evil").joined
+    assert joined.status.waves[0].members == 2, "a joiner is not counted in its wave"
+    # The canaries soak and ring1 opens, whatever the joiner does.
+    later = step([*fleet(pending=rest, applied=canaries, released=canaries), joiner], joined.status, 12)
+    assert later.opened == ["ring1"]
+    assert later.halted is None
+    # A joiner holding what it fetched is released as its wave is (the canary wave is open).
+    fetching = member("late", "canary", pending={SRC: NEW}, ready=False, reason="UpdateDeferred")
+    assert step([*fleet(pending=rest, applied=canaries, released=canaries), fetching],
+                joined.status, 2).releases[("t-late", "late")].revisions == {SRC: NEW}
+    # The next round counts it like anyone.
+    fixed = {n: {SRC: FIX} for n in EVERYONE}
+    nxt = step([*fleet(pending=fixed, applied=canaries, released=canaries),
+                member("evil", "canary", pending={SRC: FIX})], later.status, 13)
+    assert recorded(nxt)["evil"] == ("canary", FIX, False)
+
+
+def test_a_status_from_before_records_counts_everyone_by_their_labels() -> None:
+    first = step(fleet(pending={n: {SRC: NEW} for n in EVERYONE}), None, 0)
+    legacy = first.status.model_copy(update={"releases": []})
+    decision = step(fleet(pending={n: {SRC: NEW} for n in EVERYONE if n not in ("c1", "c2")},
+                          applied={"c1": NEW, "c2": NEW}, released={"c1": NEW, "c2": NEW}), legacy, 1)
+    assert not any(joined for _w, _r, joined in recorded(decision).values())
+    assert released(decision)["r1"] == "", "nothing opens early after an upgrade"
+
+
+# -- the member's side: its release from the rollout's status, the annotation a hint ------------------
+
+RECORD = FleetRelease(rollout="web", wave="ring1", revisions={SRC: NEW})
+
+
+@pytest.mark.parametrize(("case", "view", "annotation", "held", "said"), [
+    ("no rollout, no annotation", FleetView(), None, False, ""),
+    ("no rollout: an annotation left behind only narrows", FleetView(),
+     FleetRelease(rollout="web", wave="a", revisions={SRC: OLD}), True, "until wave a opens"),
+    ("no rollout: an annotation releasing it narrows nothing", FleetView(), RECORD, False, ""),
+    ("selected, its status records the release, the annotation agrees",
+     FleetView(selected_by=("web",), records={"web": RECORD}), RECORD, False, ""),
+    ("recorded in a round that goes on (it relabelled itself out of the selector)",
+     FleetView(records={"web": RECORD}), RECORD, False, ""),
+    ("a forged annotation: the status records nothing for it yet",
+     FleetView(selected_by=("web",)), RECORD, True, "until it releases a revision to this StageSet"),
+    ("a forged annotation: the status records something else",
+     FleetView(selected_by=("web",), records={"web": RECORD.model_copy(update={"revisions": {}})}), RECORD,
+     True, "does not say what the rollout released"),
+    ("an edited annotation", FleetView(selected_by=("web",), records={"web": RECORD}),
+     RECORD.model_copy(update={"wave": "canary"}), True, "does not say what the rollout released"),
+    ("a removed annotation", FleetView(selected_by=("web",), records={"web": RECORD}), None, True,
+     "does not say what the rollout released"),
+    ("an unreadable annotation", FleetView(selected_by=("web",), records={"web": RECORD}),
+     FleetRelease(rollout="?", hold="unreadable"), True, "does not say what the rollout released"),
+    ("contested", FleetView(selected_by=("other", "web"), records={"web": RECORD}), RECORD, True,
+     "selected by the FleetRollouts other, web"),
+    ("recorded by one rollout, selected by another",
+     FleetView(selected_by=("other",), records={"web": RECORD}), RECORD, True,
+     "selected by the FleetRollouts other, web"),
+    ("a refused rollout selects it", FleetView(refused={"web": "spec.namespaceSelector: Field required"}),
+     None, True, "it is refused (spec.namespaceSelector: Field required)"),
+    ("its namespace's labels are not known yet", FleetView(unknown=("web",)), None, True,
+     "its namespace's labels are not known yet"),
+])
+def test_a_member_takes_its_release_from_the_rollouts_status_and_the_annotation_only_narrows(
+        case: str, view: FleetView, annotation: FleetRelease | None, held: bool, said: str) -> None:
+    found = of_view(view, annotation=annotation, new={"app": NEW}, sources={"app": SRC})
+    assert (found is not None) is held, case
+    if found is not None:
+        assert found.held == {"app": NEW}, case
+        assert said in found.why, (case, found.why)
+    assert of_view(view, annotation=annotation, new={}, sources={"app": SRC}) is None, "nothing new: no hold"
+
+
+def test_a_rollout_without_a_platform_namespace_selector_is_refused() -> None:
+    base = {"selector": {"matchLabels": {"app": "web"}}, "waves": [{"name": "all", "selector": {}}]}
+    with pytest.raises(ValueError, match="namespaceSelector"):
+        FleetRollout.model_validate({"metadata": {"name": "x"}, "spec": base})
+    with pytest.raises(ValueError, match="must name at least one namespace label"):
+        FleetRollout.model_validate({"metadata": {"name": "x"}, "spec": {**base, "namespaceSelector": {}}})
+    assert FleetRollout.model_validate({"metadata": {"name": "x"}, "spec": {
+        **base, "namespaceSelector": {"matchExpressions": [{"key": "fleet", "operator": "Exists"}]}}})
+
+
+# -- the index: what a member's pass learns of the rollouts ----------------------------------------
+
+def test_the_index_gives_members_their_records_and_holds_them_for_a_refused_rollout() -> None:
+    from stageset.controller.fleet.index import FleetIndex
+    from stageset.controller.keys import ObjectKey
+    from stageset.controller.setup import Event
+
+    labels = {"t-a": {"fleet": "yes"}, "t-b": {}}
+    index = FleetIndex(namespace_labels=labels.get)
+    for ns in ("t-a", "t-b", "t-c"):
+        index.stageset(Event.ADDED, ObjectKey("StageSet", ns, "web"), {
+            "metadata": {"namespace": ns, "name": "web", "labels": {"app": "web", "ring": "all"}}})
+    spec = {"selector": {"matchLabels": {"app": "web"}},
+            "namespaceSelector": {"matchLabels": {"fleet": "yes"}},
+            "waves": [{"name": "all", "selector": {}}]}
+    record = {"namespace": "t-a", "name": "web", "wave": "all", "revisions": {SRC: NEW}}
+    changed = index.rollout(Event.ADDED, ObjectKey("FleetRollout", "", "web"),
+                            {"metadata": {"name": "web"}, "spec": spec, "status": {"releases": [record]}})
+    assert changed == [("t-a", "web")], "a member whose record changed is told"
+    view = index.view("t-a", "web")
+    assert view.selected_by == ("web",)
+    assert view.records == {"web": FleetRelease(rollout="web", wave="all", revisions={SRC: NEW})}
+    assert index.view("t-b", "web") == FleetView(), "a namespace the platform did not label: no member"
+    assert index.view("t-c", "web").unknown == ("web",), "unknown namespace labels: held, never free"
+    # The same status again: nothing changed for anyone.
+    assert index.rollout(Event.MODIFIED, ObjectKey("FleetRollout", "", "web"),
+                         {"metadata": {"name": "web"}, "spec": spec, "status": {"releases": [record]}}) == []
+    # A rollout stored before namespaceSelector was required: refused, and it holds what it selects.
+    legacy = {k: v for k, v in spec.items() if k != "namespaceSelector"}
+    index.rollout(Event.ADDED, ObjectKey("FleetRollout", "", "old"),
+                  {"metadata": {"name": "old"}, "spec": legacy})
+    held = index.view("t-b", "web")
+    assert "namespaceSelector" in held.refused["old"]
+    found = of_view(held, annotation=None, new={"app": NEW}, sources={"app": SRC})
+    assert found is not None
+    assert "refused" in found.why
+    assert index.orphans(rollout=None) == [], "no annotation is taken back from what a refused rollout holds"
+    # The rollout goes: its members are told, and free.
+    assert index.rollout(Event.DELETED, ObjectKey("FleetRollout", "", "web"), {}) == [("t-a", "web")]
+    assert index.view("t-a", "web").records == {}

@@ -283,3 +283,116 @@ def test_the_rate_limit_holds_requests_past_the_burst(receiver: ActionServer) ->
         assert dropped(metrics) == 3
     finally:
         boxes.close()
+
+
+# -- tenant text is inert in every receiver that formats it (issue 43 item 5) ----------------------
+
+HOSTILE = ("applied Evil<!channel><https://evil.example/approve|Approve release> & "
+           "[Approve](https://evil.example) *now*")
+
+
+@pytest.mark.parametrize(("text", "slack", "teams"), [
+    ("<!channel>", "&lt;!channel&gt;", "\\<\\!channel\\>"),
+    ("<!here|here> <@U123>", "&lt;!here|here&gt; &lt;@U123&gt;", "\\<\\!here\\|here\\> \\<@U123\\>"),
+    ("<https://evil.example|Approve>", "&lt;https://evil.example|Approve&gt;",
+     "\\<https://evil.example\\|Approve\\>"),
+    ("a & b", "a &amp; b", "a & b"),
+    ("[Approve](https://evil.example)", "[Approve](https://evil.example)", "\\[Approve\\]\\(https://evil.example\\)"),
+    ("**bold** _it_ `code`", "**bold** _it_ `code`", "\\*\\*bold\\*\\* \\_it\\_ \\`code\\`"),
+    ("- item\n1. one\nprod-eu 2.0", "- item\n1. one\nprod-eu 2.0", "\\- item\n1\\. one\nprod-eu 2.0"),
+    ("stage 'app' failed", "stage 'app' failed", "stage 'app' failed"),
+])
+def test_slack_and_teams_escape_what_their_markup_reads(text: str, slack: str, teams: str) -> None:
+    from stageset.controller.notifications.payloads import slack_escape, teams_escape
+    assert slack_escape(text) == slack
+    assert teams_escape(text) == teams
+
+
+def test_no_payload_carries_a_tenants_markup_unescaped() -> None:
+    item = make(message=HOSTILE, revision=f"feature/<!channel>[x](y)@sha1:{SHA}")
+    [slack] = requests_for(ProviderType.SLACK, item, address="https://h.example/x")
+    texts = json.dumps(slack.body)
+    assert "<" not in texts, "no mention, no link: Slack reads only <...> as either"
+    assert ">" not in texts
+    assert "&lt;!channel&gt;" in slack.body["attachments"][0]["text"]  # type: ignore[index]
+    assert "&amp;" in slack.body["attachments"][0]["text"]  # type: ignore[index]
+    [teams] = requests_for(ProviderType.MSTEAMS, item, address="https://h.example/x")
+    card = teams.body["attachments"][0]["content"]  # type: ignore[index]
+    assert card["body"][1]["text"].count("\\[Approve\\]\\(https://evil.example\\)") == 1
+    assert "](" not in json.dumps(card).replace("\\\\](", ""), "no markdown link survives"
+    revision = next(f["value"] for f in card["body"][2]["facts"] if f["title"] == "revision")
+    assert revision.startswith("feature/\\<\\!channel\\>\\[x\\]\\(y\\)")
+    # Commit statuses are plain text by their APIs, the generic payload is Flux's JSON: verbatim.
+    [github] = requests_for(ProviderType.GITHUB, item, address="https://github.com/o/r")
+    assert str(github.body["description"]).startswith("StageFailed: applied Evil<!channel><https://evil")
+    [generic] = requests_for(ProviderType.GENERIC, item, address="https://h.example/")
+    assert generic.body["message"] == HOSTILE
+
+
+# -- fair between tenants on one provider (issue 43 item 5) ----------------------------------------
+
+class Recording:
+    """A receiver that records what it was sent, in order (a pure unit: no HTTP)."""
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, object]] = []
+        self.lock = threading.Lock()
+        self.release = threading.Event()
+        self.called = threading.Event()
+
+    def __call__(self, request: Outgoing, timeout: float) -> int:
+        del timeout
+        self.called.set()
+        self.release.wait(10)
+        with self.lock:
+            self.sent.append(request.body)
+        return 200
+
+
+def test_one_tenants_burst_delays_another_tenants_first_alert_by_one_send_at_most() -> None:
+    metrics = Metrics()
+    receiver = Recording()
+    boxes = Outboxes(settings=DeliverySettings(rate=1000.0, burst=1, capacity=100), send=receiver,
+                     counters=metrics)
+    provider = Provider(name="hook", type=ProviderType.GENERIC, address="https://h.example/")
+
+    def one(tenant: str, n: int) -> Outgoing:
+        return Outgoing(provider.address, {"tenant": tenant, "n": n}, {})
+    try:
+        boxes.put(provider, [one("noisy", n) for n in range(20)], tenant="noisy")
+        wait_until(receiver.called.is_set, "the first send in flight")
+        boxes.put(provider, [one("quiet", 0)], tenant="quiet")
+        boxes.put(provider, [one("third", 0)], tenant="third")
+        receiver.release.set()
+        wait_until(lambda: boxes.pending() == 0, "everything sent")
+        order = [(b["tenant"], b["n"]) for b in receiver.sent]
+        assert order[:4] == [("noisy", 0), ("quiet", 0), ("third", 0), ("noisy", 1)], order
+        assert [n for t, n in order if t == "noisy"] == list(range(20)), "each tenant's own order is kept"
+    finally:
+        receiver.release.set()
+        boxes.close()
+
+
+def test_a_full_queue_drops_the_fullest_tenants_newest_never_a_quiet_tenants_alert() -> None:
+    metrics = Metrics()
+    receiver = Recording()
+    boxes = Outboxes(settings=DeliverySettings(rate=1000.0, burst=1, capacity=5), send=receiver,
+                     counters=metrics)
+    provider = Provider(name="hook", type=ProviderType.GENERIC, address="https://h.example/")
+    try:
+        noisy = [Outgoing(provider.address, {"tenant": "noisy", "n": n}, {}) for n in range(9)]
+        boxes.put(provider, noisy[:1], tenant="noisy")
+        wait_until(receiver.called.is_set, "one in flight")
+        boxes.put(provider, noisy[1:], tenant="noisy")
+        assert boxes.pending() == 6, "one in flight, five queued"
+        assert dropped(metrics) == 3
+        boxes.put(provider, [Outgoing(provider.address, {"tenant": "quiet", "n": 0}, {})], tenant="quiet")
+        assert dropped(metrics) == 4, "room made by the fullest tenant's newest"
+        receiver.release.set()
+        wait_until(lambda: boxes.pending() == 0, "everything sent")
+        order = [(b["tenant"], b["n"]) for b in receiver.sent]
+        assert ("quiet", 0) in order[:2], order
+        assert [n for t, n in order if t == "noisy"] == [0, 1, 2, 3, 4]
+    finally:
+        receiver.release.set()
+        boxes.close()

@@ -120,3 +120,63 @@ def test_replicaset(status: dict[str, Any], expected: Status) -> None:
 def test_a_waiting_deployment_says_how_far_it_got(status: dict[str, Any], message: str) -> None:
     # What a waiting stage's message shows (docs/concepts.md#readiness).
     assert readiness(deployment(status, replicas=3)).message == message
+
+
+def ours(kind: str, status: dict[str, Any] | None, *, generation: int = 2,
+         api_version: str = "stages.metio.wtf/v1") -> dict[str, Any]:
+    obj: dict[str, Any] = {"apiVersion": api_version, "kind": kind,
+                           "metadata": {"name": "app", "generation": generation}}
+    if status is not None:
+        obj["status"] = status
+    return obj
+
+
+def said(ready: str, *, at: int = 2, observed: int | None = 2, reason: str = "Succeeded",
+         stalled: str | None = None, stalled_at: int | None = 2) -> dict[str, Any]:
+    conditions: list[dict[str, Any]] = [{"type": "Ready", "status": ready, "reason": reason,
+                                         "message": "m", "observedGeneration": at}]
+    if stalled is not None:
+        stall: dict[str, Any] = {"type": "Stalled", "status": stalled, "message": "cycle"}
+        if stalled_at is not None:
+            stall["observedGeneration"] = stalled_at
+        conditions.append(stall)
+    status: dict[str, Any] = {"conditions": conditions}
+    if observed is not None:
+        status["observedGeneration"] = observed
+    return status
+
+
+OUR_KINDS = ("StageSet", "GitRepository", "StageTarget", "FleetRollout")
+
+
+@pytest.mark.parametrize("kind", OUR_KINDS)
+@pytest.mark.parametrize(("status", "expected", "message"), [
+    # Issue 46 item 0: a child a parent has just created says nothing yet; it is not current.
+    (None, Status.IN_PROGRESS, "has not reported its status for generation 2 yet"),
+    ({}, Status.IN_PROGRESS, "has not reported its status for generation 2 yet"),
+    ({"observedGeneration": 2}, Status.IN_PROGRESS, "has not reported"),
+    (said("True", observed=None), Status.IN_PROGRESS, "has not reported"),
+    (said("True"), Status.CURRENT, ""),
+    # Ready about an older generation: the new spec has not been looked at.
+    (said("True", at=1, observed=1), Status.IN_PROGRESS, "generation 2 not yet observed (at 1)"),
+    (said("True", at=1, observed=2), Status.IN_PROGRESS, "generation 2 not yet observed"),
+    (said("True", at=2, observed=1), Status.IN_PROGRESS, "generation 2 not yet observed (at 1)"),
+    (said("False", reason="StageProgressing"), Status.IN_PROGRESS, "StageProgressing: m"),
+    (said("Unknown", reason="Progressing"), Status.IN_PROGRESS, "Progressing: m"),
+    (said("False", reason="Suspended"), Status.IN_PROGRESS, "Suspended: m"),
+    # Stalled about this generation is terminal; about an older one it is not.
+    (said("False", stalled="True"), Status.FAILED, "cycle"),
+    (said("False", stalled="True", stalled_at=None), Status.FAILED, "cycle"),
+    (said("False", at=1, observed=1, stalled="True", stalled_at=1), Status.IN_PROGRESS, "not yet observed"),
+    (said("True", stalled="False"), Status.CURRENT, ""),
+])
+def test_our_kinds_are_current_only_when_their_controller_says_so(
+        kind: str, status: dict[str, Any] | None, expected: Status, message: str) -> None:
+    judged = readiness(ours(kind, status))
+    assert judged.status is expected
+    assert message in judged.message
+
+
+def test_another_group_keeps_the_generic_rule() -> None:
+    """A kind of another group with no status at all is current, as kstatus says (unchanged)."""
+    assert readiness(ours("StageSet", None, api_version="example.com/v1")).status is Status.CURRENT

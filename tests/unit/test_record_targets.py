@@ -17,6 +17,7 @@ from stageset.api import (
     StageInventory,
     TargetRef,
 )
+from stageset.api.common import LocalObjectRef
 from stageset.apply.inventory import split_by_target as split
 from stageset.apply.record import (
     ANNOTATION,
@@ -27,6 +28,7 @@ from stageset.apply.record import (
     of_inventories,
     of_objects,
     parse,
+    problem_of,
 )
 from stageset.controller.targets.clusters import where
 
@@ -199,3 +201,82 @@ def test_records_name_no_stage_target_for_this_cluster() -> None:
     local = of_objects("deployer", [("shop", {"apiVersion": "v1", "kind": "ConfigMap"})], target=THIS_CLUSTER,
                        via=None, stage_target=("platform", "prod"))
     assert local.stage_target is None
+
+
+# -- a workload-identity ConfigMap in the record (issue 48: a move away from it reaches it again) ---
+
+ON_CONFIG_MAP = StageRecord("deployer", {CM: frozenset({"shop"})}, A, None, None, "prod-eu")
+
+
+def test_a_workload_identity_configmap_is_recorded_by_name_and_read_back() -> None:
+    encoded = Record({"app": on(B)}, previous=(("app", ON_CONFIG_MAP),), since=EARLIER).encode()
+    body = json.loads(encoded)
+    assert body["v"] == FORMAT == 2, "an optional key of format 2, as st"
+    assert body["prev"][0]["cm"] == "prod-eu"
+    assert "kc" not in body["prev"][0]
+    assert parse(obj(encoded)).previous == (("app", ON_CONFIG_MAP),)
+    on_map = AppliedTarget(id=A, config_map_ref=LocalObjectRef(name="prod-eu"))
+    inventory = StageInventory(name="app", service_account_name="deployer", entries=[entry("a")],
+                               target=on_map)
+    assert of_inventories([], previous=[inventory], since=EARLIER).previous == (("app", ON_CONFIG_MAP),)
+    local = of_objects("deployer", [("shop", {"apiVersion": "v1", "kind": "ConfigMap"})], target=THIS_CLUSTER,
+                       via=None, config_map="prod-eu")
+    assert local.config_map is None, "nothing recorded for this cluster"
+
+
+def test_one_way_to_a_target_the_newer_record_s() -> None:
+    """A stage that switched from a Secret to a ConfigMap naming the same cluster records the ConfigMap
+    only (and back): the record never names two ways to one cluster."""
+    by_secret = StageRecord("deployer", {CM: frozenset({"shop"})}, A, ("kc", "value"))
+    assert by_secret.union(ON_CONFIG_MAP).via is None
+    assert by_secret.union(ON_CONFIG_MAP).config_map == "prod-eu"
+    assert ON_CONFIG_MAP.union(by_secret).config_map is None
+    assert ON_CONFIG_MAP.union(by_secret).via == ("kc", "value")
+
+# -- every value of a tenant-editable record is checked where it is parsed (issue 43 item 7) ---------
+
+GOOD = {"sa": "deployer", "kinds": {"v1//ConfigMap": ["shop"]}}
+REMOTE = {**GOOD, "t": A, "kc": ["kc", "value"]}
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"v": 2, "stages": {"Not A Stage": GOOD}}, "stages: 'Not A Stage' is not a stage name"),
+    ({"v": 2, "stages": {"app": {**GOOD, "sa": "x\r\ny"}}}, "stages[app].sa"),
+    ({"v": 2, "stages": {"app": {**GOOD, "kinds": {"v1//Config Map": ["shop"]}}}}, "stages[app].kinds"),
+    ({"v": 2, "stages": {"app": {**GOOD, "kinds": {"../../v1//ConfigMap": ["shop"]}}}}, "stages[app].kinds"),
+    ({"v": 2, "stages": {"app": {**GOOD, "kinds": {"v1//ConfigMap": ["../kube-system"]}}}},
+     "stages[app].kinds[v1//ConfigMap]"),
+    ({"v": 2, "stages": {"app": {**GOOD, "kinds": {"v1//ConfigMap": "shop"}}}},
+     "stages[app].kinds[v1//ConfigMap]"),
+    ({"v": 2, "stages": {"app": REMOTE},
+      "prev": [{"stage": "app", **REMOTE, "kc": ["Not_A_Secret", "value"]}]}, "prev[0].kc"),
+    ({"v": 2, "stages": {"app": REMOTE}, "prev": [{"stage": "app", **REMOTE, "kc": ["kc"]}]}, "prev[0].kc"),
+    ({"v": 2, "stages": {"app": {**REMOTE, "st": ["NS", "t"]}}}, "stages[app].st"),
+    ({"v": 2, "stages": {"app": {**REMOTE, "cm": "../prod-eu"}}}, "stages[app].cm"),
+    ({"v": 2, "stages": {"app": {**REMOTE, "cm": ["prod-eu"]}}}, "stages[app].cm"),
+    ({"v": 2, "stages": {"app": {**REMOTE, "t": "a b"}}}, "stages[app].t"),
+    ({"v": 2, "stages": {"app": GOOD}, "prev": [{"stage": 5, **GOOD}]}, "prev[0].stage"),
+    ({"v": 2, "stages": {"app": GOOD}, "prev": {"stage": "app"}}, "prev: not a list"),
+    ({"v": 2, "stages": {"app": GOOD}, "prev": [{"stage": "app", **REMOTE}], "since": "yesterday"}, "since"),
+    ({"v": 1, "stages": {"app": "deployer"}}, "stages[app]: not an object"),
+    ({"v": 2, "stages": ["app"]}, "stages: not an object"),
+])
+def test_a_record_value_that_fails_the_apis_rules_is_named_and_trusted_for_nothing(body: Any,
+                                                                                    field: str) -> None:
+    record = parse(obj(body))
+    assert str(record.problem).startswith(field), record.problem
+    assert (record.stages, record.previous, record.rebuild) == ({}, (), True)
+    said = problem_of(obj(body))
+    assert str(said).startswith(f"metadata.annotations[{ANNOTATION}]: {field}")
+
+
+def test_what_the_controller_writes_passes_its_own_checks() -> None:
+    written = Record({"app": StageRecord("deployer", {CM: frozenset({"shop", ""}),
+                                                       KindRef("apps/v1", "Deployment"): frozenset({"shop"}),
+                                                       KindRef("x.example.com/v1alpha1", "Widget-Set"):
+                                                       frozenset({""})},
+                                         A, ("kc", "value"), ("platform", "prod")),
+                      "db": on(THIS_CLUSTER)},
+                     previous=(("app", on(B)),), since=NOW)
+    assert parse(obj(written.encode())) == written
+    assert problem_of(obj(written.encode())) is None

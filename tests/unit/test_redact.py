@@ -198,6 +198,17 @@ def test_a_prefix_of_a_value_at_a_cut_is_masked(value: str, encoder: str, where:
     assert MASK in redacted
 
 
+@pytest.mark.parametrize(("value", "echo"), [("00000 \u00a100", '"00000 \\u00a10...'),
+                                             ("00000 \u00a100", "00000 \\u00a1..."),
+                                             ("00000 +00", "\"00000 +0..."),
+                                             ("ab cd \u00e9fgh", "x ab cd \\xe9f...")])
+def test_a_prefix_is_masked_when_a_blank_stands_before_an_escape(value: str, echo: str) -> None:
+    """A blank's spellings include a lone backslash (an escaped blank, squeezed): the prefix is
+    still found when the next character's escape starts with one."""
+    redacted = Redactor([value])(echo)
+    assert MASK in redacted, redacted
+
+
 @pytest.mark.parametrize("echo", ["x 00000\\r00 y", "body: 00000\\r...", "a\\nb 00000\\r00", "00000\\r\n00"])
 def test_a_value_holding_a_backslash_before_r_or_n_is_masked(echo: str) -> None:
     """A backslash and an ``r`` in the value itself is not an escaped line break to take out."""

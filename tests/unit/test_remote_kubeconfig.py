@@ -64,3 +64,53 @@ def test_garbage_is_refused_clearly() -> None:
         parse_remote_kubeconfig(b"just text")
     with pytest.raises(KubeconfigError, match="current-context"):
         parse_remote_kubeconfig(b"apiVersion: v1\n")
+
+
+# -- every value checked where it is read (issue 43 item 7) ------------------------------------------
+
+@pytest.mark.parametrize(("server", "said"), [
+    ("https://user:pass@prod.example:6443", "must not carry user:password@"),
+    ("https://token@prod.example:6443", "must not carry user:password@"),
+    ("https://prod.example:6443\r\nX-Injected: 1", "one line of printable ASCII"),
+    ("https://prod.example :6443", "one line of printable ASCII"),
+    ("https://prod.example:99999", "not a valid URL"),
+    ("https://prod.example:6443?x=1", "query or fragment"),
+    ("https://prod.example:6443#frag", "query or fragment"),
+    ("https://", "names no host"),
+    ("https://[::1", "not a valid URL"),
+    (6443, "must be an https:// URL"),
+])
+def test_a_server_url_is_refused_naming_the_field(server: Any, said: str) -> None:
+    with pytest.raises(KubeconfigError, match=r"cluster\.server") as refused:
+        parse_remote_kubeconfig(kubeconfig(user={"token": "t0ken"}, cluster={
+            "server": server, "certificate-authority-data": b64(b"CA")}))
+    assert said in str(refused.value)
+    assert "pass" not in str(refused.value).replace("password", ""), "the value is never quoted"
+
+
+@pytest.mark.parametrize("token", ["t0ken\r\nX-Injected: 1", "t0ken\n", "a b", "", "é", "x" * 20000, 12,
+                                   ["t"]])
+def test_a_token_that_is_not_one_printable_line_is_refused_unquoted(token: Any) -> None:
+    with pytest.raises(KubeconfigError, match="user field 'token'") as refused:
+        parse_remote_kubeconfig(kubeconfig(user={"token": token}))
+    assert "t0ken" not in str(refused.value)
+
+
+@pytest.mark.parametrize("document", [
+    {"current-context": "c", "contexts": 7},
+    {"current-context": ["c"], "contexts": [{"name": "c", "context": {}}]},
+    {"current-context": "c", "contexts": [{"name": "c", "context": {"cluster": "k", "user": "u"}}],
+     "clusters": [{"name": "k", "cluster": {"server": "https://x", "certificate-authority-data": 5}}],
+     "users": [{"name": "u", "user": {"token": "t"}}]},
+])
+def test_odd_shapes_are_refused_not_raised(document: Any) -> None:
+    with pytest.raises(KubeconfigError):
+        parse_remote_kubeconfig(yaml.safe_dump(document).encode())
+    with pytest.raises(KubeconfigError):
+        parse_remote_kubeconfig(b"[" * 100000)
+
+
+def test_a_path_on_the_server_is_kept() -> None:
+    server = "https://prod.example:6443/k8s/clusters/c-1"
+    parsed = parse_remote_kubeconfig(kubeconfig(user={"token": "t"}, cluster={"server": server}))
+    assert parsed.server == server

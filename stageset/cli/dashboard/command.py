@@ -151,7 +151,11 @@ def _identity(session: Session) -> str:
               help="With --login: mark the login cookie Secure even over plain HTTP (a proxy in front "
               "terminates TLS).")
 @click.option("--max-logins", type=click.IntRange(min=1), default=100, show_default=True,
-              help="With --login: logins kept at once (past it the least recently used ends).")
+              help="With --login: logins kept at once (past it a new sign-in is refused; nobody else's "
+              "login ends).")
+@click.option("--max-logins-per-identity", type=click.IntRange(min=1), default=5, show_default=True,
+              help="With --login: logins one identity keeps at once (past it that identity's least recently "
+              "used ends); every ServiceAccount of one namespace counts as one identity.")
 @click.option("--login-idle", type=click.IntRange(min=60), default=1800, show_default=True, metavar="SECONDS",
               help="With --login: a login unused this long ends.")
 @click.option("--login-lifetime", type=click.IntRange(min=60), default=28800, show_default=True,
@@ -161,7 +165,7 @@ def dashboard(address: str, allow_remote: bool, allow_actions: bool, open_browse
               kubeconfig: str | None, context: str | None, namespace: str | None,
               all_namespaces: bool, login: bool, server: str | None, certificate_authority: str | None,
               tls_cert_file: str | None, tls_key_file: str | None, secure_cookies: bool, max_logins: int,
-              login_idle: int, login_lifetime: int) -> None:
+              max_logins_per_identity: int, login_idle: int, login_lifetime: int) -> None:
     """Serve a live web view of StageSets: their stage graph, release history, objects (live YAML
     and diff) and events.
 
@@ -186,7 +190,8 @@ def dashboard(address: str, allow_remote: bool, allow_actions: bool, open_browse
         from stageset.cli.dashboard.login import LoginStore
 
         serve_shared(where=parse_address(address), cluster=in_cluster(server, certificate_authority), tls=tls,
-                     store=LoginStore(limit=max_logins, idle=login_idle, lifetime=login_lifetime),
+                     store=LoginStore(limit=max_logins, idle=login_idle, lifetime=login_lifetime,
+                                      per_identity=max_logins_per_identity),
                      allow_actions=allow_actions, secure_cookies=secure_cookies, open_browser=open_browser)
         return
     if server or certificate_authority or secure_cookies:

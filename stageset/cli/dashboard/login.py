@@ -14,10 +14,18 @@ Invariants:
 
 - the token lives only in that login's client configuration, in memory: never in the cookie (which
   holds a random session id), a page, a log line or an error message;
-- the store is bounded (:attr:`LoginStore.limit` logins; past it the least recently used is
-  ended) and every login expires: after ``idle`` seconds unused, after ``lifetime`` seconds in any
+- the store is bounded per identity and in all (:class:`LoginStore`): an identity holds at most
+  :attr:`LoginStore.per_identity` logins — a new one of an identity at its bound ends that
+  identity's own least recently used login — and past :attr:`LoginStore.limit` logins in all a
+  new sign-in is refused: **one identity never ends another's login**.  An identity is the
+  apiserver's username, except that every ServiceAccount of one namespace counts as one identity
+  (``system:serviceaccount:<namespace>``): whoever can mint tokens for one of them can for all;
+- every login expires: after ``idle`` seconds unused, after ``lifetime`` seconds in any
   case, and no later than the token's own ``exp`` when it carries one (read, not trusted: the
   apiserver checks the token on every request anyway);
+- sign-ins are throttled (:class:`SignInThrottle`) per client address and per identity, and
+  failed ones more strictly: a client past its bound is refused before the apiserver is asked
+  anything (each sign-in costs a review request there);
 - ending a login (logout, expiry, eviction) stops its watches and drops its token.
 """
 
@@ -29,6 +37,7 @@ import secrets
 import sys
 import threading
 import time
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -52,6 +61,8 @@ class Refusal(StrEnum):
     UNAUTHENTICATED = "the cluster did not accept this token (401): it is wrong or expired"
     FORBIDDEN_SCOPE = "this identity may not list StageSets there"
     UNREACHABLE = "the cluster cannot be reached; try again"
+    THROTTLED = "too many sign-ins; wait a minute and try again"
+    FULL = "the dashboard keeps as many logins as it may; try again when one has ended"
 
 
 @dataclass(frozen=True)
@@ -104,10 +115,21 @@ class SignedIn:
     session: Session
 
 
-def sign_in(cluster: Cluster, *, token: str, namespace: str | None) -> SignedIn | tuple[Refusal, str]:
+def identity_of(user: str) -> str:
+    """Whose logins are bounded together: the username, or for a ServiceAccount its namespace's
+    accounts as one (``system:serviceaccount:<namespace>``)."""
+    prefix = "system:serviceaccount:"
+    if user.startswith(prefix):
+        return prefix + user.removeprefix(prefix).partition(":")[0]
+    return user
+
+
+def sign_in(cluster: Cluster, *, token: str, namespace: str | None
+            ) -> SignedIn | tuple[Refusal, str] | tuple[Refusal, str, str]:
     """Check ``token`` with the apiserver, as itself: who it is (``SelfSubjectReview``), then whether
     it may list StageSets in ``namespace`` (``None``: every namespace).  The session returned talks
-    as that token only; a refusal says why (and the apiserver's words, never the token)."""
+    as that token only; a refusal says why (and the apiserver's words, never the token) and, once
+    the apiserver said who it is, whose it was (the third item)."""
     token = token.strip()
     if not token:
         return Refusal.EMPTY, ""
@@ -117,6 +139,7 @@ def sign_in(cluster: Cluster, *, token: str, namespace: str | None) -> SignedIn 
     session._pool = cluster.pool(token)
     session._resolved = True  # no kubeconfig: the pool above is the only way to the cluster
     client = session.client()
+    user = ""
     try:
         review = client.request("POST", SELF_SUBJECT_REVIEWS, body={
             "apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"})
@@ -128,7 +151,7 @@ def sign_in(cluster: Cluster, *, token: str, namespace: str | None) -> SignedIn 
             return Refusal.UNAUTHENTICATED, ""
         if error.forbidden:
             where = f"namespace {namespace}" if namespace else "every namespace (name one)"
-            return Refusal.FORBIDDEN_SCOPE, f"{where}: {error.message}"
+            return Refusal.FORBIDDEN_SCOPE, f"{where}: {error.message}", user
         return Refusal.UNREACHABLE, f"{error.message} ({error.status})"
     except UnreachableError as error:
         session.close()
@@ -140,10 +163,13 @@ def sign_in(cluster: Cluster, *, token: str, namespace: str | None) -> SignedIn 
 
 
 class LoginStore:
-    """The logins of one dashboard process: bounded, expiring, each ended exactly once."""
+    """The logins of one dashboard process: bounded per identity and in all, expiring, each ended
+    exactly once."""
 
-    def __init__(self, *, limit: int, idle: float, lifetime: float):
+    def __init__(self, *, limit: int, idle: float, lifetime: float, per_identity: int | None = None):
         self.limit, self.idle, self.lifetime = limit, idle, lifetime
+        wanted = per_identity if per_identity is not None else DEFAULT_PER_IDENTITY
+        self.per_identity = max(1, min(limit, wanted))
         self._lock = threading.Lock()
         self._logins: dict[str, Login] = {}
 
@@ -155,17 +181,23 @@ class LoginStore:
             ends = min(ends, time.monotonic() + (exp - time.time()))
         return ends
 
-    def add(self, login: Login) -> None:
-        """Keep ``login``; past :attr:`limit`, the least recently used login is ended."""
+    def add(self, login: Login) -> bool:
+        """Keep ``login``: an identity at :attr:`per_identity` logins first ends its own least recently
+        used one; past :attr:`limit` in all, ``login`` is not kept (``False``): nobody else's ends."""
         ended: list[Login] = []
         with self._lock:
             ended.extend(self._expired_locked())
-            while len(self._logins) >= self.limit:
-                oldest = min(self._logins.values(), key=lambda known: known.seen)
-                ended.append(self._logins.pop(oldest.id))
-            login.seen = time.monotonic()
-            self._logins[login.id] = login
-        self._end(ended, why="evicted (too many logins)")
+            whose = identity_of(login.user)
+            own = sorted((known for known in self._logins.values() if identity_of(known.user) == whose),
+                         key=lambda known: known.seen)
+            while own and (len(own) >= self.per_identity or len(self._logins) >= self.limit):
+                ended.append(self._logins.pop(own.pop(0).id))
+            kept = len(self._logins) < self.limit
+            if kept:
+                login.seen = time.monotonic()
+                self._logins[login.id] = login
+        self._end(ended, why="evicted (a newer login of the same identity)")
+        return kept
 
     def get(self, login_id: str | None) -> Login | None:
         """The live login of this cookie value (and marks it used); ``None``: none, or expired."""
@@ -215,6 +247,88 @@ class LoginStore:
         for login in logins:
             login.close()
             note(f"login of {login.user} ended: {why}")
+
+
+DEFAULT_PER_IDENTITY = 5
+"""Logins one identity keeps at once unless told (``--max-logins-per-identity``)."""
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    at: float
+
+
+class _Buckets:
+    """Token buckets by key: ``burst`` at most, refilled at ``rate`` per second; at most ``keys``
+    keys remembered (the least recently touched forgotten: a forgotten key starts full again)."""
+
+    def __init__(self, *, burst: float, rate: float, keys: int, clock: Callable[[], float]):
+        self.burst, self.rate, self.keys, self._clock = burst, rate, keys, clock
+        self._buckets: OrderedDict[str, _Bucket] = OrderedDict()
+
+    def _get(self, key: str) -> _Bucket:
+        now = self._clock()
+        bucket = self._buckets.pop(key, None) or _Bucket(tokens=self.burst, at=now)
+        bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.at) * self.rate)
+        bucket.at = now
+        self._buckets[key] = bucket
+        while len(self._buckets) > self.keys:
+            self._buckets.popitem(last=False)
+        return bucket
+
+    def available(self, key: str) -> bool:
+        return self._get(key).tokens >= 1.0
+
+    def take(self, key: str) -> bool:
+        """Spend a token of ``key``; ``False`` (nothing spent) when there is none."""
+        bucket = self._get(key)
+        if bucket.tokens < 1.0:
+            return False
+        bucket.tokens -= 1.0
+        return True
+
+    def spend(self, key: str) -> None:
+        """Spend a token of ``key`` whether or not there is one (a failure already made)."""
+        bucket = self._get(key)
+        bucket.tokens = max(-self.burst, bucket.tokens - 1.0)
+
+
+class SignInThrottle:
+    """How often sign-ins may be tried: per client address (every attempt, and failed ones more
+    strictly; checked before the apiserver is asked anything) and per identity (sign-ins, and
+    failed ones: an identity refused a namespace).  By default 20 attempts at once and 20 a minute,
+    10 failures at once and 2 a minute after that.  Bounded memory: at most ``keys`` addresses and
+    identities remembered each."""
+
+    def __init__(self, *, attempts: int = 20, failures: int = 10, per_minute: float = 20.0,
+                 failures_per_minute: float = 2.0, keys: int = 4096,
+                 clock: Callable[[], float] = time.monotonic):
+        def buckets(burst: int, per_min: float) -> _Buckets:
+            return _Buckets(burst=burst, rate=per_min / 60.0, keys=keys, clock=clock)
+        self._lock = threading.Lock()
+        self._client = buckets(attempts, per_minute)
+        self._client_failures = buckets(failures, failures_per_minute)
+        self._identity = buckets(attempts, per_minute)
+        self._identity_failures = buckets(failures, failures_per_minute)
+
+    def client(self, address: str) -> bool:
+        """May ``address`` try a sign-in now (one attempt spent when it may)?"""
+        with self._lock:
+            return self._client_failures.available(address) and self._client.take(address)
+
+    def identity(self, user: str) -> bool:
+        """May ``user``'s identity sign in now (one spent when it may)?"""
+        key = identity_of(user)
+        with self._lock:
+            return self._identity_failures.available(key) and self._identity.take(key)
+
+    def failed(self, address: str, user: str | None) -> None:
+        """A sign-in from ``address`` (as ``user``, once known) was refused."""
+        with self._lock:
+            self._client_failures.spend(address)
+            if user:
+                self._identity_failures.spend(identity_of(user))
 
 
 def note(line: str) -> None:

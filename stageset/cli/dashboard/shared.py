@@ -16,6 +16,13 @@ Cookie: a random login id (never the token), ``HttpOnly``, ``SameSite=Strict``, 
 proxy that terminates TLS).  Cross-site requests: ``POST /login`` must be same-origin (no login
 forced on a browser from elsewhere); ``POST /logout`` must be same-origin and carry the login's
 token (an HMAC of its id, as the action forms' tokens are).
+
+Sign-ins are throttled (:class:`~stageset.cli.dashboard.login.SignInThrottle`): per client address
+before the apiserver is asked anything (``429``), per identity once it said who the token is; a
+refused one counts against both.  The client address is the connection's (a proxy in front makes
+every person one client: its bound then protects the apiserver, and the per-identity bound still
+keeps people apart).  Logins are bounded per identity (:class:`~stageset.cli.dashboard.login.LoginStore`):
+past the bound in all, a sign-in is refused (``503``), never anyone else's login ended.
 """
 
 from __future__ import annotations
@@ -40,7 +47,16 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from stageset.cli.dashboard.actions import ActionLog, same_origin
 from stageset.cli.dashboard.app import SecurityHeaders, SignedIn, create_app, environment
 from stageset.cli.dashboard.hub import Hub
-from stageset.cli.dashboard.login import COOKIE, Cluster, Login, LoginStore, Refusal, note, sign_in
+from stageset.cli.dashboard.login import (
+    COOKIE,
+    Cluster,
+    Login,
+    LoginStore,
+    Refusal,
+    SignInThrottle,
+    note,
+    sign_in,
+)
 from stageset.cli.dashboard.login import SignedIn as Verified
 
 OWN_PATHS = frozenset({"/login", "/logout", "/healthz"})
@@ -52,9 +68,11 @@ SIGN_IN_WAIT = 5.0  # how long a sign-in waits for the first list of StageSets b
 class SharedDashboard:
     """The login pages, and every signed-in person's own pages behind them."""
 
-    def __init__(self, *, cluster: Cluster, store: LoginStore, allow_actions: bool, secure_cookies: bool):
+    def __init__(self, *, cluster: Cluster, store: LoginStore, allow_actions: bool, secure_cookies: bool,
+                 throttle: SignInThrottle | None = None):
         self.cluster = cluster
         self.store = store
+        self.throttle = throttle or SignInThrottle()
         self.allow_actions = allow_actions
         self.secure_cookies = secure_cookies
         self._key = secrets.token_bytes(32)
@@ -132,15 +150,27 @@ class SharedDashboard:
             return self._page(status=400, refused=f"{namespace!r} is not a namespace name",
                               namespace=namespace)
         token = form.get("token", "")
+        client = request.client.host if request.client is not None else "?"
+        if not self.throttle.client(client):
+            note(f"sign-in refused before any request: too many from {client}")
+            return self._page(status=429, refused=Refusal.THROTTLED.value, namespace=namespace or "")
         outcome = await run_in_threadpool(sign_in, self.cluster, token=token, namespace=namespace)
         if not isinstance(outcome, Verified):
-            why, detail = outcome
+            why, detail, *whose = outcome
+            self.throttle.failed(client, whose[0] if whose else None)
             note(f"sign-in refused: {why.value}" + (f" ({detail})" if detail else ""))
             text = why.value + (f" — {detail}" if detail and why is not Refusal.UNAUTHENTICATED else "")
             return self._page(status=401 if why is Refusal.UNAUTHENTICATED else 403, refused=text,
                               namespace=namespace or "")
+        if not self.throttle.identity(outcome.user):
+            outcome.session.close()
+            note(f"sign-in of {outcome.user} refused: too many sign-ins of its identity")
+            return self._page(status=429, refused=Refusal.THROTTLED.value, namespace=namespace or "")
         login = await run_in_threadpool(self._open, outcome, token=token.strip(), namespace=namespace)
-        self.store.add(login)
+        if not self.store.add(login):
+            login.close()
+            note(f"sign-in of {login.user} refused: {self.store.limit} logins kept, none of its own to end")
+            return self._page(status=503, refused=Refusal.FULL.value, namespace=namespace or "")
         where = f"namespace {namespace}" if namespace else "every namespace"
         note(f"login of {login.user} to {where}; its requests are made with its own token")
         response = RedirectResponse("/", status_code=303)

@@ -146,9 +146,21 @@ def stage_sources(obj: KubeObject) -> dict[str, Ref]:
 
 
 def dependency_refs(obj: KubeObject) -> list[Ref]:
+    """What ``spec.dependsOn`` names: StageSets (no ``kind``) and objects of other kinds."""
     namespace = _namespace(obj)
-    return [Ref(API_VERSION, STAGESET_KIND, str(d.get("namespace") or namespace), str(d.get("name")))
-            for d in _spec(obj).get("dependsOn") or []]
+    return [Ref(str(d.get("apiVersion") or API_VERSION), str(d.get("kind") or STAGESET_KIND),
+                str(d.get("namespace") or namespace), str(d.get("name")))
+            for d in _spec(obj).get("dependsOn") or [] if isinstance(d, dict)]
+
+
+def ready_exprs(obj: KubeObject) -> dict[Ref, str]:
+    """The ``readyExpr`` of each ``spec.dependsOn`` entry that has one (it, not kstatus, says Ready)."""
+    found: dict[Ref, str] = {}
+    for ref, entry in zip(dependency_refs(obj), [d for d in _spec(obj).get("dependsOn") or []
+                                                  if isinstance(d, dict)], strict=True):
+        if entry.get("readyExpr"):
+            found[ref] = str(entry["readyExpr"])
+    return found
 
 
 def inventory(obj: KubeObject) -> dict[str, list[tuple[Ref, ObjectId]]]:
@@ -199,7 +211,7 @@ class Holding:
         if self.nodes and self.phase is not None:
             what = f"stage {', '.join(self.nodes)} ({self.phase})"
         elif self.nodes:
-            what = ", ".join("StageSet " + node.removeprefix(_DEPENDENCY) for node in self.nodes)
+            what = ", ".join(dependency_label(node) for node in self.nodes)
         elif self.reason:
             what = self.reason
         else:
@@ -208,11 +220,27 @@ class Holding:
 
 
 _DEPENDENCY = "stageset:"
+_OBJECT = "object:"
+
+
+def _is_stageset(ref: Ref) -> bool:
+    return ref.api_version == API_VERSION and ref.kind == STAGESET_KIND
 
 
 def dependency_id(ref: Ref) -> str:
-    """The graph node id of a StageSet dependency (cannot clash with a stage name, a DNS label)."""
-    return f"{_DEPENDENCY}{ref.namespace}/{ref.name}"
+    """The graph node id of a dependency (cannot clash with a stage name, a DNS label): a StageSet's
+    ``stageset:<ns>/<name>``, another kind's ``object:<Kind>/<ns>/<name>``."""
+    if _is_stageset(ref):
+        return f"{_DEPENDENCY}{ref.namespace}/{ref.name}"
+    return f"{_OBJECT}{ref.kind}/{ref.namespace}/{ref.name}"
+
+
+def dependency_label(node: str) -> str:
+    """``StageSet shop/db``, ``Database shop/db``: a dependency's node id as text."""
+    if node.startswith(_OBJECT):
+        kind, _, rest = node.removeprefix(_OBJECT).partition("/")
+        return f"{kind} {rest}"
+    return "StageSet " + node.removeprefix(_DEPENDENCY)
 
 
 def first_line(text: str, limit: int = 160) -> str:
@@ -310,13 +338,13 @@ def list_rows(objs: Iterable[KubeObject]) -> list[Row]:
 
 @dataclass(frozen=True)
 class Node:
-    """A node of the picture: a stage or a StageSet dependency."""
+    """A node of the picture: a stage or a dependency (a StageSet or an object of another kind)."""
 
     id: str
     label: str
     title: str
     phase: str
-    """A stage's phase; a StageSet dependency's kstatus."""
+    """A stage's phase; a dependency's kstatus."""
     detail: str
     css: str
     href: str | None
@@ -395,12 +423,15 @@ class Detail:
     nodes: dict[str, Node]
     stages: list[StageView]
     dependencies: list[tuple[Ref, ObjectState, str | None]]
+    """What ``spec.dependsOn`` names (StageSets and other kinds), each with its state and a link."""
     events: list[EventRow]
     activity: list[Transition]
     history: list[HistoryRow] = field(default_factory=list)
     """``status.history``: the releases the controller recorded, newest first (durable)."""
     pending_update: bool = False
     """An update window holds new revisions back (``status.pendingUpdate``): update-now can ship them."""
+    ready_exprs: dict[Ref, str] = field(default_factory=dict)
+    """The ``readyExpr`` of each dependency that has one (it, not kstatus, decides that one)."""
     drift: str = ""
     """The ``Drifted`` condition's message (``driftDetection.mode: Warn``): what was left as found."""
 
@@ -447,6 +478,7 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
     namespace, name = str(meta.get("namespace", "")), str(meta.get("name", ""))
     ready = find_condition(status.get("conditions"), ConditionType.READY)
     deps = dependency_refs(obj)
+    exprs = ready_exprs(obj)
     dep_states = {dependency_id(ref): lookup(ref) for ref in deps}
     held = holding(obj, dependencies=dep_states)
     held_nodes = set(held.nodes if held else [])
@@ -511,11 +543,14 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
     for ref in deps:
         node_id = dependency_id(ref)
         state = dep_states[node_id]
-        href = stageset_href(ref.namespace, ref.name) if linkable(ref.namespace) else None
+        href = stageset_href(ref.namespace, ref.name) \
+            if _is_stageset(ref) and linkable(ref.namespace) else None
         dependencies.append((ref, state, href))
-        where = "StageSet" if ref.namespace == namespace else _label(ref.namespace, 12)
+        kind = "StageSet" if _is_stageset(ref) else _label(ref.kind, 14)
+        where = kind if ref.namespace == namespace else _label(ref.namespace, 12)
         views[node_id] = Node(id=node_id, label=_label(ref.name),
-                              title=f"StageSet {ref.namespace}/{ref.name}",
+                              title=f"{dependency_label(node_id)}"
+                              + (f" (ready when {exprs[ref]})" if ref in exprs else ""),
                               phase=state.status, detail=f"{where} · {state.status}",
                               css=f"dependency {dependency_class(state.status)}",
                               href=href, holding=node_id in held_nodes)
@@ -531,7 +566,7 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
         observed_generation=status.get("observedGeneration"), holding=held, graph_error=problem,
         wide=layout.picture(graph, order=order), tall=layout.picture(graph, order=order, vertical=True),
         nodes=views, stages=stages, dependencies=dependencies, events=shown_events, activity=list(activity),
-        history=history_rows(obj), pending_update=bool(status.get("pendingUpdate")),
+        history=history_rows(obj), pending_update=bool(status.get("pendingUpdate")), ready_exprs=exprs,
         drift=str(find_condition(status.get("conditions"), ConditionType.DRIFTED).get("message", "")))
 
 

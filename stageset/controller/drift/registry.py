@@ -94,12 +94,14 @@ class Applied:
 
 @dataclass(frozen=True)
 class SecretWatch:
-    """The StageSet's ``spec.kubeConfig`` Secret as its pass read it (``client``: its identity here)."""
+    """The object a StageSet's ``spec.kubeConfig`` names — its Secret (or, with workload identity, its
+    ConfigMap) — as its pass read it (``client``: its identity here)."""
 
     client: KubeClient
     namespace: str
     name: str
     version: str
+    resource: Resource = SECRETS
 
 
 @dataclass(slots=True)
@@ -237,7 +239,7 @@ class DriftWatches:
                             listed=self._lister(key, how.resource))
         if secret is not None:
             for key in secrets:
-                self._pool.hold(self, secret.client, SECRETS, secret.namespace,
+                self._pool.hold(self, secret.client, secret.resource, secret.namespace,
                                 field_selector=f"metadata.name={secret.name}",
                                 resource_version=secret.version,
                                 handler=self._secret_handler(key))
@@ -330,7 +332,7 @@ class DriftWatches:
     def _secret(self, ref: Ref, owner: _Owner, secret: SecretWatch) -> tuple[list[Key], list[Key]]:
         """Hold the watch of the kubeConfig Secret (lock held); returns (to open, to release)."""
         key: Key = (secret.client.cluster.name, secret.client.identity.user or "",
-                    SECRETS.collection_path(secret.namespace), "", f"metadata.name={secret.name}")
+                    secret.resource.collection_path(secret.namespace), "", f"metadata.name={secret.name}")
         owner.secret_version = secret.version
         if owner.secret == key:
             return [], []

@@ -19,7 +19,18 @@ The rules:
 - **a member of an open wave that fails** (Ready False: ``StageFailed``, ``ActionFailed``,
   ``StageProgressing`` — past its timeout — or ``RolledBack``), holding nothing new, halts the
   round: no further wave opens, and the revisions released to it are **withdrawn** (never
-  released again; after a fix, later waves go straight to the fixed revision);
+  released again; after a fix, later waves go straight to the fixed revision).  A member still
+  released a withdrawn revision (it failed at it, and that halt was counted) does not halt the next
+  round: its source may fetch the fix after another member's started that round, and it then fails
+  at what it ran before, not at anything the round released to it;
+- **membership is the platform's for a round**: each member's wave is taken when the round begins
+  and recorded (``status.releases``); a member that changes its labels mid-round keeps that wave
+  until the next round.  A member that joins mid-round (not recorded when it began) is released as
+  its wave is, but is **joined**: it neither holds its wave back nor halts the round;
+- **what each member may apply** is recorded in ``status.releases`` (every member, up to
+  :data:`~stageset.api.fleet.MAX_RELEASES`; more are held as unassigned): the member's pass takes
+  its release from there, and the next decision takes "what it was released" from there too —
+  never from anything on the member;
 - **fail closed**: an unassigned member (in no wave, or in several) and a contested one (selected
   by another rollout too) are released nothing: they apply no new revision until it is resolved;
 - the condition: ``Halted`` > ``MembersContested`` > ``MembersUnassigned`` > ``Completed``
@@ -35,11 +46,13 @@ from dataclasses import dataclass, field
 from stageset.api import duration_seconds, format_time, parse_time
 from stageset.api.fleet import (
     MAX_MEMBERS_SHOWN,
+    MAX_RELEASES,
     FleetRelease,
     FleetRolloutStatus,
     FleetRound,
     FleetWave,
     Halt,
+    MemberRelease,
     MemberStatus,
     WavePhase,
     WaveStatus,
@@ -70,9 +83,12 @@ class Member:
     reason: str = ""
     """Its Ready reason."""
     released: Mapping[str, str] = field(default_factory=dict)
-    """What its current release annotation (from this rollout) released to it."""
+    """What this rollout's status recorded as released to it (``status.releases``)."""
     contested_by: Sequence[str] = ()
     """The other rollouts that select it too."""
+    selected: bool = True
+    """Its labels (and its namespace's) select it now; ``False``: a member only because the round it
+    was recorded in goes on (it changed its labels mid-round): freed when that round ends."""
 
     @property
     def key(self) -> Key:
@@ -88,7 +104,8 @@ class Decision:
     status: FleetRolloutStatus
     """Every field but the conditions and ``observedGeneration``."""
     releases: Mapping[Key, FleetRelease]
-    """The release annotation each member should carry."""
+    """The release annotation each member should carry (what ``status.releases`` records, as the
+    annotation says it)."""
     ready: bool | None
     reason: Reason
     message: str
@@ -111,10 +128,74 @@ def _done(member: Member, released: Mapping[str, str], revisions: set[str]) -> b
     return member.ready and not member.pending and set(released.values()) <= member.applied and at_round
 
 
-def _failing(member: Member) -> bool:
+def _failing(member: Member, released: Mapping[str, str], withdrawn: Sequence[str]) -> bool:
     # A member holding something new failed at what it ran before (a withdrawn revision, say):
-    # that is no failure of what this round released to it.
-    return not member.ready and member.reason in HALTING and not member.pending
+    # that is no failure of what this round released to it.  Nor is one still released a withdrawn
+    # revision: it failed at it before, and that halt was counted.
+    return not member.ready and member.reason in HALTING and not member.pending \
+        and not set(released.values()) & set(withdrawn)
+
+
+def _assigned(member: Member, names: Sequence[str], record: MemberRelease | None) -> list[str]:
+    """The member's waves: the one recorded for the round (``record``, when the round goes on),
+    else the ones its labels match now."""
+    if record is not None and not record.hold and record.wave in names:
+        return [record.wave]
+    return list(member.waves)
+
+
+@dataclass(frozen=True)
+class _Round:
+    """Who is a member of the round, in which wave, and whether this decision starts a new one."""
+
+    waves_of: Mapping[Key, Sequence[str]]
+    assigned: Sequence[Member]
+    unassigned: Sequence[Member]
+    contested: Sequence[Member]
+    overflow: Sequence[Member]
+    """Members past what a rollout records (held, as unassigned)."""
+    unrecorded: frozenset[Key]
+    started: bool
+    offered: frozenset[str]
+    joined: frozenset[Key]
+
+
+def _sorted(members: Sequence[Member], *, names: Sequence[str], previous: FleetRolloutStatus,
+            withdrawn: Sequence[str]) -> _Round:
+    """Sort the members for this decision (the rules on membership in the module docstring)."""
+    # A member only by its record (it changed its labels mid-round) stays one while its round goes
+    # on; once that round is over it is free (and what it holds starts no round).
+    over = previous.round is None or (bool(previous.waves) and all(w.phase is WavePhase.DONE
+                                                                   for w in previous.waves))
+    ordered = sorted((m for m in members if m.selected or not over), key=lambda m: m.key)
+    recordable, overflow = ordered[:MAX_RELEASES], ordered[MAX_RELEASES:]
+    records = {(r.namespace, r.name): r for r in previous.releases}
+
+    def sort(among: list[Member], *, sticky: bool) -> tuple[dict[Key, list[str]], list[Member], list[Member]]:
+        waves_of = {m.key: _assigned(m, names, records.get(m.key) if sticky else None) for m in among}
+        fits = {m.key for m in among if not m.contested_by and len(waves_of[m.key]) == 1
+                and waves_of[m.key][0] in names}
+        return (waves_of, [m for m in among if m.key in fits],
+                [m for m in among if not m.contested_by and m.key not in fits])
+
+    waves_of, assigned, unassigned = sort(recordable, sticky=True)
+    offered = {r for m in assigned if m.selected for r in m.pending.values()} - set(withdrawn)
+    known = set(previous.round.revisions) if previous.round else set()
+    started = bool(offered - known)
+    if started:
+        # A new round: everyone's wave afresh, and who left the selection is free.
+        recordable = [m for m in recordable if m.selected]
+        waves_of, assigned, unassigned = sort(recordable, sticky=False)
+    # Joined mid-round: not recorded as a member of it when it began (or recorded as joined).  A
+    # status from before records were kept (an upgrade mid-round): everyone counts, by its labels.
+    going_on = previous.round is not None and not started and bool(previous.releases)
+    joined = frozenset(m.key for m in assigned if going_on and (
+        (record := records.get(m.key)) is None or record.joined or bool(record.hold)))
+    return _Round(waves_of=waves_of, assigned=assigned, unassigned=unassigned,
+                  contested=[m for m in [*recordable, *overflow] if m.contested_by],
+                  overflow=[m for m in overflow if not m.contested_by],
+                  unrecorded=frozenset(m.key for m in overflow), started=started, offered=frozenset(offered),
+                  joined=joined)
 
 
 def decide(*, rollout: str, waves: Sequence[FleetWave], members: Sequence[Member],
@@ -123,16 +204,11 @@ def decide(*, rollout: str, waves: Sequence[FleetWave], members: Sequence[Member
     previous = previous or FleetRolloutStatus()
     withdrawn = list(previous.withdrawn)
     names = [w.name for w in waves]
-    contested = [m for m in members if m.contested_by]
-    unassigned = [m for m in members if not m.contested_by and len(m.waves) != 1]
-    assigned = [m for m in members if not m.contested_by and len(m.waves) == 1 and m.waves[0] in names]
-    unassigned += [m for m in members if not m.contested_by and len(m.waves) == 1 and m.waves[0] not in names]
-    offered = {r for m in assigned for r in m.pending.values()} - set(withdrawn)
-    known = set(previous.round.revisions) if previous.round else set()
-    started = bool(offered - known)
+    sorted_ = _sorted(members, names=names, previous=previous, withdrawn=withdrawn)
+    started, joined = sorted_.started, sorted_.joined
     current: FleetRound | None
     if started:
-        current = FleetRound(revisions=sorted(offered), started_at=format_time(now))
+        current = FleetRound(revisions=sorted(sorted_.offered), started_at=format_time(now))
         before: dict[str, WaveStatus] = {}
         halt = None
     else:
@@ -140,9 +216,8 @@ def decide(*, rollout: str, waves: Sequence[FleetWave], members: Sequence[Member
         before = {w.name: w for w in previous.waves}
         halt = previous.halted
     revisions = set(current.revisions) if current else set()
-    by_wave = {name: sorted((m for m in assigned if m.waves[0] == name), key=lambda m: m.key)
-               for name in names}
-
+    by_wave = {name: [m for m in sorted_.assigned if sorted_.waves_of[m.key][0] == name] for name in names}
+    recorded: list[MemberRelease] = []
     releases: dict[Key, FleetRelease] = {}
     shown: list[MemberStatus] = []
     statuses: list[WaveStatus] = []
@@ -170,16 +245,22 @@ def decide(*, rollout: str, waves: Sequence[FleetWave], members: Sequence[Member
             else:
                 released = kept
             done = _done(member, released, revisions)
-            count += done
-            if is_open and current is not None and halt is None and _failing(member):
+            late = member.key in joined
+            count += done and not late
+            if is_open and current is not None and halt is None and not late \
+                    and _failing(member, released, withdrawn):
                 halt = new_halt = Halt(member=member.ref, wave=wave.name, reason=member.reason,
                                        at=format_time(now))
                 withdrawn = (withdrawn + sorted(set(released.values()) & revisions - set(withdrawn)))[
                     -MAX_WITHDRAWN:]
             releases[member.key] = FleetRelease(rollout=rollout, wave=wave.name, revisions=released)
+            recorded.append(MemberRelease(namespace=member.namespace, name=member.name, wave=wave.name,
+                                          revisions=released, joined=late))
             shown.append(MemberStatus(namespace=member.namespace, name=member.name, wave=wave.name,
-                                      released=released, pending=dict(member.pending), ready=done))
-        all_done = count == len(by_wave[wave.name])
+                                      released=released, pending=dict(member.pending), ready=done,
+                                      joined=late))
+        counted = len([m for m in by_wave[wave.name] if m.key not in joined])
+        all_done = count == counted
         ready_at = was.ready_at if was else None
         if current is None:
             ready_at = None
@@ -194,27 +275,15 @@ def decide(*, rollout: str, waves: Sequence[FleetWave], members: Sequence[Member
             left = ends - now
             wait = max(1.0, left.total_seconds() + 0.5)
             requeue = wait if requeue is None else min(requeue, wait)
-        statuses.append(WaveStatus(name=wave.name, phase=phase, members=len(by_wave[wave.name]), ready=count,
+        statuses.append(WaveStatus(name=wave.name, phase=phase, members=counted, ready=count,
                                    opened_at=opened_at, ready_at=ready_at))
         may_open = phase is WavePhase.DONE and halt is None
 
-    for member in contested:
-        everyone = ", ".join(sorted({rollout, *member.contested_by}))
-        releases[member.key] = FleetRelease(
-            rollout=everyone, hold=f"selected by the FleetRollouts {everyone}: no new revision is applied "
-                                   "until all but one let go")
-        shown.append(MemberStatus(namespace=member.namespace, name=member.name, pending=dict(member.pending),
-                                  hold=releases[member.key].hold))
-    for member in unassigned:
-        where = "no wave" if not member.waves else f"the waves {', '.join(member.waves)}"
-        releases[member.key] = FleetRelease(
-            rollout=rollout, hold=f"in {where} of FleetRollout {rollout}: no new revision is applied "
-                                  "until it matches exactly one wave")
-        shown.append(MemberStatus(namespace=member.namespace, name=member.name, pending=dict(member.pending),
-                                  hold=releases[member.key].hold))
+    contested, unassigned = sorted_.contested, [*sorted_.unassigned, *sorted_.overflow]
+    _held(rollout, sorted_, releases=releases, shown=shown, recorded=recorded)
 
     status = FleetRolloutStatus(round=current, waves=statuses, members=shown[:MAX_MEMBERS_SHOWN], halted=halt,
-                                withdrawn=withdrawn)
+                                withdrawn=withdrawn, releases=recorded)
     ready, reason, message = _condition(rollout, statuses, halt=halt, contested=contested,
                                         unassigned=unassigned)
     was_complete = not started and bool(previous.waves) and \
@@ -223,6 +292,30 @@ def decide(*, rollout: str, waves: Sequence[FleetWave], members: Sequence[Member
     return Decision(status=status, releases=releases, ready=ready, reason=reason, message=message,
                     requeue_after=requeue, opened=opened, halted=new_halt, completed=completed,
                     started=started)
+
+
+def _held(rollout: str, sorted_: _Round, *, releases: dict[Key, FleetRelease], shown: list[MemberStatus],
+          recorded: list[MemberRelease]) -> None:
+    """The release (a hold), the status line and the record of each contested, unassigned or
+    unrecorded member (into ``releases``, ``shown`` and ``recorded``)."""
+    def held(member: Member, hold: str, *, everyone: str = rollout) -> None:
+        releases[member.key] = FleetRelease(rollout=everyone, hold=hold)
+        shown.append(MemberStatus(namespace=member.namespace, name=member.name, pending=dict(member.pending),
+                                  hold=hold))
+        if member.key not in sorted_.unrecorded:
+            recorded.append(MemberRelease(namespace=member.namespace, name=member.name, hold=hold))
+
+    for member in sorted_.contested:
+        everyone = ", ".join(sorted({rollout, *member.contested_by}))
+        held(member, f"selected by the FleetRollouts {everyone}: no new revision is applied until all but "
+                     "one let go", everyone=everyone)
+    for member in sorted_.unassigned:
+        where = "no wave" if not member.waves else f"the waves {', '.join(member.waves)}"
+        held(member, f"in {where} of FleetRollout {rollout}: no new revision is applied until it matches "
+                     "exactly one wave")
+    for member in sorted_.overflow:
+        held(member, f"beyond the {MAX_RELEASES} members FleetRollout {rollout} records: no new revision is "
+                     "applied; split the rollout")
 
 
 def _phase(*, is_open: bool, all_done: bool, ready_at: str | None, soak: str | None, now: datetime.datetime,

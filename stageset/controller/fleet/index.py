@@ -6,7 +6,13 @@ any key is queued; a rollout's
 reconcile reads the index, never the apiserver.  Per StageSet only what a rollout decides on is
 kept (:class:`Seen`: labels, the held revisions, the applied ones, Ready at its generation, the
 release annotation) — never its spec, objects or anything read from a tenant's sources or
-Secrets.
+Secrets.  Per rollout: its spec, and what its status records for each member
+(``status.releases``) — what a member's pass takes its release from (:meth:`FleetIndex.view`).
+
+A rollout whose spec no longer parses (``InvalidSpec``: stored before a rule it breaks existed,
+such as the required ``namespaceSelector``) is kept as **refused** when its label selector still
+parses: it selects by that selector and holds what it selects (fail closed), so an upgrade never
+lets its members ship at once.
 
 Identity: none; nothing here makes a request.  Thread-safe (the watch threads write, the
 workers read).
@@ -21,11 +27,20 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from stageset.api.fleet import ANNOTATION_FLEET_RELEASE, FleetRelease, FleetRollout, read_release
+from stageset.api.actions import LabelSelector
+from stageset.api.fleet import (
+    ANNOTATION_FLEET_RELEASE,
+    FleetRelease,
+    FleetRollout,
+    FleetView,
+    MemberRelease,
+    read_release,
+)
 from stageset.controller.conditions import READY, find_condition, ready_at_generation
-from stageset.controller.fleet.selection import Candidate, selecting, selects
+from stageset.controller.fleet.selection import Candidate, matches, selecting, selects
 from stageset.controller.keys import ObjectKey
 from stageset.controller.setup import Event
+from stageset.controller.status import validation_message
 from stageset.kube.types import KubeObject, conditions
 
 Key = tuple[str, str]
@@ -71,6 +86,49 @@ def state(obj: KubeObject) -> tuple[Any, ...]:
             view.reason, view.annotation)
 
 
+@dataclass(frozen=True)
+class Refused:
+    """A rollout whose spec does not parse, kept for its label selector: it holds what it selects."""
+
+    selector: LabelSelector
+    namespace_selector: LabelSelector | None
+    why: str
+
+    def picks(self, labels: Mapping[str, str], namespace_labels: Mapping[str, str] | None) -> bool:
+        if not matches(self.selector, labels):
+            return False
+        wanted = self.namespace_selector
+        return wanted is None or not wanted.query() or namespace_labels is None \
+            or matches(wanted, namespace_labels)
+
+
+def refused(obj: KubeObject, error: ValidationError) -> Refused | None:
+    """``obj`` (a rollout its model refuses) kept for its selectors, when they still parse."""
+    spec = obj.get("spec") or {}
+    try:
+        selector = LabelSelector.model_validate(spec.get("selector"))
+    except ValidationError:
+        return None
+    try:
+        wanted = LabelSelector.model_validate(spec["namespaceSelector"]) if spec.get("namespaceSelector") \
+            else None
+    except ValidationError:
+        wanted = None
+    return Refused(selector=selector, namespace_selector=wanted, why=validation_message(error))
+
+
+def records_of(obj: KubeObject) -> dict[Key, MemberRelease]:
+    """What a rollout's status records for its members (an entry that does not parse records nothing)."""
+    found: dict[Key, MemberRelease] = {}
+    for raw in (obj.get("status") or {}).get("releases") or []:
+        try:
+            record = MemberRelease.model_validate(raw)
+        except ValidationError:
+            continue
+        found[(record.namespace, record.name)] = record
+    return found
+
+
 def names(release: FleetRelease | None) -> set[str]:
     """The rollouts a release annotation names."""
     if release is None:
@@ -84,6 +142,8 @@ class FleetIndex:
         self._lock = threading.Lock()
         self._stagesets: dict[Key, Seen] = {}
         self._rollouts: dict[str, FleetRollout] = {}
+        self._refused: dict[str, Refused] = {}
+        self._records: dict[str, dict[Key, MemberRelease]] = {}
         self._gone: dict[Key, set[str]] = {}
         """Rollouts a deleted StageSet was a member of (queued once on its deletion)."""
 
@@ -95,20 +155,35 @@ class FleetIndex:
             if event is Event.DELETED:
                 was = self._stagesets.pop(ref, None)
                 if was is not None:
-                    self._gone[ref] = self._selecting(was) | names(was.release)
+                    self._gone[ref] = self._selecting(was) | names(was.release) | self._recording(ref)
                 return
             self._stagesets[ref] = seen(obj)
 
-    def rollout(self, event: Event, key: ObjectKey, obj: KubeObject) -> None:
+    def rollout(self, event: Event, key: ObjectKey, obj: KubeObject) -> list[Key]:
+        """Take a rollout's event; returns the members whose record changed (their passes decide
+        again what they may apply)."""
         with self._lock:
+            before = self._records.get(key.name, {})
             if event is Event.DELETED:
                 self._rollouts.pop(key.name, None)
-                return
+                self._refused.pop(key.name, None)
+                self._records.pop(key.name, None)
+                return sorted(before)
             try:
                 self._rollouts[key.name] = FleetRollout.model_validate({**obj, "status": None})
-            except ValidationError:
-                # Refused (InvalidSpec in its status): it selects nothing, holds nothing.
+                self._refused.pop(key.name, None)
+            except ValidationError as error:
+                # Refused (InvalidSpec in its status): kept for its label selector, it holds what
+                # it selects (an upgrade that makes it invalid never frees its members).
                 self._rollouts.pop(key.name, None)
+                kept = refused(obj, error)
+                if kept is None:
+                    self._refused.pop(key.name, None)
+                else:
+                    self._refused[key.name] = kept
+            after = records_of(obj)
+            self._records[key.name] = after
+            return sorted(ref for ref in {*before, *after} if before.get(ref) != after.get(ref))
 
     # -- read by the reconciler and the watch mappings -----------------------------------------
 
@@ -119,32 +194,69 @@ class FleetIndex:
     def _selecting(self, view: Seen) -> set[str]:
         return set(selecting(self._rollouts.values(), self._candidate(view)))
 
+    def _recording(self, ref: Key) -> set[str]:
+        return {name for name, records in self._records.items() if ref in records and name in self._rollouts}
+
+    def _refusing(self, view: Seen) -> set[str]:
+        labels = self._namespace_labels(view.namespace)
+        return {name for name, kept in self._refused.items() if kept.picks(view.labels, labels)}
+
+    def _unknown(self, view: Seen) -> set[str]:
+        """Rollouts whose label selector picks it while its namespace's labels are not known."""
+        if self._namespace_labels(view.namespace) is not None:
+            return set()
+        return {str(r.metadata.get("name", "")) for r in self._rollouts.values()
+                if matches(r.spec.selector, view.labels)}
+
     def rollouts_for(self, ref: Key) -> list[str]:
-        """The rollouts to requeue on an event of StageSet ``ref``: those selecting it and those its
-        annotation names (one that let go of it takes its annotation back)."""
+        """The rollouts to requeue on an event of StageSet ``ref``: those selecting it, those recording
+        it, and those its annotation names (one that let go of it takes its annotation back)."""
         with self._lock:
             view = self._stagesets.get(ref)
             if view is None:
                 return sorted(self._gone.pop(ref, set()))
-            return sorted(self._selecting(view) | (names(view.release) & set(self._rollouts)))
+            return sorted(self._selecting(view) | self._recording(ref)
+                          | (names(view.release) & set(self._rollouts)))
 
     def selected_by(self, namespace: str, name: str) -> list[str]:
-        """The rollouts that select StageSet ``namespace/name`` as the watch last showed it: a member's
-        pass holds its new revisions when one does and no release is written on it yet (fail closed)."""
+        """The rollouts that select StageSet ``namespace/name`` as the watch last showed it."""
         with self._lock:
             view = self._stagesets.get((namespace, name))
             return [] if view is None else sorted(self._selecting(view))
 
-    def members(self, rollout: FleetRollout) -> list[tuple[Seen, list[str]]]:
-        """Every StageSet ``rollout`` selects, with the other rollouts selecting it too."""
-        name = str(rollout.metadata.get("name", ""))
+    def view(self, namespace: str, name: str) -> FleetView:
+        """What a member's pass knows of the rollouts (:class:`~stageset.api.fleet.FleetView`): which
+        select it, what their statuses record for it, which refused or unsure ones hold it."""
+        ref = (namespace, name)
         with self._lock:
+            seen = self._stagesets.get(ref)
+            records = {rollout: self._records[rollout][ref].release(rollout)
+                       for rollout in sorted(self._recording(ref))}
+            if seen is None:
+                return FleetView(records=records)
+            return FleetView(selected_by=tuple(sorted(self._selecting(seen))), records=records,
+                             refused={r: self._refused[r].why for r in sorted(self._refusing(seen))},
+                             unknown=tuple(sorted(self._unknown(seen))))
+
+    def members(self, rollout: FleetRollout) -> list[tuple[Seen, list[str], bool]]:
+        """Every StageSet ``rollout`` selects — and every one its status records whose namespace it
+        still selects (a member that changed its labels mid-round) — with the other rollouts holding
+        it too, and whether its labels select it now."""
+        name = str(rollout.metadata.get("name", ""))
+        wanted = rollout.spec.namespace_selector
+        with self._lock:
+            recorded = self._records.get(name, {})
             found = []
-            for view in self._stagesets.values():
+            for ref, view in self._stagesets.items():
                 candidate = self._candidate(view)
-                if selects(rollout, labels=candidate.labels, namespace_labels=candidate.namespace_labels):
+                selected = selects(rollout, labels=candidate.labels,
+                                   namespace_labels=candidate.namespace_labels)
+                kept = ref in recorded and candidate.namespace_labels is not None \
+                    and matches(wanted, candidate.namespace_labels)
+                if selected or kept:
                     others = [r for r in selecting(self._rollouts.values(), candidate) if r != name]
-                    found.append((view, others))
+                    others += sorted(self._refusing(view) - {name})
+                    found.append((view, others, selected))
             return sorted(found, key=lambda item: (item[0].namespace, item[0].name))
 
     def orphans(self, *, rollout: str | None = None) -> list[Seen]:
@@ -157,10 +269,10 @@ class FleetIndex:
                 if view.annotation is None or (rollout is not None and rollout not in named):
                     continue
                 candidate = self._candidate(view)
-                if candidate.namespace_labels is None and any(
-                        r.spec.namespace_selector is not None for r in self._rollouts.values()):
-                    continue
-                if not selecting(self._rollouts.values(), candidate):
+                if candidate.namespace_labels is None:
+                    continue  # unknown namespace labels are no evidence
+                if not selecting(self._rollouts.values(), candidate) and not self._refusing(view) \
+                        and not self._recording((view.namespace, view.name)):
                     found.append(view)
             return found
 

@@ -1,11 +1,15 @@
 """The FleetRollout reconciler: reads what its members show, decides, writes status and releases.
 
 A reconcile: parse the rollout (refused fields and bad specs: ``InvalidSpec``, and it releases
-nobody) -> its members from the :class:`~stageset.controller.fleet.index.FleetIndex` (the watch
+nobody: the index keeps a refused rollout's label selector, and what it selects holds everything
+new) -> its members from the :class:`~stageset.controller.fleet.index.FleetIndex` (the watch
 cache's view of every StageSet: labels, held and applied revisions, Ready) -> the pure decision
-(:func:`~stageset.controller.fleet.decide.decide`) -> the status (the round, the waves, the
-members, a halt) -> each member's release annotation where it changed -> the annotation taken
-back from StageSets this rollout no longer selects -> events and metrics.
+(:func:`~stageset.controller.fleet.decide.decide`, given what the last decision recorded each member
+was released: ``status.releases``, never anything on the member) -> the status (the round, the
+waves, the members, a halt, and ``releases``: what each member may apply — the record a member's
+pass takes its release from) -> each member's release annotation where it changed (a hint: the
+member applies only while it says what the status records) -> the annotation taken back from
+StageSets no rollout holds any more -> events and metrics.
 
 Identity: the controller's own, and only for (a) the FleetRollout's status subresource and (b) a
 merge patch of one annotation (:data:`~stageset.api.fleet.ANNOTATION_FLEET_RELEASE`) on member
@@ -27,7 +31,7 @@ import logging
 
 from pydantic import ValidationError
 
-from stageset.api.fleet import ANNOTATION_FLEET_RELEASE, FleetRollout, FleetRolloutStatus
+from stageset.api.fleet import ANNOTATION_FLEET_RELEASE, FleetRollout, FleetRolloutStatus, MemberRelease
 from stageset.api.vocabulary import EventReason, EventType, Reason
 from stageset.controller.clock import Clock
 from stageset.controller.events import EventRecorder
@@ -75,36 +79,41 @@ class FleetRolloutReconciler:
         try:
             rollout = FleetRollout.model_validate({**obj, "status": None})
         except ValidationError as error:
-            writer.conclude(ready=False, reason=Reason.INVALID_SPEC, message=validation_message(error),
-                            stalled=True)
+            writer.conclude(ready=False, reason=Reason.INVALID_SPEC,
+                            message=f"{validation_message(error)}; the StageSets its selector picks apply no "
+                                    "new revision until it is fixed", stalled=True)
             self.release_orphans(rollout=name)
             return Result()
         if obj["metadata"].get("deletionTimestamp"):
             return Result()
         found = self._index.members(rollout)
-        members = [self._member(name, rollout, view, others) for view, others in found]
+        records = {(r.namespace, r.name): r for r in writer.status.releases}
+        members = [self._member(rollout, view, others, selected=selected, record=records.get((view.namespace,
+                                                                                             view.name)))
+                   for view, others, selected in found]
         decision = decide(rollout=name, waves=rollout.spec.waves, members=members, previous=writer.status,
                           now=self._clock())
         status = decision.status.model_copy(
             update={"last_handled_reconcile_at": writer.status.last_handled_reconcile_at})
         writer.conclude(ready=decision.ready, reason=decision.reason, message=decision.message, status=status)
         self._tell(writer.obj, name, decision)
-        for view, _ in found:
-            self._annotate(view, decision.releases[(view.namespace, view.name)].encode())
+        for view, _, _ in found:
+            release = decision.releases.get((view.namespace, view.name))
+            # A member only by its record whose round is over is free: its annotation goes.
+            self._annotate(view, None if release is None else release.encode())
         self.release_orphans(rollout=name)
         return Result(requeue_after=min(decision.requeue_after or RECHECK, RECHECK))
 
     @staticmethod
-    def _member(name: str, rollout: FleetRollout, view: Seen, others: list[str]) -> Member:
-        release = view.release
-        # Only this rollout's own release counts as what was released (a contested or unreadable
-        # annotation released nothing).
-        released = dict(release.revisions) if release is not None and release.rollout == name \
-            and not release.hold else {}
+    def _member(rollout: FleetRollout, view: Seen, others: list[str], *, selected: bool,
+                record: MemberRelease | None) -> Member:
+        # What was released is what this rollout's own status recorded (never the member's annotation,
+        # which its tenant can write); a held record released nothing.
+        released = dict(record.revisions) if record is not None and not record.hold else {}
         return Member(namespace=view.namespace, name=view.name,
                       waves=waves_of(rollout.spec.waves, view.labels),
                       pending=view.pending, applied=view.applied, ready=view.ready, reason=view.reason,
-                      released=released, contested_by=others)
+                      released=released, contested_by=others, selected=selected)
 
     def forget(self, name: str) -> None:
         """The rollout is gone: its series go."""

@@ -8,8 +8,9 @@ What it declares (:class:`~stageset.controller.fleet.watches.FleetWatches`): ``F
 (one worker), the watches of rollouts and StageSets, its index told every StageSet event (an
 :class:`~stageset.controller.setup.Index` on the StageSet kind), the ``fleet-release`` jobs, and the
 :class:`~stageset.controller.fleet.watches.Sweep` that takes back annotations of rollouts deleted
-while the controller was down.  What it hands the StageSet feature: which rollouts select a
-StageSet (:attr:`Fleet.selected_by`).
+while the controller was down.  What it hands the StageSet feature: what the rollouts say of a
+StageSet — which select it, and what their statuses released to it (:attr:`Fleet.selected_by`, a
+:class:`~stageset.api.fleet.FleetView`).
 
 Identity: none here; the reconciler's docstring says whose identity its requests use.
 """
@@ -20,6 +21,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from stageset.api.fleet import FleetView
 from stageset.controller.fleet.index import FleetIndex
 from stageset.controller.fleet.reconciler import FleetRolloutReconciler
 from stageset.controller.fleet.watches import FleetWatches, Sweep
@@ -31,8 +33,9 @@ from stageset.controller.shared import Shared
 @dataclass(frozen=True)
 class Fleet:
     setup: Setup
-    selected_by: Callable[[str, str], list[str]]
-    """The FleetRollouts that select a StageSet ``(namespace, name)``, as the index knows them."""
+    selected_by: Callable[[str, str], FleetView]
+    """What the FleetRollouts say of a StageSet ``(namespace, name)``, as the index knows them: which
+    select it, and what their statuses released to it."""
 
 
 def setup(shared: Shared, *, stop: threading.Event) -> Fleet | None:
@@ -51,4 +54,4 @@ def setup(shared: Shared, *, stop: threading.Event) -> Fleet | None:
     declared = Setup(controllers=(watches.controller(workers=1),), jobs=(watches.jobs(),),
                      indexes=(Index(kind=STAGESETS.kind, indexed=index.stageset),),
                      runnables=(Sweep(enqueue=shared.enqueue, synced=shared.synced, stop=stop),))
-    return Fleet(setup=declared, selected_by=index.selected_by)
+    return Fleet(setup=declared, selected_by=index.view)

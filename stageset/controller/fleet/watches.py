@@ -6,7 +6,10 @@
   StageSets are contested depends on all of them);
 - ``Watches`` StageSets (:func:`~stageset.controller.fleet.index.state`): a member's labels, held
   or applied revisions, readiness or release annotation moving requeues the rollouts selecting
-  it and the ones its annotation names;
+  it, recording it and the ones its annotation names;
+- a rollout's event whose ``status.releases`` changed what it records for a member queues that
+  member's StageSet: its pass takes what it may apply from there (the annotation written after the
+  status queues it too; whichever arrives first, the pass holds until both agree);
 - jobs (``fleet-release``): a deleted rollout's annotations taken back; once the caches synced
   after a start, any rollout's (:class:`Sweep`, a runnable).
 
@@ -72,7 +75,8 @@ class FleetWatches:
         return Jobs(runner=JOB_KIND, pool=self._resource.kind, run=self._reconciler.job)
 
     def _indexed(self, event: Event, key: ObjectKey, obj: KubeObject) -> None:
-        self._index.rollout(event, key, obj)
+        for namespace, name in self._index.rollout(event, key, obj):
+            self._enqueue(ObjectKey(self._stageset_kind, namespace, name))
         with self._lock:
             if event is Event.DELETED:
                 self._known.discard(key.name)

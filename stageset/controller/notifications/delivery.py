@@ -1,5 +1,5 @@
 """Sending notifications: one bounded outbox and one worker thread per provider, rate-limited,
-retried with bounded backoff.
+retried with bounded backoff, fair between tenants.
 
 Identity: none towards Kubernetes.  Requests go to the provider's address with only the headers
 its payload builder set (its token); through :func:`sources.download.call`, so every connection
@@ -13,6 +13,12 @@ Invariants:
   queue drops the notification (``stageset_notifications_dropped_total{reason="queue_full"}``).
 - Per provider at most ``burst`` requests go out at once and ``rate`` per second after that
   (a token bucket); what waits for a token waits in the bounded queue.
+- Fair between tenants (the namespace of the StageSet an event is about): a provider's queue is
+  one queue per tenant, served round-robin — a tenant that has just been served goes behind every
+  tenant waiting, a newcomer included — so one tenant's burst delays another tenant's first alert
+  by at most the one send in flight.  When the provider's queue is full, room is made by dropping
+  the newest request of the tenant holding the most (never one of a tenant with fewer queued than
+  the one putting).
 - A request is tried at most ``attempts`` times: again after a transport error, a 429 or a 5xx,
   after ``backoff`` seconds doubling up to ``backoff_cap``; a final failure is counted
   (``stageset_notification_failures_total``), a success too (``..._sent_total``).  Labels are
@@ -27,7 +33,7 @@ import json
 import logging
 import threading
 import time
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable
 from typing import Protocol
 from urllib.parse import urlsplit
@@ -97,27 +103,64 @@ class _Outbox:
         self._send = send
         self._counters = counters
         self._stop = stop
-        self._queue: deque[Outgoing] = deque()
+        self._queues: OrderedDict[str, deque[Outgoing]] = OrderedDict()
+        """One queue per tenant, in the order they are served (round-robin)."""
+        self._queued = 0
+        self._served: str | None = None
+        """The tenant served last (at the end of the order until someone else is)."""
         self._sending = False
         self._ready = threading.Condition()
         self._bucket = _TokenBucket(rate=settings.rate, burst=settings.burst, clock=clock)
         self._thread = threading.Thread(target=self._run, name=f"notify-{provider.name}"[:60], daemon=True)
         self._thread.start()
 
-    def put(self, provider: Provider, requests: list[Outgoing]) -> None:
+    def put(self, provider: Provider, requests: list[Outgoing], *, tenant: str = "") -> None:
         with self._ready:
             self.provider = provider  # the latest spec and credentials
             for request in requests:
-                if len(self._queue) >= self._settings.capacity:
+                if self._queued >= self._settings.capacity and not self._make_room(tenant):
                     self._counters.notification_dropped(provider.name, "queue_full")
                     continue
-                self._queue.append(request)
+                self._enqueue(tenant, request)
             self._ready.notify()
+
+    def _enqueue(self, tenant: str, request: Outgoing) -> None:
+        queue = self._queues.get(tenant)
+        if queue is None:
+            queue = self._queues[tenant] = deque()
+            if self._served is not None and self._served in self._queues:
+                # A newcomer waits ahead of the tenant served last (which stays at the end).
+                self._queues.move_to_end(self._served)
+        queue.append(request)
+        self._queued += 1
+
+    def _make_room(self, tenant: str) -> bool:
+        """The queue is full: drop the newest request of the tenant holding the most, if it holds
+        more than ``tenant`` would after this put (else nothing is dropped: ``False``)."""
+        fullest = max(self._queues, key=lambda known: len(self._queues[known]))
+        if fullest == tenant or len(self._queues[fullest]) <= len(self._queues.get(tenant, ())) + 1:
+            return False
+        self._queues[fullest].pop()
+        self._queued -= 1
+        self._counters.notification_dropped(self.provider.name, "queue_full")
+        return True
+
+    def _take(self) -> Outgoing:
+        """The next request, round-robin between tenants (the caller holds the lock; one is queued)."""
+        tenant, queue = next(iter(self._queues.items()))
+        request = queue.popleft()
+        self._queued -= 1
+        if queue:
+            self._queues.move_to_end(tenant)
+        else:
+            del self._queues[tenant]
+        self._served = tenant
+        return request
 
     def pending(self) -> int:
         """Requests queued or being sent."""
         with self._ready:
-            return len(self._queue) + (1 if self._sending else 0)
+            return self._queued + (1 if self._sending else 0)
 
     def wake(self) -> None:
         with self._ready:
@@ -129,7 +172,7 @@ class _Outbox:
     def _run(self) -> None:
         while not self._stop.is_set():
             with self._ready:
-                while not self._queue and not self._stop.is_set():
+                while not self._queued and not self._stop.is_set():
                     self._ready.wait(1.0)
             # What waits for a token stays in the queue (and counts against its bound); only this
             # thread takes from it, so it is still there after the wait.
@@ -139,7 +182,7 @@ class _Outbox:
             if self._stop.is_set():
                 return
             with self._ready:
-                request, provider = self._queue.popleft(), self.provider
+                request, provider = self._take(), self.provider
                 self._sending = True
             try:
                 self._deliver(request, provider)
@@ -185,7 +228,8 @@ class Outboxes:
         self._lock = threading.Lock()
         self._boxes: dict[str, _Outbox] = {}
 
-    def put(self, provider: Provider, requests: list[Outgoing]) -> None:
+    def put(self, provider: Provider, requests: list[Outgoing], *, tenant: str = "") -> None:
+        """Queue ``requests`` for ``provider``, on behalf of ``tenant`` (the namespace the event is about)."""
         if not requests:
             return
         with self._lock:
@@ -197,7 +241,7 @@ class Outboxes:
                 box = self._boxes[provider.name] = _Outbox(provider, settings=self._settings, send=self._send,
                                                            counters=self._counters, stop=self._stop,
                                                            clock=self._clock)
-        box.put(provider, requests)
+        box.put(provider, requests, tenant=tenant)
 
     def pending(self) -> int:
         with self._lock:

@@ -9,7 +9,8 @@ own namespace as the controller and their providers' Secrets as each provider's 
 Invariants: :meth:`Notifier.offer` (called from the recorder, in a reconcile's thread) only puts
 the event on a bounded intake queue -- a full queue drops it, counted -- so neither a slow
 receiver nor a slow configuration read stalls a reconcile.  One dispatcher thread matches events
-to alerts; per-provider outboxes send (:mod:`~stageset.controller.notifications.delivery`).  Every
+to alerts; per-provider outboxes send (:mod:`~stageset.controller.notifications.delivery`), fair
+between tenants (the namespace of the StageSet an event is about).  Every
 text of a notice passes the StageSet's redactor once more (:data:`~stageset.controller.redact.REGISTRY`
 holds its Secret values), beside the recorder's own redaction.
 """
@@ -109,4 +110,4 @@ class Notifier:
                 self._counters.notification_failed(provider.name, provider.type.value)
                 log.warning("notifications: provider %s cannot send: %s", provider.name, error)
                 continue
-            self._outboxes.put(provider, requests)
+            self._outboxes.put(provider, requests, tenant=ref["namespace"])

@@ -11,6 +11,15 @@ The generic payload is Flux's event JSON (``involvedObject``, ``severity``, ``re
 Commit statuses name their context ``stageset/<namespace>/<name>``; their state follows the event:
 a Warning fails it, a release held (awaiting promotion, deferred) keeps it pending, a success
 passes it, and other Normal events set none.
+
+Tenant text is inert in every receiver that formats it: an event's message quotes what a tenant's
+Git holds (a kind, a name), its revision a tenant's branch or tag.  Slack's mrkdwn reads ``<...>``
+as a link or a mention (``<!channel>``): every text of a Slack payload has ``&``, ``<`` and ``>``
+escaped (:func:`slack_escape`, Slack's own rule), so nothing a tenant writes pings a channel or
+disguises a link.  Teams' Adaptive Card text is a CommonMark subset (links ``[t](url)``, emphasis,
+lists): every text there has its markdown punctuation backslash-escaped (:func:`teams_escape`).
+GitHub's and GitLab's commit-status descriptions are plain text by their APIs; the generic payload
+is Flux's event JSON, verbatim (its receiver must treat ``message`` as untrusted text, as Flux's do).
 """
 
 from __future__ import annotations
@@ -107,6 +116,27 @@ def context(item: Notice) -> str:
     return f"stageset/{item.namespace}/{item.name}"
 
 
+_SLACK = str.maketrans({"&": "&amp;", "<": "&lt;", ">": "&gt;"})
+_MARKDOWN = frozenset("\\`*_{}[]()<>#!|~")
+_LIST_MARKER = re.compile(r"^(\s*\d*)([-+.)])(?=\s|$)", re.MULTILINE)
+
+
+def slack_escape(text: str) -> str:
+    """``text`` as Slack's mrkdwn shows it literally: ``&``, ``<`` and ``>`` escaped, so no
+    ``<!channel>``, ``<@user>`` or ``<url|label>`` of a tenant's is ever a mention or a link."""
+    return text.translate(_SLACK)
+
+
+def teams_escape(text: str) -> str:
+    """``text`` as an Adaptive Card's markdown shows it literally: every punctuation mark that
+    opens a link, an emphasis or code backslash-escaped, and a list marker at a line's start too."""
+    escaped = "".join(f"\\{c}" if c in _MARKDOWN else c for c in text)
+    def marker(match: re.Match[str]) -> str:
+        number, mark = match.group(1), match.group(2)
+        return f"{number}\\{mark}" if number.strip() or mark in "-+" else match.group(0)
+    return _LIST_MARKER.sub(marker, escaped)
+
+
 def generic(item: Notice) -> dict[str, object]:
     """Flux's event JSON."""
     metadata = {"revision": item.revision} if item.revision else {}
@@ -127,14 +157,15 @@ def generic(item: Notice) -> dict[str, object]:
 
 def slack(item: Notice, *, channel: str | None = None, username: str | None = None) -> dict[str, object]:
     """A Slack incoming-webhook message: one attachment, red for a Warning, green otherwise."""
-    fields = [{"title": "revision", "value": item.revision, "short": False}] if item.revision else []
+    esc = slack_escape
+    fields = [{"title": "revision", "value": esc(item.revision), "short": False}] if item.revision else []
     body: dict[str, object] = {
-        "text": f"{item.subject}: {item.reason}",
+        "text": esc(f"{item.subject}: {item.reason}"),
         "attachments": [{
             "color": "danger" if item.severity is Severity.ERROR else "good",
-            "author_name": item.subject,
-            "title": item.reason,
-            "text": item.text,
+            "author_name": esc(item.subject),
+            "title": esc(item.reason),
+            "text": esc(item.text),
             "mrkdwn_in": ["text"],
             "fields": fields,
         }],
@@ -148,9 +179,10 @@ def slack(item: Notice, *, channel: str | None = None, username: str | None = No
 
 def msteams(item: Notice) -> dict[str, object]:
     """A Teams workflow-webhook message: an Adaptive Card with the subject, reason and facts."""
-    facts = [{"title": "reason", "value": item.reason}]
+    esc = teams_escape
+    facts = [{"title": "reason", "value": esc(item.reason)}]
     if item.revision:
-        facts.append({"title": "revision", "value": item.revision})
+        facts.append({"title": "revision", "value": esc(item.revision)})
     return {
         "type": "message",
         "attachments": [{
@@ -160,9 +192,9 @@ def msteams(item: Notice) -> dict[str, object]:
                 "type": "AdaptiveCard",
                 "version": "1.4",
                 "body": [
-                    {"type": "TextBlock", "text": item.subject, "weight": "Bolder", "size": "Medium",
+                    {"type": "TextBlock", "text": esc(item.subject), "weight": "Bolder", "size": "Medium",
                      "color": "Attention" if item.severity is Severity.ERROR else "Good"},
-                    {"type": "TextBlock", "text": item.text, "wrap": True},
+                    {"type": "TextBlock", "text": esc(item.text), "wrap": True},
                     {"type": "FactSet", "facts": facts},
                 ],
             },

@@ -9,8 +9,8 @@ message tells a tenant whether something exists in a namespace it cannot read.
 
 ``--no-cross-namespace-refs`` is enforced here, before anything in another namespace is read:
 a refused ``sourceRef`` is ``ResolveFailed``, a refused ``dependsOn`` ``DependencyNotReady``
-(as the reference reports them), each with a fixed text that names nothing of the other
-namespace.
+(as the reference reports them; an entry of another kind too), each with a fixed text that names
+nothing of the other namespace.
 
 Label shards (``--watch-label-selector``): our GitRepository is fetched by the shard whose selector
 its labels match; a StageSet naming one of another shard waits (``SourceNotReady``) with a message
@@ -67,6 +67,9 @@ CROSS_NAMESPACE_SOURCE = ("sourceRef names a source in another namespace, and th
 CROSS_NAMESPACE_DEPENDENCY = ("dependsOn names a StageSet in another namespace, and this controller does not "
                               "allow cross-namespace references (--no-cross-namespace-refs); depend only on "
                               "StageSets of this namespace")
+CROSS_NAMESPACE_OBJECT = ("dependsOn names an object in another namespace, and this controller does not "
+                          "allow cross-namespace references (--no-cross-namespace-refs); depend only on "
+                          "objects of this namespace (or cluster-scoped ones)")
 
 
 class Clients(Protocol):
@@ -274,11 +277,13 @@ class TenantReads:
         return merged, _secret_values(sources)
 
     def dependencies(self, client: KubeClient, stageset: StageSet) -> list[KubeObject]:
-        """Every StageSet in ``spec.dependsOn``, read as the StageSet's identity (403: RBACDenied,
-        404: DependencyNotReady)."""
+        """Every StageSet in ``spec.dependsOn`` (in spec order; entries of other kinds are not read
+        here), read as the StageSet's identity (403: RBACDenied, 404: DependencyNotReady)."""
         namespace = str(stageset.metadata["namespace"])
         found: list[KubeObject] = []
         for ref in stageset.spec.depends_on:
+            if not ref.names_stageset:
+                continue  # an object of another kind: stageset.controller.stageset.objectdeps
             ref_ns = ref.namespace or namespace
             found.append(read_named(client, self._stagesets.object_path(name=ref.name, namespace=ref_ns),
                                     what=f"StageSet {ref_ns}/{ref.name} (spec.dependsOn)",
@@ -299,8 +304,10 @@ class TenantReads:
         if not self._no_cross:
             return
         namespace = str(stageset.metadata["namespace"])
-        if any((ref.namespace or namespace) != namespace for ref in stageset.spec.depends_on):
-            raise StageError(Reason.DEPENDENCY_NOT_READY, CROSS_NAMESPACE_DEPENDENCY)
+        for ref in stageset.spec.depends_on:
+            if (ref.namespace or namespace) != namespace:
+                raise StageError(Reason.DEPENDENCY_NOT_READY, CROSS_NAMESPACE_DEPENDENCY if ref.names_stageset
+                                 else CROSS_NAMESPACE_OBJECT)
 
 
 def _secret_values(sources: list[VariableSource]) -> list[str]:

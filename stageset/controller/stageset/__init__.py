@@ -29,6 +29,10 @@
 - ``stage`` — applying one stage and judging its readiness within one slice;
 - ``scheduler`` — running stages over the dependency graph, branches concurrently, every
   callback on the reconcile's thread;
+- ``objectdeps`` — ``spec.dependsOn`` entries of other kinds (a CRD, a database claim, a
+  HelmRelease): read as the StageSet's identity and judged by ``awaited`` (pure: kstatus or
+  ``readyExpr``, and how it is said); ``dependencywatches`` — the held watches (per identity, kind
+  and namespace) that wake a StageSet waiting for one;
 - ``records`` — the durable inventory record and rebuilding a lost inventory (reads only);
 - ``changes`` — what a pass changed, told: metrics, drift and prune events, the success event;
 - ``drifting`` — what each pass tells the drift watches (:mod:`stageset.controller.drift`): it

@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from stageset.api import StageSet
 from stageset.controller.redact import Redactor
 from stageset.controller.render.cache import StageDecryption
 from stageset.controller.stageset.progress import Progress
+from stageset.controller.stageset.supersedes import NOTHING, Letting, Taking
 from stageset.controller.stageset.writer import PassWriter
 from stageset.controller.targets.clusters import Target
 from stageset.kube.client import ApiError, UnreachableError
@@ -43,6 +44,10 @@ class PassContext:
     """``spec.retryInterval`` in seconds: when a failed pass runs again."""
     decryption: StageDecryption | None
     """``spec.decryption`` for this pass (the key Secret read at most once, as the StageSet)."""
+    taking: Taking = field(default_factory=Taking)
+    """What this pass takes over from the StageSets its ``spec.supersedes`` names."""
+    letting: Letting = NOTHING
+    """What this StageSet handed over to StageSets that supersede it: never applied, listed or pruned."""
 
     @property
     def ref(self) -> tuple[str, str]:

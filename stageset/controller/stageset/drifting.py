@@ -29,10 +29,11 @@ from stageset.apply.engine import StageResult
 from stageset.apply.errors import StageError
 from stageset.controller.drift.registry import Applied, DriftWatches, SecretWatch
 from stageset.controller.identity import IdentityPolicy
+from stageset.controller.kinds import CONFIGMAPS, SECRETS
 from stageset.controller.result import Result
 from stageset.controller.stageset.plan import StageOutcome
 from stageset.controller.stageset.stage import StageRun, StageWork
-from stageset.controller.targets.clusters import Targets
+from stageset.controller.targets.clusters import Targets, credential_object
 from stageset.kube.client import ClientPool
 from stageset.kube.types import KubeObject
 
@@ -98,20 +99,23 @@ class DriftHooks:
                           run.rendered.stage.name, *ref)
 
     def _secret(self, stageset: StageSet) -> SecretWatch | None:
-        """The kubeConfig Secret to watch, as the StageSet's identity, from the version its pass read."""
+        """The object ``spec.kubeConfig`` names (its Secret, or with workload identity its ConfigMap)
+        to watch, as the StageSet's identity, from the version its pass read."""
         ref = stageset.spec.kube_config
         if ref is None:
             return None
         namespace = str(stageset.metadata["namespace"])
-        version = self._targets.secret_version(namespace, ref.secret_ref.name)
+        named = credential_object(namespace, ref)
+        version = self._targets.credential_version(namespace, ref)
+        if named is None or not version:
+            return None
         try:
             identity = self._identities.for_stageset(stageset, what="watching spec.kubeConfig")
         except StageError:
             return None
-        if not version:
-            return None
-        return SecretWatch(client=self._clients.client(identity), namespace=namespace,
-                           name=ref.secret_ref.name, version=version)
+        kind, _, name = named
+        return SecretWatch(client=self._clients.client(identity), namespace=namespace, name=name,
+                           version=version, resource=SECRETS if kind == "Secret" else CONFIGMAPS)
 
 
 class DriftRecorded:

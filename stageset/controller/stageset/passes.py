@@ -29,15 +29,17 @@ as the controller.
 from __future__ import annotations
 
 import logging
+from dataclasses import replace
 
 import networkx as nx
 
 from stageset.api import DriftMode, StageSet, format_time
-from stageset.api.vocabulary import Reason
+from stageset.api.vocabulary import Reason, StagePhase
 from stageset.apply.changeset import WRITES
 from stageset.apply.engine import StageResult
 from stageset.apply.errors import StageError
-from stageset.apply.inventory import Stale, duplicates, stage_inventory
+from stageset.apply.handover import released
+from stageset.apply.inventory import Stale, duplicates, entry_id, stage_inventory
 from stageset.apply.orphan import release_stale
 from stageset.apply.prune import Owner, candidates, unpruned_stages
 from stageset.apply.prune import prune as prune_stale
@@ -52,7 +54,7 @@ from stageset.controller.render.decryption import for_pass
 from stageset.controller.render.reads import NothingSaidYet
 from stageset.controller.result import Result
 from stageset.controller.settings import ControllerSettings
-from stageset.controller.stageset import history, plan, pruning, records, steering
+from stageset.controller.stageset import history, plan, pruning, records, steering, succession
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.context import Interrupted, PassContext, interruptible
 from stageset.controller.stageset.moves import Moves
@@ -61,10 +63,11 @@ from stageset.controller.stageset.progress import Progress, concluded, shown
 from stageset.controller.stageset.pruning import PrunePermission, Scope
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.release import Release, Request
-from stageset.controller.stageset.rendering import Rendered, Renderer
+from stageset.controller.stageset.rendering import Rendered, Renderer, identify
 from stageset.controller.stageset.scheduler import StageScheduler, Tell
 from stageset.controller.stageset.stage import StageRun, StageWork
 from stageset.controller.stageset.steering import Steering
+from stageset.controller.stageset.supersedes import Letting, Supersedes, Taking
 from stageset.controller.stageset.writer import PassWriter
 from stageset.controller.targets.clusters import Target, inventory_clients
 from stageset.kube.client import ApiError, ClientPool, UnreachableError
@@ -92,8 +95,10 @@ def unreachable(target: Target, error: UnreachableError | ApiError) -> str:
 class PassRunner:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, renderer: Renderer,
                  records: Records, stages: StageWork, changes: Changes, settings: ControllerSettings,
-                 accounts: AccountCheck, release: Release, moves: Moves, clock: Clock):
+                 accounts: AccountCheck, release: Release, moves: Moves, clock: Clock,
+                 supersedes: Supersedes):
         self._clients = clients
+        self._supersedes = supersedes
         self._accounts = accounts
         self._identities = identities
         self._renderer = renderer
@@ -108,11 +113,27 @@ class PassRunner:
     def run(self, writer: PassWriter, stageset: StageSet, graph: nx.DiGraph, target: Target, *,
             redactor: Redactor, retry: float) -> Result:
         previous = plan.Previous.from_status(writer.status, generation=writer.generation)
+        # spec.supersedes, both sides: what this StageSet handed over (never applied, listed or pruned
+        # again), and what it may take over (refused: nothing of the pass is applied).
+        letting = self._supersedes.letting(writer.obj)
+        previous = self._let_go(writer, letting, previous)
+        try:
+            taking = self._supersedes.taking(stageset, obj=writer.obj, target=target.id,
+                                             now=format_time(self._clock()))
+        except StageError as error:
+            taking = Taking(refusal=succession.Refusal(error.reason, error.message))
+        if taking.refusal is not None:
+            log_denial(StageError(taking.refusal.reason, taking.refusal.message))
+            failure = plan.before_stages(taking.refusal.reason, retry=retry)
+            status = shown(writer.status, Progress.start(stageset, previous))
+            writer.conclude(ready=False, reason=taking.refusal.reason, message=taking.refusal.message,
+                            stalled=failure.stalled, status=status)
+            return Result(requeue_after=failure.requeue_after)
         # spec.decryption: the key Secret is read as the StageSet's ServiceAccount, at most once a pass.
         decryption = for_pass(stageset, policy=self._identities, clients=self._clients,
                               accounts=self._accounts, redactor=redactor)
         ctx = PassContext(writer=writer, stageset=stageset, target=target, redactor=redactor, retry=retry,
-                          decryption=decryption)
+                          decryption=decryption, taking=taking, letting=letting)
         try:
             return self._run(ctx, Progress.start(stageset, previous), graph)
         except Interrupted as stopped:
@@ -133,6 +154,8 @@ class PassRunner:
             interval = ctx.stageset.spec.requeue_when_ready(self._settings.default_interval)
             steered = self._release.steer(ctx, progress, rendered)
             steer, rendered, progress = steered.steering, steered.rendered, steered.progress
+            rendered = self._handed(ctx, rendered)
+            progress = self._carried(ctx, progress, rendered)
             # What a failure event names (status keeps only the revisions applied).
             self._changes.attempting(ctx.writer.obj, {n: r.revision for n, r in rendered.items()})
             if steer.resume and steer.rollback is not None:
@@ -236,7 +259,7 @@ class PassRunner:
         found = self._records.recover(ctx.writer.obj, inventories=progress.previous.inventories,
                                       wanted=wanted, target=ctx.target, now=format_time(self._clock()))
         ctx.writer.record(found.record)
-        return progress.recovered(found.inventories), found.problem
+        return progress.recovered(released(found.inventories, ctx.letting.gone)), found.problem
 
     def _apply_all(self, ctx: PassContext, start: Progress, graph: nx.DiGraph, rendered: dict[str, Rendered],
                    *, rechecks: set[str], quiet: bool) -> Progress:
@@ -262,7 +285,7 @@ class PassRunner:
             return self._stages.run(StageRun(
                 stageset=ctx.stageset, rendered=rendered[name], before=starting[name],
                 previous=previous.get(name), recheck=name in rechecks, waiting=tell, redactor=ctx.redactor,
-                recheck_rights=recheck_rights))
+                recheck_rights=recheck_rights, handover=ctx.taking.handover))
 
         def heard(name: str, outcome: plan.StageOutcome) -> None:
             nonlocal progress
@@ -292,6 +315,53 @@ class PassRunner:
             scheduler.run(skip=[n for n in start.order if n not in rendered], work=work, started=started,
                           finished=finished, heard=heard, progress=shown)
             return self._release.unheard(ctx, progress, request)
+
+    # -- spec.supersedes -------------------------------------------------------------------------
+
+    def _let_go(self, writer: PassWriter, letting: Letting, previous: plan.Previous) -> plan.Previous:
+        """Before anything: what this StageSet handed over leaves its inventories (so it is neither
+        listed nor pruned), its record drops the entries that no longer hold, and the first pass that
+        lets objects go says so (``HandedOver``)."""
+        if letting.void:
+            writer.handed_over(letting.record.without(letting.void).encode())
+        gone = letting.gone
+        if not gone:
+            return previous
+        listed = sum(1 for inv in previous.inventories.values() for entry in inv.entries
+                     if entry_id(entry) in gone.get(inv.target_id, frozenset()))
+        self._supersedes.handed(writer.obj, letting, listed=listed)
+        return replace(previous, inventories=released(previous.inventories, gone))
+
+    def _handed(self, ctx: PassContext, rendered: dict[str, Rendered]) -> dict[str, Rendered]:
+        """The stages without the objects this StageSet handed over on its target: never written again."""
+        gone = ctx.letting.gone.get(ctx.target.id)
+        if not gone:
+            return rendered
+        namespace = ctx.ref[0]
+        kept: dict[str, Rendered] = {}
+        for name, item in rendered.items():
+            if not item.ids & gone:
+                kept[name] = item
+                continue
+            objects = [obj for obj in item.objects if identify(obj, namespace, item.target) not in gone]
+            kept[name] = replace(item, objects=objects, ids=item.ids - gone)
+        return kept
+
+    def _carried(self, ctx: PassContext, progress: Progress, rendered: dict[str, Rendered]) -> Progress:
+        """Each stage starts with its predecessors' action ledger for this revision on this target
+        when it has none of its own for it (the ledger travels with the hand-over)."""
+        if not ctx.taking.ledgers:
+            return progress
+        for name, item in rendered.items():
+            theirs = ctx.taking.ledgers.get(name)
+            if not theirs:
+                continue
+            outcome = progress.outcomes[name]
+            ledger = succession.carried(outcome.actions, theirs,
+                                        key=(item.revision, item.action_inputs, item.target.id))
+            if ledger is not outcome.actions:
+                progress = progress.with_outcome(replace(outcome, actions=ledger))
+        return progress
 
     def _prune(self, ctx: PassContext, progress: Progress) -> tuple[list[Stale], dict[str, int]]:
         """Delete what no stage renders any more, as each inventory's identity; returns what could
@@ -362,6 +432,10 @@ class PassRunner:
             self._changes.succeeded(ctx.writer.obj, was_ready=progress.previous.ready,
                                     stages=len(progress.order), pruned=sum(pruned.values()),
                                     revision=verdict.revision or "", redactor=ctx.redactor)
-        ctx.writer.conclude(ready=verdict.ready, reason=verdict.reason, message=verdict.message,
+        unready = {n for n, o in progress.outcomes.items() if o.phase is not StagePhase.READY}
+        self._supersedes.told(ctx.writer.obj, ctx.taking.handover, failed=unready)
+        note = succession.note(ctx.letting.kept)
+        message = f"{verdict.message}; {note}" if note and verdict.message else (note or verdict.message)
+        ctx.writer.conclude(ready=verdict.ready, reason=verdict.reason, message=message,
                             status=status, stalled=verdict.reason is Reason.ROLLED_BACK)
         return Result(requeue_after=requeue)

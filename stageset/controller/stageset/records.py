@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from stageset.api import AppliedTarget, PreviousTargets, SecretKeyRef, StageInventory, StageSet, TargetRef
+from stageset.api.common import LocalObjectRef
 from stageset.apply.inventory import merged
 from stageset.apply.prune import Owner
 from stageset.apply.rebuild import rebuild
@@ -90,12 +91,15 @@ def on_target(inventory: StageInventory, target: Target, *, stageset: StageSet |
         spec = stageset.spec
         ref = spec.kube_config.secret_ref if spec.kube_config is not None else None
         secret = SecretKeyRef(name=ref.name, key=ref.key) if ref is not None else None
-        applied = AppliedTarget(id=target.id, target_ref=spec.target_ref, kube_config=secret)
+        config_map = spec.kube_config.config_map_ref if spec.kube_config is not None else None
+        applied = AppliedTarget(id=target.id, target_ref=spec.target_ref, kube_config=secret,
+                                config_map_ref=LocalObjectRef(name=config_map.name) if config_map else None)
     elif recorded is not None:
         applied = applied_target(recorded, cluster_id=target.id)
     else:
         applied = AppliedTarget(id=target.id)
-    if applied.target_ref is None and applied.kube_config is None and target.name:
+    if applied.target_ref is None and applied.kube_config is None and applied.config_map_ref is None \
+            and target.name:
         namespace, _, name = target.name.partition("/")
         applied = applied.model_copy(update={"target_ref": TargetRef(namespace=namespace, name=name)})
     return inventory.model_copy(update={"target": applied})
@@ -107,6 +111,7 @@ def applied_target(record: StageRecord, *, cluster_id: str | None = None) -> App
     via, platform = record.via, record.stage_target
     return AppliedTarget(id=cluster_id or record.target,
                          kube_config=SecretKeyRef(name=via[0], key=via[1]) if via is not None else None,
+                         config_map_ref=LocalObjectRef(name=record.config_map) if record.config_map else None,
                          target_ref=TargetRef(namespace=platform[0], name=platform[1])
                          if platform is not None else None)
 
@@ -124,10 +129,12 @@ def wanted(stageset: StageSet, rendered: Mapping[str, Rendered]) -> dict[str, St
                 else str((manifest.get("metadata") or {}).get("namespace") or namespace)
             pairs.append((ns, manifest))
         ref = stageset.spec.kube_config.secret_ref if stageset.spec.kube_config else None
+        config_map = stageset.spec.kube_config.config_map_ref if stageset.spec.kube_config else None
         platform = stageset.spec.target_ref
         found[name] = of_objects(item.account, pairs, target=item.target.id,
                                  via=(ref.name, ref.key) if ref is not None else None,
-                                 stage_target=(platform.namespace, platform.name) if platform else None)
+                                 stage_target=(platform.namespace, platform.name) if platform else None,
+                                 config_map=config_map.name if config_map is not None else None)
     return found
 
 
@@ -149,6 +156,10 @@ def settled(inventories: list[StageInventory], *, previous: PreviousTargets | No
                              since=previous.since if previous else None)
     if not unlisted:
         return settled
-    return replace(settled, previous=tuple(sorted({*settled.previous, *unlisted},
-                                                  key=lambda item: (item[0], item[1].target))),
+    # Stage records hold mappings (not hashable): duplicates are dropped by equality.
+    both: list[tuple[str, StageRecord]] = []
+    for item in (*settled.previous, *unlisted):
+        if item not in both:
+            both.append(item)
+    return replace(settled, previous=tuple(sorted(both, key=lambda item: (item[0], item[1].target))),
                    since=settled.since or (previous.since if previous else None))

@@ -43,6 +43,7 @@ from dataclasses import dataclass, replace
 import networkx as nx
 
 from stageset.api import StageInventory, StageSetStatus, format_time
+from stageset.api.fleet import NO_FLEET, FleetView
 from stageset.api.release import PromotionPhase, PromotionState, Rollback, StageSnapshot
 from stageset.api.vocabulary import EventReason, EventType, Reason, StagePhase
 from stageset.apply.errors import StageError
@@ -107,14 +108,21 @@ class RolledBack:
     progress: Progress
 
 
-SelectedBy = Callable[[str, str], Sequence[str]]
-"""The FleetRollouts that select StageSet ``(namespace, name)``, from the controller's watch of them
-(no request); :func:`no_rollouts` where no rollout runs (a namespaced or label-sharded release)."""
+SelectedBy = Callable[[str, str], FleetView | Sequence[str]]
+"""What the controller's watch of FleetRollouts says of StageSet ``(namespace, name)`` (no request):
+a :class:`~stageset.api.fleet.FleetView` (or only the names of the rollouts selecting it, which
+then record nothing for it); :func:`no_rollouts` where no rollout runs (a namespaced or
+label-sharded release)."""
 
 
-def no_rollouts(_namespace: str, _name: str) -> Sequence[str]:
+def no_rollouts(_namespace: str, _name: str) -> FleetView:
     """No StageSet is selected: the release runs no FleetRollout reconciler."""
-    return ()
+    return NO_FLEET
+
+
+def fleet_view(found: FleetView | Sequence[str]) -> FleetView:
+    """What :data:`SelectedBy` answered, as a view."""
+    return found if isinstance(found, FleetView) else FleetView(selected_by=tuple(found))
 
 
 class Release:
@@ -150,7 +158,7 @@ class Release:
         sources = {n: r.source.name for n, r in rendered.items() if r.source is not None}
         decided = steering.steer(ctx.stageset, status, current={n: r.revision for n, r in rendered.items()},
                                  sources=sources, now=self._clock(), generation=ctx.writer.generation,
-                                 selected_by=self._selected_by(*ctx.ref))
+                                 fleet=fleet_view(self._selected_by(*ctx.ref)))
         if decided.resume or decided.frozen:
             # Nothing is applied now: every stage shows what the last pass left.
             shown = progress.rechecked([n for n in progress.order if n in progress.previous.stages])

@@ -4,10 +4,11 @@
 themselves; the in-process tests call it too, so they run the reconciler as wired): the tenant
 reads and the ServiceAccount check after a denial (one :class:`~stageset.controller.accounts.AccountCheck`),
 the renderer over the shared mirror and the artifact store (reading old revisions through the
-mirror's kept commits) and its cache, the CEL sandbox, the stage applier and the actions around it
-(their ``--allowed-action-hosts`` and address guard), the records, the change reports, the release
-steering (gates, windows, rollback), the pass runner, the teardown and a move's cleanup.  The
-clusters it applies to are the targets' registry, handed in
+mirror's kept commits) and its cache, the CEL sandbox, the dependencies on objects of other kinds
+(and the watches that wake a StageSet waiting for one, over the shared pool), the stage applier and
+the actions around it (their ``--allowed-action-hosts`` and address guard), the records, the change
+reports, the release steering (gates, windows, rollback), the pass runner, the teardown and a move's
+cleanup.  The clusters it applies to are the targets' registry, handed in
 (:func:`stageset.controller.targets.setup.clusters`); the drift watches too, when on: each stage's
 apply and each reconcile tell them what was applied (:mod:`~stageset.controller.stageset.drifting`).
 
@@ -44,19 +45,23 @@ from stageset.controller.shared import Shared
 from stageset.controller.stageset.actions import ActionStage
 from stageset.controller.stageset.actionsteps import ActionRunner, StepSettings
 from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.dependencywatches import DependencyWatches
 from stageset.controller.stageset.drifting import DriftHooks, DriftRecorded
 from stageset.controller.stageset.holding import Holding
 from stageset.controller.stageset.moves import Moves
+from stageset.controller.stageset.objectdeps import ObjectDependencies
 from stageset.controller.stageset.passes import PassRunner
 from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.release import Release, SelectedBy, no_rollouts
 from stageset.controller.stageset.rendering import Renderer
 from stageset.controller.stageset.stage import StageApply, StageWork, Wake
+from stageset.controller.stageset.supersedes import Supersedes
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.stageset.watches import SourceIndex, StageSetWatches
 from stageset.controller.targets.clusters import Targets
 from stageset.kube.mapping import Resource
+from stageset.kube.watches import WatchPool
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,7 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
                         no_cross_namespace_refs=settings.no_cross_namespace_refs, accounts=accounts,
                         default_source_kind=settings.default_source_kind, shard=settings.watch_label_selector)
     cel = CelSandbox(settings.apply.cel)
+    expressions = ExpressionChecker(cel)
     records = Records(clients=clients, identities=identities)
     changes = Changes(events=shared.events, metrics=shared.metrics)
     keeper = store if isinstance(store, Keeper) else None
@@ -126,16 +132,24 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     release = Release(clients=clients, identities=identities, renderer=renderer, stages=stages,
                       changes=changes, events=shared.events, metrics=shared.metrics, clock=shared.clock,
                       selected_by=selected_by)
+    supersedes = Supersedes(clients=clients, identities=identities, events=shared.events)
     teardown = Teardown(clients=clients, identities=identities, targets=targets, events=shared.events,
                         clock=shared.clock, max_wait=settings.max_teardown_wait, records=records,
-                        terminating=shared.terminating)
+                        terminating=shared.terminating, supersedes=supersedes)
     moves = Moves(clients=clients, identities=identities, targets=targets, teardown=teardown,
                   events=shared.events, clock=shared.clock, max_wait=settings.max_teardown_wait)
+    # A StageSet waiting for an object of another kind is woken through the shared pool's held watches.
+    pool = shared.watches
+    waits = None if wake is None or not isinstance(pool, WatchPool) or settings.max_dependency_watches <= 0 \
+        else DependencyWatches(pool=pool, capacity=settings.max_dependency_watches, wake=wake)
+    objects = ObjectDependencies(mapper=targets.local.applier.mapper, sandbox=cel, expressions=expressions,
+                                 accounts=accounts, watches=waits)
     passes = PassRunner(clients=clients, identities=identities, records=records, changes=changes,
                         settings=settings, renderer=renderer, stages=stages, release=release,
-                        accounts=accounts, moves=moves, clock=shared.clock)
+                        accounts=accounts, moves=moves, clock=shared.clock, supersedes=supersedes)
     return StageSetReconciler(clients=clients, resource=resource, identities=identities, reads=reads,
-                              expressions=ExpressionChecker(cel), index=index, targets=targets, passes=passes,
+                              expressions=expressions, objects=objects, index=index, targets=targets,
+                              passes=passes,
                               teardown=teardown, changes=changes, clock=shared.clock,
                               runbook_base_url=settings.runbook_base_url, ticks=shared.ticks,
                               default_interval=settings.default_interval, on_write=shared.on_write,

@@ -47,6 +47,7 @@ from stageset.controller.clock import Clock
 from stageset.controller.events import change_summary
 from stageset.controller.redact import Redactor
 from stageset.controller.stageset.claims import LiveClaims
+from stageset.controller.stageset.handover import Handover
 from stageset.controller.stageset.plan import StageOutcome, judge_readiness, on_timeout, readiness_window
 from stageset.controller.stageset.rendering import Rendered
 from stageset.kube.client import ApiError, ClientPool, KubeClient
@@ -76,6 +77,8 @@ class StageRun:
     recheck_rights: bool = True
     """Dry-run one unchanged object per kind and namespace even where the identity showed its
     rights recently (false only in a pass nobody asked for: :mod:`stageset.apply.rights`)."""
+    handover: Handover | None = None
+    """The predecessors this pass takes objects over from (``spec.supersedes``; ``None``: none)."""
 
 
 class StageWork(Protocol):
@@ -123,7 +126,8 @@ class StageApply:
                                   default_namespace=namespace) if run.recheck else None
             if result is None:
                 claims = LiveClaims(controller=self._clients.client(), ours=(owner.namespace, owner.name),
-                                    tenant=self._clients.client(rendered.identity), target=rendered.target.id)
+                                    tenant=self._clients.client(rendered.identity), target=rendered.target.id,
+                                    handover=run.handover, stage=stage.name, now=self._clock())
                 result = applier.apply(client=client, owner=owner, objects=rendered.objects,
                                        default_namespace=namespace, claims=claims,
                                        conflicts=ConflictResolver.of(stage),

@@ -34,7 +34,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from stageset.api import StageSet, StageSetStatus, format_time
-from stageset.api.fleet import read_release
+from stageset.api.fleet import NO_FLEET, FleetView, read_release
 from stageset.api.release import ANNOTATION_UPDATE_NOW, PendingUpdate, Rollback, RollbackPhase, WindowScope
 from stageset.api.vocabulary import Reason, StagePhase
 from stageset.controller.stageset import fleethold, gates, rollback, windows
@@ -87,10 +87,10 @@ class Steering:
 
 def steer(stageset: StageSet, status: StageSetStatus, *, current: Mapping[str, str],
           sources: Mapping[str, str], now: datetime.datetime, generation: int,
-          selected_by: Sequence[str] = ()) -> Steering:
+          fleet: FleetView = NO_FLEET) -> Steering:
     """``current``: each rendered stage's revision as its source offers it now; ``sources``: each
-    stage's source (``namespace/name``, for ``pendingUpdate.revisions``); ``selected_by``: the
-    FleetRollouts that select the StageSet (:func:`.fleethold.hold`)."""
+    stage's source (``namespace/name``, for ``pendingUpdate.revisions``); ``fleet``: what the
+    controller's watch of FleetRollouts says of the StageSet (:func:`.fleethold.of_view`)."""
     record = status.rollback
     if record is not None and record.phase is RollbackPhase.ROLLING_BACK:
         return Steering(rollback=record, resume=tuple(record.remaining))
@@ -113,11 +113,11 @@ def steer(stageset: StageSet, status: StageSetStatus, *, current: Mapping[str, s
     base = Steering(pins=pins, skip=skip, override=override, override_revisions=overridden, rollback=kept,
                     lifted=lifted)
     annotations = stageset.metadata.get("annotations") or {}
-    fleet = fleethold.hold(read_release(annotations), new=new, sources=sources, selected_by=selected_by)
-    if decision.allowed and fleet is None:
+    fleet_hold = fleethold.of_view(fleet, annotation=read_release(annotations), new=new, sources=sources)
+    if decision.allowed and fleet_hold is None:
         return base
     window = {} if decision.allowed else {s: r for s, r in new.items() if overridden.get(s) != r}
-    held = {**window, **(fleet.held if fleet else {})}
+    held = {**window, **(fleet_hold.held if fleet_hold else {})}
     opens = None if decision.allowed else decision.next_open
     reopen = None if decision.allowed else \
         min(RECHECK_MAX, max(1.0, ((decision.recheck or now) - now).total_seconds() + 0.5)) \
@@ -125,9 +125,9 @@ def steer(stageset: StageSet, status: StageSetStatus, *, current: Mapping[str, s
     until = f"until {format_time(opens)}" if opens else "(the windows never open again, as declared)"
     pending = PendingUpdate(revisions={sources.get(s, s): r for s, r in held.items()}, stages=sorted(held),
                             next_window_opens=format_time(opens) if opens else None,
-                            fleet_rollout=fleet.rollout if fleet else None,
-                            wave=(fleet.wave or None) if fleet else None)
-    base = replace(base, window_held=tuple(sorted(window)), fleet=fleet)
+                            fleet_rollout=fleet_hold.rollout if fleet_hold else None,
+                            wave=(fleet_hold.wave or None) if fleet_hold else None)
+    base = replace(base, window_held=tuple(sorted(window)), fleet=fleet_hold)
     if not decision.allowed and spec.window_scope is WindowScope.ALL and not overridden:
         return replace(base, frozen=True, pending=pending, reopen_in=reopen)
     if not held:
@@ -137,8 +137,8 @@ def steer(stageset: StageSet, status: StageSetStatus, *, current: Mapping[str, s
     for stage, revision in held.items():
         if applied.get(stage):
             pins[stage] = str(applied[stage])
-        elif fleet is not None and stage in fleet.held:
-            skip[stage] = f"stage {stage!r}: revision {revision} is {fleet.why}"
+        elif fleet_hold is not None and stage in fleet_hold.held:
+            skip[stage] = f"stage {stage!r}: revision {revision} is {fleet_hold.why}"
         else:
             skip[stage] = f"stage {stage!r}: revision {revision} is held by the update windows {until}"
     return replace(base, pins=pins, skip=skip, pending=pending, reopen_in=reopen)

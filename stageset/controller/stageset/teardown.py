@@ -35,6 +35,12 @@ first, then what the move left on previous ones (``status.previousTargets``; eac
 through the kubeConfig Secret its inventory names, :meth:`Targets.previous
 <stageset.controller.targets.clusters.Targets.previous>`), within the same wait.
 
+Objects this StageSet handed over to a StageSet whose ``spec.supersedes`` names it (the entries of
+its hand-over record in force, :mod:`~stageset.controller.stageset.supersedes`) are not its own any
+more: they are left out of the teardown entirely — neither deleted nor released, even while they
+still carry this StageSet's labels (the successor relabels them) — whatever ``deletionPolicy`` says.
+What only this StageSet rendered follows its ``deletionPolicy`` as always.
+
 Past the wait the finalizer is removed anyway, with a ``TeardownForced`` event that counts what
 was left behind per kind and namespace (names the tenant's own manifests gave, nothing else);
 those objects keep their owner labels, so they can be found (``-l stages.metio.wtf/name=…``)
@@ -55,6 +61,7 @@ from stageset.api import InventoryEntry, PreviousTargets, StageInventory, StageS
 from stageset.api.stageset import DeletionPolicy
 from stageset.api.vocabulary import EventReason, EventType
 from stageset.apply.errors import StageError
+from stageset.apply.handover import released as handed_away
 from stageset.apply.inventory import entry_id, left_behind, ordered, split_by_target, stage_inventory
 from stageset.apply.orphan import release_stage
 from stageset.apply.prune import Owner, TeardownProgress, teardown_stage, unpruned_stages
@@ -66,6 +73,7 @@ from stageset.controller.result import Result
 from stageset.controller.stageset import pruning
 from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
 from stageset.controller.stageset.records import Records
+from stageset.controller.stageset.supersedes import Supersedes
 from stageset.controller.stageset.writer import PassWriter
 from stageset.controller.targets.clusters import Target, Targets
 from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
@@ -91,8 +99,9 @@ class Attempt:
 class Teardown:
     def __init__(self, *, clients: ClientPool, identities: IdentityPolicy, targets: Targets,
                  events: EventRecorder, clock: Clock, max_wait: float, records: Records,
-                 terminating: Callable[[str], bool]):
+                 terminating: Callable[[str], bool], supersedes: Supersedes):
         self._clients = clients
+        self._supersedes = supersedes
         self._terminating = terminating
         self._records = records
         self._identities = identities
@@ -146,7 +155,9 @@ class Teardown:
     def run(self, writer: PassWriter, stageset: StageSet | None) -> Result:
         meta = writer.obj["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
-        inventories = {inv.name: inv for inv in writer.status.inventory}
+        # What it handed over (spec.supersedes) is the successor's: never torn down here.
+        gone = self._supersedes.letting(writer.obj).gone
+        inventories = handed_away({inv.name: inv for inv in writer.status.inventory}, gone)
         now = self._clock()
         deleted_at = meta.get("deletionTimestamp")
         expired = teardown_expired(now=now, deleted_at=deleted_at, max_wait=self._max_wait)
@@ -154,6 +165,7 @@ class Teardown:
         owner = Owner(namespace, name)
         if target is not None:
             inventories, problem = self._recover(writer, inventories, target)
+            inventories = handed_away(inventories, gone)
             failure = problem or failure
             if problem and not expired:
                 log.warning("teardown of StageSet %s/%s waits: %s", namespace, name, problem)

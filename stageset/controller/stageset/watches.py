@@ -2,7 +2,9 @@
 
 - ``For`` StageSets (:func:`trigger`): a new generation, a ``requestedAt``, a deletion, a
   promote/update-now annotation (a request is an annotation, so it is named here), or the
-  release a FleetRollout wrote (``stages.metio.wtf/fleet-release``: a wave opened for it).
+  release a FleetRollout wrote (``stages.metio.wtf/fleet-release``: a wave opened for it), or its
+  hand-over record (``stages.metio.wtf/handed-over``: a StageSet naming it in ``spec.supersedes``
+  took objects over, which it now lets go).
   Status writes alone requeue nothing.  A Ready that turns ``False`` is told as a Warning
   annotated with the revision that failed (:class:`~stageset.controller.events.ReadyWarnings`),
   except a release held as asked or a rollback the pass told itself.
@@ -21,7 +23,8 @@
   (:mod:`~stageset.controller.artifacts`), a GitRepository's new revision (also a known one a
   restarted controller's fresh mirror now holds: :meth:`StageSetWatches.revised`).  A readiness
   watch that sees what a stage waits for change queues its StageSet itself (the stage's ``wake``,
-  :mod:`~stageset.controller.stageset.stage`).
+  :mod:`~stageset.controller.stageset.stage`), and so does the held watch of an object of another
+  kind a StageSet's ``spec.dependsOn`` waits for (:mod:`~stageset.controller.stageset.dependencywatches`).
 
 The StageSet watch keeps two indexes before any key is queued for the event: the dependency
 graph (:class:`~stageset.controller.dependencies.DependencyIndex`; a reconcile finds cycles
@@ -42,6 +45,8 @@ from typing import Any, Protocol
 
 from stageset.api.fleet import ANNOTATION_FLEET_RELEASE
 from stageset.api.release import ANNOTATION_PROMOTE, ANNOTATION_UPDATE_NOW
+from stageset.apply.handover import ANNOTATION as HANDED_OVER
+from stageset.apply.record import problem_of
 from stageset.controller.conditions import ready_at_generation
 from stageset.controller.dependencies import DependencyIndex
 from stageset.controller.events import EventRecorder, ReadyWarnings, failing_revision
@@ -65,6 +70,7 @@ from stageset.controller.sourcekinds import (
     referenced,
 )
 from stageset.controller.sourcekinds import trigger as source_trigger
+from stageset.controller.stageset.awaited import names_stageset
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
@@ -80,10 +86,13 @@ class Reconciles(Protocol):
 
 
 def trigger(obj: KubeObject) -> tuple[Any, ...]:
-    """What, when changed, calls for a reconcile of a StageSet."""
+    """What, when changed, calls for a reconcile of a StageSet (of its durable record, only whether it
+    can be used: a tenant's edit that breaks it, or removing one that did, is acted on at once; the
+    controller's own growing of it is not a trigger)."""
     annotations = obj.get("metadata", {}).get("annotations") or {}
     return (*reconcile_trigger(obj), annotations.get(ANNOTATION_PROMOTE),
-            annotations.get(ANNOTATION_UPDATE_NOW), annotations.get(ANNOTATION_FLEET_RELEASE))
+            annotations.get(ANNOTATION_UPDATE_NOW), annotations.get(ANNOTATION_FLEET_RELEASE),
+            annotations.get(HANDED_OVER), problem_of(obj) is None)
 
 
 def as_dependency(obj: KubeObject) -> tuple[Any, ...]:
@@ -111,9 +120,10 @@ def target_named(obj: KubeObject, *, kind: str) -> set[SourceObject]:
 
 
 def depends_on(key: ObjectKey, obj: KubeObject, *, no_cross_namespace_refs: bool) -> list[tuple[str, str]]:
-    """The StageSets ``obj``'s ``spec.dependsOn`` names, as (namespace, name)."""
+    """The StageSets ``obj``'s ``spec.dependsOn`` names, as (namespace, name); entries naming objects of
+    other kinds are no edges of the StageSet graph (their watches: ``dependencywatches``)."""
     found = [(dep.get("namespace") or key.namespace, dep.get("name", ""))
-             for dep in (obj.get("spec") or {}).get("dependsOn") or []]
+             for dep in (obj.get("spec") or {}).get("dependsOn") or [] if names_stageset(dep)]
     if no_cross_namespace_refs:
         # Refused references are no edges: cycles never span namespaces on such a controller.
         found = [dep for dep in found if dep[0] == key.namespace]

@@ -9,7 +9,10 @@ What a reconcile writes, in the order a pass does:
    it is written with the record before the first apply (one optimistic merge patch that carries
    the resourceVersion), or, when no stage gets that far, before the conclusion; removed at the
    end of a teardown (an optimistic JSON patch that tests the resourceVersion);
-2. :meth:`PassWriter.record` — the inventory record: covering what the stages are about to apply
+2. :meth:`PassWriter.handed_over` — the hand-over record (``spec.supersedes``) without the entries
+   that no longer hold, before anything else (an optimistic merge patch; a successor may be adding
+   to it);
+   :meth:`PassWriter.record` — the inventory record: covering what the stages are about to apply
    (before they apply it), rebuilt when status lost the inventory, settled to what is still owned
    after a complete prune; skipped when the annotation already says so;
 3. :meth:`PassWriter.announce` — a pass begins: Ready=Unknown "applying stages" (never in a quiet
@@ -46,6 +49,7 @@ from typing import Any
 from stageset.api import PreviousTargets, StageInventory, StageSetStatus
 from stageset.api.vocabulary import Reason
 from stageset.apply.errors import StageError
+from stageset.apply.handover import ANNOTATION as HANDOVER
 from stageset.apply.ownership import FINALIZER
 from stageset.apply.record import ANNOTATION, Record
 from stageset.controller.finalizers import set_finalizer
@@ -142,6 +146,29 @@ class PassWriter:
                 annotations[ANNOTATION] = value
         extra = {"finalizers": finalizers} if due else {}
         self._status.wrote(with_version(self.obj, written, annotations=annotations, **extra))
+
+    def handed_over(self, value: str | None) -> None:
+        """The hand-over record (:mod:`stageset.apply.handover`) as ``value`` (``None``: removed), when it
+        changed.  Optimistic (a successor writes entries into it): if the object changed meanwhile,
+        nothing is written and the next pass tries again."""
+        meta = metadata(self.obj)
+        annotations = dict(meta.get("annotations") or {})
+        if annotations.get(HANDOVER) == value:
+            return
+        path = self._resource.object_path(name=meta["name"], namespace=meta.get("namespace"))
+        try:
+            body = {"resourceVersion": meta.get("resourceVersion"), "annotations": {HANDOVER: value}}
+            written = self._client.request("PATCH", path, content_type="application/merge-patch+json",
+                                           body={"metadata": body})
+        except ApiError as error:
+            if error.conflict or error.not_found:
+                return
+            raise
+        if value is None:
+            annotations.pop(HANDOVER, None)
+        else:
+            annotations[HANDOVER] = value
+        self._status.wrote(with_version(self.obj, written, annotations=annotations))
 
     # -- status while a pass runs -------------------------------------------------------------
 

@@ -10,10 +10,12 @@ StageTarget reconciler).  The StageSet reconciler reaches it through its face on
   :class:`~.clusters.Target`, one connected cluster with its apply engine;
 - ``credentials`` — where a cluster's credentials come from (the kubeConfig Secret as the tenant,
   a StageTarget's Secret as the controller): the seam a new kind of credential plugs into;
+- ``workload`` — workload identity (``kubeConfig.configMapRef``): the ConfigMap read as the tenant,
+  whose token each request carries (tokens requested as the controller), no impersonation;
 - ``platform`` — the platform's StageTargets: which StageSets may use each, one connection per target;
 - ``reconciler`` — the StageTarget reconciler: connects and reports in the target's status;
 - ``setup`` — the registry built, and the StageTarget reconciler and its Secret watch declared.
 
-Identity: the StageSet's for its ``spec.kubeConfig`` Secret; the controller's own for everything
-about StageTargets; see each module.
+Identity: the StageSet's for its ``spec.kubeConfig`` Secret or ConfigMap; the controller's own for
+everything about StageTargets and for TokenRequests; see each module.
 """

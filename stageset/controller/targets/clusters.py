@@ -2,14 +2,16 @@
 platform's StageTarget its ``spec.targetRef`` names.  The face of :mod:`stageset.controller.targets`:
 what a StageSet pass asks of its clusters.
 
-Identity: the kubeConfig Secret is read from this cluster as the StageSet's identity
-(``spec.serviceAccountName``) through the credential seam
+Identity: the kubeConfig Secret (or workload-identity ConfigMap) is read from this cluster as the
+StageSet's identity (``spec.serviceAccountName``) through the credential seam
 (:class:`~stageset.controller.targets.credentials.CredentialSource`); a StageTarget and its Secret
-are read as the controller itself, never as the tenant (:mod:`~stageset.controller.targets.platform`).
-Requests to the remote cluster use the kubeconfig's credentials, impersonating the stage's
-ServiceAccount there exactly as here; discovery on the remote uses the kubeconfig's own identity.
-A kubeconfig is only ever accepted with inline data (:mod:`stageset.kube.remote`): no commands,
-files or proxies.
+or ConfigMap are read as the controller itself, never as the tenant
+(:mod:`~stageset.controller.targets.platform`).  Requests to a kubeconfig's remote use its
+credentials, impersonating the stage's ServiceAccount there exactly as here; discovery there uses
+the kubeconfig's own identity.  Requests to a workload-identity remote carry a token this cluster
+issued for the ServiceAccount each is made as, and no impersonation header (the client pool adds
+the token per identity: :mod:`~stageset.controller.targets.workload`).  A kubeconfig is only ever
+accepted with inline data (:mod:`stageset.kube.remote`): no commands, files or proxies.
 
 One :class:`Target` (client configuration and discovery cache) per kubeconfig content, shared by
 every StageSet using it, at most ``capacity`` of them (``--max-remote-targets``, default
@@ -18,11 +20,12 @@ again — the Secret read, discovery run — when a StageSet uses it next.  A ro
 new content, so the old one ages out instead of staying forever.
 
 :meth:`Targets.previous` finds the cluster a stage was applied on before a move (by the target id
-and kubeConfig Secret its inventory or record names): this cluster, a cached remote reached through
-that same Secret of the same namespace, or through that same StageTarget (so a Secret whose content
-now names another cluster still reaches the old one while its connection is kept), or the Secret read
-again — and only if it still names that cluster.  Never another namespace's Secret or credentials: a
-record a tenant could edit names only Secrets of its own namespace, read as its own identity.
+and kubeConfig Secret or ConfigMap its inventory or record names): this cluster, a cached remote
+reached through that same Secret (or ConfigMap) of the same namespace, or through that same
+StageTarget (so a Secret whose content now names another cluster still reaches the old one while its
+connection is kept), or the Secret (ConfigMap) read again — and only if it still names that cluster.
+Never another namespace's Secret, ConfigMap or credentials: a record a tenant could edit names only
+objects of its own namespace, read as its own identity.
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from stageset.api import THIS_CLUSTER, AppliedTarget, StageSet
-from stageset.api.common import SecretKeyRef
+from stageset.api.stageset import KubeConfigRef
 from stageset.api.vocabulary import Reason
 from stageset.apply.engine import StageApplier
 from stageset.apply.errors import StageError
@@ -40,9 +43,15 @@ from stageset.apply.prune import ClientFor
 from stageset.apply.settings import ApplySettings
 from stageset.controller.accounts import AccountCheck
 from stageset.controller.identity import IdentityPolicy
-from stageset.controller.targets.credentials import Credentials, CredentialSource, KubeconfigSecret
+from stageset.controller.targets.credentials import (
+    Credentials,
+    CredentialSource,
+    KubeconfigSecret,
+    KubeConfigSources,
+)
 from stageset.controller.targets.platform import PlatformTargets, unavailable
 from stageset.kube.client import LOCAL, ClientPool, ClusterKey, Identity, KubeClient
+from stageset.kube.federation import federated_remote
 from stageset.kube.mapping import RestMapper
 from stageset.kube.remote import KubeconfigError, parse_remote_kubeconfig
 
@@ -54,6 +63,15 @@ LOCAL_TARGET = THIS_CLUSTER
 MAX_REMOTES = 64
 MAX_SECRETS_READ = 100_000
 """kubeConfig Secrets whose read version is remembered (least recently read out first)."""
+
+
+def credential_object(namespace: str, ref: KubeConfigRef) -> tuple[str, str, str] | None:
+    """(kind, namespace, name) of the object ``spec.kubeConfig`` names: its Secret, or its ConfigMap."""
+    if ref.secret_ref is not None:
+        return "Secret", namespace, ref.secret_ref.name
+    if ref.config_map_ref is not None:
+        return "ConfigMap", namespace, ref.config_map_ref.name
+    return None
 
 
 def where(target: str, *, stage_target: str = "") -> str:
@@ -105,6 +123,15 @@ class Target:
         return f"spec.kubeConfig: the cluster at {self.server}"
 
 
+def reached_through(applied: AppliedTarget) -> KubeConfigRef | None:
+    """The ``spec.kubeConfig`` an inventory's remote was reached through (``None``: none recorded)."""
+    if applied.kube_config is not None:
+        return KubeConfigRef(secret_ref=applied.kube_config)
+    if applied.config_map_ref is not None:
+        return KubeConfigRef(config_map_ref=applied.config_map_ref)
+    return None
+
+
 def inventory_clients(*, clients: ClientPool, identities: IdentityPolicy, namespace: str, target: Target
                       ) -> ClientFor:
     """The client for the identity an inventory records, on ``target`` (prune, rebuild, teardown);
@@ -122,15 +149,16 @@ class Targets:
         self._clients = clients
         self.platform = platform
         # How spec.kubeConfig is read (as the StageSet's identity): the seam a new credential plugs into.
-        self._credentials = credentials or KubeconfigSecret(accounts=accounts)
+        # By default a Secret's kubeconfig only (configMapRef refused: workload identity is off).
+        self._credentials = credentials or KubeConfigSources(secrets=KubeconfigSecret(accounts=accounts))
         self._settings = settings
         self._capacity = capacity
         self.local = Target(LOCAL, local)
         self._remotes: OrderedDict[ClusterKey, Target] = OrderedDict()
         self._lock = threading.Lock()
-        # The resourceVersion each spec.kubeConfig Secret was last read at (the drift watches watch
-        # it from there: a rotation queues its StageSets).  One entry per Secret named, bounded.
-        self._read: OrderedDict[tuple[str, str], str] = OrderedDict()
+        # The resourceVersion each spec.kubeConfig Secret (or ConfigMap) was last read at (the drift
+        # watches watch it from there: a rotation queues its StageSets).  One entry per object, bounded.
+        self._read: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._remotes)
@@ -140,12 +168,14 @@ class Targets:
         ref = stageset.spec.kube_config
         if ref is None:
             return self.local
-        return self.reach(client, namespace=str(stageset.metadata["namespace"]), ref=ref.secret_ref)
+        return self.reach(client, namespace=str(stageset.metadata["namespace"]), ref=ref)
 
-    def secret_version(self, namespace: str, name: str) -> str:
-        """The ``resourceVersion`` the kubeConfig Secret ``namespace/name`` was last read at ("": unknown)."""
+    def credential_version(self, namespace: str, ref: KubeConfigRef) -> str:
+        """The ``resourceVersion`` the object ``spec.kubeConfig`` names in ``namespace`` (its Secret, or
+        its ConfigMap) was last read at ("": unknown)."""
+        read = credential_object(namespace, ref)
         with self._lock:
-            return self._read.get((namespace, name), "")
+            return self._read.get(read, "") if read is not None else ""
 
     def previous(self, client: KubeClient, *, stageset: StageSet, applied: AppliedTarget | None) -> Target:
         """The cluster a stage was applied on before a move (see the module docstring); raises
@@ -170,18 +200,20 @@ class Targets:
             raise StageError(Reason.CLUSTER_UNREACHABLE,
                              f"StageTarget {applied.target_ref.namespace}/{applied.target_ref.name} now "
                              "names another cluster, and no connection to the one before is left")
-        ref = applied.kube_config
+        ref = reached_through(applied)
         if ref is None:
             raise StageError(Reason.CLUSTER_UNREACHABLE,
-                             f"the cluster at {server}: no kubeConfig Secret recorded")
+                             f"the cluster at {server}: no kubeConfig Secret or ConfigMap recorded")
         cached = self._kept(self._credentials.kept(namespace=namespace, ref=ref), applied.id)
         if cached is not None:
             return cached
         target = self.reach(client, namespace=namespace, ref=ref)
         if target.id != applied.id:
+            holder = f"Secret {namespace}/{ref.secret_ref.name}" if ref.secret_ref is not None else \
+                f"ConfigMap {namespace}/{ref.config_map_ref.name}" if ref.config_map_ref is not None else "it"
             raise StageError(Reason.CLUSTER_UNREACHABLE,
-                             f"the cluster at {server}: Secret {namespace}/{ref.name} now names another "
-                             "cluster, and no credentials for it are left")
+                             f"the cluster at {server}: {holder} now names another cluster, and no "
+                             "credentials for it are left")
         return target
 
     def _kept(self, prefix: str, cluster_id: str) -> Target | None:
@@ -191,13 +223,14 @@ class Targets:
             return next((t for key, t in reversed(self._remotes.items())
                          if key.name.startswith(prefix) and t.id == cluster_id), None)
 
-    def reach(self, client: KubeClient, *, namespace: str, ref: SecretKeyRef) -> Target:
-        """The cluster the kubeconfig ``ref`` names in ``namespace`` (read as ``client``'s identity)."""
+    def reach(self, client: KubeClient, *, namespace: str, ref: KubeConfigRef) -> Target:
+        """The cluster ``spec.kubeConfig`` ``ref`` names in ``namespace`` (read as ``client``'s identity)."""
         credentials = self._credentials.read(client, namespace=namespace, ref=ref)
-        if credentials.version:
+        read = credential_object(namespace, ref)
+        if credentials.version and read is not None:
             with self._lock:
-                self._read[(namespace, ref.name)] = credentials.version
-                self._read.move_to_end((namespace, ref.name))
+                self._read[read] = credentials.version
+                self._read.move_to_end(read)
                 while len(self._read) > MAX_SECRETS_READ:
                     self._read.popitem(last=False)
         if (found := self.cached(credentials.cluster)) is not None:
@@ -228,14 +261,18 @@ class Targets:
         """Connect to ``credentials`` under their key (one key per content; the one already connected
         if another thread was first); raises :class:`KubeconfigError`.  No request is made: discovery
         runs when a stage first resolves a kind.  ``name``: the platform StageTarget it is."""
-        cluster, raw = credentials.cluster, credentials.kubeconfig
+        cluster, raw, federation = credentials.cluster, credentials.kubeconfig, credentials.federation
         with self._lock:
             found = self._remotes.get(cluster)
             if found is not None:
                 self._remotes.move_to_end(cluster)
                 return found
-            remote = parse_remote_kubeconfig(raw)
-            self._clients.register(cluster, remote.configuration)
+            if federation is not None:  # workload identity: each identity's own token, no impersonation
+                remote = federated_remote(federation.config)
+                self._clients.register(cluster, remote.configuration, bearers=federation.bearers)
+            else:
+                remote = parse_remote_kubeconfig(raw)
+                self._clients.register(cluster, remote.configuration)
             discovery = self._clients.client(Identity(), cluster)
             target = Target(cluster, StageApplier(mapper=RestMapper(discovery), settings=self._settings,
                                                   versions=self.local.applier.versions,

@@ -2,10 +2,16 @@
 StageSets may use each (``spec.targetRef``).
 
 Identity: every read here is the controller's own — the StageTargets come from its watch of the
-target namespaces (``--target-namespaces``), their kubeconfig Secrets are read with its own
-credentials (a Role in each target namespace grants it; no tenant has any right there), and the
-Secrets' changes come from its own metadata-only watch.  A tenant's identity is never used to
-read a target, so a tenant needs no right on one and never sees its credentials.
+target namespaces (``--target-namespaces``), their kubeconfig Secrets (or workload-identity
+ConfigMaps) are read with its own credentials (a Role in each target namespace grants it; no tenant
+has any right there), and their changes come from its own metadata-only watches.  A tenant's
+identity is never used to read a target, so a tenant needs no right on one and never sees its
+credentials.  A workload-identity target (``kubeConfig.configMapRef``,
+:mod:`~stageset.controller.targets.workload`): the controller requests, as itself, tokens for the
+ConfigMap's ``serviceAccountName`` of the target namespace (the platform's identity there: discovery,
+``/version``) and for each stage's own ServiceAccount — only of a namespace the target allows at
+the time of the request — so every write there is the tenant's own federated identity, with no
+impersonation.
 
 Invariants:
 
@@ -44,11 +50,15 @@ from stageset.controller.keys import ObjectKey
 from stageset.controller.setup import Event
 from stageset.controller.targets.credentials import (
     Credentials,
+    Federation,
     SecretUnusable,
     content_key,
     read_kubeconfig_secret,
 )
+from stageset.controller.targets.workload import LocalAudiences, bearers_for, digest
 from stageset.kube.client import ApiError, ClusterKey, KubeClient
+from stageset.kube.federation import WorkloadConfigError, parse_workload_config
+from stageset.kube.tokens import Account, TokenRequester, TokenUnavailable
 from stageset.kube.types import KubeObject
 
 TargetName = tuple[str, str]
@@ -79,29 +89,47 @@ def unavailable(*, target: TargetName, namespace: str) -> StageError:
 
 
 def not_ready(target: TargetName) -> StageError:
-    """An allowed target whose kubeconfig cannot be used now: its owner sees why in its status."""
+    """An allowed target whose credentials cannot be used now (a Secret not written yet, as while a
+    vcluster is still exporting its kubeconfig; one refused; a cluster down): its owner sees why in
+    its status.  The StageSet waits, and the target's own change wakes it."""
     return StageError(Reason.CLUSTER_UNREACHABLE,
-                      f"spec.targetRef: StageTarget {target[0]}/{target[1]} is not ready (its owner sees why "
-                      "in its status); retrying")
+                      f"spec.targetRef: StageTarget {target[0]}/{target[1]} is not ready: its cluster is not "
+                      "available yet (its owner sees why in its status); nothing was sent; retrying")
+
+
+SECRET, CONFIG_MAP = "Secret", "ConfigMap"
 
 
 @dataclass(frozen=True)
 class TargetSpec:
-    """What the index keeps of a StageTarget: its Secret and the namespaces it allows."""
+    """What the index keeps of a StageTarget: its Secret (and key) or ConfigMap, and the namespaces
+    it allows."""
 
     secret: str
     key: str
     allowed: frozenset[str]
+    kind: str = SECRET
+    """``Secret`` (a kubeconfig under ``key``) or ``ConfigMap`` (workload identity; ``key`` unused)."""
+
+    @property
+    def source(self) -> tuple[str, str]:
+        """The object read: (kind, name)."""
+        return (self.kind, self.secret)
+
+
+class WorkloadUnusable(ValueError):
+    """A StageTarget's workload-identity ConfigMap cannot be used; the message names the key."""
 
 
 @dataclass(frozen=True)
 class Connection:
-    """A target's current connection: the cluster key of its kubeconfig content, and the Secret's
-    ``resourceVersion`` it was read at."""
+    """A target's current connection: the cluster key of its content, and the ``resourceVersion`` of
+    the Secret (or ConfigMap) it was read at."""
 
     cluster: ClusterKey
     secret: tuple[str, str]
     secret_version: str
+    kind: str = SECRET
 
 
 def newer(version: str, *, than: str) -> bool:
@@ -118,18 +146,36 @@ def spec_of(obj: KubeObject) -> TargetSpec | None:
         target = StageTarget.model_validate({**obj, "status": None})
     except ValidationError:
         return None
+    allowed = frozenset(target.spec.allowed_namespaces)
+    config_map = target.spec.kube_config.config_map_ref
+    if config_map is not None:
+        return TargetSpec(secret=config_map.name, key="", allowed=allowed, kind=CONFIG_MAP)
     ref = target.spec.kube_config.secret_ref
-    return TargetSpec(secret=ref.name, key=ref.key, allowed=frozenset(target.spec.allowed_namespaces))
+    assert ref is not None
+    return TargetSpec(secret=ref.name, key=ref.key, allowed=allowed)
+
+
+class TargetWorkload:
+    """What a workload-identity StageTarget needs: the controller's TokenRequests and this cluster's
+    own audiences (refused there as in a StageSet's ConfigMap)."""
+
+    def __init__(self, *, tokens: TokenRequester, audiences: LocalAudiences):
+        self.tokens = tokens
+        self.audiences = audiences
 
 
 class PlatformTargets:
-    def __init__(self, *, admin: KubeClient, namespaces: tuple[str, ...], kind: str = "StageTarget"):
+    def __init__(self, *, admin: KubeClient, namespaces: tuple[str, ...], kind: str = "StageTarget",
+                 workload: TargetWorkload | None = None):
         self._admin = admin
+        self.workload = workload
+        """Workload identity (``kubeConfig.configMapRef``); ``None``: such targets are refused."""
         self._namespaces = frozenset(namespaces)
         self._kind = kind
         self._lock = threading.Lock()
         self._specs: dict[TargetName, TargetSpec] = {}
-        self._secret_versions: dict[tuple[str, str], str] = {}
+        self._secret_versions: dict[tuple[str, str, str], str] = {}
+        """The watched ``resourceVersion`` of each (kind, namespace, name): Secrets and ConfigMaps."""
         self._connections: dict[TargetName, Connection] = {}
         self._connecting: dict[TargetName, threading.Lock] = {}
         self.secret_reads = 0
@@ -149,22 +195,23 @@ class PlatformTargets:
             else:
                 self._specs[name] = spec
 
-    def secret_changed(self, event: str, obj: KubeObject) -> list[ObjectKey]:
-        """A Secret's metadata-only watch event in a target namespace: the StageTargets to reconcile
-        (those naming it, when its ``resourceVersion`` moved)."""
+    def secret_changed(self, event: str, obj: KubeObject, *, kind: str = SECRET) -> list[ObjectKey]:
+        """A Secret's (or with ``kind``, a ConfigMap's) metadata-only watch event in a target namespace:
+        the StageTargets to reconcile (those naming it, when its ``resourceVersion`` moved)."""
         meta = obj.get("metadata") or {}
-        secret = (str(meta.get("namespace", "")), str(meta.get("name", "")))
+        namespace_, name_ = str(meta.get("namespace", "")), str(meta.get("name", ""))
+        watched = (kind, namespace_, name_)
         version = "" if event == "DELETED" else str(meta.get("resourceVersion", ""))
         with self._lock:
-            if self._secret_versions.get(secret) == version:
+            if self._secret_versions.get(watched) == version:
                 return []
             if version:
-                self._secret_versions[secret] = version
+                self._secret_versions[watched] = version
             else:
-                self._secret_versions.pop(secret, None)
+                self._secret_versions.pop(watched, None)
             return [ObjectKey(self._kind, namespace, name)
                     for (namespace, name), spec in sorted(self._specs.items())
-                    if namespace == secret[0] and spec.secret == secret[1]]
+                    if namespace == namespace_ and spec.source == (kind, name_)]
 
     # -- StageSets ----------------------------------------------------------------
 
@@ -180,14 +227,15 @@ class PlatformTargets:
             raise unavailable(target=name, namespace=namespace)
         try:
             return self._connected(name, spec, remotes=remotes, fresh=False)
-        except (SecretUnusable, ValueError, ApiError) as error:
+        except (SecretUnusable, ValueError, ApiError, TokenUnavailable) as error:
             raise not_ready(name) from error
 
     # -- the StageTarget reconciler -------------------------------------------------
 
     def refresh(self, name: TargetName, *, remotes: Remotes[T]) -> tuple[T, Connection]:
-        """Read the target's Secret now and connect (again, if its content changed): the StageTarget
-        reconcile.  Raises :class:`SecretUnusable`, ``KubeconfigError`` or ``ApiError``."""
+        """Read the target's Secret (or ConfigMap) now and connect (again, if its content changed): the
+        StageTarget reconcile.  Raises :class:`SecretUnusable`, ``KubeconfigError``,
+        :class:`WorkloadUnusable`, ``TokenUnavailable`` or ``ApiError``."""
         with self._lock:
             spec = self._specs.get(name)
         if spec is None:
@@ -209,9 +257,10 @@ class PlatformTargets:
     def _current(self, name: TargetName, spec: TargetSpec, *, remotes: Remotes[T]) -> T | None:
         with self._lock:
             connection = self._connections.get(name)
-            if connection is None or connection.secret != (spec.secret, spec.key):
+            read = None if connection is None else (connection.kind, *connection.secret)
+            if connection is None or read != (spec.kind, spec.secret, spec.key):
                 return None
-            watched = self._secret_versions.get((name[0], spec.secret))
+            watched = self._secret_versions.get((spec.kind, name[0], spec.secret))
         if watched is not None and newer(watched, than=connection.secret_version):
             return None  # the Secret changed since it was read
         return remotes.cached(connection.cluster)
@@ -220,13 +269,14 @@ class PlatformTargets:
         with self._one_at_a_time(name):
             if not fresh and (found := self._current(name, spec, remotes=remotes)) is not None:
                 return found
-            credentials = self._read_secret(name, spec)
+            credentials = self._read_config_map(name, spec) if spec.kind == CONFIG_MAP \
+                else self._read_secret(name, spec)
             cluster = credentials.cluster
             target = remotes.cached(cluster) or remotes.connect(credentials, name=f"{name[0]}/{name[1]}")
             with self._lock:
                 if name in self._specs:  # not deleted meanwhile
                     self._connections[name] = Connection(cluster=cluster, secret=(spec.secret, spec.key),
-                                                         secret_version=credentials.version)
+                                                         secret_version=credentials.version, kind=spec.kind)
             return target
 
     def _read_secret(self, name: TargetName, spec: TargetSpec) -> Credentials:
@@ -235,3 +285,44 @@ class PlatformTargets:
         raw, version = read_kubeconfig_secret(self._admin, namespace=name[0], name=spec.secret, key=spec.key)
         return Credentials(cluster=content_key(f"target:{name[0]}/{name[1]}", raw), kubeconfig=raw,
                            version=version)
+
+    def _read_config_map(self, name: TargetName, spec: TargetSpec) -> Credentials:
+        """The target's workload-identity ConfigMap, read as the controller, and the platform account's
+        first token (so a missing account is reported before anything connects)."""
+        where = f"ConfigMap {name[0]}/{spec.secret}"
+        if self.workload is None:
+            raise WorkloadUnusable("configMapRef: workload identity is not enabled on this controller "
+                                   "(--workload-identity; the chart's targets.workloadIdentity)")
+        self.secret_reads += 1
+        try:
+            found = self._admin.get(f"/api/v1/namespaces/{name[0]}/configmaps/{spec.secret}")
+        except ApiError as error:
+            if error.not_found:
+                raise SecretUnusable(f"{where} not found", missing=True) from error
+            raise
+        try:
+            config = parse_workload_config(found.get("data"))
+        except WorkloadConfigError as error:
+            raise WorkloadUnusable(f"configMapRef: {where}: {error}") from error
+        if config.service_account is None:
+            raise WorkloadUnusable(f"configMapRef: {where}: key 'serviceAccountName' is missing: a "
+                                   f"StageTarget's ConfigMap names the ServiceAccount of namespace {name[0]} "
+                                   "whose token the controller's own requests there carry")
+        if (local := self.workload.audiences.own(config.audiences)) is not None:
+            raise WorkloadUnusable(f"configMapRef: {where}: the audience {local!r} is this cluster's own "
+                                   "API audience; name the remote's audience")
+        own = Account(name[0], config.service_account)
+        self.workload.tokens.token(own, config.audiences)  # raises TokenUnavailable before connecting
+        bearers = bearers_for(tokens=self.workload.tokens, config=config, own=own,
+                              may_act=lambda namespace: self._allows(name, namespace),
+                              scope=f"only ServiceAccounts of the namespaces StageTarget {name[0]}/{name[1]} "
+                                    "allows may act there")
+        version = str((found.get("metadata") or {}).get("resourceVersion", ""))
+        return Credentials(cluster=ClusterKey(f"target:{name[0]}/{name[1]}#{digest(config)}"),
+                           version=version, federation=Federation(config=config, bearers=bearers))
+
+    def _allows(self, name: TargetName, namespace: str) -> bool:
+        """Whether the target allows ``namespace`` now (asked at each token request)."""
+        with self._lock:
+            spec = self._specs.get(name)
+        return spec is not None and namespace in spec.allowed

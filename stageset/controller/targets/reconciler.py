@@ -2,15 +2,18 @@
 
 Identity: the controller's own, throughout — it lists and watches StageTargets only in the target
 namespaces (``--target-namespaces``; a Role each), reads each target's kubeconfig Secret there as
-itself (:class:`~stageset.controller.targets.platform.PlatformTargets`), asks the remote's
-``/version`` with the kubeconfig's own identity (no impersonation: nothing is written there), and
-writes the StageTarget's status as itself.  No tenant identity is ever used here.
+itself (:class:`~stageset.controller.targets.platform.PlatformTargets`) — or its workload-identity
+ConfigMap, requesting a token for the platform's ServiceAccount it names — asks the remote's
+``/version`` with the kubeconfig's own identity (a workload-identity target: that account's token;
+no impersonation either way: nothing is written there), and writes the StageTarget's status as
+itself.  No tenant identity is ever used here.
 
 What it declares (:meth:`StageTargetReconciler.controller`): ``For`` StageTargets in the target
 namespaces only, their specs indexed for every StageSet's check before any key is queued; and
 (:meth:`StageTargetReconciler.secrets`) a metadata-only watch of the Secrets of the target
-namespaces, whose change queues the StageTargets naming the Secret — a rotated or replaced
-kubeconfig is acted on within seconds, not at the next interval.  Every StageSet on a target is
+namespaces (and, with workload identity on, of their ConfigMaps), whose change queues the
+StageTargets naming it — a rotated or replaced kubeconfig is acted on within seconds, not at the
+next interval.  Every StageSet on a target is
 woken by its own reconciler's watch of this kind (:mod:`stageset.controller.stageset.watches`)
 when the status this writes changes (the Secret's version read, readiness, server, version).
 
@@ -30,6 +33,7 @@ from __future__ import annotations
 import copy
 import logging
 import threading
+from collections.abc import Callable
 
 from pydantic import ValidationError
 
@@ -37,7 +41,7 @@ from stageset.api import StageTarget, StageTargetStatus
 from stageset.api.vocabulary import Reason
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.events import EventRecorder, ReadyWarnings
-from stageset.controller.kinds import SECRETS
+from stageset.controller.kinds import CONFIGMAPS, SECRETS
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.settings import DEFAULT_RUNBOOK_BASE_URL
 from stageset.controller.setup import Controller, Enqueue, reconcile_trigger
@@ -45,9 +49,12 @@ from stageset.controller.sharding import LabelSelector
 from stageset.controller.status import StatusWriter, WriteListener, validation_message
 from stageset.controller.targets.clusters import Targets
 from stageset.controller.targets.credentials import SecretUnusable
+from stageset.controller.targets.platform import CONFIG_MAP, SECRET, WorkloadUnusable
+from stageset.controller.targets.workload import token_refusal
 from stageset.kube.client import ApiError, ClientPool, Identity, UnreachableError
 from stageset.kube.mapping import Resource
 from stageset.kube.remote import KubeconfigError
+from stageset.kube.tokens import TokenUnavailable
 from stageset.kube.types import KubeObject
 from stageset.kube.watch import Reflector
 
@@ -86,14 +93,20 @@ class StageTargetReconciler:
                           namespaces=self._namespaces, transitions=ReadyWarnings(self._events))
 
     def secrets(self, *, enqueue: Enqueue, stop: threading.Event, resync: float) -> tuple[Reflector, ...]:
-        """Metadata-only watches of the target namespaces' Secrets (no value is ever listed or
-        cached): a changed kubeconfig Secret queues the StageTargets naming it."""
-        def handle(event: str, obj: KubeObject) -> None:
-            for key in self._platform.secret_changed(event, obj):
-                enqueue(key)
-        return tuple(Reflector(client=self._clients.client(), resource=SECRETS, namespace=namespace,
-                               stop=stop, handler=handle, resync=resync, metadata_only=True)
-                     for namespace in self._namespaces)
+        """Metadata-only watches of the target namespaces' Secrets — and, with workload identity on,
+        ConfigMaps (no value is ever listed or cached): a changed kubeconfig Secret or
+        workload-identity ConfigMap queues the StageTargets naming it."""
+        def handler(kind: str) -> Callable[[str, KubeObject], None]:
+            def handle(event: str, obj: KubeObject) -> None:
+                for key in self._platform.secret_changed(event, obj, kind=kind):
+                    enqueue(key)
+            return handle
+        watched = [(SECRETS, SECRET)]
+        if self._platform.workload is not None:
+            watched.append((CONFIGMAPS, CONFIG_MAP))
+        return tuple(Reflector(client=self._clients.client(), resource=resource, namespace=namespace,
+                               stop=stop, handler=handler(kind), resync=resync, metadata_only=True)
+                     for resource, kind in watched for namespace in self._namespaces)
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Connect to the target (its Secret read again) and report; ``raw`` is read-only."""
@@ -122,14 +135,18 @@ class StageTargetReconciler:
             reason = Reason.SECRET_NOT_FOUND if error.missing else Reason.INVALID_SPEC
             report.conclude(ready=False, reason=reason, message=f"spec.kubeConfig: {error}", status=cleared)
             return Result(backoff=True, requeue_after=self._interval)
-        except KubeconfigError as error:
+        except (KubeconfigError, WorkloadUnusable) as error:
             report.conclude(ready=False, reason=Reason.INVALID_SPEC, message=f"spec.kubeConfig: {error}",
                             stalled=True, status=cleared)
             return Result(requeue_after=self._interval)
+        except TokenUnavailable as error:
+            refusal = token_refusal(error, field="spec.kubeConfig.configMapRef")
+            report.conclude(ready=False, reason=refusal.reason, message=refusal.message, status=cleared)
+            return Result(backoff=True, requeue_after=self._interval)
         except ApiError as error:
             reason = Reason.RBAC_DENIED if error.forbidden else Reason.FAILED
-            report.conclude(ready=False, reason=reason, message=f"reading the kubeconfig Secret failed: HTTP "
-                            f"{error.status}", status=cleared)
+            report.conclude(ready=False, reason=reason, message=f"reading the kubeconfig Secret (or "
+                            f"ConfigMap) failed: HTTP {error.status}", status=cleared)
             return Result(backoff=True, requeue_after=self._interval)
         status = report.status.model_copy(update={"server": target.server,
                                                   "observed_secret_version": connection.secret_version})

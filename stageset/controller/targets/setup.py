@@ -6,7 +6,8 @@ cluster's apply engine, a bounded cache of remote ones (``--max-remote-targets``
 seam reading ``spec.kubeConfig`` as the StageSet's identity, and — with ``--target-namespaces`` —
 the platform's StageTargets (:class:`~stageset.controller.targets.platform.PlatformTargets`).
 :func:`setup` adds what the manager runs for them: the StageTarget reconciler (``For`` StageTargets
-in those namespaces only, one worker) and the metadata-only watch of the Secrets there (a runnable
+in those namespaces only, one worker) and the metadata-only watch of the Secrets (and with
+``--workload-identity`` the ConfigMaps) there (a runnable
 counted as a cache: no worker starts before it has listed — a StageSet's pass compares the target
 Secret's watched version with the one its connection read).  The StageSets' own watch of
 StageTargets is the StageSet feature's (:mod:`stageset.controller.stageset.watches`).
@@ -27,9 +28,12 @@ from stageset.controller.kinds import STAGETARGETS
 from stageset.controller.setup import Setup
 from stageset.controller.shared import Shared
 from stageset.controller.targets.clusters import Targets
-from stageset.controller.targets.platform import PlatformTargets
+from stageset.controller.targets.credentials import KubeconfigSecret, KubeConfigSources
+from stageset.controller.targets.platform import PlatformTargets, TargetWorkload
 from stageset.controller.targets.reconciler import StageTargetReconciler
+from stageset.controller.targets.workload import LocalAudiences, WorkloadIdentity
 from stageset.kube.mapping import RestMapper
+from stageset.kube.tokens import TokenRequester
 
 
 @dataclass(frozen=True)
@@ -41,16 +45,26 @@ class ClusterTargets:
 
 def clusters(shared: Shared) -> Targets:
     """The registry of clusters: this one (its apply engine, its shown rights aging by the injected
-    clock), remote ones, and the platform's StageTargets with ``--target-namespaces``."""
+    clock), remote ones, and the platform's StageTargets with ``--target-namespaces``; with
+    ``--workload-identity``, ``kubeConfig.configMapRef`` too (tokens requested as the controller, kept
+    by the injected clock)."""
     clients, settings, clock = shared.clients, shared.settings, shared.clock
     # Shown rights age by the injected clock (a periodic pass trusts them for rights_max_age).
     rights = ShownRights(max_age=settings.apply.rights_max_age, clock=lambda: clock().timestamp())
     local = StageApplier(mapper=RestMapper(clients.client()), settings=settings.apply, rights=rights)
-    platform = PlatformTargets(admin=clients.client(), namespaces=settings.target_namespaces) \
-        if settings.target_namespaces else None
-    return Targets(clients=clients, settings=settings.apply, local=local,
-                   accounts=AccountCheck(clients=clients, controller_reads_accounts=settings.cluster_admin),
-                   capacity=settings.max_remote_targets, platform=platform)
+    accounts = AccountCheck(clients=clients, controller_reads_accounts=settings.cluster_admin)
+    tokens = TokenRequester(client=clients.client(), clock=lambda: clock().timestamp()) \
+        if settings.workload_identity else None
+    audiences = LocalAudiences(client=clients.client())
+    workload = TargetWorkload(tokens=tokens, audiences=audiences) if tokens is not None else None
+    platform = PlatformTargets(admin=clients.client(), namespaces=settings.target_namespaces,
+                               workload=workload) if settings.target_namespaces else None
+    config_maps = WorkloadIdentity(tokens=tokens, lockdown=not settings.cluster_admin, audiences=audiences,
+                                   accounts=accounts) if tokens is not None else None
+    return Targets(clients=clients, settings=settings.apply, local=local, accounts=accounts,
+                   capacity=settings.max_remote_targets, platform=platform,
+                   credentials=KubeConfigSources(secrets=KubeconfigSecret(accounts=accounts),
+                                                 config_maps=config_maps))
 
 
 def setup(shared: Shared, *, stop: threading.Event) -> ClusterTargets:
