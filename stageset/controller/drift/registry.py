@@ -8,8 +8,9 @@ it — metadata only, and opened with the stage's own client: on a remote cluste
 connection its target keeps, as the stage's identity there.  It starts from the newest
 ``resourceVersion`` the pass saw (no list), is held while any StageSet needs it and closed when the
 last one stops (:meth:`DriftWatches.settle`, :meth:`DriftWatches.forget`).  A StageSet's
-``spec.kubeConfig`` Secret is watched the same way (by name, metadata only, as the StageSet's
-identity, from the version its pass read): a rotated Secret queues the StageSet.
+``spec.kubeConfig`` Secret (or its workload-identity ConfigMap) is watched the same way (by name,
+metadata only, as the StageSet's identity, from the version its pass read): a rotation queues the
+StageSet.
 
 **What triggers a pass.**  Each object a stage applied is kept as its pass left it
 (:class:`~stageset.controller.drift.judge.Fingerprint`); an event about it is judged against that
