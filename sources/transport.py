@@ -296,34 +296,22 @@ WATCHDOG = Watchdog()
 """The process's watchdog of Git HTTP sessions."""
 
 
-class _WatchedHTTPPool(urllib3.HTTPConnectionPool):
-    sockets: Sockets | None = None
-
-    def _new_conn(self) -> Any:
-        connection = super()._new_conn()
-        if self.sockets is not None:
-            self.sockets.add(connection)
-        return connection
-
-
-class _WatchedHTTPSPool(urllib3.HTTPSConnectionPool):
-    sockets: Sockets | None = None
-
-    def _new_conn(self) -> Any:
-        connection = super()._new_conn()
-        if self.sockets is not None:
-            self.sockets.add(connection)
-        return connection
-
-
 def _watched(manager: urllib3.PoolManager, sockets: Sockets) -> None:
-    manager.pool_classes_by_scheme = {"http": _WatchedHTTPPool, "https": _WatchedHTTPSPool}
+    """Register every connection any pool of ``manager`` opens — HTTP and HTTPS alike — with
+    ``sockets``, so the watchdog can cut it."""
     original = manager._new_pool
 
     def new_pool(scheme: str, host: str, port: int,
                  request_context: dict[str, Any] | None = None) -> Any:
         pool = original(scheme, host, port, request_context)
-        pool.sockets = sockets  # type: ignore[attr-defined]
+        opened = pool._new_conn
+
+        def registered() -> Any:
+            connection = opened()
+            sockets.add(connection)
+            return connection
+
+        pool._new_conn = registered  # type: ignore[method-assign]
         return pool
 
     manager._new_pool = new_pool  # type: ignore[method-assign]

@@ -51,7 +51,8 @@ class Reason(StrEnum):
     """``spec.targetRef`` names no StageTarget this StageSet may use (missing, outside the target
     namespaces, or not allowing its namespace: one message for all); nothing is sent to any cluster."""
     OWNERSHIP_CONFLICT = "OwnershipConflict"
-    """A stage renders an object another live StageSet owns: the stage writes nothing until it is released."""
+    """A stage renders (or an ``apply`` action would write) an object another live StageSet owns: it
+    writes nothing until it is released."""
     DRIFT_DETECTED = "DriftDetected"
     """The reason of the ``Drifted`` condition (never of ``Ready``): objects differ from what was applied."""
     SUPERSEDE_DENIED = "SupersedeDenied"
@@ -115,6 +116,11 @@ class EventType(StrEnum):
     WARNING = "Warning"
 
 
+EVENT_REVISION_ANNOTATION = "stages.metio.wtf/revision"
+"""The annotation of an Event naming the revision it is about (set by the controller's recorder;
+read by notifications for a commit's status, and by the dashboard)."""
+
+
 class EventReason(StrEnum):
     """Reasons of the Events the controller records (besides a Ready reason on a Warning when
     Ready turns False)."""
@@ -129,7 +135,8 @@ class EventReason(StrEnum):
     ORPHANED = "Orphaned"
     """A deleted StageSet left a ``prune: false`` stage's objects in place (owner labels removed)."""
     RETARGETED = "Retargeted"
-    """The stages moved to another cluster: applied and Ready there, then removed from the previous one."""
+    """The stages moved to another cluster: applied and Ready there, then removed from the previous one
+    (released, under ``deletionPolicy: Orphan``)."""
     RETARGET_ABANDONED = "RetargetAbandoned"
     """A move's cleanup of the previous cluster was given up after ``--max-teardown-wait``."""
     PROMOTED = "Promoted"

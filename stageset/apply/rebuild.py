@@ -24,7 +24,7 @@ from stageset.apply.inventory import ObjectId, entry, stage_inventory
 from stageset.apply.ownership import LABEL_NAME, LABEL_NAMESPACE, LABEL_STAGE, owned_by
 from stageset.apply.prune import Owner
 from stageset.apply.record import KindRef, StageRecord
-from stageset.kube.client import ApiError, KubeClient, QueryValue, UnreachableError
+from stageset.kube.client import ApiError, KubeClient, QueryValue, UnreachableError, how_failed
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
 
@@ -86,7 +86,7 @@ def _collect(client: KubeClient, applier: StageApplier, *, kind: KindRef, namesp
     try:
         resource = applier.resolve(stub, owner.namespace)[1]
     except (ApiError, UnreachableError) as error:
-        return f"discovery of {kind.kind} in {kind.api_version} failed ({_short(error)})"
+        return f"discovery of {kind.kind} in {kind.api_version} failed ({how_failed(error)})"
     if resource is None:
         return None  # the kind is not served: no object of it can exist
     scopes = sorted({n for n in namespaces if n} or {owner.namespace}) if resource.namespaced else [""]
@@ -99,9 +99,9 @@ def _collect(client: KubeClient, applier: StageApplier, *, kind: KindRef, namesp
             if error.not_found:
                 continue
             return f"{client.identity.describe()} may not list {kind.kind} {where}" if error.forbidden \
-                else f"listing {kind.kind} {where} failed ({_short(error)})"
+                else f"listing {kind.kind} {where} failed ({how_failed(error)})"
         except UnreachableError as error:
-            return f"listing {kind.kind} {where} failed ({_short(error)})"
+            return f"listing {kind.kind} {where} failed ({how_failed(error)})"
         for item in items:
             labels = (item.get("metadata") or {}).get("labels") or {}
             if labels.get(LABEL_STAGE) != stage or not owned_by(item, namespace=owner.namespace,
@@ -116,9 +116,3 @@ def _object_id(item: KubeObject, resource: Resource) -> ObjectId:
     metadata = item.get("metadata") or {}
     return ObjectId(namespace=str(metadata.get("namespace") or "") if resource.namespaced else "",
                     name=str(metadata.get("name")), group=resource.group, kind=resource.kind)
-
-
-def _short(error: ApiError | UnreachableError) -> str:
-    if isinstance(error, UnreachableError):
-        return error.why
-    return f"HTTP {error.status}" + (f" {error.reason}" if error.reason else "")

@@ -154,10 +154,12 @@ def complete_stages(ctx: click.Context, _param: click.Parameter, incomplete: str
 
 
 def attach(command: click.Command) -> None:
-    """Complete the command's StageSet ``NAME`` argument and ``--stage`` option from the cluster
-    (those without a completion of their own): one place, so a new command gets it -- also under
-    a verb's or a group's subcommands (``get``'s StageSet form, ``delete stageset``).  The root
-    group calls it for each command as it loads it (:mod:`stageset.cli.root`)."""
+    """Complete the command's StageSet ``NAME`` argument, ``--stage`` and ``-n``/``--namespace``
+    options from the cluster (those without a completion of their own): one place, so a new command
+    gets it -- also under a verb's or a group's subcommands (``get``'s StageSet form, ``delete
+    stageset``).  The root group calls it for each command as it loads it (:mod:`stageset.cli.root`).
+    The session's options (:mod:`stageset.cli.session`) name no completion: this module reads the
+    cluster through a session, never the other way round."""
     if isinstance(command, click.Group):
         for sub in command.commands.values():
             attach(sub)
@@ -169,6 +171,8 @@ def attach(command: click.Command) -> None:
             param._custom_shell_complete = complete_stagesets
         elif isinstance(param, click.Option) and param.name == "stage":
             param._custom_shell_complete = complete_stages
+        elif isinstance(param, click.Option) and param.name == "namespace":
+            param._custom_shell_complete = complete_namespaces
 
 
 @click.command("completion")

@@ -60,6 +60,7 @@ from stageset.cli.render import (
 from stageset.cli.session import CliError, ExitCode, Session, cluster_options, dump, echo
 from stageset.controller.sourcekinds import DefaultSourceKind
 from stageset.controller.stageset import actionplan
+from stageset.controller.stageset.pruning import released_stages
 from stageset.controller.stageset.rendering import identify
 from stageset.controller.targets.clusters import Target, Targets, named
 from stageset.controller.targets.credentials import KubeconfigSecret, KubeConfigSources, Unavailable
@@ -332,14 +333,18 @@ def _split(live: KubeObject, target: Target) -> tuple[dict[str, StageInventory],
 
 def moving(stageset: StageSet, target: Target, live: KubeObject | None) -> list[ObjectDiff]:
     """What a move leaves on the clusters the stages were applied on before: deleted there (a
-    ``prune: false`` stage's objects released) once every stage is Ready on ``target``.  Not read
-    there: the controller reaches the previous cluster only to clean it up."""
+    ``prune: false`` stage's objects released, every stage's under ``deletionPolicy: Orphan``: the
+    controller's own rule, :func:`~stageset.controller.stageset.pruning.released_stages`) once every
+    stage is Ready on ``target``.  Not read there: the controller reaches the previous cluster only
+    to clean it up."""
     if live is None:
         return []
-    unpruned = set(unpruned_stages(stageset))
+    left = _split(live, target)[1]
+    releasing = released_stages([inv.name for inv in left], unpruned=unpruned_stages(stageset),
+                                policy=stageset.spec.deletion_policy)
     found: list[ObjectDiff] = []
-    for inv in _split(live, target)[1]:
-        released = inv.name in unpruned
+    for inv in left:
+        released = inv.name in releasing
         for item in inv.entries:
             found.append(ObjectDiff(
                 object=entry_id(item).describe().replace(" ", "/"),

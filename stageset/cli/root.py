@@ -74,8 +74,9 @@ COMMANDS: dict[str, Lazy] = {
     "get": Lazy("stageset.cli.verbcommands:get",
                   "Show StageSets: ready state, each stage's phase and revision."),
     "graph": Lazy("stageset.cli.inspect:graph",
-                  "Show the stage graph (which stage runs after which) and the StageSets this one waits "
-                  "for."),
+                  "Show the stage graph (which stage runs after which) and what this one waits for: the "
+                  "StageSets and objects of other kinds in spec.dependsOn, each with its state as you read "
+                  "it."),
     "history": Lazy("stageset.cli.history:history",
                   "Show the releases each stage of a StageSet applied, newest first: when, which revision and"
                   " spec generation, the phase it reached, and what it wrote; and its failed attempts "
@@ -148,7 +149,7 @@ class LazyGroup(click.Group):
         if entry is None:
             return None
         command = entry.load()
-        from stageset.cli.completion import attach  # every command's NAME and --stage complete
+        from stageset.cli.completion import attach  # every command's NAME, --stage and -n complete
 
         attach(command)
         self._loaded[name] = command

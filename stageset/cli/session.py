@@ -212,8 +212,8 @@ def cluster_options(*, all_namespaces: bool = False, outputs: Sequence[str] = ("
             click.option("--kubeconfig", type=click.Path(exists=True, dir_okay=False), default=None,
                          help="Kubeconfig file (default: $KUBECONFIG, then ~/.kube/config)."),
             click.option("--context", default=None, help="Kubeconfig context (default: the current one)."),
+            # Completed from the cluster by stageset.cli.completion.attach (as NAME and --stage are).
             click.option("-n", "--namespace", default=None, type=DNS_LABEL,
-                         shell_complete=_complete_namespaces,
                          help="Namespace (default: the context's, else 'default')."),
             click.option("-o", "--output", type=click.Choice(list(outputs)), default=outputs[0],
                          show_default=True, help="Output format."),
@@ -233,12 +233,6 @@ def cluster_options(*, all_namespaces: bool = False, outputs: Sequence[str] = ("
         return result
 
     return decorate
-
-
-def _complete_namespaces(ctx: click.Context, param: click.Parameter, incomplete: str) -> list[Any]:
-    from stageset.cli.completion import complete_namespaces
-
-    return complete_namespaces(ctx, param, incomplete)
 
 
 class DnsLabelType(click.ParamType[str]):

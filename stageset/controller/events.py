@@ -1,9 +1,17 @@
 """Kubernetes Events about our objects (``events.k8s.io/v1``; ``kubectl describe`` and
 ``kubectl events`` show them).
 
+One typed value, one call: every event is an :class:`ObjectEvent` (its subject, type, a reason
+from the reason enums, the message, the revision it is about, the action), built by the
+reconciler-side helpers :func:`warning` and :func:`normal`, and recorded by
+:meth:`EventRecorder.emit`, the one place that turns the revision into the Event's
+``stages.metio.wtf/revision`` annotation and tells the listeners (each subscribed to the kinds it
+declared: :class:`Subscription`).
+
 Identity: events are created and patched with the controller's own identity (the chart's
 ClusterRole may create and patch Events).  Messages name objects and reasons; every message
-passes the caller's redactor before it is cut to the apiserver's bound
+passes the caller's redactor as it is built, and the subject's (every Secret value its reconciles
+read, :data:`~stageset.controller.redact.REGISTRY`) before it is cut to the apiserver's bound
 (:func:`~stageset.controller.redact.bounded`), so Secret values never leave through an event, in
 any encoding the redactor knows.  A failure to record an event is logged and otherwise ignored --
 events are advisory.
@@ -38,9 +46,15 @@ import threading
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from stageset.api.vocabulary import NO_TRANSITION_EVENT, EventReason, EventType, Reason
+from stageset.api.vocabulary import (
+    EVENT_REVISION_ANNOTATION,
+    NO_TRANSITION_EVENT,
+    EventReason,
+    EventType,
+    Reason,
+)
 from stageset.apply.changeset import WRITES, Change
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.redact import REGISTRY, Redactor, bounded
@@ -89,7 +103,7 @@ def ready_condition(obj: KubeObject) -> Mapping[str, str] | None:
     return next((c for c in conditions if isinstance(c, Mapping) and c.get("type") == "Ready"), None)
 
 
-REVISION_ANNOTATION = "stages.metio.wtf/revision"
+REVISION_ANNOTATION = EVENT_REVISION_ANNOTATION
 
 
 def failing_revision(obj: KubeObject, attempted: Mapping[str, str]) -> str:
@@ -101,10 +115,6 @@ def failing_revision(obj: KubeObject, attempted: Mapping[str, str]) -> str:
     chosen = [r for n, r in attempted.items() if n in failed] or list(attempted.values()) \
         or [str(s["revision"]) for s in stages if s.get("revision")]
     return ", ".join(sorted({r for r in chosen if r}))
-
-
-def revision_annotation(revision: str) -> dict[str, str] | None:
-    return {REVISION_ANNOTATION: revision} if revision else None
 
 
 def ready_transition(before: Mapping[str, str] | None, after: Mapping[str, str] | None) -> bool:
@@ -127,6 +137,65 @@ def suspend_transition(before: Mapping[str, str] | None,
 
 
 @dataclass(frozen=True)
+class Subject:
+    """The object an event regards: one of our objects, as its watch or a reconcile read it."""
+
+    api_version: str
+    kind: str
+    namespace: str
+    """Its namespace (empty for a cluster-scoped object: its events go to ``default``)."""
+    name: str
+    uid: str
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, obj: KubeObject) -> Subject:
+        meta = metadata(obj)
+        return cls(api_version=str(obj.get("apiVersion") or ""), kind=str(obj.get("kind") or ""),
+                   namespace=str(meta.get("namespace") or ""), name=str(meta["name"]),
+                   uid=str(meta.get("uid") or ""), labels=dict(meta.get("labels") or {}))
+
+    @property
+    def ref(self) -> tuple[str, str, str]:
+        """``(kind, namespace, name)``: how the redaction registry and the metrics name it."""
+        return self.kind, self.namespace, self.name
+
+
+@dataclass(frozen=True)
+class ObjectEvent:
+    """One event about one of our objects, as every reconciler tells it: built by :func:`warning`
+    or :func:`normal` (the message already passed the caller's redactor) and handed to the one
+    :meth:`EventRecorder.emit`."""
+
+    subject: Subject
+    type: EventType
+    reason: EventReason | Reason
+    message: str
+    revision: str = ""
+    """The revision the event is about ("" when none): annotated ``stages.metio.wtf/revision`` on the
+    Event — here, and nowhere else — so a notification sets that commit's status."""
+    action: str = "Reconcile"
+
+    @property
+    def annotations(self) -> dict[str, str]:
+        return {REVISION_ANNOTATION: self.revision} if self.revision else {}
+
+
+def warning(obj: KubeObject, reason: EventReason | Reason, message: str, *, action: str = "Reconcile",
+            revision: str = "", redact: Redact | None = None) -> ObjectEvent:
+    """A Warning about ``obj``; ``redact`` (the pass's redactor) cleans the message as it is built."""
+    return ObjectEvent(subject=Subject.of(obj), type=EventType.WARNING, reason=reason,
+                       message=(redact or _unchanged)(message), revision=revision, action=action)
+
+
+def normal(obj: KubeObject, reason: EventReason | Reason, message: str, *, action: str = "Reconcile",
+           revision: str = "", redact: Redact | None = None) -> ObjectEvent:
+    """A Normal event about ``obj`` (as :func:`warning`)."""
+    return ObjectEvent(subject=Subject.of(obj), type=EventType.NORMAL, reason=reason,
+                       message=(redact or _unchanged)(message), revision=revision, action=action)
+
+
+@dataclass(frozen=True)
 class Recorded:
     """An event as recorded (its note redacted and bounded), for what listens to the recorder
     (notifications).  Told once per new Event, never for a repeat folded into a series."""
@@ -144,6 +213,16 @@ class Recorded:
 Listener = Callable[[Recorded], None]
 
 
+@dataclass(frozen=True)
+class Subscription:
+    """A listener of the recorder and the kinds it hears (a feature declares it in its setup)."""
+
+    kinds: frozenset[str]
+    """The kinds of object whose events it is told (``Subject.kind``)."""
+    tell: Listener
+    """Must not block (the notifier only queues)."""
+
+
 @dataclass
 class _Series:
     name: str
@@ -157,8 +236,9 @@ class EventRecorder:
                  clock: Clock = system_clock, window: float = SERIES_WINDOW, cache_size: int = CACHE_SIZE,
                  listener: Listener | None = None):
         self._client = client
-        # Told every new event (not its repeats); must not block (the notifier only queues it).
-        self._listeners: list[Listener] = [] if listener is None else [listener]
+        # Told every new event (not its repeats) of the kinds they subscribed to; ``listener``: every kind.
+        self._listeners: list[tuple[frozenset[str] | None, Listener]] = [] if listener is None \
+            else [(None, listener)]
         self._controller = controller
         self._instance = (instance or f"stageset-controller-{socket.gethostname()}")[:128]
         self._clock = clock
@@ -170,9 +250,9 @@ class EventRecorder:
         # series cache): what a failure event names, since status keeps only applied revisions.
         self._attempted: OrderedDict[tuple[str, str], dict[str, str]] = OrderedDict()
 
-    def subscribe(self, listener: Listener) -> None:
-        """Tell ``listener`` every new event from now on (a feature's listener, declared in its setup)."""
-        self._listeners.append(listener)
+    def subscribe(self, subscription: Subscription) -> None:
+        """Tell ``subscription`` every new event of its kinds from now on (declared in a feature's setup)."""
+        self._listeners.append((subscription.kinds, subscription.tell))
 
     def attempting(self, namespace: str, name: str, revisions: Mapping[str, str]) -> None:
         """A pass of the StageSet sets out to apply ``revisions`` (by stage)."""
@@ -186,17 +266,19 @@ class EventRecorder:
         with self._lock:
             return dict(self._attempted.get((namespace, name), {}))
 
-    def emit(self, obj: KubeObject, *, type_: EventType, reason: EventReason | Reason, message: str,
-             action: str = "Reconcile", redact: Redact | None = None,
-             annotations: Mapping[str, str] | None = None) -> None:
-        meta = metadata(obj)
-        namespace = meta.get("namespace") or "default"
+    def emit(self, event: ObjectEvent) -> None:
+        """Record ``event`` (a repeat within the window counts on the first one's series).  Its
+        message passes the subject's redactor (:data:`~stageset.controller.redact.REGISTRY`: every
+        Secret value its reconciles read) once more before it is cut to the apiserver's bound."""
+        subject = event.subject
+        namespace = subject.namespace or "default"
         # Redacted whole, then cut: a cut never leaves the start of a Secret value for the redactor to miss.
-        note = bounded(message, limit=MAX_NOTE, redact=redact or _unchanged)
+        note = bounded(event.message, limit=MAX_NOTE, redact=Redactor(REGISTRY.of(subject.ref)))
+        annotations = event.annotations
         # The annotations (the revision applied) are part of the key: a repeat at another revision is
         # a new Event, never folded into one that names the old revision (a revert A -> B -> A).
-        key = (namespace, str(obj.get("kind")), meta["name"], str(meta.get("uid")), type_.value, reason.value,
-               action, note, *(f"{k}={v}" for k, v in sorted((annotations or {}).items())))
+        key = (namespace, subject.kind, subject.name, subject.uid, event.type.value, event.reason.value,
+               event.action, note, *(f"{k}={v}" for k, v in sorted(annotations.items())))
         now = self._clock()
         with self._lock:
             series = self._recent.get(key)
@@ -207,16 +289,14 @@ class EventRecorder:
                 repeat: _Series | None = _Series(series.name, namespace, series.count, now)
             else:
                 repeat = None
-        if repeat is None and self._listeners:
-            self._tell(obj, namespace=namespace, type_=type_, reason=reason, note=note, now=now,
-                       annotations=annotations)
+        if repeat is None:
+            self._tell(event, namespace=namespace, note=note, now=now)
         try:
             if repeat is not None and self._patch_series(repeat):
                 return
-            name = self._create(obj, namespace=namespace, type_=type_, reason=reason, action=action,
-                                note=note, now=now, annotations=annotations)
+            name = self._create(event, namespace=namespace, note=note, now=now)
         except (ApiError, UnreachableError) as error:
-            log.warning("could not record event %s on %s/%s: %s", reason.value, namespace, meta["name"],
+            log.warning("could not record event %s on %s/%s: %s", event.reason.value, namespace, subject.name,
                         error)
             return
         with self._lock:
@@ -225,19 +305,22 @@ class EventRecorder:
             while len(self._recent) > self._size:
                 self._recent.popitem(last=False)
 
-    def _tell(self, obj: KubeObject, *, namespace: str, type_: EventType, reason: EventReason | Reason,
-              note: str, now: datetime.datetime, annotations: Mapping[str, str] | None) -> None:
-        meta = metadata(obj)
-        regarding = {"apiVersion": str(obj.get("apiVersion") or ""), "kind": str(obj.get("kind") or ""),
-                     "namespace": namespace, "name": str(meta["name"]), "uid": str(meta.get("uid") or "")}
-        recorded = Recorded(regarding=regarding, labels=dict(meta.get("labels") or {}), type=type_,
-                            reason=reason.value, note=note, annotations=dict(annotations or {}),
+    def _tell(self, event: ObjectEvent, *, namespace: str, note: str, now: datetime.datetime) -> None:
+        subject = event.subject
+        listeners = [tell for kinds, tell in self._listeners if kinds is None or subject.kind in kinds]
+        if not listeners:
+            return
+        regarding = {"apiVersion": subject.api_version, "kind": subject.kind, "namespace": namespace,
+                     "name": subject.name, "uid": subject.uid}
+        recorded = Recorded(regarding=regarding, labels=dict(subject.labels), type=event.type,
+                            reason=event.reason.value, note=note, annotations=event.annotations,
                             time=micro_time(now))
-        for listener in self._listeners:
+        for listener in listeners:
             try:
                 listener(recorded)
             except Exception:  # advisory, like the event itself: a listener's fault never fails a reconcile
-                log.exception("an event listener failed on %s %s/%s", reason.value, namespace, meta["name"])
+                log.exception("an event listener failed on %s %s/%s", event.reason.value, namespace,
+                              subject.name)
 
     def forget(self, namespace: str, name: str) -> None:
         """The object is gone: its recent events no longer aggregate (and free their cache entries)."""
@@ -262,22 +345,21 @@ class EventRecorder:
             raise
         return True
 
-    def _create(self, obj: KubeObject, *, namespace: str, type_: EventType, reason: EventReason | Reason,
-                action: str, note: str, now: datetime.datetime, annotations: Mapping[str, str] | None) -> str:
-        meta = metadata(obj)
+    def _create(self, event: ObjectEvent, *, namespace: str, note: str, now: datetime.datetime) -> str:
+        subject = event.subject
         # As client-go names events: the object's name and a unique suffix (within 253 characters).
-        name = f"{meta['name'][:236]}.{uuid.uuid4().hex[:16]}"
+        name = f"{subject.name[:236]}.{uuid.uuid4().hex[:16]}"
         event_meta: dict[str, object] = {"name": name, "namespace": namespace}
-        if annotations:
-            event_meta["annotations"] = dict(annotations)
-        regarding = {"apiVersion": obj.get("apiVersion"), "kind": obj.get("kind"), "name": meta["name"],
-                     "namespace": namespace, "uid": meta.get("uid")}
+        if event.annotations:
+            event_meta["annotations"] = event.annotations
+        regarding = {"apiVersion": subject.api_version, "kind": subject.kind, "name": subject.name,
+                     "namespace": namespace, "uid": subject.uid}
         self._client.request("POST", self._path(namespace), body={
             "apiVersion": "events.k8s.io/v1", "kind": "Event", "metadata": event_meta,
             "eventTime": micro_time(now), "reportingController": self._controller,
-            "reportingInstance": self._instance, "action": action, "reason": reason.value,
-            "type": type_.value, "note": note,
-            "regarding": {k: v for k, v in regarding.items() if v is not None},
+            "reportingInstance": self._instance, "action": event.action, "reason": event.reason.value,
+            "type": event.type.value, "note": note,
+            "regarding": {k: v for k, v in regarding.items() if v},
         })
         return name
 
@@ -305,10 +387,10 @@ class ReadyWarnings:
         condition = ready_condition(after)
         change = suspend_transition(ready_condition(before), condition)
         if change is not None:  # a state someone chose: told as one, never as a failure
-            self._events.emit(before, type_=EventType.NORMAL, reason=change, message=(
-                "reconciliation is suspended (spec.suspend): nothing is applied, pruned or corrected until "
-                "it is resumed; what was applied stays" if change is EventReason.SUSPENDED
-                else "reconciliation resumed (spec.suspend is false)"))
+            said = ("reconciliation is suspended (spec.suspend): nothing is applied, pruned or corrected "
+                    "until it is resumed; what was applied stays" if change is EventReason.SUSPENDED
+                    else "reconciliation resumed (spec.suspend is false)")
+            self._events.emit(normal(before, change, said))
         if condition is None or not ready_transition(ready_condition(before), condition):
             return
         try:
@@ -318,6 +400,5 @@ class ReadyWarnings:
         if reason in NO_TRANSITION_EVENT:
             return
         revision = self._revision(after) if self._revision is not None else ""
-        self._events.emit(before, type_=EventType.WARNING, reason=reason,
-                          message=str(condition.get("message", "")), redact=Redactor(REGISTRY.of(ref)),
-                          annotations=revision_annotation(revision))
+        self._events.emit(warning(before, reason, str(condition.get("message", "")), revision=revision,
+                                  redact=Redactor(REGISTRY.of(ref))))

@@ -39,12 +39,12 @@ from sources import Credentials, RefSelector, Snapshot, SourceError
 from sources import errors as source_errors
 from sources.urls import UrlPolicy, parse_url
 from stageset.api import Artifact, GitRepository, GitRepositoryStatus, duration_seconds
-from stageset.api.vocabulary import EventReason, EventType, Reason
+from stageset.api.vocabulary import EventReason, Reason
 from stageset.apply.errors import StageError
 from stageset.controller import logs
 from stageset.controller.clock import Clock, system_clock
 from stageset.controller.consumers import artifact_consumer as artifact_consumer  # re-exported
-from stageset.controller.events import EventRecorder, ReadyWarnings
+from stageset.controller.events import EventRecorder, ReadyWarnings, normal
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.kinds import GITREPOSITORIES
 from stageset.controller.metrics import Metrics
@@ -204,8 +204,9 @@ class GitRepositoryReconciler:
         report.conclude(ready=True, reason=Reason.SUCCEEDED,
                         message=f"stored artifact for revision '{snapshot.revision}'", status=status)
         if previous != snapshot.revision and self._events is not None:
-            self._events.emit(raw, type_=EventType.NORMAL, reason=EventReason.NEW_ARTIFACT, action="Fetch",
-                              message=f"stored artifact for revision '{snapshot.revision}'", redact=redactor)
+            self._events.emit(normal(raw, EventReason.NEW_ARTIFACT,
+                                     f"stored artifact for revision '{snapshot.revision}'", action="Fetch",
+                                     redact=redactor))
         if previous != snapshot.revision or snapshot.fetched:
             # Also after a fetch of a known revision: a restarted controller's fresh mirror
             # now holds it, so StageSets waiting for the artifact can go on.

@@ -24,9 +24,9 @@ Names and meanings are listed in ``docs/operations.md``; the dashboard and alert
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from importlib import metadata
-from typing import Any
+from typing import Any, Generic, TypeVar, overload
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.exposition import CONTENT_TYPE_LATEST, generate_latest
@@ -72,6 +72,53 @@ def _version() -> str:
         return "unknown"
 
 
+M = TypeVar("M", Counter, Gauge, Histogram)
+
+
+class Series(Generic[M]):
+    """One series :class:`Metrics` declares: made in each instance's registry, read as its attribute."""
+
+    def __init__(self, make: Callable[[CollectorRegistry], M]):
+        self.make: Callable[[CollectorRegistry], M] = make
+        self.attr = ""
+
+    def __set_name__(self, owner: type, attr: str) -> None:
+        self.attr = attr
+
+    @overload
+    def __get__(self, obj: None, owner: type) -> Series[M]: ...
+
+    @overload
+    def __get__(self, obj: Metrics, owner: type) -> M: ...
+
+    def __get__(self, obj: Metrics | None, owner: type) -> Series[M] | M:
+        if obj is None:
+            return self
+        made: M = obj._series[self.attr]
+        return made
+
+
+def counter(name: str, documentation: str, labels: Sequence[str] = ()) -> Series[Counter]:
+    return Series(lambda registry: Counter(name, documentation, labels, registry=registry))
+
+
+def gauge(name: str, documentation: str, labels: Sequence[str] = ()) -> Series[Gauge]:
+    return Series(lambda registry: Gauge(name, documentation, labels, registry=registry))
+
+
+def histogram(name: str, documentation: str, labels: Sequence[str] = (), *,
+              buckets: Sequence[float]) -> Series[Histogram]:
+    return Series(lambda registry: Histogram(name, documentation, labels, buckets=buckets, registry=registry))
+
+
+def _declared(cls: type) -> Iterator[tuple[str, Series[Any]]]:
+    """The series ``cls`` declares, in declaration order (the registry's, and the exposition's)."""
+    for name, value in vars(cls).items():
+        if isinstance(value, Series):
+            yield name, value
+
+
+
 class QueueMetrics:
     """client-go's workqueue metrics for one queue (``name``); what :class:`WorkQueue` reports to.
 
@@ -99,156 +146,208 @@ class QueueMetrics:
 
 
 class Metrics:
-    """Every series this process exposes, in one registry (injected, so tests get their own)."""
+    """Every series this process exposes, in one registry (injected, so tests get their own).
+
+    The series are declared below as a table of :class:`Series` descriptors — one line each: kind,
+    name, help, labels — made in this instance's registry when it is built and read as attributes
+    (``metrics.reconcile_total``); the collectors that write per-object and per-URL series when
+    scraped, and the series with a fixed value, are set up in ``__init__``."""
+
+    # -- controller-runtime -----------------------------------------------------------
+    reconcile_total = counter(
+        "controller_runtime_reconcile_total",
+        "Reconciles per controller and result "
+        "(success, error, requeue, requeue_after).",
+        ["controller", "result"])
+    reconcile_errors = counter(
+        "controller_runtime_reconcile_errors_total",
+        "Reconciles that failed (retried with backoff).",
+        ["controller"])
+    terminal_errors = counter(
+        "controller_runtime_terminal_reconcile_errors_total",
+        "Reconciles that failed and are not retried until the object changes.",
+        ["controller"])
+    reconcile_time = histogram(
+        "controller_runtime_reconcile_time_seconds",
+        "How long reconciles took.",
+        ["controller"],
+        buckets=RECONCILE_BUCKETS)
+    active_workers = gauge(
+        "controller_runtime_active_workers",
+        "Workers reconciling right now.",
+        ["controller"])
+    max_concurrent = gauge(
+        "controller_runtime_max_concurrent_reconciles",
+        "Workers of the controller's pool.",
+        ["controller"])
+    # -- client-go workqueue ------------------------------------------------------------
+    queue_depth = gauge("workqueue_depth", "Keys waiting in the queue.", ["name"])
+    queue_adds = counter("workqueue_adds_total", "Keys added to the queue.", ["name"])
+    queue_duration = histogram(
+        "workqueue_queue_duration_seconds",
+        "How long a key waited in the queue before a worker took it.",
+        ["name"],
+        buckets=QUEUE_BUCKETS)
+    work_duration = histogram(
+        "workqueue_work_duration_seconds",
+        "How long a worker took over a key.",
+        ["name"],
+        buckets=QUEUE_BUCKETS)
+    unfinished_work = gauge(
+        "workqueue_unfinished_work_seconds",
+        "Seconds of work in progress not yet done (sum over keys).",
+        ["name"])
+    longest_running = gauge(
+        "workqueue_longest_running_processor_seconds",
+        "Seconds the longest running worker has held "
+        "its key.",
+        ["name"])
+    queue_retries = counter(
+        "workqueue_retries_total",
+        "Keys re-added with backoff after a failure.",
+        ["name"])
+    # -- the process --------------------------------------------------------------------
+    build_info = gauge("stageset_build_info", "The running stageset version (always 1).", ["version"])
+    caches_synced = gauge("stageset_caches_synced", "1 once every watch has listed its objects.")
+    leader = gauge(
+        "stageset_leader",
+        "1 while this process may reconcile (holds the release's "
+        "Lease, or runs without leader election).")
+    unserved = gauge(
+        "stageset_unserved_objects",
+        "Objects whose sharding.fluxcd.io/key names no shard of the release "
+        "(main shard with --shard-keys only): no controller reconciles them.",
+        ["kind"])
+    shard_handoffs = counter(
+        "stageset_shard_handoffs_total",
+        "StageSets this label shard gained from another (relabelled), "
+        "by how the hand-off ended: released (the shard that lost it had already recorded that it "
+        "stopped writing it), waited (this shard waited for that record first), timeout (no record "
+        "came within --shard-handoff-timeout: the other shard was taken for gone).",
+        ["outcome"])
+    shard_handoff_wait = histogram(
+        "stageset_shard_handoff_wait_seconds",
+        "How long a label shard waited, before its first write "
+        "to a StageSet it gained, for the shard that lost it to stop writing it.",
+        buckets=HANDOFF_BUCKETS)
+    shard_writes_fenced = counter(
+        "stageset_shard_writes_fenced_total",
+        "Writes a pass did not send because its object had left "
+        "this label shard while the pass ran (the pass ends there; the other shard reconciles it).")
+    readiness_watches = gauge(
+        "stageset_readiness_watches",
+        "Watches open for stages waiting for readiness (at most "
+        "--max-readiness-watches).")
+    readiness_watches_refused = counter(
+        "stageset_readiness_watches_refused_total",
+        "Watches a waiting stage asked for while "
+        "--max-readiness-watches were open: it polled instead.")
+    # -- drift by watch (controller/drift): no per-StageSet labels; stageset_drifted_objects
+    # (per StageSet, Warn mode) is an object series.
+    drift_watches = gauge(
+        "stageset_drift_watches",
+        "Watches open on what StageSets applied (and on their kubeConfig "
+        "Secrets), each as the identity that applied it (at most --max-drift-watches).")
+    drift_watches_refused = counter(
+        "stageset_drift_watches_refused_total",
+        "Drift watches a StageSet needed while "
+        "--max-drift-watches were open: it fell back to its interval for those objects.")
+    drift_unwatched = gauge(
+        "stageset_drift_unwatched_stagesets",
+        "StageSets whose drift is noticed only at their interval "
+        "for some of what they applied: a watch refused by the bound, or one that does not work "
+        "(its identity may not watch that kind there, its cluster is down; retried).")
+    drift_passes = counter(
+        "stageset_drift_passes_total",
+        "Passes queued because a watch saw a change that was not ours "
+        "(an edit of a field we manage, a delete, an owner label removed, a rotated kubeConfig Secret).")
+    # -- steering a release ---------------------------------------------------------------
+    promotions = counter(
+        "stageset_stage_promotions_total",
+        "Stages promoted past their gate, by how (soak: the soak "
+        "ended; manual: stageset promote).",
+        ["namespace", "name", "stage", "how"])
+    promotion_pending = gauge(
+        "stageset_stage_promotion_pending",
+        "1 while a stage is Ready and held by its promotion gate "
+        "(soaking or awaiting a promotion).",
+        ["namespace", "name", "stage"])
+    update_deferred = counter(
+        "stageset_update_deferred_total",
+        "New revisions held back by closed update windows (once per "
+        "new set held).",
+        ["namespace", "name"])
+    rollbacks = counter(
+        "stageset_rollbacks_total",
+        "Failed releases rolled back, by result (rolled_back, unavailable: "
+        "the last good revision is gone, failed: restoring a stage failed and is retried).",
+        ["namespace", "name", "result"])
+    # -- notifications (controller/notifications): labels are the provider's name and type,
+    # platform-owned objects of the notification namespace; never a tenant's name or a message.
+    notifications_sent = counter(
+        "stageset_notifications_sent_total",
+        "Notifications a provider's receiver accepted (a 2xx).",
+        ["provider", "type"])
+    notification_failures = counter(
+        "stageset_notification_failures_total",
+        "Notifications that could not be sent: every attempt "
+        "failed, the receiver refused, or the provider cannot send (its Secret, its address).",
+        ["provider", "type"])
+    notifications_dropped = counter(
+        "stageset_notifications_dropped_total",
+        "Notifications dropped before sending (queue_full: the "
+        "provider's rate-limited queue was full; intake_full: the notifier's queue was full, provider "
+        "empty; too_many_providers).",
+        ["provider", "reason"])
+    # -- fleet rollouts (platform objects: cluster-scoped, named by the platform) -------------
+    fleet_wave_members = gauge(
+        "stageset_fleet_wave_members",
+        "Members of a FleetRollout's wave, by whether they are Ready at "
+        "the revisions released to them.",
+        ["rollout", "wave", "ready"])
+    fleet_wave_phase = gauge(
+        "stageset_fleet_wave_phase",
+        "1 for the phase a FleetRollout's wave is in (Waiting, Open, "
+        "Soaking, Done, Halted), 0 for the others.",
+        ["rollout", "wave", "phase"])
+    fleet_waves_opened = counter(
+        "stageset_fleet_waves_opened_total",
+        "Waves a FleetRollout opened.",
+        ["rollout", "wave"])
+    fleet_halts = counter(
+        "stageset_fleet_halts_total",
+        "Rounds a FleetRollout halted (a member of an open wave failed).",
+        ["rollout"])
+    # -- Git (per repository URL: the collector set up in __init__) ---------------------------
+    mirror_bytes = gauge("stageset_git_mirror_bytes", "Disk used by the Git mirrors.")
+    # -- the apiserver ----------------------------------------------------------------------
+    requests = counter(
+        "stageset_apiserver_requests_total",
+        "Requests to apiservers by verb, identity kind (controller "
+        "or tenant), cluster (local or remote) and HTTP status code (<error>: no answer).",
+        ["verb", "identity", "cluster", "code"])
+    request_duration = histogram(
+        "stageset_apiserver_request_duration_seconds",
+        "How long requests took until the answer began.",
+        ["verb", "identity"],
+        buckets=REQUEST_BUCKETS)
 
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        r = self.registry
-        # -- controller-runtime -----------------------------------------------------------
-        self.reconcile_total = Counter(
-            "controller_runtime_reconcile_total", "Reconciles per controller and result "
-            "(success, error, requeue, requeue_after).", ["controller", "result"], registry=r)
-        self.reconcile_errors = Counter(
-            "controller_runtime_reconcile_errors_total", "Reconciles that failed (retried with backoff).",
-            ["controller"], registry=r)
-        self.terminal_errors = Counter(
-            "controller_runtime_terminal_reconcile_errors_total",
-            "Reconciles that failed and are not retried until the object changes.", ["controller"],
-            registry=r)
-        self.reconcile_time = Histogram(
-            "controller_runtime_reconcile_time_seconds", "How long reconciles took.", ["controller"],
-            buckets=RECONCILE_BUCKETS, registry=r)
-        self.active_workers = Gauge(
-            "controller_runtime_active_workers", "Workers reconciling right now.", ["controller"], registry=r)
-        self.max_concurrent = Gauge(
-            "controller_runtime_max_concurrent_reconciles", "Workers of the controller's pool.",
-            ["controller"], registry=r)
-        # -- client-go workqueue ------------------------------------------------------------
-        self.queue_depth = Gauge("workqueue_depth", "Keys waiting in the queue.", ["name"], registry=r)
-        self.queue_adds = Counter("workqueue_adds_total", "Keys added to the queue.", ["name"], registry=r)
-        self.queue_duration = Histogram(
-            "workqueue_queue_duration_seconds", "How long a key waited in the queue before a worker took it.",
-            ["name"], buckets=QUEUE_BUCKETS, registry=r)
-        self.work_duration = Histogram(
-            "workqueue_work_duration_seconds", "How long a worker took over a key.", ["name"],
-            buckets=QUEUE_BUCKETS, registry=r)
-        self.unfinished_work = Gauge(
-            "workqueue_unfinished_work_seconds", "Seconds of work in progress not yet done (sum over keys).",
-            ["name"], registry=r)
-        self.longest_running = Gauge(
-            "workqueue_longest_running_processor_seconds", "Seconds the longest running worker has held "
-            "its key.", ["name"], registry=r)
-        self.queue_retries = Counter(
-            "workqueue_retries_total", "Keys re-added with backoff after a failure.", ["name"], registry=r)
-        # -- the process --------------------------------------------------------------------
-        self.build_info = Gauge("stageset_build_info", "The running stageset version (always 1).",
-                                ["version"], registry=r)
+        self._series: dict[str, Any] = {
+            name: series.make(self.registry) for name, series in _declared(Metrics)}
         self.build_info.labels(_version()).set(1)
-        self.caches_synced = Gauge("stageset_caches_synced", "1 once every watch has listed its objects.",
-                                   registry=r)
-        self.leader = Gauge("stageset_leader", "1 while this process may reconcile (holds the release's "
-                            "Lease, or runs without leader election).", registry=r)
         self.leader.set(1)
-        self.unserved = Gauge(
-            "stageset_unserved_objects", "Objects whose sharding.fluxcd.io/key names no shard of the release "
-            "(main shard with --shard-keys only): no controller reconciles them.", ["kind"], registry=r)
-        self.shard_handoffs = Counter(
-            "stageset_shard_handoffs_total", "StageSets this label shard gained from another (relabelled), "
-            "by how the hand-off ended: released (the shard that lost it had already recorded that it "
-            "stopped writing it), waited (this shard waited for that record first), timeout (no record "
-            "came within --shard-handoff-timeout: the other shard was taken for gone).", ["outcome"],
-            registry=r)
-        self.shard_handoff_wait = Histogram(
-            "stageset_shard_handoff_wait_seconds", "How long a label shard waited, before its first write "
-            "to a StageSet it gained, for the shard that lost it to stop writing it.",
-            buckets=HANDOFF_BUCKETS, registry=r)
-        self.shard_writes_fenced = Counter(
-            "stageset_shard_writes_fenced_total", "Writes a pass did not send because its object had left "
-            "this label shard while the pass ran (the pass ends there; the other shard reconciles it).",
-            registry=r)
-        self.readiness_watches = Gauge(
-            "stageset_readiness_watches", "Watches open for stages waiting for readiness (at most "
-            "--max-readiness-watches).", registry=r)
-        self.readiness_watches_refused = Counter(
-            "stageset_readiness_watches_refused_total", "Watches a waiting stage asked for while "
-            "--max-readiness-watches were open: it polled instead.", registry=r)
-        # -- drift by watch (controller/drift): no per-StageSet labels; stageset_drifted_objects
-        # (per StageSet, Warn mode) is an object series below.
-        self.drift_watches = Gauge(
-            "stageset_drift_watches", "Watches open on what StageSets applied (and on their kubeConfig "
-            "Secrets), each as the identity that applied it (at most --max-drift-watches).", registry=r)
-        self.drift_watches_refused = Counter(
-            "stageset_drift_watches_refused_total", "Drift watches a StageSet needed while "
-            "--max-drift-watches were open: it fell back to its interval for those objects.", registry=r)
-        self.drift_unwatched = Gauge(
-            "stageset_drift_unwatched_stagesets", "StageSets whose drift is noticed only at their interval "
-            "for some of what they applied: a watch refused by the bound, or one that does not work "
-            "(its identity may not watch that kind there, its cluster is down; retried).", registry=r)
-        self.drift_passes = Counter(
-            "stageset_drift_passes_total", "Passes queued because a watch saw a change that was not ours "
-            "(an edit of a field we manage, a delete, an owner label removed, a rotated kubeConfig Secret).",
-            registry=r)
-        # -- per object (Flux's gotk_* series): plain numbers, written when scraped -------------
-        # Their `tenant` label: the namespace's stages.metio.wtf/tenant label (controller/tenants.py,
-        # fed by a metadata-only Namespace watch, controller/namespaces.py), never a label on the
-        # object itself.
+        # Per object (Flux's gotk_* series): plain numbers, written when scraped.  Their `tenant`
+        # label: the namespace's stages.metio.wtf/tenant label (controller/tenants.py, fed by a
+        # metadata-only Namespace watch, controller/namespaces.py), never a label on the object itself.
         self.tenants = TenantLabels()
         self.objects = ObjectSeries(buckets=OBJECT_BUCKETS, tenant_of=self.tenants.of)
-        r.register(self.objects)
-        # -- steering a release ---------------------------------------------------------------
-        self.promotions = Counter(
-            "stageset_stage_promotions_total", "Stages promoted past their gate, by how (soak: the soak "
-            "ended; manual: stageset promote).", ["namespace", "name", "stage", "how"], registry=r)
-        self.promotion_pending = Gauge(
-            "stageset_stage_promotion_pending", "1 while a stage is Ready and held by its promotion gate "
-            "(soaking or awaiting a promotion).", ["namespace", "name", "stage"], registry=r)
-        self.update_deferred = Counter(
-            "stageset_update_deferred_total", "New revisions held back by closed update windows (once per "
-            "new set held).", ["namespace", "name"], registry=r)
-        self.rollbacks = Counter(
-            "stageset_rollbacks_total", "Failed releases rolled back, by result (rolled_back, unavailable: "
-            "the last good revision is gone, failed: restoring a stage failed and is retried).",
-            ["namespace", "name", "result"], registry=r)
-        # -- notifications (controller/notifications): labels are the provider's name and type,
-        # platform-owned objects of the notification namespace; never a tenant's name or a message.
-        self.notifications_sent = Counter(
-            "stageset_notifications_sent_total", "Notifications a provider's receiver accepted (a 2xx).",
-            ["provider", "type"], registry=r)
-        self.notification_failures = Counter(
-            "stageset_notification_failures_total", "Notifications that could not be sent: every attempt "
-            "failed, the receiver refused, or the provider cannot send (its Secret, its address).",
-            ["provider", "type"], registry=r)
-        self.notifications_dropped = Counter(
-            "stageset_notifications_dropped_total", "Notifications dropped before sending (queue_full: the "
-            "provider's rate-limited queue was full; intake_full: the notifier's queue was full, provider "
-            "empty; too_many_providers).", ["provider", "reason"], registry=r)
-        # -- fleet rollouts (platform objects: cluster-scoped, named by the platform) -------------
-        self.fleet_wave_members = Gauge(
-            "stageset_fleet_wave_members", "Members of a FleetRollout's wave, by whether they are Ready at "
-            "the revisions released to them.", ["rollout", "wave", "ready"], registry=r)
-        self.fleet_wave_phase = Gauge(
-            "stageset_fleet_wave_phase", "1 for the phase a FleetRollout's wave is in (Waiting, Open, "
-            "Soaking, Done, Halted), 0 for the others.", ["rollout", "wave", "phase"], registry=r)
-        self.fleet_waves_opened = Counter(
-            "stageset_fleet_waves_opened_total", "Waves a FleetRollout opened.", ["rollout", "wave"],
-            registry=r)
-        self.fleet_halts = Counter(
-            "stageset_fleet_halts_total", "Rounds a FleetRollout halted (a member of an open wave failed).",
-            ["rollout"], registry=r)
-        # -- Git ------------------------------------------------------------------------------
-        # Per repository URL (stageset_git_fetches_total, stageset_git_fetch_duration_seconds):
-        # plain numbers, written when scraped.
+        self.registry.register(self.objects)
+        # Per repository URL (stageset_git_fetches_total, stageset_git_fetch_duration_seconds): plain
+        # numbers, written when scraped.
         self.git = UrlSeries(buckets=FETCH_BUCKETS)
-        r.register(self.git)
-        self.mirror_bytes = Gauge("stageset_git_mirror_bytes", "Disk used by the Git mirrors.", registry=r)
-        # -- the apiserver ----------------------------------------------------------------------
-        self.requests = Counter(
-            "stageset_apiserver_requests_total", "Requests to apiservers by verb, identity kind (controller "
-            "or tenant), cluster (local or remote) and HTTP status code (<error>: no answer).",
-            ["verb", "identity", "cluster", "code"], registry=r)
-        self.request_duration = Histogram(
-            "stageset_apiserver_request_duration_seconds", "How long requests took until the answer began.",
-            ["verb", "identity"], buckets=REQUEST_BUCKETS, registry=r)
+        self.registry.register(self.git)
 
         self._lock = threading.Lock()
         self._alive: set[ObjectKey] = set()

@@ -36,7 +36,7 @@ from dataclasses import dataclass, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
-from stageset.controller.events import Listener
+from stageset.controller.events import Subscription
 from stageset.controller.keys import JobKey, ObjectKey, ReportKey, WorkKey
 from stageset.controller.result import Result
 from stageset.controller.status import requested_at
@@ -216,8 +216,9 @@ class Setup:
     """Runnables (among :attr:`runnables`) that count as caches: no worker starts before they have
     listed, and "caches synced" (``/readyz``, ``stageset_caches_synced``) waits for them too."""
     indexes: tuple[Index, ...] = ()
-    listeners: tuple[Listener, ...] = ()
-    """Told every new event the recorder records (they must not block: the notifier only queues)."""
+    listeners: tuple[Subscription, ...] = ()
+    """Told every new event the recorder records of the kinds each declares (they must not block:
+    the notifier only queues)."""
     closers: tuple[Closer, ...] = ()
     """Closed after the workers stopped, in order."""
     guard: Guard | None = None

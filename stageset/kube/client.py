@@ -93,6 +93,12 @@ class ApiError(Exception):
         """Seconds the server asked us to wait (``Retry-After``), if it did."""
 
     @property
+    def answered(self) -> str:
+        """How the server answered, in our words: ``answered HTTP 403 Forbidden`` (its status and
+        reason, never its message: a remote cluster is not trusted to write into status or logs)."""
+        return f"answered HTTP {self.status}" + (f" {self.reason}" if self.reason else "")
+
+    @property
     def not_found(self) -> bool:
         return self.status == 404
 
@@ -140,6 +146,19 @@ class UnreachableError(Exception):
         super().__init__(f"{server}: {why}")
         self.server = server
         self.why = why
+
+
+def how_failed(error: BaseException) -> str:
+    """How a request to a cluster failed, in our words (nothing it sent): why it could not be reached,
+    how it answered (:attr:`ApiError.answered`), an answer that is not JSON, or a broken connection.
+    The one phrasing every status message, event and log line uses."""
+    if isinstance(error, UnreachableError):
+        return error.why
+    if isinstance(error, ApiError):
+        return error.answered
+    if isinstance(error, ValueError):
+        return "answered with something that is not JSON"
+    return "the connection failed"
 
 
 class CredentialUnavailable(UnreachableError):

@@ -30,11 +30,10 @@ import ssl
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
 
 from kubernetes import client as k8s
 
-from stageset.kube.remote import RemoteConfig, cluster_id
+from stageset.kube.remote import RemoteConfig, UrlProblem, cluster_id, https_url_problem
 
 GENERIC = "generic"
 """The one provider implemented: tokens of this cluster's ServiceAccount issuer."""
@@ -111,26 +110,16 @@ def check_provider(value: str | None) -> str:
 
 
 def check_address(value: str | None) -> str:
-    """``address`` as the client and the default audience use it, or :class:`WorkloadConfigError`."""
+    """``address`` as the client and the default audience use it, or :class:`WorkloadConfigError`
+    (the rules of a kubeconfig's ``cluster.server``: :func:`~stageset.kube.remote.https_url_problem`)."""
     if value is None or not value.strip():
         raise WorkloadConfigError("key 'address' is missing: the remote API server's https:// URL")
     address = value.strip()
-    if len(address) > MAX_ADDRESS or not _printable(address):
-        raise WorkloadConfigError("key 'address' must be one line of printable ASCII without spaces "
-                                  f"(at most {MAX_ADDRESS} characters)")
-    if not address.startswith("https://"):
-        raise WorkloadConfigError("key 'address' must be an https:// URL (a token is never sent in clear)")
-    try:
-        parts = urlsplit(address)
-        parts.port  # noqa: B018 - raises on a port that is no number
-    except ValueError as error:
-        raise WorkloadConfigError("key 'address' is not a valid URL") from error
-    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise WorkloadConfigError("key 'address' must not carry user:password@")
-    if not parts.hostname:
-        raise WorkloadConfigError("key 'address' names no host")
-    if parts.query or parts.fragment or "?" in address or "#" in address:
-        raise WorkloadConfigError("key 'address' must not carry a query or fragment")
+    problem = https_url_problem(address, limit=MAX_ADDRESS)
+    if problem is not None:
+        extra = {UrlProblem.NOT_HTTPS: " (a token is never sent in clear)",
+                 UrlProblem.NOT_ONE_LINE: f" (at most {MAX_ADDRESS} characters)"}
+        raise WorkloadConfigError(f"key 'address' {problem.value}{extra.get(problem, '')}")
     return address
 
 

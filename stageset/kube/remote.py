@@ -21,6 +21,7 @@ directory (0700, files 0600) owned by the :class:`RemoteConfig` and never logged
 from __future__ import annotations
 
 import base64
+import enum
 import hashlib
 import os
 import tempfile
@@ -83,25 +84,47 @@ def _decode(value: Any, field: str) -> bytes:
         raise KubeconfigError(f"kubeconfig field {field} is not valid base64") from error
 
 
+class UrlProblem(enum.Enum):
+    """What makes a remote API server's URL unusable (a kubeconfig's ``cluster.server``, a workload
+    identity ConfigMap's ``address``): one set of rules for both, each caller naming its field."""
+
+    NOT_HTTPS = "must be an https:// URL"
+    NOT_ONE_LINE = "must be one line of printable ASCII without spaces"
+    INVALID = "is not a valid URL"
+    USERINFO = "must not carry user:password@"
+    NO_HOST = "names no host"
+    QUERY = "must not carry a query or fragment"
+
+
+def https_url_problem(url: Any, *, limit: int = MAX_SERVER) -> UrlProblem | None:
+    """Why ``url`` may not name a remote API server (``None``: it may): ``https://``, one line of
+    printable ASCII of at most ``limit`` characters, a host, and nothing a request would carry
+    besides the address (no ``user:password@``, query or fragment)."""
+    if not isinstance(url, str) or not url.startswith("https://"):
+        return UrlProblem.NOT_HTTPS
+    if len(url) > limit or any(not 33 <= ord(c) < 127 for c in url):
+        return UrlProblem.NOT_ONE_LINE
+    try:
+        parts = urlsplit(url)
+        parts.port  # noqa: B018 - raises on a port that is no number
+    except ValueError:
+        return UrlProblem.INVALID
+    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
+        return UrlProblem.USERINFO
+    if not parts.hostname:
+        return UrlProblem.NO_HOST
+    if parts.query or parts.fragment or "?" in url or "#" in url:
+        return UrlProblem.QUERY
+    return None
+
+
 def check_server(server: Any) -> str:
     """``cluster.server`` as a client may use it, or :class:`KubeconfigError` naming what is wrong."""
-    if not isinstance(server, str) or not server.startswith("https://"):
-        raise KubeconfigError("kubeconfig cluster.server must be an https:// URL")
-    if len(server) > MAX_SERVER or any(not 33 <= ord(c) < 127 for c in server):
-        raise KubeconfigError("kubeconfig cluster.server must be one line of printable ASCII without "
-                              "spaces")
-    try:
-        parts = urlsplit(server)
-        parts.port  # noqa: B018 - raises on a port that is no number
-    except ValueError as error:
-        raise KubeconfigError("kubeconfig cluster.server is not a valid URL") from error
-    if parts.username is not None or parts.password is not None or "@" in parts.netloc:
-        raise KubeconfigError("kubeconfig cluster.server must not carry user:password@ (basic auth is "
-                              "refused: use a token or client-certificate-data)")
-    if not parts.hostname:
-        raise KubeconfigError("kubeconfig cluster.server names no host")
-    if parts.query or parts.fragment or "?" in server or "#" in server:
-        raise KubeconfigError("kubeconfig cluster.server must not carry a query or fragment")
+    problem = https_url_problem(server)
+    if problem is not None:
+        extra = {UrlProblem.USERINFO: " (basic auth is refused: use a token or client-certificate-data)"}
+        raise KubeconfigError(f"kubeconfig cluster.server {problem.value}{extra.get(problem, '')}")
+    assert isinstance(server, str)
     return server
 
 

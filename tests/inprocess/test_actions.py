@@ -508,3 +508,36 @@ def test_an_answer_without_secrets_is_quoted_redacted_before_it_is_cut(encoding:
     assert _answer(body, carried_secrets=True, redact=Redactor()) == (
         "the response is not shown, as the request carried values from a Secret"
     )
+
+
+def test_an_apply_action_writes_no_object_another_stageset_holds_a_patch_action_may(world: World) -> None:
+    """The rule (docs/actions.md, "Whose objects an action may write"): ``apply`` renders desired state
+    as a stage does and is held to the same ownership (``OwnershipConflict``, nothing written);
+    ``patch`` and ``delete`` act on what they name, as the stage's identity may."""
+    shared = f"/api/v1/namespaces/{NS}/configmaps/shared"
+    world.commit({"app/shared.json": configmap("shared", "holder's")}, url="https://git.example/holder.git",
+                 name="holder-src")
+    world.stageset("holder", [{"name": "app", "path": "./app", "sourceRef": {"name": "holder-src"}}])
+    world.reconcile("holder")
+    assert world.ready("holder")["status"] == "True"
+
+    world.commit({"app/a.json": configmap("a"), "extra/shared.json": configmap("shared", "mine"),
+                  "tag/t.json": configmap("t")})
+    apply_action = {"name": "extra", "apply": {"sourceRef": {"name": "app"}, "path": "./extra"}}
+    world.stageset("shop", [{"name": "app", "path": "./app", "actions": {"post": [apply_action]}}])
+    world.cluster.clear()
+    world.reconcile("shop")
+    ready = world.ready("shop")
+    assert (ready["status"], ready["reason"]) == ("False", "OwnershipConflict")
+    assert f"ConfigMap {NS}/shared is held by StageSet {NS}/holder" in ready["message"]
+    assert [r.verb for r in world.cluster.requests if r.path == shared and r.verb != "get"] == [], \
+        "nothing written to the holder's object"
+    assert world.configmap("shared")["data"] == {"k": "holder's"}  # type: ignore[index]
+
+    target = {"apiVersion": "v1", "kind": "ConfigMap", "name": "shared"}
+    marked = "metadata: {annotations: {marked: 'yes'}}"
+    patch_action = {"name": "mark", "patch": {"target": target, "patch": marked}}
+    world.stageset("tagger", [{"name": "app", "path": "./tag", "actions": {"post": [patch_action]}}])
+    world.reconcile("tagger")
+    assert world.ready("tagger")["status"] == "True"
+    assert world.configmap("shared")["metadata"]["annotations"]["marked"] == "yes"  # type: ignore[index]

@@ -325,3 +325,23 @@ def test_a_new_cluster_slow_to_turn_ready_does_not_use_up_the_cleanup_wait(world
     assert events(world, "RetargetAbandoned") == []
     assert world.configmap("a") is None
     assert world.configmap("d") is None
+
+
+def test_deletion_policy_orphan_releases_what_a_move_leaves_and_deletes_nothing_there(world: World) -> None:
+    """The rule (docs/tenancy.md, "The cluster moves"): a move is the StageSet leaving a cluster, so
+    ``deletionPolicy: Orphan`` governs it as it governs a teardown: released, never deleted."""
+    ready_here(world, deletionPolicy="Orphan")
+    prod = remote(world, "prod.example")
+    move_to(world, "prod.example", deletionPolicy="Orphan")
+    world.cluster.clear()
+    settle(world)
+    assert world.ready("shop")["status"] == "True"
+    assert prod.get(f"{CM}/a") is not None
+    assert deletes(world.cluster) == [], "nothing deleted on the cluster left behind"
+    for name in ("a", "d"):
+        left = world.configmap(name)
+        assert left is not None, "kept"
+        assert LABEL not in (left["metadata"].get("labels") or {}), "released: owner labels removed"
+    assert events(world, "Retargeted") == [
+        f"moved from this cluster to {PROD}: 2 object(s) applied and ready there; on this cluster: "
+        "0 deleted, 2 released (deletionPolicy: Orphan)"]

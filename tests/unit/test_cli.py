@@ -126,3 +126,24 @@ def test_get_and_tree_show_what_a_warn_stageset_left_drifted() -> None:
     assert "ConfigMap/shop/a  Current  [drifted: data.k]" in tree
     assert "ConfigMap/shop/b  Current  [drifted: deleted]" in tree
     assert "ConfigMap/shop/c  Current\n" in tree
+
+
+def test_every_sessions_namespace_option_completes_namespaces_from_the_cluster() -> None:
+    """The session's ``-n`` names no completion (no import of the completion module from the session);
+    ``completion.attach`` gives it one on every command, as it does ``NAME`` and ``--stage``."""
+    from stageset.cli.completion import complete_namespaces
+    from stageset.cli.root import main
+
+    def commands(group: click.Group) -> list[click.Command]:
+        found: list[click.Command] = []
+        with click.Context(group) as ctx:
+            for name in group.list_commands(ctx):
+                command = group.get_command(ctx, name)  # loaded as a run would load it
+                assert command is not None
+                found.extend(commands(command) if isinstance(command, click.Group) else [command])
+        return found
+
+    options = [p for c in commands(main) for p in c.params
+               if isinstance(p, click.Option) and p.name == "namespace"]
+    assert len(options) > 10, "the session's commands"
+    assert all(p._custom_shell_complete is complete_namespaces for p in options)

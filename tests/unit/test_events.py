@@ -14,9 +14,12 @@ from stageset.controller.events import (
     EventRecorder,
     ReadyWarnings,
     Recorded,
+    Subscription,
     change_summary,
     failing_revision,
+    normal,
     ready_transition,
+    warning,
 )
 from stageset.kube.client import ApiError
 
@@ -90,7 +93,7 @@ def test_repeats_patch_one_events_series_until_the_window_passes() -> None:
     client, clock = Recording(), Clock()
     recorder = EventRecorder(client, clock=clock, instance="test")  # type: ignore[arg-type]
     for _ in range(3):
-        recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="boom")
+        recorder.emit(warning(OBJ, Reason.STAGE_FAILED, "boom"))
         clock.now += datetime.timedelta(minutes=1)
     creates = [r for r in client.requests if r[0] == "POST"]
     patches = [r for r in client.requests if r[0] == "PATCH"]
@@ -113,33 +116,23 @@ def test_repeats_patch_one_events_series_until_the_window_passes() -> None:
     assert created["eventTime"] == "2026-01-01T00:00:00.000000Z"
     assert all(p[1].endswith("/" + created["metadata"]["name"]) for p in patches)
     # A different note is another event; a quiet window starts a new one.
-    recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="other")
+    recorder.emit(warning(OBJ, Reason.STAGE_FAILED, "other"))
     clock.now += datetime.timedelta(minutes=7)
-    recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="boom")
+    recorder.emit(warning(OBJ, Reason.STAGE_FAILED, "boom"))
     assert len([r for r in client.requests if r[0] == "POST"]) == 3
 
 
 def test_an_expired_event_is_created_again_and_notes_are_redacted_and_bounded() -> None:
     client, clock = Recording(), Clock()
     recorder = EventRecorder(client, clock=clock, instance="test")  # type: ignore[arg-type]
-    recorder.emit(
-        OBJ,
-        type_=EventType.NORMAL,
-        reason=EventReason.RECONCILIATION_SUCCEEDED,
-        message="value=s3cr3t " + "x" * 2000,
-        redact=lambda text: text.replace("s3cr3t", "***"),
-    )
+    recorder.emit(normal(OBJ, EventReason.RECONCILIATION_SUCCEEDED, "value=s3cr3t " + "x" * 2000,
+                         redact=lambda text: text.replace("s3cr3t", "***")))
     first = client.requests[0][2]
     assert first["note"].startswith("value=*** ")
     assert len(first["note"]) == 1024
     client.gone.add(first["metadata"]["name"])
-    recorder.emit(
-        OBJ,
-        type_=EventType.NORMAL,
-        reason=EventReason.RECONCILIATION_SUCCEEDED,
-        message="value=s3cr3t " + "x" * 2000,
-        redact=lambda text: text.replace("s3cr3t", "***"),
-    )
+    recorder.emit(normal(OBJ, EventReason.RECONCILIATION_SUCCEEDED, "value=s3cr3t " + "x" * 2000,
+                         redact=lambda text: text.replace("s3cr3t", "***")))
     assert [r[0] for r in client.requests] == ["POST", "PATCH", "POST"]
     assert "s3cr3t" not in str(client.requests)
 
@@ -147,9 +140,9 @@ def test_an_expired_event_is_created_again_and_notes_are_redacted_and_bounded() 
 def test_forget_ends_an_objects_series() -> None:
     client, clock = Recording(), Clock()
     recorder = EventRecorder(client, clock=clock, instance="test")  # type: ignore[arg-type]
-    recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="boom")
+    recorder.emit(warning(OBJ, Reason.STAGE_FAILED, "boom"))
     recorder.forget("shop", "web")
-    recorder.emit(OBJ, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="boom")
+    recorder.emit(warning(OBJ, Reason.STAGE_FAILED, "boom"))
     assert [r[0] for r in client.requests] == ["POST", "POST"]
 
 
@@ -160,13 +153,8 @@ def test_a_repeat_at_another_revision_is_a_new_event_never_folded_into_the_old_o
     recorder = EventRecorder(client, clock=clock, instance="test")  # type: ignore[arg-type]
 
     def succeeded(revision: str) -> None:
-        recorder.emit(
-            OBJ,
-            type_=EventType.NORMAL,
-            reason=EventReason.RECONCILIATION_SUCCEEDED,
-            message="ConfigMap/shop/x configured",
-            annotations={"stages.metio.wtf/revision": revision},
-        )
+        recorder.emit(normal(OBJ, EventReason.RECONCILIATION_SUCCEEDED, "ConfigMap/shop/x configured",
+                             revision=revision))
         clock.now += datetime.timedelta(seconds=30)
 
     for revision in ("main@sha1:aaa", "main@sha1:bbb", "main@sha1:aaa"):
@@ -187,9 +175,8 @@ def test_a_listener_hears_each_new_event_redacted_never_a_repeat_and_never_fails
     recorder = EventRecorder(client, clock=clock, instance="test", listener=heard.append)  # type: ignore[arg-type]
     obj = {**OBJ, "metadata": {**OBJ["metadata"], "labels": {"team": "a"}}}  # type: ignore[dict-item]
     for _ in range(3):
-        recorder.emit(obj, type_=EventType.WARNING, reason=Reason.STAGE_FAILED, message="token s3cret!",
-                      redact=lambda text: text.replace("s3cret!", "***"),
-                      annotations={"stages.metio.wtf/revision": "main@sha1:abc"})
+        recorder.emit(warning(obj, Reason.STAGE_FAILED, "token s3cret!",
+                              redact=lambda text: text.replace("s3cret!", "***"), revision="main@sha1:abc"))
     assert len(heard) == 1, "a repeat folded into the series is not told again"
     told = heard[0]
     assert (told.type, told.reason, told.note) == (EventType.WARNING, "StageFailed", "token ***")
@@ -202,7 +189,7 @@ def test_a_listener_hears_each_new_event_redacted_never_a_repeat_and_never_fails
         raise RuntimeError("listener bug")
 
     failing = EventRecorder(client, clock=clock, instance="test", listener=broken)  # type: ignore[arg-type]
-    failing.emit(OBJ, type_=EventType.NORMAL, reason=EventReason.NEW_ARTIFACT, message="x")
+    failing.emit(normal(OBJ, EventReason.NEW_ARTIFACT, "x"))
     assert client.requests[-1][0] == "POST", "the event is recorded all the same"
 
 
@@ -260,10 +247,12 @@ def test_the_stagesets_ready_policy_names_the_revision_that_failed_others_none()
     assert [e.annotations for e in heard] == [{"stages.metio.wtf/revision": "main@sha1:new"}, {}]
 
 
-def test_every_subscribed_listener_hears_each_new_event() -> None:
-    first: list[Recorded] = []
-    second: list[Recorded] = []
-    recorder = EventRecorder(Recording(), clock=Clock(), instance="test", listener=first.append)  # type: ignore[arg-type]
-    recorder.subscribe(second.append)
-    recorder.emit(OBJ, type_=EventType.NORMAL, reason=EventReason.NEW_ARTIFACT, message="x")
-    assert len(first) == len(second) == 1
+def test_a_subscription_hears_the_kinds_it_declared_and_no_other() -> None:
+    every: list[Recorded] = []
+    stagesets: list[Recorded] = []
+    recorder = EventRecorder(Recording(), clock=Clock(), instance="test", listener=every.append)  # type: ignore[arg-type]
+    recorder.subscribe(Subscription(kinds=frozenset({"StageSet"}), tell=stagesets.append))
+    recorder.emit(normal(OBJ, EventReason.RECONCILIATION_SUCCEEDED, "x"))
+    recorder.emit(normal({**OBJ, "kind": "GitRepository"}, EventReason.NEW_ARTIFACT, "y"))
+    assert [e.note for e in every] == ["x", "y"]
+    assert [e.regarding["kind"] for e in stagesets] == ["StageSet"]

@@ -23,6 +23,7 @@ from stageset.apply.prune import (
     prune,
     unpruned_stages,
 )
+from stageset.controller.events import ObjectEvent
 from stageset.controller.metrics import Metrics
 from stageset.controller.redact import Redactor
 from stageset.controller.stageset.changes import Changes
@@ -140,8 +141,11 @@ class Events:
     def __init__(self) -> None:
         self.emitted: list[dict[str, Any]] = []
 
-    def emit(self, obj: dict[str, Any], **event: Any) -> None:
-        self.emitted.append({"on": obj["metadata"]["name"], **event})
+    def emit(self, event: ObjectEvent) -> None:
+        """The typed event as the fields it carries."""
+        self.emitted.append({"on": event.subject.name, "type_": event.type, "reason": event.reason,
+                             "message": event.message, "action": event.action,
+                             "annotations": event.annotations})
 
 
 OBJ = {"apiVersion": "stages.metio.wtf/v1", "kind": "StageSet",

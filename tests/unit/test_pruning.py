@@ -33,6 +33,7 @@ from stageset.controller.stageset.pruning import (
     TearingDown,
     permission,
     prunes_stale,
+    released_stages,
 )
 from stageset.controller.stageset.steering import Steering
 
@@ -232,3 +233,14 @@ def test_the_promoted_gate_is_really_promoted() -> None:
     # The table's "every gate promoted" row means something only if the state is PROMOTED.
     phases = [None if s is None else s.phase for s in (promoted(), soaking(), awaiting())]
     assert phases == [PromotionPhase.PROMOTED, PromotionPhase.SOAKING, PromotionPhase.AWAITING_MANUAL]
+
+
+@pytest.mark.parametrize(("policy", "unpruned", "released"), [
+    (DeletionPolicy.DELETE, [], set()),
+    (DeletionPolicy.DELETE, ["db"], {"db"}),  # prune: false: released, never deleted
+    (DeletionPolicy.ORPHAN, [], {"db", "app"}),  # Orphan: nothing is deleted, on any cluster left
+    (DeletionPolicy.ORPHAN, ["db"], {"db", "app"}),
+])
+def test_leaving_a_cluster_releases_as_the_deletion_policy_says_for_a_teardown_and_a_move_alike(
+        policy: DeletionPolicy, unpruned: list[str], released: set[str]) -> None:
+    assert released_stages(["db", "app"], unpruned=unpruned, policy=policy) == released

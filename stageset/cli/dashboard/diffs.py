@@ -22,11 +22,11 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from stageset.api.vocabulary import EventReason
+from stageset.api.vocabulary import EVENT_REVISION_ANNOTATION, EventReason
 from stageset.apply.changeset import WRITES
 from stageset.apply.inventory import ObjectId
 
-REVISION_ANNOTATION = "stages.metio.wtf/revision"
+REVISION_ANNOTATION = EVENT_REVISION_ANNOTATION
 _ACTIONS = {action.value.lower() for action in WRITES}
 _MORE = re.compile(r"^and (\d+) more$")
 _PRUNED = re.compile(r"^(\d+) pruned$")

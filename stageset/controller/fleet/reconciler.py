@@ -32,9 +32,9 @@ import logging
 from pydantic import ValidationError
 
 from stageset.api.fleet import ANNOTATION_FLEET_RELEASE, FleetRollout, FleetRolloutStatus, MemberRelease
-from stageset.api.vocabulary import EventReason, EventType, Reason
+from stageset.api.vocabulary import EventReason, Reason
 from stageset.controller.clock import Clock
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, normal, warning
 from stageset.controller.fleet.decide import Decision, Member, decide
 from stageset.controller.fleet.index import FleetIndex, Seen
 from stageset.controller.fleet.selection import waves_of
@@ -155,15 +155,14 @@ class FleetRolloutReconciler:
         for wave in decision.opened:
             self._metrics.fleet_wave_opened(name, wave)
             revisions = ", ".join(decision.status.round.revisions) if decision.status.round else "-"
-            self._events.emit(obj, type_=EventType.NORMAL, reason=EventReason.WAVE_OPENED, action="Rollout",
-                              message=f"wave {wave} opened: its members ship {revisions}")
+            self._events.emit(normal(obj, EventReason.WAVE_OPENED,
+                                     f"wave {wave} opened: its members ship {revisions}", action="Rollout"))
         if decision.halted is not None:
             halt = decision.halted
             self._metrics.fleet_halted(name)
-            self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.ROLLOUT_HALTED,
-                              action="Rollout",
-                              message=f"member {halt.member} of wave {halt.wave} failed ({halt.reason}); "
-                                      "no further wave opens until a new revision arrives")
+            self._events.emit(warning(obj, EventReason.ROLLOUT_HALTED,
+                                      f"member {halt.member} of wave {halt.wave} failed ({halt.reason}); "
+                                      "no further wave opens until a new revision arrives", action="Rollout"))
         if decision.completed:
-            self._events.emit(obj, type_=EventType.NORMAL, reason=EventReason.ROLLOUT_COMPLETED,
-                              action="Rollout", message="every wave is Ready at the newest revisions")
+            self._events.emit(normal(obj, EventReason.ROLLOUT_COMPLETED,
+                                     "every wave is Ready at the newest revisions", action="Rollout"))

@@ -55,9 +55,8 @@ class Notifier:
         self._thread.start()
 
     def offer(self, event: Recorded) -> None:
-        """Queue ``event`` (never blocks)."""
-        if event.regarding.get("kind") != "StageSet":
-            return
+        """Queue ``event`` (never blocks): an event of a kind the notifier subscribed to (its setup
+        declares which, :mod:`~stageset.controller.notifications.setup`)."""
         try:
             self._intake.put_nowait(event)
         except queue.Full:

@@ -30,9 +30,9 @@ from dataclasses import dataclass
 from urllib.parse import quote, urlsplit
 
 from stageset.api.notification import ProviderType, Severity
-from stageset.api.vocabulary import EventReason, EventType, Reason
+from stageset.api.vocabulary import EVENT_REVISION_ANNOTATION, EventReason, EventType, Reason
 
-REVISION_ANNOTATION = "stages.metio.wtf/revision"
+REVISION_ANNOTATION = EVENT_REVISION_ANNOTATION
 REPORTING_CONTROLLER = "stageset-controller"
 MAX_SHAS = 8
 """Commit statuses one event sets at most (a StageSet whose stages stand at several commits)."""

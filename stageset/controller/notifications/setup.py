@@ -3,8 +3,9 @@
 Off without ``--notification-namespace`` and ``--tenant-notifications`` (an empty
 :class:`~stageset.controller.setup.Setup`).
 Otherwise :func:`setup` builds the one :class:`~stageset.controller.notifications.notifier.Notifier`
-(its dispatcher thread starts with it) and declares it: a listener the recorder tells every new
-event (it queues and returns, so no reconcile waits for a receiver), and a closer that sends what is
+(its dispatcher thread starts with it) and declares it: a listener of the StageSets' events (a
+:class:`~stageset.controller.events.Subscription`: the recorder tells it every new event of that
+kind; it queues and returns, so no reconcile waits for a receiver), and a closer that sends what is
 queued within what is left of the shutdown deadline once the workers have stopped.
 
 Identity: the controller's own, for reading the configuration in the notification namespace
@@ -16,6 +17,8 @@ are called through the address guard (``--allow-insecure-sources`` relaxes it, a
 from __future__ import annotations
 
 from sources.addresses import AddressGuard
+from stageset.controller.events import Subscription
+from stageset.controller.kinds import STAGESETS
 from stageset.controller.notifications.delivery import Counters, http_sender
 from stageset.controller.notifications.notifier import Notifier
 from stageset.controller.notifications.tenants import TenantConfigs
@@ -38,4 +41,6 @@ def setup(*, admin: KubeClient, settings: NotificationSettings, counters: Counte
                         send=http_sender(AddressGuard(allow_insecure=allow_insecure, purpose="notifications",
                                                       verb="send to")), tenants=tenants)
     # Closed with what is left of the deadline, at least half a second.
-    return Setup(listeners=(notifier.offer,), closers=(lambda left: notifier.close(timeout=max(0.5, left)),))
+    # StageSets' events only: what alerts select and providers are told about.
+    return Setup(listeners=(Subscription(kinds=frozenset({STAGESETS.kind}), tell=notifier.offer),),
+                 closers=(lambda left: notifier.close(timeout=max(0.5, left)),))

@@ -47,10 +47,11 @@ from stageset.api.vocabulary import EventReason, EventType, Reason, StagePhase
 from stageset.apply.engine import StageResult
 from stageset.controller import logs
 from stageset.controller.clock import Clock
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, normal, warning
 from stageset.controller.redact import Redactor
 from stageset.controller.stageset import actionplan
 from stageset.controller.stageset.actionsteps import ActionContext, ActionRunner, Kind, Step
+from stageset.controller.stageset.claims import LiveClaims
 from stageset.controller.stageset.plan import StageOutcome
 from stageset.controller.stageset.stage import StageApply, StageRun
 from stageset.kube.client import ClientPool, KubeClient
@@ -204,7 +205,8 @@ class ActionStage:
         ledger = ledger.model_copy(update={"running": None})
         self._tell(run, EventType.WARNING, EventReason.ACTION_FAILED, f"{label} failed: {message}")
         why = "nothing was applied" if hook is Hook.PRE else "the stage is not Ready"
-        reason = reason if reason is Reason.RBAC_DENIED else Reason.ACTION_FAILED
+        # A denial and an object another StageSet holds say so in Ready, as a stage's would.
+        reason = reason if reason in (Reason.RBAC_DENIED, Reason.OWNERSHIP_CONFLICT) else Reason.ACTION_FAILED
         return ledger, self._held(run, ledger, f"{label} failed: {message}; {why}", applied=applied,
                                   phase=StagePhase.FAILED, reason=reason)
 
@@ -254,12 +256,16 @@ class ActionStage:
         rendered = run.rendered
         assert ledger.running is not None
         client: KubeClient = self._clients.client(rendered.identity, rendered.target.cluster)
+        namespace, name = str(run.stageset.metadata["namespace"]), str(run.stageset.metadata["name"])
         return ActionContext(
-            namespace=str(run.stageset.metadata["namespace"]), stageset=str(run.stageset.metadata["name"]),
+            namespace=namespace, stageset=name,
             stage=rendered.stage, hook=hook, action=action, ledger=ledger, running=ledger.running,
             identity=rendered.identity, client=client, local=self._clients.client(rendered.identity),
             target=rendered.target, redactor=self._redactor(run), deadline=deadline, timeout=timeout,
-            fresh_runs=fresh_runs)
+            fresh_runs=fresh_runs,
+            # The holder read as the controller, named as the stage's identity may see it (as a stage's).
+            claims=LiveClaims(controller=self._clients.client(), ours=(namespace, name),
+                              tenant=self._clients.client(rendered.identity), target=rendered.target.id))
 
     def _tell(self, run: StageRun, type_: EventType, reason: EventReason, message: str) -> None:
         """An event on the StageSet (and a log line), Secret values removed."""
@@ -270,4 +276,5 @@ class ActionStage:
         else:
             log.info("%s", redact(text))
         obj = {"apiVersion": API_VERSION, "kind": "StageSet", "metadata": run.stageset.metadata}
-        self._events.emit(obj, type_=type_, reason=reason, message=text, action="Action", redact=redact)
+        told = warning if type_ is EventType.WARNING else normal
+        self._events.emit(told(obj, reason, text, action="Action", redact=redact))

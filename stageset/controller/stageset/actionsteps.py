@@ -58,9 +58,11 @@ from stageset.api import SourceRef, Stage, duration_seconds
 from stageset.api.actions import Action, ActionLedger, ActionRun, Hook, SecretKey, TargetRef
 from stageset.api.vocabulary import Reason
 from stageset.apply.cel import CelSandbox, CelUnavailableError, LimitExceededError
+from stageset.apply.claims import Claims
 from stageset.apply.errors import StageError
 from stageset.apply.health import variables as cel_variables
-from stageset.apply.inventory import describe
+from stageset.apply.inventory import describe, object_id
+from stageset.apply.ownership import holder
 from stageset.apply.plan import phases
 from stageset.apply.readiness import Status
 from stageset.controller.accounts import read_named
@@ -138,6 +140,8 @@ class ActionContext:
     local: KubeClient
     target: Target
     redactor: Redactor
+    claims: Claims
+    """Whether another StageSet still holds an object (an ``apply`` action writes none it holds)."""
     deadline: float
     """Monotonic seconds: the step returns by then."""
     timeout: float
@@ -192,7 +196,7 @@ def _api_failure(error: ApiError, what: str, ctx: ActionContext) -> Step:
     # 400/422: the request itself is wrong and stays wrong; anything else may pass next time.
     retryable = error.status not in (400, 415, 422)
     said = _excerpt(error.message, ctx.redactor)
-    return Step.failed(f"{what}: the apiserver answered {error.status}: {said}", retryable=retryable)
+    return Step.failed(f"{what}: the apiserver {error.answered}: {said}", retryable=retryable)
 
 
 class ActionRunner:
@@ -528,12 +532,42 @@ class ActionRunner:
 
     # -- apply -------------------------------------------------------------------------------------
 
+    def _held(self, ctx: ActionContext, objects: list[KubeObject]) -> Step | None:
+        """``OwnershipConflict`` when another live StageSet holds an object the ``apply`` action would
+        write — its owner labels name it, and it still lists the object on this target: a stage's own
+        rule (:mod:`~stageset.controller.stageset.claims`) — before anything is written.  Each object
+        of a kind served now is read as the stage's identity (a denied read is a denial: what cannot
+        be judged is never written); one of a kind not served yet exists nowhere."""
+        for obj in objects:
+            manifest, resource = ctx.target.applier.resolve(obj, ctx.namespace)
+            if resource is None:
+                continue
+            path = resource.object_path(name=manifest["metadata"]["name"],
+                                        namespace=manifest["metadata"].get("namespace"))
+            try:
+                live = ctx.client.get(path)
+            except ApiError as error:
+                if error.not_found:
+                    continue
+                return _api_failure(error, f"read {describe(manifest)}", ctx)
+            found = holder(live)
+            if found is None:
+                continue
+            oid = object_id(manifest)
+            if (claim := ctx.claims.claim(holder=found, oid=oid)) is not None:
+                return Step.failed(f"{oid.describe()} is held by {claim.holder}, which still applies it; an "
+                                   "apply action writes no object another StageSet holds (nothing was "
+                                   "written)", retryable=False, reason=Reason.OWNERSHIP_CONFLICT)
+        return None
+
     def _apply(self, ctx: ActionContext) -> Step:
         apply = ctx.action.apply
         assert apply is not None
         objects = self._render(ctx, apply.source_ref, apply.path)
         label = actionplan.action_label(namespace=ctx.namespace, stageset=ctx.stageset, stage=ctx.stage.name,
                                         hook=ctx.hook, action=ctx.action.name)
+        if ctx.running.run is None and (held := self._held(ctx, objects)) is not None:
+            return held
         bound: list[KubeObject] = []
         for phase in phases(objects):
             for obj in phase:

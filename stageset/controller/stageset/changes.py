@@ -18,13 +18,13 @@ import threading
 from collections.abc import Iterable, Mapping, Sequence
 
 from stageset.api import DriftedObject
-from stageset.api.vocabulary import EventReason, EventType
+from stageset.api.vocabulary import EventReason
 from stageset.apply.changeset import WRITES, Change
 from stageset.apply.engine import StageResult
 from stageset.apply.inventory import ObjectId
 from stageset.apply.prune import PruneResult
 from stageset.controller.drift.report import message as drift_message
-from stageset.controller.events import EventRecorder, change_summary
+from stageset.controller.events import EventRecorder, change_summary, normal, warning
 from stageset.controller.metrics import Metrics
 from stageset.controller.redact import Redactor
 from stageset.kube.types import KubeObject
@@ -62,8 +62,9 @@ class Changes:
         names = ", ".join(sorted(c.id.describe() for c in drifted)[:LISTED])
         more = f" and {len(drifted) - LISTED} more" if len(drifted) > LISTED else ""
         log.info("drift corrected in stage %s: restored %s%s", stage, names, more)
-        self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.DRIFT_CORRECTED,
-                          message=f"stage {stage!r}: restored {names}{more}", action="Apply", redact=redactor)
+        restored = f"stage {stage!r}: restored {names}{more}"
+        self._events.emit(warning(obj, EventReason.DRIFT_CORRECTED, restored, action="Apply",
+                                  redact=redactor))
 
     def drift_found(self, obj: KubeObject, new: Sequence[DriftedObject], *, count: int, warn: bool,
                     redactor: Redactor) -> None:
@@ -74,9 +75,8 @@ class Changes:
             return
         text = drift_message(new)
         log.info("drift left as found (Warn): %s", text)
-        self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.DRIFT_DETECTED,
-                          message=f"{text} ({count} drifted in all)" if count > len(new) else text,
-                          action="Apply", redact=redactor)
+        said = f"{text} ({count} drifted in all)" if count > len(new) else text
+        self._events.emit(warning(obj, EventReason.DRIFT_DETECTED, said, action="Apply", redact=redactor))
 
     def attempting(self, obj: KubeObject, revisions: Mapping[str, str]) -> None:
         """This pass sets out to apply ``revisions`` (by stage): a failure event names them."""
@@ -102,9 +102,8 @@ class Changes:
         if not summary and was_ready:
             return
         message = summary or f"no changes; {stages} stage(s) ready at {revision}"
-        self._events.emit(obj, type_=EventType.NORMAL, reason=EventReason.RECONCILIATION_SUCCEEDED,
-                          message=message, redact=redactor,
-                          annotations={"stages.metio.wtf/revision": revision})
+        self._events.emit(normal(obj, EventReason.RECONCILIATION_SUCCEEDED, message, redact=redactor,
+                                 revision=revision))
 
     def pruned(self, obj: KubeObject, result: PruneResult, redactor: Redactor) -> int:
         """Prune ran (:func:`stageset.apply.prune.prune`): log and count what it deleted, and tell
@@ -117,7 +116,8 @@ class Changes:
         if result.kept:
             names = ", ".join(sorted(i.id.describe() for i in result.kept)[:LISTED])
             log.warning("could not prune %d object(s) no longer in Git: %s", len(result.kept), names)
-            self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.PRUNE_FAILED,
-                              message=f"could not delete {len(result.kept)} object(s) no longer in Git: "
-                              f"{names}", action="Prune", redact=redactor)
+            self._events.emit(warning(obj, EventReason.PRUNE_FAILED,
+                                      f"could not delete {len(result.kept)} object(s) no longer in Git: "
+                                      f"{names}",
+                                      action="Prune", redact=redactor))
         return len(deleted)

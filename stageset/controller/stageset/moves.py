@@ -36,7 +36,6 @@ as the controller.
 
 from __future__ import annotations
 
-import functools
 import logging
 from dataclasses import dataclass
 
@@ -45,20 +44,22 @@ from stageset.api import (
     StageInventory,
     format_time,
 )
-from stageset.api.vocabulary import EventReason, EventType
+from stageset.api.stageset import DeletionPolicy
+from stageset.api.vocabulary import EventReason
 from stageset.apply.errors import StageError
-from stageset.apply.inventory import left_behind, split_by_target, stage_inventory
+from stageset.apply.inventory import left_behind, split_by_target
 from stageset.apply.prune import Owner, unpruned_stages
 from stageset.apply.rebuild import rebuild
 from stageset.apply.record import Previous, StageRecord, parse
 from stageset.controller.clock import Clock
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, normal, warning
 from stageset.controller.identity import IdentityPolicy
+from stageset.controller.stageset import pruning
 from stageset.controller.stageset.context import PassContext
-from stageset.controller.stageset.plan import stage_nodes, teardown_expired, teardown_order, teardown_retry
+from stageset.controller.stageset.plan import teardown_expired, teardown_retry
 from stageset.controller.stageset.progress import Progress
 from stageset.controller.stageset.records import applied_target, on_target
-from stageset.controller.stageset.teardown import AGAIN, CLUSTER_ERRORS, Teardown, release_remaining, why
+from stageset.controller.stageset.teardown import AGAIN, CLUSTER_ERRORS, Teardown, by_target
 from stageset.controller.targets.clusters import (
     LOCAL_TARGET,
     Target,
@@ -67,9 +68,18 @@ from stageset.controller.targets.clusters import (
     named,
     where,
 )
-from stageset.kube.client import ClientPool, KubeClient
+from stageset.kube.client import ClientPool, KubeClient, how_failed
 
 log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Counts:
+    """What a cleanup did so far (across passes: the move's own counts carried in status)."""
+
+    deleted: int
+    released: int
+    failure: str | None = None
 
 
 @dataclass(frozen=True)
@@ -143,7 +153,7 @@ class Moves:
                                   applier=target.applier, client_for=clients)
             except (StageError, *CLUSTER_ERRORS) as error:
                 log.warning("cannot list stage %s's objects on %s yet: %s", stage, where(record.target),
-                            error.message if isinstance(error, StageError) else why(error))
+                            error.message if isinstance(error, StageError) else how_failed(error))
                 unlisted.append((stage, record))
                 continue
             if not rebuilt.complete:
@@ -154,76 +164,74 @@ class Moves:
         return found, tuple(unlisted)
 
     def clean(self, ctx: PassContext, progress: Progress) -> Cleaned:
-        """Only under ``Scope.MOVED``: delete (or release) what is left on previous targets."""
+        """Only under ``Scope.MOVED``: delete (or release) what is left on previous targets, one target
+        at a time (:meth:`_clean_target`), then tell how the move stands (:meth:`_told`)."""
         moving = progress.moving
-        now = self._clock()
         if moving is None and not progress.unlisted:
             return Cleaned(None, (), None)
-        namespace, name = ctx.ref
-        owner = Owner(namespace, name)
-        unpruned = set(unpruned_stages(ctx.stageset))
-        remaining: list[StageInventory] = []
-        deleted = (moving.deleted or 0) if moving is not None else 0
-        released = (moving.released or 0) if moving is not None else 0
-        failure: str | None = None
-        by_target: dict[str, list[StageInventory]] = {}
+        counts = _Counts(deleted=(moving.deleted or 0) if moving is not None else 0,
+                         released=(moving.released or 0) if moving is not None else 0)
         names: dict[str, str] = {r.target: where(r.target) for _, r in progress.unlisted}
-        for inv in moving.inventory if moving is not None else []:
-            by_target.setdefault(inv.target_id, []).append(inv)
-            names[inv.target_id] = named(inv.target)
-        for target_id, invs in by_target.items():
-            try:
-                target = self._previous(ctx, invs[0])
-            except StageError as error:
-                failure, remaining = error.message, [*remaining, *invs]
-                continue
-            except CLUSTER_ERRORS as error:
-                failure, remaining = f"{names[target_id]} cannot be used: {why(error)}", \
-                    [*remaining, *invs]
-                continue
-            inventories = {inv.name: inv for inv in invs}
-            blocked = False
-            for stage in teardown_order(stage_nodes(ctx.stageset), inventories):
-                inv = inventories[stage]
-                if blocked:  # a stage's objects must be gone before its dependencies' are deleted
-                    remaining.append(inv)
-                    continue
-                release = functools.partial(release_remaining, inv, owner=owner) \
-                    if stage in unpruned else None
-                attempt, failed = self._teardown.attempt(inv, target=target, namespace=namespace, owner=owner,
-                                                         release=release)
-                gone = len(inv.entries) - len(attempt.remaining)
-                if release is not None:
-                    released += gone
-                else:
-                    deleted += gone
-                if attempt.remaining:
-                    remaining.append(stage_inventory(inv.name, inv.service_account_name, attempt.remaining,
-                                                     target=inv.target))
-                    failure = failed or failure
-                    blocked = True
+        remaining: list[StageInventory] = []
+        for target_id, invs in by_target(moving.inventory if moving is not None else []).items():
+            names[target_id] = named(invs[0].target)
+            remaining.extend(self._clean_target(ctx, invs, counts, name=names[target_id]))
+        return self._told(ctx, progress, remaining, counts, previous=", ".join(sorted(set(names.values()))))
+
+    def _clean_target(self, ctx: PassContext, invs: list[StageInventory], counts: _Counts, *, name: str
+                      ) -> list[StageInventory]:
+        """One previous target: reached again (as the StageSet), its stages cleared dependents first —
+        released instead of deleted as leaving a cluster says (``prune: false``, ``deletionPolicy:
+        Orphan``: :func:`~stageset.controller.stageset.pruning.released_stages`); what is left there."""
+        try:
+            target = self._previous(ctx, invs[0])
+        except StageError as error:
+            counts.failure = error.message
+            return invs
+        except CLUSTER_ERRORS as error:
+            counts.failure = f"{name} cannot be used: {how_failed(error)}"
+            return invs
+        released = pruning.released_stages([inv.name for inv in invs], unpruned=unpruned_stages(ctx.stageset),
+                                           policy=ctx.stageset.spec.deletion_policy)
+        namespace, stageset = ctx.ref
+        cleared = self._teardown.clear(invs, stageset=ctx.stageset, target=target,
+                                       owner=Owner(namespace, stageset), released=released)
+        counts.deleted += cleared.deleted
+        counts.released += cleared.released
+        counts.failure = cleared.failure or counts.failure
+        return cleared.remaining
+
+    def _told(self, ctx: PassContext, progress: Progress, remaining: list[StageInventory], counts: _Counts, *,
+              previous: str) -> Cleaned:
+        """Done: ``Retargeted``; the wait over: ``RetargetAbandoned``; else what is left, and when to
+        look again."""
+        moving, now = progress.moving, self._clock()
+        namespace, name = ctx.ref
         # The wait counts from the first cleanup attempt (a new cluster slow to turn Ready does not
         # use it up); what only the record names (status lost) counts from the move's start.
         since = (moving.cleanup_since or format_time(now)) if moving is not None else \
             progress.moving_since or format_time(now)
-        previous = ", ".join(sorted(set(names.values())))
         if not remaining and not progress.unlisted:
             moved = sum(len(inv.entries) for inv in progress.fresh.values())
+            why_released = "deletionPolicy: Orphan" \
+                if ctx.stageset.spec.deletion_policy is DeletionPolicy.ORPHAN else "prune: false"
             message = (f"moved from {previous} to {ctx.target.named}: {moved} object(s) applied and "
-                       f"ready there; on {previous}: {deleted} deleted, {released} released (prune: false)")
+                       f"ready there; on {previous}: {counts.deleted} deleted, {counts.released} released "
+                       f"({why_released})")
             log.info("StageSet %s/%s %s", namespace, name, message)
-            self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.RETARGETED,
-                              message=message, action="Retarget", redact=ctx.redactor)
+            self._events.emit(normal(ctx.writer.obj, EventReason.RETARGETED, message, action="Retarget",
+                                     redact=ctx.redactor))
             return Cleaned(None, (), None)
         if teardown_expired(now=now, deleted_at=since, max_wait=self._max_wait):
-            self._abandoned(ctx, previous, remaining, progress.unlisted, failure)
+            self._abandoned(ctx, previous, remaining, progress.unlisted, counts.failure)
             return Cleaned(None, (), None)
-        if failure:
-            log.warning("StageSet %s/%s: cleaning up %s waits: %s", namespace, name, previous, failure)
+        if counts.failure:
+            log.warning("StageSet %s/%s: cleaning up %s waits: %s", namespace, name, previous, counts.failure)
         left = PreviousTargets(since=moving.since if moving is not None else since, cleanup_since=since,
-                               inventory=remaining, deleted=deleted or None, released=released or None)
+                               inventory=remaining, deleted=counts.deleted or None,
+                               released=counts.released or None)
         again = teardown_retry(now=now, deleted_at=since, max_wait=self._max_wait) \
-            if failure or progress.unlisted else AGAIN
+            if counts.failure or progress.unlisted else AGAIN
         return Cleaned(left if remaining else None, progress.unlisted, again)
 
     def _abandoned(self, ctx: PassContext, previous: str, left: list[StageInventory], unlisted: Previous,
@@ -236,5 +244,5 @@ class Moves:
         message = (f"gave up cleaning up {previous} after {self._max_wait:.0f}s: {count} object(s) left "
                    f"behind{cause}: {counted}{unknown}; they keep their stages.metio.wtf owner labels")
         log.warning("StageSet %s/%s: %s", *ctx.ref, message)
-        self._events.emit(ctx.writer.obj, type_=EventType.WARNING, reason=EventReason.RETARGET_ABANDONED,
-                          message=message, action="Retarget", redact=ctx.redactor)
+        self._events.emit(warning(ctx.writer.obj, EventReason.RETARGET_ABANDONED, message, action="Retarget",
+                                  redact=ctx.redactor))

@@ -70,7 +70,7 @@ from stageset.controller.stageset.steering import Steering
 from stageset.controller.stageset.supersedes import Letting, Supersedes, Taking
 from stageset.controller.stageset.writer import PassWriter
 from stageset.controller.targets.clusters import Target, inventory_clients
-from stageset.kube.client import ApiError, ClientPool, UnreachableError
+from stageset.kube.client import ApiError, ClientPool, UnreachableError, how_failed
 
 log = logging.getLogger(__name__)
 
@@ -85,11 +85,7 @@ def log_denial(error: StageError) -> None:
 
 def unreachable(target: Target, error: UnreachableError | ApiError) -> str:
     """What to say about a remote cluster that fails: where, and how — never what it sent."""
-    if isinstance(error, UnreachableError):
-        how = error.why
-    else:
-        how = f"answered HTTP {error.status}" + (f" {error.reason}" if error.reason else "")
-    return f"{target.where} cannot be used: {how}; retrying with backoff"
+    return f"{target.where} cannot be used: {how_failed(error)}; retrying with backoff"
 
 
 class PassRunner:

@@ -21,6 +21,11 @@ The rules (first match wins the reason):
   previous targets up (``Scope.MOVED``: what is stale here, and there every object deleted —
   ``prune: false`` stages released — dependents first); never otherwise, and never by default:
   a pass that fails any condition deletes nothing anywhere;
+- **what leaving a cluster does** to a stage's objects there (:func:`released_stages`) is one rule
+  for a teardown and a move alike: ``deletionPolicy: Orphan`` releases every stage's objects (owner
+  labels removed, objects kept), ``Delete`` deletes them but releases a ``prune: false`` stage's.  A
+  move is the StageSet leaving that cluster, so it keeps to what the user said leaving means: under
+  ``Orphan`` a move deletes nothing on the previous cluster;
 - a frozen pass (``windowScope: All`` while the update windows are closed) applies nothing and
   deletes nothing;
 - a rollback, run or resumed (:class:`RollingBack`), deletes, per stage it restores, what the
@@ -192,3 +197,13 @@ def _after_apply(course: Applied) -> PrunePermission:
     if course.moving:
         return PrunePermission(Scope.MOVED, PruneReason.MOVED, Reach.EVERYWHERE)
     return PrunePermission(Scope.STALE, PruneReason.ALL_READY, Reach.EVERYWHERE)
+
+
+def released_stages(stages: Collection[str], *, unpruned: Collection[str], policy: DeletionPolicy
+                    ) -> frozenset[str]:
+    """Of ``stages`` (on a cluster the StageSet leaves: deleted, or moved away from), the ones whose
+    objects are released instead of deleted: every one under ``deletionPolicy: Orphan``, else the
+    ``prune: false`` ones (``unpruned``)."""
+    if policy is DeletionPolicy.ORPHAN:
+        return frozenset(stages)
+    return frozenset(stages) & frozenset(unpruned)

@@ -45,13 +45,13 @@ import networkx as nx
 from stageset.api import StageInventory, StageSetStatus, format_time
 from stageset.api.fleet import NO_FLEET, FleetView
 from stageset.api.release import PromotionPhase, PromotionState, Rollback, StageSnapshot
-from stageset.api.vocabulary import EventReason, EventType, Reason, StagePhase
+from stageset.api.vocabulary import EventReason, Reason, StagePhase
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import stage_inventory, with_kept
 from stageset.apply.prune import Owner, candidates
 from stageset.apply.prune import prune as prune_stale
 from stageset.controller.clock import Clock
-from stageset.controller.events import EventRecorder, revision_annotation
+from stageset.controller.events import EventRecorder, normal, warning
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.metrics import Metrics
 from stageset.controller.stageset import gates, records, rollback, steering
@@ -226,26 +226,26 @@ class Release:
     def _promoted(self, ctx: PassContext, stage: str, how: str, revision: str) -> None:
         self._metrics.promoted(ctx.ref, stage, how=how)
         what = "its soak ended" if how == gates.HOW_SOAK else "promoted by request"
-        self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.PROMOTED,
-                          action="Promote", redact=ctx.redactor,
-                          message=f"stage {stage!r} promoted at {revision} ({what}); "
-                                  "the stages after it go on")
+        self._events.emit(normal(ctx.writer.obj, EventReason.PROMOTED,
+                                 f"stage {stage!r} promoted at {revision} ({what}); "
+                                 "the stages after it go on",
+                                 action="Promote", redact=ctx.redactor))
 
     def _awaiting(self, ctx: PassContext, stage: str, revision: str) -> None:
         """Told once per revision a stage waits at (a notification reaches whoever promotes)."""
-        self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.AWAITING_PROMOTION,
-                          action="Promote", redact=ctx.redactor, annotations=revision_annotation(revision),
-                          message=f"stage {stage!r} is Ready at {revision} and awaits promotion "
-                                  f"(stageset promote NAME --stage {stage}); the stages after it wait")
+        self._events.emit(normal(ctx.writer.obj, EventReason.AWAITING_PROMOTION,
+                                 f"stage {stage!r} is Ready at {revision} and awaits promotion "
+                                 f"(stageset promote NAME --stage {stage}); the stages after it wait",
+                                 action="Promote", redact=ctx.redactor, revision=revision))
 
     def _ignored(self, ctx: PassContext, stage: str, state: PromotionState | None,
                  outcome: StageOutcome) -> None:
         where = f"phase {outcome.phase.value}" if not gates.held(state) or state is None else \
             f"it waited at {state.revision}, and this pass applied {outcome.revision}"
-        self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.PROMOTION_IGNORED,
-                          action="Promote", redact=ctx.redactor,
-                          message=f"stage {stage!r} was not waiting for a promotion ({where}); "
-                                  "nothing promoted")
+        self._events.emit(normal(ctx.writer.obj, EventReason.PROMOTION_IGNORED,
+                                 f"stage {stage!r} was not waiting for a promotion ({where}); "
+                                 "nothing promoted",
+                                 action="Promote", redact=ctx.redactor))
 
     # -- rollback ---------------------------------------------------------------------------
 
@@ -339,9 +339,9 @@ class Release:
             ctx.writer.release(progress, rollback=record)
             self._metrics.rolled_back(ctx.ref, result="rolled_back")
             # Annotated with the revisions that failed (their commits' statuses fail).
-            self._events.emit(ctx.writer.obj, type_=EventType.WARNING, reason=EventReason.ROLLED_BACK,
-                              action="Rollback", message=record.message, redact=ctx.redactor,
-                              annotations=revision_annotation(_joined(record.failed.values())))
+            self._events.emit(warning(ctx.writer.obj, EventReason.ROLLED_BACK, record.message,
+                                      action="Rollback", redact=ctx.redactor,
+                                      revision=_joined(record.failed.values())))
             return RolledBack(Verdict(False, Reason.ROLLED_BACK, record.message, requeue_after=interval),
                               progress)
 
@@ -386,16 +386,14 @@ class Release:
         if steered.override:
             shipped = ", ".join(f"{s} to {r}" for s, r in sorted(steered.override_revisions.items())) \
                 or "nothing held"
-            self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.UPDATE_OVERRIDDEN,
-                              action="UpdateNow", redact=ctx.redactor,
-                              message=f"stages.metio.wtf/update-now={steered.override}: shipping {shipped} "
-                                      "despite the update windows")
+            self._events.emit(normal(ctx.writer.obj, EventReason.UPDATE_OVERRIDDEN,
+                                     f"stages.metio.wtf/update-now={steered.override}: shipping {shipped} "
+                                     "despite the update windows", action="UpdateNow", redact=ctx.redactor))
         if steered.newly_deferred(ctx.writer.status.pending_update):
             self._metrics.deferred(ctx.ref)
             held = steered.pending.revisions.values() if steered.pending is not None else ()
-            self._events.emit(ctx.writer.obj, type_=EventType.NORMAL, reason=EventReason.UPDATE_DEFERRED,
-                              action="Apply", message=steering.deferral(steered), redact=ctx.redactor,
-                              annotations=revision_annotation(_joined(held)))
+            self._events.emit(normal(ctx.writer.obj, EventReason.UPDATE_DEFERRED, steering.deferral(steered),
+                                     action="Apply", redact=ctx.redactor, revision=_joined(held)))
 
     def concluded(self, ctx: PassContext, progress: Progress, status: StageSetStatus, steered: Steering,
                   rendered: Mapping[str, Rendered], *, prune: PrunePermission, rolled: Rollback | None,

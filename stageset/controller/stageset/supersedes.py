@@ -41,7 +41,7 @@ from pydantic import ValidationError
 
 from stageset.api import StageSet
 from stageset.api.actions import ActionLedger
-from stageset.api.vocabulary import EventReason, EventType
+from stageset.api.vocabulary import EventReason
 from stageset.apply.access import SELF_SUBJECT_ACCESS_REVIEWS
 from stageset.apply.handover import (
     Entry,
@@ -55,7 +55,7 @@ from stageset.apply.handover import (
     refrains,
 )
 from stageset.apply.inventory import ObjectId
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, normal
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.stageset import succession
 from stageset.controller.stageset.handover import Handover, stageset_path
@@ -183,8 +183,7 @@ class Supersedes:
             if stage in failed or not objects:
                 continue
             message = succession.taken(stage=stage, ref=ref, objects=objects)
-            self._events.emit(obj, type_=EventType.NORMAL, reason=EventReason.TAKEN_OVER, message=message,
-                              action="Supersede")
+            self._events.emit(normal(obj, EventReason.TAKEN_OVER, message, action="Supersede"))
 
     # -- a predecessor ------------------------------------------------------------------------
 
@@ -216,8 +215,8 @@ class Supersedes:
     def handed(self, obj: KubeObject, letting: Letting, *, listed: int) -> None:
         """A ``HandedOver`` event when this pass first lets objects go that status still listed."""
         if listed and letting.kept:
-            self._events.emit(obj, type_=EventType.NORMAL, reason=EventReason.HANDED_OVER,
-                              message=succession.note(letting.kept), action="Supersede")
+            self._events.emit(normal(obj, EventReason.HANDED_OVER, succession.note(letting.kept),
+                                     action="Supersede"))
 
 
 def _uid(obj: KubeObject) -> str:

@@ -52,14 +52,14 @@ from __future__ import annotations
 import datetime
 import functools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from dataclasses import dataclass
 
 import urllib3
 
 from stageset.api import InventoryEntry, PreviousTargets, StageInventory, StageSet, format_time
 from stageset.api.stageset import DeletionPolicy
-from stageset.api.vocabulary import EventReason, EventType
+from stageset.api.vocabulary import EventReason
 from stageset.apply.errors import StageError
 from stageset.apply.handover import released as handed_away
 from stageset.apply.inventory import entry_id, left_behind, ordered, split_by_target, stage_inventory
@@ -67,7 +67,7 @@ from stageset.apply.orphan import release_stage
 from stageset.apply.prune import Owner, TeardownProgress, teardown_stage, unpruned_stages
 from stageset.apply.record import parse
 from stageset.controller.clock import Clock
-from stageset.controller.events import EventRecorder
+from stageset.controller.events import EventRecorder, normal, warning
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.result import Result
 from stageset.controller.stageset import pruning
@@ -76,7 +76,7 @@ from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.supersedes import Supersedes
 from stageset.controller.stageset.writer import PassWriter
 from stageset.controller.targets.clusters import Target, Targets
-from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError
+from stageset.kube.client import ApiError, ClientPool, KubeClient, UnreachableError, how_failed
 from stageset.kube.types import KubeObject
 
 log = logging.getLogger(__name__)
@@ -86,6 +86,36 @@ AGAIN = 1.0  # seconds between looks while objects are going
 # What reaching a cluster can raise besides our own errors: broken connections, bodies that
 # are not JSON.  All of it is a cluster failing, which counts toward the wait.
 CLUSTER_ERRORS = (UnreachableError, ApiError, urllib3.exceptions.HTTPError, OSError, ValueError)
+
+
+@dataclass(frozen=True)
+class Cleared:
+    """What :meth:`Teardown.clear` left of a cluster's stages (in teardown order), how many objects it
+    deleted and released, and why the first stage not gone stopped (when a cluster failed)."""
+
+    remaining: list[StageInventory]
+    deleted: int
+    released: int
+    failure: str | None
+
+
+@dataclass
+class _Plan:
+    """One teardown pass's plan (:meth:`Teardown._plan`); ``failure`` is the last one met so far."""
+
+    owner: Owner
+    stageset: StageSet | None
+    target: Target | None
+    inventories: dict[str, StageInventory]
+    """On the current target, within reach; what is left as the pass goes."""
+    moving: PreviousTargets | None
+    unpruned: frozenset[str]
+    leaving: DeletionPolicy
+    """How objects are let go of: ``Delete`` only under the one permission's ``Scope.ALL``."""
+    now: datetime.datetime
+    deleted_at: str | None
+    expired: bool
+    failure: str | None
 
 
 @dataclass(frozen=True)
@@ -121,7 +151,7 @@ class Teardown:
         except StageError as error:
             return None, error.message
         except CLUSTER_ERRORS as error:
-            return None, f"reading spec.kubeConfig failed: {why(error)}"
+            return None, f"reading spec.kubeConfig failed: {how_failed(error)}"
 
     def attempt(self, inventory: StageInventory, *, target: Target | None, namespace: str,
                owner: Owner, release: Callable[[KubeClient, Target], list[InventoryEntry]] | None = None
@@ -146,13 +176,36 @@ class Teardown:
         except CLUSTER_ERRORS as error:
             where = target.where if target.remote else "the cluster"
             return TeardownProgress(remaining=list(inventory.entries), failed=len(inventory.entries)), \
-                f"{where} cannot be used: {why(error)}"
+                f"{where} cannot be used: {how_failed(error)}"
         if progress.failed:
             return progress, (f"{progress.failed} object(s) could not be read or deleted as "
                               f"{identity.describe()}")
         return progress, None
 
     def run(self, writer: PassWriter, stageset: StageSet | None) -> Result:
+        """One teardown pass: the plan (:meth:`_plan`), the current target stage by stage
+        (:meth:`_here`), then what a move left elsewhere (:meth:`_elsewhere`), then let go
+        (:meth:`_finish`) — or look again while objects are going."""
+        plan = self._plan(writer, stageset)
+        if isinstance(plan, Result):
+            return plan
+        waiting = self._here(writer, plan)
+        if waiting is not None:
+            return waiting
+        moving = plan.moving
+        if moving is not None and stageset is not None and not plan.inventories:
+            # Deleted mid-move: what is still on a previous cluster goes too (as a move would clean
+            # it up), by the same rules and the same wait.
+            moving, failed = self._elsewhere(writer, stageset, moving, plan)
+            plan.failure = failed or plan.failure
+            if moving is not None and not plan.expired:
+                return self._again(failed, now=plan.now, deleted_at=plan.deleted_at)
+        return self._finish(writer, plan, moving)
+
+    def _plan(self, writer: PassWriter, stageset: StageSet | None) -> _Plan | Result:
+        """What this teardown pass works on: the target, the inventories there (recovered when status
+        lost them; within reach) and on previous clusters, and what the one permission lets go of
+        how — or a :class:`Result` to wait while the inventory cannot be recovered."""
         meta = writer.obj["metadata"]
         namespace, name = str(meta["namespace"]), str(meta["name"])
         # What it handed over (spec.supersedes) is the successor's: never torn down here.
@@ -162,7 +215,6 @@ class Teardown:
         deleted_at = meta.get("deletionTimestamp")
         expired = teardown_expired(now=now, deleted_at=deleted_at, max_wait=self._max_wait)
         target, failure = self._target(stageset)
-        owner = Owner(namespace, name)
         if target is not None:
             inventories, problem = self._recover(writer, inventories, target)
             inventories = handed_away(inventories, gone)
@@ -175,58 +227,127 @@ class Teardown:
         policy = stageset.spec.deletion_policy if stageset else DeletionPolicy.DELETE
         allowed = pruning.permission(pruning.TearingDown(
             policy=policy, namespace_terminating=self._terminating(namespace)))
-        deletes = allowed.scope is pruning.Scope.ALL
         inventories = _within_reach(writer, inventories, reach=allowed.reach, target=target)
-        unpruned = set(unpruned_stages(stageset)) if stageset else set()
-        released = set(unpruned)
-        if not deletes:
-            released = set(inventories)
-        why = "(deletionPolicy: Orphan)"
-        order = teardown_order(stage_nodes(stageset) if stageset else None, inventories)
+        unpruned = frozenset(unpruned_stages(stageset)) if stageset else frozenset()
+        # Deleted only under the one decision's Scope.ALL; refused (Orphan), every stage is released.
+        leaving = DeletionPolicy.DELETE if allowed.scope is pruning.Scope.ALL else DeletionPolicy.ORPHAN
+        return _Plan(owner=Owner(namespace, name), stageset=stageset, target=target, inventories=inventories,
+                     moving=moving, unpruned=unpruned, leaving=leaving, now=now, deleted_at=deleted_at,
+                     expired=expired, failure=failure)
+
+    def _here(self, writer: PassWriter, plan: _Plan) -> Result | None:
+        """The current target, one stage at a time, dependents first, the inventory written after
+        each; ``None`` when done (every stage gone, or the wait is over), else when to look again."""
+        inventories = plan.inventories
+        order = teardown_order(stage_nodes(plan.stageset) if plan.stageset else None, inventories)
         log.debug("tearing down stages in order: %s", ", ".join(order) or "none left")
+        released = pruning.released_stages(inventories, unpruned=plan.unpruned, policy=plan.leaving)
         for stage in order:
-            inv = inventories[stage]
-            release = None if stage not in released else \
-                functools.partial(self._leave_behind, writer.obj, stage, inv, owner=owner,
-                                  why="has prune: false" if stage in unpruned else why)
-            progress, failed = self.attempt(inv, target=target, namespace=namespace, owner=owner,
-                                           release=release)
-            failure = failed or failure
-            still_there = {entry.id for entry in progress.remaining}
-            for entry in inv.entries:
-                if entry.id not in still_there:
-                    log.info("teardown of stage %s: %s %s", stage, entry_id(entry).describe(),
-                             "released" if stage in released else "deleted")
-            if progress.remaining:
-                inventories[stage] = stage_inventory(inv.name, inv.service_account_name, progress.remaining,
-                                                     target=inv.target)
+            remaining = self._stage(writer, plan, stage, release=stage in released)
+            if remaining is not None:
+                inventories[stage] = remaining
             else:
                 del inventories[stage]
             writer.inventory(ordered(inventories))
-            if not progress.remaining:
+            if remaining is None:
                 continue
-            if failure:
-                log.warning("teardown of StageSet %s/%s, stage %s: %s", namespace, name, stage, failure)
-            if not expired:
-                return self._again(failure, now=now, deleted_at=deleted_at)
+            if plan.failure:
+                log.warning("teardown of StageSet %s/%s, stage %s: %s", plan.owner.namespace, plan.owner.name,
+                            stage, plan.failure)
+            if not plan.expired:
+                return self._again(plan.failure, now=plan.now, deleted_at=plan.deleted_at)
             break
-        if moving is not None and stageset is not None and not inventories:
-            # Deleted mid-move: what is still on a previous cluster goes too (as a move would clean
-            # it up), by the same rules and the same wait.
-            moving, failed = self._previous(writer, stageset, moving, owner=owner, deletes=deletes,
-                                            unpruned=unpruned)
-            failure = failed or failure
-            if moving is not None and not expired:
-                return self._again(failed, now=now, deleted_at=deleted_at)
+        return None
+
+    def _stage(self, writer: PassWriter, plan: _Plan, stage: str, *, release: bool) -> StageInventory | None:
+        """One stage on the current target: deleted, or released (``prune: false``,
+        ``deletionPolicy: Orphan``: an ``Orphaned`` event says what); what is left of it."""
+        inv = plan.inventories[stage]
+        releasing = None if not release else \
+            functools.partial(self._leave_behind, writer.obj, stage, inv, owner=plan.owner,
+                              why="has prune: false" if stage in plan.unpruned
+                              else "(deletionPolicy: Orphan)")
+        progress, failed = self.attempt(inv, target=plan.target, namespace=plan.owner.namespace,
+                                       owner=plan.owner, release=releasing)
+        plan.failure = failed or plan.failure
+        still_there = {entry.id for entry in progress.remaining}
+        for entry in inv.entries:
+            if entry.id not in still_there:
+                log.info("teardown of stage %s: %s %s", stage, entry_id(entry).describe(),
+                         "released" if release else "deleted")
+        if not progress.remaining:
+            return None
+        return stage_inventory(inv.name, inv.service_account_name, progress.remaining, target=inv.target)
+
+    def _elsewhere(self, writer: PassWriter, stageset: StageSet, moving: PreviousTargets, plan: _Plan
+                   ) -> tuple[PreviousTargets | None, str | None]:
+        """Tear down what a move in flight left on previous clusters (each reached again through the
+        kubeConfig Secret its inventory names, read as the StageSet), by the same rules; returns what
+        is left there, and why the last cluster failed."""
+        remaining: list[StageInventory] = []
+        failure: str | None = None
+        for invs in by_target(moving.inventory).values():
+            try:
+                identity = self._identities.for_stageset(stageset, what="reading spec.kubeConfig")
+                target = self._targets.previous(self._clients.client(identity), stageset=stageset,
+                                                applied=invs[0].target)
+            except StageError as error:
+                failure, remaining = error.message, [*remaining, *invs]
+                continue
+            except CLUSTER_ERRORS as error:
+                failure = f"a previous cluster cannot be used: {how_failed(error)}"
+                remaining = [*remaining, *invs]
+                continue
+            released = pruning.released_stages([inv.name for inv in invs], unpruned=plan.unpruned,
+                                               policy=plan.leaving)
+            cleared = self.clear(invs, stageset=stageset, target=target, owner=plan.owner, released=released)
+            remaining.extend(cleared.remaining)
+            failure = cleared.failure or failure
+        left = moving.model_copy(update={"inventory": remaining}) if remaining else None
+        writer.previous_targets(left)
+        return left, failure
+
+    def clear(self, inventories: Sequence[StageInventory], *, stageset: StageSet, target: Target,
+              owner: Owner, released: Collection[str]) -> Cleared:
+        """One cluster a StageSet leaves (a move's previous target, or one a deleted StageSet's move
+        left): its stages, dependents first, each deleted — or released, if in ``released`` — as the
+        identity its inventory names; once a stage is not gone, the rest wait (its dependencies are
+        not deleted before it).  No event: the caller tells what it did."""
+        by_name = {inv.name: inv for inv in inventories}
+        remaining: list[StageInventory] = []
+        deleted = let_go = 0
+        failure: str | None = None
+        for stage in teardown_order(stage_nodes(stageset), by_name):
+            inv = by_name[stage]
+            if remaining:
+                remaining.append(inv)
+                continue
+            release = functools.partial(release_remaining, inv, owner=owner) if stage in released else None
+            progress, failed = self.attempt(inv, target=target, namespace=owner.namespace, owner=owner,
+                                           release=release)
+            gone = len(inv.entries) - len(progress.remaining)
+            if release is not None:
+                let_go += gone
+            else:
+                deleted += gone
+            if progress.remaining:
+                remaining.append(stage_inventory(inv.name, inv.service_account_name, progress.remaining,
+                                                 target=inv.target))
+                failure = failed or failure
+        return Cleared(remaining=remaining, deleted=deleted, released=let_go, failure=failure)
+
+    def _finish(self, writer: PassWriter, plan: _Plan, moving: PreviousTargets | None) -> Result:
+        """Let the StageSet go: the finalizer removed; what was left behind (the wait ran out) counted
+        in one ``TeardownForced`` event."""
         try:
             writer.finalizer(present=False)
         except StageError:
             return Result(requeue_after=AGAIN)  # changed under us: read it again and retry
-        left = [*inventories.values(), *(moving.inventory if moving is not None else [])]
+        left = [*plan.inventories.values(), *(moving.inventory if moving is not None else [])]
         if left:
             # Told once, when the release happened: a finalizer patch that must be retried
             # (a conflict, an overloaded apiserver) would otherwise warn once per try.
-            self._forced(writer.obj, left, failure)
+            self._forced(writer.obj, left, plan.failure)
         log.info("teardown finished: finalizer removed")
         return Result()
 
@@ -236,46 +357,6 @@ class Teardown:
             return Result(requeue_after=AGAIN)
         return Result(requeue_after=teardown_retry(now=now, deleted_at=deleted_at, max_wait=self._max_wait))
 
-    def _previous(self, writer: PassWriter, stageset: StageSet, moving: PreviousTargets, *, owner: Owner,
-                  deletes: bool, unpruned: set[str]) -> tuple[PreviousTargets | None, str | None]:
-        """Tear down what a move in flight left on previous clusters (each reached again through the
-        kubeConfig Secret its inventory names, read as the StageSet); returns what is left there,
-        and why the last cluster failed."""
-        remaining: list[StageInventory] = []
-        failure: str | None = None
-        by_target: dict[str, list[StageInventory]] = {}
-        for inv in moving.inventory:
-            by_target.setdefault(inv.target_id, []).append(inv)
-        for invs in by_target.values():
-            try:
-                identity = self._identities.for_stageset(stageset, what="reading spec.kubeConfig")
-                target = self._targets.previous(self._clients.client(identity), stageset=stageset,
-                                                applied=invs[0].target)
-            except StageError as error:
-                failure, remaining = error.message, [*remaining, *invs]
-                continue
-            except CLUSTER_ERRORS as error:
-                failure, remaining = f"a previous cluster cannot be used: {why(error)}", [*remaining, *invs]
-                continue
-            by_name = {inv.name: inv for inv in invs}
-            blocked = False
-            for stage in teardown_order(stage_nodes(stageset), by_name):
-                inv = by_name[stage]
-                if blocked:
-                    remaining.append(inv)
-                    continue
-                release = functools.partial(release_remaining, inv, owner=owner) \
-                    if not deletes or stage in unpruned else None
-                progress, failed = self.attempt(inv, target=target, namespace=owner.namespace, owner=owner,
-                                                release=release)
-                if progress.remaining:
-                    remaining.append(stage_inventory(inv.name, inv.service_account_name, progress.remaining,
-                                                     target=inv.target))
-                    failure, blocked = failed or failure, True
-        left = moving.model_copy(update={"inventory": remaining}) if remaining else None
-        writer.previous_targets(left)
-        return left, failure
-
     def _recover(self, writer: PassWriter, inventories: dict[str, StageInventory], target: Target
                  ) -> tuple[dict[str, StageInventory], str | None]:
         """Status lost its inventory (restored without status): find the objects by their labels."""
@@ -284,7 +365,7 @@ class Teardown:
                                               now=format_time(self._clock()))
             writer.record(recovered.record)
         except CLUSTER_ERRORS as error:
-            return inventories, f"rebuilding the inventory failed: {why(error)}"
+            return inventories, f"rebuilding the inventory failed: {how_failed(error)}"
         return recovered.inventories, recovered.problem
 
     def _leave_behind(self, obj: KubeObject, stage: str, inventory: StageInventory,
@@ -296,9 +377,9 @@ class Teardown:
         if result.released:
             names = ", ".join(sorted(oid.describe() for oid in result.released)[:10])
             more = f" and {len(result.released) - 10} more" if len(result.released) > 10 else ""
-            self._events.emit(obj, type_=EventType.NORMAL, reason=EventReason.ORPHANED,
-                              message=f"stage {stage!r} {why}: left {len(result.released)} "
-                              f"object(s) in place without owner labels: {names}{more}", action="Teardown")
+            self._events.emit(normal(obj, EventReason.ORPHANED,
+                                     f"stage {stage!r} {why}: left {len(result.released)} object(s) in place "
+                                     f"without owner labels: {names}{more}", action="Teardown"))
         return result.remaining
 
     def _forced(self, obj: KubeObject, left: list[StageInventory], failure: str | None) -> None:
@@ -308,8 +389,7 @@ class Teardown:
                    f"{left_behind(left)}; they keep their stages.metio.wtf owner labels")
         log.warning("StageSet %s/%s released: %s", obj["metadata"]["namespace"], obj["metadata"]["name"],
                     message)
-        self._events.emit(obj, type_=EventType.WARNING, reason=EventReason.TEARDOWN_FORCED,
-                          message=message, action="Teardown")
+        self._events.emit(warning(obj, EventReason.TEARDOWN_FORCED, message, action="Teardown"))
 
 
 def _within_reach(writer: PassWriter, inventories: dict[str, StageInventory], *, reach: pruning.Reach,
@@ -337,17 +417,6 @@ def _within_reach(writer: PassWriter, inventories: dict[str, StageInventory], *,
     return kept
 
 
-def why(error: BaseException) -> str:
-    """How a cluster failed, in our words (nothing it sent)."""
-    if isinstance(error, UnreachableError):
-        return error.why
-    if isinstance(error, ApiError):
-        return f"answered HTTP {error.status}" + (f" {error.reason}" if error.reason else "")
-    if isinstance(error, ValueError):
-        return "answered with something that is not JSON"
-    return "the connection failed"
-
-
 def _here_and_elsewhere(writer: PassWriter, inventories: dict[str, StageInventory], target: Target | None, *,
                         now: str) -> tuple[dict[str, StageInventory], PreviousTargets | None]:
     """Only what is on the StageSet's target now is torn down there; what a move left on another
@@ -357,6 +426,14 @@ def _here_and_elsewhere(writer: PassWriter, inventories: dict[str, StageInventor
     if target is None or parse(writer.obj).targetless:
         return inventories, moving
     return split_by_target(inventories, moving, target=target.id, now=now)
+
+
+def by_target(inventories: Iterable[StageInventory]) -> dict[str, list[StageInventory]]:
+    """Stage inventories by the cluster (target id) they were applied on, in their order."""
+    found: dict[str, list[StageInventory]] = {}
+    for inv in inventories:
+        found.setdefault(inv.target_id, []).append(inv)
+    return found
 
 
 def release_remaining(inventory: StageInventory, client: KubeClient, target: Target, *, owner: Owner

@@ -159,7 +159,7 @@ class StageTargetReconciler:
             return Result(backoff=True, requeue_after=self._interval)
         except ApiError as error:
             report.conclude(ready=False, reason=Reason.CLUSTER_UNREACHABLE,
-                            message=f"the cluster at {target.server} answered HTTP {error.status}",
+                            message=f"the cluster at {target.server} {error.answered}",
                             status=status.model_copy(update={"kubernetes_version": None}))
             return Result(backoff=True, requeue_after=self._interval)
         seen = str(version.get("gitVersion", ""))[:256] or None
