@@ -568,6 +568,47 @@ class DeletionPolicy(StrEnum):
     may then adopt them in place)."""
 
 
+# -- drift detection -----------------------------------------------------------------------------
+
+class DriftMode(StrEnum):
+    """What a change nobody committed to an applied object leads to."""
+
+    CORRECT = "Correct"
+    """Restore it (a ``DriftCorrected`` event names the objects): what the reference always does."""
+    WARN = "Warn"
+    """Leave it as it is and report it: the ``Drifted`` condition, a ``DriftDetected`` event,
+    ``status.drifted``.  New revisions are still applied."""
+
+
+class DriftDetection(ApiModel):
+    """How changes to applied objects made outside Git are handled (our extension: the reference
+    always corrects them)."""
+
+    mode: DriftMode = DriftMode.CORRECT
+    """``Correct`` (the default) or ``Warn``."""
+
+
+MAX_DRIFTED = 64
+"""Drifted objects ``status.drifted`` lists (the ``Drifted`` condition counts all of them)."""
+MAX_DRIFT_FIELDS = 16
+"""Field paths listed per drifted object."""
+
+
+class DriftedObject(StatusModel):
+    """An object a ``Warn`` StageSet left as someone else changed it."""
+
+    stage: DNSLabel
+    """The stage that applied it."""
+    id: Annotated[str, Field(max_length=1024)]
+    """``<namespace>_<name>_<group>_<kind>`` (as ``status.inventory`` names it)."""
+    fields: list[Annotated[str, Field(max_length=512)]] = Field(
+        default_factory=list, max_length=MAX_DRIFT_FIELDS,
+        json_schema_extra={"x-kubernetes-list-type": "atomic"})
+    """The field paths that differ from what was applied (``spec.replicas``); empty when it was deleted."""
+    deleted: bool | None = None
+    """True when the object is gone (or no longer carries the owner labels)."""
+
+
 # -- conflict policies ---------------------------------------------------------------------------
 
 class ConflictAction(StrEnum):
@@ -856,7 +897,10 @@ class StageSetSpec(ApiModel):
     (10m unless the platform team changed it)."""
     drift_detection_interval: Duration | None = None
     """How often to re-apply a Ready StageSet to correct drift, when more often than ``interval``
-    (a longer value has no effect)."""
+    (a longer value has no effect).  A change is noticed by watch within seconds anyway, where the
+    controller can watch what was applied (``--max-drift-watches``): this is the backstop."""
+    drift_detection: DriftDetection | None = None
+    """Correct drift (the default) or only report it (``mode: Warn``)."""
     retry_interval: Duration | None = None
     """How soon to retry after a failure; defaults to ``interval``."""
     timeout: Duration = DEFAULT_TIMEOUT
@@ -880,6 +924,10 @@ class StageSetSpec(ApiModel):
     ones keep being corrected) or ``All`` (nothing is applied while closed)."""
     suspend: bool = False
     """Stop reconciling; objects already applied stay as they are."""
+
+    @property
+    def drift_mode(self) -> DriftMode:
+        return self.drift_detection.mode if self.drift_detection is not None else DriftMode.CORRECT
 
     def interval_seconds(self, default: float) -> float:
         """``interval`` in seconds; ``default`` (the controller's ``--default-interval``) when unset."""
@@ -1066,6 +1114,10 @@ class StageSetStatus(StatusModel):
     """Each stage's last applied releases, newest first (bounded: see ``stageset history``)."""
     previous_targets: PreviousTargets | None = None
     """While the StageSet moves to another cluster: the objects still on the previous one."""
+    drifted: list[DriftedObject] = Field(
+        default_factory=list, max_length=MAX_DRIFTED, json_schema_extra={"x-kubernetes-list-type": "atomic"})
+    """``driftDetection.mode: Warn``: the objects left as someone else changed them (at most
+    64; the ``Drifted`` condition counts them all)."""
 
 
 class StageSet(ApiModel):

@@ -17,6 +17,8 @@ class ConditionType(StrEnum):
     READY = "Ready"
     RECONCILING = "Reconciling"
     STALLED = "Stalled"
+    DRIFTED = "Drifted"
+    """StageSet, ``driftDetection.mode: Warn``: objects were left as someone else changed them."""
 
 
 class ConditionStatus(StrEnum):
@@ -51,6 +53,8 @@ class Reason(StrEnum):
     OWNERSHIP_CONFLICT = "OwnershipConflict"
     """A stage renders (or an ``apply`` action would write) an object another live StageSet owns: it
     writes nothing until it is released."""
+    DRIFT_DETECTED = "DriftDetected"
+    """The reason of the ``Drifted`` condition (never of ``Ready``): objects differ from what was applied."""
     SUPERSEDE_DENIED = "SupersedeDenied"
     """``spec.supersedes`` names a StageSet this StageSet's ServiceAccount may not read or patch: nothing
     is applied, and that StageSet keeps everything it holds."""
@@ -124,6 +128,8 @@ class EventReason(StrEnum):
     RECONCILIATION_SUCCEEDED = "ReconciliationSucceeded"
     NEW_ARTIFACT = "NewArtifact"
     DRIFT_CORRECTED = "DriftCorrected"
+    DRIFT_DETECTED = "DriftDetected"
+    """``driftDetection.mode: Warn``: objects were changed by someone else and left so (once per drift)."""
     PRUNE_FAILED = "PruneFailed"
     TEARDOWN_FORCED = "TeardownForced"
     ORPHANED = "Orphaned"

@@ -29,9 +29,13 @@ WRITES = frozenset({Action.CREATED, Action.CONFIGURED, Action.RECREATED, Action.
 class Change:
     id: ObjectId
     action: Action
-    # Someone else changed (or deleted) an object we had applied from this same manifest,
-    # and this apply restored it.
+    # Someone else changed (or deleted) an object we had applied from this same manifest: this
+    # apply restored it (a write), or left it as it is (SKIPPED: driftDetection.mode Warn).
     drift: bool = False
+    fields: tuple[str, ...] = ()
+    """Left drifted: the field paths that differ from what was applied."""
+    gone: bool = False
+    """Left drifted: it was deleted (or lost its owner labels)."""
 
     def describe(self) -> str:
         return f"{self.id.describe()} {self.action.value.lower()}"
@@ -56,7 +60,13 @@ class ChangeSet:
 
     @property
     def drifted(self) -> list[Change]:
-        return [c for c in self.changes if c.drift]
+        """Objects someone else changed that this apply restored."""
+        return [c for c in self.changes if c.drift and c.action in WRITES]
+
+    @property
+    def left_drifted(self) -> list[Change]:
+        """Objects someone else changed that this apply left as they are (``Warn``)."""
+        return [c for c in self.changes if c.drift and c.action not in WRITES]
 
     def count(self, action: Action) -> int:
         return sum(1 for c in self.changes if c.action is action)

@@ -60,6 +60,10 @@ class AppliedObject:
     # never written: SKIPPED.
     action: Action = Action.UNCHANGED
     drifted: bool = False
+    """Someone else changed (or deleted) it since we applied this very manifest: restored (a write),
+    or with ``warn_drift`` left as it is (``SKIPPED``)."""
+    differs: tuple[str, ...] = ()
+    """Left drifted: the field paths that differ from what a write would make of it."""
 
     @property
     def wrote(self) -> bool:
@@ -69,7 +73,8 @@ class AppliedObject:
         return entry(self.id, version=str(self.manifest.get("apiVersion")), digest=self.digest)
 
     def change(self) -> Change:
-        return Change(id=self.id, action=self.action, drift=self.drifted)
+        return Change(id=self.id, action=self.action, drift=self.drifted, fields=self.differs,
+                      gone=self.drifted and self.live is None)
 
 
 @dataclass
@@ -86,6 +91,7 @@ class StageResult:
 
     @property
     def drifted(self) -> list[AppliedObject]:
+        """Objects someone else changed: restored, or (``warn_drift``) left as they are."""
         return [o for o in self.objects if o.drifted]
 
 

@@ -66,12 +66,13 @@ class StageApplier(ApplyCore):
               default_namespace: str, claims: Claims, force: bool = False,
               conflicts: ConflictResolver | None = None,
               previous: Mapping[ObjectId, InventoryEntry] | None = None,
-              recheck_rights: bool = True, preflight: Preflight = Preflight.DRY_RUN) -> StageResult:
+              recheck_rights: bool = True, preflight: Preflight = Preflight.DRY_RUN,
+              warn_drift: bool = False) -> StageResult:
         """Apply ``objects`` as ``client``'s identity (:func:`stageset.apply.write.apply`)."""
         return _write.apply(self, client=client, owner=owner, objects=objects,
                             default_namespace=default_namespace, claims=claims, force=force,
                             conflicts=conflicts, previous=previous, recheck_rights=recheck_rights,
-                            preflight=preflight)
+                            preflight=preflight, warn_drift=warn_drift)
 
     def preview(self, *, client: KubeClient, owner: StageOwner, objects: list[KubeObject],
                 default_namespace: str, conflicts: ConflictResolver | None = None) -> Preview:

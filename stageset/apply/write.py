@@ -33,7 +33,11 @@ Invariants:
   Its own write is its check: when it fails, nothing else has been written (and its dry-run
   then says why, or resolves an immutable-field conflict, as for any other object).
 - A changed object whose manifest is the one we applied last time was changed by
-  someone else: that is drift, corrected and reported.  A new manifest is not drift.
+  someone else: that is drift, corrected and reported.  A new manifest is not drift.  With
+  ``warn_drift`` (``driftDetection.mode: Warn``) drift is not written at all — no patch, no
+  re-creation, no recreate of an immutable change —: the object is left as it is (``SKIPPED``,
+  ``drifted``) with the field paths that differ (:mod:`stageset.apply.differ`), and forgotten by
+  the warm check, so every pass looks at it again.
 - A change the apiserver refuses as immutable gets the stage's conflict policy
   (:mod:`stageset.apply.conflicts`): fail, recreate, or keep the live object untouched.
 - A denial anywhere in the stage forgets the identity's shown rights for every kind and
@@ -51,7 +55,7 @@ import threading
 from collections.abc import Mapping
 
 from stageset.api import InventoryEntry
-from stageset.api.stageset import Preflight
+from stageset.api.stageset import MAX_DRIFT_FIELDS, Preflight
 from stageset.api.vocabulary import Reason
 from stageset.apply import access, warm
 from stageset.apply.changeset import Action
@@ -67,6 +71,7 @@ from stageset.apply.core import (
     namespace_of,
 )
 from stageset.apply.delete import delete_for_recreation
+from stageset.apply.differ import differing_paths
 from stageset.apply.errors import StageError
 from stageset.apply.inventory import ObjectId, describe
 from stageset.apply.ownership import FIELD_MANAGER, StageOwner, label_object
@@ -82,7 +87,8 @@ def apply(core: ApplyCore, *, client: KubeClient, owner: StageOwner, objects: li
           default_namespace: str, claims: Claims, force: bool = False,
           conflicts: ConflictResolver | None = None,
           previous: Mapping[ObjectId, InventoryEntry] | None = None,
-          recheck_rights: bool = True, preflight: Preflight = Preflight.DRY_RUN) -> StageResult:
+          recheck_rights: bool = True, preflight: Preflight = Preflight.DRY_RUN,
+          warn_drift: bool = False) -> StageResult:
     """Apply ``objects`` as ``client``'s identity; raise :class:`StageError` on failure.
 
     ``claims`` says whether another StageSet still holds an object the stage renders (required:
@@ -90,7 +96,9 @@ def apply(core: ApplyCore, *, client: KubeClient, owner: StageOwner, objects: li
     ``conflicts`` answers immutable-field conflicts (default: fail, or recreate with ``force``).
     ``recheck_rights=False`` (a periodic pass): unchanged objects of a kind and namespace where
     the identity showed its rights within ``rights_max_age`` are not dry-run.
-    ``preflight=ACCESS_REVIEW``: objects new to the inventory are access-reviewed, not dry-run."""
+    ``preflight=ACCESS_REVIEW``: objects new to the inventory are access-reviewed, not dry-run.
+    ``warn_drift``: objects someone else changed since we applied this very manifest are left as
+    they are and reported (``driftDetection.mode: Warn``)."""
     previous = previous or {}
     conflicts = conflicts or ConflictResolver.forcing(force)
     labelled = [label_object(obj, owner) for obj in objects]
@@ -100,7 +108,7 @@ def apply(core: ApplyCore, *, client: KubeClient, owner: StageOwner, objects: li
         return _phases(core, client=client, labelled=labelled, bound=bound, served=served,
                        created=created_namespaces(labelled), default_namespace=default_namespace,
                        conflicts=conflicts, previous=previous, owner=owner, recheck_rights=recheck_rights,
-                       claims=claims, preflight=preflight)
+                       claims=claims, preflight=preflight, warn_drift=warn_drift)
     except StageError as error:
         if error.reason is Reason.RBAC_DENIED:
             warm.rights_denied(core, client=client, items=served)
@@ -110,7 +118,8 @@ def apply(core: ApplyCore, *, client: KubeClient, owner: StageOwner, objects: li
 def _phases(core: ApplyCore, *, client: KubeClient, labelled: list[KubeObject],
             bound: list[AppliedObject | None], served: list[AppliedObject], created: frozenset[str],
             default_namespace: str, conflicts: ConflictResolver, previous: Mapping[ObjectId, InventoryEntry],
-            owner: StageOwner, recheck_rights: bool, claims: Claims, preflight: Preflight) -> StageResult:
+            owner: StageOwner, recheck_rights: bool, claims: Claims, preflight: Preflight,
+            warn_drift: bool = False) -> StageResult:
     """The warm check, one dry-run of everything it did not settle (and whether another StageSet
     holds any of it) or, with ``AccessReview``, the access reviews of its new objects and a dry-run
     of the rest, then phase by phase: the late dry-runs (kinds or namespaces an earlier phase
@@ -163,7 +172,8 @@ def _phases(core: ApplyCore, *, client: KubeClient, labelled: list[KubeObject],
             core, client=client, item=item, conflicts=conflicts, previous=previous, owner=owner,
             claims=claims))
         write(core, client=client, items=[i for i in items if i is not pilot and id(i) not in settled
-                                          and id(i) not in reviewed], previous=previous)
+                                          and id(i) not in reviewed], previous=previous,
+              warn_drift=warn_drift)
         _wait_established(core, client=client, items=items)
         result.objects.extend(items)
     warm.remember(core, client=client, items=result.objects)
@@ -220,9 +230,10 @@ def _write_pilot(core: ApplyCore, *, client: KubeClient, item: AppliedObject, co
 
 
 def write(core: ApplyCore, *, client: KubeClient, items: list[AppliedObject],
-          previous: Mapping[ObjectId, InventoryEntry]) -> None:
+          previous: Mapping[ObjectId, InventoryEntry], warn_drift: bool = False) -> None:
     """Write each dry-run object whose dry-run differs from the live one (recreating what the
-    conflict policy recreates, leaving what it keeps); set its final action and drift."""
+    conflict policy recreates, leaving what it keeps); set its final action and drift.  With
+    ``warn_drift``, drift is left as it is and described instead of written."""
     def one(item: AppliedObject) -> None:
         if item.action is Action.SKIPPED:
             return  # conflictPolicy KeepExisting: the live object stays as it is
@@ -230,6 +241,14 @@ def write(core: ApplyCore, *, client: KubeClient, items: list[AppliedObject],
         if not recreate and item.id in previous and item.dry_run is not None and \
                 comparable(item.dry_run) == comparable(item.live):
             item.action = Action.UNCHANGED  # already as wanted: no write
+            return
+        before = previous.get(item.id)
+        if warn_drift and before is not None and before.h == item.digest:
+            # Changed by someone else since we applied this manifest: reported, never written.
+            item.action, item.drifted = Action.SKIPPED, True
+            wanted = item.dry_run if item.dry_run is not None else item.manifest
+            item.differs = tuple(differing_paths(item.live, wanted, limit=MAX_DRIFT_FIELDS,
+                                                 only_wanted=item.dry_run is None))
             return
         if recreate:
             delete_for_recreation(core, client=client, item=item)
@@ -243,7 +262,6 @@ def write(core: ApplyCore, *, client: KubeClient, items: list[AppliedObject],
             # its resourceVersion, one of a create does not.
             existed = existed or bool(((item.dry_run or {}).get("metadata") or {}).get("resourceVersion"))
             item.action = Action.CONFIGURED if existed else Action.CREATED
-        before = previous.get(item.id)
         item.drifted = before is not None and before.h == item.digest and not recreate
 
     core.each(items, one)

@@ -87,6 +87,9 @@ def summary(obj: KubeObject) -> dict[str, Any]:
         "target": target_text(spec),
         "pendingUpdate": status.get("pendingUpdate"),
         "rollback": status.get("rollback"),
+        "driftMode": str((spec.get("driftDetection") or {}).get("mode") or "Correct"),
+        "drifted": status.get("drifted") or [],
+        "drift": find_condition(status.get("conditions"), ConditionType.DRIFTED).get("message", ""),
     }
 
 
@@ -119,7 +122,15 @@ def steering_lines(view: dict[str, Any]) -> list[str]:
     rollback = view.get("rollback") or {}
     if rollback:
         lines.append(f"rollback {rollback.get('phase')}: {rollback.get('message', '')}")
+    if view.get("drift"):
+        lines.append(f"drifted: {view['drift']}")
     return lines
+
+
+def drifted_fields(view: dict[str, Any]) -> dict[tuple[str, str], list[str] | None]:
+    """(stage, inventory id) -> the field paths a Warn StageSet left drifted (``None``: deleted)."""
+    return {(str(d.get("stage")), str(d.get("id"))): None if d.get("deleted") else list(d.get("fields") or [])
+            for d in view.get("drifted") or []}
 
 
 def _stages_ready(view: dict[str, Any]) -> str:
@@ -156,6 +167,10 @@ def list_table(views: list[dict[str, Any]], *, every: bool, wide: bool) -> tuple
     rows = [[v["name"], v["ready"], v["reason"] or "-", _stages_ready(v), short_revision(v["revision"]),
              str(v["suspended"]).lower(), age(v["created"]),
              _first_line(v["message"], 1000 if wide else 80)] for v in views]
+    if any(v["drifted"] or v["driftMode"] != "Correct" for v in views):  # Warn in use: what each left drifted
+        headers = [*headers[:4], "DRIFTED", *headers[4:]]
+        rows = [[*row[:4], str(len(v["drifted"])) if v["driftMode"] != "Correct" or v["drifted"] else "-",
+                 *row[4:]] for v, row in zip(views, rows, strict=True)]
     if wide:
         headers = [*headers[:-1], "GENERATION", "PHASES", "SOURCES", "WAITS FOR", "TARGET", headers[-1]]
         rows = [[*row[:-1], f"{v['observedGeneration'] or '-'}/{v['generation'] or '-'}",
@@ -397,6 +412,7 @@ def tree_view(session: Session, obj: KubeObject) -> dict[str, Any]:
     client = session.client()
     mapper = RestMapper(client)
     view = summary(obj)
+    drifted = drifted_fields(view)
     inventories = {inv.get("name"): inv for inv in (obj.get("status") or {}).get("inventory") or []}
     stages: list[dict[str, Any]] = []
     names = [s["name"] for s in view["stages"]]
@@ -410,14 +426,18 @@ def tree_view(session: Session, obj: KubeObject) -> dict[str, Any]:
         for entry in inventory.get("entries") or []:
             oid = ObjectId.decode(str(entry["id"]))
             state, message = object_state(client, mapper, oid, str(entry["v"]))
-            objects.append({"apiVersion": entry["v"], "kind": oid.kind, "namespace": oid.namespace or None,
-                            "name": oid.name, "status": state, "message": message})
+            found = {"apiVersion": entry["v"], "kind": oid.kind, "namespace": oid.namespace or None,
+                     "name": oid.name, "status": state, "message": message}
+            if (name, str(entry["id"])) in drifted:
+                fields = drifted[(name, str(entry["id"]))]
+                found["drifted"] = {"deleted": True} if fields is None else {"fields": fields}
+            objects.append(found)
         stages.append({**stage, "serviceAccountName": inventory.get("serviceAccountName"),
                        "objects": objects})
     return {"namespace": view["namespace"], "name": view["name"], "ready": view["ready"],
             "reason": view["reason"], "revision": view["revision"], "target": view["target"],
             "waitsFor": waits.states(client, obj), "stages": stages, "pendingUpdate": view["pendingUpdate"],
-            "rollback": view["rollback"]}
+            "rollback": view["rollback"], "drift": view["drift"]}
 
 
 def render_tree(view: dict[str, Any]) -> str:
@@ -440,6 +460,10 @@ def render_tree(view: dict[str, Any]) -> str:
             leaf = "└── " if j == len(objects) - 1 else "├── "
             where = f"{item['namespace']}/" if item["namespace"] else ""
             note = f"  {item['message']}" if item["message"] else ""
+            drift = item.get("drifted")
+            if drift is not None:  # left as someone else changed it (driftDetection.mode Warn)
+                note += "  [drifted: deleted]" if drift.get("deleted") else \
+                    f"  [drifted: {', '.join(drift.get('fields') or []) or 'changed'}]"
             lines.append(f"{indent}{leaf}{item['kind']}/{where}{item['name']}  {item['status']}{note}")
     return "\n".join(lines) + "\n"
 
@@ -453,8 +477,10 @@ def tree(session: Session, name: str, named: str | None) -> None:
 
     First what it waits for (spec.dependsOn: StageSets and objects of other kinds, each Ready or
     not by the controller's rules, readyExpr included).  Objects come from the StageSet's inventory
-    and are read as you, so an object you may not read shows as Unknown.  `tree fleetrollout NAME`
-    shows a FleetRollout's waves, each member with the revisions released to it and what it holds.
+    and are read as you, so an object you may not read shows as Unknown.  One a StageSet in
+    `driftDetection.mode: Warn` left as someone else changed it is marked `[drifted: <fields>]` (or
+    `[drifted: deleted]`).  `tree fleetrollout NAME` shows a FleetRollout's waves, each member with
+    the revisions released to it and what it holds.
     """
     if name in fleet.KIND_WORDS:
         if named is None:

@@ -117,6 +117,7 @@ def controller_settings(params: dict[str, Any], *, temporary_mirrors: bool = Tru
         max_teardown_wait=float(params.get("max_teardown_wait", 3600.0)),
         resync_period=max(1.0, float(params.get("resync_period", 300.0))),
         max_readiness_watches=int(params.get("max_readiness_watches", 100)),
+        max_drift_watches=int(params.get("max_drift_watches", 500)),
         target_namespaces=tuple(params.get("target_namespaces") or ()),
         max_remote_targets=int(params.get("max_remote_targets", 64)),
         workload_identity=bool(params.get("workload_identity")),
@@ -293,6 +294,10 @@ def artifact_settings(params: dict[str, Any]) -> ArtifactSettings:
 @click.option("--max-readiness-watches", default=100, show_default=True, type=click.IntRange(min=0),
               help="Watches stages waiting for readiness may hold at once (each as the stage's identity, "
               "one kind and namespace, label-selected); past that they poll. 0: always poll.")
+@click.option("--max-drift-watches", default=500, show_default=True, type=click.IntRange(min=0),
+              help="Watches held on what StageSets applied (one per cluster, identity, kind and namespace; "
+              "kubeConfig Secrets too), so a change made outside Git is noticed within seconds; past "
+              "that, StageSets fall back to their interval. 0: no drift watches.")
 @click.option("--build-limit", "build_limits", multiple=True, metavar="NAME=VALUE",
               help="Override one limit of a stage's build, e.g. max_stage_objects=50000 "
               "(see docs/layouts.md).")

@@ -29,6 +29,7 @@ RECONCILING = ConditionType.RECONCILING
 STALLED = ConditionType.STALLED
 
 MAX_MESSAGE = 32768
+KSTATUS = frozenset({READY, RECONCILING, STALLED})
 
 
 def set_condition(existing: Sequence[Condition], *, type_: ConditionType, status: ConditionStatus,
@@ -119,9 +120,12 @@ def concluded(status: S, *, start: Sequence[Condition], generation: int, ready: 
     text = redact(message)
     if ready is not True:
         text = with_runbook(text, reason, runbook_base_url)
+    # The kstatus three come from ``start``; any other type (a StageSet's ``Drifted``) is what
+    # ``status`` says: the pass that built it set or removed it.
+    kept = [c for c in start if c.type in KSTATUS] + [c for c in status.conditions if c.type not in KSTATUS]
     return status.model_copy(update={
         "observed_generation": generation,
-        "conditions": summarize(start, ready=ready, reason=reason, message=text, generation=generation,
+        "conditions": summarize(kept, ready=ready, reason=reason, message=text, generation=generation,
                                 now=now, stalled=stalled)})
 
 

@@ -242,6 +242,25 @@ class Metrics:
         "stageset_readiness_watches_refused_total",
         "Watches a waiting stage asked for while "
         "--max-readiness-watches were open: it polled instead.")
+    # -- drift by watch (controller/drift): no per-StageSet labels; stageset_drifted_objects
+    # (per StageSet, Warn mode) is an object series.
+    drift_watches = gauge(
+        "stageset_drift_watches",
+        "Watches open on what StageSets applied (and on their kubeConfig "
+        "Secrets), each as the identity that applied it (at most --max-drift-watches).")
+    drift_watches_refused = counter(
+        "stageset_drift_watches_refused_total",
+        "Drift watches a StageSet needed while "
+        "--max-drift-watches were open: it fell back to its interval for those objects.")
+    drift_unwatched = gauge(
+        "stageset_drift_unwatched_stagesets",
+        "StageSets whose drift is noticed only at their interval "
+        "for some of what they applied: a watch refused by the bound, or one that does not work "
+        "(its identity may not watch that kind there, its cluster is down; retried).")
+    drift_passes = counter(
+        "stageset_drift_passes_total",
+        "Passes queued because a watch saw a change that was not ours "
+        "(an edit of a field we manage, a delete, an owner label removed, a rotated kubeConfig Secret).")
     # -- steering a release ---------------------------------------------------------------
     promotions = counter(
         "stageset_stage_promotions_total",
@@ -442,6 +461,10 @@ class Metrics:
 
     def pruned(self, stageset: tuple[str, str], *, deleted: int, failed: int) -> None:
         self.objects.pruned(("StageSet", *stageset), deleted=deleted, failed=failed)
+
+    def drifted(self, stageset: tuple[str, str], count: int | None) -> None:
+        """Objects a ``Warn`` StageSet's last pass left drifted (``None``: not in Warn mode, no series)."""
+        self.objects.drifted(("StageSet", *stageset), count)
 
     def promoted(self, stageset: tuple[str, str], stage: str, *, how: str) -> None:
         """A stage passed its promotion gate (``how``: soak, manual)."""

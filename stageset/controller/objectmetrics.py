@@ -52,6 +52,7 @@ class _Object:
     stages: dict[str, _Stage] = field(default_factory=dict)
     pruned: list[int] | None = None  # per PRUNE_RESULTS
     durations: list[float] | None = None  # per bucket (not cumulative), then +Inf, then the sum
+    drifted: int | None = None  # objects a Warn StageSet left drifted, as its last pass found them
 
 
 
@@ -116,6 +117,13 @@ class ObjectSeries(Collector):
                              for i, a in enumerate(ACTIONS)]
             entry.drift = (entry.drift or 0) + drifted
 
+    def drifted(self, key: ObjectKey, count: int | None) -> None:
+        """How many objects a StageSet's last pass left drifted (``None``: no series: not in Warn mode)."""
+        with self._lock:
+            found = self._objects.get(key)
+            if found is not None:
+                found.drifted = count
+
     def pruned(self, key: ObjectKey, *, deleted: int, failed: int) -> None:
         with self._lock:
             found = self._objects.get(key)
@@ -161,6 +169,10 @@ class ObjectSeries(Collector):
             labels=["namespace", "name", "result", "tenant"])
         drift = CounterMetricFamily("stageset_drift_corrections", "Objects changed by someone else and "
                                     "restored.", labels=["namespace", "name", "stage", "tenant"])
+        drifted = GaugeMetricFamily(
+            "stageset_drifted_objects", "Objects a StageSet in driftDetection.mode Warn left as someone else "
+            "changed them, as its last pass found them (0 when none; no series in Correct mode).",
+            labels=["namespace", "name", "tenant"])
         tenants: dict[str, str] = {}
         for (kind, namespace, name), obj in objects:
             if namespace not in tenants:
@@ -186,10 +198,18 @@ class ObjectSeries(Collector):
                         applied.add_metric([namespace, name, stage_name, action, tenant], count)
                 if stage.drift is not None:
                     drift.add_metric([namespace, name, stage_name, tenant], stage.drift)
-            if obj.pruned is not None:
-                for result, count in zip(PRUNE_RESULTS, obj.pruned, strict=True):
-                    pruned.add_metric([namespace, name, result, tenant], count)
-        yield from (duration, condition, suspended, phase, stage_objects, applied, pruned, drift)
+            _totals(obj, pruned, drifted, [namespace, name, tenant])
+        yield from (duration, condition, suspended, phase, stage_objects, applied, pruned, drift, drifted)
+
+
+def _totals(obj: _Object, pruned: CounterMetricFamily, drifted: GaugeMetricFamily, labels: list[str]) -> None:
+    """A StageSet's prune counts and its drifted objects, where it has them."""
+    namespace, name, tenant = labels
+    if obj.pruned is not None:
+        for result, count in zip(PRUNE_RESULTS, obj.pruned, strict=True):
+            pruned.add_metric([namespace, name, result, tenant], count)
+    if obj.drifted is not None:
+        drifted.add_metric([namespace, name, tenant], obj.drifted)
 
 
 def _snapshot(obj: _Object) -> _Object:
@@ -198,4 +218,4 @@ def _snapshot(obj: _Object) -> _Object:
                    stages={n: _Stage(s.shown, s.phase, s.objects, list(s.applied) if s.applied else None,
                                      s.drift) for n, s in obj.stages.items()},
                    pruned=list(obj.pruned) if obj.pruned else None,
-                   durations=list(obj.durations) if obj.durations else None)
+                   durations=list(obj.durations) if obj.durations else None, drifted=obj.drifted)

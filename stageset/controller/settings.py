@@ -147,6 +147,11 @@ class ControllerSettings:
     # at again only every ``watched_requeue`` seconds.
     max_readiness_watches: int = 100
     watched_requeue: float = 30.0
+    # What StageSets applied is watched as whoever applied it (one watch per cluster, identity, kind
+    # and namespace; their kubeConfig Secrets too), at most this many watches (``--max-drift-watches``;
+    # 0: none, drift is noticed at each StageSet's interval only); past that, StageSets fall back
+    # to their interval for what no watch covers (controller/drift/).
+    max_drift_watches: int = 500
     # A new StageSet (or a new generation) whose pass only waits for its source or a dependency,
     # having written nothing, says so in status only after this many seconds: a source fetched
     # sooner is never shown as not ready, and costs no writes (controller/stageset/holding.py); 0: at once.

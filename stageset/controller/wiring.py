@@ -2,9 +2,11 @@
 
 :func:`wire` builds the few parts several features share, once — the Git mirror (unless one is
 given), one :class:`~stageset.controller.identity.IdentityPolicy` (who acts as whom, for every
-kind), the readiness watch pool (bounded, ``--max-readiness-watches``; each watch as the identity
-that opened it) — hands them to each feature's ``setup`` in the order their parts depend on each
-other, and joins what they declare (:func:`~stageset.controller.setup.merged`):
+kind), the watch pool (each watch as the identity that opened it: readiness waits, bounded by
+``--max-readiness-watches``, and held watches) and the drift watches over it (bounded by
+``--max-drift-watches``: :mod:`stageset.controller.drift`) — hands them to each feature's ``setup``
+in the order their parts depend on each other, and joins what they declare
+(:func:`~stageset.controller.setup.merged`):
 
 - :mod:`stageset.controller.targets.setup` — the clusters StageSets apply to, and with
   ``--target-namespaces`` the StageTarget reconciler and its Secret watch;
@@ -12,7 +14,8 @@ other, and joins what they declare (:func:`~stageset.controller.setup.merged`):
   StageSets through the StageSet feature's source index;
 - :mod:`stageset.controller.fleet.setup` — the FleetRollout reconciler (cluster-wide releases
   without label shards), which tells the StageSets' passes which rollouts select them;
-- :mod:`stageset.controller.stageset.setup` — the StageSet reconciler and its declaration;
+- :mod:`stageset.controller.stageset.setup` — the StageSet reconciler and its declaration, telling
+  the drift watches what each pass applied;
 - :mod:`stageset.controller.gitrepository` — the GitRepository reconciler, waking StageSets when
   it stores a revision;
 - :mod:`stageset.controller.notifications.setup` — the notifier, a listener of the event recorder;
@@ -35,6 +38,8 @@ from typing import Protocol
 from sources import MirrorStore, UrlPolicy
 from stageset.controller import fluxsources, gitrepository, handoff, namespaces, unserved
 from stageset.controller.artifacts import ArtifactFetcher
+from stageset.controller.drift import setup as drift
+from stageset.controller.drift.registry import DriftWatches
 from stageset.controller.fleet import setup as fleet
 from stageset.controller.fluxwatch import FluxWatches
 from stageset.controller.gitrepository import Fetcher
@@ -63,6 +68,8 @@ class Wired:
     artifacts: ArtifactFetcher
     watches: WatchPool | None
     """The readiness watch pool the features share (``None``: ``--max-readiness-watches 0``: stages poll)."""
+    drift: DriftWatches | None = None
+    """The drift watches (``None``: ``--max-drift-watches 0``: drift is noticed at each interval)."""
 
 
 def mirror_store(settings: ControllerSettings) -> MirrorStore:
@@ -71,13 +78,11 @@ def mirror_store(settings: ControllerSettings) -> MirrorStore:
                        max_bytes=settings.mirror_max_bytes)
 
 
-def readiness_watches(shared: Shared) -> WatchPool | None:
-    """The one bounded pool of selected watches, each as the identity that opened it (counted in the
-    metrics); ``None`` with ``--max-readiness-watches 0``."""
+def watch_pool(shared: Shared) -> WatchPool:
+    """The one pool of selected watches, each as the identity that opened it: readiness waits
+    (bounded by ``--max-readiness-watches``, counted in the metrics) and held watches."""
     settings, metrics = shared.settings, shared.metrics
-    if settings.max_readiness_watches <= 0:
-        return None
-    pool = WatchPool(capacity=settings.max_readiness_watches,
+    pool = WatchPool(capacity=max(settings.max_readiness_watches, 0),
                      on_refused=metrics.readiness_watches_refused.inc)
     metrics.readiness_watches.set_function(pool.__len__)
     return pool
@@ -86,8 +91,11 @@ def readiness_watches(shared: Shared) -> WatchPool | None:
 def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Store | None = None) -> Wired:
     """Every feature, set up with the shared parts; ``enqueue`` and ``stop`` are the manager's."""
     settings = shared.settings
-    watches = readiness_watches(shared)
+    pool = watch_pool(shared)
+    # Stages wait by watch unless --max-readiness-watches 0 (then they poll, never asking the pool).
+    watches = pool if settings.max_readiness_watches > 0 else None
     shared = replace(shared, enqueue=enqueue, watches=watches)
+    drifts = drift.setup(shared, pool=pool)
     if store is None:
         store = mirror_store(settings)
     if isinstance(store, MirrorStore):
@@ -101,7 +109,7 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
     rollouts = fleet.setup(shared, stop=stop)
     stageset = stagesets.setup(shared, identities=identities, store=store, targets=clusters.clusters,
                                sources=sources, poke=flux.watches.poke, stop=stop, artifacts=flux.artifacts,
-                               selected_by=None if rollouts is None else rollouts.selected_by)
+                               selected_by=None if rollouts is None else rollouts.selected_by, drift=drifts)
     git = gitrepository.setup(shared, store=store, identities=identities,
                               on_revision=stageset.watches.revised)
     setup = merged(
@@ -112,5 +120,5 @@ def wire(shared: Shared, *, enqueue: Enqueue, stop: threading.Event, store: Stor
                             clients=shared.clients),
         handoff.setup(shared, stop=stop),
         unserved.setup(shared),
-        Setup() if watches is None else Setup(closers=(lambda _: watches.close(),)))
-    return Wired(setup=setup, flux=flux.watches, artifacts=flux.artifacts, watches=watches)
+        Setup(closers=(lambda _: pool.close(),)))
+    return Wired(setup=setup, flux=flux.watches, artifacts=flux.artifacts, watches=watches, drift=drifts)

@@ -117,6 +117,8 @@ class ControlPlane:
     """etcd's client URL (plain HTTP on loopback): the fault tests compact it."""
     controller_manager: bool = False
     """Whether a kube-controller-manager runs :data:`CONTROLLERS` against this apiserver."""
+    _apiserver: list[str] = field(default_factory=list, repr=False)
+    """kube-apiserver's command line, to start it again (:meth:`start_apiserver`)."""
     issuer: str = "https://kubernetes.default.svc.cluster.local"
     """Its ServiceAccount issuer (``serve_issuer``: its own URL)."""
 
@@ -151,6 +153,30 @@ class ControlPlane:
         self._processes.clear()
         if self._owns_workdir:
             shutil.rmtree(self.workdir, ignore_errors=True)
+
+    def stop_apiserver(self) -> None:
+        """Stop kube-apiserver alone (etcd keeps every object): a cluster that goes away."""
+        process = self._processes[1]
+        if process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=15)
+
+    def start_apiserver(self) -> None:
+        """Start kube-apiserver again after :meth:`stop_apiserver`: same flags, port, certificates and
+        data (its audit log goes on); returns once it is ready."""
+        assert self._apiserver, "not started by start()"
+        assert self._processes[1].poll() is not None, "stop_apiserver() first"
+        log = self.workdir / "kube-apiserver.restarted.log"
+        self._processes[1] = _spawn(self._apiserver, log=log)
+        _wait_ready(self, logs=[self.workdir / "etcd.log", log,
+                                *([self.workdir / "kube-controller-manager.log"] if len(self._processes) > 2
+                                  else [])])
 
     def __enter__(self) -> ControlPlane:
         return self
@@ -347,11 +373,12 @@ def start(*, assets: Assets | None = None, workdir: Path | None = None,
             "--audit-log-maxbackup=0",
             "--v=1",
         ]
-        plane._processes.append(_spawn([
+        plane._apiserver = [
             str(assets.kube_apiserver),
             *(flag for flag in defaults if flag.split("=", 1)[0] not in named),
             *apiserver_flags,
-        ], log=logs[1]))
+        ]
+        plane._processes.append(_spawn(plane._apiserver, log=logs[1]))
         _wait_ready(plane, logs=logs)
         if serve_issuer:
             _allow_issuer_discovery(plane)

@@ -28,6 +28,9 @@ connection is shut down, not left to its timeout); ``health`` hears whether the 
 worked; ``read_timeout`` bounds a silent stream below the resync (the apiserver sends a bookmark
 about every minute, so a longer silence is a dead connection); ``backoff_cap`` and
 ``denied_backoff`` bound the waits between failures (a refusal, 403 or 404, waits longer).
+Held watches of one cluster share a :class:`ClusterGate`: while the cluster does not answer, one
+of them probes it on its own backoff and the others wait for its answer, so an outage costs one
+watch's retries, not one per watch.
 
 Identity: whatever ``client`` is — the controller's own, for our kinds.
 """
@@ -59,6 +62,49 @@ HELD_CHUNK = 8 * 1024
 """What a held watch reads at once: a quiet stream of metadata blocks in its read holding this much."""
 
 
+class ClusterGate:
+    """The held watches of one cluster while it does not answer: one probes it (on its own backoff),
+    the others wait until it answers, then all go on.  An answer of any kind (an error status too)
+    is the cluster answering; only a connection that cannot be made or breaks counts as down."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._down = False
+        self._prober: object | None = None
+
+    def admit(self, who: object, stop: threading.Event) -> bool:
+        """Wait while the cluster is down and another watch probes it; ``False`` once ``stop`` is set."""
+        with self._cond:
+            while self._down and self._prober is not None and self._prober is not who:
+                if stop.is_set():
+                    return False
+                self._cond.wait(1.0)
+            if self._down:
+                self._prober = who
+            return not stop.is_set()
+
+    def failed(self, who: object) -> None:
+        """``who`` could not reach the cluster."""
+        with self._cond:
+            self._down = True
+            if self._prober is None:
+                self._prober = who
+
+    def answered(self) -> None:
+        """The cluster answered: every waiting watch goes on."""
+        with self._cond:
+            if self._down or self._prober is not None:
+                self._down, self._prober = False, None
+                self._cond.notify_all()
+
+    def leave(self, who: object) -> None:
+        """``who`` stops (closed, drained): another watch probes instead."""
+        with self._cond:
+            if self._prober is who:
+                self._prober = None
+                self._cond.notify_all()
+
+
 def object_key(obj: KubeObject) -> tuple[str, str]:
     metadata = obj.get("metadata", {})
     return str(metadata.get("namespace", "")), str(metadata.get("name", ""))
@@ -73,7 +119,8 @@ class Reflector:
                  field_selector: str | None = None, metadata_only: bool = False,
                  resource_version: str = "", listed: Listed | None = None,
                  health: Callable[[bool], None] | None = None, read_timeout: float | None = None,
-                 backoff_cap: float = _BACKOFF_CAP, denied_backoff: float | None = None):
+                 backoff_cap: float = _BACKOFF_CAP, denied_backoff: float | None = None,
+                 gate: ClusterGate | None = None):
         self._client = client
         # Start watching here instead of listing first (the caller knows the objects as of it).
         self._start = resource_version
@@ -82,8 +129,11 @@ class Reflector:
         self._read_timeout = read_timeout
         self._backoff_cap = backoff_cap
         self._denied_backoff = denied_backoff
+        self._gate = gate
         # How the stream being read is shut down from another thread (close()).
         self._abort: Callable[[], None] | None = None
+        # drain(): nothing more is handed over, and the stream ends when the server ends it.
+        self._draining = threading.Event()
         self._abort_lock = threading.Lock()
         # Metadata only (PartialObjectMetadata): the handler sees metadata, never spec or status.
         self._metadata_only = metadata_only
@@ -155,6 +205,8 @@ class Reflector:
         for line in lines:
             if self._stop.is_set():
                 break
+            if self._draining.is_set():
+                continue  # read to the server's end of the stream, told to nobody
             if self._health is not None:
                 self._health(True)
             event: WatchEvent = {"type": str(line.get("type", "")), "object": line.get("object") or {}}
@@ -184,6 +236,8 @@ class Reflector:
 
     def _opened(self, abort: Callable[[], None] | None) -> None:
         """The stream now being read can be shut down with ``abort`` (``None`` once it ended)."""
+        if abort is not None and self._gate is not None:
+            self._gate.answered()
         with self._abort_lock:
             self._abort = abort
         if abort is not None and self._stop.is_set():
@@ -192,10 +246,20 @@ class Reflector:
     def close(self) -> None:
         """Stop, and shut the stream being read now (its thread ends at once, not at the stream's end)."""
         self._stop.set()
+        if self._gate is not None:
+            self._gate.leave(self)
         with self._abort_lock:
             abort = self._abort
         if abort is not None:
             abort()
+
+    def drain(self) -> None:
+        """Stop without a word to the server: nothing more is handed over, no request is made again,
+        and the stream open now ends when the server ends it (at the resync at the latest) — for a
+        watch of a namespace being deleted, where nothing more is to be sent, not even a close."""
+        self._draining.set()
+        if self._gate is not None:
+            self._gate.leave(self)
 
     def _told(self, healthy: bool) -> None:
         if self._health is not None:
@@ -207,18 +271,24 @@ class Reflector:
         if resource_version:
             self.synced.set()  # known as of resource_version: nothing to list first
         failures = 0
-        while not self._stop.is_set():
+        while not self._stop.is_set() and not self._draining.is_set():
+            if self._gate is not None and not self._gate.admit(self, self._stop):
+                return
             try:
                 if not resource_version or time.monotonic() >= resync_at:
                     resource_version = self._list()
+                    if self._gate is not None:
+                        self._gate.answered()
                     resync_at = self._next_resync()
                     self.synced.set()
                     self._told(True)
                 resource_version = self._watch(resource_version, until=resync_at)
                 failures = 0
             except ApiError as error:
-                if self._stop.is_set():
+                if self._stop.is_set() or self._draining.is_set():
                     return
+                if self._gate is not None:
+                    self._gate.answered()  # an error status is an answer: the cluster is there
                 if error.gone:
                     log.info("watch of %s expired (410); relisting", self._resource.plural)
                     self.relists_after_gone += 1
@@ -233,9 +303,11 @@ class Reflector:
                 resource_version = "" if denied else resource_version
                 self._stop.wait(delay)
             except (UnreachableError, urllib3.exceptions.HTTPError, OSError, ValueError) as error:
-                if self._stop.is_set():
+                if self._stop.is_set() or self._draining.is_set():
                     return
                 self._told(False)
+                if self._gate is not None:
+                    self._gate.failed(self)
                 delay = self._backoff(failures)
                 failures += 1
                 log.log(logging.WARNING if failures == 1 else logging.DEBUG,

@@ -25,8 +25,10 @@ namespace) that StageSets applied into (:mod:`stageset.controller.drift`) — an
 when the last holder lets go (its stream shut down, its thread ended).  A held watch keeps no
 objects: each event goes to its holders' handlers as it comes (metadata only by default, so no
 Secret value passes through), and may start from a known ``resourceVersion`` instead of a list.
-It is retried for as long as it is held (a refusal every few minutes at most), and says whether
-its last attempt worked (:meth:`WatchPool.healthy`).  Held watches have no bound here: whoever
+It is retried for as long as it is held (a refusal every few minutes at most; while a cluster
+does not answer, one of its held watches probes it and the others wait:
+:class:`~stageset.kube.watch.ClusterGate`), and says whether its last attempt worked
+(:meth:`WatchPool.healthy`).  Held watches have no bound here: whoever
 holds them bounds them (``--max-drift-watches``).  Same identity rule: a held watch is opened
 with the client its first holder hands in, and joined only under the same key (cluster, identity,
 collection, selectors).
@@ -43,7 +45,7 @@ from dataclasses import dataclass, field
 from stageset.kube.client import KubeClient
 from stageset.kube.mapping import Resource
 from stageset.kube.types import KubeObject
-from stageset.kube.watch import Handler, Listed, Reflector
+from stageset.kube.watch import ClusterGate, Handler, Listed, Reflector
 
 log = logging.getLogger(__name__)
 
@@ -146,6 +148,8 @@ class WatchPool:
         self._resync = resync
         self._watches: dict[Key, Watched] = {}
         self._held: dict[Key, _Held] = {}
+        self._gates: dict[str, ClusterGate] = {}
+        """One per cluster: while it does not answer, one held watch probes it, the others wait."""
         self._lock = threading.Lock()
         self.refused = 0
         """Watches asked for while the pool was full (the caller polled instead)."""
@@ -224,13 +228,15 @@ class WatchPool:
                 resync=HELD_RESYNC, label_selector=label_selector, field_selector=field_selector,
                 metadata_only=metadata_only, resource_version=resource_version,
                 read_timeout=HELD_READ_TIMEOUT, backoff_cap=HELD_BACKOFF_CAP,
-                denied_backoff=HELD_DENIED_BACKOFF)
+                denied_backoff=HELD_DENIED_BACKOFF, gate=self._gates.setdefault(key[0], ClusterGate()))
             self._held[key] = held
         threading.Thread(target=reflector.run, name=f"held-{resource.plural}", daemon=True).start()
         return key
 
-    def release(self, holder: Hashable, key: Key) -> None:
-        """``holder`` no longer needs the watch ``key``: closed at once when nobody else holds it."""
+    def release(self, holder: Hashable, key: Key, *, drain: bool = False) -> None:
+        """``holder`` no longer needs the watch ``key``: closed at once when nobody else holds it —
+        or, with ``drain``, left to end when the server ends its stream (a namespace being deleted:
+        no request, not even a close, goes there any more; :meth:`Reflector.drain`)."""
         with self._lock:
             found = self._held.get(key)
             if found is None:
@@ -240,7 +246,10 @@ class WatchPool:
                 return
             del self._held[key]
         if found.reflector is not None:
-            found.reflector.close()
+            if drain:
+                found.reflector.drain()
+            else:
+                found.reflector.close()
 
     def held(self) -> int:
         """How many held watches are open."""

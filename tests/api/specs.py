@@ -224,6 +224,10 @@ INVALID = [
     Invalid("drift-detection-interval-not-duration",
             stageset({"driftDetectionInterval": "often", "stages": [stage("app")]}),
             "spec.driftDetectionInterval", "should match"),
+    # Drift by watch (issue 45): Correct or Warn, nothing else.
+    Invalid("drift-detection-mode-unknown",
+            stageset({"driftDetection": {"mode": "Ignore"}, "stages": [stage("app")]}),
+            "spec.driftDetection.mode", 'Unsupported value: "Ignore"'),
     # StageSet: steering a release (issue 21)
     Invalid("window-both-forms",
             stageset({"updateWindows": [{"type": "Deny", "schedule": "0 9 * * *", "duration": "1h",
@@ -489,6 +493,9 @@ VALID = {
                            "failed": "status.phase == 'Failed'"}]},
             conflictPolicy={"rules": [{"target": {"name": "migrate"}, "action": "Recreate"}]})],
     }),
+    "drift-warn": stageset({"driftDetection": {"mode": "Warn"}, "driftDetectionInterval": "5m",
+                            "stages": [stage("app")]}),
+    "drift-correct-default": stageset({"driftDetection": {}, "stages": [stage("app")]}),
     "release-steering": stageset({
         "rollbackOnFailure": True, "onTimeout": "Rollback", "windowScope": "All",
         "dependsOn": [{"name": "db", "minVersion": "v5.2.0-rc.1"}, {"name": "queue", "minVersion": "3"}],

@@ -219,3 +219,28 @@ def test_status_written_from_the_models_is_accepted(
             assert MODELS[body["kind"]].model_validate(updated).status == status
         finally:
             delete(admin_api, stored)
+
+
+def test_a_warn_stagesets_drift_status_written_from_the_models_is_accepted(
+        crds: list[dict[str, Any]], admin_api: k8s.ApiClient, scratch_namespace: str) -> None:
+    """``status.drifted`` and the ``Drifted`` condition (issue 45) as the controller writes them."""
+    from stageset.api import DriftedObject
+
+    custom = k8s.CustomObjectsApi(admin_api)
+    now = "2026-01-02T03:04:05Z"
+    conditions = [Condition(type=t, status="True", reason=r, message=m, last_transition_time=now,
+                            observed_generation=1)
+                  for t, r, m in (("Drifted", "DriftDetected", "1 object differs: ConfigMap x/a (data.k)"),
+                                  ("Ready", "Succeeded", ""))]
+    status = StageSetStatus(observed_generation=1, conditions=conditions, drifted=[
+        DriftedObject(stage="app", id="x_a__ConfigMap", fields=["data.k", "metadata.labels.team"]),
+        DriftedObject(stage="app", id="x_web_apps_Deployment", deleted=True)])
+    body = stageset({"driftDetection": {"mode": "Warn"}, "stages": [stage("app")]}, name="drifted")
+    stored = create(admin_api, body, namespace=scratch_namespace)
+    try:
+        stored["status"] = status.model_dump(by_alias=True, exclude_none=True)
+        updated = custom.replace_namespaced_custom_object_status(
+            GROUP, VERSION, scratch_namespace, PLURALS["StageSet"], "drifted", stored)
+        assert MODELS["StageSet"].model_validate(updated).status == status
+    finally:
+        delete(admin_api, stored)

@@ -162,6 +162,21 @@ def test_raising_workers_with_memory_at_default_fails_naming_both(helm: Helm) ->
     assert "controller.build.kustomizeMemory=1Gi" in bigger_builds.stderr
 
 
+def test_drift_watches_past_the_reserve_raise_the_memory_the_chart_requires(helm: Helm) -> None:
+    """The controller's 256Mi reserve covers the default 500 drift watches; each one more needs 160Ki
+    (a thread and a TLS connection, measured about 145 KiB: docs/sizing.md#drift-watches)."""
+    assert controller_args(helm.render()).count("--max-drift-watches=500") == 1
+    helm.render("--set", "controller.maxDriftWatches=500")
+    more = needed(4) + 1500 * 160 * 1024
+    refused = helm.template("--set", "controller.maxDriftWatches=2000", check=False)
+    assert refused.returncode != 0
+    assert "controller.maxDriftWatches=2000" in refused.stderr, refused.stderr
+    assert f"{-(-more // MiB)}Mi" in refused.stderr
+    helm.render("--set", "controller.maxDriftWatches=2000",
+                "--set", f"controller.resources.limits.memory={-(-more // MiB)}Mi")
+    helm.render("--set", "controller.maxDriftWatches=0")
+
+
 def test_mirror_volume_has_headroom_over_the_budget_and_tmp_is_bounded(helm: Helm) -> None:
     def volumes(*values: str) -> dict[str, Any]:
         return {v["name"]: v for v in pod_spec(helm.render(*values))["volumes"]}

@@ -474,13 +474,17 @@ class FakeKubeClient(KubeClient):
         return ClusterKey(self._cluster.name)
 
     def stream(self, path: str, *, query: Mapping[str, QueryValue], timeout: float,
-               accept: str | None = None) -> Iterator[KubeObject]:
-        del timeout, accept
+               accept: str | None = None, opened: Callable[[Callable[[], None] | None], None] | None = None,
+               chunk: int = 0) -> Iterator[KubeObject]:
+        del timeout, accept, chunk
         watch = Request(user=self.user, verb="watch", path=f"{path}?{urlencode(dict(query))}")
         self._cluster.requests.append(watch)
         since = int(str(query.get("resourceVersion") or 0))
         selector = str(query.get("labelSelector") or "")
-        yield from self._cluster.watch(path, since=since, idle=0.5, stop=lambda: False,
+        aborted = threading.Event()  # a held watch closed: its stream ends at once, as a real one does
+        if opened is not None:
+            opened(aborted.set)
+        yield from self._cluster.watch(path, since=since, idle=0.5, stop=aborted.is_set,
                                        selector=LabelSelector.parse(selector) if selector else None)
 
     def close(self) -> None:

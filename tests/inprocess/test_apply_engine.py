@@ -147,3 +147,45 @@ def test_ready_checks_resolve_scope_from_discovery_and_wait_for_a_kind_not_serve
     monkeypatch.setattr(fakes, "KINDS", [*fakes.KINDS, ("ledger.example/v1", "Ledger", "ledgers", True)])
     cluster.put(ledger)
     assert wait() == (Status.CURRENT, "")
+
+
+def test_warn_leaves_drift_unwritten_names_its_fields_and_looks_again_next_pass() -> None:
+    """driftDetection.mode Warn in the engine: drift is SKIPPED and described, never written (nor a
+    deleted object re-created); the warm check does not settle it, so the next pass finds it again;
+    a new manifest is no drift and is written; without warn_drift the same drift is restored."""
+    cluster = FakeCluster()
+    cluster.grant_namespace(TENANT, NS)
+    pool = FakeClientPool(cluster)
+    applier = StageApplier(mapper=RestMapper(pool.client()))
+    client = pool.client(Identity.service_account(namespace=NS, name=SA))
+
+    def apply(objects: list[dict[str, object]], previous: StageResult | None, *, warn: bool) -> StageResult:
+        inventory = stage_inventory("app", SA, (o.entry() for o in previous.objects)) if previous else None
+        return applier.apply(client=client, owner=OWNER, objects=objects, default_namespace=NS,
+                             previous=by_id(inventory) if inventory else None, claims=Unclaimed(),
+                             warn_drift=warn)
+
+    def writes() -> int:
+        return sum(1 for r in cluster.requests if r.verb in ("apply", "create", "delete") and not r.dry_run)
+
+    first = apply([cm("a"), cm("b"), cm("c")], None, warn=True)
+    cluster.edit(f"/api/v1/namespaces/{NS}/configmaps/a", lambda o: o.update(data={"k": "by hand"}))
+    cluster.remove(f"/api/v1/namespaces/{NS}/configmaps/b")
+    before = writes()
+    warned = apply([cm("a"), cm("b"), cm("c", "new")], first, warn=True)
+    assert actions(warned) == {"a": (Action.SKIPPED, True), "b": (Action.SKIPPED, True),
+                               "c": (Action.CONFIGURED, False)}
+    assert writes() == before + 1, "only the new manifest (c) was written"
+    by_name = {c.id.name: c for c in warned.changes}
+    assert by_name["a"].fields == ("data.k",)
+    assert by_name["b"].gone
+    assert [c.id.name for c in warned.changes.left_drifted] == ["a", "b"]
+    assert warned.changes.drifted == [], "nothing was restored"
+    assert cluster.get(f"/api/v1/namespaces/{NS}/configmaps/b") is None
+    # The next pass looks again (the warm check does not take a drifted object as unchanged).
+    again = apply([cm("a"), cm("b"), cm("c", "new")], warned, warn=True)
+    assert actions(again)["a"] == (Action.SKIPPED, True)
+    # Correct: restored.
+    corrected = apply([cm("a"), cm("b"), cm("c", "new")], again, warn=False)
+    assert actions(corrected) == {"a": (Action.CONFIGURED, True), "b": (Action.CREATED, True),
+                                  "c": (Action.UNCHANGED, False)}

@@ -102,6 +102,32 @@ def test_get_and_tree_name_the_target_cluster() -> None:
     assert remote["target"] == "kubeConfig Secret prod-kc"
 
 
+def test_get_and_tree_show_what_a_warn_stageset_left_drifted() -> None:
+    from stageset.cli.inspect import list_table, render_tree, steering_lines, summary
+
+    message = "1 object differs from what was applied and was left as found: ConfigMap shop/a (data.k)"
+    obj = {"metadata": {"namespace": "shop", "name": "shop"},
+           "spec": {"stages": [{"name": "app"}], "driftDetection": {"mode": "Warn"}},
+           "status": {"conditions": [{"type": "Drifted", "status": "True", "reason": "DriftDetected",
+                                      "message": message}],
+                      "drifted": [{"stage": "app", "id": "shop_a__ConfigMap", "fields": ["data.k"]},
+                                  {"stage": "app", "id": "shop_b__ConfigMap", "deleted": True}]}}
+    view = summary(obj)
+    assert steering_lines(view) == [f"drifted: {message}"]
+    headers, rows = list_table([view], every=False, wide=False)
+    assert rows[0][headers.index("DRIFTED")] == "2"
+    # A list without Warn and without drift has no such column.
+    plain = summary({**obj, "spec": {"stages": [{"name": "app"}]}, "status": {}})
+    assert "DRIFTED" not in list_table([plain], every=False, wide=False)[0]
+    objects = [{"kind": "ConfigMap", "namespace": "shop", "name": n, "status": "Current", "message": "",
+                **({"drifted": d} if d else {})}
+               for n, d in (("a", {"fields": ["data.k"]}), ("b", {"deleted": True}), ("c", None))]
+    tree = render_tree({**view, "stages": [{**view["stages"][0], "objects": objects}]})
+    assert "ConfigMap/shop/a  Current  [drifted: data.k]" in tree
+    assert "ConfigMap/shop/b  Current  [drifted: deleted]" in tree
+    assert "ConfigMap/shop/c  Current\n" in tree
+
+
 def test_every_sessions_namespace_option_completes_namespaces_from_the_cluster() -> None:
     """The session's ``-n`` names no completion (no import of the completion module from the session);
     ``completion.attach`` gives it one on every command, as it does ``NAME`` and ``--stage``."""

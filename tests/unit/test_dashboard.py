@@ -767,3 +767,32 @@ def test_objects_of_other_kinds_it_waits_for_are_drawn_with_their_kind_and_readi
         "status.conditions.exists(c, c.type == 'Ready' && c.status == 'True')"]
     # The picture: every dependency before the stages that start first.
     assert {views.dependency_id(r) for r in views.dependency_refs(obj)} <= set(found.nodes)
+
+
+def test_a_warn_stageset_shows_what_it_left_drifted_escaped() -> None:
+    """The Drifted message on the page, a badge per drifted object and per row; tenant text escaped."""
+    from stageset.cli.dashboard.app import Dashboard
+
+    entry = f"shop_{HOSTILE}__ConfigMap"
+    obj = stageset(
+        [{"name": "db"}],
+        status={
+            "conditions": [*ready("True"), {"type": "Drifted", "status": "True", "reason": "DriftDetected",
+                                            "message": f"1 object differs: {HOSTILE}"}],
+            "inventory": [{"name": "db", "entries": [{"id": entry, "v": "v1"}]}],
+            "drifted": [{"stage": "db", "id": entry, "fields": [f"data.{HOSTILE}"]}],
+        },
+    )
+    page = views.detail(obj, lookup=lambda _ref: views.ObjectState("Current"), events=[], activity=[],
+                        linkable=lambda _namespace: True,
+                        now=datetime.datetime(2026, 1, 1, tzinfo=datetime.UTC))
+    assert page.drift == f"1 object differs: {HOSTILE}"
+    assert page.stages[0].objects[0].drifted == f"data.{HOSTILE}"
+    assert views.list_row(obj).drifted == 1
+    dashboard = Dashboard(FakeHub(obj), scope="shop")  # type: ignore[arg-type]
+    html = "".join(str(f.html) for page_ in (ListPage(dashboard), StageSetPage(dashboard, namespace="shop",
+                                                                                 name="shop"))
+                   for f in page_.fragments())
+    assert "drifted 1" in html
+    assert 'id="drifted"' in html
+    assert "<script>" not in html

@@ -121,3 +121,37 @@ def test_a_closed_port_is_unreachable(reader: str) -> None:
     with pytest.raises(UnreachableError) as caught:
         list(lines)
     assert caught.value.why == "connection refused"
+
+
+def test_while_a_cluster_does_not_answer_one_held_watch_probes_it_and_the_others_wait() -> None:
+    """The held watches of one cluster share a gate: an outage costs one watch's retries."""
+    import threading
+
+    from stageset.kube.watch import ClusterGate
+
+    gate, stop = ClusterGate(), threading.Event()
+    a, b = object(), object()
+    assert gate.admit(a, stop)
+    assert gate.admit(b, stop)  # nothing is down: everyone goes
+    gate.failed(a)
+    gate.failed(b)
+    assert gate.admit(a, stop), "the first to fail probes"
+    admitted = threading.Event()
+    waiter = threading.Thread(target=lambda: gate.admit(b, stop) and admitted.set(), daemon=True)
+    waiter.start()
+    assert not admitted.wait(1.5), "b waits while a probes"
+    gate.answered()
+    assert admitted.wait(5), "the cluster answered: b goes on"
+    # The prober that goes away hands the probing to a waiter.
+    gate.failed(a)
+    admitted.clear()
+    waiter = threading.Thread(target=lambda: gate.admit(b, stop) and admitted.set(), daemon=True)
+    waiter.start()
+    assert not admitted.wait(1.5)
+    gate.leave(a)
+    assert admitted.wait(5)
+    # A stop ends the wait.
+    c, d = object(), object()
+    gate.failed(c)
+    stop.set()
+    assert not gate.admit(d, stop)

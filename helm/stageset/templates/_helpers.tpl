@@ -162,7 +162,14 @@ them equal.
 {{- $builder := add $heap (mul 128 $mi) -}}
 {{- $cel := mul 2 (mul 256 $mi) -}}
 {{- $controller := mul 256 $mi -}}
-{{- add $controller (mul .Values.controller.workers $builder) $cel -}}
+{{- add $controller (mul .Values.controller.workers $builder) $cel (include "stageset.driftWatchMemory" . | int64) -}}
+{{- end -}}
+
+{{/* What drift watches above the 500 the controller's 256Mi reserve covers need: 160Ki each (a thread
+and a TLS connection; measured about 145 KiB, docs/sizing.md#drift-watches). */}}
+{{- define "stageset.driftWatchMemory" -}}
+{{- $watches := int64 (.Values.controller.maxDriftWatches | default 0) -}}
+{{- if gt $watches 500 -}}{{- mul (sub $watches 500) 163840 -}}{{- else -}}0{{- end -}}
 {{- end -}}
 
 {{/* The controller Deployments of the release, as a JSON list of {suffix, key, selector, shardKeys}:

@@ -308,6 +308,8 @@ class Row:
     created: str | None
     suspended: bool
     waits_for: str
+    drifted: int = 0
+    """Objects a ``Warn`` StageSet left as someone else changed them (``status.drifted``)."""
 
 
 def list_row(obj: KubeObject) -> Row:
@@ -324,7 +326,8 @@ def list_row(obj: KubeObject) -> Row:
         message=_without_runbook(str(ready.get("message", ""))),
         done=sum(1 for n in names if phases.get(n) == StagePhase.READY), total=len(names),
         revision=revision, created=meta.get("creationTimestamp"),
-        suspended=bool(_spec(obj).get("suspend", False)), waits_for="" if held is None else held.text())
+        suspended=bool(_spec(obj).get("suspend", False)), waits_for="" if held is None else held.text(),
+        drifted=len(status.get("drifted") or []))
 
 
 def list_rows(objs: Iterable[KubeObject]) -> list[Row]:
@@ -358,6 +361,8 @@ class ObjectView:
     css: str
     href: str | None = None
     """Its page (live YAML, diff)."""
+    drifted: str | None = None
+    """Left as someone else changed it (``Warn``): the fields that differ, or ``deleted``."""
 
 
 @dataclass(frozen=True)
@@ -427,6 +432,15 @@ class Detail:
     """An update window holds new revisions back (``status.pendingUpdate``): update-now can ship them."""
     ready_exprs: dict[Ref, str] = field(default_factory=dict)
     """The ``readyExpr`` of each dependency that has one (it, not kstatus, decides that one)."""
+    drift: str = ""
+    """The ``Drifted`` condition's message (``driftDetection.mode: Warn``): what was left as found."""
+
+
+def _drifted(status: Mapping[str, Any]) -> dict[tuple[str, str], str]:
+    """(stage, inventory id) -> what a Warn StageSet left drifted there (fields, or ``deleted``)."""
+    return {(str(d.get("stage")), str(d.get("id"))): "deleted" if d.get("deleted")
+            else ", ".join(str(f) for f in d.get("fields") or []) or "changed"
+            for d in status.get("drifted") or [] if isinstance(d, Mapping)}
 
 
 def _shown(value: Any) -> str:
@@ -479,6 +493,7 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
                   if e.kind == STAGESET_KIND and e.name == name and e.namespace == namespace]
     changes = last_changes(own_events, {stage: [oid for _, oid in entries]
                                         for stage, entries in inventories.items()})
+    drifted = _drifted(status)
     spec_names = [n.name for n in stage_nodes(obj)]
     stages: list[StageView] = []
     for stage in [*spec_names, *sorted(n for n in inventories if n not in spec_names)]:
@@ -496,7 +511,8 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
             state = lookup(ref)
             objects.append(ObjectView(ref=ref, status=state.status, message=state.message,
                                       css=status_class(state.status),
-                                      href=object_href(namespace, name, stage, oid)))
+                                      href=object_href(namespace, name, stage, oid),
+                                      drifted=drifted.get((stage, oid.encode()))))
         stages.append(StageView(
             name=stage, phase=phase, css=phase_class(phase), revision=raw.get("revision"),
             message=str(raw.get("message") or ("no longer in the spec: its objects stay until pruned"
@@ -550,7 +566,8 @@ def detail(obj: KubeObject, *, lookup: Lookup, events: Sequence[EventRow], activ
         observed_generation=status.get("observedGeneration"), holding=held, graph_error=problem,
         wide=layout.picture(graph, order=order), tall=layout.picture(graph, order=order, vertical=True),
         nodes=views, stages=stages, dependencies=dependencies, events=shown_events, activity=list(activity),
-        history=history_rows(obj), pending_update=bool(status.get("pendingUpdate")), ready_exprs=exprs)
+        history=history_rows(obj), pending_update=bool(status.get("pendingUpdate")), ready_exprs=exprs,
+        drift=str(find_condition(status.get("conditions"), ConditionType.DRIFTED).get("message", "")))
 
 
 # -- what the watch saw change ----------------------------------------------------------------------

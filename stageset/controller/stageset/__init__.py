@@ -35,6 +35,8 @@
   and namespace) that wake a StageSet waiting for one;
 - ``records`` — the durable inventory record and rebuilding a lost inventory (reads only);
 - ``changes`` — what a pass changed, told: metrics, drift and prune events, the success event;
+- ``drifting`` — what each pass tells the drift watches (:mod:`stageset.controller.drift`): it
+  begins, what each stage applied, it ends (and a StageSet deleted or suspended needs none);
 - ``teardown`` — deleting a deleted StageSet's objects, dependents first.
 - ``release`` — steering a release in a pass (pinned and held stages, promotion gates, rollback,
   the last good snapshot), doing what the pure rules decide: ``steering`` (where each stage

@@ -1,5 +1,7 @@
 """What a StageSet's passes changed, told once: metrics per apply, drift and prune events, and a
-``ReconciliationSucceeded`` event naming every change since the StageSet was last Ready.
+``ReconciliationSucceeded`` event naming every change since the StageSet was last Ready.  Drift
+restored is a ``DriftCorrected`` event per stage; drift left (``driftDetection.mode: Warn``) a
+``DriftDetected`` event when a pass finds drift status did not show yet (once per drift).
 
 This module reports; it decides and deletes nothing (prune: :mod:`stageset.apply.prune`).
 Identity: events are written as the controller (:class:`~stageset.controller.events.EventRecorder`).
@@ -13,13 +15,15 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 
+from stageset.api import DriftedObject
 from stageset.api.vocabulary import EventReason
 from stageset.apply.changeset import WRITES, Change
 from stageset.apply.engine import StageResult
 from stageset.apply.inventory import ObjectId
 from stageset.apply.prune import PruneResult
+from stageset.controller.drift.report import message as drift_message
 from stageset.controller.events import EventRecorder, change_summary, normal, warning
 from stageset.controller.metrics import Metrics
 from stageset.controller.redact import Redactor
@@ -61,6 +65,18 @@ class Changes:
         restored = f"stage {stage!r}: restored {names}{more}"
         self._events.emit(warning(obj, EventReason.DRIFT_CORRECTED, restored, action="Apply",
                                   redact=redactor))
+
+    def drift_found(self, obj: KubeObject, new: Sequence[DriftedObject], *, count: int, warn: bool,
+                    redactor: Redactor) -> None:
+        """A pass's drift report: the count (a series only in ``Warn`` mode), and the drift left as found
+        that status did not show before, in one Warning naming it."""
+        self._metrics.drifted(ref_of(obj), count if warn else None)
+        if not new:
+            return
+        text = drift_message(new)
+        log.info("drift left as found (Warn): %s", text)
+        said = f"{text} ({count} drifted in all)" if count > len(new) else text
+        self._events.emit(warning(obj, EventReason.DRIFT_DETECTED, said, action="Apply", redact=redactor))
 
     def attempting(self, obj: KubeObject, revisions: Mapping[str, str]) -> None:
         """This pass sets out to apply ``revisions`` (by stage): a failure event names them."""

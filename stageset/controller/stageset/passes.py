@@ -33,7 +33,7 @@ from dataclasses import replace
 
 import networkx as nx
 
-from stageset.api import StageSet, format_time
+from stageset.api import DriftMode, StageSet, format_time
 from stageset.api.vocabulary import Reason, StagePhase
 from stageset.apply.changeset import WRITES
 from stageset.apply.engine import StageResult
@@ -47,6 +47,7 @@ from stageset.apply.record import StageRecord
 from stageset.controller import logs
 from stageset.controller.accounts import AccountCheck
 from stageset.controller.clock import Clock
+from stageset.controller.drift import report as drift_report
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.redact import Redactor
 from stageset.controller.render.decryption import for_pass
@@ -403,6 +404,14 @@ class PassRunner:
             applied=progress.fresh, changes=progress.written, pruned=pruned,
             generation=ctx.stageset.metadata.get("generation"), now=format_time(self._clock()),
             tried={name: rendered[name].revision if name in rendered else None for name in progress.order})})
+        # Drift left as found (driftDetection.mode Warn): status.drifted, the Drifted condition, and
+        # one DriftDetected event for what is new; in Correct mode both are cleared.
+        drift = drift_report.reported(status, written=progress.written, stages=progress.order,
+                                      mode=ctx.stageset.spec.drift_mode, generation=ctx.writer.generation,
+                                      now=format_time(self._clock()))
+        status = drift.status
+        self._changes.drift_found(ctx.writer.obj, drift.new, count=drift.count,
+                                  warn=ctx.stageset.spec.drift_mode is DriftMode.WARN, redactor=ctx.redactor)
         self._release.told(ctx, steer)
         requeue = verdict.requeue_after
         unlisted = progress.unlisted

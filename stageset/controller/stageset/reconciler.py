@@ -12,7 +12,8 @@ Identity, per request (the rules: :mod:`stageset.controller.identity`):
 - a stage's source, variables and objects: the stage's identity (see the pass);
 - discovery, status, finalizers and events: the controller's own identity.
 
-Every collaborator is passed in; :mod:`stageset.controller.stageset.setup` builds them, once.
+Every collaborator is passed in; :mod:`stageset.controller.stageset.setup` builds them, once.  With
+drift watches, each reconcile runs inside :meth:`~stageset.controller.stageset.drifting.DriftHooks.around`.
 
 Invariant: a reconcile that fails for any reason concludes with ``Ready=False`` and a reason,
 never leaving the last pass's ``Ready=True`` standing while new commits go unapplied: tenant
@@ -46,6 +47,7 @@ from stageset.controller.render.reads import TenantReads
 from stageset.controller.result import Result, TerminalError
 from stageset.controller.stageset import floors, plan
 from stageset.controller.stageset.changes import Changes
+from stageset.controller.stageset.drifting import DriftHooks
 from stageset.controller.stageset.holding import Holding
 from stageset.controller.stageset.objectdeps import ObjectDependencies
 from stageset.controller.stageset.passes import PassRunner, log_denial
@@ -66,8 +68,10 @@ class StageSetReconciler:
                  index: DependencyIndex, targets: Targets,
                  passes: PassRunner, teardown: Teardown, changes: Changes, clock: Clock,
                  runbook_base_url: str, ticks: Ticks, default_interval: float,
-                 on_write: WriteListener | None = None, holding: Holding | None = None):
+                 on_write: WriteListener | None = None, holding: Holding | None = None,
+                 drift: DriftHooks | None = None):
         self._clients = clients
+        self._drift = drift
         self._objects = objects
         self._holding = holding
         self._resource = resource
@@ -96,6 +100,8 @@ class StageSetReconciler:
         self._objects.forget(namespace, name)
         if self._holding is not None:
             self._holding.forget(namespace, name)
+        if self._drift is not None:
+            self._drift.forget(namespace, name)
 
     def reconcile(self, raw: KubeObject) -> Result:
         """Reconcile one StageSet (``raw``, from the watch cache: read, never changed)."""
@@ -105,6 +111,8 @@ class StageSetReconciler:
         redactor = Redactor(REGISTRY.of(key), on_add=lambda values: REGISTRY.set(key, values))
         try:
             with self._objects.passing((key[1], key[2])):  # a pass that waits for no object stops watching
+                if self._drift is not None:  # the drift watches hold this StageSet's events meanwhile
+                    return self._drift.around(raw, lambda: self._reconcile(copy.deepcopy(raw), redactor))
                 return self._reconcile(copy.deepcopy(raw), redactor)
         finally:
             REGISTRY.set(key, redactor.added or REGISTRY.of(key))

@@ -9,7 +9,8 @@ mirror's kept commits) and its cache, the CEL sandbox, the dependencies on objec
 the actions around it (their ``--allowed-action-hosts`` and address guard), the records, the change
 reports, the release steering (gates, windows, rollback), the pass runner, the teardown and a move's
 cleanup.  The clusters it applies to are the targets' registry, handed in
-(:func:`stageset.controller.targets.setup.clusters`).
+(:func:`stageset.controller.targets.setup.clusters`); the drift watches too, when on: each stage's
+apply and each reconcile tell them what was applied (:mod:`~stageset.controller.stageset.drifting`).
 
 :func:`setup` adds its declaration to the manager
 (:class:`~stageset.controller.stageset.watches.StageSetWatches`): ``For`` StageSets, the watches of
@@ -31,6 +32,7 @@ from stageset.apply.cel import CelSandbox
 from stageset.apply.health import ExpressionChecker
 from stageset.controller.accounts import AccountCheck
 from stageset.controller.dependencies import DependencyIndex
+from stageset.controller.drift.registry import DriftWatches
 from stageset.controller.identity import IdentityPolicy
 from stageset.controller.keys import ObjectKey
 from stageset.controller.kinds import GITREPOSITORIES, STAGESETS, STAGETARGETS
@@ -44,6 +46,7 @@ from stageset.controller.stageset.actions import ActionStage
 from stageset.controller.stageset.actionsteps import ActionRunner, StepSettings
 from stageset.controller.stageset.changes import Changes
 from stageset.controller.stageset.dependencywatches import DependencyWatches
+from stageset.controller.stageset.drifting import DriftHooks, DriftRecorded
 from stageset.controller.stageset.holding import Holding
 from stageset.controller.stageset.moves import Moves
 from stageset.controller.stageset.objectdeps import ObjectDependencies
@@ -52,7 +55,7 @@ from stageset.controller.stageset.reconciler import StageSetReconciler
 from stageset.controller.stageset.records import Records
 from stageset.controller.stageset.release import Release, SelectedBy, no_rollouts
 from stageset.controller.stageset.rendering import Renderer
-from stageset.controller.stageset.stage import StageApply, Wake
+from stageset.controller.stageset.stage import StageApply, StageWork, Wake
 from stageset.controller.stageset.supersedes import Supersedes
 from stageset.controller.stageset.teardown import Teardown
 from stageset.controller.stageset.watches import SourceIndex, StageSetWatches
@@ -70,15 +73,17 @@ class StageSets:
 
 def setup(shared: Shared, *, identities: IdentityPolicy, store: SourceTrees, targets: Targets,
           sources: SourceIndex, poke: Callable[[str], None], stop: threading.Event,
-          artifacts: ArtifactTrees | None = None, selected_by: SelectedBy | None = None) -> StageSets:
+          artifacts: ArtifactTrees | None = None, selected_by: SelectedBy | None = None,
+          drift: DriftWatches | None = None) -> StageSets:
     """The StageSet feature: its reconciler (:func:`stageset_reconciler`) and its declaration.
     ``sources``: its source index, which the Flux watches and artifact downloads wake it through;
     ``poke``: ask discovery for a Flux kind no watch covers yet; ``selected_by``: which FleetRollouts
-    select a StageSet (none without the fleet feature)."""
+    select a StageSet (none without the fleet feature); ``drift``: the drift watches each pass tells
+    what it applied (none: drift is noticed at each interval)."""
     settings, index = shared.settings, DependencyIndex()
     reconciler = stageset_reconciler(shared, identities=identities, store=store, resource=STAGESETS,
                                      source_resource=GITREPOSITORIES, index=index, stop=stop, targets=targets,
-                                     artifacts=artifacts, selected_by=selected_by or no_rollouts)
+                                     artifacts=artifacts, selected_by=selected_by or no_rollouts, drift=drift)
     watches = StageSetWatches(
         reconciler=reconciler, resource=STAGESETS, source_kind=GITREPOSITORIES.kind, index=index,
         sources=sources, poke=poke, default_source_kind=settings.default_source_kind,
@@ -91,7 +96,8 @@ def setup(shared: Shared, *, identities: IdentityPolicy, store: SourceTrees, tar
 def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: SourceTrees, resource: Resource,
                         source_resource: Resource, index: DependencyIndex, stop: threading.Event,
                         selected_by: SelectedBy, targets: Targets,
-                        artifacts: ArtifactTrees | None = None) -> StageSetReconciler:
+                        artifacts: ArtifactTrees | None = None, drift: DriftWatches | None = None
+                        ) -> StageSetReconciler:
     """The StageSet reconciler and everything it works with, applying to the clusters ``targets``
     knows (this one; remote ones; with ``--target-namespaces`` the platform's StageTargets)."""
     clients, settings = shared.clients, shared.settings
@@ -118,8 +124,11 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
     runner = ActionRunner(renderer=renderer, sandbox=cel, clock=shared.clock, stop=stop,
                           settings=StepSettings(allowed_hosts=settings.allowed_action_hosts, guard=guard,
                                                 poll_interval=settings.apply.poll_interval))
-    stages = ActionStage(inner=applier, runner=runner, clients=clients, events=shared.events,
-                         clock=shared.clock, slice_seconds=settings.readiness_slice, stop=stop)
+    actions = ActionStage(inner=applier, runner=runner, clients=clients, events=shared.events,
+                          clock=shared.clock, slice_seconds=settings.readiness_slice, stop=stop)
+    hooks = None if drift is None else DriftHooks(drift=drift, clients=clients, identities=identities,
+                                                  targets=targets)
+    stages: StageWork = actions if hooks is None else DriftRecorded(actions, hooks)
     release = Release(clients=clients, identities=identities, renderer=renderer, stages=stages,
                       changes=changes, events=shared.events, metrics=shared.metrics, clock=shared.clock,
                       selected_by=selected_by)
@@ -146,4 +155,4 @@ def stageset_reconciler(shared: Shared, *, identities: IdentityPolicy, store: So
                               default_interval=settings.default_interval, on_write=shared.on_write,
                               holding=Holding(ticks=shared.ticks, grace=settings.first_wait_grace,
                                               patience=settings.first_fetch_wait)
-                              if settings.first_wait_grace > 0 else None)
+                              if settings.first_wait_grace > 0 else None, drift=hooks)

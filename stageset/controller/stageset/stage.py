@@ -10,6 +10,7 @@ whether the ServiceAccount exists is asked as :class:`~stageset.controller.accou
 says.
 
 The stage's settings used here: ``conflictPolicy`` (and ``force``) for immutable-field conflicts;
+``spec.driftDetection.mode`` whether drift is restored or left and reported (``Warn``);
 ``preflight`` for what is asked before the first write (dry-runs, or access reviews);
 ``readyChecks.timeout`` > ``timeout`` > ``spec.timeout`` for the readiness wait,
 ``wait``/``disableWait`` whether to wait for the applied objects (``checks`` are always waited for),
@@ -30,7 +31,7 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from stageset.api import InventoryEntry, Stage, StageInventory, StageSet, duration_seconds, format_time
-from stageset.api.stageset import Preflight
+from stageset.api.stageset import DriftMode, Preflight
 from stageset.api.vocabulary import Reason, StagePhase
 from stageset.apply.cel import CelSandbox
 from stageset.apply.conflicts import ConflictResolver
@@ -131,7 +132,8 @@ class StageApply:
                                        default_namespace=namespace, claims=claims,
                                        conflicts=ConflictResolver.of(stage),
                                        previous=_entries(run.previous), recheck_rights=run.recheck_rights,
-                                       preflight=stage.preflight or Preflight.DRY_RUN)
+                                       preflight=stage.preflight or Preflight.DRY_RUN,
+                                       warn_drift=run.stageset.spec.drift_mode is DriftMode.WARN)
         except StageError as error:
             outcome = self._failed(stage, error, client)
             # One line per denial or failure, with the stage's fields; the message may echo
@@ -167,7 +169,9 @@ class StageApply:
         checks = references(stage, namespace)
         # disableWait drops the kstatus wait for the applied objects, not their expressions (as in
         # the reference); ``checks`` are always waited for.
-        waited = [o for o in result.objects if _waits_for_applied(stage) or health.gates(o.manifest)]
+        # An object Warn mode left deleted is not waited for: it is reported instead (Drifted).
+        waited = [o for o in result.objects if (_waits_for_applied(stage) or health.gates(o.manifest))
+                  and not (o.drifted and o.live is None)]
         name = str(run.stageset.metadata["name"])
         wake = self._wake
         # While it waits, a change to what it waits for wakes the StageSet (its next pass re-checks).

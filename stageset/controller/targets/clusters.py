@@ -61,6 +61,17 @@ LOCAL_TARGET = THIS_CLUSTER
 # Remote clusters (distinct kubeconfig contents) kept at once by default (``--max-remote-targets``):
 # discovery of each is cached.
 MAX_REMOTES = 64
+MAX_SECRETS_READ = 100_000
+"""kubeConfig Secrets whose read version is remembered (least recently read out first)."""
+
+
+def credential_object(namespace: str, ref: KubeConfigRef) -> tuple[str, str, str] | None:
+    """(kind, namespace, name) of the object ``spec.kubeConfig`` names: its Secret, or its ConfigMap."""
+    if ref.secret_ref is not None:
+        return "Secret", namespace, ref.secret_ref.name
+    if ref.config_map_ref is not None:
+        return "ConfigMap", namespace, ref.config_map_ref.name
+    return None
 
 
 def where(target: str, *, stage_target: str = "") -> str:
@@ -145,6 +156,9 @@ class Targets:
         self.local = Target(LOCAL, local)
         self._remotes: OrderedDict[ClusterKey, Target] = OrderedDict()
         self._lock = threading.Lock()
+        # The resourceVersion each spec.kubeConfig Secret (or ConfigMap) was last read at (the drift
+        # watches watch it from there: a rotation queues its StageSets).  One entry per object, bounded.
+        self._read: OrderedDict[tuple[str, str, str], str] = OrderedDict()
 
     def __len__(self) -> int:
         return len(self._remotes)
@@ -155,6 +169,13 @@ class Targets:
         if ref is None:
             return self.local
         return self.reach(client, namespace=str(stageset.metadata["namespace"]), ref=ref)
+
+    def credential_version(self, namespace: str, ref: KubeConfigRef) -> str:
+        """The ``resourceVersion`` the object ``spec.kubeConfig`` names in ``namespace`` (its Secret, or
+        its ConfigMap) was last read at ("": unknown)."""
+        read = credential_object(namespace, ref)
+        with self._lock:
+            return self._read.get(read, "") if read is not None else ""
 
     def previous(self, client: KubeClient, *, stageset: StageSet, applied: AppliedTarget | None) -> Target:
         """The cluster a stage was applied on before a move (see the module docstring); raises
@@ -205,6 +226,13 @@ class Targets:
     def reach(self, client: KubeClient, *, namespace: str, ref: KubeConfigRef) -> Target:
         """The cluster ``spec.kubeConfig`` ``ref`` names in ``namespace`` (read as ``client``'s identity)."""
         credentials = self._credentials.read(client, namespace=namespace, ref=ref)
+        read = credential_object(namespace, ref)
+        if credentials.version and read is not None:
+            with self._lock:
+                self._read[read] = credentials.version
+                self._read.move_to_end(read)
+                while len(self._read) > MAX_SECRETS_READ:
+                    self._read.popitem(last=False)
         if (found := self.cached(credentials.cluster)) is not None:
             return found
         try:
