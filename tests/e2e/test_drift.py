@@ -23,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from stageset.api import eventnote
 from stageset.envtest import install
 from stageset.envtest import server as envtest
 from stageset.envtest.aggregation import aggregate_cluster_roles
@@ -104,7 +105,9 @@ def corrected(admin: KubeClient, namespace: str, name: str) -> set[str]:
     return {
         part.strip()
         for e in events(admin, namespace, name=name, reason="DriftCorrected")
-        for part in e["note"].split(": restored ", 1)[1].split(",")
+        for reason, message in eventnote.split("DriftCorrected", e["note"])
+        if reason == "DriftCorrected"
+        for part in message.split(": restored ", 1)[1].split(",")
     }
 
 
