@@ -158,6 +158,30 @@ class SecretKeyRef(ApiModel):
     """Key in the Secret's data; defaults to ``value``."""
 
 
+ONE_KUBECONFIG: Final[dict[str, str]] = {
+    "rule": "has(self.secretRef) != has(self.configMapRef)",
+    "message": "kubeConfig needs exactly one of secretRef (a Secret holding a kubeconfig) and "
+               "configMapRef (a ConfigMap naming the cluster, reached by workload identity)",
+    "fieldPath": ".secretRef", "reason": "FieldValueRequired"}
+"""The CEL rule of every ``kubeConfig`` (a StageSet's and a StageTarget's): exactly one ref."""
+
+
+def one_kubeconfig_ref(schema: dict[str, Any]) -> None:
+    """A ``kubeConfig``'s schema: neither ref required by the schema, exactly one of them by
+    :data:`ONE_KUBECONFIG` (a missing required field would stop the apiserver before the rules run,
+    with a less helpful message)."""
+    required = schema.get("required")
+    if isinstance(required, list):
+        for name in ("secretRef", "configMapRef"):
+            if name in required:
+                required.remove(name)
+        if not required:
+            del schema["required"]
+    rules = schema.get("x-kubernetes-validations", [])
+    assert isinstance(rules, list)
+    schema["x-kubernetes-validations"] = [*rules, ONE_KUBECONFIG]
+
+
 class Condition(StatusModel):
     """One aspect of the object's state, in the shape of ``metav1.Condition``.
 

@@ -22,6 +22,7 @@ from pydantic.config import JsonDict
 from stageset.api.actions import ActionLedger, StageActions
 from stageset.api.common import (
     API_VERSION,
+    ONE_KUBECONFIG,
     THIS_CLUSTER,
     ApiModel,
     Condition,
@@ -34,6 +35,7 @@ from stageset.api.common import (
     StatusModel,
     Time,
     duration_seconds,
+    one_kubeconfig_ref,
 )
 from stageset.api.history import StageHistory
 from stageset.api.release import (
@@ -186,26 +188,6 @@ _UNIQUE_SUPERSEDED: JsonDict = {
 }
 
 
-_ONE_KUBECONFIG: JsonDict = {
-    "rule": "has(self.secretRef) != has(self.configMapRef)",
-    "message": "kubeConfig needs exactly one of secretRef (a Secret holding a kubeconfig) and "
-               "configMapRef (a ConfigMap naming the cluster, reached by workload identity)",
-    "fieldPath": ".secretRef", "reason": "FieldValueRequired"}
-
-
-def _one_of_refs(schema: JsonDict) -> None:
-    # Neither ref is required by the schema: exactly one of them is, said by a CEL rule (a missing
-    # required field would stop the apiserver before the rules run, with a less helpful message).
-    required = schema.get("required")
-    if isinstance(required, list):
-        for name in ("secretRef", "configMapRef"):
-            if name in required:
-                required.remove(name)
-        if not required:
-            del schema["required"]
-    rules = schema.get("x-kubernetes-validations", [])
-    assert isinstance(rules, list)
-    schema["x-kubernetes-validations"] = [*rules, _ONE_KUBECONFIG]
 
 
 class KubeConfigRef(ApiModel):
@@ -218,7 +200,7 @@ class KubeConfigRef(ApiModel):
     ``audiences`` and ``serviceAccountName``.
     """
 
-    model_config = ConfigDict(json_schema_extra=_one_of_refs)
+    model_config = ConfigDict(json_schema_extra=one_kubeconfig_ref)
 
     secret_ref: SecretKeyRef | None = None
     """The Secret and key holding the kubeconfig; the key defaults to ``value``."""
@@ -231,7 +213,7 @@ class KubeConfigRef(ApiModel):
     @model_validator(mode="after")
     def _exactly_one(self) -> KubeConfigRef:
         if (self.secret_ref is None) == (self.config_map_ref is None):
-            raise ValueError(str(_ONE_KUBECONFIG["message"]))
+            raise ValueError(ONE_KUBECONFIG["message"])
         return self
 
 

@@ -21,6 +21,7 @@ from pydantic.config import JsonDict
 
 from stageset.api.common import (
     API_VERSION,
+    ONE_KUBECONFIG,
     ApiModel,
     Condition,
     Count,
@@ -29,6 +30,7 @@ from stageset.api.common import (
     LocalObjectRef,
     SecretKeyRef,
     StatusModel,
+    one_kubeconfig_ref,
 )
 
 MAX_ALLOWED_NAMESPACES = 1024
@@ -37,24 +39,6 @@ MAX_ALLOWED_NAMESPACES = 1024
 _UNIQUE_NAMESPACES: JsonDict = {"x-kubernetes-list-type": "set"}
 
 
-_ONE_KUBECONFIG: JsonDict = {
-    "rule": "has(self.secretRef) != has(self.configMapRef)",
-    "message": "kubeConfig needs exactly one of secretRef (a Secret holding a kubeconfig) and "
-               "configMapRef (a ConfigMap naming the cluster, reached by workload identity)",
-    "fieldPath": ".secretRef", "reason": "FieldValueRequired"}
-
-
-def _one_of_refs(schema: JsonDict) -> None:
-    required = schema.get("required")
-    if isinstance(required, list):
-        for name in ("secretRef", "configMapRef"):
-            if name in required:
-                required.remove(name)
-        if not required:
-            del schema["required"]
-    rules = schema.get("x-kubernetes-validations", [])
-    assert isinstance(rules, list)
-    schema["x-kubernetes-validations"] = [*rules, _ONE_KUBECONFIG]
 
 
 class TargetKubeConfig(ApiModel):
@@ -62,7 +46,7 @@ class TargetKubeConfig(ApiModel):
     ConfigMap there naming the cluster (workload identity), read by the controller alone.  The same
     rules as ``StageSet.spec.kubeConfig``: inline data only, no commands, files or proxies."""
 
-    model_config = ConfigDict(json_schema_extra=_one_of_refs)
+    model_config = ConfigDict(json_schema_extra=one_kubeconfig_ref)
 
     secret_ref: SecretKeyRef | None = None
     """The Secret and key holding the kubeconfig; the key defaults to ``value``."""
@@ -76,7 +60,7 @@ class TargetKubeConfig(ApiModel):
     @model_validator(mode="after")
     def _exactly_one(self) -> TargetKubeConfig:
         if (self.secret_ref is None) == (self.config_map_ref is None):
-            raise ValueError(str(_ONE_KUBECONFIG["message"]))
+            raise ValueError(ONE_KUBECONFIG["message"])
         return self
 
 
