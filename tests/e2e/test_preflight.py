@@ -107,12 +107,18 @@ def test_a_stage_its_account_may_not_create_in_fails_before_any_write(
     # authorized for create as well — patch alone is refused.
     as_tenant = kube_pool.client(Identity.service_account(namespace=tenant.namespace,
                                                           name=tenant.service_account))
-    with pytest.raises(ApiError) as refused:
-        as_tenant.apply(f"/api/v1/namespaces/{tenant.namespace}/configmaps/probe",
-                        {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe"}},
-                        field_manager="test", dry_run=True)
-    assert refused.value.forbidden, refused.value.message
-    assert "cannot create" in refused.value.message, refused.value.message
+
+    def refusal() -> str:
+        with pytest.raises(ApiError) as refused:
+            as_tenant.apply(f"/api/v1/namespaces/{tenant.namespace}/configmaps/probe",
+                            {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {"name": "probe"}},
+                            field_manager="test", dry_run=True)
+        assert refused.value.forbidden, refused.value.message
+        return refused.value.message
+    # (until the new binding reaches the apiserver's RBAC cache the patch itself is refused: a
+    # dry-run, so asking again writes nothing)
+    wait_for(lambda: "cannot create" in refusal(), what="patch allowed and create refused", timeout=30,
+             interval=0.2)
 
     s = scenario(installed, git_server, tenant, {f"app/cm-{i}.yaml": cm(f"cm-{i}") for i in range(3)},
                  role="view")  # view: read the GitRepository; the Role above: ConfigMaps, no create
