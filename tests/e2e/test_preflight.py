@@ -78,7 +78,12 @@ def test_access_reviews_cost_a_cold_stage_fewer_requests_than_dry_runs(
     # the tenant (impersonated: counted by impersonatedUser above), and no dry-run at all.
     assert by_review["access review"] == 2, by_review
     assert by_review["patch (dry-run)"] == 0, by_review
-    assert sum(by_review.values()) < sum(by_dry.values()), (by_review, by_dry)
+    # The cold pass's checks and writes, compared without the reads: a routine pass after it (a
+    # source or drift watch event can start one) adds a read of the source and a list to either
+    # side, and is no part of what a cold stage costs.
+    def checked_and_written(found: Counter[str]) -> int:
+        return sum(n for verb, n in found.items() if verb not in ("get", "list"))
+    assert checked_and_written(by_review) < checked_and_written(by_dry), (by_review, by_dry)
     assert all(review.configmap(f"cm-{i}") is not None for i in range(OBJECTS))
     # A review is not a write, and no review names another tenant's namespace.
     asked = [e for e in events if (e.get("objectRef") or {}).get("resource") == REVIEWS
