@@ -90,16 +90,7 @@ class CacheRepo(Repo):
     :func:`write_file` writes, without a lock file or an fsync."""
 
     def _put_named_file(self, path: str, contents: bytes) -> None:
-        target = Path(self.controldir()) / path.lstrip(os.path.sep)
-        fd, staging = tempfile.mkstemp(prefix=STAGING_PREFIX, dir=self.controldir())
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(contents)
-            os.replace(staging, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(staging)
-            raise
+        write_file(Path(self.controldir()) / path.lstrip(os.path.sep), contents)
 
 
 def init_bare(path: Path, *, url: str) -> None:
