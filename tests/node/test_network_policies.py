@@ -92,7 +92,13 @@ class Cluster:
         return self.succeeds(f"{agent} connecting to {server}", lambda: self.tcp(agent, server))
 
     def refused(self, agent: str, server: str) -> list[dict[str, Any]]:
-        """Three attempts from a running agent, none connecting."""
+        """Refused within the sync window (a policy takes a moment to be programmed for new pods,
+        as :meth:`succeeds` allows for), then three more attempts from a running agent, none
+        connecting."""
+        def attempt() -> dict[str, Any] | None:
+            result = self.tcp(agent, server)
+            return None if result.get("ok") else result
+        _until(f"{agent} refused by {server}'s policies", attempt, node=self.node, timeout=_SYNC)
         results = [self.tcp(agent, server) for _ in range(3)]
         assert not any(r.get("ok") for r in results), (agent, server, results)
         assert all("agent unreachable" not in str(r.get("error")) for r in results), results
